@@ -1,0 +1,40 @@
+"""BlobService: protobuf <-> domain only; the work is in services/blobstores/s3.py."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+
+from mailqueue.v1 import blob_pb2, blob_pb2_grpc
+
+
+class BlobServicer(blob_pb2_grpc.BlobServiceServicer):
+    def __init__(self, app: Any) -> None:
+        self._app = app
+
+    async def Put(self, request_iterator: AsyncIterator[blob_pb2.PutRequest], context: grpc.aio.ServicerContext) -> blob_pb2.PutResponse:
+        store = self._app.store()
+        stream = aiter(request_iterator)
+        first = await anext(stream, None)
+
+        async def chunks() -> AsyncIterator[bytes]:
+            if first is not None and first.chunk:
+                yield first.chunk
+            async for request in stream:
+                yield request.chunk
+
+        info = await store.put(chunks(), expected_id=first.expected_blob_id if first else None)
+        return blob_pb2.PutResponse(blob_id=info.blob_id, size=info.size, deduplicated=info.deduplicated)
+
+    async def Get(self, request: blob_pb2.GetRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[blob_pb2.GetResponse]:
+        async for chunk in self._app.store().get(request.blob_id):
+            yield blob_pb2.GetResponse(chunk=chunk)
+
+    async def Stat(self, request: blob_pb2.StatRequest, context: grpc.aio.ServicerContext) -> blob_pb2.StatResponse:
+        info = await self._app.store().stat(request.blob_id)
+        return blob_pb2.StatResponse(blob_id=info.blob_id, size=info.size)
+
+    async def Delete(self, request: blob_pb2.DeleteRequest, context: grpc.aio.ServicerContext) -> blob_pb2.DeleteResponse:
+        return blob_pb2.DeleteResponse(existed=await self._app.store().delete(request.blob_id))

@@ -1,0 +1,1 @@
+"""browse_svc: BrowseService (read-only) and AdminService (mutating) over every queue."""

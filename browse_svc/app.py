@@ -1,0 +1,40 @@
+"""browse_svc's backends: view, broker and blob_svc."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from browse_svc.servicer import AdminServicer, BrowseServicer
+from mailqueue.v1 import admin_pb2_grpc, browse_pb2_grpc
+from services.backends import Backends
+from services.runtime.server import App
+
+
+class BrowseApp(App):
+    name = "browse"
+
+    def __init__(self, settings: Any) -> None:
+        super().__init__(settings)
+        self._backends: Backends | None = None
+
+    def servicers(self) -> list[tuple[Any, Any, str]]:
+        return [
+            (browse_pb2_grpc.add_BrowseServiceServicer_to_server, BrowseServicer(self), "mailqueue.v1.BrowseService"),
+            (admin_pb2_grpc.add_AdminServiceServicer_to_server, AdminServicer(self), "mailqueue.v1.AdminService"),
+        ]
+
+    async def connect(self) -> None:
+        self._backends = await Backends.open(self.settings)
+
+    async def check(self) -> None:
+        assert self._backends is not None
+        await self._backends.check()
+
+    async def close(self) -> None:
+        if self._backends is not None:
+            await self._backends.close()
+
+    def backends(self) -> Backends:
+        self.require_connected()
+        assert self._backends is not None
+        return self._backends

@@ -1,0 +1,1 @@
+"""dequeue_svc: consumers receive mails on a bidirectional stream and answer each one."""

@@ -1,0 +1,37 @@
+"""dequeue_svc's backends: view, broker and blob_svc."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dequeue_svc.servicer import DequeueServicer
+from mailqueue.v1 import dequeue_pb2_grpc
+from services.backends import Backends
+from services.runtime.server import App
+
+
+class DequeueApp(App):
+    name = "dequeue"
+
+    def __init__(self, settings: Any) -> None:
+        super().__init__(settings)
+        self._backends: Backends | None = None
+
+    def servicers(self) -> list[tuple[Any, Any, str]]:
+        return [(dequeue_pb2_grpc.add_DequeueServiceServicer_to_server, DequeueServicer(self), "mailqueue.v1.DequeueService")]
+
+    async def connect(self) -> None:
+        self._backends = await Backends.open(self.settings)
+
+    async def check(self) -> None:
+        assert self._backends is not None
+        await self._backends.check()
+
+    async def close(self) -> None:
+        if self._backends is not None:
+            await self._backends.close()
+
+    def backends(self) -> Backends:
+        self.require_connected()
+        assert self._backends is not None
+        return self._backends

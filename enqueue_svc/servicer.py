@@ -1,0 +1,57 @@
+"""EnqueueService: protobuf <-> domain only; the work is in services/enqueuer.py."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+
+from mailqueue.v1 import enqueue_pb2, enqueue_pb2_grpc
+from services import model, serde
+from services.errors import InvalidArgument
+
+
+def _response(r: model.EnqueueResult) -> enqueue_pb2.EnqueueResponse:
+    return enqueue_pb2.EnqueueResponse(
+        enqueue_id=str(r.enqueue_id), enqueued_at=serde.timestamp_to_proto(r.enqueued_at),
+        blob_ids=list(r.blob_ids), size=r.size, duplicate=r.duplicate,
+    )
+
+
+class EnqueueServicer(enqueue_pb2_grpc.EnqueueServiceServicer):
+    def __init__(self, app: Any) -> None:
+        self._app = app
+
+    async def Enqueue(self, request: enqueue_pb2.EnqueueRequest, context: grpc.aio.ServicerContext) -> enqueue_pb2.EnqueueResponse:
+        enqueuer = self._app.enqueuer()
+        mail = serde.mail_from_proto(request.mail)
+        kind = request.WhichOneof("content")
+        if kind == "inline_content":
+            result = await enqueuer.enqueue_inline(request.queue, mail, request.inline_content, request.idempotency_key)
+        elif kind == "blob_refs":
+            result = await enqueuer.enqueue_refs(request.queue, mail, list(request.blob_refs.blob_ids), request.idempotency_key)
+        else:
+            raise InvalidArgument("content is missing: set inline_content or blob_refs")
+        return _response(result)
+
+    async def EnqueueStream(
+        self, request_iterator: AsyncIterator[enqueue_pb2.EnqueueStreamRequest], context: grpc.aio.ServicerContext
+    ) -> enqueue_pb2.EnqueueResponse:
+        enqueuer = self._app.enqueuer()
+        stream = aiter(request_iterator)
+        first = await anext(stream, None)
+        if first is None or first.WhichOneof("part") != "header":
+            raise InvalidArgument("the first message of EnqueueStream must be the header")
+        header = first.header
+
+        async def chunks() -> AsyncIterator[bytes]:
+            async for request in stream:
+                if request.WhichOneof("part") != "chunk":
+                    raise InvalidArgument("only the first message of EnqueueStream may be a header")
+                yield request.chunk
+
+        result = await enqueuer.enqueue_stream(
+            header.queue, serde.mail_from_proto(header.mail), chunks(), header.idempotency_key
+        )
+        return _response(result)

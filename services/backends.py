@@ -1,0 +1,73 @@
+"""The backends a queue service holds: the Cassandra view, the broker and the blob store."""
+
+from __future__ import annotations
+
+import logging
+
+from services.blobstore import BlobStore
+from services.blobstores.remote import RemoteBlobStore
+from services.blobstores.s3 import S3BlobStore
+from services.broker import Broker
+from services.brokers.rabbitmq import RabbitMQBroker
+from services.config import Settings
+from services.errors import ConfigurationError, FailedPrecondition, InvalidArgument
+from services.queue_state import QueueState
+from services.view.view import View
+from services.view_config import merge
+
+log = logging.getLogger(__name__)
+
+
+def blob_store(settings: Settings) -> BlobStore:
+    """blob_svc when a target is configured (the default), S3 directly otherwise."""
+    if settings.server.blob_target:
+        return RemoteBlobStore(settings.server.blob_target)
+    return S3BlobStore(settings.s3, settings.limits.max_blob_bytes)
+
+
+class Backends:
+    def __init__(self, view: View, broker: Broker, blobs: BlobStore) -> None:
+        self.view = view
+        self.broker = broker
+        self.blobs = blobs
+        self.state = QueueState(view)
+
+    @classmethod
+    async def open(cls, settings: Settings) -> Backends:
+        """Connect all three; apply the view configuration from the environment, if any.
+
+        Raises BackendUnavailable (retried by the runtime) or ConfigurationError (start-up refused).
+        """
+        view = await View.open(settings.cassandra)
+        try:
+            await apply_view_settings(view, settings)
+            broker = RabbitMQBroker(settings.rabbitmq)
+            await broker.ping()
+        except BaseException:
+            view.close()
+            raise
+        return cls(view, broker, blob_store(settings))
+
+    async def check(self) -> None:
+        await self.view.ping()
+        await self.broker.ping()
+        await self.blobs.ping()
+
+    async def close(self) -> None:
+        await self.broker.close()
+        await self.blobs.close()
+        self.view.close()
+
+
+async def apply_view_settings(view: View, settings: Settings) -> None:
+    v = settings.view
+    if v.slice_window_s is None and v.bucket_count is None and v.update_browse_start_pace is None:
+        return
+    wanted = merge(await view.config.current(), v.slice_window_s, v.bucket_count, v.update_browse_start_pace)
+    try:
+        await view.config.apply(wanted)
+    except (FailedPrecondition, InvalidArgument) as e:
+        raise ConfigurationError(
+            f"the view configuration from the environment is refused: {e}. Fix MAILQUEUE_SLICE_WINDOW_S / "
+            "MAILQUEUE_BUCKET_COUNT / MAILQUEUE_BROWSE_START_PACE or unset them to keep the stored configuration"
+        ) from e

@@ -1,0 +1,86 @@
+"""Blob store reached through blob_svc over gRPC (what enqueue_svc and dequeue_svc use).
+
+The channel balances over every blob_svc replica (``dns:///blob:50054`` with ``round_robin``).
+gRPC statuses are converted back into the domain errors they came from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import grpc
+
+from mailqueue.v1 import blob_pb2, blob_pb2_grpc
+from services.blobstore import BlobStore
+from services.errors import BackendUnavailable, InvalidArgument, MailQueueError, NotFound, ResourceExhausted
+from services.model import BlobInfo
+from services.runtime.channels import client_channel
+
+_BY_CODE: dict[grpc.StatusCode, type[MailQueueError]] = {
+    grpc.StatusCode.NOT_FOUND: NotFound,
+    grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: ResourceExhausted,
+}
+
+
+def _convert(e: grpc.aio.AioRpcError) -> MailQueueError:
+    cls = _BY_CODE.get(e.code())
+    if cls is not None:
+        return cls(e.details() or e.code().name)
+    return BackendUnavailable("blob_svc", f"{e.code().name}: {e.details()}")
+
+
+class RemoteBlobStore(BlobStore):
+    def __init__(self, target: str, timeout_s: float = 60.0) -> None:
+        self._channel = client_channel(target)
+        self._stub = blob_pb2_grpc.BlobServiceStub(self._channel)
+        self._timeout = timeout_s
+
+    async def put(self, chunks: AsyncIterator[bytes], expected_id: str | None = None) -> BlobInfo:
+        async def requests() -> AsyncIterator[blob_pb2.PutRequest]:
+            first = True
+            async for chunk in chunks:
+                yield blob_pb2.PutRequest(chunk=chunk, expected_blob_id=(expected_id or "") if first else "")
+                first = False
+            if first:
+                yield blob_pb2.PutRequest(expected_blob_id=expected_id or "")
+
+        try:
+            r = await self._stub.Put(requests(), timeout=self._timeout)
+        except grpc.aio.AioRpcError as e:
+            raise _convert(e) from e
+        return BlobInfo(r.blob_id, r.size, r.deduplicated)
+
+    async def get(self, blob_id: str) -> AsyncIterator[bytes]:
+        try:
+            async for r in self._stub.Get(blob_pb2.GetRequest(blob_id=blob_id), timeout=self._timeout):
+                yield r.chunk
+        except grpc.aio.AioRpcError as e:
+            raise _convert(e) from e
+
+    async def stat(self, blob_id: str) -> BlobInfo:
+        try:
+            r = await self._stub.Stat(blob_pb2.StatRequest(blob_id=blob_id), timeout=self._timeout)
+        except grpc.aio.AioRpcError as e:
+            raise _convert(e) from e
+        return BlobInfo(r.blob_id, r.size)
+
+    async def delete(self, blob_id: str) -> bool:
+        try:
+            r = await self._stub.Delete(blob_pb2.DeleteRequest(blob_id=blob_id), timeout=self._timeout)
+        except grpc.aio.AioRpcError as e:
+            raise _convert(e) from e
+        return r.existed
+
+    async def ping(self) -> None:
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+        try:
+            r = await health_pb2_grpc.HealthStub(self._channel).Check(health_pb2.HealthCheckRequest(), timeout=3)
+        except grpc.aio.AioRpcError as e:
+            raise BackendUnavailable("blob_svc", f"{e.code().name}: {e.details()}") from e
+        if r.status != health_pb2.HealthCheckResponse.SERVING:
+            raise BackendUnavailable("blob_svc", "not serving")
+
+    async def close(self) -> None:
+        await self._channel.close()

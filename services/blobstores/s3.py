@@ -1,0 +1,152 @@
+"""Blob store on S3 (MinIO): the adapter that blob_svc serves.
+
+Puts are spooled to a temporary file while their SHA-256 is computed, so memory stays bounded
+whatever the size; the object is then uploaded under its hash (skipped when it already exists).
+The minio client is blocking: every call runs in a worker thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import io
+import logging
+import os
+import tempfile
+from collections.abc import AsyncIterator
+from typing import Any
+
+import urllib3
+from minio import Minio
+from minio.error import S3Error
+
+from services import names
+from services.blobstore import CHUNK, BlobStore
+from services.config import S3Settings
+from services.errors import BackendUnavailable, InvalidArgument, NotFound, ResourceExhausted
+from services.model import BlobInfo
+from services.validation import blob_id as check_blob_id
+
+log = logging.getLogger(__name__)
+
+#: Below this size a put is hashed and uploaded from memory instead of a spool file.
+IN_MEMORY_PUT = 4 * CHUNK
+_MISSING = ("NoSuchKey", "NoSuchObject", "NoSuchBucket")
+
+
+def _unavailable(e: BaseException) -> BackendUnavailable:
+    return BackendUnavailable("s3", f"{type(e).__name__}: {e}")
+
+
+class S3BlobStore(BlobStore):
+    def __init__(self, settings: S3Settings, max_blob_bytes: int) -> None:
+        self._settings = settings
+        self._max = max_blob_bytes
+        http = urllib3.PoolManager(
+            maxsize=settings.pool_size,
+            timeout=urllib3.Timeout(connect=3, read=30),
+            retries=urllib3.Retry(total=2, backoff_factor=0.1, status_forcelist=(500, 502, 503, 504)),
+        )
+        self._client = Minio(
+            settings.endpoint, access_key=settings.access_key, secret_key=settings.secret_key,
+            secure=settings.secure, region=settings.region, http_client=http,
+        )
+        self._bucket = settings.bucket
+
+    async def _run(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await asyncio.to_thread(fn, *args, **kwargs)
+        except S3Error as e:
+            if e.code in _MISSING:
+                raise NotFound(f"blob not found ({e.code})") from e
+            raise _unavailable(e) from e
+        except (urllib3.exceptions.HTTPError, OSError) as e:
+            raise _unavailable(e) from e
+
+    async def ensure_bucket(self) -> None:
+        if not await self._run(self._client.bucket_exists, self._bucket):
+            try:
+                await self._run(self._client.make_bucket, self._bucket)
+            except BackendUnavailable:
+                if not await self._run(self._client.bucket_exists, self._bucket):
+                    raise
+            log.info("created bucket", extra={"bucket": self._bucket})
+
+    async def _exists(self, blob_id: str) -> int | None:
+        try:
+            st = await self._run(self._client.stat_object, self._bucket, names.blob_key(blob_id))
+            return int(st.size)
+        except NotFound:
+            return None
+
+    def _check_size(self, size: int) -> None:
+        if size > self._max:
+            raise ResourceExhausted(f"blob exceeds the limit of {self._max} bytes")
+
+    async def put(self, chunks: AsyncIterator[bytes], expected_id: str | None = None) -> BlobInfo:
+        if expected_id:
+            check_blob_id(expected_id)
+        digest = hashlib.sha256()
+        size = 0
+        buffer = bytearray()
+        spool: Any = None
+        try:
+            async for chunk in chunks:
+                size += len(chunk)
+                self._check_size(size)
+                digest.update(chunk)
+                if spool is None and len(buffer) + len(chunk) <= IN_MEMORY_PUT:
+                    buffer += chunk
+                    continue
+                if spool is None:
+                    spool = tempfile.NamedTemporaryFile(prefix="blob-", dir=self._settings.spool_dir, delete=False)
+                    await asyncio.to_thread(spool.write, bytes(buffer))
+                    buffer = bytearray()
+                await asyncio.to_thread(spool.write, chunk)
+            blob_id = digest.hexdigest()
+            if expected_id and expected_id != blob_id:
+                raise InvalidArgument(f"content hash {blob_id} differs from the expected blob id {expected_id}")
+            existing = await self._exists(blob_id)
+            if existing is not None:
+                return BlobInfo(blob_id, existing, deduplicated=True)
+            key = names.blob_key(blob_id)
+            if spool is None:
+                await self._run(self._client.put_object, self._bucket, key, io.BytesIO(bytes(buffer)), size)
+            else:
+                await asyncio.to_thread(spool.flush)
+                await self._run(self._client.fput_object, self._bucket, key, spool.name, part_size=16 * CHUNK)
+            return BlobInfo(blob_id, size)
+        finally:
+            if spool is not None:
+                spool.close()
+                os.unlink(spool.name)
+
+    async def get(self, blob_id: str) -> AsyncIterator[bytes]:
+        check_blob_id(blob_id)
+        response = await self._run(self._client.get_object, self._bucket, names.blob_key(blob_id))
+        try:
+            while True:
+                chunk = await self._run(response.read, CHUNK)
+                if not chunk:
+                    return
+                yield chunk
+        finally:
+            response.close()
+            response.release_conn()
+
+    async def stat(self, blob_id: str) -> BlobInfo:
+        check_blob_id(blob_id)
+        size = await self._exists(blob_id)
+        if size is None:
+            raise NotFound(f"blob {blob_id} not found")
+        return BlobInfo(blob_id, size)
+
+    async def delete(self, blob_id: str) -> bool:
+        check_blob_id(blob_id)
+        if await self._exists(blob_id) is None:
+            return False
+        await self._run(self._client.remove_object, self._bucket, names.blob_key(blob_id))
+        return True
+
+    async def ping(self) -> None:
+        await self._run(self._client.bucket_exists, self._bucket)

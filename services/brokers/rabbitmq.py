@@ -1,0 +1,294 @@
+"""RabbitMQ broker on pika's asyncio adapter: one connection per process, confirms pipelined.
+
+Topology per mail queue (names from services/names.py): a durable direct exchange, a work queue
+(quorum by default, with a delivery limit so a poison message cannot loop forever) whose dead
+letters go to a fanout dead-letter exchange and its durable queue.
+
+Publishing is mandatory and confirmed: ``publish`` resolves when the broker acked the message and
+did not return it as unroutable. Hundreds of publishes can wait for their confirms at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import pika
+from pika.adapters.asyncio_connection import AsyncioConnection
+from pika.channel import Channel
+
+from services import names
+from services.broker import Broker, Consumer, Message
+from services.config import RabbitMQSettings
+from services.errors import BackendUnavailable
+
+log = logging.getLogger(__name__)
+
+PERSISTENT = 2
+_CLOSED = object()
+
+
+def _unavailable(detail: Any) -> BackendUnavailable:
+    return BackendUnavailable("rabbitmq", str(detail) or type(detail).__name__)
+
+
+class _Waiters:
+    """Futures waiting on one channel: all fail together when the channel closes."""
+
+    def __init__(self, channel: Channel) -> None:
+        self.futures: set[asyncio.Future[Any]] = set()
+        self.closed_reason: Any = None
+        channel.add_on_close_callback(self._on_close)
+
+    def new(self) -> asyncio.Future[Any]:
+        fut = asyncio.get_running_loop().create_future()
+        if self.closed_reason is not None:
+            fut.set_exception(_unavailable(self.closed_reason))
+            return fut
+        self.futures.add(fut)
+        fut.add_done_callback(self.futures.discard)
+        return fut
+
+    def _on_close(self, _channel: Channel, reason: Any) -> None:
+        self.closed_reason = reason
+        for fut in list(self.futures):
+            if not fut.done():
+                fut.set_exception(_unavailable(reason))
+
+
+def _resolver(fut: asyncio.Future[Any]) -> Callable[..., None]:
+    def done(*args: Any) -> None:
+        if not fut.done():
+            fut.set_result(args[0] if args else None)
+
+    return done
+
+
+class _Publisher:
+    """One confirm-mode channel; maps delivery tags to the futures of waiting publishers."""
+
+    def __init__(self, channel: Channel, waiters: _Waiters) -> None:
+        self.channel = channel
+        self.waiters = waiters
+        self.next_tag = 1
+        self.pending: dict[int, tuple[asyncio.Future[None], str]] = {}
+        self.returned: set[str] = set()
+        channel.add_on_return_callback(self._on_return)
+        channel.add_on_close_callback(self._on_close)
+
+    def publish(self, exchange: str, message_id: str, body: bytes) -> asyncio.Future[None]:
+        props = pika.BasicProperties(
+            delivery_mode=PERSISTENT, message_id=message_id, content_type="application/x-protobuf",
+            type="mailqueue.v1.QueuedMail",
+        )
+        fut = self.waiters.new()
+        if fut.done():
+            return fut
+        self.channel.basic_publish(exchange, "", body, props, mandatory=True)
+        self.pending[self.next_tag] = (fut, message_id)
+        self.next_tag += 1
+        return fut
+
+    def on_confirm(self, frame: Any) -> None:
+        method = frame.method
+        ack = isinstance(method, pika.spec.Basic.Ack)
+        tags = [t for t in self.pending if t <= method.delivery_tag] if method.multiple else [method.delivery_tag]
+        for tag in tags:
+            entry = self.pending.pop(tag, None)
+            if entry is None:
+                continue
+            fut, message_id = entry
+            if fut.done():
+                continue
+            if message_id in self.returned:
+                self.returned.discard(message_id)
+                fut.set_exception(_unavailable("message unroutable: the work queue does not exist"))
+            elif ack:
+                fut.set_result(None)
+            else:
+                fut.set_exception(_unavailable("broker refused the message (nack)"))
+
+    def _on_return(self, _ch: Channel, _method: Any, props: Any, _body: bytes) -> None:
+        self.returned.add(props.message_id)
+
+    def _on_close(self, _ch: Channel, reason: Any) -> None:
+        for fut, _ in self.pending.values():
+            if not fut.done():
+                fut.set_exception(_unavailable(reason))
+        self.pending.clear()
+
+
+class RabbitMQConsumer(Consumer):
+    def __init__(self, channel: Channel, waiters: _Waiters) -> None:
+        self._channel = channel
+        self._waiters = waiters
+        self._inbox: asyncio.Queue[Any] = asyncio.Queue()
+        channel.add_on_close_callback(lambda _ch, reason: self._inbox.put_nowait(_CLOSED))
+
+    def on_message(self, _ch: Channel, method: Any, props: Any, body: bytes) -> None:
+        self._inbox.put_nowait(Message(method.delivery_tag, body, bool(method.redelivered), props.message_id))
+
+    async def get(self) -> Message:
+        item = await self._inbox.get()
+        if item is _CLOSED:
+            self._inbox.put_nowait(_CLOSED)  # every later get fails too
+            raise _unavailable(self._waiters.closed_reason or "consumer channel closed")
+        return item
+
+    def _ensure_open(self) -> None:
+        if not self._channel.is_open:
+            raise _unavailable(self._waiters.closed_reason or "consumer channel closed")
+
+    async def ack(self, delivery_tag: int) -> None:
+        self._ensure_open()
+        self._channel.basic_ack(delivery_tag)
+
+    async def requeue(self, delivery_tag: int) -> None:
+        self._ensure_open()
+        self._channel.basic_nack(delivery_tag, requeue=True)
+
+    async def dead_letter(self, delivery_tag: int) -> None:
+        self._ensure_open()
+        self._channel.basic_nack(delivery_tag, requeue=False)
+
+    async def close(self) -> None:
+        if self._channel.is_open:
+            self._channel.close()
+
+
+class RabbitMQBroker(Broker):
+    def __init__(self, settings: RabbitMQSettings) -> None:
+        self._settings = settings
+        self._params = pika.URLParameters(settings.url)
+        self._params.connection_attempts = 1
+        self._params.socket_timeout = settings.connect_timeout_s
+        self._params.heartbeat = 30
+        self._conn: AsyncioConnection | None = None
+        self._lock = asyncio.Lock()
+        self._publisher_lock = asyncio.Lock()
+        self._publisher: _Publisher | None = None
+        self._declared: set[str] = set()
+
+    # ------------------------------------------------------------------ connection and channels
+    async def _connection(self) -> AsyncioConnection:
+        if self._conn is not None and self._conn.is_open:
+            return self._conn
+        async with self._lock:
+            if self._conn is not None and self._conn.is_open:
+                return self._conn
+            loop = asyncio.get_running_loop()
+            fut: asyncio.Future[AsyncioConnection] = loop.create_future()
+
+            def on_error(_c: Any, err: Any) -> None:
+                if not fut.done():
+                    fut.set_exception(_unavailable(f"cannot connect ({err})"))
+
+            conn = AsyncioConnection(
+                self._params,
+                on_open_callback=_resolver(fut),
+                on_open_error_callback=on_error,
+                on_close_callback=self._on_connection_closed,
+                custom_ioloop=loop,
+            )
+            try:
+                await asyncio.wait_for(fut, self._settings.connect_timeout_s)
+            except asyncio.TimeoutError:
+                if not conn.is_closed:
+                    conn.close()
+                raise _unavailable(f"no answer within {self._settings.connect_timeout_s}s") from None
+            self._conn = conn
+            self._publisher = None
+            log.info("connected to rabbitmq", extra={"host": self._params.host, "port": self._params.port})
+            return conn
+
+    def _on_connection_closed(self, conn: AsyncioConnection, reason: Any) -> None:
+        if conn is self._conn:
+            log.warning("rabbitmq connection closed", extra={"reason": str(reason)})
+            self._conn = None
+            self._publisher = None
+
+    async def _channel(self) -> tuple[Channel, _Waiters]:
+        conn = await self._connection()
+        fut: asyncio.Future[Channel] = asyncio.get_running_loop().create_future()
+        try:
+            conn.channel(on_open_callback=_resolver(fut))
+        except Exception as e:  # pika raises its own connection-state errors here
+            raise _unavailable(e) from e
+        channel = await asyncio.wait_for(fut, self._settings.connect_timeout_s)
+        return channel, _Waiters(channel)
+
+    async def _call(self, waiters: _Waiters, method: Callable[..., Any], **kwargs: Any) -> Any:
+        fut = waiters.new()
+        method(callback=_resolver(fut), **kwargs)
+        return await asyncio.wait_for(fut, self._settings.connect_timeout_s)
+
+    async def _publisher_channel(self) -> _Publisher:
+        if self._publisher is not None and self._publisher.channel.is_open:
+            return self._publisher
+        async with self._publisher_lock:
+            if self._publisher is not None and self._publisher.channel.is_open:
+                return self._publisher
+            channel, waiters = await self._channel()
+            publisher = _Publisher(channel, waiters)
+            fut = waiters.new()
+            channel.confirm_delivery(publisher.on_confirm, callback=_resolver(fut))
+            await asyncio.wait_for(fut, self._settings.connect_timeout_s)
+            self._publisher = publisher
+            return publisher
+
+    # ------------------------------------------------------------------ Broker
+    def work_queue_arguments(self, queue: str) -> dict[str, Any]:
+        args: dict[str, Any] = {"x-dead-letter-exchange": names.dead_letter_exchange(queue)}
+        if self._settings.queue_type == "quorum":
+            args["x-queue-type"] = "quorum"
+            args["x-delivery-limit"] = self._settings.delivery_limit
+        return args
+
+    async def declare_queue(self, queue: str) -> None:
+        if queue in self._declared:
+            return
+        channel, w = await self._channel()
+        try:
+            qtype = {"x-queue-type": "quorum"} if self._settings.queue_type == "quorum" else {}
+            dlx, dlq = names.dead_letter_exchange(queue), names.dead_letter_queue(queue)
+            await self._call(w, channel.exchange_declare, exchange=dlx, exchange_type="fanout", durable=True)
+            await self._call(w, channel.queue_declare, queue=dlq, durable=True, arguments=qtype)
+            await self._call(w, channel.queue_bind, queue=dlq, exchange=dlx, routing_key="")
+            await self._call(w, channel.exchange_declare, exchange=names.exchange(queue), exchange_type="direct", durable=True)
+            await self._call(
+                w, channel.queue_declare, queue=names.work_queue(queue), durable=True,
+                arguments=self.work_queue_arguments(queue),
+            )
+            await self._call(w, channel.queue_bind, queue=names.work_queue(queue), exchange=names.exchange(queue), routing_key="")
+        finally:
+            if channel.is_open:
+                channel.close()
+        self._declared.add(queue)
+
+    async def publish(self, queue: str, message_id: str, body: bytes) -> None:
+        await self.declare_queue(queue)
+        publisher = await self._publisher_channel()
+        try:
+            await publisher.publish(names.exchange(queue), message_id, body)
+        except BackendUnavailable:
+            self._declared.discard(queue)  # declare again next time, in case the topology was removed
+            raise
+
+    async def consume(self, queue: str, prefetch: int) -> RabbitMQConsumer:
+        await self.declare_queue(queue)
+        channel, w = await self._channel()
+        consumer = RabbitMQConsumer(channel, w)
+        await self._call(w, channel.basic_qos, prefetch_count=prefetch)
+        fut = w.new()
+        channel.basic_consume(names.work_queue(queue), consumer.on_message, auto_ack=False, callback=_resolver(fut))
+        await asyncio.wait_for(fut, self._settings.connect_timeout_s)
+        return consumer
+
+    async def ping(self) -> None:
+        await self._connection()
+
+    async def close(self) -> None:
+        if self._conn is not None and self._conn.is_open:
+            self._conn.close()

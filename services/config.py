@@ -1,0 +1,223 @@
+"""Configuration: one typed object per component, built from the environment.
+
+Every variable, its default and its meaning is listed here and in the README's table; nothing
+else in the code reads ``os.environ``. Defaults are the safe local ones (loopback, one replica).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+
+from services.errors import ConfigurationError
+
+KiB = 1024
+MiB = 1024 * KiB
+
+
+def _get(env: Mapping[str, str], name: str, default: str) -> str:
+    return env.get(f"MAILQUEUE_{name}", default)
+
+
+def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> int:
+    raw = _get(env, name, str(default))
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigurationError(f"MAILQUEUE_{name}={raw!r} is not an integer") from None
+    if value < minimum:
+        raise ConfigurationError(f"MAILQUEUE_{name}={value} must be >= {minimum}")
+    return value
+
+
+def _optional_int(env: Mapping[str, str], name: str, minimum: int = 1) -> int | None:
+    return _int(env, name, 0, minimum) if f"MAILQUEUE_{name}" in env else None
+
+
+def _bool(env: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = _get(env, name, "true" if default else "false").strip().lower()
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    if raw in ("0", "false", "no", "off"):
+        return False
+    raise ConfigurationError(f"MAILQUEUE_{name}={raw!r} is not a boolean (true/false)")
+
+
+@dataclasses.dataclass(frozen=True)
+class CassandraSettings:
+    hosts: tuple[str, ...] = ("127.0.0.1",)
+    port: int = 9042
+    keyspace: str = "mailqueue"
+    #: CQL replication map for the keyspace, e.g. {'class': 'NetworkTopologyStrategy', 'dc1': 3}.
+    replication: str = "{'class': 'SimpleStrategy', 'replication_factor': 1}"
+    local_dc: str | None = None
+    username: str | None = None
+    password: str | None = None
+    request_timeout_s: float = 5.0
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> CassandraSettings:
+        return cls(
+            hosts=tuple(h.strip() for h in _get(env, "CASSANDRA_HOSTS", "127.0.0.1").split(",") if h.strip()),
+            port=_int(env, "CASSANDRA_PORT", 9042, 1),
+            keyspace=_get(env, "CASSANDRA_KEYSPACE", "mailqueue"),
+            replication=_get(env, "CASSANDRA_REPLICATION", cls.replication),
+            local_dc=env.get("MAILQUEUE_CASSANDRA_LOCAL_DC") or None,
+            username=env.get("MAILQUEUE_CASSANDRA_USERNAME") or None,
+            password=env.get("MAILQUEUE_CASSANDRA_PASSWORD") or None,
+            request_timeout_s=float(_get(env, "CASSANDRA_TIMEOUT_S", "5")),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class RabbitMQSettings:
+    url: str = "amqp://guest:guest@127.0.0.1:5672/%2F"
+    #: "quorum" (replicated, default) or "classic".
+    queue_type: str = "quorum"
+    #: Deliveries of one message before a quorum queue dead-letters it (poison messages).
+    delivery_limit: int = 20
+    connect_timeout_s: float = 5.0
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> RabbitMQSettings:
+        queue_type = _get(env, "RABBITMQ_QUEUE_TYPE", "quorum")
+        if queue_type not in ("quorum", "classic"):
+            raise ConfigurationError(f"MAILQUEUE_RABBITMQ_QUEUE_TYPE={queue_type!r}: use quorum or classic")
+        return cls(
+            url=_get(env, "RABBITMQ_URL", cls.url),
+            queue_type=queue_type,
+            delivery_limit=_int(env, "RABBITMQ_DELIVERY_LIMIT", 20, 1),
+            connect_timeout_s=float(_get(env, "RABBITMQ_CONNECT_TIMEOUT_S", "5")),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class S3Settings:
+    endpoint: str = "127.0.0.1:9000"
+    access_key: str = "minioadmin"
+    secret_key: str = "minioadmin"
+    bucket: str = "mailqueue-blobs"
+    secure: bool = False
+    region: str | None = None
+    #: HTTP connections kept to S3 (the minio client's default of 10 is too few under load).
+    pool_size: int = 64
+    #: Folder where streamed puts are spooled while their hash is computed.
+    spool_dir: str | None = None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> S3Settings:
+        return cls(
+            endpoint=_get(env, "S3_ENDPOINT", cls.endpoint),
+            access_key=_get(env, "S3_ACCESS_KEY", cls.access_key),
+            secret_key=_get(env, "S3_SECRET_KEY", cls.secret_key),
+            bucket=_get(env, "S3_BUCKET", cls.bucket),
+            secure=_bool(env, "S3_SECURE", False),
+            region=env.get("MAILQUEUE_S3_REGION") or None,
+            pool_size=_int(env, "S3_POOL_SIZE", 64, 1),
+            spool_dir=env.get("MAILQUEUE_SPOOL_DIR") or None,
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class LimitSettings:
+    """Input limits: a request beyond any of them is refused and writes nothing."""
+
+    max_inline_bytes: int = 3 * MiB
+    max_mail_bytes: int = 100 * MiB
+    max_blob_bytes: int = 1024 * MiB
+    max_recipients: int = 1000
+    max_attributes: int = 128
+    max_attribute_bytes: int = 64 * KiB
+    max_metadata_bytes: int = 512 * KiB
+    #: Deliveries up to this size carry their content inline; larger ones are read from blob_svc.
+    dequeue_inline_bytes: int = 1 * MiB
+    max_prefetch: int = 512
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> LimitSettings:
+        return cls(
+            max_inline_bytes=_int(env, "MAX_INLINE_BYTES", cls.max_inline_bytes, 1),
+            max_mail_bytes=_int(env, "MAX_MAIL_BYTES", cls.max_mail_bytes, 1),
+            max_blob_bytes=_int(env, "MAX_BLOB_BYTES", cls.max_blob_bytes, 1),
+            max_recipients=_int(env, "MAX_RECIPIENTS", cls.max_recipients, 1),
+            max_attributes=_int(env, "MAX_ATTRIBUTES", cls.max_attributes, 0),
+            max_attribute_bytes=_int(env, "MAX_ATTRIBUTE_BYTES", cls.max_attribute_bytes, 1),
+            max_metadata_bytes=_int(env, "MAX_METADATA_BYTES", cls.max_metadata_bytes, 1),
+            dequeue_inline_bytes=_int(env, "DEQUEUE_INLINE_BYTES", cls.dequeue_inline_bytes, 0),
+            max_prefetch=_int(env, "MAX_PREFETCH", cls.max_prefetch, 1),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class ViewSettings:
+    """The wanted view configuration; unset fields keep what is stored (or the defaults)."""
+
+    slice_window_s: int | None = None
+    bucket_count: int | None = None
+    update_browse_start_pace: int | None = None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> ViewSettings:
+        return cls(
+            slice_window_s=_optional_int(env, "SLICE_WINDOW_S"),
+            bucket_count=_optional_int(env, "BUCKET_COUNT"),
+            update_browse_start_pace=_optional_int(env, "BROWSE_START_PACE"),
+        )
+
+
+#: Default gRPC and metrics ports per service (DESIGN §7).
+DEFAULT_PORTS = {"enqueue": 50051, "dequeue": 50052, "browse": 50053, "blob": 50054}
+METRICS_PORT_OFFSET = 1000  # enqueue metrics on 51051, and so on
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerSettings:
+    service: str
+    host: str = "127.0.0.1"
+    port: int = 0
+    metrics_port: int = 0
+    #: Seconds a connection lives before the server asks the client to reconnect (re-resolve).
+    max_connection_age_s: int = 300
+    #: Seconds SIGTERM waits for in-flight RPCs.
+    shutdown_grace_s: float = 10.0
+    #: Target of blob_svc for enqueue and dequeue ("" = talk to S3 directly).
+    blob_target: str = "127.0.0.1:50054"
+    log_level: str = "INFO"
+
+    @classmethod
+    def from_env(cls, service: str, env: Mapping[str, str] = os.environ) -> ServerSettings:
+        port = _int(env, "PORT", DEFAULT_PORTS[service], 0)
+        return cls(
+            service=service,
+            host=_get(env, "HOST", "127.0.0.1"),
+            port=port,
+            metrics_port=_int(env, "METRICS_PORT", port + METRICS_PORT_OFFSET if port else 0, 0),
+            max_connection_age_s=_int(env, "MAX_CONNECTION_AGE_S", 300, 1),
+            shutdown_grace_s=float(_get(env, "SHUTDOWN_GRACE_S", "10")),
+            blob_target=_get(env, "BLOB_TARGET", "127.0.0.1:50054"),
+            log_level=_get(env, "LOG_LEVEL", "INFO").upper(),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """Everything one service process needs."""
+
+    server: ServerSettings
+    cassandra: CassandraSettings
+    rabbitmq: RabbitMQSettings
+    s3: S3Settings
+    limits: LimitSettings
+    view: ViewSettings
+
+    @classmethod
+    def from_env(cls, service: str, env: Mapping[str, str] = os.environ) -> Settings:
+        return cls(
+            server=ServerSettings.from_env(service, env),
+            cassandra=CassandraSettings.from_env(env),
+            rabbitmq=RabbitMQSettings.from_env(env),
+            s3=S3Settings.from_env(env),
+            limits=LimitSettings.from_env(env),
+            view=ViewSettings.from_env(env),
+        )

@@ -1,0 +1,177 @@
+"""Enqueue (DESIGN §4): validate -> content -> view row -> confirmed publish -> reply.
+
+A mail is acknowledged only after its blob, its view row and its confirmed RabbitMQ message all
+exist. On any failure after the row was written, the mail is marked deleted (compensation, right
+next to the write it undoes) and the caller gets BackendUnavailable: nothing half-enqueued is
+ever delivered or browsed. Blobs are content-addressed and shared, so a failed enqueue leaves its
+blob for the retention sweep instead of deleting what another mail may reference.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+from prometheus_client import Counter
+
+from services import model, serde, validation
+from services.blobstore import BlobStore
+from services.broker import Broker
+from services.config import LimitSettings
+from services.errors import Aborted, BackendUnavailable, NotFound, ResourceExhausted
+from services.queue_state import QueueState
+from services.slices import bucket_of, slice_start
+from services.view.view import View
+
+log = logging.getLogger(__name__)
+
+ENQUEUED = Counter("mailqueue_enqueued_total", "Mails acknowledged to producers", ["queue"])
+ENQUEUE_FAILED = Counter("mailqueue_enqueue_failed_total", "Enqueues answered with a retryable error", ["queue"])
+
+#: An uncommitted idempotency claim older than this belongs to a crashed enqueuer: take it over.
+ABANDONED_CLAIM = dt.timedelta(seconds=30)
+
+ContentWriter = Callable[[], Awaitable[tuple[tuple[str, ...], int]]]
+
+
+class Enqueuer:
+    def __init__(self, view: View, broker: Broker, blobs: BlobStore, limits: LimitSettings, state: QueueState) -> None:
+        self._view = view
+        self._broker = broker
+        self._blobs = blobs
+        self._limits = limits
+        self._state = state
+
+    # ------------------------------------------------------------------ the three content forms
+    async def enqueue_inline(self, queue: str, mail: model.Mail, content: bytes, key: str = "") -> model.EnqueueResult:
+        if len(content) > self._limits.max_inline_bytes:
+            raise ResourceExhausted(
+                f"inline content is {len(content)} bytes, over the limit of {self._limits.max_inline_bytes}: "
+                "use EnqueueStream or put the content with BlobService.Put first"
+            )
+
+        async def write() -> tuple[tuple[str, ...], int]:
+            info = await self._blobs.put_bytes(content)
+            return (info.blob_id,), info.size
+
+        return await self._enqueue(queue, mail, write, key)
+
+    async def enqueue_refs(self, queue: str, mail: model.Mail, blob_ids: list[str], key: str = "") -> model.EnqueueResult:
+        if not blob_ids:
+            raise validation.InvalidArgument("blob_refs must name at least one blob")
+        for b in blob_ids:
+            validation.blob_id(b)
+
+        async def write() -> tuple[tuple[str, ...], int]:
+            size = 0
+            for b in blob_ids:
+                try:
+                    size += (await self._blobs.stat(b)).size
+                except NotFound:
+                    raise NotFound(f"blob {b} not found: put the content with BlobService.Put first") from None
+            self._check_mail_size(size)
+            return tuple(blob_ids), size
+
+        return await self._enqueue(queue, mail, write, key)
+
+    async def enqueue_stream(
+        self, queue: str, mail: model.Mail, chunks: AsyncIterator[bytes], key: str = ""
+    ) -> model.EnqueueResult:
+        async def limited() -> AsyncIterator[bytes]:
+            total = 0
+            async for chunk in chunks:
+                total += len(chunk)
+                self._check_mail_size(total)
+                yield chunk
+
+        async def write() -> tuple[tuple[str, ...], int]:
+            info = await self._blobs.put(limited())
+            return (info.blob_id,), info.size
+
+        return await self._enqueue(queue, mail, write, key)
+
+    def _check_mail_size(self, size: int) -> None:
+        if size > self._limits.max_mail_bytes:
+            raise ResourceExhausted(f"mail content exceeds the limit of {self._limits.max_mail_bytes} bytes")
+
+    # ------------------------------------------------------------------ the common path
+    async def _enqueue(self, queue: str, mail: model.Mail, write_content: ContentWriter, key: str) -> model.EnqueueResult:
+        validation.queue_name(queue)
+        validation.mail(mail, self._limits)
+        if len(key) > 256:
+            raise validation.InvalidArgument("idempotency_key is longer than 256 characters")
+        await self._state.require_queue(queue)
+        enqueue_id = uuid.uuid4()
+        if key:
+            earlier = await self._claim(queue, key, enqueue_id)
+            if earlier is not None:
+                return earlier
+        try:
+            result = await self._store(queue, mail, enqueue_id, write_content)
+        except BaseException:
+            ENQUEUE_FAILED.labels(queue).inc()
+            if key:
+                await self._best_effort(self._view.idempotency.release(queue, key, enqueue_id), "release idempotency key")
+            raise
+        if key:
+            await self._best_effort(self._view.idempotency.commit(queue, key, result), "commit idempotency key")
+        ENQUEUED.labels(queue).inc()
+        return model.EnqueueResult.of(result)
+
+    async def _store(self, queue: str, mail: model.Mail, enqueue_id: uuid.UUID, write_content: ContentWriter) -> model.QueuedMail:
+        blob_ids, size = await write_content()
+        config = await self._state.config()
+        now = model.utcnow()
+        start = slice_start(now, config.slice_window)
+        browse_start = await self._state.browse_start(queue)
+        if browse_start is not None and start < browse_start:
+            # A node whose clock lags must not write behind browse start: the sweep may drop it.
+            log.warning("clock behind browse start; writing into the browse start slice",
+                        extra={"queue": queue, "slice": start.isoformat(), "browse_start": browse_start.isoformat()})
+            start = browse_start
+        queued = model.QueuedMail(
+            queue=queue, enqueue_id=enqueue_id, enqueued_at=now, mail=mail, blob_ids=blob_ids, size=size,
+            slice_start=start, bucket=bucket_of(mail.name, str(enqueue_id), config.bucket_count),
+        )
+        try:
+            await self._view.enqueued.insert(queued)
+        except BaseException:
+            # The write may have landed although it failed (a timeout): make sure it never shows.
+            await self._compensate(queued, "enqueue failed: view write")
+            raise
+        try:
+            await self._broker.publish(queue, str(enqueue_id), serde.queued_mail_to_proto(queued).SerializeToString())
+        except BaseException:
+            await self._compensate(queued, "enqueue failed: publish")
+            raise
+        return queued
+
+    async def _compensate(self, q: model.QueuedMail, reason: str) -> None:
+        await self._best_effort(self._view.deleted.mark(q.queue, q.enqueue_id, reason), f"mark deleted after {reason}")
+
+    async def _best_effort(self, op: Awaitable[None], what: str) -> None:
+        try:
+            await op
+        except BackendUnavailable as e:
+            log.error("could not %s: %s", what, e)
+
+    async def _claim(self, queue: str, key: str, enqueue_id: uuid.UUID) -> model.EnqueueResult | None:
+        """Claim the idempotency key; return the earlier enqueue's result when it is already taken."""
+        now = model.utcnow()
+        row = await self._view.idempotency.claim(queue, key, enqueue_id, now)
+        if row is None:
+            return None
+        if row.committed:
+            return model.EnqueueResult(
+                row.enqueue_id, row.enqueued_at.replace(tzinfo=dt.timezone.utc),
+                tuple(row.blob_ids or ()), row.size or 0, duplicate=True,
+            )
+        claimed_at = row.claimed_at.replace(tzinfo=dt.timezone.utc)
+        if now - claimed_at > ABANDONED_CLAIM and await self._view.idempotency.take_over(
+            queue, key, enqueue_id, now, row.claimed_at
+        ):
+            log.warning("took over an abandoned idempotency claim", extra={"queue": queue, "key": key})
+            return None
+        raise Aborted(f"an enqueue with idempotency key {key!r} is in progress; retry in a few seconds")

@@ -1,0 +1,42 @@
+"""Every broker and storage name, made by small pure functions in one place.
+
+Exchange, queue, dead-letter and table names must never drift between services.
+"""
+
+from __future__ import annotations
+
+#: Prefix of every RabbitMQ object this suite declares.
+AMQP_PREFIX = "mailqueue"
+
+#: Version suffix of the Cassandra tables; a new layout gets a new suffix, never an in-place change.
+TABLE_VERSION = "v1"
+
+
+def exchange(queue: str) -> str:
+    """The direct exchange that enqueue publishes a queue's mails to."""
+    return f"{AMQP_PREFIX}.{queue}"
+
+
+def work_queue(queue: str) -> str:
+    """The RabbitMQ queue that dequeue consumes."""
+    return f"{AMQP_PREFIX}.{queue}.work"
+
+
+def dead_letter_exchange(queue: str) -> str:
+    """Where rejected and poison messages of a queue are routed."""
+    return f"{AMQP_PREFIX}.{queue}.dead-letter"
+
+
+def dead_letter_queue(queue: str) -> str:
+    """The queue that keeps a queue's dead letters for operators."""
+    return f"{AMQP_PREFIX}.{queue}.dead-letter"
+
+
+def table(name: str) -> str:
+    """A versioned Cassandra table name: ``table("enqueued_mails") == "enqueued_mails_v1"``."""
+    return f"{name}_{TABLE_VERSION}"
+
+
+def blob_key(blob_id: str) -> str:
+    """The S3 object key of a content-addressed blob."""
+    return f"blobs/{blob_id}"

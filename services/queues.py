@@ -1,0 +1,22 @@
+"""Queue lifecycle: creating a queue sets up its view rows and its broker topology."""
+
+from __future__ import annotations
+
+from services import validation
+from services.broker import Broker
+from services.model import utcnow
+from services.slices import slice_start
+from services.view.view import View
+
+
+async def create_queue(view: View, broker: Broker, queue: str) -> bool:
+    """Create ``queue`` idempotently; True when it is new.
+
+    Order: topology, then browse/content start (``IF NOT EXISTS``), then the queue row, so a
+    queue is listed only once everything it needs exists. A crash half-way is healed by a retry.
+    """
+    validation.queue_name(queue)
+    await broker.declare_queue(queue)
+    config = await view.config.current()
+    await view.starts.initialise(queue, slice_start(utcnow(), config.slice_window))
+    return await view.queues.create(queue)

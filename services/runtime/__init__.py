@@ -1,0 +1,1 @@
+"""The server runtime shared by the four services: app lifecycle, health, reflection, metrics, errors."""

@@ -1,0 +1,99 @@
+"""Cross-cutting concerns, applied once to every RPC: error mapping and metrics.
+
+Domain errors become their gRPC status with their message; anything else is logged with its
+stack trace and answered INTERNAL without one. A client never sees UNKNOWN.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+from prometheus_client import Counter, Histogram
+
+from services.errors import MailQueueError
+
+log = logging.getLogger(__name__)
+
+RPCS = Counter("mailqueue_rpc_total", "RPCs handled, by method and status code", ["method", "code"])
+LATENCY = Histogram(
+    "mailqueue_rpc_seconds", "RPC handling time (streams: until the stream ends)", ["method"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+)
+
+
+async def _fail(context: grpc.aio.ServicerContext, method: str, e: BaseException) -> None:
+    if isinstance(e, NotImplementedError):
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{method} is not implemented yet")
+    if isinstance(e, MailQueueError):
+        log.info("rpc refused", extra={"method": method, "code": e.code.name, "reason": str(e)})
+        await context.abort(e.code, str(e))
+    log.exception("rpc failed", extra={"method": method})
+    await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method}; the server log has the details")
+
+
+def _code(context: grpc.aio.ServicerContext) -> str:
+    code = context.code()
+    return code.name if isinstance(code, grpc.StatusCode) else "OK"
+
+
+def _unary(method: str, fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+    async def handler(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        start = time.perf_counter()
+        try:
+            return await fn(request, context)
+        except (grpc.aio.AbortError, GeneratorExit):
+            raise
+        except Exception as e:  # noqa: BLE001 - the boundary where every error gets a status
+            await _fail(context, method, e)
+        finally:
+            LATENCY.labels(method).observe(time.perf_counter() - start)
+            RPCS.labels(method, _code(context)).inc()
+
+    return handler
+
+
+def _streaming(method: str, fn: Callable[..., AsyncIterator[Any]]) -> Callable[..., AsyncIterator[Any]]:
+    async def handler(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        start = time.perf_counter()
+        try:
+            result = fn(request, context)
+            if hasattr(result, "__aiter__"):
+                async for response in result:
+                    yield response
+            else:  # a handler that writes with context.write() and returns
+                await result
+        except (grpc.aio.AbortError, GeneratorExit):
+            raise
+        except Exception as e:  # noqa: BLE001
+            await _fail(context, method, e)
+        finally:
+            LATENCY.labels(method).observe(time.perf_counter() - start)
+            RPCS.labels(method, _code(context)).inc()
+
+    return handler
+
+
+class ErrorsAndMetrics(grpc.aio.ServerInterceptor):
+    async def intercept_service(
+        self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(details)
+        if handler is None:
+            return handler
+        method = details.method.rsplit("/", 1)[-1]
+        if handler.unary_unary:
+            return grpc.unary_unary_rpc_method_handler(
+                _unary(method, handler.unary_unary), handler.request_deserializer, handler.response_serializer)
+        if handler.stream_unary:
+            return grpc.stream_unary_rpc_method_handler(
+                _unary(method, handler.stream_unary), handler.request_deserializer, handler.response_serializer)
+        if handler.unary_stream:
+            return grpc.unary_stream_rpc_method_handler(
+                _streaming(method, handler.unary_stream), handler.request_deserializer, handler.response_serializer)
+        return grpc.stream_stream_rpc_method_handler(
+            _streaming(method, handler.stream_stream), handler.request_deserializer, handler.response_serializer)

@@ -1,0 +1,173 @@
+"""The server runtime: ``create_server()`` builds, ``serve()`` runs until SIGTERM/SIGINT.
+
+Every service is an :class:`App`: it lists its servicers, connects its backends and checks them.
+The runtime serves health and reflection, exposes Prometheus metrics, and keeps the health
+status honest: NOT_SERVING until the backends answer (the process does not crash while they are
+down), SERVING once they do, NOT_SERVING again when a check fails and first thing on shutdown.
+
+Crash-only: nothing here is needed for correctness. SIGTERM drains for nicer rolling updates;
+SIGKILL at any instant loses nothing, and start-up is recovery.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from prometheus_client import Gauge, start_http_server
+
+from services.config import Settings
+from services.errors import BackendUnavailable, ConfigurationError
+from services.runtime import logs
+from services.runtime.channels import MAX_MESSAGE
+from services.runtime.interceptors import ErrorsAndMetrics
+
+log = logging.getLogger(__name__)
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+#: Seconds between backend checks once serving, and between connection attempts before.
+CHECK_INTERVAL_S = 5.0
+RETRY_INTERVAL_S = 2.0
+
+UP = Gauge("mailqueue_serving", "1 while the service reports SERVING")
+
+
+class App(abc.ABC):
+    """A service: its servicers and its backends."""
+
+    #: Short name ("enqueue", ...): default port, log field.
+    name: str
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.connected = False
+
+    @abc.abstractmethod
+    def servicers(self) -> list[tuple[Callable[[Any, grpc.aio.Server], None], Any, str]]:
+        """``(add_XServicer_to_server, servicer, "mailqueue.v1.XService")`` for each service."""
+
+    @abc.abstractmethod
+    async def connect(self) -> None:
+        """Connect every backend; raise BackendUnavailable to be retried, ConfigurationError to stop."""
+
+    @abc.abstractmethod
+    async def check(self) -> None:
+        """Raise BackendUnavailable when a backend does not answer."""
+
+    async def close(self) -> None:
+        return None
+
+    def require_connected(self) -> None:
+        if not self.connected:
+            raise BackendUnavailable(self.name, "the service is still connecting to its backends")
+
+
+def create_server(app: App, host: str | None = None, port: int | None = None) -> tuple[grpc.aio.Server, health.aio.HealthServicer, int]:
+    """Build the server (not started). Port 0 binds a free port; the bound port is returned."""
+    s = app.settings.server
+    server = grpc.aio.server(
+        interceptors=[ErrorsAndMetrics()],
+        options=[
+            ("grpc.max_connection_age_ms", s.max_connection_age_s * 1000),
+            ("grpc.max_connection_age_grace_ms", 30_000),
+            ("grpc.max_receive_message_length", MAX_MESSAGE),
+            ("grpc.max_send_message_length", MAX_MESSAGE),
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+        ],
+    )
+    names = []
+    for add, servicer, full_name in app.servicers():
+        add(servicer, server)
+        names.append(full_name)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(
+        [*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME], server
+    )
+    bound = server.add_insecure_port(f"{host or s.host}:{s.port if port is None else port}")
+    health_servicer._service_names = names  # type: ignore[attr-defined]  # read by supervise()
+    return server, health_servicer, bound
+
+
+async def _set_all(health_servicer: health.aio.HealthServicer, status: int) -> None:
+    for name in ["", *getattr(health_servicer, "_service_names", [])]:
+        await health_servicer.set(name, status)
+    UP.set(1 if status == SERVING else 0)
+
+
+async def supervise(app: App, health_servicer: health.aio.HealthServicer) -> None:
+    """Connect, then keep the health status in line with the backends, forever."""
+    await _set_all(health_servicer, NOT_SERVING)
+    serving = False
+    attempt = 0
+    while True:
+        try:
+            if not app.connected:
+                attempt += 1
+                await app.connect()
+                app.connected = True
+                log.info("backends connected", extra={"attempts": attempt})
+            await app.check()
+            if not serving:
+                await _set_all(health_servicer, SERVING)
+                serving = True
+                log.info("serving")
+        except BackendUnavailable as e:
+            if serving or attempt in (1, 2) or attempt % 15 == 0:
+                log.warning("not serving: %s", e, extra={"attempt": attempt})
+            if serving:
+                await _set_all(health_servicer, NOT_SERVING)
+                serving = False
+        await asyncio.sleep(CHECK_INTERVAL_S if serving else RETRY_INTERVAL_S)
+
+
+async def serve(app: App) -> None:
+    s = app.settings.server
+    logs.configure(app.name, s.log_level)
+    if s.metrics_port:
+        start_http_server(s.metrics_port, addr=s.host)
+    server, health_servicer, port = create_server(app)
+    await server.start()
+    log.info(
+        "listening",
+        extra={"address": f"{s.host}:{port}", "metrics": f"http://{s.host}:{s.metrics_port}/metrics" if s.metrics_port else "off"},
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    supervisor = asyncio.create_task(supervise(app, health_servicer))
+    stopped = asyncio.create_task(stop.wait())
+    done, _ = await asyncio.wait({supervisor, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    if supervisor in done and supervisor.exception() is not None:
+        exc = supervisor.exception()
+        if isinstance(exc, ConfigurationError):
+            log.critical("refusing to start: %s", exc)
+            await server.stop(0)
+            sys.exit(2)
+        raise exc  # type: ignore[misc]
+    log.info("draining", extra={"grace_s": s.shutdown_grace_s})
+    await _set_all(health_servicer, NOT_SERVING)
+    supervisor.cancel()
+    await server.stop(s.shutdown_grace_s)
+    await app.close()
+    log.info("stopped")
+
+
+def main(app_factory: Callable[[Settings], App], name: str) -> None:
+    try:
+        settings = Settings.from_env(name)
+    except ConfigurationError as e:
+        print(f"{name}: refusing to start: {e}", file=sys.stderr)
+        sys.exit(2)
+    asyncio.run(serve(app_factory(settings)))

@@ -1,0 +1,93 @@
+"""Cassandra connection and the asyncio bridge for the driver's futures.
+
+Driver exceptions are converted here into BackendUnavailable; nothing above sees a driver error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from cassandra import ConsistencyLevel, DriverException
+from cassandra.auth import PlainTextAuthProvider
+from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, NoHostAvailable, Session
+from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
+
+from services.config import CassandraSettings
+from services.errors import BackendUnavailable
+
+log = logging.getLogger(__name__)
+
+#: Driver failures that mean "Cassandra did not answer" rather than "the query is wrong".
+UNAVAILABLE_ERRORS: tuple[type[BaseException], ...] = (DriverException, NoHostAvailable, OSError, TimeoutError)
+
+
+def connect(settings: CassandraSettings) -> tuple[Cluster, Session]:
+    """Connect (blocking): call it from a thread. Raises BackendUnavailable."""
+    profile = ExecutionProfile(
+        load_balancing_policy=TokenAwarePolicy(DCAwareRoundRobinPolicy(local_dc=settings.local_dc)),
+        consistency_level=ConsistencyLevel.LOCAL_QUORUM,
+        serial_consistency_level=ConsistencyLevel.LOCAL_SERIAL,
+        request_timeout=settings.request_timeout_s,
+    )
+    auth = PlainTextAuthProvider(settings.username, settings.password) if settings.username else None
+    cluster = Cluster(
+        list(settings.hosts),
+        port=settings.port,
+        protocol_version=5,
+        execution_profiles={EXEC_PROFILE_DEFAULT: profile},
+        auth_provider=auth,
+        connect_timeout=settings.request_timeout_s,
+    )
+    try:
+        return cluster, cluster.connect()
+    except UNAVAILABLE_ERRORS as e:
+        cluster.shutdown()
+        raise BackendUnavailable("cassandra", f"cannot connect to {settings.hosts}:{settings.port} ({e})") from e
+
+
+async def execute(session: Session, statement: Any, params: Any = None) -> list[Any]:
+    """Run one statement without blocking the event loop; return the first page of rows.
+
+    Use only for statements whose result fits one page (writes, point reads); large reads page
+    with :func:`execute_all`.
+    """
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[list[Any]] = loop.create_future()
+
+    def ok(rows: Any) -> None:
+        loop.call_soon_threadsafe(_resolve, fut, list(rows or []), None)
+
+    def err(exc: BaseException) -> None:
+        loop.call_soon_threadsafe(_resolve, fut, None, exc)
+
+    try:
+        session.execute_async(statement, params).add_callbacks(ok, err)
+    except UNAVAILABLE_ERRORS as e:
+        raise BackendUnavailable("cassandra", str(e)) from e
+    try:
+        return await fut
+    except UNAVAILABLE_ERRORS as e:
+        raise BackendUnavailable("cassandra", f"{type(e).__name__}: {e}") from e
+
+
+async def execute_all(session: Session, statement: Any, params: Any = None) -> list[Any]:
+    """Run a read and fetch every page (in a worker thread)."""
+
+    def run() -> list[Any]:
+        return list(session.execute(statement, params))
+
+    try:
+        return await asyncio.to_thread(run)
+    except UNAVAILABLE_ERRORS as e:
+        raise BackendUnavailable("cassandra", f"{type(e).__name__}: {e}") from e
+
+
+def _resolve(fut: asyncio.Future[Any], value: Any, exc: BaseException | None) -> None:
+    if fut.done():
+        return
+    if exc is not None:
+        fut.set_exception(exc)
+    else:
+        fut.set_result(value)

@@ -1,0 +1,50 @@
+"""The view facade: one Cassandra session, the schema, and a DAO per table."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from cassandra.cluster import Cluster, Session
+
+from services.config import CassandraSettings
+from services.errors import BackendUnavailable
+from services.view import schema
+from services.view.config_store import ConfigStore
+from services.view.daos import DeletedMailsDAO, EnqueuedMailsDAO, IdempotencyDAO, QueuesDAO, StartsDAO
+from services.view.session import UNAVAILABLE_ERRORS, connect, execute
+
+log = logging.getLogger(__name__)
+
+
+class View:
+    def __init__(self, cluster: Cluster, session: Session) -> None:
+        self._cluster = cluster
+        self.session = session
+        self.enqueued = EnqueuedMailsDAO(session)
+        self.deleted = DeletedMailsDAO(session)
+        self.starts = StartsDAO(session)
+        self.queues = QueuesDAO(session)
+        self.idempotency = IdempotencyDAO(session)
+        self.config = ConfigStore(session)
+
+    @classmethod
+    async def open(cls, settings: CassandraSettings) -> View:
+        """Connect, create the schema if missing, prepare statements. Raises BackendUnavailable."""
+
+        def blocking() -> View:
+            cluster, session = connect(settings)
+            try:
+                schema.create(session, settings.keyspace, settings.replication)
+                return cls(cluster, session)
+            except UNAVAILABLE_ERRORS as e:
+                cluster.shutdown()
+                raise BackendUnavailable("cassandra", f"schema set-up failed ({e})") from e
+
+        return await asyncio.to_thread(blocking)
+
+    async def ping(self) -> None:
+        await execute(self.session, "SELECT release_version FROM system.local")
+
+    def close(self) -> None:
+        self._cluster.shutdown()

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Start, stop or show the four services as local background processes (logs under .stack/logs).
+#   stack/services.sh start | stop | status
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+STACK_DIR="${MAILQUEUE_STACK_DIR:-$ROOT/.stack}"
+LOG_DIR="$STACK_DIR/logs"
+PY="${MAILQUEUE_PYTHON:-$ROOT/.venv/bin/python}"
+SERVICES=(blob:50054 enqueue:50051 dequeue:50052 browse:50053)
+
+pid_of() { local f="$STACK_DIR/svc-$1.pid"; [[ -f $f ]] && kill -0 "$(cat "$f")" 2>/dev/null && cat "$f"; }
+
+serving() {  # serving PORT: gRPC health says SERVING
+  "$PY" - "$1" <<'PYEOF' >/dev/null 2>&1
+import sys, grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+with grpc.insecure_channel(f"127.0.0.1:{sys.argv[1]}") as ch:
+    r = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=2)
+sys.exit(0 if r.status == health_pb2.HealthCheckResponse.SERVING else 1)
+PYEOF
+}
+
+start() {
+  cd "$ROOT"
+  mkdir -p "$LOG_DIR"
+  for entry in "${SERVICES[@]}"; do
+    IFS=: read -r name port <<<"$entry"
+    if pid_of "$name" >/dev/null; then continue; fi
+    nohup "$PY" -m "${name}_svc" >>"$LOG_DIR/$name.log" 2>&1 &
+    echo $! >"$STACK_DIR/svc-$name.pid"
+  done
+  local start=$SECONDS
+  for entry in "${SERVICES[@]}"; do
+    IFS=: read -r name port <<<"$entry"
+    until serving "$port"; do
+      if (( SECONDS - start > 60 )); then
+        echo "[services] $name is not SERVING after 60 s: read $LOG_DIR/$name.log" >&2; status; exit 1
+      fi
+      sleep 0.5
+    done
+  done
+  status
+}
+
+stop() {
+  for entry in "${SERVICES[@]}"; do
+    IFS=: read -r name port <<<"$entry"
+    local pid; pid=$(pid_of "$name") || continue
+    kill "$pid" 2>/dev/null || true
+    local t=$SECONDS
+    while kill -0 "$pid" 2>/dev/null && (( SECONDS - t < 15 )); do sleep 0.2; done
+    kill -9 "$pid" 2>/dev/null || true
+    rm -f "$STACK_DIR/svc-$name.pid"
+  done
+}
+
+status() {
+  printf '%-10s %-18s %-8s %-10s %s\n' SERVICE GRPC PID METRICS HEALTH
+  for entry in "${SERVICES[@]}"; do
+    IFS=: read -r name port <<<"$entry"
+    local pid health=SERVING
+    pid=$(pid_of "$name") || pid=-
+    serving "$port" || health=DOWN
+    printf '%-10s %-18s %-8s %-10s %s\n' "$name" "127.0.0.1:$port" "$pid" ":$((port + 1000))" "$health"
+  done
+}
+
+case "${1:-}" in
+  start) start ;;
+  stop) stop ;;
+  status) status ;;
+  *) echo "usage: $0 start|stop|status" >&2; exit 2 ;;
+esac
