@@ -37,18 +37,23 @@ class RemoteBlobStore(BlobStore):
         self._timeout = timeout_s
 
     async def put(self, chunks: AsyncIterator[bytes], expected_id: str | None = None) -> BlobInfo:
-        async def requests() -> AsyncIterator[blob_pb2.PutRequest]:
+        # Written call by call (not from a request generator) so that an error raised by the
+        # source, e.g. a size limit, cancels the upload and reaches the caller as it is.
+        call = self._stub.Put(timeout=self._timeout)
+        try:
             first = True
             async for chunk in chunks:
-                yield blob_pb2.PutRequest(chunk=chunk, expected_blob_id=(expected_id or "") if first else "")
+                await call.write(blob_pb2.PutRequest(chunk=chunk, expected_blob_id=(expected_id or "") if first else ""))
                 first = False
             if first:
-                yield blob_pb2.PutRequest(expected_blob_id=expected_id or "")
-
-        try:
-            r = await self._stub.Put(requests(), timeout=self._timeout)
+                await call.write(blob_pb2.PutRequest(expected_blob_id=expected_id or ""))
+            await call.done_writing()
+            r = await call
         except grpc.aio.AioRpcError as e:
             raise _convert(e) from e
+        except BaseException:
+            call.cancel()
+            raise
         return BlobInfo(r.blob_id, r.size, r.deduplicated)
 
     async def get(self, blob_id: str) -> AsyncIterator[bytes]:

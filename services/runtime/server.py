@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import dataclasses
 import logging
 import signal
 import sys
@@ -71,7 +72,22 @@ class App(abc.ABC):
             raise BackendUnavailable(self.name, "the service is still connecting to its backends")
 
 
-def create_server(app: App, host: str | None = None, port: int | None = None) -> tuple[grpc.aio.Server, health.aio.HealthServicer, int]:
+@dataclasses.dataclass
+class Served:
+    """A built server: the gRPC server, its health servicer, the bound port, the services served."""
+
+    server: grpc.aio.Server
+    health: health.aio.HealthServicer
+    port: int
+    service_names: list[str]
+
+    async def set_health(self, status: int) -> None:
+        for name in ["", *self.service_names]:
+            await self.health.set(name, status)
+        UP.set(1 if status == SERVING else 0)
+
+
+def create_server(app: App, host: str | None = None, port: int | None = None) -> Served:
     """Build the server (not started). Port 0 binds a free port; the bound port is returned."""
     s = app.settings.server
     server = grpc.aio.server(
@@ -95,19 +111,12 @@ def create_server(app: App, host: str | None = None, port: int | None = None) ->
         [*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME], server
     )
     bound = server.add_insecure_port(f"{host or s.host}:{s.port if port is None else port}")
-    health_servicer._service_names = names  # type: ignore[attr-defined]  # read by supervise()
-    return server, health_servicer, bound
+    return Served(server, health_servicer, bound, names)
 
 
-async def _set_all(health_servicer: health.aio.HealthServicer, status: int) -> None:
-    for name in ["", *getattr(health_servicer, "_service_names", [])]:
-        await health_servicer.set(name, status)
-    UP.set(1 if status == SERVING else 0)
-
-
-async def supervise(app: App, health_servicer: health.aio.HealthServicer) -> None:
+async def supervise(app: App, served: Served) -> None:
     """Connect, then keep the health status in line with the backends, forever."""
-    await _set_all(health_servicer, NOT_SERVING)
+    await served.set_health(NOT_SERVING)
     serving = False
     attempt = 0
     while True:
@@ -119,14 +128,14 @@ async def supervise(app: App, health_servicer: health.aio.HealthServicer) -> Non
                 log.info("backends connected", extra={"attempts": attempt})
             await app.check()
             if not serving:
-                await _set_all(health_servicer, SERVING)
+                await served.set_health(SERVING)
                 serving = True
                 log.info("serving")
         except BackendUnavailable as e:
             if serving or attempt in (1, 2) or attempt % 15 == 0:
                 log.warning("not serving: %s", e, extra={"attempt": attempt})
             if serving:
-                await _set_all(health_servicer, NOT_SERVING)
+                await served.set_health(NOT_SERVING)
                 serving = False
         await asyncio.sleep(CHECK_INTERVAL_S if serving else RETRY_INTERVAL_S)
 
@@ -136,7 +145,8 @@ async def serve(app: App) -> None:
     logs.configure(app.name, s.log_level)
     if s.metrics_port:
         start_http_server(s.metrics_port, addr=s.host)
-    server, health_servicer, port = create_server(app)
+    served = create_server(app)
+    server, port = served.server, served.port
     await server.start()
     log.info(
         "listening",
@@ -146,7 +156,7 @@ async def serve(app: App) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    supervisor = asyncio.create_task(supervise(app, health_servicer))
+    supervisor = asyncio.create_task(supervise(app, served))
     stopped = asyncio.create_task(stop.wait())
     done, _ = await asyncio.wait({supervisor, stopped}, return_when=asyncio.FIRST_COMPLETED)
     if supervisor in done and supervisor.exception() is not None:
@@ -157,7 +167,7 @@ async def serve(app: App) -> None:
             sys.exit(2)
         raise exc  # type: ignore[misc]
     log.info("draining", extra={"grace_s": s.shutdown_grace_s})
-    await _set_all(health_servicer, NOT_SERVING)
+    await served.set_health(NOT_SERVING)
     supervisor.cancel()
     await server.stop(s.shutdown_grace_s)
     await app.close()

@@ -1,0 +1,105 @@
+"""Shared fixtures. Tests under tests/integration are marked `integration` and need the stack."""
+
+from __future__ import annotations
+
+import pathlib
+import uuid
+
+import grpc
+import pytest
+
+from mailqueue.v1 import admin_pb2, admin_pb2_grpc, blob_pb2_grpc, browse_pb2_grpc, dequeue_pb2_grpc, enqueue_pb2_grpc
+from services.runtime.interceptors import ErrorsAndMetrics
+from tests.harness import LoopThread, RunningApp, new_keyspace, stack, service_env
+
+INTEGRATION = pathlib.Path(__file__).parent / "integration"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if INTEGRATION in pathlib.Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.integration)
+    # Tests that stop a backend run last, so an outage never overlaps another test.
+    items.sort(key=lambda item: item.get_closest_marker("outage") is not None)
+
+
+@pytest.fixture(scope="session")
+def running_stack() -> None:
+    """The real Cassandra, RabbitMQ and MinIO; started by stack/stack.sh when they are down."""
+    if stack("status", check=False).returncode != 0:
+        result = stack("up", check=False)
+        if result.returncode != 0:
+            pytest.fail(f"stack/stack.sh up failed:\n{result.stderr[-3000:]}")
+
+
+@pytest.fixture(scope="session")
+def aio_loop() -> LoopThread:
+    loop = LoopThread()
+    yield loop
+    loop.stop()
+
+
+@pytest.fixture(scope="session")
+def keyspace(running_stack: None) -> str:
+    """A keyspace of this test session's own: tests never see dev data or each other's."""
+    return new_keyspace()
+
+
+# pytest-grpc: its grpc_add_to_server / grpc_servicer / grpc_stub_cls fixtures drive an in-process
+# server. Our servicers are asyncio ones, so the server it starts is a grpc.aio server on our loop.
+@pytest.fixture(scope="module")
+def grpc_server(grpc_addr, grpc_add_to_server, grpc_servicer, aio_loop):
+    async def start() -> grpc.aio.Server:
+        server = grpc.aio.server(interceptors=[ErrorsAndMetrics()])
+        grpc_add_to_server(grpc_servicer, server)
+        server.add_insecure_port(grpc_addr)
+        await server.start()
+        return server
+
+    server = aio_loop.run(start())
+    yield server
+    aio_loop.run(server.stop(None))
+
+
+class Suite:
+    """The four services in-process (enqueue and dequeue reach blob_svc over gRPC, as deployed)."""
+
+    def __init__(self, loop: LoopThread, keyspace: str) -> None:
+        from blob_svc.app import BlobApp
+        from browse_svc.app import BrowseApp
+        from dequeue_svc.app import DequeueApp
+        from enqueue_svc.app import EnqueueApp
+
+        self.loop = loop
+        self.keyspace = keyspace
+        self.blob = RunningApp(loop, BlobApp, "blob", service_env(keyspace))
+        self.env = service_env(keyspace, MAILQUEUE_BLOB_TARGET=self.blob.target)
+        self.enqueue = RunningApp(loop, EnqueueApp, "enqueue", self.env)
+        self.dequeue = RunningApp(loop, DequeueApp, "dequeue", self.env)
+        self.browse = RunningApp(loop, BrowseApp, "browse", self.env)
+        self.apps = [self.enqueue, self.dequeue, self.browse, self.blob]
+        self.view = self.browse.app.backends().view
+        self.enqueue_stub = enqueue_pb2_grpc.EnqueueServiceStub(self.enqueue.channel())
+        self.blob_stub = blob_pb2_grpc.BlobServiceStub(self.blob.channel())
+        self.admin_stub = admin_pb2_grpc.AdminServiceStub(self.browse.channel())
+        self.browse_stub = browse_pb2_grpc.BrowseServiceStub(self.browse.channel())
+        self.dequeue_stub = dequeue_pb2_grpc.DequeueServiceStub(self.dequeue.channel())
+
+    def run(self, coro, timeout: float = 60):
+        return self.loop.run(coro, timeout)
+
+    def new_queue(self) -> str:
+        name = f"q-{uuid.uuid4().hex[:10]}"
+        assert self.admin_stub.CreateQueue(admin_pb2.CreateQueueRequest(queue=name)).created
+        return name
+
+    def stop(self) -> None:
+        for app in self.apps:
+            app.stop()
+
+
+@pytest.fixture(scope="session")
+def suite(aio_loop: LoopThread, keyspace: str) -> Suite:
+    s = Suite(aio_loop, keyspace)
+    yield s
+    s.stop()

@@ -1,0 +1,202 @@
+"""EnqueueService through gRPC on the real stack: what is stored, and what is refused."""
+
+import datetime as dt
+import hashlib
+import os
+
+import grpc
+import pytest
+
+from mailqueue.v1 import blob_pb2, enqueue_pb2, mail_pb2
+from services import model, serde
+from tests.integration.helpers import deleted_reason, inline, message_count, peek_messages, simple_mail, view_rows
+
+UTC = dt.timezone.utc
+
+
+def full_mail() -> mail_pb2.Mail:
+    return serde.mail_to_proto(
+        model.Mail(
+            name="mail-full",
+            sender="alice@example.com",
+            recipients=("bob@example.org", "carol@example.net"),
+            state="root",
+            error_message="421 try later",
+            remote_host="mx.example.com",
+            remote_addr="192.0.2.7",
+            last_updated=dt.datetime(2026, 11, 1, 12, 0, 0, 250000, tzinfo=UTC),
+            attributes={"org.apache.james.priority": "5", "json": '{"a": [1, 2]}'},
+            per_recipient_headers=(
+                model.PerRecipientHeaders("bob@example.org", (model.Header("X-A", "1"), model.Header("X-B", "two"))),
+                model.PerRecipientHeaders("carol@example.net", (model.Header("X-C", "3"),)),
+            ),
+        )
+    )
+
+
+def blob_bytes(suite, blob_ids) -> bytes:
+    return b"".join(
+        r.chunk for b in blob_ids for r in suite.blob_stub.Get(blob_pb2.GetRequest(blob_id=b))
+    )
+
+
+def test_every_field_survives_in_the_view_row_and_the_message(suite):
+    queue = suite.new_queue()
+    sent = full_mail()
+    content = b"Subject: full\r\n\r\n" + os.urandom(2000)
+    r = suite.enqueue_stub.Enqueue(inline(queue, sent, content))
+
+    [row] = view_rows(suite, queue)
+    [message] = peek_messages(queue)
+    expected = serde.mail_from_proto(sent)
+    for stored in (row, message):
+        assert stored.mail == expected
+        assert str(stored.enqueue_id) == r.enqueue_id
+        assert stored.blob_ids == (hashlib.sha256(content).hexdigest(),) and stored.size == len(content)
+    assert row == message  # the message is the full mail reference, slice and bucket included
+    assert blob_bytes(suite, r.blob_ids) == content
+
+
+def test_the_null_sender_is_kept(suite):
+    queue = suite.new_queue()
+    suite.enqueue_stub.Enqueue(inline(queue, simple_mail(sender="")))
+    [row] = view_rows(suite, queue)
+    [message] = peek_messages(queue)
+    assert row.mail.sender == "" and message.mail.sender == ""
+
+
+def test_a_50_mib_mail_streams_through(suite):
+    queue = suite.new_queue()
+    content = os.urandom(50 * 1024 * 1024)
+
+    def requests():
+        yield enqueue_pb2.EnqueueStreamRequest(header=enqueue_pb2.EnqueueHeader(queue=queue, mail=simple_mail("big")))
+        for i in range(0, len(content), 1024 * 1024):
+            yield enqueue_pb2.EnqueueStreamRequest(chunk=content[i:i + 1024 * 1024])
+
+    r = suite.enqueue_stub.EnqueueStream(requests(), timeout=120)
+    assert r.size == len(content) and r.blob_ids == [hashlib.sha256(content).hexdigest()]
+    [row] = view_rows(suite, queue)
+    assert row.size == len(content)
+    assert blob_bytes(suite, row.blob_ids) == content
+
+
+def test_content_can_reference_blobs_put_before(suite):
+    queue = suite.new_queue()
+    header, body = b"Subject: parts\r\n\r\n", os.urandom(5000)
+    ids = [suite.blob_stub.Put(iter([blob_pb2.PutRequest(chunk=part)])).blob_id for part in (header, body)]
+    r = suite.enqueue_stub.Enqueue(
+        enqueue_pb2.EnqueueRequest(queue=queue, mail=simple_mail(), blob_refs=enqueue_pb2.BlobRefs(blob_ids=ids))
+    )
+    assert r.size == len(header) + len(body)
+    [message] = peek_messages(queue)
+    assert list(message.blob_ids) == ids and blob_bytes(suite, ids) == header + body
+
+
+def test_duplicate_mail_names_are_accepted(suite):
+    queue = suite.new_queue()
+    ids = {suite.enqueue_stub.Enqueue(inline(queue, simple_mail("same"))).enqueue_id for _ in range(3)}
+    assert len(ids) == 3
+    assert [r.mail.name for r in view_rows(suite, queue)] == ["same"] * 3
+    assert message_count(queue) == 3
+
+
+def test_an_idempotency_key_returns_the_first_enqueue(suite):
+    queue = suite.new_queue()
+    first = suite.enqueue_stub.Enqueue(inline(queue, simple_mail(), key="order-42"))
+    again = suite.enqueue_stub.Enqueue(inline(queue, simple_mail(), key="order-42"))
+    assert (again.enqueue_id, again.duplicate, first.duplicate) == (first.enqueue_id, True, False)
+    assert again.blob_ids == first.blob_ids and again.size == first.size
+    assert len(view_rows(suite, queue)) == 1 and message_count(queue) == 1
+    other = suite.enqueue_stub.Enqueue(inline(queue, simple_mail(), key="order-43"))
+    assert other.enqueue_id != first.enqueue_id and message_count(queue) == 2
+
+
+def test_equal_content_of_two_mails_is_stored_once(suite):
+    queue = suite.new_queue()
+    a = suite.enqueue_stub.Enqueue(inline(queue, simple_mail("a"), b"same content"))
+    b = suite.enqueue_stub.Enqueue(inline(queue, simple_mail("b"), b"same content"))
+    assert a.blob_ids == b.blob_ids and a.enqueue_id != b.enqueue_id
+
+
+def test_rows_land_in_the_slice_and_bucket_of_the_message(suite):
+    queue = suite.new_queue()
+    suite.enqueue_stub.Enqueue(inline(queue, simple_mail()))
+    [row] = view_rows(suite, queue)
+    config = suite.run(suite.view.config.current())
+    assert row.slice_start <= row.enqueued_at < row.slice_start + config.slice_window
+    assert 0 <= row.bucket < config.bucket_count
+
+
+# ---------------------------------------------------------------- refused input writes nothing
+REFUSED = {
+    "bad queue name": (lambda q: inline("no/slash", simple_mail()), grpc.StatusCode.INVALID_ARGUMENT),
+    "no recipient": (lambda q: inline(q, simple_mail(recipients=())), grpc.StatusCode.INVALID_ARGUMENT),
+    "bad recipient": (lambda q: inline(q, simple_mail(recipients=("ok@x.y", "not an address"))), grpc.StatusCode.INVALID_ARGUMENT),
+    "bad sender": (lambda q: inline(q, simple_mail(sender="alice@")), grpc.StatusCode.INVALID_ARGUMENT),
+    "no content": (lambda q: enqueue_pb2.EnqueueRequest(queue=q, mail=simple_mail()), grpc.StatusCode.INVALID_ARGUMENT),
+    "inline too large": (lambda q: inline(q, simple_mail(), b"x" * (3 * 1024 * 1024 + 1)), grpc.StatusCode.RESOURCE_EXHAUSTED),
+    "too many attributes": (
+        lambda q: inline(q, mail_pb2.Mail(recipients=["a@b.c"], attributes={f"k{i}": "v" for i in range(129)})),
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+    ),
+    "attribute too large": (
+        lambda q: inline(q, mail_pb2.Mail(recipients=["a@b.c"], attributes={"k": "v" * 70000})),
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+    ),
+    "unknown blob": (
+        lambda q: enqueue_pb2.EnqueueRequest(queue=q, mail=simple_mail(), blob_refs=enqueue_pb2.BlobRefs(blob_ids=["e" * 64])),
+        grpc.StatusCode.NOT_FOUND,
+    ),
+    "malformed blob id": (
+        lambda q: enqueue_pb2.EnqueueRequest(queue=q, mail=simple_mail(), blob_refs=enqueue_pb2.BlobRefs(blob_ids=["xyz"])),
+        grpc.StatusCode.INVALID_ARGUMENT,
+    ),
+    "unknown queue": (lambda q: inline("never-created-queue", simple_mail()), grpc.StatusCode.NOT_FOUND),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED))
+def test_refused_input_gets_a_precise_status_and_writes_nothing(suite, case):
+    queue = suite.new_queue()
+    build, code = REFUSED[case]
+    with pytest.raises(grpc.RpcError) as e:
+        suite.enqueue_stub.Enqueue(build(queue))
+    assert e.value.code() == code, e.value.details()
+    assert e.value.details()  # says what to fix
+    assert view_rows(suite, queue) == [] and message_count(queue) == 0
+
+
+def test_a_stream_over_the_mail_size_limit_is_refused_and_writes_nothing(suite, aio_loop, keyspace):
+    from enqueue_svc.app import EnqueueApp
+    from tests.harness import RunningApp, service_env
+
+    small = RunningApp(aio_loop, EnqueueApp, "enqueue",
+                       service_env(keyspace, MAILQUEUE_BLOB_TARGET=suite.blob.target, MAILQUEUE_MAX_MAIL_BYTES="100000"))
+    try:
+        from mailqueue.v1 import enqueue_pb2_grpc
+
+        stub = enqueue_pb2_grpc.EnqueueServiceStub(small.channel())
+        queue = suite.new_queue()
+        content = os.urandom(200_000)
+
+        def requests():
+            yield enqueue_pb2.EnqueueStreamRequest(header=enqueue_pb2.EnqueueHeader(queue=queue, mail=simple_mail()))
+            for i in range(0, len(content), 50_000):
+                yield enqueue_pb2.EnqueueStreamRequest(chunk=content[i:i + 50_000])
+
+        with pytest.raises(grpc.RpcError) as e:
+            stub.EnqueueStream(requests())
+        assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert view_rows(suite, queue) == [] and message_count(queue) == 0
+        with pytest.raises(grpc.RpcError) as e:
+            suite.blob_stub.Stat(blob_pb2.StatRequest(blob_id=hashlib.sha256(content).hexdigest()))
+        assert e.value.code() == grpc.StatusCode.NOT_FOUND
+    finally:
+        small.stop()
+
+
+def test_a_stream_must_start_with_its_header(suite):
+    with pytest.raises(grpc.RpcError) as e:
+        suite.enqueue_stub.EnqueueStream(iter([enqueue_pb2.EnqueueStreamRequest(chunk=b"x")]))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT

@@ -1,0 +1,122 @@
+"""Every service serves health and reflection; a real process reports NOT_SERVING, then SERVING."""
+
+import os
+import socket
+import subprocess
+import sys
+import urllib.request
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from tests.harness import ROOT, service_env, wait_until
+
+EXPECTED = {
+    "enqueue": "mailqueue.v1.EnqueueService",
+    "dequeue": "mailqueue.v1.DequeueService",
+    "browse": "mailqueue.v1.BrowseService",
+    "blob": "mailqueue.v1.BlobService",
+}
+
+
+def health(target: str, service: str = "") -> int:
+    with grpc.insecure_channel(target) as ch:
+        try:
+            return health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=service), timeout=2).status
+        except grpc.RpcError:
+            return -1
+
+
+def listed_services(target: str) -> set[str]:
+    with grpc.insecure_channel(target) as ch:
+        stub = reflection_pb2_grpc.ServerReflectionStub(ch)
+        responses = stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]))
+        return {s.name for r in responses for s in r.list_services_response.service}
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_each_service_is_serving_and_reflects_its_services(suite, name):
+    app = getattr(suite, name)
+    assert health(app.target) == health_pb2.HealthCheckResponse.SERVING
+    assert health(app.target, EXPECTED[name]) == health_pb2.HealthCheckResponse.SERVING
+    services = listed_services(app.target)
+    assert {EXPECTED[name], "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection"} <= services
+    if name == "browse":
+        assert "mailqueue.v1.AdminService" in services
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_process(module: str, env: dict[str, str]) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", module], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def test_a_service_process_is_not_serving_until_its_backends_answer(keyspace):
+    # Given Cassandra unreachable (a closed port), the process listens and says NOT_SERVING, without crashing.
+    port, metrics, dead = free_port(), free_port(), free_port()
+    env = service_env(keyspace, MAILQUEUE_PORT=str(port), MAILQUEUE_METRICS_PORT=str(metrics),
+                      MAILQUEUE_CASSANDRA_PORT=str(dead), MAILQUEUE_CASSANDRA_TIMEOUT_S="1")
+    proc = start_process("enqueue_svc", env)
+    try:
+        target = f"127.0.0.1:{port}"
+        wait_until(lambda: health(target) == health_pb2.HealthCheckResponse.NOT_SERVING, 30, what="NOT_SERVING")
+        assert proc.poll() is None
+        body = urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=5).read().decode()
+        assert "mailqueue_serving 0.0" in body
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_service_process_serves_once_the_stack_is_up(keyspace, running_stack):
+    port, metrics = free_port(), free_port()
+    env = service_env(keyspace, MAILQUEUE_PORT=str(port), MAILQUEUE_METRICS_PORT=str(metrics))
+    proc = start_process("blob_svc", env)
+    try:
+        target = f"127.0.0.1:{port}"
+        wait_until(lambda: health(target) == health_pb2.HealthCheckResponse.SERVING, 60, what="SERVING")
+        assert "mailqueue.v1.BlobService" in listed_services(target)
+        body = urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=5).read().decode()
+        assert "mailqueue_serving 1.0" in body and "mailqueue_rpc_total" in body
+    finally:
+        proc.terminate()
+        assert proc.wait(20) == 0
+
+
+def test_a_violating_view_configuration_refuses_start_up(running_stack):
+    # Given a stored configuration with 2 buckets, when a process is configured with 1, it refuses to start.
+    from tests.harness import new_keyspace
+
+    keyspace = new_keyspace()
+    first = start_process("browse_svc", service_env(keyspace, MAILQUEUE_PORT=str(free_port()), MAILQUEUE_BUCKET_COUNT="2"))
+    try:
+        wait_until(lambda: _stored_buckets(keyspace) == 2, 60, interval=0.5, what="stored configuration")
+    finally:
+        first.kill()
+        first.wait()
+    second = start_process("browse_svc", service_env(keyspace, MAILQUEUE_PORT=str(free_port()), MAILQUEUE_BUCKET_COUNT="1"))
+    _, err = second.communicate(timeout=60)
+    assert second.returncode == 2
+    assert "bucket_count may only grow" in err
+
+
+def _stored_buckets(keyspace: str) -> int | None:
+    from cassandra.cluster import Cluster
+
+    cluster = Cluster(["127.0.0.1"], port=int(os.environ.get("MAILQUEUE_CASSANDRA_PORT", "9042")), protocol_version=5)
+    try:
+        session = cluster.connect()
+        try:
+            row = session.execute(f"SELECT bucket_count FROM {keyspace}.queue_view_config_events_v1 LIMIT 1").one()
+        except Exception:  # the table does not exist yet
+            return None
+        return row.bucket_count if row else None
+    finally:
+        cluster.shutdown()

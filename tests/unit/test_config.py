@@ -1,0 +1,35 @@
+import pytest
+
+from services.config import Settings
+from services.errors import ConfigurationError
+
+
+def test_defaults_are_local_and_safe():
+    s = Settings.from_env("enqueue", env={})
+    assert (s.server.host, s.server.port, s.server.metrics_port) == ("127.0.0.1", 50051, 51051)
+    assert s.cassandra.hosts == ("127.0.0.1",) and s.rabbitmq.queue_type == "quorum"
+    assert s.view.slice_window_s is None  # the stored configuration is kept unless told otherwise
+
+
+def test_environment_overrides():
+    s = Settings.from_env(
+        "blob",
+        env={"MAILQUEUE_PORT": "6000", "MAILQUEUE_CASSANDRA_HOSTS": "c1, c2", "MAILQUEUE_BUCKET_COUNT": "4",
+             "MAILQUEUE_S3_SECURE": "true"},
+    )
+    assert (s.server.port, s.server.metrics_port) == (6000, 7000)
+    assert s.cassandra.hosts == ("c1", "c2") and s.view.bucket_count == 4 and s.s3.secure
+
+
+@pytest.mark.parametrize(
+    "env, message",
+    [
+        ({"MAILQUEUE_PORT": "x"}, "MAILQUEUE_PORT='x' is not an integer"),
+        ({"MAILQUEUE_BUCKET_COUNT": "0"}, "MAILQUEUE_BUCKET_COUNT=0 must be >= 1"),
+        ({"MAILQUEUE_RABBITMQ_QUEUE_TYPE": "stream"}, "use quorum or classic"),
+        ({"MAILQUEUE_S3_SECURE": "maybe"}, "not a boolean"),
+    ],
+)
+def test_bad_values_name_the_variable(env, message):
+    with pytest.raises(ConfigurationError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        Settings.from_env("enqueue", env=env)

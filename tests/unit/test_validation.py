@@ -1,0 +1,88 @@
+import dataclasses
+
+import pytest
+
+from services.config import LimitSettings
+from services.errors import InvalidArgument, ResourceExhausted
+from services.model import Header, Mail, PerRecipientHeaders
+from services import validation
+
+LIMITS = LimitSettings()
+OK = Mail(name="m", sender="alice@example.com", recipients=("bob@example.org",))
+
+
+@pytest.mark.parametrize("name", ["spool", "outgoing.retry-1", "A_b", "9", "q" * 100])
+def test_valid_queue_names(name):
+    assert validation.queue_name(name) == name
+
+
+@pytest.mark.parametrize("name", ["", "-x", ".x", "a b", "a/b", "é", "q" * 101])
+def test_invalid_queue_names(name):
+    with pytest.raises(InvalidArgument, match="queue name"):
+        validation.queue_name(name)
+
+
+@pytest.mark.parametrize(
+    "address",
+    ["a@b.c", "first.last+tag@sub.example.com", '"quoted local"@example.com', "x@[127.0.0.1]", "postmaster@localhost"],
+)
+def test_valid_addresses(address):
+    assert validation.address(address, "sender") == address
+
+
+@pytest.mark.parametrize(
+    "address", ["", "plain", "@example.com", "a@", "a@@b", "a b@c.d", "a@b..c", "a@-b.c", "a.@b.c", ("x" * 65) + "@b.c"]
+)
+def test_invalid_addresses(address):
+    with pytest.raises(InvalidArgument, match="not a valid mail address"):
+        validation.address(address, "sender")
+
+
+def test_null_sender_is_allowed():
+    assert validation.mail(dataclasses.replace(OK, sender=""), LIMITS)
+
+
+def test_a_mail_needs_a_recipient():
+    with pytest.raises(InvalidArgument, match="at least one recipient"):
+        validation.mail(dataclasses.replace(OK, recipients=()), LIMITS)
+
+
+def test_every_recipient_is_checked():
+    with pytest.raises(InvalidArgument, match=r"recipients\[1\]"):
+        validation.mail(dataclasses.replace(OK, recipients=("a@b.c", "nope")), LIMITS)
+
+
+def test_attribute_limits():
+    small = dataclasses.replace(LIMITS, max_attributes=2, max_attribute_bytes=10)
+    with pytest.raises(ResourceExhausted, match="attributes exceed"):
+        validation.mail(dataclasses.replace(OK, attributes={"a": "1", "b": "2", "c": "3"}), small)
+    with pytest.raises(ResourceExhausted, match="over the limit of 10"):
+        validation.mail(dataclasses.replace(OK, attributes={"a": "x" * 10}), small)
+    assert validation.mail(dataclasses.replace(OK, attributes={"a": "1", "b": "2"}), small)
+
+
+def test_recipient_count_limit():
+    with pytest.raises(ResourceExhausted):
+        validation.mail(
+            dataclasses.replace(OK, recipients=tuple(f"r{i}@x.y" for i in range(3))),
+            dataclasses.replace(LIMITS, max_recipients=2),
+        )
+
+
+def test_per_recipient_headers_must_name_a_recipient_and_be_well_formed():
+    stranger = PerRecipientHeaders("eve@example.net", (Header("X-A", "1"),))
+    with pytest.raises(InvalidArgument, match="not a recipient"):
+        validation.mail(dataclasses.replace(OK, per_recipient_headers=(stranger,)), LIMITS)
+    bad_name = PerRecipientHeaders("bob@example.org", (Header("X:A", "1"),))
+    with pytest.raises(InvalidArgument, match="header name"):
+        validation.mail(dataclasses.replace(OK, per_recipient_headers=(bad_name,)), LIMITS)
+    folded = PerRecipientHeaders("bob@example.org", (Header("X-A", "1\r\n 2"),))
+    with pytest.raises(InvalidArgument, match="line break"):
+        validation.mail(dataclasses.replace(OK, per_recipient_headers=(folded,)), LIMITS)
+
+
+def test_blob_ids_are_sha256_hex():
+    assert validation.blob_id("a" * 64)
+    for bad in ("A" * 64, "a" * 63, "g" * 64, ""):
+        with pytest.raises(InvalidArgument):
+            validation.blob_id(bad)
