@@ -12,8 +12,8 @@ from services import model, serde
 from services.errors import InvalidArgument
 
 
-def _response(r: model.EnqueueResult) -> enqueue_pb2.EnqueueResponse:
-    return enqueue_pb2.EnqueueResponse(
+def _receipt(r: model.EnqueueResult) -> enqueue_pb2.Receipt:
+    return enqueue_pb2.Receipt(
         enqueue_id=str(r.enqueue_id), enqueued_at=serde.timestamp_to_proto(r.enqueued_at),
         blob_ids=list(r.blob_ids), size=r.size, duplicate=r.duplicate,
     )
@@ -33,11 +33,11 @@ class EnqueueServicer(enqueue_pb2_grpc.EnqueueServiceServicer):
             result = await enqueuer.enqueue_refs(request.queue, mail, list(request.blob_refs.blob_ids), request.idempotency_key)
         else:
             raise InvalidArgument("content is missing: set inline_content or blob_refs")
-        return _response(result)
+        return enqueue_pb2.EnqueueResponse(receipt=_receipt(result))
 
     async def EnqueueStream(
         self, request_iterator: AsyncIterator[enqueue_pb2.EnqueueStreamRequest], context: grpc.aio.ServicerContext
-    ) -> enqueue_pb2.EnqueueResponse:
+    ) -> enqueue_pb2.EnqueueStreamResponse:
         enqueuer = self._app.enqueuer()
         stream = aiter(request_iterator)
         first = await anext(stream, None)
@@ -54,4 +54,4 @@ class EnqueueServicer(enqueue_pb2_grpc.EnqueueServiceServicer):
         result = await enqueuer.enqueue_stream(
             header.queue, serde.mail_from_proto(header.mail), chunks(), header.idempotency_key
         )
-        return _response(result)
+        return enqueue_pb2.EnqueueStreamResponse(receipt=_receipt(result))

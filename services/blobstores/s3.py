@@ -8,8 +8,9 @@ The minio client is blocking: every call runs in a worker thread.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import functools
 import hashlib
-import io
 import logging
 import os
 import tempfile
@@ -31,6 +32,8 @@ log = logging.getLogger(__name__)
 
 #: Below this size a put is hashed and uploaded from memory instead of a spool file.
 IN_MEMORY_PUT = 4 * CHUNK
+#: Multipart part size (S3 minimum), uploaded one at a time: what bounds memory on large puts.
+UPLOAD_PART = 5 * CHUNK
 _MISSING = ("NoSuchKey", "NoSuchObject", "NoSuchBucket")
 
 
@@ -52,10 +55,12 @@ class S3BlobStore(BlobStore):
             secure=settings.secure, region=settings.region, http_client=http,
         )
         self._bucket = settings.bucket
+        # The minio client blocks: its calls get threads of their own, as many as pooled connections.
+        self._executor = concurrent.futures.ThreadPoolExecutor(settings.pool_size, thread_name_prefix="s3")
 
     async def _run(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         try:
-            return await asyncio.to_thread(fn, *args, **kwargs)
+            return await asyncio.get_running_loop().run_in_executor(self._executor, functools.partial(fn, *args, **kwargs))
         except S3Error as e:
             if e.code in _MISSING:
                 raise NotFound(f"blob not found ({e.code})") from e
@@ -106,20 +111,36 @@ class S3BlobStore(BlobStore):
             blob_id = digest.hexdigest()
             if expected_id and expected_id != blob_id:
                 raise InvalidArgument(f"content hash {blob_id} differs from the expected blob id {expected_id}")
+            key = names.blob_key(blob_id)
+            if spool is None:
+                created = await self._run(self._put_if_absent, key, bytes(buffer))
+                return BlobInfo(blob_id, size, deduplicated=not created)
             existing = await self._exists(blob_id)
             if existing is not None:
                 return BlobInfo(blob_id, existing, deduplicated=True)
-            key = names.blob_key(blob_id)
-            if spool is None:
-                await self._run(self._client.put_object, self._bucket, key, io.BytesIO(bytes(buffer)), size)
-            else:
-                await asyncio.to_thread(spool.flush)
-                await self._run(self._client.fput_object, self._bucket, key, spool.name, part_size=16 * CHUNK)
+            await asyncio.to_thread(spool.flush)
+            await self._run(self._client.fput_object, self._bucket, key, spool.name, part_size=UPLOAD_PART, num_parallel_uploads=1)
             return BlobInfo(blob_id, size)
         finally:
             if spool is not None:
                 spool.close()
                 os.unlink(spool.name)
+
+    def _put_if_absent(self, key: str, data: bytes) -> bool:
+        """One conditional PUT (``If-None-Match: *``): True when created, False when it existed.
+
+        Saves the HEAD request per small blob. ``_put_object`` is the minio client's single-part
+        PutObject; the client version is pinned in constraints.txt.
+        """
+        try:
+            self._client._put_object(
+                self._bucket, key, data, headers={"If-None-Match": "*", "Content-Type": "application/octet-stream"}
+            )
+            return True
+        except S3Error as e:
+            if e.code == "PreconditionFailed":
+                return False
+            raise
 
     async def get(self, blob_id: str) -> AsyncIterator[bytes]:
         check_blob_id(blob_id)

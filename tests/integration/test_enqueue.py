@@ -44,7 +44,7 @@ def test_every_field_survives_in_the_view_row_and_the_message(suite):
     queue = suite.new_queue()
     sent = full_mail()
     content = b"Subject: full\r\n\r\n" + os.urandom(2000)
-    r = suite.enqueue_stub.Enqueue(inline(queue, sent, content))
+    r = suite.enqueue_stub.Enqueue(inline(queue, sent, content)).receipt
 
     [row] = view_rows(suite, queue)
     [message] = peek_messages(queue)
@@ -74,7 +74,7 @@ def test_a_50_mib_mail_streams_through(suite):
         for i in range(0, len(content), 1024 * 1024):
             yield enqueue_pb2.EnqueueStreamRequest(chunk=content[i:i + 1024 * 1024])
 
-    r = suite.enqueue_stub.EnqueueStream(requests(), timeout=120)
+    r = suite.enqueue_stub.EnqueueStream(requests(), timeout=120).receipt
     assert r.size == len(content) and r.blob_ids == [hashlib.sha256(content).hexdigest()]
     [row] = view_rows(suite, queue)
     assert row.size == len(content)
@@ -87,7 +87,7 @@ def test_content_can_reference_blobs_put_before(suite):
     ids = [suite.blob_stub.Put(iter([blob_pb2.PutRequest(chunk=part)])).blob_id for part in (header, body)]
     r = suite.enqueue_stub.Enqueue(
         enqueue_pb2.EnqueueRequest(queue=queue, mail=simple_mail(), blob_refs=enqueue_pb2.BlobRefs(blob_ids=ids))
-    )
+    ).receipt
     assert r.size == len(header) + len(body)
     [message] = peek_messages(queue)
     assert list(message.blob_ids) == ids and blob_bytes(suite, ids) == header + body
@@ -95,7 +95,7 @@ def test_content_can_reference_blobs_put_before(suite):
 
 def test_duplicate_mail_names_are_accepted(suite):
     queue = suite.new_queue()
-    ids = {suite.enqueue_stub.Enqueue(inline(queue, simple_mail("same"))).enqueue_id for _ in range(3)}
+    ids = {suite.enqueue_stub.Enqueue(inline(queue, simple_mail("same"))).receipt.enqueue_id for _ in range(3)}
     assert len(ids) == 3
     assert [r.mail.name for r in view_rows(suite, queue)] == ["same"] * 3
     assert message_count(queue) == 3
@@ -103,19 +103,19 @@ def test_duplicate_mail_names_are_accepted(suite):
 
 def test_an_idempotency_key_returns_the_first_enqueue(suite):
     queue = suite.new_queue()
-    first = suite.enqueue_stub.Enqueue(inline(queue, simple_mail(), key="order-42"))
-    again = suite.enqueue_stub.Enqueue(inline(queue, simple_mail(), key="order-42"))
+    first = suite.enqueue_stub.Enqueue(inline(queue, simple_mail(), key="order-42")).receipt
+    again = suite.enqueue_stub.Enqueue(inline(queue, simple_mail(), key="order-42")).receipt
     assert (again.enqueue_id, again.duplicate, first.duplicate) == (first.enqueue_id, True, False)
     assert again.blob_ids == first.blob_ids and again.size == first.size
     assert len(view_rows(suite, queue)) == 1 and message_count(queue) == 1
-    other = suite.enqueue_stub.Enqueue(inline(queue, simple_mail(), key="order-43"))
+    other = suite.enqueue_stub.Enqueue(inline(queue, simple_mail(), key="order-43")).receipt
     assert other.enqueue_id != first.enqueue_id and message_count(queue) == 2
 
 
 def test_equal_content_of_two_mails_is_stored_once(suite):
     queue = suite.new_queue()
-    a = suite.enqueue_stub.Enqueue(inline(queue, simple_mail("a"), b"same content"))
-    b = suite.enqueue_stub.Enqueue(inline(queue, simple_mail("b"), b"same content"))
+    a = suite.enqueue_stub.Enqueue(inline(queue, simple_mail("a"), b"same content")).receipt
+    b = suite.enqueue_stub.Enqueue(inline(queue, simple_mail("b"), b"same content")).receipt
     assert a.blob_ids == b.blob_ids and a.enqueue_id != b.enqueue_id
 
 

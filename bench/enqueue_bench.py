@@ -1,0 +1,96 @@
+"""Enqueue throughput: through gRPC (enqueue_svc -> blob_svc -> backends) vs. direct backend calls.
+
+    .venv/bin/python -m bench.enqueue_bench [--seconds 30] [--concurrency 32] [--size 10240]
+
+Both paths do the same writes per mail: content to MinIO (SHA-256 addressed), the view row in
+Cassandra, a persistent confirmed publish to RabbitMQ. The direct path uses the same adapters
+from one Python process, with no gRPC hop. Needs the stack up (stack/stack.sh up).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import uuid
+
+import grpc
+
+from bench.common import PORTS, load, new_keyspace, report, start_services, stop
+from mailqueue.v1 import admin_pb2, admin_pb2_grpc, enqueue_pb2, enqueue_pb2_grpc, mail_pb2
+from services import model, serde
+from services.blobstores.s3 import S3BlobStore
+from services.brokers.rabbitmq import RabbitMQBroker
+from services.config import Settings
+from services.queues import create_queue
+from services.slices import bucket_of, slice_start
+from services.view.view import View
+
+
+def content(i: int, size: int) -> bytes:
+    head = f"Subject: bench {i} {uuid.uuid4()}\r\n\r\n".encode()  # distinct content: no dedup shortcut
+    return head + b"x" * (size - len(head))
+
+
+async def via_grpc(queue: str, seconds: float, concurrency: int, size: int) -> dict[str, float]:
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{PORTS['enqueue']}")
+    stub = enqueue_pb2_grpc.EnqueueServiceStub(channel)
+    mail = mail_pb2.Mail(name="bench", sender="a@example.com", recipients=["b@example.org"])
+
+    async def op(i: int) -> None:
+        await stub.Enqueue(enqueue_pb2.EnqueueRequest(queue=queue, mail=mail, inline_content=content(i, size)))
+
+    try:
+        return await load(op, concurrency, seconds, "grpc")
+    finally:
+        await channel.close()
+
+
+async def direct(settings: Settings, queue: str, seconds: float, concurrency: int, size: int) -> dict[str, float]:
+    view = await View.open(settings.cassandra)
+    broker = RabbitMQBroker(settings.rabbitmq)
+    blobs = S3BlobStore(settings.s3, settings.limits.max_blob_bytes)
+    await create_queue(view, broker, queue)
+    mail = model.Mail(name="bench", sender="a@example.com", recipients=("b@example.org",))
+    window = (await view.config.current()).slice_window
+
+    async def op(i: int) -> None:
+        info = await blobs.put_bytes(content(i, size))
+        now = model.utcnow()
+        eid = uuid.uuid4()
+        q = model.QueuedMail(queue, eid, now, mail, (info.blob_id,), info.size, slice_start(now, window),
+                             bucket_of(mail.name, str(eid), 1))
+        await view.enqueued.insert(q)
+        await broker.publish(queue, str(eid), serde.queued_mail_to_proto(q).SerializeToString())
+
+    try:
+        return await load(op, concurrency, seconds, "direct")
+    finally:
+        await broker.close()
+        view.close()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seconds", type=float, default=30)
+    p.add_argument("--concurrency", type=int, default=32)
+    p.add_argument("--size", type=int, default=10 * 1024)
+    a = p.parse_args()
+    keyspace = new_keyspace()
+    procs = start_services(keyspace, ["blob", "enqueue", "browse"])
+    try:
+        admin = admin_pb2_grpc.AdminServiceStub(grpc.insecure_channel(f"127.0.0.1:{PORTS['browse']}"))
+        admin.CreateQueue(admin_pb2.CreateQueueRequest(queue="bench-grpc"))
+        g = asyncio.run(via_grpc("bench-grpc", a.seconds, a.concurrency, a.size))
+    finally:
+        stop(procs)
+    settings = Settings.from_env("enqueue", {**os.environ, "MAILQUEUE_CASSANDRA_KEYSPACE": keyspace})
+    d = asyncio.run(direct(settings, "bench-direct", a.seconds, a.concurrency, a.size))
+    print(f"\nenqueue of {a.size} B mails, concurrency {a.concurrency}, {a.seconds:.0f} s each, keyspace {keyspace}")
+    print(report("grpc", g))
+    print(report("direct", d))
+    print(f"ratio grpc/direct throughput: {g['per_s'] / d['per_s']:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,72 @@
+"""A 200 MiB blob round-trips through a real blob_svc process with bounded memory."""
+
+import hashlib
+import os
+import socket
+import subprocess
+import sys
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from mailqueue.v1 import blob_pb2, blob_pb2_grpc
+from tests.harness import ROOT, service_env, wait_until
+
+MiB = 1024 * 1024
+
+
+def _status_kib(pid: int, field: str) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise AssertionError(f"{field} not in /proc/{pid}/status")
+
+
+def _serving(target: str) -> bool:
+    with grpc.insecure_channel(target) as ch:
+        try:
+            r = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=2)
+        except grpc.RpcError:
+            return False
+    return r.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_200_mib_round_trip_keeps_peak_rss_growth_under_64_mib(keyspace, running_stack):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "blob_svc"], cwd=ROOT, stderr=subprocess.DEVNULL,
+                            env=service_env(keyspace, MAILQUEUE_PORT=str(port)))
+    target = f"127.0.0.1:{port}"
+    try:
+        wait_until(lambda: _serving(target), 60, what="blob_svc SERVING")
+        stub = blob_pb2_grpc.BlobServiceStub(grpc.insecure_channel(target))
+        stub.Put(iter([blob_pb2.PutRequest(chunk=b"warm-up")]))  # load every code path once
+        baseline = _status_kib(proc.pid, "VmRSS")
+
+        seed = os.urandom(MiB)
+        digest = hashlib.sha256()
+
+        def chunks():
+            for i in range(200):
+                chunk = seed[i:] + seed[:i]  # 200 distinct MiB, without holding 200 MiB here
+                digest.update(chunk)
+                yield blob_pb2.PutRequest(chunk=chunk)
+
+        r = stub.Put(chunks(), timeout=300)
+        assert r.size == 200 * MiB and r.blob_id == digest.hexdigest()
+        back = hashlib.sha256()
+        size = 0
+        for part in stub.Get(blob_pb2.GetRequest(blob_id=r.blob_id), timeout=300):
+            back.update(part.chunk)
+            size += len(part.chunk)
+        assert size == 200 * MiB and back.hexdigest() == r.blob_id
+        peak = _status_kib(proc.pid, "VmHWM")
+        growth_mib = (peak - baseline) / 1024
+        print(f"\nblob_svc RSS: baseline {baseline / 1024:.1f} MiB, peak {peak / 1024:.1f} MiB, growth {growth_mib:.1f} MiB")
+        assert growth_mib < 64
+        stub.Delete(blob_pb2.DeleteRequest(blob_id=r.blob_id))
+    finally:
+        proc.kill()
+        proc.wait()

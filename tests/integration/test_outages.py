@@ -1,0 +1,79 @@
+"""Backend outages: enqueue answers UNAVAILABLE, and the mail is never browsable nor delivered later.
+
+These stop a real backend, so they run last (marker `outage`) and always restore it.
+"""
+
+import os
+import signal
+
+import grpc
+import pytest
+
+from tests.harness import ROOT, stack, wait_until
+from tests.integration.helpers import deleted_reason, inline, message_count, simple_mail, view_rows
+
+pytestmark = pytest.mark.outage
+
+
+def enqueue_ok(suite, queue) -> bool:
+    try:
+        suite.enqueue_stub.Enqueue(inline(queue, simple_mail("probe")), timeout=10)
+        return True
+    except grpc.RpcError:
+        return False
+
+
+def test_rabbitmq_down_means_unavailable_and_nothing_delivered_later(suite):
+    queue = suite.new_queue()
+    stack("rabbitmqctl", "stop_app")
+    try:
+        with pytest.raises(grpc.RpcError) as e:
+            suite.enqueue_stub.Enqueue(inline(queue, simple_mail("lost")), timeout=30)
+        assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "rabbitmq" in e.value.details()
+    finally:
+        stack("rabbitmqctl", "start_app")
+    # The row written before the failed publish is marked deleted: never browsed, never delivered.
+    rows = [r for r in view_rows(suite, queue) if r.mail.name == "lost"]
+    assert all(deleted_reason(suite, queue, r.enqueue_id) for r in rows)
+    wait_until(lambda: enqueue_ok(suite, queue), 60, interval=0.5, what="enqueue to work again after RabbitMQ restart")
+    assert message_count(queue) == 1  # only the probe: the failed mail was never published
+
+
+def minio_pid() -> int:
+    with open(os.path.join(ROOT, ".stack", "minio.pid")) as f:
+        return int(f.read())
+
+
+def test_minio_down_means_unavailable_and_nothing_written(suite):
+    queue = suite.new_queue()
+    os.kill(minio_pid(), signal.SIGKILL)
+    try:
+        with pytest.raises(grpc.RpcError) as e:
+            suite.enqueue_stub.Enqueue(inline(queue, simple_mail("lost"), os.urandom(1000)), timeout=60)
+        assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert view_rows(suite, queue) == [] and message_count(queue) == 0
+    finally:
+        stack("up")
+    wait_until(lambda: enqueue_ok(suite, queue), 60, interval=0.5, what="enqueue to work again after MinIO restart")
+    assert message_count(queue) == 1
+
+
+def test_cassandra_frozen_means_unavailable_and_nothing_delivered(suite):
+    # Given Cassandra frozen (SIGSTOP: it accepts nothing and answers nothing), the view write times out.
+    queue = suite.new_queue()
+    with open(os.path.join(ROOT, ".stack", "cassandra.pid")) as f:
+        pid = int(f.read())
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        with pytest.raises(grpc.RpcError) as e:
+            suite.enqueue_stub.Enqueue(inline(queue, simple_mail("lost")), timeout=60)
+        assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "cassandra" in e.value.details()
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    wait_until(lambda: enqueue_ok(suite, queue), 60, interval=0.5, what="enqueue to work again after Cassandra resumed")
+    # A row that landed late is marked deleted; the failed mail was never published.
+    lost = [r for r in view_rows(suite, queue) if r.mail.name == "lost"]
+    assert all(deleted_reason(suite, queue, r.enqueue_id) for r in lost)
+    assert message_count(queue) == 1
