@@ -7,6 +7,7 @@ from typing import Any
 from dequeue_svc.servicer import DequeueServicer
 from mailqueue.v1 import dequeue_pb2_grpc
 from services.backends import Backends
+from services.dequeuer import Dequeuer
 from services.runtime.server import App
 
 
@@ -16,12 +17,15 @@ class DequeueApp(App):
     def __init__(self, settings: Any) -> None:
         super().__init__(settings)
         self._backends: Backends | None = None
+        self._dequeuer: Dequeuer | None = None
 
     def servicers(self) -> list[tuple[Any, Any, str]]:
         return [(dequeue_pb2_grpc.add_DequeueServiceServicer_to_server, DequeueServicer(self), "mailqueue.v1.DequeueService")]
 
     async def connect(self) -> None:
-        self._backends = await Backends.open(self.settings)
+        b = await Backends.open(self.settings)
+        self._backends = b
+        self._dequeuer = Dequeuer(b.view, b.broker, b.blobs, self.settings.limits, b.state)
 
     async def check(self) -> None:
         assert self._backends is not None
@@ -31,7 +35,7 @@ class DequeueApp(App):
         if self._backends is not None:
             await self._backends.close()
 
-    def backends(self) -> Backends:
+    def dequeuer(self) -> Dequeuer:
         self.require_connected()
-        assert self._backends is not None
-        return self._backends
+        assert self._dequeuer is not None
+        return self._dequeuer

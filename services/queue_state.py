@@ -23,6 +23,7 @@ class QueueState:
         self._known: set[str] = set()
         self._config: tuple[float, model.ViewConfig] | None = None
         self._browse: dict[str, tuple[float, dt.datetime | None]] = {}
+        self._content: dict[str, tuple[float, dt.datetime | None]] = {}
 
     async def require_queue(self, queue: str) -> None:
         if queue in self._known:
@@ -46,4 +47,13 @@ class QueueState:
         if cached is None or now - cached[0] > self._browse_ttl:
             cached = (now, await self._view.starts.browse_start(queue))
             self._browse[queue] = cached
+        return cached[1]
+
+    async def content_start(self, queue: str) -> dt.datetime | None:
+        """Cached like the configuration: content start moves only when the sweep runs."""
+        now = time.monotonic()
+        cached = self._content.get(queue)
+        if cached is None or now - cached[0] > self._config_ttl:
+            cached = (now, await self._view.starts.content_start(queue))
+            self._content[queue] = cached
         return cached[1]

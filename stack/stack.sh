@@ -141,7 +141,10 @@ cassandra_start() {
 
 # ---------------------------------------------------------------- RabbitMQ
 rabbit_env() {
-  export HOME="$STACK_DIR/rabbitmq"   # the Erlang cookie lives here
+  # The Erlang cookie lives with the machine's cache, so every checkout on this machine can talk
+  # to the one local node (its data stays in this checkout's .stack/).
+  export HOME="$CACHE_DIR/rabbitmq-home"
+  mkdir -p "$HOME"
   export RABBITMQ_NODENAME="$RABBITMQ_NODE"
   export RABBITMQ_NODE_IP_ADDRESS=127.0.0.1
   export RABBITMQ_NODE_PORT="$RABBITMQ_PORT"

@@ -62,3 +62,69 @@ def simple_mail(name: str = "m", sender: str = "alice@example.com", recipients=(
 
 def inline(queue: str, mail: mail_pb2.Mail, content: bytes = b"Subject: t\r\n\r\nhello\r\n", key: str = ""):
     return enqueue_pb2.EnqueueRequest(queue=queue, mail=mail, inline_content=content, idempotency_key=key)
+
+
+class StreamConsumer:
+    """A Dequeue stream driven from a test: subscribe, receive with a deadline, answer outcomes."""
+
+    def __init__(self, stub, queue: str, prefetch: int = 16) -> None:
+        import queue as q
+        import threading
+
+        from mailqueue.v1 import dequeue_pb2
+
+        self._pb = dequeue_pb2
+        self._requests: q.Queue = q.Queue()
+        self._responses: q.Queue = q.Queue()
+        self._requests.put(dequeue_pb2.DequeueRequest(subscribe=dequeue_pb2.Subscribe(queue=queue, prefetch=prefetch)))
+        self.call = stub.Dequeue(iter(self._requests.get, None))
+        self.error = None
+
+        def read() -> None:
+            try:
+                for response in self.call:
+                    self._responses.put(response)
+            except Exception as e:  # noqa: BLE001 - kept for the test to inspect
+                self.error = e
+            self._responses.put(None)
+
+        threading.Thread(target=read, daemon=True).start()
+        first = self._responses.get(timeout=30)
+        if first is None:
+            raise self.error
+        assert first.WhichOneof("kind") == "subscribed"
+
+    def next(self, timeout: float = 30):
+        """The next Delivery; raises queue.Empty when none arrives within ``timeout``."""
+        response = self._responses.get(timeout=timeout)
+        if response is None:
+            self._responses.put(None)
+            raise EOFError(f"stream ended: {self.error}")
+        return response.delivery
+
+    def take(self, n: int, timeout: float = 30) -> list:
+        return [self.next(timeout) for _ in range(n)]
+
+    def answer(self, delivery, kind: str = "SUCCESS", error_message: str = "") -> None:
+        self._requests.put(self._pb.DequeueRequest(outcome=self._pb.Outcome(
+            delivery_tag=delivery.delivery_tag, kind=getattr(self._pb, f"OUTCOME_KIND_{kind}"), error_message=error_message)))
+
+    def close(self) -> None:
+        """Half-close: the server ends the stream; unanswered deliveries go back to the queue."""
+        self._requests.put(None)
+
+    def cancel(self) -> None:
+        """Break the stream, as a crashed client would."""
+        self.call.cancel()
+
+
+def enqueue_names(suite, queue: str, names, content: bytes = b"Subject: x\r\n\r\nbody") -> list[str]:
+    return [suite.enqueue_stub.Enqueue(inline(queue, simple_mail(n), content)).receipt.enqueue_id for n in names]
+
+
+def dead_letter_count(queue: str) -> int:
+    conn = pika.BlockingConnection(pika.URLParameters(RabbitMQSettings.from_env().url))
+    try:
+        return conn.channel().queue_declare(names.dead_letter_queue(queue), passive=True).method.message_count
+    finally:
+        conn.close()

@@ -1,0 +1,166 @@
+"""Dequeue (DESIGN §4): RabbitMQ deliveries -> live mails with content -> outcomes.
+
+- A delivery whose mail is deleted, or whose slice was swept (before content start), is acked
+  and skipped without fetching content.
+- SUCCESS marks the mail deleted **then** acks: a crash between the two redelivers a mail that
+  is then skipped. No loss, no ghost.
+- RETRY requeues; REJECT marks the mail dead-lettered and routes it to the dead-letter queue;
+  an undecodable message or a missing blob is dead-lettered too.
+- A transient Cassandra or blob store error requeues the delivery (never lost, never dead-lettered).
+- Closing a subscription (stream ended, client gone, process killed) returns its unacked
+  deliveries to the queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import enum
+import logging
+
+from prometheus_client import Counter
+
+from services import browse_start, model, serde, validation
+from services.blobstore import BlobStore
+from services.broker import Broker, Consumer, Message
+from services.config import LimitSettings
+from services.errors import BackendUnavailable, InvalidArgument, NotFound
+from services.queue_state import QueueState
+from services.view.view import View
+
+log = logging.getLogger(__name__)
+
+DELIVERED = Counter("mailqueue_delivered_total", "Deliveries handed to consumers", ["queue"])
+OUTCOMES = Counter("mailqueue_outcomes_total", "Consumer outcomes", ["queue", "outcome"])
+SKIPPED = Counter("mailqueue_skipped_total", "Deliveries acked without handing them out", ["queue", "reason"])
+REQUEUED_ON_ERROR = Counter("mailqueue_requeued_on_error_total", "Deliveries requeued after a backend error", ["queue"])
+
+DEFAULT_PREFETCH = 16
+#: Pause after requeueing on a backend error, so a down backend is not hammered.
+ERROR_BACKOFF_S = 0.5
+
+
+class Outcome(enum.Enum):
+    SUCCESS = 1
+    RETRY = 2
+    REJECT = 3
+
+
+@dataclasses.dataclass(frozen=True)
+class Delivery:
+    tag: int
+    mail: model.QueuedMail
+    content: bytes | None  # None when the mail is larger than the inline threshold
+    redelivered: bool
+
+
+class Subscription:
+    def __init__(self, dequeuer: Dequeuer, queue: str, consumer: Consumer) -> None:
+        self._d = dequeuer
+        self.queue = queue
+        self._consumer = consumer
+        self._pending: dict[int, model.QueuedMail] = {}
+
+    async def next(self) -> Delivery:
+        """The next live mail (waits). Raises BackendUnavailable when the broker channel died."""
+        while True:
+            message = await self._consumer.get()
+            delivery = await self._prepare(message)
+            if delivery is not None:
+                self._pending[delivery.tag] = delivery.mail
+                DELIVERED.labels(self.queue).inc()
+                return delivery
+
+    async def _prepare(self, message: Message) -> Delivery | None:
+        try:
+            from mailqueue.v1 import mail_pb2
+
+            mail = serde.queued_mail_from_proto(mail_pb2.QueuedMail.FromString(message.body))
+        except Exception:  # noqa: BLE001 - any undecodable body is poison
+            log.error("undecodable message dead-lettered", extra={"queue": self.queue, "message_id": message.message_id})
+            await self._consumer.dead_letter(message.delivery_tag)
+            SKIPPED.labels(self.queue, "undecodable").inc()
+            return None
+        try:
+            if await self._d.view.deleted.reason(self.queue, mail.enqueue_id) is not None:
+                await self._skip(message, "deleted")
+                return None
+            content_start = await self._d.state.content_start(self.queue)
+            if content_start is not None and mail.slice_start < content_start:
+                await self._skip(message, "swept")
+                return None
+            content = None
+            if mail.size <= self._d.limits.dequeue_inline_bytes:
+                content = await self._d.blobs.read(mail.blob_ids)
+            else:
+                for blob_id in mail.blob_ids:
+                    await self._d.blobs.stat(blob_id)
+        except NotFound:
+            log.error("mail content missing: dead-lettered", extra={"queue": self.queue, "enqueue_id": str(mail.enqueue_id)})
+            await self._d.view.deleted.mark(self.queue, mail.enqueue_id, "dead-lettered: content missing")
+            await self._consumer.dead_letter(message.delivery_tag)
+            SKIPPED.labels(self.queue, "content-missing").inc()
+            return None
+        except BackendUnavailable as e:
+            log.warning("backend error: delivery requeued: %s", e, extra={"queue": self.queue})
+            REQUEUED_ON_ERROR.labels(self.queue).inc()
+            await self._consumer.requeue(message.delivery_tag)
+            await asyncio.sleep(ERROR_BACKOFF_S)
+            return None
+        return Delivery(message.delivery_tag, mail, content, message.redelivered)
+
+    async def _skip(self, message: Message, reason: str) -> None:
+        await self._consumer.ack(message.delivery_tag)
+        SKIPPED.labels(self.queue, reason).inc()
+
+    async def settle(self, tag: int, outcome: Outcome, error_message: str = "") -> None:
+        mail = self._pending.get(tag)
+        if mail is None:
+            raise InvalidArgument(f"delivery tag {tag} is not an unanswered delivery of this stream")
+        if outcome is Outcome.SUCCESS:
+            await self._d.mark_deleted(mail, "dequeued")
+            await self._consumer.ack(tag)
+        elif outcome is Outcome.RETRY:
+            await self._consumer.requeue(tag)
+        else:
+            reason = f"dead-lettered: {error_message}" if error_message else "dead-lettered"
+            await self._d.mark_deleted(mail, reason[:1000])
+            await self._consumer.dead_letter(tag)
+        del self._pending[tag]
+        OUTCOMES.labels(self.queue, outcome.name).inc()
+
+    async def close(self) -> None:
+        """Stop consuming; unanswered deliveries return to the queue."""
+        await self._consumer.close()
+
+
+class Dequeuer:
+    def __init__(self, view: View, broker: Broker, blobs: BlobStore, limits: LimitSettings, state: QueueState) -> None:
+        self.view = view
+        self.broker = broker
+        self.blobs = blobs
+        self.limits = limits
+        self.state = state
+        self._background: set[asyncio.Task[None]] = set()
+
+    async def subscribe(self, queue: str, prefetch: int) -> Subscription:
+        validation.queue_name(queue)
+        if prefetch > self.limits.max_prefetch:
+            raise InvalidArgument(f"prefetch {prefetch} is over the maximum of {self.limits.max_prefetch}")
+        await self.state.require_queue(queue)
+        consumer = await self.broker.consume(queue, prefetch or DEFAULT_PREFETCH)
+        return Subscription(self, queue, consumer)
+
+    async def mark_deleted(self, mail: model.QueuedMail, reason: str) -> None:
+        await self.view.deleted.mark(mail.queue, mail.enqueue_id, reason)
+        config = await self.state.config()
+        if browse_start.should_update(config.update_browse_start_pace):
+            task = asyncio.create_task(self._update_browse_start(mail.queue))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+
+    async def _update_browse_start(self, queue: str) -> None:
+        try:
+            await browse_start.update(self.view, queue)
+        except BackendUnavailable as e:
+            log.warning("browse start update skipped: %s", e, extra={"queue": queue})

@@ -1,0 +1,199 @@
+"""DequeueService through gRPC on the real stack: at-least-once, acks on the stream."""
+
+import os
+import queue as q
+import uuid
+
+import grpc
+import pika
+import pytest
+
+from mailqueue.v1 import blob_pb2, dequeue_pb2
+from services import names
+from services.config import RabbitMQSettings
+from tests.harness import wait_until
+from tests.integration.helpers import (
+    StreamConsumer, dead_letter_count, deleted_reason, enqueue_names, inline, message_count, simple_mail,
+)
+
+
+def consumer(suite, queue, prefetch=16) -> StreamConsumer:
+    return StreamConsumer(suite.dequeue_stub, queue, prefetch)
+
+
+def test_one_consumer_receives_in_fifo_order_with_content(suite):
+    queue = suite.new_queue()
+    ids = enqueue_names(suite, queue, [f"m{i}" for i in range(5)], b"Subject: s\r\n\r\nhello")
+    c = consumer(suite, queue)
+    got = c.take(5)
+    assert [d.mail.enqueue_id for d in got] == ids
+    assert all(d.content_inline and d.content == b"Subject: s\r\n\r\nhello" for d in got)
+    assert not any(d.redelivered for d in got)
+    for d in got:
+        c.answer(d)
+    wait_until(lambda: all(deleted_reason(suite, queue, uuid.UUID(i)) == "dequeued" for i in ids), what="marks")
+    c.close()
+    assert message_count(queue) == 0
+
+
+def test_two_deliveries_before_any_ack_and_acks_out_of_order(suite):
+    queue = suite.new_queue()
+    ids = enqueue_names(suite, queue, ["a", "b", "c"])
+    c = consumer(suite, queue, prefetch=3)
+    a, b, d = c.take(3)
+    for delivery in (d, a, b):
+        c.answer(delivery)
+    wait_until(lambda: all(deleted_reason(suite, queue, uuid.UUID(i)) for i in ids), what="all three marked")
+    c.close()
+    with pytest.raises((q.Empty, EOFError)):
+        consumer(suite, queue).next(timeout=1)  # nothing comes back
+    assert message_count(queue) == 0
+
+
+def test_prefetch_bounds_unanswered_deliveries(suite):
+    queue = suite.new_queue()
+    enqueue_names(suite, queue, ["a", "b", "c"])
+    c = consumer(suite, queue, prefetch=2)
+    first, _second = c.take(2)
+    with pytest.raises(q.Empty):
+        c.next(timeout=1)
+    c.answer(first)
+    assert c.next().mail.mail.name == "c"
+    c.cancel()
+
+
+def test_retry_redelivers(suite):
+    queue = suite.new_queue()
+    [eid] = enqueue_names(suite, queue, ["again"])
+    c = consumer(suite, queue, prefetch=1)
+    first = c.next()
+    c.answer(first, "RETRY", "try later")
+    second = c.next()
+    assert second.mail.enqueue_id == eid and second.redelivered
+    assert deleted_reason(suite, queue, uuid.UUID(eid)) is None
+    c.answer(second)
+    c.close()
+
+
+def test_an_unacked_delivery_is_not_handed_to_another_consumer_while_its_stream_lives(suite):
+    queue = suite.new_queue()
+    [eid] = enqueue_names(suite, queue, ["held"])
+    holder, other = consumer(suite, queue, 1), consumer(suite, queue, 1)
+    # Either may win the delivery; the other must not see it while the winner's stream lives.
+    try:
+        got = holder.next(timeout=10)
+        winner, waiter = holder, other
+    except q.Empty:
+        got = other.next(timeout=10)
+        winner, waiter = other, holder
+    assert got.mail.enqueue_id == eid
+    with pytest.raises(q.Empty):
+        waiter.next(timeout=1.5)
+    winner.cancel()  # a dropped stream: the delivery goes back to the queue, promptly
+    again = waiter.next(timeout=15)
+    assert again.mail.enqueue_id == eid and again.redelivered
+    waiter.answer(again)
+    waiter.close()
+
+
+def test_deleted_mails_are_never_delivered(suite):
+    queue = suite.new_queue()
+    gone, live = enqueue_names(suite, queue, ["gone", "live"])
+    suite.run(suite.view.deleted.mark(queue, uuid.UUID(gone), "deleted"))
+    c = consumer(suite, queue)
+    assert c.next().mail.enqueue_id == live
+    with pytest.raises(q.Empty):
+        c.next(timeout=1)
+    c.cancel()
+    assert message_count(queue) in (0, 1)  # the live one is back; the deleted one was acked away
+    wait_until(lambda: message_count(queue) == 1, what="the live mail back in the queue")
+
+
+def test_a_waiting_consumer_wakes_when_a_mail_is_enqueued(suite):
+    queue = suite.new_queue()
+    c = consumer(suite, queue)
+    with pytest.raises(q.Empty):
+        c.next(timeout=0.5)
+    [eid] = enqueue_names(suite, queue, ["late"])
+    assert c.next(timeout=10).mail.enqueue_id == eid
+    c.cancel()
+
+
+def test_large_mails_are_delivered_by_blob_reference(suite, aio_loop, keyspace):
+    queue = suite.new_queue()
+    content = os.urandom(2 * 1024 * 1024)  # above the 1 MiB inline threshold
+    suite.enqueue_stub.Enqueue(inline(queue, simple_mail("big"), content))
+    c = consumer(suite, queue)
+    d = c.next()
+    assert not d.content_inline and d.content == b"" and d.mail.size == len(content)
+    fetched = b"".join(r.chunk for r in suite.blob_stub.Get(blob_pb2.GetRequest(blob_id=d.mail.blob_ids[0])))
+    assert fetched == content
+    c.answer(d)
+    c.close()
+
+
+def test_reject_dead_letters_and_marks_the_mail(suite):
+    queue = suite.new_queue()
+    [eid] = enqueue_names(suite, queue, ["bad"])
+    c = consumer(suite, queue)
+    c.answer(c.next(), "REJECT", "550 no such user")
+    wait_until(lambda: dead_letter_count(queue) == 1, what="dead letter")
+    assert deleted_reason(suite, queue, uuid.UUID(eid)) == "dead-lettered: 550 no such user"
+    c.close()
+    assert message_count(queue) == 0
+
+
+def test_an_undecodable_message_is_dead_lettered(suite):
+    queue = suite.new_queue()
+    conn = pika.BlockingConnection(pika.URLParameters(RabbitMQSettings.from_env().url))
+    conn.channel().basic_publish(names.exchange(queue), "", b"\xff not a protobuf", pika.BasicProperties(delivery_mode=2))
+    conn.close()
+    [eid] = enqueue_names(suite, queue, ["fine"])
+    c = consumer(suite, queue)
+    assert c.next().mail.enqueue_id == eid
+    wait_until(lambda: dead_letter_count(queue) == 1, what="poison message dead-lettered")
+    c.cancel()
+
+
+def test_a_missing_blob_dead_letters_the_mail(suite):
+    queue = suite.new_queue()
+    content = os.urandom(300)
+    [eid] = enqueue_names(suite, queue, ["orphan"], content)
+    import hashlib
+
+    suite.blob_stub.Delete(blob_pb2.DeleteRequest(blob_id=hashlib.sha256(content).hexdigest()))
+    c = consumer(suite, queue)
+    with pytest.raises(q.Empty):
+        c.next(timeout=1)
+    wait_until(lambda: dead_letter_count(queue) == 1, what="dead letter")
+    assert deleted_reason(suite, queue, uuid.UUID(eid)) == "dead-lettered: content missing"
+    c.cancel()
+
+
+@pytest.mark.parametrize(
+    "first, code",
+    [
+        (dequeue_pb2.DequeueRequest(outcome=dequeue_pb2.Outcome(delivery_tag=1)), grpc.StatusCode.INVALID_ARGUMENT),
+        (dequeue_pb2.DequeueRequest(subscribe=dequeue_pb2.Subscribe(queue="no-such-queue")), grpc.StatusCode.NOT_FOUND),
+        (dequeue_pb2.DequeueRequest(subscribe=dequeue_pb2.Subscribe(queue="bad/name")), grpc.StatusCode.INVALID_ARGUMENT),
+        (dequeue_pb2.DequeueRequest(subscribe=dequeue_pb2.Subscribe(queue="x", prefetch=100000)), grpc.StatusCode.INVALID_ARGUMENT),
+    ],
+)
+def test_a_bad_subscription_gets_a_precise_status(suite, first, code):
+    with pytest.raises(grpc.RpcError) as e:
+        list(suite.dequeue_stub.Dequeue(iter([first])))
+    assert e.value.code() == code
+
+
+def test_an_unknown_delivery_tag_ends_the_stream_and_requeues(suite):
+    queue = suite.new_queue()
+    [eid] = enqueue_names(suite, queue, ["m"])
+    c = consumer(suite, queue)
+    d = c.next()
+    c._requests.put(dequeue_pb2.DequeueRequest(outcome=dequeue_pb2.Outcome(delivery_tag=d.delivery_tag + 1000,
+                                                                           kind=dequeue_pb2.OUTCOME_KIND_SUCCESS)))
+    with pytest.raises(EOFError):
+        c.next(timeout=10)
+    assert c.error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    wait_until(lambda: message_count(queue) == 1, what="the unanswered delivery back in the queue")
+    assert deleted_reason(suite, queue, uuid.UUID(eid)) is None
