@@ -95,3 +95,51 @@ class RunningApp:
             await self.app.close()
 
         self.loop.run(stop())
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def is_serving(target: str) -> bool:
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    with grpc.insecure_channel(target) as ch:
+        try:
+            r = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=2)
+        except grpc.RpcError:
+            return False
+    return r.status == health_pb2.HealthCheckResponse.SERVING
+
+
+class ServiceProcess:
+    """A real service process (``python -m <name>_svc``) on a free loopback port."""
+
+    def __init__(self, name: str, env: dict[str, str]) -> None:
+        self.name = name
+        self.port = free_port()
+        self.env = {**env, "MAILQUEUE_PORT": str(self.port), "MAILQUEUE_METRICS_PORT": "0", "MAILQUEUE_LOG_LEVEL": "WARNING"}
+        self.target = f"127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+        self.start()
+
+    def start(self) -> None:
+        import sys
+
+        self.proc = subprocess.Popen([sys.executable, "-m", f"{self.name}_svc"], cwd=ROOT, env=self.env,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_until(lambda: is_serving(self.target), 60, interval=0.1, what=f"{self.name}_svc SERVING")
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()  # SIGKILL: no shutdown code runs
+        self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
