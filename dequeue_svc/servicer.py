@@ -16,7 +16,7 @@ import grpc
 
 from mailqueue.v1 import dequeue_pb2, dequeue_pb2_grpc
 from services import serde
-from services.dequeuer import Delivery, Outcome, Subscription
+from services.dequeuer import DEFAULT_PREFETCH, Delivery, Outcome, Subscription
 from services.errors import InvalidArgument
 
 _OUTCOMES = {
@@ -36,13 +36,40 @@ def _delivery(d: Delivery) -> dequeue_pb2.DequeueResponse:
 
 
 async def _settle_outcomes(requests: AsyncIterator[dequeue_pb2.DequeueRequest], sub: Subscription) -> None:
-    async for request in requests:
-        if request.WhichOneof("kind") != "outcome":
-            raise InvalidArgument("only the first message of a Dequeue stream may be a subscribe")
-        o = request.outcome
-        if o.kind not in _OUTCOMES:
-            raise InvalidArgument(f"outcome for delivery {o.delivery_tag} has no kind: use SUCCESS, RETRY or REJECT")
-        await sub.settle(o.delivery_tag, _OUTCOMES[o.kind], o.error_message)
+    """Read outcomes until the client half-closes; settle them concurrently; raise the first error."""
+    settling: set[asyncio.Task[None]] = set()
+    failed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def check(task: asyncio.Task[None]) -> None:
+        settling.discard(task)
+        if not task.cancelled() and task.exception() is not None and not failed.done():
+            failed.set_exception(task.exception())
+
+    async def read() -> None:
+        async for request in requests:
+            if request.WhichOneof("kind") != "outcome":
+                raise InvalidArgument("only the first message of a Dequeue stream may be a subscribe")
+            o = request.outcome
+            if o.kind not in _OUTCOMES:
+                raise InvalidArgument(f"outcome for delivery {o.delivery_tag} has no kind: use SUCCESS, RETRY or REJECT")
+            task = asyncio.create_task(sub.settle(o.delivery_tag, _OUTCOMES[o.kind], o.error_message))
+            settling.add(task)
+            task.add_done_callback(check)
+        if settling:
+            await asyncio.wait(set(settling))
+
+    reader = asyncio.create_task(read())
+    try:
+        await asyncio.wait({reader, failed}, return_when=asyncio.FIRST_COMPLETED)
+        if failed.done():
+            failed.result()
+        reader.result()
+        if failed.done():
+            failed.result()
+    finally:
+        reader.cancel()
+        for task in settling:
+            task.cancel()
 
 
 class DequeueServicer(dequeue_pb2_grpc.DequeueServiceServicer):
@@ -59,9 +86,10 @@ class DequeueServicer(dequeue_pb2_grpc.DequeueServiceServicer):
             raise InvalidArgument("the first message of a Dequeue stream must be a subscribe")
         sub = await dequeuer.subscribe(first.subscribe.queue, first.subscribe.prefetch)
         outcomes = asyncio.create_task(_settle_outcomes(requests, sub))
+        delivery: asyncio.Task[Delivery] | None = None
         try:
             yield dequeue_pb2.DequeueResponse(
-                subscribed=dequeue_pb2.Subscribed(queue=sub.queue, prefetch=first.subscribe.prefetch or 16)
+                subscribed=dequeue_pb2.Subscribed(queue=sub.queue, prefetch=first.subscribe.prefetch or DEFAULT_PREFETCH)
             )
             while True:
                 delivery = asyncio.create_task(sub.next())
@@ -69,11 +97,12 @@ class DequeueServicer(dequeue_pb2_grpc.DequeueServiceServicer):
                 if delivery in done:
                     yield _delivery(delivery.result())
                     continue
-                delivery.cancel()
                 outcomes.result()  # raises what settling raised; otherwise the client half-closed
                 return
         finally:
-            outcomes.cancel()
-            with contextlib.suppress(BaseException):
-                await outcomes
+            for task in (delivery, outcomes):
+                if task is not None and not task.done():
+                    task.cancel()
+                    with contextlib.suppress(BaseException):
+                        await task
             await sub.close()

@@ -55,17 +55,36 @@ class Delivery:
 
 
 class Subscription:
+    """One consumer's view of a queue.
+
+    Deliveries are prepared (deleted check, content fetch) concurrently, up to the prefetch,
+    and handed out in the order RabbitMQ delivered them.
+    """
+
     def __init__(self, dequeuer: Dequeuer, queue: str, consumer: Consumer) -> None:
         self._d = dequeuer
         self.queue = queue
         self._consumer = consumer
         self._pending: dict[int, model.QueuedMail] = {}
+        self._prepared: asyncio.Queue[asyncio.Future[Delivery | None]] = asyncio.Queue()
+        self._pump: asyncio.Task[None] | None = None
+
+    async def _pump_messages(self) -> None:
+        try:
+            while True:
+                message = await self._consumer.get()
+                await self._prepared.put(asyncio.ensure_future(self._prepare(message)))
+        except Exception as e:  # the channel died: the next call to next() raises it
+            failed: asyncio.Future[Delivery | None] = asyncio.get_running_loop().create_future()
+            failed.set_exception(e)
+            self._prepared.put_nowait(failed)
 
     async def next(self) -> Delivery:
         """The next live mail (waits). Raises BackendUnavailable when the broker channel died."""
+        if self._pump is None:
+            self._pump = asyncio.create_task(self._pump_messages())
         while True:
-            message = await self._consumer.get()
-            delivery = await self._prepare(message)
+            delivery = await (await self._prepared.get())
             if delivery is not None:
                 self._pending[delivery.tag] = delivery.mail
                 DELIVERED.labels(self.queue).inc()
@@ -131,6 +150,10 @@ class Subscription:
 
     async def close(self) -> None:
         """Stop consuming; unanswered deliveries return to the queue."""
+        if self._pump is not None:
+            self._pump.cancel()
+        while not self._prepared.empty():
+            self._prepared.get_nowait().cancel()
         await self._consumer.close()
 
 

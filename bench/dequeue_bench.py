@@ -1,0 +1,141 @@
+"""Dequeue + SUCCESS throughput: through gRPC (dequeue_svc -> blob_svc) vs. direct backend calls.
+
+    .venv/bin/python -m bench.dequeue_bench [--mails 4000] [--prefetch 32] [--size 10240]
+
+Both paths do the same work per mail: consume the RabbitMQ message, check the deleted mark in
+Cassandra, read the content from MinIO, mark the mail deleted, ack. The direct path runs the
+same domain code (services/dequeuer.py) in one process with S3 reached directly and no gRPC.
+Mails are enqueued first (not timed). Needs the stack up (stack/stack.sh up).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import time
+
+import grpc
+
+from bench.common import PORTS, new_keyspace, start_services, stop
+from bench.enqueue_bench import content
+from mailqueue.v1 import admin_pb2, admin_pb2_grpc, dequeue_pb2, dequeue_pb2_grpc
+from services import model
+from services.blobstores.s3 import S3BlobStore
+from services.brokers.rabbitmq import RabbitMQBroker
+from services.config import Settings
+from services.dequeuer import Dequeuer, Outcome
+from services.enqueuer import Enqueuer
+from services.queue_state import QueueState
+from services.view.view import View
+
+
+async def fill(settings: Settings, queue: str, n: int, size: int) -> None:
+    view = await View.open(settings.cassandra)
+    broker = RabbitMQBroker(settings.rabbitmq)
+    blobs = S3BlobStore(settings.s3, settings.limits.max_blob_bytes)
+    enqueuer = Enqueuer(view, broker, blobs, settings.limits, QueueState(view))
+    mail = model.Mail(name="bench", sender="a@example.com", recipients=("b@example.org",))
+    sem = asyncio.Semaphore(32)
+
+    async def one(i: int) -> None:
+        async with sem:
+            await enqueuer.enqueue_inline(queue, mail, content(i, size))
+
+    await asyncio.gather(*(one(i) for i in range(n)))
+    await broker.close()
+    view.close()
+
+
+def result(label: str, n: int, seconds: float) -> dict[str, float]:
+    print(f"{label:<10} {n:>7} mails in {seconds:6.2f} s  {n / seconds:>8.1f}/s", file=sys.stderr)
+    return {"n": n, "seconds": seconds, "per_s": n / seconds}
+
+
+async def via_grpc(queue: str, n: int, prefetch: int) -> dict[str, float]:
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{PORTS['dequeue']}")
+    stub = dequeue_pb2_grpc.DequeueServiceStub(channel)
+    outcomes: asyncio.Queue = asyncio.Queue()
+    await outcomes.put(dequeue_pb2.DequeueRequest(subscribe=dequeue_pb2.Subscribe(queue=queue, prefetch=prefetch)))
+
+    async def requests():
+        while True:
+            yield await outcomes.get()
+
+    call = stub.Dequeue(requests())
+    done = 0
+    start = None
+    async for response in call:
+        if response.WhichOneof("kind") != "delivery":
+            start = time.monotonic()
+            continue
+        d = response.delivery
+        assert d.content_inline and len(d.content) == d.mail.size
+        await outcomes.put(dequeue_pb2.DequeueRequest(
+            outcome=dequeue_pb2.Outcome(delivery_tag=d.delivery_tag, kind=dequeue_pb2.OUTCOME_KIND_SUCCESS)))
+        done += 1
+        if done == n:
+            break
+    elapsed = time.monotonic() - start
+    call.cancel()
+    await channel.close()
+    return result("grpc", done, elapsed)
+
+
+async def direct(settings: Settings, queue: str, n: int, prefetch: int) -> dict[str, float]:
+    view = await View.open(settings.cassandra)
+    broker = RabbitMQBroker(settings.rabbitmq)
+    blobs = S3BlobStore(settings.s3, settings.limits.max_blob_bytes)
+    dequeuer = Dequeuer(view, broker, blobs, settings.limits, QueueState(view))
+    sub = await dequeuer.subscribe(queue, prefetch)
+    start = time.monotonic()
+    done = 0
+    tasks = set()
+
+    async def settle(tag: int) -> None:
+        await sub.settle(tag, Outcome.SUCCESS)
+
+    while done < n:
+        d = await sub.next()
+        assert d.content is not None and len(d.content) == d.mail.size
+        t = asyncio.create_task(settle(d.tag))
+        tasks.add(t)
+        t.add_done_callback(tasks.discard)
+        done += 1
+    await asyncio.gather(*tasks)
+    elapsed = time.monotonic() - start
+    await sub.close()
+    await broker.close()
+    view.close()
+    return result("direct", done, elapsed)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--mails", type=int, default=4000)
+    p.add_argument("--prefetch", type=int, default=32)
+    p.add_argument("--size", type=int, default=10 * 1024)
+    a = p.parse_args()
+    keyspace = new_keyspace()
+    settings = Settings.from_env("dequeue", {**os.environ, "MAILQUEUE_CASSANDRA_KEYSPACE": keyspace})
+    procs = start_services(keyspace, ["blob", "dequeue", "browse"])
+    try:
+        admin = admin_pb2_grpc.AdminServiceStub(grpc.insecure_channel(f"127.0.0.1:{PORTS['browse']}"))
+        for q in ("bench-grpc", "bench-direct"):
+            admin.CreateQueue(admin_pb2.CreateQueueRequest(queue=q))
+        print(f"filling two queues with {a.mails} mails of {a.size} B (not timed)", file=sys.stderr)
+        asyncio.run(fill(settings, "bench-grpc", a.mails, a.size))
+        asyncio.run(fill(settings, "bench-direct", a.mails, a.size))
+        g = asyncio.run(via_grpc("bench-grpc", a.mails, a.prefetch))
+    finally:
+        stop(procs)
+    d = asyncio.run(direct(settings, "bench-direct", a.mails, a.prefetch))
+    print(f"\ndequeue + SUCCESS of {a.size} B mails, prefetch {a.prefetch}, one stream, keyspace {keyspace}")
+    print(f"grpc      {g['per_s']:8.1f} mails/s ({g['n']} in {g['seconds']:.2f} s)")
+    print(f"direct    {d['per_s']:8.1f} mails/s ({d['n']} in {d['seconds']:.2f} s)")
+    print(f"ratio grpc/direct throughput: {g['per_s'] / d['per_s']:.2f}")
+
+
+if __name__ == "__main__":
+    main()
