@@ -7,6 +7,7 @@ from typing import Any
 from browse_svc.servicer import AdminServicer, BrowseServicer
 from mailqueue.v1 import admin_pb2_grpc, browse_pb2_grpc
 from services.backends import Backends
+from services.browser import Browser
 from services.runtime.server import App
 
 
@@ -16,6 +17,7 @@ class BrowseApp(App):
     def __init__(self, settings: Any) -> None:
         super().__init__(settings)
         self._backends: Backends | None = None
+        self._browser: Browser | None = None
 
     def servicers(self) -> list[tuple[Any, Any, str]]:
         return [
@@ -24,7 +26,9 @@ class BrowseApp(App):
         ]
 
     async def connect(self) -> None:
-        self._backends = await Backends.open(self.settings)
+        b = await Backends.open(self.settings)
+        self._backends = b
+        self._browser = Browser(b.view, b.broker)
 
     async def check(self) -> None:
         assert self._backends is not None
@@ -38,3 +42,8 @@ class BrowseApp(App):
         self.require_connected()
         assert self._backends is not None
         return self._backends
+
+    def browser(self) -> Browser:
+        self.require_connected()
+        assert self._browser is not None
+        return self._browser

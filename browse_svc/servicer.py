@@ -1,19 +1,27 @@
-"""BrowseService and AdminService: protobuf <-> domain only.
-
-Implemented so far: ListQueues, CreateQueue, GetConfiguration, UpdateConfiguration. The other
-RPCs answer UNIMPLEMENTED until the browse/admin work lands.
-"""
+"""BrowseService and AdminService: protobuf <-> domain only; the work is in services/browser.py."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
 
 from mailqueue.v1 import admin_pb2, admin_pb2_grpc, browse_pb2, browse_pb2_grpc
-from services import serde
+from services import browse_start, model, serde, validation
+from services.browser import BrowseFilter, Progress, delete_condition
 from services.errors import InvalidArgument
 from services.queues import create_queue
+
+
+async def _existing_queue(app: Any, queue: str) -> str:
+    validation.queue_name(queue)
+    await app.backends().state.require_queue(queue)
+    return queue
+
+
+def _progress(p: Progress) -> admin_pb2.DeleteProgress:
+    return admin_pb2.DeleteProgress(scanned=p.scanned, deleted=p.deleted, done=p.done)
 
 
 class BrowseServicer(browse_pb2_grpc.BrowseServiceServicer):
@@ -23,6 +31,40 @@ class BrowseServicer(browse_pb2_grpc.BrowseServiceServicer):
     async def ListQueues(self, request: browse_pb2.ListQueuesRequest, context: grpc.aio.ServicerContext) -> browse_pb2.ListQueuesResponse:
         return browse_pb2.ListQueuesResponse(queues=await self._app.backends().view.queues.all())
 
+    async def GetQueue(self, request: browse_pb2.GetQueueRequest, context: grpc.aio.ServicerContext) -> browse_pb2.GetQueueResponse:
+        queue = await _existing_queue(self._app, request.queue)
+        b, browser = self._app.backends(), self._app.browser()
+        info = browse_pb2.QueueInfo(
+            queue=queue, size=await browser.size(queue),
+            configuration=serde.view_config_to_proto(await b.view.config.current()),
+        )
+        if (start := await b.view.starts.browse_start(queue)) is not None:
+            info.browse_start.CopyFrom(serde.timestamp_to_proto(start))
+        if (content := await b.view.starts.content_start(queue)) is not None:
+            info.content_start.CopyFrom(serde.timestamp_to_proto(content))
+        if (oldest := await browser.oldest(queue)) is not None:
+            info.oldest_mail_age.CopyFrom(serde.duration_to_proto(model.utcnow() - oldest.enqueued_at))
+        return browse_pb2.GetQueueResponse(queue_info=info)
+
+    async def Browse(self, request: browse_pb2.BrowseRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[browse_pb2.BrowseResponse]:
+        queue = await _existing_queue(self._app, request.queue)
+        f = BrowseFilter(
+            sender=request.sender or None, recipient=request.recipient or None, name=request.name or None,
+            enqueued_after=serde.timestamp_from_proto(request.enqueued_after) if request.HasField("enqueued_after") else None,
+            enqueued_before=serde.timestamp_from_proto(request.enqueued_before) if request.HasField("enqueued_before") else None,
+        )
+        b = self._app.backends()
+        inline_limit = self._app.settings.limits.dequeue_inline_bytes
+        async for q in self._app.browser().browse(queue, f, request.limit):
+            response = browse_pb2.BrowseResponse(mail=serde.queued_mail_to_proto(q))
+            if request.include_content and q.size <= inline_limit:
+                response.content = await b.blobs.read(q.blob_ids)
+            yield response
+
+    async def GetSize(self, request: browse_pb2.GetSizeRequest, context: grpc.aio.ServicerContext) -> browse_pb2.GetSizeResponse:
+        queue = await _existing_queue(self._app, request.queue)
+        return browse_pb2.GetSizeResponse(size=await self._app.browser().size(queue))
+
 
 class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
     def __init__(self, app: Any) -> None:
@@ -31,6 +73,42 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
     async def CreateQueue(self, request: admin_pb2.CreateQueueRequest, context: grpc.aio.ServicerContext) -> admin_pb2.CreateQueueResponse:
         b = self._app.backends()
         return admin_pb2.CreateQueueResponse(created=await create_queue(b.view, b.broker, request.queue))
+
+    async def DeleteMails(self, request: admin_pb2.DeleteMailsRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[admin_pb2.DeleteMailsResponse]:
+        queue = await _existing_queue(self._app, request.queue)
+        kind = request.WhichOneof("condition")
+        if kind is None:
+            raise InvalidArgument("a delete needs exactly one condition: name, sender or recipient")
+        value = getattr(request, kind)
+        f = delete_condition(**{k: (value if k == kind else None) for k in ("name", "sender", "recipient")})
+        async for p in self._app.browser().delete(queue, f):
+            yield admin_pb2.DeleteMailsResponse(progress=_progress(p))
+
+    async def ClearQueue(self, request: admin_pb2.ClearQueueRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[admin_pb2.ClearQueueResponse]:
+        queue = await _existing_queue(self._app, request.queue)
+        async for p in self._app.browser().delete(queue, BrowseFilter()):
+            yield admin_pb2.ClearQueueResponse(progress=_progress(p))
+
+    async def Flush(self, request: admin_pb2.FlushRequest, context: grpc.aio.ServicerContext) -> admin_pb2.FlushResponse:
+        await _existing_queue(self._app, request.queue)
+        return admin_pb2.FlushResponse(flushed=0)  # no delayed mails exist until delays are implemented
+
+    async def RepublishNotProcessed(
+        self, request: admin_pb2.RepublishNotProcessedRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.RepublishNotProcessedResponse:
+        queue = await _existing_queue(self._app, request.queue)
+        count = await self._app.browser().republish(queue, serde.duration_from_proto(request.older_than))
+        return admin_pb2.RepublishNotProcessedResponse(republished=count)
+
+    async def UpdateBrowseStart(
+        self, request: admin_pb2.UpdateBrowseStartRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.UpdateBrowseStartResponse:
+        queue = await _existing_queue(self._app, request.queue)
+        start = await browse_start.update(self._app.backends().view, queue)
+        response = admin_pb2.UpdateBrowseStartResponse()
+        if start is not None:
+            response.browse_start.CopyFrom(serde.timestamp_to_proto(start))
+        return response
 
     async def GetConfiguration(
         self, request: admin_pb2.GetConfigurationRequest, context: grpc.aio.ServicerContext

@@ -64,7 +64,7 @@ def grpc_server(grpc_addr, grpc_add_to_server, grpc_servicer, aio_loop):
 class Suite:
     """The four services in-process (enqueue and dequeue reach blob_svc over gRPC, as deployed)."""
 
-    def __init__(self, loop: LoopThread, keyspace: str) -> None:
+    def __init__(self, loop: LoopThread, keyspace: str, **env: str) -> None:
         from blob_svc.app import BlobApp
         from browse_svc.app import BrowseApp
         from dequeue_svc.app import DequeueApp
@@ -72,8 +72,8 @@ class Suite:
 
         self.loop = loop
         self.keyspace = keyspace
-        self.blob = RunningApp(loop, BlobApp, "blob", service_env(keyspace))
-        self.env = service_env(keyspace, MAILQUEUE_BLOB_TARGET=self.blob.target)
+        self.blob = RunningApp(loop, BlobApp, "blob", service_env(keyspace, **env))
+        self.env = service_env(keyspace, MAILQUEUE_BLOB_TARGET=self.blob.target, **env)
         self.enqueue = RunningApp(loop, EnqueueApp, "enqueue", self.env)
         self.dequeue = RunningApp(loop, DequeueApp, "dequeue", self.env)
         self.browse = RunningApp(loop, BrowseApp, "browse", self.env)
@@ -101,5 +101,13 @@ class Suite:
 @pytest.fixture(scope="session")
 def suite(aio_loop: LoopThread, keyspace: str) -> Suite:
     s = Suite(aio_loop, keyspace)
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def fast_suite(aio_loop: LoopThread, running_stack: None) -> Suite:
+    """A suite on a keyspace of its own whose slices are 1 second wide (several slices per test)."""
+    s = Suite(aio_loop, new_keyspace(), MAILQUEUE_SLICE_WINDOW_S="1", MAILQUEUE_BROWSE_START_PACE="1000000")
     yield s
     s.stop()

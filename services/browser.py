@@ -1,0 +1,151 @@
+"""Browse, size and the admin operations over a queue's view (DESIGN §4).
+
+Every operation iterates the slices from browse start to now over all buckets, in enqueue order,
+and skips deleted marks: its cost grows with the live slices, not with the queue's history.
+Delete and clear mark mails deleted (RabbitMQ is not purged: dequeue skips them) and only touch
+mails that existed when the call started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import datetime as dt
+import heapq
+from collections.abc import AsyncIterator
+
+from prometheus_client import Counter
+
+from services import model, serde
+from services.broker import Broker
+from services.errors import InvalidArgument
+from services.slices import slice_start, slices_between
+from services.view.view import View
+
+ROWS_READ = Counter("mailqueue_view_rows_read_total", "Rows read from enqueued_mails by browse-like operations", ["op"])
+MARKS_READ = Counter("mailqueue_view_marks_read_total", "Deleted marks read by browse-like operations", ["op"])
+
+#: Deleted marks checked at once per slice partition.
+MARK_CONCURRENCY = 64
+
+
+@dataclasses.dataclass(frozen=True)
+class BrowseFilter:
+    """Filters combine with AND; None matches everything. The null sender is ``"<>"``."""
+
+    sender: str | None = None
+    recipient: str | None = None
+    name: str | None = None
+    enqueued_after: dt.datetime | None = None
+    enqueued_before: dt.datetime | None = None
+
+    def matches(self, q: model.QueuedMail) -> bool:
+        m = q.mail
+        if self.sender is not None and m.sender != ("" if self.sender == "<>" else self.sender):
+            return False
+        if self.recipient is not None and self.recipient not in m.recipients:
+            return False
+        if self.name is not None and m.name != self.name:
+            return False
+        if self.enqueued_after is not None and q.enqueued_at < self.enqueued_after:
+            return False
+        if self.enqueued_before is not None and q.enqueued_at >= self.enqueued_before:
+            return False
+        return True
+
+
+def delete_condition(name: str | None, sender: str | None, recipient: str | None) -> BrowseFilter:
+    """Exactly one of name / sender / recipient, as a filter."""
+    given = [v for v in (name, sender, recipient) if v is not None]
+    if len(given) != 1:
+        raise InvalidArgument("a delete needs exactly one condition: name, sender or recipient")
+    return BrowseFilter(sender=sender, recipient=recipient, name=name)
+
+
+@dataclasses.dataclass
+class Progress:
+    scanned: int = 0
+    deleted: int = 0
+    done: bool = False
+
+
+class Browser:
+    def __init__(self, view: View, broker: Broker) -> None:
+        self._view = view
+        self._broker = broker
+
+    async def live_mails(self, queue: str, op: str = "browse", until: dt.datetime | None = None) -> AsyncIterator[model.QueuedMail]:
+        """Every live mail of the queue, in enqueue order (``until``: only mails enqueued before it)."""
+        config = await self._view.config.current()
+        start = await self._view.starts.browse_start(queue)
+        if start is None:
+            return
+        now = model.utcnow()
+        # One slice past now: a node whose clock runs ahead may have written there.
+        end = slice_start(now + config.slice_window, config.slice_window)
+        for s in slices_between(start, end, config.slice_window):
+            if until is not None and s > until:
+                return
+            rows = await self._read_slice(queue, s, config.bucket_count, op)
+            for row in rows:
+                if until is not None and row.enqueued_at >= until:
+                    return
+                yield row
+
+    async def _read_slice(self, queue: str, s: dt.datetime, buckets: int, op: str) -> list[model.QueuedMail]:
+        parts = await asyncio.gather(*(self._view.enqueued.read_slice(queue, s, b) for b in range(buckets)))
+        rows = list(heapq.merge(*parts, key=lambda r: (r.enqueued_at, r.enqueue_id.bytes)))
+        ROWS_READ.labels(op).inc(len(rows))
+        if not rows:
+            return []
+        sem = asyncio.Semaphore(MARK_CONCURRENCY)
+
+        async def deleted(row: model.QueuedMail) -> bool:
+            async with sem:
+                return await self._view.deleted.reason(queue, row.enqueue_id) is not None
+
+        marks = await asyncio.gather(*(deleted(r) for r in rows))
+        MARKS_READ.labels(op).inc(len(rows))
+        return [r for r, gone in zip(rows, marks) if not gone]
+
+    async def browse(self, queue: str, f: BrowseFilter, limit: int = 0) -> AsyncIterator[model.QueuedMail]:
+        count = 0
+        async for q in self.live_mails(queue, "browse"):
+            if f.matches(q):
+                yield q
+                count += 1
+                if limit and count >= limit:
+                    return
+
+    async def size(self, queue: str) -> int:
+        return sum([1 async for _ in self.live_mails(queue, "size")])
+
+    async def oldest(self, queue: str) -> model.QueuedMail | None:
+        async for q in self.live_mails(queue, "oldest"):
+            return q
+        return None
+
+    async def delete(self, queue: str, f: BrowseFilter, every: int = 100) -> AsyncIterator[Progress]:
+        """Mark deleted every live mail matching ``f`` that existed when the call started."""
+        started = model.utcnow()
+        p = Progress()
+        async for q in self.live_mails(queue, "delete", until=started + dt.timedelta(milliseconds=1)):
+            p.scanned += 1
+            if f.matches(q):
+                await self._view.deleted.mark(queue, q.enqueue_id, "deleted by admin")
+                p.deleted += 1
+            if p.scanned % every == 0:
+                yield dataclasses.replace(p)
+        p.done = True
+        yield p
+
+    async def republish(self, queue: str, older_than: dt.timedelta) -> int:
+        """Publish again every live mail enqueued before ``now - older_than`` (heals a lossy broker)."""
+        if older_than < dt.timedelta(0):
+            raise InvalidArgument("older_than must not be negative")
+        cutoff = model.utcnow() - older_than
+        count = 0
+        async for q in self.live_mails(queue, "republish", until=cutoff):
+            await self._broker.publish(queue, str(q.enqueue_id), serde.queued_mail_to_proto(q).SerializeToString())
+            count += 1
+        return count
