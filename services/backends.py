@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 def blob_store(settings: Settings) -> BlobStore:
     """blob_svc when a target is configured (the default), S3 directly otherwise."""
     if settings.server.blob_target:
-        return RemoteBlobStore(settings.server.blob_target)
+        return RemoteBlobStore(settings.server.blob_target, settings.server.service_token)
     return S3BlobStore(settings.s3, settings.limits.max_blob_bytes)
 
 

@@ -166,6 +166,20 @@ class ViewSettings:
         )
 
 
+def _tokens(env: Mapping[str, str]) -> dict[str, str]:
+    from services.runtime.auth import parse_tokens
+
+    spec = env.get("MAILQUEUE_TOKENS", "")
+    path = env.get("MAILQUEUE_TOKENS_FILE")
+    if path:
+        try:
+            with open(path) as f:
+                spec = f"{spec},{f.read()}"
+        except OSError as e:
+            raise ConfigurationError(f"MAILQUEUE_TOKENS_FILE={path}: {e.strerror}") from e
+    return parse_tokens(spec)
+
+
 #: Default gRPC and metrics ports per service (DESIGN §7).
 DEFAULT_PORTS = {"enqueue": 50051, "dequeue": 50052, "browse": 50053, "blob": 50054}
 METRICS_PORT_OFFSET = 1000  # enqueue metrics on 51051, and so on
@@ -184,6 +198,10 @@ class ServerSettings:
     #: Target of blob_svc for enqueue and dequeue ("" = talk to S3 directly).
     blob_target: str = "127.0.0.1:50054"
     log_level: str = "INFO"
+    #: Bearer tokens accepted by this server, token -> role (empty: no access control).
+    tokens: dict[str, str] = dataclasses.field(default_factory=dict)
+    #: Token this service presents to other services (enqueue/dequeue -> blob_svc).
+    service_token: str = ""
 
     @classmethod
     def from_env(cls, service: str, env: Mapping[str, str] = os.environ) -> ServerSettings:
@@ -197,6 +215,8 @@ class ServerSettings:
             shutdown_grace_s=float(_get(env, "SHUTDOWN_GRACE_S", "10")),
             blob_target=_get(env, "BLOB_TARGET", "127.0.0.1:50054"),
             log_level=_get(env, "LOG_LEVEL", "INFO").upper(),
+            tokens=_tokens(env),
+            service_token=_get(env, "SERVICE_TOKEN", ""),
         )
 
 

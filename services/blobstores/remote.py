@@ -14,7 +14,7 @@ from mailqueue.v1 import blob_pb2, blob_pb2_grpc
 from services.blobstore import BlobStore
 from services.errors import BackendUnavailable, InvalidArgument, MailQueueError, NotFound, ResourceExhausted
 from services.model import BlobInfo
-from services.runtime.channels import client_channel
+from services.runtime.channels import bearer, client_channel
 
 _BY_CODE: dict[grpc.StatusCode, type[MailQueueError]] = {
     grpc.StatusCode.NOT_FOUND: NotFound,
@@ -31,15 +31,16 @@ def _convert(e: grpc.aio.AioRpcError) -> MailQueueError:
 
 
 class RemoteBlobStore(BlobStore):
-    def __init__(self, target: str, timeout_s: float = 60.0) -> None:
+    def __init__(self, target: str, token: str = "", timeout_s: float = 60.0) -> None:
         self._channel = client_channel(target)
+        self._metadata = bearer(token)
         self._stub = blob_pb2_grpc.BlobServiceStub(self._channel)
         self._timeout = timeout_s
 
     async def put(self, chunks: AsyncIterator[bytes], expected_id: str | None = None) -> BlobInfo:
         # Written call by call (not from a request generator) so that an error raised by the
         # source, e.g. a size limit, cancels the upload and reaches the caller as it is.
-        call = self._stub.Put(timeout=self._timeout)
+        call = self._stub.Put(timeout=self._timeout, metadata=self._metadata)
         try:
             first = True
             async for chunk in chunks:
@@ -58,21 +59,21 @@ class RemoteBlobStore(BlobStore):
 
     async def get(self, blob_id: str) -> AsyncIterator[bytes]:
         try:
-            async for r in self._stub.Get(blob_pb2.GetRequest(blob_id=blob_id), timeout=self._timeout):
+            async for r in self._stub.Get(blob_pb2.GetRequest(blob_id=blob_id), timeout=self._timeout, metadata=self._metadata):
                 yield r.chunk
         except grpc.aio.AioRpcError as e:
             raise _convert(e) from e
 
     async def stat(self, blob_id: str) -> BlobInfo:
         try:
-            r = await self._stub.Stat(blob_pb2.StatRequest(blob_id=blob_id), timeout=self._timeout)
+            r = await self._stub.Stat(blob_pb2.StatRequest(blob_id=blob_id), timeout=self._timeout, metadata=self._metadata)
         except grpc.aio.AioRpcError as e:
             raise _convert(e) from e
         return BlobInfo(r.blob_id, r.size)
 
     async def delete(self, blob_id: str) -> bool:
         try:
-            r = await self._stub.Delete(blob_pb2.DeleteRequest(blob_id=blob_id), timeout=self._timeout)
+            r = await self._stub.Delete(blob_pb2.DeleteRequest(blob_id=blob_id), timeout=self._timeout, metadata=self._metadata)
         except grpc.aio.AioRpcError as e:
             raise _convert(e) from e
         return r.existed

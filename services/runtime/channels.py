@@ -26,6 +26,38 @@ def client_channel(target: str) -> grpc.aio.Channel:
     return grpc.aio.insecure_channel(target, options=channel_options())
 
 
-def blocking_channel(target: str) -> grpc.Channel:
+def bearer(token: str) -> tuple[tuple[str, str], ...]:
+    """Call metadata presenting ``token`` (none when empty)."""
+    return (("authorization", f"Bearer {token}"),) if token else ()
+
+
+def blocking_channel(target: str, token: str = "") -> grpc.Channel:
     """The same, for blocking clients (mailq, tests, benchmarks)."""
-    return grpc.insecure_channel(target, options=channel_options())
+    channel = grpc.insecure_channel(target, options=channel_options())
+    return grpc.intercept_channel(channel, _SyncBearer(token)) if token else channel
+
+
+class _Details(grpc.ClientCallDetails):
+    def __init__(self, d: grpc.ClientCallDetails, header: tuple[str, str]) -> None:
+        self.method, self.timeout, self.credentials = d.method, d.timeout, d.credentials
+        self.metadata = tuple(d.metadata or ()) + (header,)
+        self.wait_for_ready = getattr(d, "wait_for_ready", None)
+        self.compression = getattr(d, "compression", None)
+
+
+class _SyncBearer(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,
+                  grpc.StreamUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):
+    def __init__(self, token: str) -> None:
+        self._header = ("authorization", f"Bearer {token}")
+
+    def intercept_unary_unary(self, continuation, details, request):  # type: ignore[no-untyped-def]
+        return continuation(_Details(details, self._header), request)
+
+    def intercept_unary_stream(self, continuation, details, request):  # type: ignore[no-untyped-def]
+        return continuation(_Details(details, self._header), request)
+
+    def intercept_stream_unary(self, continuation, details, request_iterator):  # type: ignore[no-untyped-def]
+        return continuation(_Details(details, self._header), request_iterator)
+
+    def intercept_stream_stream(self, continuation, details, request_iterator):  # type: ignore[no-untyped-def]
+        return continuation(_Details(details, self._header), request_iterator)

@@ -29,6 +29,7 @@ from services.config import Settings
 from services.errors import BackendUnavailable, ConfigurationError
 from services.runtime import logs
 from services.runtime.channels import MAX_MESSAGE
+from services.runtime.auth import TokenAuth, check_exposure
 from services.runtime.interceptors import ErrorsAndMetrics
 
 log = logging.getLogger(__name__)
@@ -91,7 +92,7 @@ def create_server(app: App, host: str | None = None, port: int | None = None) ->
     """Build the server (not started). Port 0 binds a free port; the bound port is returned."""
     s = app.settings.server
     server = grpc.aio.server(
-        interceptors=[ErrorsAndMetrics()],
+        interceptors=[TokenAuth(s.tokens), ErrorsAndMetrics()],
         options=[
             ("grpc.max_connection_age_ms", s.max_connection_age_s * 1000),
             ("grpc.max_connection_age_grace_ms", 30_000),
@@ -177,6 +178,7 @@ async def serve(app: App) -> None:
 def main(app_factory: Callable[[Settings], App], name: str) -> None:
     try:
         settings = Settings.from_env(name)
+        check_exposure(settings.server.host, settings.server.tokens)
     except ConfigurationError as e:
         print(f"{name}: refusing to start: {e}", file=sys.stderr)
         sys.exit(2)

@@ -1,0 +1,78 @@
+"""Tokens and roles, through gRPC: wrong or missing token does nothing."""
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from mailqueue.v1 import admin_pb2, admin_pb2_grpc, browse_pb2, browse_pb2_grpc, dequeue_pb2, dequeue_pb2_grpc, enqueue_pb2_grpc
+from services.runtime.channels import blocking_channel
+from tests.integration.helpers import inline, simple_mail
+
+TOKENS = {role: role[0] * 24 for role in ("admin", "producer", "consumer", "reader")}
+
+
+@pytest.fixture(scope="module")
+def secured(aio_loop, running_stack):
+    from tests.conftest import Suite
+    from tests.harness import new_keyspace
+
+    s = Suite(aio_loop, new_keyspace(), MAILQUEUE_TOKENS=",".join(f"{r}:{t}" for r, t in TOKENS.items()),
+              MAILQUEUE_SERVICE_TOKEN=TOKENS["admin"])
+    yield s
+    s.stop()
+
+
+def stubs(s, token=""):
+    return (
+        enqueue_pb2_grpc.EnqueueServiceStub(blocking_channel(s.enqueue.target, token)),
+        browse_pb2_grpc.BrowseServiceStub(blocking_channel(s.browse.target, token)),
+        admin_pb2_grpc.AdminServiceStub(blocking_channel(s.browse.target, token)),
+        dequeue_pb2_grpc.DequeueServiceStub(blocking_channel(s.dequeue.target, token)),
+    )
+
+
+def code_of(fn):
+    try:
+        fn()
+    except grpc.RpcError as e:
+        return e.code()
+    return grpc.StatusCode.OK
+
+
+def test_roles(secured):
+    _, _, admin, _ = stubs(secured, TOKENS["admin"])
+    queue = "secured-q"
+    admin.CreateQueue(admin_pb2.CreateQueueRequest(queue=queue))
+    enq, browse, adm, deq = stubs(secured, TOKENS["producer"])
+    assert code_of(lambda: enq.Enqueue(inline(queue, simple_mail("m1")))) == grpc.StatusCode.OK
+    assert code_of(lambda: browse.GetSize(browse_pb2.GetSizeRequest(queue=queue))) == grpc.StatusCode.PERMISSION_DENIED
+
+    enq, browse, adm, deq = stubs(secured, TOKENS["reader"])
+    assert browse.GetSize(browse_pb2.GetSizeRequest(queue=queue)).size == 1
+    assert code_of(lambda: list(adm.ClearQueue(admin_pb2.ClearQueueRequest(queue=queue)))) == grpc.StatusCode.PERMISSION_DENIED
+    assert code_of(lambda: enq.Enqueue(inline(queue, simple_mail("m2")))) == grpc.StatusCode.PERMISSION_DENIED
+    assert browse.GetSize(browse_pb2.GetSizeRequest(queue=queue)).size == 1  # nothing was done
+
+    enq, browse, adm, deq = stubs(secured, TOKENS["consumer"])
+    responses = deq.Dequeue(iter([dequeue_pb2.DequeueRequest(subscribe=dequeue_pb2.Subscribe(queue=queue))]))
+    assert next(responses).WhichOneof("kind") == "subscribed"
+    responses.cancel()
+
+    _, _, adm, _ = stubs(secured, TOKENS["admin"])
+    assert list(adm.ClearQueue(admin_pb2.ClearQueueRequest(queue=queue)))[-1].progress.deleted == 1
+
+
+@pytest.mark.parametrize("token", ["", "x" * 24])
+def test_missing_or_unknown_token_is_unauthenticated_and_does_nothing(secured, token):
+    queue = "secured-q2"
+    stubs(secured, TOKENS["admin"])[2].CreateQueue(admin_pb2.CreateQueueRequest(queue=queue))
+    enq, browse, adm, _ = stubs(secured, token)
+    assert code_of(lambda: enq.Enqueue(inline(queue, simple_mail()))) == grpc.StatusCode.UNAUTHENTICATED
+    assert code_of(lambda: list(browse.Browse(browse_pb2.BrowseRequest(queue=queue)))) == grpc.StatusCode.UNAUTHENTICATED
+    reader = stubs(secured, TOKENS["reader"])[1]
+    assert reader.GetSize(browse_pb2.GetSizeRequest(queue=queue)).size == 0
+
+
+def test_health_needs_no_token(secured):
+    with grpc.insecure_channel(secured.enqueue.target) as ch:
+        assert health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest()).status == health_pb2.HealthCheckResponse.SERVING
