@@ -1,0 +1,1 @@
+"""mailq: the operator CLI (think postqueue/postsuper, KumoMTA's kcli)."""

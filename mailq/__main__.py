@@ -1,0 +1,3 @@
+from mailq.cli import main
+
+main()

@@ -1,0 +1,291 @@
+"""mailq: see and manage every queue of a cluster from one place.
+
+    mailq queues                         list queues
+    mailq show Q                         size, browse start, oldest mail, configuration
+    mailq browse Q [--sender S] [--recipient R] [--name N] [--limit N] [--json]
+    mailq size Q
+    mailq create Q
+    mailq delete Q (--sender S | --recipient R | --name N)
+    mailq clear Q
+    mailq flush Q
+    mailq republish Q --older-than 1h
+    mailq config get | config set [--slice-window 1h] [--buckets N] [--pace N]
+    mailq enqueue Q FILE.eml --from A --to B [--to C] [--name N]
+    mailq dequeue Q [-n N] [--ack success|retry|reject] [--out DIR]
+
+Targets: --host (default localhost, services on their default ports) or --enqueue / --dequeue /
+--browse / --blob HOST:PORT; --token (or MAILQ_TOKEN) for a cluster with access control.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import queue as q
+import re
+import sys
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+from google.protobuf import duration_pb2, json_format
+
+from mailqueue.v1 import (
+    admin_pb2, admin_pb2_grpc, blob_pb2, blob_pb2_grpc, browse_pb2, browse_pb2_grpc, dequeue_pb2, dequeue_pb2_grpc,
+    enqueue_pb2, enqueue_pb2_grpc, mail_pb2,
+)
+from services.config import DEFAULT_PORTS
+from services.runtime.channels import blocking_channel
+
+CHUNK = 1024 * 1024
+HINTS = {
+    grpc.StatusCode.UNAVAILABLE: "is the service up and reachable? (`make run` locally; check --host / the target flags)",
+    grpc.StatusCode.UNAUTHENTICATED: "pass --token or set MAILQ_TOKEN",
+    grpc.StatusCode.PERMISSION_DENIED: "this token's role may not do that; use an admin token",
+    grpc.StatusCode.NOT_FOUND: "check the name (`mailq queues` lists queues)",
+    grpc.StatusCode.UNIMPLEMENTED: "the server is older than this mailq",
+}
+
+
+def parse_duration(text: str) -> dt.timedelta:
+    m = re.fullmatch(r"(\d+)([smhd])", text.strip())
+    if not m:
+        raise argparse.ArgumentTypeError(f"{text!r}: use a number and a unit, e.g. 90s, 15m, 1h, 2d")
+    return dt.timedelta(seconds=int(m.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)])
+
+
+def human(d: dt.timedelta) -> str:
+    s = int(d.total_seconds())
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if s >= size:
+            return f"{s // size}{unit}" if s % size == 0 else f"{s / size:.1f}{unit}"
+    return f"{s}s"
+
+
+class Client:
+    def __init__(self, a: argparse.Namespace) -> None:
+        token = a.token or os.environ.get("MAILQ_TOKEN", "")
+
+        def target(name: str) -> str:
+            return getattr(a, name) or os.environ.get(f"MAILQ_{name.upper()}") or f"{a.host}:{DEFAULT_PORTS[name]}"
+
+        self.enqueue = enqueue_pb2_grpc.EnqueueServiceStub(blocking_channel(target("enqueue"), token))
+        self.dequeue = dequeue_pb2_grpc.DequeueServiceStub(blocking_channel(target("dequeue"), token))
+        browse_channel = blocking_channel(target("browse"), token)
+        self.browse = browse_pb2_grpc.BrowseServiceStub(browse_channel)
+        self.admin = admin_pb2_grpc.AdminServiceStub(browse_channel)
+        self.blob = blob_pb2_grpc.BlobServiceStub(blocking_channel(target("blob"), token))
+
+
+def mail_row(m: mail_pb2.QueuedMail) -> dict[str, Any]:
+    return json_format.MessageToDict(m, preserving_proto_field_name=True)
+
+
+def print_table(rows: list[list[str]], header: list[str]) -> None:
+    widths = [max(len(str(c)) for c in col) for col in zip(header, *rows)]
+    for row in [header, *rows]:
+        print("  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip())
+
+
+def progress_stream(stream: Iterator[Any], what: str) -> int:
+    last = None
+    for r in stream:
+        last = r.progress
+        print(f"\r{what}: {last.scanned} scanned, {last.deleted} deleted", end="", file=sys.stderr, flush=True)
+    print(file=sys.stderr)
+    return last.deleted if last else 0
+
+
+# ---------------------------------------------------------------- commands
+def cmd_queues(c: Client, a: argparse.Namespace) -> None:
+    for name in c.browse.ListQueues(browse_pb2.ListQueuesRequest()).queues:
+        print(name)
+
+
+def cmd_show(c: Client, a: argparse.Namespace) -> None:
+    info = c.browse.GetQueue(browse_pb2.GetQueueRequest(queue=a.queue)).queue_info
+    if a.json:
+        print(json.dumps(json_format.MessageToDict(info, preserving_proto_field_name=True), indent=2))
+        return
+    print(f"queue            {info.queue}")
+    print(f"size             {info.size}")
+    print(f"oldest mail age  {human(info.oldest_mail_age.ToTimedelta()) if info.HasField('oldest_mail_age') else '-'}")
+    print(f"browse start     {info.browse_start.ToDatetime().isoformat()}Z")
+    print(f"content start    {info.content_start.ToDatetime().isoformat()}Z")
+    cfg = info.configuration
+    print(f"slice window     {human(cfg.slice_window.ToTimedelta())}, buckets {cfg.bucket_count}, "
+          f"browse start pace {cfg.update_browse_start_pace}")
+
+
+def cmd_browse(c: Client, a: argparse.Namespace) -> None:
+    request = browse_pb2.BrowseRequest(queue=a.queue, sender=a.sender or "", recipient=a.recipient or "",
+                                       name=a.name or "", limit=a.limit)
+    rows = []
+    for r in c.browse.Browse(request):
+        if a.json:
+            print(json.dumps(mail_row(r.mail)))
+            continue
+        m = r.mail
+        rows.append([m.enqueued_at.ToDatetime().strftime("%Y-%m-%d %H:%M:%S"), m.enqueue_id[:8], str(m.size),
+                     m.mail.sender or "<>", ",".join(m.mail.recipients), m.mail.name])
+    if not a.json:
+        print_table(rows, ["ENQUEUED (UTC)", "ID", "SIZE", "SENDER", "RECIPIENTS", "NAME"])
+        print(f"-- {len(rows)} mail(s)", file=sys.stderr)
+
+
+def cmd_size(c: Client, a: argparse.Namespace) -> None:
+    print(c.browse.GetSize(browse_pb2.GetSizeRequest(queue=a.queue)).size)
+
+
+def cmd_create(c: Client, a: argparse.Namespace) -> None:
+    created = c.admin.CreateQueue(admin_pb2.CreateQueueRequest(queue=a.queue)).created
+    print(f"{a.queue}: {'created' if created else 'already exists'}")
+
+
+def cmd_delete(c: Client, a: argparse.Namespace) -> None:
+    condition = {k: v for k, v in (("sender", a.sender), ("recipient", a.recipient), ("name", a.name)) if v is not None}
+    if len(condition) != 1:
+        raise SystemExit("mailq delete: give exactly one of --sender, --recipient, --name")
+    n = progress_stream(c.admin.DeleteMails(admin_pb2.DeleteMailsRequest(queue=a.queue, **condition)), "deleting")
+    print(f"{n} mail(s) deleted")
+
+
+def cmd_clear(c: Client, a: argparse.Namespace) -> None:
+    n = progress_stream(c.admin.ClearQueue(admin_pb2.ClearQueueRequest(queue=a.queue)), "clearing")
+    print(f"{n} mail(s) deleted")
+
+
+def cmd_flush(c: Client, a: argparse.Namespace) -> None:
+    print(f"{c.admin.Flush(admin_pb2.FlushRequest(queue=a.queue)).flushed} mail(s) flushed")
+
+
+def cmd_republish(c: Client, a: argparse.Namespace) -> None:
+    d = duration_pb2.Duration()
+    d.FromTimedelta(a.older_than)
+    r = c.admin.RepublishNotProcessed(admin_pb2.RepublishNotProcessedRequest(queue=a.queue, older_than=d))
+    print(f"{r.republished} mail(s) republished")
+
+
+def cmd_config(c: Client, a: argparse.Namespace) -> None:
+    current = c.admin.GetConfiguration(admin_pb2.GetConfigurationRequest()).configuration
+    if a.action == "set":
+        wanted = browse_pb2.ViewConfiguration()
+        wanted.CopyFrom(current)
+        if a.slice_window:
+            wanted.slice_window.FromTimedelta(a.slice_window)
+        if a.buckets:
+            wanted.bucket_count = a.buckets
+        if a.pace:
+            wanted.update_browse_start_pace = a.pace
+        current = c.admin.UpdateConfiguration(admin_pb2.UpdateConfigurationRequest(configuration=wanted)).configuration
+    print(f"slice_window {human(current.slice_window.ToTimedelta())}")
+    print(f"bucket_count {current.bucket_count}")
+    print(f"update_browse_start_pace {current.update_browse_start_pace}")
+
+
+def cmd_enqueue(c: Client, a: argparse.Namespace) -> None:
+    mail = mail_pb2.Mail(name=a.name or os.path.basename(a.file), sender=a.sender, recipients=a.to)
+
+    def requests() -> Iterator[enqueue_pb2.EnqueueStreamRequest]:
+        yield enqueue_pb2.EnqueueStreamRequest(header=enqueue_pb2.EnqueueHeader(queue=a.queue, mail=mail))
+        with open(a.file, "rb") as f:
+            while chunk := f.read(CHUNK):
+                yield enqueue_pb2.EnqueueStreamRequest(chunk=chunk)
+
+    r = c.enqueue.EnqueueStream(requests()).receipt
+    print(f"{r.enqueue_id} queued ({r.size} bytes)")
+
+
+def cmd_dequeue(c: Client, a: argparse.Namespace) -> None:
+    kind = {"success": dequeue_pb2.OUTCOME_KIND_SUCCESS, "retry": dequeue_pb2.OUTCOME_KIND_RETRY,
+            "reject": dequeue_pb2.OUTCOME_KIND_REJECT}[a.ack]
+    requests: q.Queue = q.Queue()
+    requests.put(dequeue_pb2.DequeueRequest(subscribe=dequeue_pb2.Subscribe(queue=a.queue, prefetch=min(a.n, 64))))
+    stream = c.dequeue.Dequeue(iter(requests.get, None))
+    timer = threading.Timer(a.wait, stream.cancel)
+    timer.start()
+    done = 0
+    try:
+        for r in stream:
+            if r.WhichOneof("kind") != "delivery":
+                continue
+            d = r.delivery
+            if a.out:
+                os.makedirs(a.out, exist_ok=True)
+                content = d.content if d.content_inline else b"".join(
+                    p.chunk for b in d.mail.blob_ids for p in c.blob.Get(blob_pb2.GetRequest(blob_id=b)))
+                with open(os.path.join(a.out, f"{d.mail.enqueue_id}.eml"), "wb") as f:
+                    f.write(content)
+            print(f"{d.mail.enqueue_id} {d.mail.mail.sender or '<>'} -> {','.join(d.mail.mail.recipients)} [{a.ack}]")
+            requests.put(dequeue_pb2.DequeueRequest(outcome=dequeue_pb2.Outcome(delivery_tag=d.delivery_tag, kind=kind)))
+            done += 1
+            if done >= a.n:
+                break
+    except grpc.RpcError as e:
+        if e.code() != grpc.StatusCode.CANCELLED:
+            raise
+    finally:
+        timer.cancel()
+        requests.put(None)  # half-close: the server settles the outcomes sent, then ends the stream
+        for _ in stream:
+            pass
+    print(f"{done} mail(s) dequeued", file=sys.stderr)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="mailq", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--host", default=os.environ.get("MAILQ_HOST", "localhost"))
+    for name in DEFAULT_PORTS:
+        p.add_argument(f"--{name}", metavar="HOST:PORT", help=f"{name}_svc target (default: --host:{DEFAULT_PORTS[name]})")
+    p.add_argument("--token", help="bearer token (default: $MAILQ_TOKEN)")
+    sub = p.add_subparsers(dest="command", required=True)
+    sub.add_parser("queues").set_defaults(fn=cmd_queues)
+    for name, fn in (("show", cmd_show), ("browse", cmd_browse), ("size", cmd_size), ("create", cmd_create),
+                     ("delete", cmd_delete), ("clear", cmd_clear), ("flush", cmd_flush), ("republish", cmd_republish),
+                     ("enqueue", cmd_enqueue), ("dequeue", cmd_dequeue)):
+        s = sub.add_parser(name)
+        s.add_argument("queue")
+        s.set_defaults(fn=fn)
+        if name in ("show", "browse"):
+            s.add_argument("--json", action="store_true", help="machine-readable output")
+        if name in ("browse", "delete"):
+            s.add_argument("--sender")
+            s.add_argument("--recipient")
+            s.add_argument("--name")
+        if name == "browse":
+            s.add_argument("--limit", type=int, default=0)
+        if name == "republish":
+            s.add_argument("--older-than", type=parse_duration, required=True)
+        if name == "enqueue":
+            s.add_argument("file")
+            s.add_argument("--from", dest="sender", default="", help="envelope sender (default: <>)")
+            s.add_argument("--to", action="append", required=True, help="recipient (repeat for several)")
+            s.add_argument("--name")
+        if name == "dequeue":
+            s.add_argument("-n", type=int, default=1, help="how many mails (default 1)")
+            s.add_argument("--ack", choices=("success", "retry", "reject"), default="success")
+            s.add_argument("--out", help="write each mail's content to DIR/<id>.eml")
+            s.add_argument("--wait", type=float, default=10, help="give up after this many seconds (default 10)")
+    c = sub.add_parser("config")
+    c.add_argument("action", choices=("get", "set"))
+    c.add_argument("--slice-window", type=parse_duration)
+    c.add_argument("--buckets", type=int)
+    c.add_argument("--pace", type=int)
+    c.set_defaults(fn=cmd_config)
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    a = parser().parse_args(argv)
+    try:
+        a.fn(Client(a), a)
+    except grpc.RpcError as e:
+        hint = HINTS.get(e.code(), "")
+        print(f"mailq {a.command}: {e.code().name}: {e.details()}" + (f"\n  hint: {hint}" if hint else ""), file=sys.stderr)
+        sys.exit(1)
+    except OSError as e:
+        print(f"mailq {a.command}: {e}", file=sys.stderr)
+        sys.exit(1)
