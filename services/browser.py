@@ -29,6 +29,24 @@ MARKS_READ = Counter("mailqueue_view_marks_read_total", "Deleted marks read by b
 MARK_CONCURRENCY = 64
 
 
+async def live_rows(view: View, queue: str, s: dt.datetime, buckets: int, op: str) -> list[model.QueuedMail]:
+    """The live rows of one slice, all buckets merged in enqueue order (marks checked concurrently)."""
+    parts = await asyncio.gather(*(view.enqueued.read_slice(queue, s, b) for b in range(buckets)))
+    rows = list(heapq.merge(*parts, key=lambda r: (r.enqueued_at, r.enqueue_id.bytes)))
+    ROWS_READ.labels(op).inc(len(rows))
+    if not rows:
+        return []
+    sem = asyncio.Semaphore(MARK_CONCURRENCY)
+
+    async def deleted(row: model.QueuedMail) -> bool:
+        async with sem:
+            return await view.deleted.reason(queue, row.enqueue_id) is not None
+
+    marks = await asyncio.gather(*(deleted(r) for r in rows))
+    MARKS_READ.labels(op).inc(len(rows))
+    return [r for r, gone in zip(rows, marks) if not gone]
+
+
 @dataclasses.dataclass(frozen=True)
 class BrowseFilter:
     """Filters combine with AND; None matches everything. The null sender is ``"<>"``."""
@@ -93,20 +111,7 @@ class Browser:
                 yield row
 
     async def _read_slice(self, queue: str, s: dt.datetime, buckets: int, op: str) -> list[model.QueuedMail]:
-        parts = await asyncio.gather(*(self._view.enqueued.read_slice(queue, s, b) for b in range(buckets)))
-        rows = list(heapq.merge(*parts, key=lambda r: (r.enqueued_at, r.enqueue_id.bytes)))
-        ROWS_READ.labels(op).inc(len(rows))
-        if not rows:
-            return []
-        sem = asyncio.Semaphore(MARK_CONCURRENCY)
-
-        async def deleted(row: model.QueuedMail) -> bool:
-            async with sem:
-                return await self._view.deleted.reason(queue, row.enqueue_id) is not None
-
-        marks = await asyncio.gather(*(deleted(r) for r in rows))
-        MARKS_READ.labels(op).inc(len(rows))
-        return [r for r, gone in zip(rows, marks) if not gone]
+        return await live_rows(self._view, queue, s, buckets, op)
 
     async def browse(self, queue: str, f: BrowseFilter, limit: int = 0) -> AsyncIterator[model.QueuedMail]:
         count = 0

@@ -165,6 +165,7 @@ class Dequeuer:
         self.limits = limits
         self.state = state
         self._background: set[asyncio.Task[None]] = set()
+        self._updating: set[str] = set()  # queues whose browse start update is running here
 
     async def subscribe(self, queue: str, prefetch: int) -> Subscription:
         validation.queue_name(queue)
@@ -177,7 +178,8 @@ class Dequeuer:
     async def mark_deleted(self, mail: model.QueuedMail, reason: str) -> None:
         await self.view.deleted.mark(mail.queue, mail.enqueue_id, reason)
         config = await self.state.config()
-        if browse_start.should_update(config.update_browse_start_pace):
+        if mail.queue not in self._updating and browse_start.should_update(config.update_browse_start_pace):
+            self._updating.add(mail.queue)
             task = asyncio.create_task(self._update_browse_start(mail.queue))
             self._background.add(task)
             task.add_done_callback(self._background.discard)
@@ -187,3 +189,5 @@ class Dequeuer:
             await browse_start.update(self.view, queue)
         except BackendUnavailable as e:
             log.warning("browse start update skipped: %s", e, extra={"queue": queue})
+        finally:
+            self._updating.discard(queue)

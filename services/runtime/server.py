@@ -120,6 +120,7 @@ async def supervise(app: App, served: Served) -> None:
     await served.set_health(NOT_SERVING)
     serving = False
     attempt = 0
+    failures = 0
     while True:
         try:
             if not app.connected:
@@ -128,13 +129,15 @@ async def supervise(app: App, served: Served) -> None:
                 app.connected = True
                 log.info("backends connected", extra={"attempts": attempt})
             await app.check()
+            failures = 0
             if not serving:
                 await served.set_health(SERVING)
                 serving = True
                 log.info("serving")
         except BackendUnavailable as e:
-            if serving or attempt in (1, 2) or attempt % 15 == 0:
-                log.warning("not serving: %s", e, extra={"attempt": attempt})
+            failures += 1
+            if serving or failures in (1, 2) or failures % 15 == 0:  # say it, then every 30 s
+                log.warning("not serving: %s", e, extra={"failures": failures})
             if serving:
                 await served.set_health(NOT_SERVING)
                 serving = False

@@ -1,0 +1,107 @@
+"""Offline checks of the Kubernetes manifests: every overlay renders, validates against the
+schemas of a stated Kubernetes version, and follows the suite's policy."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from tests.harness import ROOT
+
+KUBERNETES_VERSION = "1.31.0"
+OVERLAYS = ["dev", "prod"]
+SERVICES = {"enqueue": 50051, "dequeue": 50052, "browse": 50053, "blob": 50054}
+
+
+def kustomize() -> str:
+    path = os.environ.get("KUSTOMIZE") or shutil.which("kustomize")
+    if not path:
+        pytest.fail("kustomize not found: run `make kustomize` (go install sigs.k8s.io/kustomize/kustomize/v5)")
+    return path
+
+
+def render(overlay: str) -> str:
+    return subprocess.run([kustomize(), "build", os.path.join(ROOT, "k8s", "overlays", overlay)],
+                          capture_output=True, text=True, check=True).stdout
+
+
+@pytest.fixture(scope="module", params=OVERLAYS)
+def rendered(request, tmp_path_factory):
+    text = render(request.param)
+    path = tmp_path_factory.mktemp(request.param) / "all.yaml"
+    path.write_text(text)
+    docs = [d for d in yaml.safe_load_all(text) if d]
+    return request.param, path, docs
+
+
+def of_kind(docs, kind):
+    return [d for d in docs if d["kind"] == kind]
+
+
+def test_validates_against_the_kubernetes_schemas(rendered):
+    _, path, _ = rendered
+    r = subprocess.run([sys.executable, "-m", "kubernetes_validate", "--strict", "--kubernetes-version",
+                        KUBERNETES_VERSION, str(path)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_every_deployment_is_probed_limited_and_hardened(rendered):
+    overlay, _, docs = rendered
+    deployments = of_kind(docs, "Deployment")
+    assert {d["metadata"]["name"] for d in deployments} == {f"mailqueue-{s}" for s in SERVICES}
+    for d in deployments:
+        pod = d["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        for c in pod["containers"]:
+            port = c["ports"][0]["containerPort"]
+            for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
+                assert c[probe]["grpc"]["port"] == port, (d["metadata"]["name"], probe)
+            assert c["resources"]["requests"] and c["resources"]["limits"]
+            sc = c["securityContext"]
+            assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True
+            assert sc["capabilities"]["drop"] == ["ALL"]
+
+
+def test_every_deployment_has_an_hpa_a_pdb_and_a_headless_service(rendered):
+    _, _, docs = rendered
+    for d in of_kind(docs, "Deployment"):
+        name = d["metadata"]["name"]
+        hpas = [h for h in of_kind(docs, "HorizontalPodAutoscaler") if h["spec"]["scaleTargetRef"]["name"] == name]
+        assert len(hpas) == 1 and hpas[0]["apiVersion"] == "autoscaling/v2"
+        labels = d["spec"]["template"]["metadata"]["labels"]
+        pdbs = [p for p in of_kind(docs, "PodDisruptionBudget")
+                if all(labels.get(k) == v for k, v in p["spec"]["selector"]["matchLabels"].items())]
+        assert len(pdbs) == 1, name
+        services = [s for s in of_kind(docs, "Service") if s["metadata"]["name"] == name]
+        assert services and services[0]["spec"]["clusterIP"] == "None"
+
+
+def test_the_sweep_never_overlaps_and_keeps_a_short_history(rendered):
+    _, _, docs = rendered
+    [cron] = of_kind(docs, "CronJob")
+    assert cron["spec"]["concurrencyPolicy"] == "Forbid"
+    assert cron["spec"]["successfulJobsHistoryLimit"] <= 5 and cron["spec"]["failedJobsHistoryLimit"] <= 5
+    assert cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]["serviceAccountName"] == "mailqueue-sweep"
+
+
+def test_the_admin_service_is_reachable_only_where_the_overlay_says(rendered):
+    overlay, _, docs = rendered
+    [policy] = [p for p in of_kind(docs, "NetworkPolicy") if p["metadata"]["name"] == "mailqueue-admin"]
+    sources = policy["spec"]["ingress"][0]["from"]
+    if overlay == "prod":
+        assert sources == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ops"}},
+                            "podSelector": {"matchLabels": {"mailqueue-admin": "true"}}}]
+    else:
+        assert sources == [{"podSelector": {}}]
+
+
+def test_internal_clients_balance_over_every_blob_replica(rendered):
+    _, _, docs = rendered
+    [config] = [c for c in of_kind(docs, "ConfigMap") if c["metadata"]["name"].startswith("mailqueue-config")]
+    assert config["data"]["MAILQUEUE_BLOB_TARGET"].startswith("dns:///mailqueue-blob.")
+    assert int(config["data"]["MAILQUEUE_MAX_CONNECTION_AGE_S"]) > 0
