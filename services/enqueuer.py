@@ -106,8 +106,9 @@ class Enqueuer:
         enqueue_id = uuid.uuid4()
         if key:
             earlier = await self._claim(queue, key, enqueue_id)
-            if earlier is not None:
+            if isinstance(earlier, model.EnqueueResult):
                 return earlier
+            enqueue_id = earlier
         try:
             result = await self._store(queue, mail, enqueue_id, write_content)
         except BaseException:
@@ -157,21 +158,24 @@ class Enqueuer:
         except BackendUnavailable as e:
             log.error("could not %s: %s", what, e)
 
-    async def _claim(self, queue: str, key: str, enqueue_id: uuid.UUID) -> model.EnqueueResult | None:
-        """Claim the idempotency key; return the earlier enqueue's result when it is already taken."""
+    async def _claim(self, queue: str, key: str, enqueue_id: uuid.UUID) -> model.EnqueueResult | uuid.UUID:
+        """Claim the idempotency key: the enqueue id to use, or the earlier enqueue's result.
+
+        A claim abandoned by a crashed enqueuer is taken over with its enqueue id: if that
+        enqueuer had already published, both copies carry one id, and the first SUCCESS marks
+        the id deleted, so the mail is processed once.
+        """
         now = model.utcnow()
         row = await self._view.idempotency.claim(queue, key, enqueue_id, now)
         if row is None:
-            return None
+            return enqueue_id
         if row.committed:
             return model.EnqueueResult(
                 row.enqueue_id, row.enqueued_at.replace(tzinfo=dt.timezone.utc),
                 tuple(row.blob_ids or ()), row.size or 0, duplicate=True,
             )
         claimed_at = row.claimed_at.replace(tzinfo=dt.timezone.utc)
-        if now - claimed_at > ABANDONED_CLAIM and await self._view.idempotency.take_over(
-            queue, key, enqueue_id, now, row.claimed_at
-        ):
+        if now - claimed_at > ABANDONED_CLAIM and await self._view.idempotency.take_over(queue, key, now, row.claimed_at):
             log.warning("took over an abandoned idempotency claim", extra={"queue": queue, "key": key})
-            return None
+            return row.enqueue_id
         raise Aborted(f"an enqueue with idempotency key {key!r} is in progress; retry in a few seconds")

@@ -39,10 +39,26 @@ def aio_loop() -> LoopThread:
     loop.stop()
 
 
+def drop_keyspace(name: str) -> None:
+    """Test keyspaces are dropped afterwards: piles of tables slow Cassandra's schema changes."""
+    from cassandra.cluster import Cluster
+
+    from services.config import CassandraSettings
+
+    settings = CassandraSettings.from_env()
+    cluster = Cluster(list(settings.hosts), port=settings.port, protocol_version=5)
+    try:
+        cluster.connect().execute(f"DROP KEYSPACE IF EXISTS {name}", timeout=120)
+    finally:
+        cluster.shutdown()
+
+
 @pytest.fixture(scope="session")
 def keyspace(running_stack: None) -> str:
     """A keyspace of this test session's own: tests never see dev data or each other's."""
-    return new_keyspace()
+    name = new_keyspace()
+    yield name
+    drop_keyspace(name)
 
 
 # pytest-grpc: its grpc_add_to_server / grpc_servicer / grpc_stub_cls fixtures drive an in-process
@@ -93,9 +109,11 @@ class Suite:
         assert self.admin_stub.CreateQueue(admin_pb2.CreateQueueRequest(queue=name)).created
         return name
 
-    def stop(self) -> None:
+    def stop(self, drop: bool = False) -> None:
         for app in self.apps:
             app.stop()
+        if drop:
+            drop_keyspace(self.keyspace)
 
 
 @pytest.fixture(scope="session")
@@ -110,4 +128,4 @@ def fast_suite(aio_loop: LoopThread, running_stack: None) -> Suite:
     """A suite on a keyspace of its own whose slices are 1 second wide (several slices per test)."""
     s = Suite(aio_loop, new_keyspace(), MAILQUEUE_SLICE_WINDOW_S="1", MAILQUEUE_BROWSE_START_PACE="1000000")
     yield s
-    s.stop()
+    s.stop(drop=True)

@@ -32,7 +32,7 @@ class LoopThread:
         self._thread = threading.Thread(target=self.loop.run_forever, name="aio-loop", daemon=True)
         self._thread.start()
 
-    def run(self, coro: Coroutine[Any, Any, T], timeout: float = 60) -> T:
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float = 120) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
     def stop(self) -> None:
@@ -119,10 +119,12 @@ def is_serving(target: str) -> bool:
 class ServiceProcess:
     """A real service process (``python -m <name>_svc``) on a free loopback port."""
 
-    def __init__(self, name: str, env: dict[str, str]) -> None:
+    def __init__(self, name: str, env: dict[str, str], metrics: bool = False) -> None:
         self.name = name
         self.port = free_port()
-        self.env = {**env, "MAILQUEUE_PORT": str(self.port), "MAILQUEUE_METRICS_PORT": "0", "MAILQUEUE_LOG_LEVEL": "WARNING"}
+        self.metrics_port = free_port() if metrics else 0
+        self.env = {**env, "MAILQUEUE_PORT": str(self.port), "MAILQUEUE_METRICS_PORT": str(self.metrics_port),
+                    "MAILQUEUE_LOG_LEVEL": "WARNING"}
         self.target = f"127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None
         self.start()
@@ -143,3 +145,16 @@ class ServiceProcess:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+
+    def metric(self, name: str, **labels: str) -> float:
+        """Sum of a Prometheus counter's samples whose labels include ``labels``."""
+        import re
+        import urllib.request
+
+        body = urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).read().decode()
+        total = 0.0
+        for sample_labels, value in re.findall(rf"^{name}{{([^}}]*)}} (\S+)$", body, re.M):
+            found = dict(re.findall(r'(\w+)="([^"]*)"', sample_labels))
+            if all(found.get(k) == v for k, v in labels.items()):
+                total += float(value)
+        return total

@@ -172,7 +172,7 @@ class IdempotencyDAO:
             "VALUES (?, ?, ?, ?, false) IF NOT EXISTS"
         )
         self._take_over = session.prepare(
-            f"UPDATE {t} SET enqueue_id = ?, claimed_at = ? WHERE queue_name = ? AND idempotency_key = ? "
+            f"UPDATE {t} SET claimed_at = ? WHERE queue_name = ? AND idempotency_key = ? "
             "IF committed = false AND claimed_at = ?"
         )
         self._commit = session.prepare(
@@ -188,9 +188,9 @@ class IdempotencyDAO:
         rows = await execute(self._session, self._claim, (queue, key, enqueue_id, now))
         return None if rows[0].applied else rows[0]
 
-    async def take_over(self, queue: str, key: str, enqueue_id: uuid.UUID, now: dt.datetime, seen: dt.datetime) -> bool:
-        """Take over an abandoned, uncommitted claim (its enqueuer crashed)."""
-        rows = await execute(self._session, self._take_over, (enqueue_id, now, queue, key, seen))
+    async def take_over(self, queue: str, key: str, now: dt.datetime, seen: dt.datetime) -> bool:
+        """Take over an abandoned, uncommitted claim (its enqueuer crashed), keeping its enqueue id."""
+        rows = await execute(self._session, self._take_over, (now, queue, key, seen))
         return bool(rows[0].applied)
 
     async def commit(self, queue: str, key: str, q: model.QueuedMail) -> None:

@@ -19,7 +19,7 @@ def secured(aio_loop, running_stack):
     s = Suite(aio_loop, new_keyspace(), MAILQUEUE_TOKENS=",".join(f"{r}:{t}" for r, t in TOKENS.items()),
               MAILQUEUE_SERVICE_TOKEN=TOKENS["admin"])
     yield s
-    s.stop()
+    s.stop(drop=True)
 
 
 def stubs(s, token=""):

@@ -250,7 +250,7 @@ def test_raising_buckets_keeps_every_mail_browsable(running_stack, aio_loop):
             s.admin_stub.UpdateConfiguration(config(2, 1))
         assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "bucket_count may only grow" in e.value.details()
     finally:
-        s.stop()
+        s.stop(drop=True)
 
 
 # ---------------------------------------------------------------- browse start and republish

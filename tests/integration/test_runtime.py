@@ -102,9 +102,14 @@ def test_a_violating_view_configuration_refuses_start_up(running_stack):
         first.kill()
         first.wait()
     second = start_process("browse_svc", service_env(keyspace, MAILQUEUE_PORT=str(free_port()), MAILQUEUE_BUCKET_COUNT="1"))
-    _, err = second.communicate(timeout=60)
-    assert second.returncode == 2
-    assert "bucket_count may only grow" in err
+    try:
+        _, err = second.communicate(timeout=60)
+        assert second.returncode == 2
+        assert "bucket_count may only grow" in err
+    finally:
+        from tests.conftest import drop_keyspace
+
+        drop_keyspace(keyspace)
 
 
 def _stored_buckets(keyspace: str) -> int | None:
