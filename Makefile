@@ -4,8 +4,11 @@ PY := .venv/bin/python
 PROTOS := $(wildcard protos/mailqueue/v1/*.proto)
 BUF_VERSION := v1.75.0
 BUF := $(HOME)/.cache/mailqueue-stack/buf-$(BUF_VERSION)/buf
+KUSTOMIZE_VERSION := v5.7.1
+KUSTOMIZE := $(HOME)/.cache/mailqueue-stack/kustomize-$(KUSTOMIZE_VERSION)/kustomize
+export KUSTOMIZE
 
-.PHONY: install proto up down status run stop test test-unit test-integration lint clean
+.PHONY: install proto up down status run stop test test-unit test-integration test-k8s lint kustomize clean
 
 install: .venv/.installed mailqueue/v1/.generated
 
@@ -40,12 +43,16 @@ stop:
 	stack/services.sh stop
 
 # The test command (README, CI): installs, starts the stack if it is down, runs every tier.
-test: up lint
+test: up lint kustomize
 	$(PY) -m pytest
 
 # Fast tier: pure logic, no servers.
 test-unit: install
-	$(PY) -m pytest -m "not integration"
+	$(PY) -m pytest -m "not integration and not k8s"
+
+# Offline validation of the Kubernetes overlays.
+test-k8s: install kustomize
+	$(PY) -m pytest -m k8s
 
 test-integration: up
 	$(PY) -m pytest -m integration
@@ -53,6 +60,12 @@ test-integration: up
 $(BUF):
 	@echo "[make] building buf $(BUF_VERSION) with go install (once per machine)"
 	GOBIN=$(dir $(BUF)) go install github.com/bufbuild/buf/cmd/buf@$(BUF_VERSION)
+
+$(KUSTOMIZE):
+	@echo "[make] building kustomize $(KUSTOMIZE_VERSION) with go install (once per machine)"
+	GOBIN=$(dir $(KUSTOMIZE)) go install sigs.k8s.io/kustomize/kustomize/v5@$(KUSTOMIZE_VERSION)
+
+kustomize: $(KUSTOMIZE)
 
 lint: $(BUF)
 	cd protos && $(BUF) lint

@@ -13,12 +13,16 @@ from services.runtime.interceptors import ErrorsAndMetrics
 from tests.harness import LoopThread, RunningApp, new_keyspace, stack, service_env
 
 INTEGRATION = pathlib.Path(__file__).parent / "integration"
+K8S = pathlib.Path(__file__).parent / "k8s"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        if INTEGRATION in pathlib.Path(str(item.fspath)).parents:
+        parents = pathlib.Path(str(item.fspath)).parents
+        if INTEGRATION in parents:
             item.add_marker(pytest.mark.integration)
+        if K8S in parents:
+            item.add_marker(pytest.mark.k8s)
     # Tests that stop a backend run last, so an outage never overlaps another test.
     items.sort(key=lambda item: item.get_closest_marker("outage") is not None)
 
