@@ -1,0 +1,32 @@
+"""Contract tests drive the four services on their default ports, as a client in any language would.
+
+The services are the ones `make run` starts (stack/services.sh); they are started here when down.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+
+from tests.harness import ROOT, is_serving
+
+TARGETS = {"enqueue": "localhost:50051", "dequeue": "localhost:50052", "browse": "localhost:50053", "blob": "localhost:50054"}
+TOOLS = os.path.join(os.path.expanduser("~"), ".cache", "mailqueue-stack", "go-tools")
+
+
+@pytest.fixture(scope="session")
+def services(running_stack: None) -> dict[str, str]:
+    if not all(is_serving(t) for t in TARGETS.values()):
+        r = subprocess.run([os.path.join(ROOT, "stack", "services.sh"), "start"], capture_output=True, text=True)
+        if r.returncode != 0:
+            pytest.fail(f"stack/services.sh start failed:\n{r.stdout}\n{r.stderr}")
+    return TARGETS
+
+
+def tool(name: str) -> str:
+    path = os.path.join(TOOLS, name)
+    if not os.path.exists(path):
+        pytest.fail(f"{name} is missing: run `make contract` (go install into {TOOLS})")
+    return path
