@@ -13,7 +13,7 @@
     mailq enqueue Q FILE.eml --from A --to B [--to C] [--name N]
     mailq dequeue Q [-n N] [--ack success|retry|reject] [--out DIR]
 
-Targets: --host (default localhost, services on their default ports) or --enqueue / --dequeue /
+Targets: --target/--host (default localhost, services on their default ports) or --enqueue / --dequeue /
 --browse / --blob HOST:PORT; --token (or MAILQ_TOKEN) for a cluster with access control.
 """
 
@@ -237,7 +237,8 @@ def cmd_dequeue(c: Client, a: argparse.Namespace) -> None:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mailq", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--host", default=os.environ.get("MAILQ_HOST", "localhost"))
+    p.add_argument("--host", "--target", dest="host", default=os.environ.get("MAILQ_HOST", "localhost"),
+                   help="cluster address: every service on its default port there (default: $MAILQ_HOST or localhost)")
     for name in DEFAULT_PORTS:
         p.add_argument(f"--{name}", metavar="HOST:PORT", help=f"{name}_svc target (default: --host:{DEFAULT_PORTS[name]})")
     p.add_argument("--token", help="bearer token (default: $MAILQ_TOKEN)")

@@ -197,3 +197,23 @@ def test_an_unknown_delivery_tag_ends_the_stream_and_requeues(suite):
     assert c.error.code() == grpc.StatusCode.INVALID_ARGUMENT
     wait_until(lambda: message_count(queue) == 1, what="the unanswered delivery back in the queue")
     assert deleted_reason(suite, queue, uuid.UUID(eid)) is None
+
+
+def test_a_mail_retried_past_the_delivery_limit_is_dead_lettered(suite):
+    # Quorum work queues carry x-delivery-limit (MAILQUEUE_RABBITMQ_DELIVERY_LIMIT, default 20).
+    limit = suite.dequeue.app.settings.rabbitmq.delivery_limit
+    queue = suite.new_queue()
+    enqueue_names(suite, queue, ["poison"])
+    c = consumer(suite, queue, prefetch=1)
+    deliveries = 0
+    while True:
+        try:
+            d = c.next(timeout=3)
+        except q.Empty:
+            break
+        deliveries += 1
+        c.answer(d, "RETRY")
+    c.cancel()
+    assert deliveries == limit + 1
+    wait_until(lambda: dead_letter_count(queue) == 1, what="the poison mail in the dead-letter queue")
+    assert message_count(queue) == 0

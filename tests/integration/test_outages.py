@@ -77,3 +77,34 @@ def test_cassandra_frozen_means_unavailable_and_nothing_delivered(suite):
     lost = [r for r in view_rows(suite, queue) if r.mail.name == "lost"]
     assert all(deleted_reason(suite, queue, r.enqueue_id) for r in lost)
     assert message_count(queue) == 1
+
+
+def test_a_transient_cassandra_error_requeues_the_delivery_instead_of_losing_it(suite):
+    from tests.integration.helpers import StreamConsumer, dead_letter_count
+
+    queue = suite.new_queue()
+    [eid] = [suite.enqueue_stub.Enqueue(inline(queue, simple_mail("patient"))).receipt.enqueue_id]
+    with open(os.path.join(ROOT, ".stack", "cassandra.pid")) as f:
+        pid = int(f.read())
+    holder = StreamConsumer(suite.dequeue_stub, queue, prefetch=1)
+    assert holder.next().mail.enqueue_id == eid  # held, unanswered
+    c = StreamConsumer(suite.dequeue_stub, queue, prefetch=1)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        holder.cancel()  # the mail goes back to the queue and reaches c while Cassandra is frozen
+        # The deleted-mark check times out: the delivery goes back to the queue, not to a consumer.
+        wait_until(lambda: _requeued_on_error(queue) >= 1, 60, interval=0.2, what="a requeue after the backend error")
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    d = c.next(timeout=60)
+    assert d.mail.enqueue_id == eid
+    c.answer(d)
+    c.close()
+    assert dead_letter_count(queue) == 0
+
+
+def _requeued_on_error(queue: str) -> float:
+    """dequeue_svc's own counter (the in-process services share this process's metrics registry)."""
+    from prometheus_client import REGISTRY
+
+    return REGISTRY.get_sample_value("mailqueue_requeued_on_error_total", {"queue": queue}) or 0.0
