@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import time
+from collections.abc import Awaitable, Callable
 
 from services import model
 from services.errors import NotFound
@@ -42,18 +43,20 @@ class QueueState:
         self._config = None
 
     async def browse_start(self, queue: str) -> dt.datetime | None:
-        now = time.monotonic()
-        cached = self._browse.get(queue)
-        if cached is None or now - cached[0] > self._browse_ttl:
-            cached = (now, await self._view.starts.browse_start(queue))
-            self._browse[queue] = cached
-        return cached[1]
+        return await self._cached(self._browse, queue, self._browse_ttl, self._view.starts.browse_start)
 
     async def content_start(self, queue: str) -> dt.datetime | None:
         """Cached like the configuration: content start moves only when the sweep runs."""
+        return await self._cached(self._content, queue, self._config_ttl, self._view.starts.content_start)
+
+    @staticmethod
+    async def _cached(
+        cache: dict[str, tuple[float, dt.datetime | None]], queue: str, ttl: float,
+        load: Callable[[str], Awaitable[dt.datetime | None]],
+    ) -> dt.datetime | None:
         now = time.monotonic()
-        cached = self._content.get(queue)
-        if cached is None or now - cached[0] > self._config_ttl:
-            cached = (now, await self._view.starts.content_start(queue))
-            self._content[queue] = cached
+        cached = cache.get(queue)
+        if cached is None or now - cached[0] > ttl:
+            cached = (now, await load(queue))
+            cache[queue] = cached
         return cached[1]

@@ -26,9 +26,9 @@ MAX_RACES = 5
 
 
 class ConfigStore:
-    def __init__(self, session: Session) -> None:
+    def __init__(self, session: Session, keyspace: str) -> None:
         self._session = session
-        t = schema.CONFIG_EVENTS
+        t = f"{keyspace}.{schema.CONFIG_EVENTS}"
         self._latest = session.prepare(
             f"SELECT event_id, slice_window_ms, bucket_count, update_browse_start_pace FROM {t} "
             "WHERE aggregate_id = ? LIMIT 1"

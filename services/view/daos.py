@@ -27,9 +27,9 @@ class EnqueuedMailsDAO:
         "remote_host, remote_addr, last_updated, attributes, per_recipient_headers, blob_ids, size"
     )
 
-    def __init__(self, session: Session) -> None:
+    def __init__(self, session: Session, keyspace: str) -> None:
         self._session = session
-        t = schema.ENQUEUED_MAILS
+        t = f"{keyspace}.{schema.ENQUEUED_MAILS}"
         self._insert = session.prepare(f"INSERT INTO {t} ({self.COLUMNS}) VALUES ({', '.join('?' * 17)})")
         self._select = session.prepare(
             f"SELECT {self.COLUMNS} FROM {t} WHERE queue_name = ? AND slice_start = ? AND bucket = ?"
@@ -90,9 +90,9 @@ class EnqueuedMailsDAO:
 class DeletedMailsDAO:
     """``deleted_mails``: "this mail is gone"."""
 
-    def __init__(self, session: Session) -> None:
+    def __init__(self, session: Session, keyspace: str) -> None:
         self._session = session
-        t = schema.DELETED_MAILS
+        t = f"{keyspace}.{schema.DELETED_MAILS}"
         self._mark = session.prepare(
             f"INSERT INTO {t} (queue_name, enqueue_id, reason, deleted_at) VALUES (?, ?, ?, ?)"
         )
@@ -110,9 +110,9 @@ class DeletedMailsDAO:
 class StartsDAO:
     """``browse_start`` and ``content_start``: one instant per queue each."""
 
-    def __init__(self, session: Session) -> None:
+    def __init__(self, session: Session, keyspace: str) -> None:
         self._session = session
-        b, c = schema.BROWSE_START, schema.CONTENT_START
+        b, c = f"{keyspace}.{schema.BROWSE_START}", f"{keyspace}.{schema.CONTENT_START}"
         self._init_browse = session.prepare(
             f"INSERT INTO {b} (queue_name, browse_start) VALUES (?, ?) IF NOT EXISTS"
         )
@@ -142,9 +142,9 @@ class StartsDAO:
 class QueuesDAO:
     """``queues``: the set of queues."""
 
-    def __init__(self, session: Session) -> None:
+    def __init__(self, session: Session, keyspace: str) -> None:
         self._session = session
-        t = schema.QUEUES
+        t = f"{keyspace}.{schema.QUEUES}"
         self._create = session.prepare(f"INSERT INTO {t} (queue_name, created_at) VALUES (?, ?) IF NOT EXISTS")
         self._exists = session.prepare(f"SELECT queue_name FROM {t} WHERE queue_name = ?")
         self._all = f"SELECT queue_name FROM {t}"
@@ -164,9 +164,9 @@ class QueuesDAO:
 class IdempotencyDAO:
     """``enqueue_idempotency``: a client key claims one enqueue id, committed once durable."""
 
-    def __init__(self, session: Session) -> None:
+    def __init__(self, session: Session, keyspace: str) -> None:
         self._session = session
-        t = schema.IDEMPOTENCY
+        t = f"{keyspace}.{schema.IDEMPOTENCY}"
         self._claim = session.prepare(
             f"INSERT INTO {t} (queue_name, idempotency_key, enqueue_id, claimed_at, committed) "
             "VALUES (?, ?, ?, ?, false) IF NOT EXISTS"

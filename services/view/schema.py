@@ -22,7 +22,7 @@ IDEMPOTENCY = table("enqueue_idempotency")
 IDEMPOTENCY_TTL_S = 24 * 3600
 
 TABLES = [
-    f"""CREATE TABLE IF NOT EXISTS {ENQUEUED_MAILS} (
+    f"""CREATE TABLE IF NOT EXISTS {{ks}}.{ENQUEUED_MAILS} (
         queue_name text, slice_start timestamp, bucket int,
         enqueued_at timestamp, enqueue_id uuid,
         name text, sender text, recipients list<text>,
@@ -32,26 +32,26 @@ TABLES = [
         blob_ids list<text>, size bigint,
         PRIMARY KEY ((queue_name, slice_start, bucket), enqueued_at, enqueue_id)
     ) WITH comment = 'Time series of every mail ever enqueued, by (queue, slice, bucket). Never updated; dropped slice by slice by the retention sweep once before browse_start.'""",
-    f"""CREATE TABLE IF NOT EXISTS {DELETED_MAILS} (
+    f"""CREATE TABLE IF NOT EXISTS {{ks}}.{DELETED_MAILS} (
         queue_name text, enqueue_id uuid, reason text, deleted_at timestamp,
         PRIMARY KEY ((queue_name, enqueue_id))
     ) WITH comment = 'This mail is gone (dequeued, deleted or dead-lettered): browse and dequeue skip it.'""",
-    f"""CREATE TABLE IF NOT EXISTS {BROWSE_START} (
+    f"""CREATE TABLE IF NOT EXISTS {{ks}}.{BROWSE_START} (
         queue_name text PRIMARY KEY, browse_start timestamp
     ) WITH comment = 'Every slice before browse_start holds only deleted mails. Only moves forward.'""",
-    f"""CREATE TABLE IF NOT EXISTS {CONTENT_START} (
+    f"""CREATE TABLE IF NOT EXISTS {{ks}}.{CONTENT_START} (
         queue_name text PRIMARY KEY, content_start timestamp
     ) WITH comment = 'Every slice before content_start has been swept: its rows no longer exist.'""",
-    f"""CREATE TABLE IF NOT EXISTS {QUEUES} (
+    f"""CREATE TABLE IF NOT EXISTS {{ks}}.{QUEUES} (
         queue_name text PRIMARY KEY, created_at timestamp
     ) WITH comment = 'Every queue that exists (CreateQueue).'""",
-    f"""CREATE TABLE IF NOT EXISTS {CONFIG_EVENTS} (
+    f"""CREATE TABLE IF NOT EXISTS {{ks}}.{CONFIG_EVENTS} (
         aggregate_id text, event_id int,
         slice_window_ms bigint, bucket_count int, update_browse_start_pace int, recorded_at timestamp,
         PRIMARY KEY (aggregate_id, event_id)
     ) WITH CLUSTERING ORDER BY (event_id DESC)
       AND comment = 'Event-sourced view configuration; each event appended with a lightweight transaction.'""",
-    f"""CREATE TABLE IF NOT EXISTS {IDEMPOTENCY} (
+    f"""CREATE TABLE IF NOT EXISTS {{ks}}.{IDEMPOTENCY} (
         queue_name text, idempotency_key text,
         enqueue_id uuid, claimed_at timestamp, committed boolean,
         enqueued_at timestamp, blob_ids list<text>, size bigint,
@@ -62,8 +62,10 @@ TABLES = [
 
 
 def create(session: Session, keyspace: str, replication: str) -> None:
-    """Create the keyspace and every table if missing (blocking; idempotent)."""
+    """Create the keyspace and every table if missing (blocking; idempotent).
+
+    Statements name tables with their keyspace (no ``USE``): the session serves one keyspace.
+    """
     session.execute(f"CREATE KEYSPACE IF NOT EXISTS {keyspace} WITH replication = {replication}", timeout=60)
-    session.set_keyspace(keyspace)
     for ddl in TABLES:
-        session.execute(ddl, timeout=60)
+        session.execute(ddl.format(ks=keyspace), timeout=60)

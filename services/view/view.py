@@ -18,15 +18,15 @@ log = logging.getLogger(__name__)
 
 
 class View:
-    def __init__(self, cluster: Cluster, session: Session) -> None:
+    def __init__(self, cluster: Cluster, session: Session, keyspace: str) -> None:
         self._cluster = cluster
         self.session = session
-        self.enqueued = EnqueuedMailsDAO(session)
-        self.deleted = DeletedMailsDAO(session)
-        self.starts = StartsDAO(session)
-        self.queues = QueuesDAO(session)
-        self.idempotency = IdempotencyDAO(session)
-        self.config = ConfigStore(session)
+        self.enqueued = EnqueuedMailsDAO(session, keyspace)
+        self.deleted = DeletedMailsDAO(session, keyspace)
+        self.starts = StartsDAO(session, keyspace)
+        self.queues = QueuesDAO(session, keyspace)
+        self.idempotency = IdempotencyDAO(session, keyspace)
+        self.config = ConfigStore(session, keyspace)
 
     @classmethod
     async def open(cls, settings: CassandraSettings) -> View:
@@ -36,7 +36,7 @@ class View:
             cluster, session = connect(settings)
             try:
                 schema.create(session, settings.keyspace, settings.replication)
-                return cls(cluster, session)
+                return cls(cluster, session, settings.keyspace)
             except UNAVAILABLE_ERRORS as e:
                 cluster.shutdown()
                 raise BackendUnavailable("cassandra", f"schema set-up failed ({e})") from e

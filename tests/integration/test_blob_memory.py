@@ -2,15 +2,13 @@
 
 import hashlib
 import os
-import socket
 import subprocess
 import sys
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from mailqueue.v1 import blob_pb2, blob_pb2_grpc
-from tests.harness import ROOT, service_env, wait_until
+from tests.harness import ROOT, free_port, is_serving, service_env, wait_until
 
 MiB = 1024 * 1024
 
@@ -23,24 +21,13 @@ def _status_kib(pid: int, field: str) -> int:
     raise AssertionError(f"{field} not in /proc/{pid}/status")
 
 
-def _serving(target: str) -> bool:
-    with grpc.insecure_channel(target) as ch:
-        try:
-            r = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=2)
-        except grpc.RpcError:
-            return False
-    return r.status == health_pb2.HealthCheckResponse.SERVING
-
-
 def test_200_mib_round_trip_keeps_peak_rss_growth_under_64_mib(keyspace, running_stack):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "blob_svc"], cwd=ROOT, stderr=subprocess.DEVNULL,
                             env=service_env(keyspace, MAILQUEUE_PORT=str(port)))
     target = f"127.0.0.1:{port}"
     try:
-        wait_until(lambda: _serving(target), 60, what="blob_svc SERVING")
+        wait_until(lambda: is_serving(target), 60, what="blob_svc SERVING")
         stub = blob_pb2_grpc.BlobServiceStub(grpc.insecure_channel(target))
         stub.Put(iter([blob_pb2.PutRequest(chunk=b"warm-up")]))  # load every code path once
         baseline = _status_kib(proc.pid, "VmRSS")

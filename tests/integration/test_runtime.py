@@ -1,7 +1,6 @@
 """Every service serves health and reflection; a real process reports NOT_SERVING, then SERVING."""
 
 import os
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -11,7 +10,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from tests.harness import ROOT, service_env, wait_until
+from tests.harness import ROOT, free_port, service_env, wait_until
 
 EXPECTED = {
     "enqueue": "mailqueue.v1.EnqueueService",
@@ -45,12 +44,6 @@ def test_each_service_is_serving_and_reflects_its_services(suite, name):
     assert {EXPECTED[name], "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection"} <= services
     if name == "browse":
         assert "mailqueue.v1.AdminService" in services
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_process(module: str, env: dict[str, str]) -> subprocess.Popen:
