@@ -48,12 +48,17 @@ def peek_messages(queue: str) -> list[model.QueuedMail]:
         conn.close()  # unacknowledged messages go back to the queue
 
 
-def message_count(queue: str) -> int:
+def _ready(amqp_queue: str) -> int:
     conn = pika.BlockingConnection(pika.URLParameters(RabbitMQSettings.from_env().url))
     try:
-        return conn.channel().queue_declare(names.work_queue(queue), passive=True).method.message_count
+        return conn.channel().queue_declare(amqp_queue, passive=True).method.message_count
     finally:
         conn.close()
+
+
+def message_count(queue: str) -> int:
+    """Messages ready in the queue's work queue."""
+    return _ready(names.work_queue(queue))
 
 
 def simple_mail(name: str = "m", sender: str = "alice@example.com", recipients=("bob@example.org",)) -> mail_pb2.Mail:
@@ -123,8 +128,5 @@ def enqueue_names(suite, queue: str, names, content: bytes = b"Subject: x\r\n\r\
 
 
 def dead_letter_count(queue: str) -> int:
-    conn = pika.BlockingConnection(pika.URLParameters(RabbitMQSettings.from_env().url))
-    try:
-        return conn.channel().queue_declare(names.dead_letter_queue(queue), passive=True).method.message_count
-    finally:
-        conn.close()
+    """Messages in the queue's dead-letter queue."""
+    return _ready(names.dead_letter_queue(queue))

@@ -40,14 +40,15 @@ def test_rabbitmq_down_means_unavailable_and_nothing_delivered_later(suite):
     assert message_count(queue) == 1  # only the probe: the failed mail was never published
 
 
-def minio_pid() -> int:
-    with open(os.path.join(ROOT, ".stack", "minio.pid")) as f:
+def stack_pid(component: str) -> int:
+    """The PID of a local stack component (stack/stack.sh writes .stack/<component>.pid)."""
+    with open(os.path.join(ROOT, ".stack", f"{component}.pid")) as f:
         return int(f.read())
 
 
 def test_minio_down_means_unavailable_and_nothing_written(suite):
     queue = suite.new_queue()
-    os.kill(minio_pid(), signal.SIGKILL)
+    os.kill(stack_pid("minio"), signal.SIGKILL)
     try:
         with pytest.raises(grpc.RpcError) as e:
             suite.enqueue_stub.Enqueue(inline(queue, simple_mail("lost"), os.urandom(1000)), timeout=60)
@@ -62,8 +63,7 @@ def test_minio_down_means_unavailable_and_nothing_written(suite):
 def test_cassandra_frozen_means_unavailable_and_nothing_delivered(suite):
     # Given Cassandra frozen (SIGSTOP: it accepts nothing and answers nothing), the view write times out.
     queue = suite.new_queue()
-    with open(os.path.join(ROOT, ".stack", "cassandra.pid")) as f:
-        pid = int(f.read())
+    pid = stack_pid("cassandra")
     os.kill(pid, signal.SIGSTOP)
     try:
         with pytest.raises(grpc.RpcError) as e:
@@ -84,8 +84,7 @@ def test_a_transient_cassandra_error_requeues_the_delivery_instead_of_losing_it(
 
     queue = suite.new_queue()
     [eid] = [suite.enqueue_stub.Enqueue(inline(queue, simple_mail("patient"))).receipt.enqueue_id]
-    with open(os.path.join(ROOT, ".stack", "cassandra.pid")) as f:
-        pid = int(f.read())
+    pid = stack_pid("cassandra")
     holder = StreamConsumer(suite.dequeue_stub, queue, prefetch=1)
     assert holder.next().mail.enqueue_id == eid  # held, unanswered
     c = StreamConsumer(suite.dequeue_stub, queue, prefetch=1)
