@@ -74,10 +74,8 @@ async def load(op: Callable[[int], Awaitable[None]], concurrency: int, seconds: 
             latencies.append(time.perf_counter() - start)
 
     started = time.monotonic()
-    last = started
 
     async def progress() -> None:
-        nonlocal last
         while time.monotonic() < deadline:
             await asyncio.sleep(5)
             print(f"  [{label}] {time.monotonic() - started:4.0f}s {len(latencies)} done", file=sys.stderr)

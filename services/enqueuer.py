@@ -20,7 +20,7 @@ from services import model, serde, validation
 from services.blobstore import BlobStore
 from services.broker import Broker
 from services.config import LimitSettings
-from services.errors import Aborted, BackendUnavailable, NotFound, ResourceExhausted
+from services.errors import Aborted, BackendUnavailable, InvalidArgument, NotFound, ResourceExhausted
 from services.queue_state import QueueState
 from services.slices import bucket_of, slice_start
 from services.view.view import View
@@ -60,7 +60,7 @@ class Enqueuer:
 
     async def enqueue_refs(self, queue: str, mail: model.Mail, blob_ids: list[str], key: str = "") -> model.EnqueueResult:
         if not blob_ids:
-            raise validation.InvalidArgument("blob_refs must name at least one blob")
+            raise InvalidArgument("blob_refs must name at least one blob")
         for b in blob_ids:
             validation.blob_id(b)
 
@@ -101,7 +101,7 @@ class Enqueuer:
         validation.queue_name(queue)
         validation.mail(mail, self._limits)
         if len(key) > 256:
-            raise validation.InvalidArgument("idempotency_key is longer than 256 characters")
+            raise InvalidArgument("idempotency_key is longer than 256 characters")
         await self._state.require_queue(queue)
         enqueue_id = uuid.uuid4()
         if key:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import concurrent.futures
 import datetime as dt
 import time
-import uuid
 
 import grpc
 import pytest
@@ -13,7 +12,6 @@ from google.protobuf import duration_pb2
 
 from mailqueue.v1 import admin_pb2, browse_pb2
 from services import model, serde
-from services.slices import slice_start
 from tests.harness import stack, wait_until
 from tests.integration.helpers import StreamConsumer, enqueue_names, inline, message_count, simple_mail, view_rows
 from services import names

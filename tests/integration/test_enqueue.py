@@ -1,6 +1,5 @@
 """EnqueueService through gRPC on the real stack: what is stored, and what is refused."""
 
-import datetime as dt
 import hashlib
 import os
 
@@ -8,30 +7,14 @@ import grpc
 import pytest
 
 from mailqueue.v1 import blob_pb2, enqueue_pb2, mail_pb2
-from services import model, serde
-from tests.integration.helpers import deleted_reason, inline, message_count, peek_messages, simple_mail, view_rows
+from services import serde
+from tests.mails import FULL_MAIL
+from tests.integration.helpers import inline, message_count, peek_messages, simple_mail, view_rows
 
-UTC = dt.timezone.utc
 
 
 def full_mail() -> mail_pb2.Mail:
-    return serde.mail_to_proto(
-        model.Mail(
-            name="mail-full",
-            sender="alice@example.com",
-            recipients=("bob@example.org", "carol@example.net"),
-            state="root",
-            error_message="421 try later",
-            remote_host="mx.example.com",
-            remote_addr="192.0.2.7",
-            last_updated=dt.datetime(2026, 11, 1, 12, 0, 0, 250000, tzinfo=UTC),
-            attributes={"org.apache.james.priority": "5", "json": '{"a": [1, 2]}'},
-            per_recipient_headers=(
-                model.PerRecipientHeaders("bob@example.org", (model.Header("X-A", "1"), model.Header("X-B", "two"))),
-                model.PerRecipientHeaders("carol@example.net", (model.Header("X-C", "3"),)),
-            ),
-        )
-    )
+    return serde.mail_to_proto(FULL_MAIL)
 
 
 def blob_bytes(suite, blob_ids) -> bytes:

@@ -2,24 +2,11 @@ import datetime as dt
 import uuid
 
 from services import model, serde
+from tests.mails import FULL_MAIL
 
 UTC = dt.timezone.utc
 
-FULL = model.Mail(
-    name="mail-1",
-    sender="alice@example.com",
-    recipients=("bob@example.org", "carol@example.net"),
-    state="root",
-    error_message="temporary failure",
-    remote_host="mx.example.com",
-    remote_addr="192.0.2.1",
-    last_updated=dt.datetime(2026, 11, 22, 10, 0, 0, 123000, tzinfo=UTC),
-    attributes={"org.apache.james.rrt": '"x"', "count": "3"},
-    per_recipient_headers=(
-        model.PerRecipientHeaders("bob@example.org", (model.Header("X-A", "1"), model.Header("X-B", "2"))),
-        model.PerRecipientHeaders("carol@example.net", (model.Header("X-C", "3"),)),
-    ),
-)
+FULL = FULL_MAIL
 
 
 def test_mail_round_trips_every_field():
