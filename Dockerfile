@@ -1,6 +1,9 @@
-# The services' image: one image, four entry points (python -m enqueue_svc | dequeue_svc |
-# browse_svc | blob_svc), plus the retention sweep (python -m spark.sweep).
-# Built by CI/CD elsewhere (no Docker engine on the dev machines); keep it minimal.
+# Two images from one file, built by CI/CD elsewhere (no Docker engine on the dev machines):
+#   docker build --target services -t mailqueue .        four entry points: python -m enqueue_svc |
+#                                                        dequeue_svc | browse_svc | blob_svc
+#   docker build --target sweep -t mailqueue-sweep .     the retention sweep: python -m spark.sweep
+#                                                        (adds a Java 17 runtime, pyspark and the
+#                                                        Spark Cassandra Connector jars)
 FROM python:3.11-slim AS build
 WORKDIR /src
 COPY pyproject.toml constraints.txt ./
@@ -11,11 +14,17 @@ COPY dequeue_svc dequeue_svc
 COPY browse_svc browse_svc
 COPY blob_svc blob_svc
 COPY mailq mailq
+COPY spark spark
 RUN pip install --no-cache-dir -c constraints.txt grpcio-tools \
  && python -m services.codegen \
  && pip wheel --no-cache-dir -c constraints.txt --wheel-dir /wheels .
 
-FROM python:3.11-slim
+# The connector and its dependencies from Maven Central (the 3.5.x assembly jar is not published there).
+FROM maven:3.9-eclipse-temurin-17 AS jars
+COPY spark/pom.xml /spark/pom.xml
+RUN mvn -B -q -f /spark/pom.xml dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=/jars
+
+FROM python:3.11-slim AS services
 RUN useradd --uid 10001 --user-group --no-create-home mailqueue
 COPY --from=build /wheels /wheels
 COPY constraints.txt /tmp/constraints.txt
@@ -24,3 +33,14 @@ USER 10001:10001
 ENV PYTHONUNBUFFERED=1 MAILQUEUE_HOST=0.0.0.0
 EXPOSE 50051 50052 50053 50054
 CMD ["python", "-m", "enqueue_svc"]
+
+FROM services AS sweep
+USER root
+COPY constraints.txt /tmp/constraints.txt
+RUN apt-get update && apt-get install -y --no-install-recommends openjdk-17-jre-headless \
+ && rm -rf /var/lib/apt/lists/* \
+ && pip install --no-cache-dir -c /tmp/constraints.txt pyspark && rm /tmp/constraints.txt
+COPY --from=jars /jars /opt/mailqueue/spark-jars
+USER 10001:10001
+ENV HOME=/tmp MAILQUEUE_SWEEP_SUMMARY=/tmp/sweep-summary.json
+CMD ["python", "-m", "spark.sweep"]

@@ -8,14 +8,14 @@ KUSTOMIZE_VERSION := v5.7.1
 KUSTOMIZE := $(HOME)/.cache/mailqueue-stack/kustomize-$(KUSTOMIZE_VERSION)/kustomize
 export KUSTOMIZE
 
-.PHONY: install proto up down status run stop test test-unit test-integration test-k8s test-contract contract lint kustomize clean
+.PHONY: install proto up down status run stop sweep spark-connector test test-unit test-integration test-k8s test-contract contract lint kustomize clean
 
 install: .venv/.installed mailqueue/v1/.generated
 
 .venv/.installed: pyproject.toml constraints.txt
 	python3 -m venv .venv
 	.venv/bin/pip install -q --upgrade pip
-	.venv/bin/pip install -q -c constraints.txt -e '.[dev]'
+	.venv/bin/pip install -q -c constraints.txt -e '.[dev,spark]'
 	touch $@
 
 # Python stubs are generated, not committed: protos/ is the only source of truth.
@@ -44,7 +44,7 @@ stop:
 
 # The test command (README, CI): installs, starts the stack and the services if they are down,
 # lints the protos (buf lint + buf breaking), and runs every tier (Python, Go, Node, grpcurl, k8s).
-test: up lint kustomize contract
+test: up lint kustomize contract spark-connector
 	$(PY) -m pytest
 
 # Fast tier: pure logic, no servers.
@@ -55,8 +55,16 @@ test-unit: install
 test-k8s: install kustomize
 	$(PY) -m pytest -m k8s
 
-test-integration: up
+test-integration: up spark-connector
 	$(PY) -m pytest -m integration
+
+# The Spark Cassandra Connector jars for the retention sweep (Maven Central, once per machine).
+spark-connector:
+	@spark/connector.sh >/dev/null
+
+# The retention sweep against the local stack: make sweep ARGS="--dry-run".
+sweep: up spark-connector
+	$(PY) -m spark.sweep $(ARGS)
 
 $(BUF):
 	@echo "[make] building buf $(BUF_VERSION) with go install (once per machine)"

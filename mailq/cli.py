@@ -20,11 +20,9 @@ Targets: --target/--host (default localhost, services on their default ports) or
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
 import queue as q
-import re
 import sys
 import threading
 from collections.abc import Iterator
@@ -38,6 +36,7 @@ from mailqueue.v1 import (
     enqueue_pb2, enqueue_pb2_grpc, mail_pb2,
 )
 from services.config import DEFAULT_PORTS
+from services.durations import human, parse_duration
 from services.runtime.channels import blocking_channel
 
 CHUNK = 1024 * 1024
@@ -48,21 +47,6 @@ HINTS = {
     grpc.StatusCode.NOT_FOUND: "check the name (`mailq queues` lists queues)",
     grpc.StatusCode.UNIMPLEMENTED: "the server is older than this mailq",
 }
-
-
-def parse_duration(text: str) -> dt.timedelta:
-    m = re.fullmatch(r"(\d+)([smhd])", text.strip())
-    if not m:
-        raise argparse.ArgumentTypeError(f"{text!r}: use a number and a unit, e.g. 90s, 15m, 1h, 2d")
-    return dt.timedelta(seconds=int(m.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)])
-
-
-def human(d: dt.timedelta) -> str:
-    s = int(d.total_seconds())
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if s >= size:
-            return f"{s // size}{unit}" if s % size == 0 else f"{s / size:.1f}{unit}"
-    return f"{s}s"
 
 
 class Client:

@@ -104,6 +104,10 @@ class S3Settings:
     pool_size: int = 64
     #: Folder where streamed puts are spooled while their hash is computed.
     spool_dir: str | None = None
+    #: A blob that a put deduplicates onto gets its modification time refreshed at most this
+    #: often (seconds), so the retention sweep sees it as young; keep it well below the sweep's
+    #: blob grace.
+    touch_interval_s: int = 60
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> S3Settings:
@@ -116,6 +120,7 @@ class S3Settings:
             region=env.get("MAILQUEUE_S3_REGION") or None,
             pool_size=_int(env, "S3_POOL_SIZE", 64, 1),
             spool_dir=env.get("MAILQUEUE_SPOOL_DIR") or None,
+            touch_interval_s=_int(env, "S3_TOUCH_INTERVAL_S", 60),
         )
 
 

@@ -104,8 +104,7 @@ class Subscription:
             if await self._d.view.deleted.reason(self.queue, mail.enqueue_id) is not None:
                 await self._skip(message, "deleted")
                 return None
-            content_start = await self._d.state.content_start(self.queue)
-            if content_start is not None and mail.slice_start < content_start:
+            if await self._d.state.is_swept(self.queue, mail.slice_start):
                 await self._skip(message, "swept")
                 return None
             content = None

@@ -49,6 +49,23 @@ class QueueState:
         """Cached like the configuration: content start moves only when the sweep runs."""
         return await self._cached(self._content, queue, self._config_ttl, self._view.starts.content_start)
 
+    async def is_swept(self, queue: str, slice_start: dt.datetime) -> bool:
+        """True when the retention sweep has dropped (or is dropping) this slice.
+
+        The cached content start may lag the sweep by ``config_ttl_s``. A mail without a deleted
+        mark in a slice before browse start can only be one whose mark the sweep just deleted,
+        so for those content start is read afresh: a swept mail is never delivered as a ghost.
+        """
+        content_start = await self.content_start(queue)
+        if content_start is not None and slice_start < content_start:
+            return True
+        browse_start = await self.browse_start(queue)
+        if browse_start is None or slice_start >= browse_start:
+            return False
+        self._content.pop(queue, None)
+        content_start = await self.content_start(queue)
+        return content_start is not None and slice_start < content_start
+
     @staticmethod
     async def _cached(
         cache: dict[str, tuple[float, dt.datetime | None]], queue: str, ttl: float,

@@ -14,11 +14,13 @@ import hashlib
 import logging
 import os
 import tempfile
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 import urllib3
 from minio import Minio
+from minio.commonconfig import REPLACE, CopySource
 from minio.error import S3Error
 
 from services import names
@@ -37,23 +39,32 @@ UPLOAD_PART = 5 * CHUNK
 _MISSING = ("NoSuchKey", "NoSuchObject", "NoSuchBucket")
 
 
+_TOUCHED_MAX = 10_000
+
+
 def _unavailable(e: BaseException) -> BackendUnavailable:
     return BackendUnavailable("s3", f"{type(e).__name__}: {e}")
+
+
+def client(settings: S3Settings) -> Minio:
+    """A minio client with a connection pool sized by the settings (shared with the sweep)."""
+    http = urllib3.PoolManager(
+        maxsize=settings.pool_size,
+        timeout=urllib3.Timeout(connect=3, read=30),
+        retries=urllib3.Retry(total=2, backoff_factor=0.1, status_forcelist=(500, 502, 503, 504)),
+    )
+    return Minio(
+        settings.endpoint, access_key=settings.access_key, secret_key=settings.secret_key,
+        secure=settings.secure, region=settings.region, http_client=http,
+    )
 
 
 class S3BlobStore(BlobStore):
     def __init__(self, settings: S3Settings, max_blob_bytes: int) -> None:
         self._settings = settings
         self._max = max_blob_bytes
-        http = urllib3.PoolManager(
-            maxsize=settings.pool_size,
-            timeout=urllib3.Timeout(connect=3, read=30),
-            retries=urllib3.Retry(total=2, backoff_factor=0.1, status_forcelist=(500, 502, 503, 504)),
-        )
-        self._client = Minio(
-            settings.endpoint, access_key=settings.access_key, secret_key=settings.secret_key,
-            secure=settings.secure, region=settings.region, http_client=http,
-        )
+        self._client = client(settings)
+        self._touched: dict[str, float] = {}
         self._bucket = settings.bucket
         # The minio client blocks: its calls get threads of their own, as many as pooled connections.
         self._executor = concurrent.futures.ThreadPoolExecutor(settings.pool_size, thread_name_prefix="s3")
@@ -114,9 +125,12 @@ class S3BlobStore(BlobStore):
             key = names.blob_key(blob_id)
             if spool is None:
                 created = await self._run(self._put_if_absent, key, bytes(buffer))
+                if not created:
+                    await self._touch(key)
                 return BlobInfo(blob_id, size, deduplicated=not created)
             existing = await self._exists(blob_id)
             if existing is not None:
+                await self._touch(key)
                 return BlobInfo(blob_id, existing, deduplicated=True)
             await asyncio.to_thread(spool.flush)
             await self._run(self._client.fput_object, self._bucket, key, spool.name, part_size=UPLOAD_PART, num_parallel_uploads=1)
@@ -141,6 +155,26 @@ class S3BlobStore(BlobStore):
             if e.code == "PreconditionFailed":
                 return False
             raise
+
+    async def _touch(self, key: str) -> None:
+        """Refresh the modification time of an existing blob that a new mail is about to reference.
+
+        The retention sweep collects only unreferenced blobs last modified before its grace
+        period; without the touch, an old blob shared by a mail enqueued during a sweep could be
+        collected after the sweep read the rows. A copy onto itself with replaced metadata is a
+        metadata-only operation on the server.
+        """
+        now = time.monotonic()
+        last = self._touched.get(key)
+        if last is not None and now - last < self._settings.touch_interval_s:
+            return
+        await self._run(
+            self._client.copy_object, self._bucket, key, CopySource(self._bucket, key),
+            metadata={"x-amz-meta-touched": str(int(time.time()))}, metadata_directive=REPLACE,
+        )
+        if len(self._touched) >= _TOUCHED_MAX:
+            self._touched.clear()
+        self._touched[key] = now
 
     async def get(self, blob_id: str) -> AsyncIterator[bytes]:
         check_blob_id(blob_id)

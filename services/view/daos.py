@@ -122,6 +122,9 @@ class StartsDAO:
         self._get_browse = session.prepare(f"SELECT browse_start FROM {b} WHERE queue_name = ?")
         self._get_content = session.prepare(f"SELECT content_start FROM {c} WHERE queue_name = ?")
         self._set_browse = session.prepare(f"UPDATE {b} SET browse_start = ? WHERE queue_name = ?")
+        self._advance_content = session.prepare(
+            f"UPDATE {c} SET content_start = ? WHERE queue_name = ? IF content_start = ?"
+        )
 
     async def initialise(self, queue: str, start: dt.datetime) -> None:
         await execute(self._session, self._init_browse, (queue, start))
@@ -137,6 +140,17 @@ class StartsDAO:
 
     async def set_browse_start(self, queue: str, start: dt.datetime) -> None:
         await execute(self._session, self._set_browse, (start, queue))
+
+    async def advance_content_start(self, queue: str, start: dt.datetime) -> dt.datetime:
+        """Move content start forward to ``start`` (never back), with a lightweight transaction
+        so that two sweeps racing cannot move it backwards. Returns the content start in force."""
+        while True:
+            current = await self.content_start(queue)
+            if current is not None and current >= start:
+                return current
+            rows = await execute(self._session, self._advance_content, (start, queue, current))
+            if rows and rows[0][0]:
+                return start
 
 
 class QueuesDAO:

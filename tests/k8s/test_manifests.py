@@ -89,6 +89,19 @@ def test_the_sweep_never_overlaps_and_keeps_a_short_history(rendered):
     assert cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]["serviceAccountName"] == "mailqueue-sweep"
 
 
+def test_the_sweep_runs_the_spark_job_from_its_own_image_writing_only_to_tmp(rendered):
+    overlay, _, docs = rendered
+    [cron] = of_kind(docs, "CronJob")
+    [container] = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
+    assert container["args"][:3] == ["python", "-m", "spark.sweep"]
+    assert container["image"].split("/")[-1].startswith("mailqueue-sweep:")
+    if overlay == "prod":
+        assert container["image"] == "registry.example.com/mailqueue-sweep:0.1.0"
+    summary = container["args"][container["args"].index("--summary-file") + 1]
+    mounts = [m["mountPath"] for m in container["volumeMounts"]]
+    assert container["securityContext"]["readOnlyRootFilesystem"] and any(summary.startswith(m + "/") for m in mounts)
+
+
 def test_the_admin_service_is_reachable_only_where_the_overlay_says(rendered):
     overlay, _, docs = rendered
     [policy] = [p for p in of_kind(docs, "NetworkPolicy") if p["metadata"]["name"] == "mailqueue-admin"]

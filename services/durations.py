@@ -1,0 +1,22 @@
+"""Human durations for command lines: ``90s``, ``15m``, ``1h``, ``2d``."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import re
+
+
+def parse_duration(text: str) -> dt.timedelta:
+    m = re.fullmatch(r"(\d+)([smhd])", text.strip())
+    if not m:
+        raise argparse.ArgumentTypeError(f"{text!r}: use a number and a unit, e.g. 90s, 15m, 1h, 2d")
+    return dt.timedelta(seconds=int(m.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)])
+
+
+def human(d: dt.timedelta) -> str:
+    s = int(d.total_seconds())
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if s >= size:
+            return f"{s // size}{unit}" if s % size == 0 else f"{s / size:.1f}{unit}"
+    return f"{s}s"

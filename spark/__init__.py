@@ -1,0 +1,1 @@
+"""The retention sweep (``python -m spark.sweep``): a PySpark job that keeps storage bounded."""

@@ -1,0 +1,5 @@
+import sys
+
+from spark.sweep import main
+
+sys.exit(main())

@@ -1,0 +1,54 @@
+"""The blob bucket as the sweep sees it: reachable, and owned by the keyspace being swept.
+
+Blob collection deletes every blob that no row of *this* keyspace references, so a bucket
+shared by two deployments (two keyspaces) would lose the other one's mail. The first sweep
+that collects blobs writes the keyspace's name into ``mailqueue-owner`` at the bucket's root;
+a sweep of another keyspace then refuses to collect from it.
+"""
+
+from __future__ import annotations
+
+import io
+
+import urllib3
+from minio.error import S3Error
+
+from services.blobstores.s3 import client
+from services.config import S3Settings
+from services.errors import BackendUnavailable
+
+OWNER_KEY = "mailqueue-owner"
+#: Text in a Spark failure that means a backend, not the job, is at fault.
+UNREACHABLE_MARKERS = ("NoHostAvailable", "AllNodesFailedException", "Connection refused", "MaxRetryError", "unavailable")
+
+
+class BucketOwnedElsewhere(RuntimeError):
+    pass
+
+
+def ping(s3: S3Settings) -> None:
+    try:
+        client(s3).bucket_exists(s3.bucket)
+    except (S3Error, urllib3.exceptions.HTTPError, OSError) as e:
+        raise BackendUnavailable("s3", f"cannot reach {s3.endpoint} ({type(e).__name__}: {e})") from e
+
+
+def usable(s3: S3Settings, keyspace: str, claim: bool) -> bool:
+    """True when blobs may be collected from the bucket (False: there is no bucket yet)."""
+    c = client(s3)
+    if not c.bucket_exists(s3.bucket):
+        return False
+    try:
+        owner = c.get_object(s3.bucket, OWNER_KEY).read().decode().strip()
+    except S3Error as e:
+        if e.code != "NoSuchKey":
+            raise
+        if claim:
+            c.put_object(s3.bucket, OWNER_KEY, io.BytesIO(keyspace.encode()), len(keyspace.encode()))
+        return True
+    if owner != keyspace:
+        raise BucketOwnedElsewhere(
+            f"bucket {s3.bucket} holds the blobs of keyspace {owner!r}, not {keyspace!r}: collecting them "
+            "would delete that deployment's mail. Give each deployment its own MAILQUEUE_S3_BUCKET."
+        )
+    return True

@@ -1,0 +1,122 @@
+"""What runs inside Spark tasks: deletes through the Python Cassandra driver, blob listing and
+collection through the minio client (the connector has no DataFrame delete).
+
+Each factory returns a function for ``foreachPartition`` / ``mapPartitions``; it opens its own
+connections (they cannot be pickled), works in batches and counts with accumulators.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from services import names
+from services.config import CassandraSettings, S3Settings
+from services.slices import from_ms
+from services.view import schema
+
+BATCH = 2000
+CONCURRENCY = 64
+BLOB_THREADS = 16
+
+
+def _execute(cassandra: CassandraSettings, cql: str, params: Iterable[tuple[Any, ...]], counter: Any) -> None:
+    from cassandra.concurrent import execute_concurrent_with_args
+
+    from services.view.session import connect
+
+    cluster, session = connect(cassandra)
+    try:
+        statement = session.prepare(cql)
+        batch: list[tuple[Any, ...]] = []
+        for p in params:
+            batch.append(p)
+            if len(batch) >= BATCH:
+                execute_concurrent_with_args(session, statement, batch, concurrency=CONCURRENCY, raise_on_first_error=True)
+                counter.add(len(batch))
+                batch = []
+        if batch:
+            execute_concurrent_with_args(session, statement, batch, concurrency=CONCURRENCY, raise_on_first_error=True)
+            counter.add(len(batch))
+    finally:
+        cluster.shutdown()
+
+
+def delete_partitions(cassandra: CassandraSettings, keyspace: str, counter: Any) -> Callable[[Iterator[Any]], None]:
+    """Rows of (queue_name, slice_ms, bucket): one partition tombstone each."""
+    cql = f"DELETE FROM {keyspace}.{schema.ENQUEUED_MAILS} WHERE queue_name = ? AND slice_start = ? AND bucket = ?"
+
+    def run(rows: Iterator[Any]) -> None:
+        _execute(cassandra, cql, ((r.queue_name, from_ms(r.slice_ms), r.bucket) for r in rows), counter)
+
+    return run
+
+
+def delete_marks(cassandra: CassandraSettings, keyspace: str, counter: Any) -> Callable[[Iterator[Any]], None]:
+    """Rows of (queue_name, enqueue_id): the deleted marks to drop."""
+    import uuid
+
+    cql = f"DELETE FROM {keyspace}.{schema.DELETED_MAILS} WHERE queue_name = ? AND enqueue_id = ?"
+
+    def run(rows: Iterator[Any]) -> None:
+        _execute(cassandra, cql, ((r.queue_name, uuid.UUID(r.enqueue_id)) for r in rows), counter)
+
+    return run
+
+
+def _ms(instant: Any) -> int:
+    return int(instant.timestamp() * 1000)
+
+
+def list_blobs(s3: S3Settings, older_than_ms: int) -> Callable[[Iterator[str]], Iterator[tuple[str, int, int]]]:
+    """Key prefixes in, (blob_id, size, last_modified_ms) out for blobs written before the cutoff."""
+
+    def run(prefixes: Iterator[str]) -> Iterator[tuple[str, int, int]]:
+        from services.blobstores.s3 import client
+
+        c = client(s3)
+        for prefix in prefixes:
+            for o in c.list_objects(s3.bucket, prefix=prefix, recursive=True):
+                modified = _ms(o.last_modified)
+                if modified < older_than_ms:
+                    yield o.object_name.rsplit("/", 1)[-1], int(o.size or 0), modified
+
+    return run
+
+
+def delete_blobs(s3: S3Settings, older_than_ms: int, count: Any, size: Any) -> Callable[[Iterator[Any]], None]:
+    """Unreferenced blobs in: each is stat'ed again right before its delete, and kept when it
+    was written (or touched by an enqueue deduplicating onto it) since the listing."""
+
+    def run(rows: Iterator[Any]) -> None:
+        from minio.error import S3Error
+
+        from services.blobstores.s3 import client
+
+        c = client(s3)
+
+        def collect(blob_id: str) -> None:
+            key = names.blob_key(blob_id)
+            try:
+                st = c.stat_object(s3.bucket, key)
+            except S3Error as e:
+                if e.code in ("NoSuchKey", "NoSuchObject"):
+                    return
+                raise
+            if _ms(st.last_modified) >= older_than_ms:
+                return
+            c.remove_object(s3.bucket, key)
+            count.add(1)
+            size.add(int(st.size or 0))
+
+        with concurrent.futures.ThreadPoolExecutor(BLOB_THREADS) as pool:
+            for f in [pool.submit(collect, r.blob_id) for r in rows]:
+                f.result()
+
+    return run
+
+
+def blob_prefixes() -> list[str]:
+    """Blob keys are ``blobs/<sha-256 hex>``: 256 two-digit prefixes split the listing evenly."""
+    return [f"{names.blob_key('')}{i:02x}" for i in range(256)]

@@ -1,0 +1,72 @@
+"""The Spark session of the sweep: master, connector jars and the Cassandra connection.
+
+The Spark Cassandra Connector 3.5.1 and its dependencies come from Maven Central
+(spark/connector.sh puts them in ``~/.cache/mailqueue-stack/spark-connector-<version>``; the
+container image in ``/opt/mailqueue/spark-jars``). ``MAILQUEUE_SPARK_JARS`` (a folder or a comma
+separated list of jars) overrides both.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import sys
+from pathlib import Path
+
+from services.config import CassandraSettings
+
+CONNECTOR_VERSION = "3.5.1"
+DEFAULT_JAR_DIRS = (
+    Path.home() / ".cache" / "mailqueue-stack" / f"spark-connector-{CONNECTOR_VERSION}",
+    Path("/opt/mailqueue/spark-jars"),
+)
+
+
+class MissingJars(RuntimeError):
+    pass
+
+
+def connector_jars(spec: str | None = None) -> list[str]:
+    """The connector's jars, from ``spec`` (folder or comma list), else the default folders."""
+    candidates = [spec] if spec else [str(d) for d in DEFAULT_JAR_DIRS]
+    for candidate in candidates:
+        if os.path.isdir(candidate):
+            jars = sorted(glob.glob(os.path.join(candidate, "*.jar")))
+        else:
+            jars = [j for j in candidate.split(",") if j]
+        if jars and all(os.path.isfile(j) for j in jars):
+            return jars
+    raise MissingJars(
+        f"the Spark Cassandra Connector jars were not found in {', '.join(candidates)}: "
+        "run spark/connector.sh (fetches them from Maven Central) or set MAILQUEUE_SPARK_JARS"
+    )
+
+
+def build(master: str, jars: list[str], cassandra: CassandraSettings, shuffle_partitions: int) -> object:
+    """A SparkSession reading Cassandra at LOCAL_QUORUM (the consistency the services write at:
+    a row or a mark missed by a weaker read could make a live mail's blob look unreferenced)."""
+    # Python workers must be this interpreter: it has the Cassandra driver and minio installed.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    builder = (
+        SparkSession.builder.appName("mailqueue-retention-sweep")
+        .master(master)
+        .config("spark.jars", ",".join(jars))
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
+        .config("spark.cassandra.connection.host", ",".join(cassandra.hosts))
+        .config("spark.cassandra.connection.port", str(cassandra.port))
+        .config("spark.cassandra.input.consistency.level", "LOCAL_QUORUM")
+    )
+    if cassandra.local_dc:
+        builder = builder.config("spark.cassandra.connection.localDC", cassandra.local_dc)
+    if cassandra.username:
+        builder = builder.config("spark.cassandra.auth.username", cassandra.username)
+        builder = builder.config("spark.cassandra.auth.password", cassandra.password or "")
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark

@@ -1,0 +1,261 @@
+"""Retention sweep: keeps the view's tables and the blob bucket bounded (DESIGN §4).
+
+    python -m spark.sweep [--dry-run] [--grace 1h] [--blob-grace 1h] [--master local[*]]
+
+For every queue, slices strictly before ``browse_start - grace`` are dropped (rows, then their
+deleted marks) after content start has been advanced past them; then blobs that no remaining
+row references and that are older than the blob grace are collected. The rules are in
+services/retention.py; this module reads with Spark (the Cassandra connector scans the tables
+by token range) and deletes from Spark tasks with the Python driver and the minio client.
+
+Idempotent and resumable: every step is a delete or a forward-only move, so a run killed at any
+instant and run again ends in the same state. Connection settings are the services' own
+(MAILQUEUE_CASSANDRA_*, MAILQUEUE_S3_*). Exit codes: 0 done, 1 failed half-way (rerun it),
+2 bad usage or configuration, 3 a backend is unreachable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import datetime as dt
+import json
+import logging
+import os
+import sys
+import time
+from typing import Any
+
+from services import retention, slices
+from services.config import CassandraSettings, ConfigurationError, S3Settings
+from services.durations import parse_duration
+from services.errors import BackendUnavailable
+from services.runtime import logs
+from services.view import schema
+from services.view.view import View
+from spark import buckets, executors, session
+
+log = logging.getLogger("spark.sweep")
+
+NEVER_MS = -(2**62)
+#: Crash points for the resumability tests: the process dies like a SIGKILL after that step.
+FAILPOINT_ENV = "MAILQUEUE_SWEEP_FAILPOINT"
+EXIT_FAILED, EXIT_USAGE, EXIT_UNAVAILABLE = 1, 2, 3
+
+
+def parser() -> argparse.ArgumentParser:
+    env = os.environ.get
+    p = argparse.ArgumentParser(prog="python -m spark.sweep", description=__doc__.split("\n\n")[0])
+    p.add_argument("--dry-run", action="store_true", help="change nothing; report what would be deleted")
+    p.add_argument("--grace", type=parse_duration, default=env("MAILQUEUE_SWEEP_GRACE", "1h"),
+                   help="keep slices this long before browse start (default 1h)")
+    p.add_argument("--blob-grace", type=parse_duration, default=env("MAILQUEUE_SWEEP_BLOB_GRACE", "1h"),
+                   help="never collect a blob written or reused more recently (default 1h; must exceed the longest enqueue)")
+    p.add_argument("--queue", action="append", dest="queues", metavar="NAME", help="sweep only this queue (repeatable)")
+    p.add_argument("--no-blobs", action="store_true", help="skip blob collection")
+    p.add_argument("--master", default=env("MAILQUEUE_SPARK_MASTER", "local[*]"), help="Spark master (default local[*])")
+    p.add_argument("--jars", default=env("MAILQUEUE_SPARK_JARS"), help="connector jars: a folder or a comma separated list")
+    p.add_argument("--parallelism", type=int, default=int(env("MAILQUEUE_SWEEP_PARALLELISM", "4")),
+                   help="Spark tasks that delete at once (default 4)")
+    p.add_argument("--summary-file", default=env("MAILQUEUE_SWEEP_SUMMARY", "sweep-summary.json"),
+                   help="where the JSON summary is written ('-' for stdout only)")
+    return p
+
+
+@dataclasses.dataclass
+class Context:
+    args: argparse.Namespace
+    cassandra: CassandraSettings
+    s3: S3Settings
+    started: dt.datetime
+    loop: asyncio.AbstractEventLoop
+    view: View
+
+    def run(self, coro: Any) -> Any:
+        return self.loop.run_until_complete(coro)
+
+
+def _failpoint(step: str) -> None:
+    if os.environ.get(FAILPOINT_ENV) == step:
+        log.warning("failpoint reached: exiting like a kill", extra={"step": step})
+        logging.shutdown()
+        os._exit(137)
+
+
+def _ms(instant: dt.datetime) -> int:
+    return slices._ms(instant)
+
+
+def load_plans(ctx: Context) -> list[retention.QueuePlan]:
+    window = ctx.run(ctx.view.config.current()).slice_window
+    queues = ctx.args.queues or ctx.run(ctx.view.queues.all())
+    plans = []
+    for queue in sorted(queues):
+        p = retention.plan(
+            queue, ctx.run(ctx.view.starts.browse_start(queue)), ctx.run(ctx.view.starts.content_start(queue)),
+            ctx.args.grace, window,
+        )
+        if p is None:
+            log.warning("queue has no browse start: skipped", extra={"queue": queue})
+        else:
+            plans.append(p)
+    return plans
+
+
+def sweep(ctx: Context, spark: Any) -> retention.Summary:
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
+    a, ks = ctx.args, ctx.cassandra.keyspace
+    summary = retention.Summary(dry_run=a.dry_run)
+    plans = load_plans(ctx)
+    summary.queues = len(plans)
+    log.info("plans loaded", extra={"queues": len(plans), "grace_s": a.grace.total_seconds()})
+
+    def table(name: str) -> Any:
+        return spark.read.format("org.apache.spark.sql.cassandra").options(keyspace=ks, table=name).load()
+
+    keys = ["queue_name", "enqueue_id"]
+    rows = table(schema.ENQUEUED_MAILS).select(
+        "queue_name", F.unix_millis("slice_start").alias("slice_ms"), "bucket",
+        F.col("enqueue_id").cast("string").alias("enqueue_id"), "blob_ids",
+    ).persist(StorageLevel.MEMORY_AND_DISK)
+    marks = table(schema.DELETED_MAILS).select(
+        "queue_name", F.col("enqueue_id").cast("string").alias("enqueue_id"), F.unix_millis("deleted_at").alias("deleted_ms"),
+    ).persist(StorageLevel.MEMORY_AND_DISK)
+    log.info("view scanned", extra={"rows": rows.count(), "marks": marks.count()})
+
+    # 1. Live mails in slices the plan would drop hold that slice and every later one.
+    plan_df = spark.createDataFrame(
+        [(p.queue, _ms(p.content_start) if p.content_start else NEVER_MS, _ms(p.drop_before)) for p in plans],
+        "queue_name string, old_ms long, drop_ms long",
+    )
+    candidates = rows.join(F.broadcast(plan_df), "queue_name").where(
+        (F.col("slice_ms") < F.col("drop_ms")) & (F.col("slice_ms") >= F.col("old_ms"))
+    )
+    live = candidates.join(marks, keys, "left_anti").groupBy("queue_name").agg(F.min("slice_ms").alias("first_ms"))
+    first_live = {r.queue_name: slices.from_ms(r.first_ms) for r in live.collect()}
+
+    # 2. Content start moves first: from now on dequeue treats those slices as gone.
+    new_starts: dict[str, dt.datetime] = {}
+    for p in plans:
+        target = retention.new_content_start(p, first_live.get(p.queue))
+        if p.queue in first_live and first_live[p.queue] < p.drop_before:
+            summary.live_slices_held.append({"queue": p.queue, "slice_start": first_live[p.queue].isoformat()})
+            log.warning("live mail in a slice before browse start - grace: kept", extra={"queue": p.queue, "slice_start": first_live[p.queue].isoformat()})
+        if not a.dry_run and (p.content_start is None or target > p.content_start):
+            target = ctx.run(ctx.view.starts.advance_content_start(p.queue, target))
+        new_starts[p.queue] = target
+        summary.content_starts[p.queue] = target.isoformat()
+    _failpoint("after-content-start")
+
+    # 3. Rows before the new content start: their partitions, then their marks and orphan marks.
+    starts_df = spark.createDataFrame([(q, _ms(s)) for q, s in new_starts.items()], "queue_name string, cs_ms long")
+    dead = rows.join(F.broadcast(starts_df), "queue_name").where(F.col("slice_ms") < F.col("cs_ms"))
+    partitions = dead.select("queue_name", "slice_ms", "bucket").distinct().persist()
+    summary.rows = dead.count()
+    summary.partitions = partitions.count()
+    summary.slices = partitions.select("queue_name", "slice_ms").distinct().count()
+    dead_marks = dead.select(*keys).join(marks.select(*keys), keys, "left_semi")
+    orphans = (
+        marks.join(F.broadcast(starts_df), "queue_name").where(F.col("deleted_ms") < F.col("cs_ms"))
+        .select(*keys).join(rows.select(*keys), keys, "left_anti")
+    )
+    doomed_marks = dead_marks.union(orphans).distinct().persist()
+    summary.marks = doomed_marks.count()
+    summary.orphan_marks = orphans.count()
+    log.info("dead slices found", extra={"slices": summary.slices, "partitions": summary.partitions, "rows": summary.rows, "marks": summary.marks})
+    if not a.dry_run:
+        done = spark.sparkContext.accumulator(0)
+        partitions.coalesce(a.parallelism).foreachPartition(executors.delete_partitions(ctx.cassandra, ks, done))
+        log.info("partitions deleted", extra={"partitions": done.value})
+        _failpoint("after-partitions")
+        done = spark.sparkContext.accumulator(0)
+        doomed_marks.coalesce(a.parallelism).foreachPartition(executors.delete_marks(ctx.cassandra, ks, done))
+        log.info("deleted marks dropped", extra={"marks": done.value})
+        _failpoint("after-marks")
+
+    # 4. Blobs no remaining row references, older than the blob grace.
+    if not a.no_blobs and buckets.usable(ctx.s3, ks, claim=not a.dry_run):
+        cutoff = _ms(ctx.started - a.blob_grace)
+        referenced = (
+            rows.join(F.broadcast(starts_df), "queue_name", "left")
+            .where(F.col("cs_ms").isNull() | (F.col("slice_ms") >= F.col("cs_ms")))
+            .select(F.explode("blob_ids").alias("blob_id")).distinct()
+        )
+        prefixes = executors.blob_prefixes()
+        listed = spark.sparkContext.parallelize(prefixes, min(len(prefixes), 4 * a.parallelism)).mapPartitions(
+            executors.list_blobs(ctx.s3, cutoff)
+        ).toDF("blob_id string, size long, modified_ms long")
+        garbage = listed.join(referenced, "blob_id", "left_anti").persist()
+        found = garbage.agg(F.count("*").alias("n"), F.sum("size").alias("bytes")).first()
+        summary.blobs, summary.bytes_reclaimed = int(found.n or 0), int(found.bytes or 0)
+        log.info("unreferenced blobs found", extra={"blobs": summary.blobs, "bytes": summary.bytes_reclaimed})
+        if not a.dry_run and summary.blobs:
+            count, size = spark.sparkContext.accumulator(0), spark.sparkContext.accumulator(0)
+            garbage.coalesce(a.parallelism).foreachPartition(executors.delete_blobs(ctx.s3, cutoff, count, size))
+            # Blobs reused since the listing were kept: report what was really deleted.
+            summary.blobs, summary.bytes_reclaimed = count.value, size.value
+    return summary
+
+
+def _report(summary: retention.Summary, path: str) -> None:
+    for line in summary.lines():
+        print(line)
+    document = json.dumps(dataclasses.asdict(summary), indent=2, sort_keys=True)
+    if path == "-":
+        print(document)
+    else:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(document + "\n")
+        print(f"  summary written to {path}")
+    log.info("sweep finished", extra={k: v for k, v in dataclasses.asdict(summary).items() if not isinstance(v, (list, dict))})
+
+
+def _fail(code: int, message: str) -> int:
+    print(f"sweep: {message}", file=sys.stderr)
+    log.error(message, extra={"exit_code": code})
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    logs.configure("sweep", os.environ.get("MAILQUEUE_LOG_LEVEL", "INFO"))
+    try:
+        cassandra, s3 = CassandraSettings.from_env(), S3Settings.from_env()
+        jars = session.connector_jars(args.jars)
+    except (ConfigurationError, session.MissingJars) as e:
+        return _fail(EXIT_USAGE, str(e))
+    started = dt.datetime.now(dt.timezone.utc)
+    clock = time.monotonic()
+    loop = asyncio.new_event_loop()
+    view: View | None = None
+    try:
+        view = loop.run_until_complete(View.open(cassandra))
+        buckets.ping(s3)
+        ctx = Context(args, cassandra, s3, started, loop, view)
+        spark = session.build(args.master, jars, cassandra, shuffle_partitions=max(4, 2 * args.parallelism))
+        try:
+            summary = sweep(ctx, spark)
+        finally:
+            spark.stop()
+    except BackendUnavailable as e:
+        return _fail(EXIT_UNAVAILABLE, f"{e} - start it or fix MAILQUEUE_{e.backend.upper()}_* (nothing half-done is lost: rerun when it is back)")
+    except buckets.BucketOwnedElsewhere as e:
+        return _fail(EXIT_USAGE, str(e))
+    except Exception as e:  # noqa: BLE001 - Spark wraps every task failure in a Py4J error
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        code = EXIT_UNAVAILABLE if any(m in str(e) for m in buckets.UNREACHABLE_MARKERS) else EXIT_FAILED
+        return _fail(code, f"failed half-way ({type(e).__name__}: {first[:500]}); the sweep is resumable: run it again")
+    finally:
+        if view is not None:
+            view.close()
+        loop.close()
+    summary.duration_s = round(time.monotonic() - clock, 2)
+    _report(summary, args.summary_file)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

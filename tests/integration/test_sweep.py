@@ -1,0 +1,291 @@
+"""The retention sweep (#6) against the real Cassandra and MinIO, Spark in local mode.
+
+Each run is the real command line (``python -m spark.sweep``) in a subprocess, on a keyspace and
+a bucket of this module's own, with 1-second slices.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+import queue as queue_mod
+import threading
+import time
+import uuid
+
+import grpc
+import pytest
+from prometheus_client import REGISTRY
+
+from mailqueue.v1 import admin_pb2, blob_pb2, browse_pb2
+from services import model, slices
+from tests.conftest import Suite
+from tests.harness import ROOT, new_keyspace, wait_until
+from tests.integration.helpers import (
+    StreamConsumer, enqueue_names, inline, message_count, simple_mail,
+)
+from tests.integration.test_browse_admin import browse_names, next_slice
+
+
+@pytest.fixture(scope="module")
+def sweep_suite(aio_loop, running_stack) -> Suite:
+    s = Suite(
+        aio_loop, new_keyspace(), MAILQUEUE_SLICE_WINDOW_S="1", MAILQUEUE_BROWSE_START_PACE="1000000",
+        MAILQUEUE_S3_BUCKET=f"mq-sweep-{uuid.uuid4().hex[:8]}", MAILQUEUE_S3_TOUCH_INTERVAL_S="0",
+    )
+    yield s
+    s.stop(drop=True)
+
+
+def sweep(s: Suite, *args: str, failpoint: str = "", expect: int = 0, **env: str) -> dict:
+    """Run the sweep's command line; return its JSON summary."""
+    summary = os.path.join(ROOT, ".stack", f"sweep-{uuid.uuid4().hex[:8]}.json")
+    run_env = dict(s.env, MAILQUEUE_SWEEP_FAILPOINT=failpoint, **env)
+    p = subprocess.run(
+        [sys.executable, "-m", "spark.sweep", "--master", "local[2]", "--grace", "0s", "--blob-grace", "0s",
+         "--summary-file", summary, *args],
+        cwd=ROOT, env=run_env, capture_output=True, text=True, timeout=300,
+    )
+    assert p.returncode == expect, f"rc={p.returncode}\nstdout:\n{p.stdout}\nstderr:\n{p.stderr[-3000:]}"
+    if expect != 0:
+        return {"stdout": p.stdout, "stderr": p.stderr}
+    with open(summary, encoding="utf-8") as f:
+        result = json.load(f)
+    os.unlink(summary)
+    assert "retention sweep" in p.stdout
+    return result
+
+
+def blob_exists(s: Suite, blob_id: str) -> bool:
+    try:
+        s.blob_stub.Stat(blob_pb2.StatRequest(blob_id=blob_id))
+        return True
+    except grpc.RpcError as e:
+        assert e.code() == grpc.StatusCode.NOT_FOUND
+        return False
+
+
+def enqueue(s: Suite, queue: str, name: str, content: bytes) -> model.QueuedMail:
+    receipt = s.enqueue_stub.Enqueue(inline(queue, simple_mail(name), content)).receipt
+    return receipt
+
+
+def advance_browse_start(s: Suite, queue: str) -> dt.datetime:
+    next_slice()
+    next_slice()
+    return s.admin_stub.UpdateBrowseStart(admin_pb2.UpdateBrowseStartRequest(queue=queue)).browse_start.ToDatetime(
+        tzinfo=dt.timezone.utc
+    )
+
+
+def rows_before(s: Suite, queue: str, start: dt.datetime, end: dt.datetime) -> list[model.QueuedMail]:
+    """Every row still stored in the queue's slices in [start, end)."""
+
+    async def read():
+        config = await s.view.config.current()
+        out = []
+        for sl in slices.slices_between(start, end - config.slice_window, config.slice_window):
+            for b in range(config.bucket_count):
+                out += await s.view.enqueued.read_slice(queue, sl, b)
+        return out
+
+    return s.run(read())
+
+
+def mark(s: Suite, queue: str, enqueue_id: str) -> str | None:
+    return s.run(s.view.deleted.reason(queue, uuid.UUID(enqueue_id)))
+
+
+def content_start(s: Suite, queue: str) -> dt.datetime:
+    info = s.browse_stub.GetQueue(browse_pb2.GetQueueRequest(queue=queue)).queue_info
+    return info.content_start.ToDatetime(tzinfo=dt.timezone.utc)
+
+
+def drain(s: Suite, queue: str, n: int) -> dict[str, bytes]:
+    """Dequeue n mails with SUCCESS; name -> content."""
+    c = StreamConsumer(s.dequeue_stub, queue)
+    got = {}
+    for _ in range(n):
+        d = c.next()
+        got[d.mail.mail.name] = d.content
+        c.answer(d)
+    c.close()
+    return got
+
+
+def history(s: Suite, queue: str, dead: int, content=None) -> list:
+    """``dead`` mails over two slices, all dequeued; their receipts. ``content(i)`` by default is
+    unique per mail."""
+    receipts = []
+    for i in range(dead):
+        if i == dead // 2:
+            next_slice()
+        receipts.append(enqueue(s, queue, f"dead-{i}", content(i) if content else f"dead {i} {uuid.uuid4()}".encode()))
+    assert len(drain(s, queue, dead)) == dead
+    return receipts
+
+
+def dead_blob_ids(receipts) -> list[str]:
+    return [r.blob_ids[0] for r in receipts]
+
+
+def test_sweep_drops_dead_slices_marks_and_blobs_and_keeps_live_mails(sweep_suite):
+    s = sweep_suite
+    queue, stale = s.new_queue(), s.new_queue()
+    began = dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=1)
+    shared = f"shared content {uuid.uuid4()}".encode()
+    dead = history(s, queue, 8, lambda i: shared if i == 7 else f"dead {i} {uuid.uuid4()}".encode())
+    # A second queue whose mails are deleted by an operator: their RabbitMQ messages stay queued.
+    stale_ids = enqueue_names(s, stale, ["x1", "x2", "x3"])
+    assert sum(p.progress.deleted for p in s.admin_stub.ClearQueue(admin_pb2.ClearQueueRequest(queue=stale))) == 3
+    dead_blobs = dead_blob_ids(dead)
+    next_slice()
+    live = {f"live-{i}": (shared if i == 0 else f"live content {i}".encode()) for i in range(3)}
+    for name, content in live.items():
+        enqueue(s, queue, name, content)
+    browse_start = advance_browse_start(s, queue)
+    advance_browse_start(s, stale)
+    assert len(rows_before(s, queue, began, browse_start)) == 8
+
+    planned = sweep(s, "--dry-run")
+    assert planned["dry_run"] is True
+    assert planned["rows"] == 8 + 3 and planned["marks"] == 8 + 3
+    assert planned["blobs"] == 7 + 1  # seven own contents + the stale queue's one; the shared blob stays
+    assert len(rows_before(s, queue, began, browse_start)) == 8, "dry run changed rows"
+    assert all(mark(s, queue, r.enqueue_id) for r in dead), "dry run dropped marks"
+    assert all(blob_exists(s, b) for b in dead_blobs), "dry run deleted blobs"
+    assert content_start(s, queue) < browse_start
+
+    done = sweep(s)
+    assert {k: done[k] for k in ("rows", "marks", "blobs")} == {"rows": 11, "marks": 11, "blobs": 8}
+    assert done["slices"] >= 3 and done["partitions"] == done["slices"] and done["bytes_reclaimed"] > 0
+    assert rows_before(s, queue, began, browse_start) == []
+    assert [mark(s, queue, r.enqueue_id) for r in dead] == [None] * 8
+    assert [blob_exists(s, b) for b in dead_blobs] == [False] * 7 + [True]  # the shared blob is kept
+    assert content_start(s, queue) == browse_start
+
+    again = sweep(s)
+    assert {k: again[k] for k in ("rows", "marks", "blobs", "slices")} == {"rows": 0, "marks": 0, "blobs": 0, "slices": 0}
+
+    # The operator-deleted mails lost their marks with their slice: dequeue skips them as swept.
+    swept_before = REGISTRY.get_sample_value("mailqueue_skipped_total", {"queue": stale, "reason": "swept"}) or 0
+    assert message_count(stale) == len(stale_ids)
+    c = StreamConsumer(s.dequeue_stub, stale)
+
+    def swept() -> float:
+        return (REGISTRY.get_sample_value("mailqueue_skipped_total", {"queue": stale, "reason": "swept"}) or 0) - swept_before
+
+    wait_until(lambda: swept() >= 3, what="the stale messages to be skipped as swept")
+    assert swept() == 3 and message_count(stale) == 0
+    with pytest.raises(queue_mod.Empty):
+        c.next(timeout=0.5)  # nothing was handed out
+    c.close()
+
+    # The live mails still browse and dequeue with their content.
+    assert sorted(browse_names(s, queue)) == sorted(live)
+    assert drain(s, queue, 3) == live
+
+
+def test_a_sweep_killed_at_each_step_then_rerun_converges(sweep_suite):
+    s = sweep_suite
+    queue = s.new_queue()
+    began = dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=1)
+    dead = history(s, queue, 6)
+    blobs = dead_blob_ids(dead)
+    next_slice()
+    enqueue(s, queue, "live", b"still here")
+    browse_start = advance_browse_start(s, queue)
+
+    sweep(s, "--queue", queue, failpoint="after-content-start", expect=137)
+    assert content_start(s, queue) == browse_start
+    assert len(rows_before(s, queue, began, browse_start)) == 6 and all(blob_exists(s, b) for b in blobs)
+
+    sweep(s, "--queue", queue, failpoint="after-partitions", expect=137)
+    assert rows_before(s, queue, began, browse_start) == []
+    assert all(mark(s, queue, r.enqueue_id) for r in dead), "marks are dropped after partitions"
+
+    done = sweep(s, "--queue", queue)
+    assert done["orphan_marks"] == 6 and done["marks"] == 6 and done["rows"] == 0
+    assert [mark(s, queue, r.enqueue_id) for r in dead] == [None] * 6
+    assert not any(blob_exists(s, b) for b in blobs)
+    assert drain(s, queue, 1) == {"live": b"still here"}
+
+
+def test_a_sweep_during_enqueue_and_dequeue_loses_no_mail(sweep_suite):
+    s = sweep_suite
+    queue = s.new_queue()
+    old = uuid.uuid4().hex
+    history(s, queue, 20, lambda i: f"old {old} {i % 3}".encode())
+    advance_browse_start(s, queue)
+    stop = threading.Event()
+    sent: dict[str, bytes] = {}
+    got: dict[str, bytes] = {}
+    errors: list[BaseException] = []
+
+    def produce() -> None:
+        i = 0
+        try:
+            while not stop.is_set():
+                # Every other mail reuses an old content: its blob is deduplicated (and touched).
+                content = f"old {old} {i % 3}".encode() if i % 2 == 0 else f"new {i} {uuid.uuid4()}".encode()
+                enqueue(s, queue, f"n-{i}", content)
+                sent[f"n-{i}"] = content
+                i += 1
+        except BaseException as e:  # noqa: BLE001 - reported by the test
+            errors.append(e)
+
+    def consume() -> None:
+        c = StreamConsumer(s.dequeue_stub, queue, prefetch=8)
+        deadline = None
+        try:
+            while True:
+                if stop.is_set():  # drain what was sent, for at most a minute
+                    deadline = deadline or time.monotonic() + 60
+                    if len(got) >= len(sent) or time.monotonic() > deadline:
+                        break
+                try:
+                    d = c.next(timeout=1)
+                except Exception:  # noqa: BLE001 - queue.Empty: poll the stop flag again
+                    continue
+                got[d.mail.mail.name] = d.content
+                c.answer(d)
+        finally:
+            c.close()
+
+    threads = [threading.Thread(target=produce, daemon=True), threading.Thread(target=consume, daemon=True)]
+    for t in threads:
+        t.start()
+    try:
+        wait_until(lambda: len(sent) >= 20, what="traffic to start")
+        done = sweep(s, "--queue", queue)
+    finally:
+        stop.set()
+        threads[0].join(30)
+    threads[1].join(90)
+    assert not errors, errors
+    assert done["rows"] == 20
+    assert len(sent) >= 20
+    assert got == sent, f"lost {sorted(set(sent) - set(got))[:5]}, wrong content {[n for n in got if got[n] != sent.get(n)][:5]}"
+    assert size_of(s, queue) == 0
+
+
+def size_of(s: Suite, queue: str) -> int:
+    return s.browse_stub.GetSize(browse_pb2.GetSizeRequest(queue=queue)).size
+
+
+@pytest.mark.parametrize("backend,env", [
+    ("cassandra", {"MAILQUEUE_CASSANDRA_PORT": "1"}),
+    ("s3", {"MAILQUEUE_S3_ENDPOINT": "127.0.0.1:1"}),
+])
+def test_an_unreachable_backend_exits_3_and_names_it(sweep_suite, backend, env):
+    out = sweep(sweep_suite, expect=3, **env)
+    assert f"{backend} unavailable" in out["stderr"]
+    assert "rerun" in out["stderr"]
+
+
+def test_missing_connector_jars_exit_2_and_say_how_to_fetch_them(sweep_suite, tmp_path):
+    out = sweep(sweep_suite, "--jars", str(tmp_path), expect=2)
+    assert "spark/connector.sh" in out["stderr"]
