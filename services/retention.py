@@ -9,8 +9,10 @@ The sweep itself (spark/sweep.py) reads and deletes at scale; what it may delete
   slice is before content start as gone, so no instant exists at which a swept mail has lost
   its deleted mark but still looks live (a ghost delivery). A crash after the advance leaves
   rows and marks behind content start; the next run deletes them without asking again.
-- A deleted mark whose mail has no row left, written before the new content start, is an orphan
-  (its row was swept by a run that crashed, or never landed): it is deleted too.
+- Marks go before rows (both are behind content start by then, so the order is free): a crash
+  between the two leaves rows whose marks are gone, which the next run finds and deletes; it
+  never leaves marks without rows. A mark whose row never landed (an enqueue that failed) is an
+  orphan, collected by ``--orphan-marks`` (a full scan of the marks table, for a weekly run).
 - A blob is collected only when no remaining row references it and it was last written
   before ``sweep start - blob grace``. Enqueue refreshes the modification time of a blob it
   deduplicates onto, so a blob about to be referenced again is always young.

@@ -61,6 +61,8 @@ def build(master: str, jars: list[str], cassandra: CassandraSettings, shuffle_pa
         .config("spark.cassandra.connection.host", ",".join(cassandra.hosts))
         .config("spark.cassandra.connection.port", str(cassandra.port))
         .config("spark.cassandra.input.consistency.level", "LOCAL_QUORUM")
+        .config("spark.sql.extensions", "com.datastax.spark.connector.CassandraSparkExtensions")
+        .config("spark.driver.memory", os.environ.get("MAILQUEUE_SPARK_DRIVER_MEMORY", "2g"))
     )
     if cassandra.local_dc:
         builder = builder.config("spark.cassandra.connection.localDC", cassandra.local_dc)

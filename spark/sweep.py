@@ -2,8 +2,8 @@
 
     python -m spark.sweep [--dry-run] [--grace 1h] [--blob-grace 1h] [--master local[*]]
 
-For every queue, slices strictly before ``browse_start - grace`` are dropped (rows, then their
-deleted marks) after content start has been advanced past them; then blobs that no remaining
+For every queue, slices strictly before ``browse_start - grace`` are dropped (deleted marks,
+then rows) after content start has been advanced past them; then blobs that no remaining
 row references and that are older than the blob grace are collected. The rules are in
 services/retention.py; this module reads with Spark (the Cassandra connector scans the tables
 by token range) and deletes from Spark tasks with the Python driver and the minio client.
@@ -54,6 +54,8 @@ def parser() -> argparse.ArgumentParser:
                    help="never collect a blob written or reused more recently (default 1h; must exceed the longest enqueue)")
     p.add_argument("--queue", action="append", dest="queues", metavar="NAME", help="sweep only this queue (repeatable)")
     p.add_argument("--no-blobs", action="store_true", help="skip blob collection")
+    p.add_argument("--orphan-marks", action="store_true",
+                   help="also drop deleted marks without a row (left by failed enqueues); scans the whole marks table")
     p.add_argument("--master", default=env("MAILQUEUE_SPARK_MASTER", "local[*]"), help="Spark master (default local[*])")
     p.add_argument("--jars", default=env("MAILQUEUE_SPARK_JARS"), help="connector jars: a folder or a comma separated list")
     p.add_argument("--parallelism", type=int, default=int(env("MAILQUEUE_SWEEP_PARALLELISM", "4")),
@@ -113,18 +115,22 @@ def sweep(ctx: Context, spark: Any) -> retention.Summary:
     summary.queues = len(plans)
     log.info("plans loaded", extra={"queues": len(plans), "grace_s": a.grace.total_seconds()})
 
-    def table(name: str) -> Any:
-        return spark.read.format("org.apache.spark.sql.cassandra").options(keyspace=ks, table=name).load()
+    def table(name: str, **options: str) -> Any:
+        return spark.read.format("org.apache.spark.sql.cassandra").options(keyspace=ks, table=name, **options).load()
 
     keys = ["queue_name", "enqueue_id"]
     rows = table(schema.ENQUEUED_MAILS).select(
-        "queue_name", F.unix_millis("slice_start").alias("slice_ms"), "bucket",
-        F.col("enqueue_id").cast("string").alias("enqueue_id"), "blob_ids",
+        "queue_name", F.unix_millis("slice_start").alias("slice_ms"), "bucket", "enqueue_id", "blob_ids",
     ).persist(StorageLevel.MEMORY_AND_DISK)
-    marks = table(schema.DELETED_MAILS).select(
-        "queue_name", F.col("enqueue_id").cast("string").alias("enqueue_id"), F.unix_millis("deleted_at").alias("deleted_ms"),
-    ).persist(StorageLevel.MEMORY_AND_DISK)
-    log.info("view scanned", extra={"rows": rows.count(), "marks": marks.count()})
+    # Marks are looked up by key (the connector's direct join: point reads), never scanned: the
+    # table is mostly tombstones once sweeps have run, and a scan would cost its whole history.
+    marks = table(schema.DELETED_MAILS, directJoinSetting="on").select(*keys, "deleted_at")
+
+    def marked(df: Any) -> Any:
+        """df's keys with a column ``marked``: True when the mail has a deleted mark."""
+        return df.select(*keys).join(marks, keys, "left").select(*keys, F.col("deleted_at").isNotNull().alias("marked"))
+
+    log.info("view scanned", extra={"rows": rows.count()})
 
     # 1. Live mails in slices the plan would drop hold that slice and every later one.
     plan_df = spark.createDataFrame(
@@ -134,7 +140,10 @@ def sweep(ctx: Context, spark: Any) -> retention.Summary:
     candidates = rows.join(F.broadcast(plan_df), "queue_name").where(
         (F.col("slice_ms") < F.col("drop_ms")) & (F.col("slice_ms") >= F.col("old_ms"))
     )
-    live = candidates.join(marks, keys, "left_anti").groupBy("queue_name").agg(F.min("slice_ms").alias("first_ms"))
+    live = (
+        candidates.select(*keys, "slice_ms").join(marked(candidates).where(~F.col("marked")), keys, "left_semi")
+        .groupBy("queue_name").agg(F.min("slice_ms").alias("first_ms"))
+    )
     first_live = {r.queue_name: slices.from_ms(r.first_ms) for r in live.collect()}
 
     # 2. Content start moves first: from now on dequeue treats those slices as gone.
@@ -150,31 +159,35 @@ def sweep(ctx: Context, spark: Any) -> retention.Summary:
         summary.content_starts[p.queue] = target.isoformat()
     _failpoint("after-content-start")
 
-    # 3. Rows before the new content start: their partitions, then their marks and orphan marks.
+    # 3. Rows before the new content start: their marks, then their partitions.
     starts_df = spark.createDataFrame([(q, _ms(s)) for q, s in new_starts.items()], "queue_name string, cs_ms long")
     dead = rows.join(F.broadcast(starts_df), "queue_name").where(F.col("slice_ms") < F.col("cs_ms"))
     partitions = dead.select("queue_name", "slice_ms", "bucket").distinct().persist()
+    doomed_marks = marked(dead).where(F.col("marked")).select(*keys).persist()
     summary.rows = dead.count()
     summary.partitions = partitions.count()
     summary.slices = partitions.select("queue_name", "slice_ms").distinct().count()
-    dead_marks = dead.select(*keys).join(marks.select(*keys), keys, "left_semi")
-    orphans = (
-        marks.join(F.broadcast(starts_df), "queue_name").where(F.col("deleted_ms") < F.col("cs_ms"))
-        .select(*keys).join(rows.select(*keys), keys, "left_anti")
-    )
-    doomed_marks = dead_marks.union(orphans).distinct().persist()
     summary.marks = doomed_marks.count()
-    summary.orphan_marks = orphans.count()
+    if a.orphan_marks:
+        # Marks whose row never landed (an enqueue that failed after writing nothing): a full scan.
+        every_mark = table(schema.DELETED_MAILS).select(*keys, F.unix_millis("deleted_at").alias("deleted_ms"))
+        orphans = (
+            every_mark.join(F.broadcast(starts_df), "queue_name").where(F.col("deleted_ms") < F.col("cs_ms"))
+            .select(*keys).join(rows.select(*keys), keys, "left_anti").persist()
+        )
+        summary.orphan_marks = orphans.count()
+        summary.marks += summary.orphan_marks
+        doomed_marks = doomed_marks.union(orphans)
     log.info("dead slices found", extra={"slices": summary.slices, "partitions": summary.partitions, "rows": summary.rows, "marks": summary.marks})
     if not a.dry_run:
-        done = spark.sparkContext.accumulator(0)
-        partitions.coalesce(a.parallelism).foreachPartition(executors.delete_partitions(ctx.cassandra, ks, done))
-        log.info("partitions deleted", extra={"partitions": done.value})
-        _failpoint("after-partitions")
         done = spark.sparkContext.accumulator(0)
         doomed_marks.coalesce(a.parallelism).foreachPartition(executors.delete_marks(ctx.cassandra, ks, done))
         log.info("deleted marks dropped", extra={"marks": done.value})
         _failpoint("after-marks")
+        done = spark.sparkContext.accumulator(0)
+        partitions.coalesce(a.parallelism).foreachPartition(executors.delete_partitions(ctx.cassandra, ks, done))
+        log.info("partitions deleted", extra={"partitions": done.value})
+        _failpoint("after-partitions")
 
     # 4. Blobs no remaining row references, older than the blob grace.
     if not a.no_blobs and buckets.usable(ctx.s3, ks, claim=not a.dry_run):

@@ -203,15 +203,37 @@ def test_a_sweep_killed_at_each_step_then_rerun_converges(sweep_suite):
     assert content_start(s, queue) == browse_start
     assert len(rows_before(s, queue, began, browse_start)) == 6 and all(blob_exists(s, b) for b in blobs)
 
-    sweep(s, "--queue", queue, failpoint="after-partitions", expect=137)
-    assert rows_before(s, queue, began, browse_start) == []
-    assert all(mark(s, queue, r.enqueue_id) for r in dead), "marks are dropped after partitions"
+    sweep(s, "--queue", queue, failpoint="after-marks", expect=137)
+    assert [mark(s, queue, r.enqueue_id) for r in dead] == [None] * 6
+    assert len(rows_before(s, queue, began, browse_start)) == 6, "rows are dropped after their marks"
 
     done = sweep(s, "--queue", queue)
-    assert done["orphan_marks"] == 6 and done["marks"] == 6 and done["rows"] == 0
-    assert [mark(s, queue, r.enqueue_id) for r in dead] == [None] * 6
+    assert {k: done[k] for k in ("rows", "marks", "slices")} == {"rows": 6, "marks": 0, "slices": 2}
+    assert rows_before(s, queue, began, browse_start) == []
     assert not any(blob_exists(s, b) for b in blobs)
+    again = sweep(s, "--queue", queue)
+    assert {k: again[k] for k in ("rows", "marks", "blobs")} == {"rows": 0, "marks": 0, "blobs": 0}
     assert drain(s, queue, 1) == {"live": b"still here"}
+
+
+def test_orphan_marks_are_collected_on_request(sweep_suite):
+    s = sweep_suite
+    queue = s.new_queue()
+    enqueue(s, queue, "live", b"x")
+    browse_start = advance_browse_start(s, queue)
+    # A mark whose row never landed (an enqueue that failed long ago), and one written just now.
+    old, recent = uuid.uuid4(), uuid.uuid4()
+    table = f"{s.keyspace}.deleted_mails_v1"
+    insert = f"INSERT INTO {table} (queue_name, enqueue_id, reason, deleted_at) VALUES (%s, %s, 'enqueue failed', %s)"
+    s.view.session.execute(insert, (queue, old, browse_start - dt.timedelta(minutes=5)))
+    s.view.session.execute(insert, (queue, recent, dt.datetime.now(dt.timezone.utc)))
+
+    assert sweep(s, "--queue", queue)["orphan_marks"] == 0  # not looked for by default
+    assert mark(s, queue, str(old))
+    done = sweep(s, "--queue", queue, "--orphan-marks", "--no-blobs")
+    assert done["orphan_marks"] == 1 and done["marks"] == 1
+    assert mark(s, queue, str(old)) is None and mark(s, queue, str(recent)) == "enqueue failed"
+    assert drain(s, queue, 1) == {"live": b"x"}
 
 
 def test_a_sweep_during_enqueue_and_dequeue_loses_no_mail(sweep_suite):
@@ -220,7 +242,7 @@ def test_a_sweep_during_enqueue_and_dequeue_loses_no_mail(sweep_suite):
     old = uuid.uuid4().hex
     history(s, queue, 20, lambda i: f"old {old} {i % 3}".encode())
     advance_browse_start(s, queue)
-    stop = threading.Event()
+    stop, produced = threading.Event(), threading.Event()
     sent: dict[str, bytes] = {}
     got: dict[str, bytes] = {}
     errors: list[BaseException] = []
@@ -236,13 +258,15 @@ def test_a_sweep_during_enqueue_and_dequeue_loses_no_mail(sweep_suite):
                 i += 1
         except BaseException as e:  # noqa: BLE001 - reported by the test
             errors.append(e)
+        finally:
+            produced.set()
 
     def consume() -> None:
         c = StreamConsumer(s.dequeue_stub, queue, prefetch=8)
         deadline = None
         try:
             while True:
-                if stop.is_set():  # drain what was sent, for at most a minute
+                if produced.is_set():  # drain what was sent, for at most a minute
                     deadline = deadline or time.monotonic() + 60
                     if len(got) >= len(sent) or time.monotonic() > deadline:
                         break
@@ -268,6 +292,7 @@ def test_a_sweep_during_enqueue_and_dequeue_loses_no_mail(sweep_suite):
     assert not errors, errors
     assert done["rows"] == 20
     assert len(sent) >= 20
+    print(f"during the sweep: {len(sent)} mails enqueued, {len(got)} delivered")
     assert got == sent, f"lost {sorted(set(sent) - set(got))[:5]}, wrong content {[n for n in got if got[n] != sent.get(n)][:5]}"
     assert size_of(s, queue) == 0
 
