@@ -17,13 +17,12 @@ from services.slices import from_ms
 from services.view import schema
 
 BATCH = 2000
-CONCURRENCY = 64
+CONCURRENCY = 32
 BLOB_THREADS = 16
 
 
 def _execute(cassandra: CassandraSettings, cql: str, params: Iterable[tuple[Any, ...]], counter: Any) -> None:
-    from cassandra.concurrent import execute_concurrent_with_args
-
+    from services.view import bulk
     from services.view.session import connect
 
     cluster, session = connect(cassandra)
@@ -33,11 +32,11 @@ def _execute(cassandra: CassandraSettings, cql: str, params: Iterable[tuple[Any,
         for p in params:
             batch.append(p)
             if len(batch) >= BATCH:
-                execute_concurrent_with_args(session, statement, batch, concurrency=CONCURRENCY, raise_on_first_error=True)
+                bulk.run(session, statement, batch, CONCURRENCY)
                 counter.add(len(batch))
                 batch = []
         if batch:
-            execute_concurrent_with_args(session, statement, batch, concurrency=CONCURRENCY, raise_on_first_error=True)
+            bulk.run(session, statement, batch, CONCURRENCY)
             counter.add(len(batch))
     finally:
         cluster.shutdown()

@@ -64,6 +64,10 @@ def build(master: str, jars: list[str], cassandra: CassandraSettings, shuffle_pa
         .config("spark.sql.extensions", "com.datastax.spark.connector.CassandraSparkExtensions")
         .config("spark.driver.memory", os.environ.get("MAILQUEUE_SPARK_DRIVER_MEMORY", "2g"))
     )
+    if master.startswith("local"):
+        # Local mode talks to itself only: keep the driver off the machine's other interfaces.
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        builder = builder.config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
     if cassandra.local_dc:
         builder = builder.config("spark.cassandra.connection.localDC", cassandra.local_dc)
     if cassandra.username:

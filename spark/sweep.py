@@ -125,11 +125,6 @@ def sweep(ctx: Context, spark: Any) -> retention.Summary:
     # Marks are looked up by key (the connector's direct join: point reads), never scanned: the
     # table is mostly tombstones once sweeps have run, and a scan would cost its whole history.
     marks = table(schema.DELETED_MAILS, directJoinSetting="on").select(*keys, "deleted_at")
-
-    def marked(df: Any) -> Any:
-        """df's keys with a column ``marked``: True when the mail has a deleted mark."""
-        return df.select(*keys).join(marks, keys, "left").select(*keys, F.col("deleted_at").isNotNull().alias("marked"))
-
     log.info("view scanned", extra={"rows": rows.count()})
 
     # 1. Live mails in slices the plan would drop hold that slice and every later one.
@@ -137,11 +132,15 @@ def sweep(ctx: Context, spark: Any) -> retention.Summary:
         [(p.queue, _ms(p.content_start) if p.content_start else NEVER_MS, _ms(p.drop_before)) for p in plans],
         "queue_name string, old_ms long, drop_ms long",
     )
-    candidates = rows.join(F.broadcast(plan_df), "queue_name").where(
-        (F.col("slice_ms") < F.col("drop_ms")) & (F.col("slice_ms") >= F.col("old_ms"))
+    # Every row before its queue's drop point, and whether its mail has a mark (one point read each).
+    checked = (
+        rows.join(F.broadcast(plan_df), "queue_name").where(F.col("slice_ms") < F.col("drop_ms"))
+        .select(*keys, "slice_ms", "old_ms").join(marks, keys, "left")
+        .select(*keys, "slice_ms", "old_ms", F.col("deleted_at").isNotNull().alias("marked"))
+        .persist(StorageLevel.MEMORY_AND_DISK)
     )
     live = (
-        candidates.select(*keys, "slice_ms").join(marked(candidates).where(~F.col("marked")), keys, "left_semi")
+        checked.where(~F.col("marked") & (F.col("slice_ms") >= F.col("old_ms")))
         .groupBy("queue_name").agg(F.min("slice_ms").alias("first_ms"))
     )
     first_live = {r.queue_name: slices.from_ms(r.first_ms) for r in live.collect()}
@@ -163,7 +162,10 @@ def sweep(ctx: Context, spark: Any) -> retention.Summary:
     starts_df = spark.createDataFrame([(q, _ms(s)) for q, s in new_starts.items()], "queue_name string, cs_ms long")
     dead = rows.join(F.broadcast(starts_df), "queue_name").where(F.col("slice_ms") < F.col("cs_ms"))
     partitions = dead.select("queue_name", "slice_ms", "bucket").distinct().persist()
-    doomed_marks = marked(dead).where(F.col("marked")).select(*keys).persist()
+    doomed_marks = (
+        checked.where(F.col("marked")).join(F.broadcast(starts_df), "queue_name")
+        .where(F.col("slice_ms") < F.col("cs_ms")).select(*keys).persist()
+    )
     summary.rows = dead.count()
     summary.partitions = partitions.count()
     summary.slices = partitions.select("queue_name", "slice_ms").distinct().count()
