@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import atexit
 import os
 import statistics
 import subprocess
@@ -56,7 +57,22 @@ def stop(procs: list[subprocess.Popen]) -> None:
 
 
 def new_keyspace() -> str:
-    return f"mq_bench_{uuid.uuid4().hex[:8]}"
+    """A keyspace for one benchmark run, dropped when the run ends (piles of keyspaces exhaust a
+    small Cassandra heap)."""
+    name = f"mq_bench_{uuid.uuid4().hex[:8]}"
+    atexit.register(drop_keyspace, name)
+    return name
+
+
+def drop_keyspace(name: str) -> None:
+    from services.config import CassandraSettings
+    from services.view.session import connect
+
+    cluster, session = connect(CassandraSettings.from_env())
+    try:
+        session.execute(f"DROP KEYSPACE IF EXISTS {name}", timeout=120)
+    finally:
+        cluster.shutdown()
 
 
 async def load(op: Callable[[int], Awaitable[None]], concurrency: int, seconds: float, label: str) -> dict[str, float]:
