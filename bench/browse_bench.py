@@ -20,7 +20,7 @@ import urllib.request
 
 import grpc
 
-from bench.common import PORTS, env, new_keyspace, serving
+from bench.common import PORTS, env, new_keyspace, run, serving
 from bench.enqueue_bench import content
 from mailqueue.v1 import admin_pb2, admin_pb2_grpc, browse_pb2, browse_pb2_grpc
 from services import model
@@ -131,4 +131,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

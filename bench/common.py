@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import atexit
 import os
 import statistics
 import subprocess
@@ -56,12 +55,24 @@ def stop(procs: list[subprocess.Popen]) -> None:
         p.wait(20)
 
 
+_KEYSPACES: list[str] = []
+
+
 def new_keyspace() -> str:
-    """A keyspace for one benchmark run, dropped when the run ends (piles of keyspaces exhaust a
+    """A keyspace for one benchmark run, dropped when ``run`` ends (piles of keyspaces exhaust a
     small Cassandra heap)."""
     name = f"mq_bench_{uuid.uuid4().hex[:8]}"
-    atexit.register(drop_keyspace, name)
+    _KEYSPACES.append(name)
     return name
+
+
+def run(main: Callable[[], None]) -> None:
+    """A benchmark's entry point: its keyspaces are dropped however it ends."""
+    try:
+        main()
+    finally:
+        for name in _KEYSPACES:
+            drop_keyspace(name)
 
 
 def drop_keyspace(name: str) -> None:

@@ -18,7 +18,7 @@ import time
 
 import grpc
 
-from bench.common import PORTS, new_keyspace, start_services, stop
+from bench.common import PORTS, new_keyspace, run, start_services, stop
 from bench.enqueue_bench import content
 from mailqueue.v1 import admin_pb2, admin_pb2_grpc, dequeue_pb2, dequeue_pb2_grpc
 from services import model
@@ -138,4 +138,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -16,7 +16,7 @@ import uuid
 
 import grpc
 
-from bench.common import PORTS, load, new_keyspace, report, start_services, stop
+from bench.common import PORTS, load, new_keyspace, report, run, start_services, stop
 from mailqueue.v1 import admin_pb2, admin_pb2_grpc, enqueue_pb2, enqueue_pb2_grpc, mail_pb2
 from services import model, serde
 from services.blobstores.s3 import S3BlobStore
@@ -93,4 +93,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)
