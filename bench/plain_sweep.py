@@ -76,14 +76,13 @@ def sweep(cassandra: CassandraSettings, s3: S3Settings, grace: dt.timedelta, blo
     loop.close()
 
     c = client(s3)
-    cutoff = started - blob_grace
     garbage = [
         o for o in c.list_objects(s3.bucket, prefix=names.blob_key(""), recursive=True)
-        if o.last_modified < cutoff and o.object_name.rsplit("/", 1)[-1] not in referenced
+        if retention.blob_collectable(o.last_modified, started, blob_grace) and o.object_name.rsplit("/", 1)[-1] not in referenced
     ]
 
     def collect(o) -> None:
-        if c.stat_object(s3.bucket, o.object_name).last_modified < cutoff:
+        if retention.blob_collectable(c.stat_object(s3.bucket, o.object_name).last_modified, started, blob_grace):
             c.remove_object(s3.bucket, o.object_name)
 
     with concurrent.futures.ThreadPoolExecutor(16) as pool:

@@ -8,10 +8,11 @@ connections (they cannot be pickled), works in batches and counts with accumulat
 from __future__ import annotations
 
 import concurrent.futures
+import datetime as dt
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from services import names
+from services import names, retention
 from services.config import CassandraSettings, S3Settings
 from services.slices import from_ms
 from services.view import schema
@@ -68,8 +69,8 @@ def _ms(instant: Any) -> int:
     return int(instant.timestamp() * 1000)
 
 
-def list_blobs(s3: S3Settings, older_than_ms: int) -> Callable[[Iterator[str]], Iterator[tuple[str, int, int]]]:
-    """Key prefixes in, (blob_id, size, last_modified_ms) out for blobs written before the cutoff."""
+def list_blobs(s3: S3Settings, started: dt.datetime, grace: dt.timedelta) -> Callable[[Iterator[str]], Iterator[tuple[str, int, int]]]:
+    """Key prefixes in, (blob_id, size, last_modified_ms) out for blobs old enough to collect."""
 
     def run(prefixes: Iterator[str]) -> Iterator[tuple[str, int, int]]:
         from services.blobstores.s3 import client
@@ -77,14 +78,13 @@ def list_blobs(s3: S3Settings, older_than_ms: int) -> Callable[[Iterator[str]], 
         c = client(s3)
         for prefix in prefixes:
             for o in c.list_objects(s3.bucket, prefix=prefix, recursive=True):
-                modified = _ms(o.last_modified)
-                if modified < older_than_ms:
-                    yield o.object_name.rsplit("/", 1)[-1], int(o.size or 0), modified
+                if retention.blob_collectable(o.last_modified, started, grace):
+                    yield o.object_name.rsplit("/", 1)[-1], int(o.size or 0), _ms(o.last_modified)
 
     return run
 
 
-def delete_blobs(s3: S3Settings, older_than_ms: int, count: Any, size: Any) -> Callable[[Iterator[Any]], None]:
+def delete_blobs(s3: S3Settings, started: dt.datetime, grace: dt.timedelta, count: Any, size: Any) -> Callable[[Iterator[Any]], None]:
     """Unreferenced blobs in: each is stat'ed again right before its delete, and kept when it
     was written (or touched by an enqueue deduplicating onto it) since the listing."""
 
@@ -103,7 +103,7 @@ def delete_blobs(s3: S3Settings, older_than_ms: int, count: Any, size: Any) -> C
                 if e.code in ("NoSuchKey", "NoSuchObject"):
                     return
                 raise
-            if _ms(st.last_modified) >= older_than_ms:
+            if not retention.blob_collectable(st.last_modified, started, grace):
                 return
             c.remove_object(s3.bucket, key)
             count.add(1)

@@ -193,7 +193,6 @@ def sweep(ctx: Context, spark: Any) -> retention.Summary:
 
     # 4. Blobs no remaining row references, older than the blob grace.
     if not a.no_blobs and buckets.usable(ctx.s3, ks, claim=not a.dry_run):
-        cutoff = _ms(ctx.started - a.blob_grace)
         referenced = (
             rows.join(F.broadcast(starts_df), "queue_name", "left")
             .where(F.col("cs_ms").isNull() | (F.col("slice_ms") >= F.col("cs_ms")))
@@ -201,7 +200,7 @@ def sweep(ctx: Context, spark: Any) -> retention.Summary:
         )
         prefixes = executors.blob_prefixes()
         listed = spark.sparkContext.parallelize(prefixes, min(len(prefixes), 4 * a.parallelism)).mapPartitions(
-            executors.list_blobs(ctx.s3, cutoff)
+            executors.list_blobs(ctx.s3, ctx.started, a.blob_grace)
         ).toDF("blob_id string, size long, modified_ms long")
         garbage = listed.join(referenced, "blob_id", "left_anti").persist()
         found = garbage.agg(F.count("*").alias("n"), F.sum("size").alias("bytes")).first()
@@ -209,7 +208,7 @@ def sweep(ctx: Context, spark: Any) -> retention.Summary:
         log.info("unreferenced blobs found", extra={"blobs": summary.blobs, "bytes": summary.bytes_reclaimed})
         if not a.dry_run and summary.blobs:
             count, size = spark.sparkContext.accumulator(0), spark.sparkContext.accumulator(0)
-            garbage.coalesce(a.parallelism).foreachPartition(executors.delete_blobs(ctx.s3, cutoff, count, size))
+            garbage.coalesce(a.parallelism).foreachPartition(executors.delete_blobs(ctx.s3, ctx.started, a.blob_grace, count, size))
             # Blobs reused since the listing were kept: report what was really deleted.
             summary.blobs, summary.bytes_reclaimed = count.value, size.value
     return summary
