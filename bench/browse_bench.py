@@ -20,7 +20,7 @@ import urllib.request
 
 import grpc
 
-from bench.common import PORTS, env, new_keyspace, run, serving
+from bench.common import PORTS, bench_queue, env, new_keyspace, run, serving
 from bench.enqueue_bench import content
 from mailqueue.v1 import admin_pb2, admin_pb2_grpc, browse_pb2, browse_pb2_grpc
 from services import model
@@ -34,7 +34,7 @@ from services.queue_state import QueueState
 from services.queues import create_queue
 from services.view.view import View
 
-QUEUE = "bench-browse"
+QUEUE = bench_queue("bench-browse")
 METRICS_PORT = 56153
 
 
@@ -43,6 +43,7 @@ async def write_history(settings: Settings, history: int, live: int) -> None:
     await apply_view_settings(view, settings)  # the short slice window of --slice-window
     broker = RabbitMQBroker(settings.rabbitmq)
     blobs = S3BlobStore(settings.s3, settings.limits.max_blob_bytes)
+    await blobs.ensure_bucket()
     state = QueueState(view)
     await create_queue(view, broker, QUEUE)
     enqueuer = Enqueuer(view, broker, blobs, settings.limits, state)

@@ -55,24 +55,46 @@ def stop(procs: list[subprocess.Popen]) -> None:
         p.wait(20)
 
 
+#: What one benchmark run created, removed when ``run`` ends: piles of keyspaces exhausted a small
+#: Cassandra heap, and leftover blobs and messages make MinIO's scanner and RabbitMQ busier
+#: with every run, which skews the next run's figures.
 _KEYSPACES: list[str] = []
+_BUCKETS: list[str] = []
+_QUEUES: list[str] = []
+TAG = uuid.uuid4().hex[:8]
 
 
 def new_keyspace() -> str:
-    """A keyspace for one benchmark run, dropped when ``run`` ends (piles of keyspaces exhaust a
-    small Cassandra heap)."""
-    name = f"mq_bench_{uuid.uuid4().hex[:8]}"
+    """A keyspace and a bucket for one benchmark run.
+
+    The bucket is exported as MAILQUEUE_S3_BUCKET, so services started by ``start_services`` and
+    settings read from the environment use it. Both are dropped when ``run`` ends.
+    """
+    name = f"mq_bench_{TAG}"
     _KEYSPACES.append(name)
+    bucket = f"mq-bench-{TAG}"
+    os.environ["MAILQUEUE_S3_BUCKET"] = bucket
+    _BUCKETS.append(bucket)
     return name
 
 
+def bench_queue(name: str) -> str:
+    """A queue name unique to this run; its RabbitMQ exchanges and queues are deleted when ``run`` ends."""
+    queue = f"{name}-{TAG}"
+    _QUEUES.append(queue)
+    return queue
+
+
 def run(main: Callable[[], None]) -> None:
-    """A benchmark's entry point: its keyspaces are dropped however it ends."""
+    """A benchmark's entry point: what it created is removed however it ends."""
     try:
         main()
     finally:
         for name in _KEYSPACES:
             drop_keyspace(name)
+        for bucket in _BUCKETS:
+            drop_bucket(bucket)
+        drop_queues(_QUEUES)
 
 
 def drop_keyspace(name: str) -> None:
@@ -84,6 +106,40 @@ def drop_keyspace(name: str) -> None:
         session.execute(f"DROP KEYSPACE IF EXISTS {name}", timeout=120)
     finally:
         cluster.shutdown()
+
+
+def drop_bucket(bucket: str) -> None:
+    from minio.deleteobjects import DeleteObject
+
+    from services.blobstores.s3 import client
+    from services.config import S3Settings
+
+    s3 = client(S3Settings.from_env())
+    if not s3.bucket_exists(bucket):
+        return
+    keys = [DeleteObject(o.object_name) for o in s3.list_objects(bucket, recursive=True)]
+    print(f"removing bucket {bucket} ({len(keys)} objects)", file=sys.stderr)
+    for i in range(0, len(keys), 1000):
+        for error in s3.remove_objects(bucket, keys[i:i + 1000]):
+            raise SystemExit(f"could not remove {error.name} from {bucket}: {error.message}")
+    s3.remove_bucket(bucket)
+
+
+def drop_queues(queues: list[str]) -> None:
+    import pika
+
+    from services import names
+    from services.config import RabbitMQSettings
+
+    if not queues:
+        return
+    with pika.BlockingConnection(pika.URLParameters(RabbitMQSettings.from_env().url)) as conn:
+        ch = conn.channel()
+        for q in queues:
+            ch.queue_delete(names.work_queue(q))
+            ch.queue_delete(names.dead_letter_queue(q))
+            ch.exchange_delete(names.exchange(q))
+            ch.exchange_delete(names.dead_letter_exchange(q))
 
 
 async def load(op: Callable[[int], Awaitable[None]], concurrency: int, seconds: float, label: str) -> dict[str, float]:

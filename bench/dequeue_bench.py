@@ -18,7 +18,7 @@ import time
 
 import grpc
 
-from bench.common import PORTS, new_keyspace, run, start_services, stop
+from bench.common import PORTS, bench_queue, new_keyspace, run, start_services, stop
 from bench.enqueue_bench import content
 from mailqueue.v1 import admin_pb2, admin_pb2_grpc, dequeue_pb2, dequeue_pb2_grpc
 from services import model
@@ -35,6 +35,7 @@ async def fill(settings: Settings, queue: str, n: int, size: int) -> None:
     view = await View.open(settings.cassandra)
     broker = RabbitMQBroker(settings.rabbitmq)
     blobs = S3BlobStore(settings.s3, settings.limits.max_blob_bytes)
+    await blobs.ensure_bucket()
     enqueuer = Enqueuer(view, broker, blobs, settings.limits, QueueState(view))
     mail = model.Mail(name="bench", sender="a@example.com", recipients=("b@example.org",))
     sem = asyncio.Semaphore(32)
@@ -87,6 +88,7 @@ async def direct(settings: Settings, queue: str, n: int, prefetch: int) -> dict[
     view = await View.open(settings.cassandra)
     broker = RabbitMQBroker(settings.rabbitmq)
     blobs = S3BlobStore(settings.s3, settings.limits.max_blob_bytes)
+    await blobs.ensure_bucket()
     dequeuer = Dequeuer(view, broker, blobs, settings.limits, QueueState(view))
     sub = await dequeuer.subscribe(queue, prefetch)
     start = time.monotonic()
@@ -119,18 +121,19 @@ def main() -> None:
     a = p.parse_args()
     keyspace = new_keyspace()
     settings = Settings.from_env("dequeue", {**os.environ, "MAILQUEUE_CASSANDRA_KEYSPACE": keyspace})
+    grpc_queue, direct_queue = bench_queue("bench-grpc"), bench_queue("bench-direct")
     procs = start_services(keyspace, ["blob", "dequeue", "browse"])
     try:
         admin = admin_pb2_grpc.AdminServiceStub(grpc.insecure_channel(f"127.0.0.1:{PORTS['browse']}"))
-        for q in ("bench-grpc", "bench-direct"):
+        for q in (grpc_queue, direct_queue):
             admin.CreateQueue(admin_pb2.CreateQueueRequest(queue=q))
         print(f"filling two queues with {a.mails} mails of {a.size} B (not timed)", file=sys.stderr)
-        asyncio.run(fill(settings, "bench-grpc", a.mails, a.size))
-        asyncio.run(fill(settings, "bench-direct", a.mails, a.size))
-        g = asyncio.run(via_grpc("bench-grpc", a.mails, a.prefetch))
+        asyncio.run(fill(settings, grpc_queue, a.mails, a.size))
+        asyncio.run(fill(settings, direct_queue, a.mails, a.size))
+        g = asyncio.run(via_grpc(grpc_queue, a.mails, a.prefetch))
     finally:
         stop(procs)
-    d = asyncio.run(direct(settings, "bench-direct", a.mails, a.prefetch))
+    d = asyncio.run(direct(settings, direct_queue, a.mails, a.prefetch))
     print(f"\ndequeue + SUCCESS of {a.size} B mails, prefetch {a.prefetch}, one stream, keyspace {keyspace}")
     print(f"grpc      {g['per_s']:8.1f} mails/s ({g['n']} in {g['seconds']:.2f} s)")
     print(f"direct    {d['per_s']:8.1f} mails/s ({d['n']} in {d['seconds']:.2f} s)")

@@ -16,7 +16,7 @@ import uuid
 
 import grpc
 
-from bench.common import PORTS, load, new_keyspace, report, run, start_services, stop
+from bench.common import PORTS, bench_queue, load, new_keyspace, report, run, start_services, stop
 from mailqueue.v1 import admin_pb2, admin_pb2_grpc, enqueue_pb2, enqueue_pb2_grpc, mail_pb2
 from services import model, serde
 from services.blobstores.s3 import S3BlobStore
@@ -50,6 +50,7 @@ async def direct(settings: Settings, queue: str, seconds: float, concurrency: in
     view = await View.open(settings.cassandra)
     broker = RabbitMQBroker(settings.rabbitmq)
     blobs = S3BlobStore(settings.s3, settings.limits.max_blob_bytes)
+    await blobs.ensure_bucket()
     await create_queue(view, broker, queue)
     mail = model.Mail(name="bench", sender="a@example.com", recipients=("b@example.org",))
     window = (await view.config.current()).slice_window
@@ -77,15 +78,16 @@ def main() -> None:
     p.add_argument("--size", type=int, default=10 * 1024)
     a = p.parse_args()
     keyspace = new_keyspace()
+    grpc_queue, direct_queue = bench_queue("bench-grpc"), bench_queue("bench-direct")
     procs = start_services(keyspace, ["blob", "enqueue", "browse"])
     try:
         admin = admin_pb2_grpc.AdminServiceStub(grpc.insecure_channel(f"127.0.0.1:{PORTS['browse']}"))
-        admin.CreateQueue(admin_pb2.CreateQueueRequest(queue="bench-grpc"))
-        g = asyncio.run(via_grpc("bench-grpc", a.seconds, a.concurrency, a.size))
+        admin.CreateQueue(admin_pb2.CreateQueueRequest(queue=grpc_queue))
+        g = asyncio.run(via_grpc(grpc_queue, a.seconds, a.concurrency, a.size))
     finally:
         stop(procs)
     settings = Settings.from_env("enqueue", {**os.environ, "MAILQUEUE_CASSANDRA_KEYSPACE": keyspace})
-    d = asyncio.run(direct(settings, "bench-direct", a.seconds, a.concurrency, a.size))
+    d = asyncio.run(direct(settings, direct_queue, a.seconds, a.concurrency, a.size))
     print(f"\nenqueue of {a.size} B mails, concurrency {a.concurrency}, {a.seconds:.0f} s each, keyspace {keyspace}")
     print(report("grpc", g))
     print(report("direct", d))

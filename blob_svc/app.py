@@ -28,6 +28,10 @@ class BlobApp(App):
     async def check(self) -> None:
         await self.store().ping()
 
+    async def close(self) -> None:
+        if self._store is not None:
+            await self._store.close()
+
     def store(self) -> S3BlobStore:
         self.require_connected()
         assert self._store is not None

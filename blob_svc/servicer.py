@@ -28,6 +28,13 @@ class BlobServicer(blob_pb2_grpc.BlobServiceServicer):
         info = await store.put(chunks(), expected_id=first.expected_blob_id if first else None)
         return blob_pb2.PutResponse(blob_id=info.blob_id, size=info.size, deduplicated=info.deduplicated)
 
+    async def PutBytes(self, request: blob_pb2.PutBytesRequest, context: grpc.aio.ServicerContext) -> blob_pb2.PutBytesResponse:
+        info = await self._app.store().put_bytes(request.content, expected_id=request.expected_blob_id or None)
+        return blob_pb2.PutBytesResponse(blob_id=info.blob_id, size=info.size, deduplicated=info.deduplicated)
+
+    async def GetBytes(self, request: blob_pb2.GetBytesRequest, context: grpc.aio.ServicerContext) -> blob_pb2.GetBytesResponse:
+        return blob_pb2.GetBytesResponse(content=await self._app.store().read([request.blob_id]))
+
     async def Get(self, request: blob_pb2.GetRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[blob_pb2.GetResponse]:
         async for chunk in self._app.store().get(request.blob_id):
             yield blob_pb2.GetResponse(chunk=chunk)

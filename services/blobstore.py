@@ -26,8 +26,9 @@ class BlobStore(abc.ABC):
     @abc.abstractmethod
     async def put(self, chunks: AsyncIterator[bytes], expected_id: str | None = None) -> BlobInfo: ...
 
-    async def put_bytes(self, data: bytes) -> BlobInfo:
-        return await self.put(one_chunk(data))
+    async def put_bytes(self, data: bytes, expected_id: str | None = None) -> BlobInfo:
+        """``put`` of content already in memory."""
+        return await self.put(one_chunk(data), expected_id)
 
     @abc.abstractmethod
     def get(self, blob_id: str) -> AsyncIterator[bytes]:

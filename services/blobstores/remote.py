@@ -57,6 +57,28 @@ class RemoteBlobStore(BlobStore):
             raise
         return BlobInfo(r.blob_id, r.size, r.deduplicated)
 
+    async def put_bytes(self, data: bytes, expected_id: str | None = None) -> BlobInfo:
+        try:
+            r = await self._stub.PutBytes(
+                blob_pb2.PutBytesRequest(content=data, expected_blob_id=expected_id or ""),
+                timeout=self._timeout, metadata=self._metadata,
+            )
+        except grpc.aio.AioRpcError as e:
+            raise _convert(e) from e
+        return BlobInfo(r.blob_id, r.size, r.deduplicated)
+
+    async def read(self, blob_ids: tuple[str, ...] | list[str]) -> bytes:
+        parts = []
+        for blob_id in blob_ids:
+            try:
+                r = await self._stub.GetBytes(
+                    blob_pb2.GetBytesRequest(blob_id=blob_id), timeout=self._timeout, metadata=self._metadata
+                )
+            except grpc.aio.AioRpcError as e:
+                raise _convert(e) from e
+            parts.append(r.content)
+        return b"".join(parts)
+
     async def get(self, blob_id: str) -> AsyncIterator[bytes]:
         try:
             async for r in self._stub.Get(blob_pb2.GetRequest(blob_id=blob_id), timeout=self._timeout, metadata=self._metadata):

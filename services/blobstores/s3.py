@@ -2,7 +2,8 @@
 
 Puts are spooled to a temporary file while their SHA-256 is computed, so memory stays bounded
 whatever the size; the object is then uploaded under its hash (skipped when it already exists).
-The minio client is blocking: every call runs in a worker thread.
+The minio client is blocking: every call runs in a worker thread. Small puts, the bulk of a
+mail queue's, and whole-blob reads skip it and go out from the event loop (s3async.py).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from minio.error import S3Error
 
 from services import names
 from services.blobstore import CHUNK, BlobStore
+from services.blobstores.s3async import AsyncS3, S3ResponseError, TooLarge
 from services.config import S3Settings
 from services.errors import BackendUnavailable, InvalidArgument, NotFound, ResourceExhausted
 from services.model import BlobInfo
@@ -36,6 +38,8 @@ log = logging.getLogger(__name__)
 IN_MEMORY_PUT = 4 * CHUNK
 #: Multipart part size (S3 minimum), uploaded one at a time: what bounds memory on large puts.
 UPLOAD_PART = 5 * CHUNK
+#: The largest blob ``read`` returns whole (the gRPC message limit); larger ones are streamed with ``get``.
+READ_WHOLE_MAX = 16 * CHUNK
 _MISSING = ("NoSuchKey", "NoSuchObject", "NoSuchBucket")
 
 
@@ -66,6 +70,7 @@ class S3BlobStore(BlobStore):
         self._client = client(settings)
         self._touched: dict[str, float] = {}
         self._bucket = settings.bucket
+        self._s3 = AsyncS3(settings)
         # The minio client blocks: its calls get threads of their own, as many as pooled connections.
         self._executor = concurrent.futures.ThreadPoolExecutor(settings.pool_size, thread_name_prefix="s3")
 
@@ -124,7 +129,7 @@ class S3BlobStore(BlobStore):
                 raise InvalidArgument(f"content hash {blob_id} differs from the expected blob id {expected_id}")
             key = names.blob_key(blob_id)
             if spool is None:
-                created = await self._run(self._put_if_absent, key, bytes(buffer))
+                created = await self._put_if_absent(key, bytes(buffer), blob_id)
                 if not created:
                     await self._touch(key)
                 return BlobInfo(blob_id, size, deduplicated=not created)
@@ -140,21 +145,15 @@ class S3BlobStore(BlobStore):
                 spool.close()
                 os.unlink(spool.name)
 
-    def _put_if_absent(self, key: str, data: bytes) -> bool:
+    async def _put_if_absent(self, key: str, data: bytes, sha256_hex: str) -> bool:
         """One conditional PUT (``If-None-Match: *``): True when created, False when it existed.
 
-        Saves the HEAD request per small blob. ``_put_object`` is the minio client's single-part
-        PutObject; the client version is pinned in constraints.txt.
+        Saves the HEAD request per small blob.
         """
         try:
-            self._client._put_object(
-                self._bucket, key, data, headers={"If-None-Match": "*", "Content-Type": "application/octet-stream"}
-            )
-            return True
-        except S3Error as e:
-            if e.code == "PreconditionFailed":
-                return False
-            raise
+            return await self._s3.put_if_absent(key, data, sha256_hex)
+        except (S3ResponseError, OSError, TimeoutError) as e:
+            raise _unavailable(e) from e
 
     async def _touch(self, key: str) -> None:
         """Refresh the modification time of an existing blob that a new mail is about to reference.
@@ -189,6 +188,24 @@ class S3BlobStore(BlobStore):
             response.close()
             response.release_conn()
 
+    async def read(self, blob_ids: tuple[str, ...] | list[str]) -> bytes:
+        parts = []
+        for blob_id in blob_ids:
+            check_blob_id(blob_id)
+            try:
+                parts.append(await self._s3.get(names.blob_key(blob_id), READ_WHOLE_MAX))
+            except TooLarge as e:
+                raise ResourceExhausted(
+                    f"blob {blob_id} is {e.size} bytes, over the {READ_WHOLE_MAX} bytes read whole: stream it with Get"
+                ) from e
+            except S3ResponseError as e:
+                if e.code in _MISSING:
+                    raise NotFound(f"blob {blob_id} not found") from e
+                raise _unavailable(e) from e
+            except (OSError, TimeoutError) as e:
+                raise _unavailable(e) from e
+        return b"".join(parts)
+
     async def stat(self, blob_id: str) -> BlobInfo:
         check_blob_id(blob_id)
         size = await self._exists(blob_id)
@@ -205,3 +222,6 @@ class S3BlobStore(BlobStore):
 
     async def ping(self) -> None:
         await self._run(self._client.bucket_exists, self._bucket)
+
+    async def close(self) -> None:
+        await self._s3.close()

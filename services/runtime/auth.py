@@ -27,8 +27,8 @@ PERMISSIONS: dict[str, frozenset[str]] = {
     "/mailqueue.v1.DequeueService/": frozenset({"consumer"}),
     "/mailqueue.v1.BrowseService/": frozenset({"reader"}),
     "/mailqueue.v1.AdminService/": frozenset(),
-    "/mailqueue.v1.BlobService/Put": frozenset({"producer"}),
-    "/mailqueue.v1.BlobService/Get": frozenset({"consumer", "reader"}),
+    "/mailqueue.v1.BlobService/Put": frozenset({"producer"}),  # and PutBytes
+    "/mailqueue.v1.BlobService/Get": frozenset({"consumer", "reader"}),  # and GetBytes
     "/mailqueue.v1.BlobService/Stat": frozenset({"producer", "consumer", "reader"}),
     "/mailqueue.v1.BlobService/Delete": frozenset(),
 }

@@ -13,6 +13,7 @@ from cassandra import ConsistencyLevel, DriverException
 from cassandra.auth import PlainTextAuthProvider
 from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, NoHostAvailable, Session
 from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
+from cassandra.query import named_tuple_factory
 
 from services.config import CassandraSettings
 from services.errors import BackendUnavailable
@@ -23,6 +24,25 @@ log = logging.getLogger(__name__)
 UNAVAILABLE_ERRORS: tuple[type[BaseException], ...] = (DriverException, NoHostAvailable, OSError, TimeoutError)
 
 
+_ROW_CLASSES: dict[tuple[str, ...], Any] = {}
+
+
+def named_tuple_rows(colnames: list[str], rows: list[Any]) -> list[Any]:
+    """The driver's default row factory, with each row class built once per column list.
+
+    The driver builds a new namedtuple class for every result, about 100 µs of CPU: on the
+    dequeue path (one point read per delivery) that was 3 % of the service's CPU.
+    """
+    key = tuple(colnames)
+    cls = _ROW_CLASSES.get(key)
+    if cls is None:
+        if len(_ROW_CLASSES) > 1000:
+            _ROW_CLASSES.clear()
+        # One row whose values are the column names: the driver names and cleans the class.
+        cls = _ROW_CLASSES[key] = type(named_tuple_factory(colnames, [key])[0])
+    return [cls(*row) for row in rows]
+
+
 def connect(settings: CassandraSettings) -> tuple[Cluster, Session]:
     """Connect (blocking): call it from a thread. Raises BackendUnavailable."""
     profile = ExecutionProfile(
@@ -30,6 +50,7 @@ def connect(settings: CassandraSettings) -> tuple[Cluster, Session]:
         consistency_level=ConsistencyLevel.LOCAL_QUORUM,
         serial_consistency_level=ConsistencyLevel.LOCAL_SERIAL,
         request_timeout=settings.request_timeout_s,
+        row_factory=named_tuple_rows,
     )
     auth = PlainTextAuthProvider(settings.username, settings.password) if settings.username else None
     cluster = Cluster(

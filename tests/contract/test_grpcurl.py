@@ -23,7 +23,7 @@ def test_every_rpc_has_a_command():
         "BrowseService": ["ListQueues", "GetQueue", "Browse", "GetSize"],
         "AdminService": ["CreateQueue", "DeleteMails", "ClearQueue", "Flush", "RepublishNotProcessed",
                          "UpdateBrowseStart", "GetConfiguration", "UpdateConfiguration"],
-        "BlobService": ["Put", "Get", "Stat", "Delete"],
+        "BlobService": ["Put", "PutBytes", "Get", "GetBytes", "Stat", "Delete"],
     }
     for service, methods in rpcs.items():
         for m in methods:

@@ -86,9 +86,40 @@ def test_empty_blob(grpc_stub):
     assert get(grpc_stub, r.blob_id) == b""
 
 
-@pytest.mark.parametrize("rpc", ["Get", "Stat"])
+def test_put_bytes_stores_whole_content_and_get_bytes_returns_it(grpc_stub):
+    data = os.urandom(10 * 1024)
+    first = grpc_stub.PutBytes(blob_pb2.PutBytesRequest(content=data))
+    assert first.blob_id == hashlib.sha256(data).hexdigest() and first.size == len(data) and not first.deduplicated
+    again = grpc_stub.PutBytes(blob_pb2.PutBytesRequest(content=data, expected_blob_id=first.blob_id))
+    assert again.blob_id == first.blob_id and again.deduplicated
+    assert put(grpc_stub, data).deduplicated  # one store: the streamed Put finds the same blob
+    assert grpc_stub.GetBytes(blob_pb2.GetBytesRequest(blob_id=first.blob_id)).content == data
+    assert get(grpc_stub, first.blob_id) == data
+
+
+def test_put_bytes_with_a_stated_id_that_does_not_match_stores_nothing(grpc_stub):
+    data = os.urandom(1000)
+    with pytest.raises(grpc.RpcError) as e:
+        grpc_stub.PutBytes(blob_pb2.PutBytesRequest(content=data, expected_blob_id="0" * 64))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    with pytest.raises(grpc.RpcError) as e:
+        grpc_stub.Stat(blob_pb2.StatRequest(blob_id=hashlib.sha256(data).hexdigest()))
+    assert e.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_get_bytes_of_a_blob_over_the_message_limit_says_to_stream_it(grpc_stub):
+    data = os.urandom(16 * 1024 * 1024 + 1)
+    r = put(grpc_stub, data)
+    with pytest.raises(grpc.RpcError) as e:
+        grpc_stub.GetBytes(blob_pb2.GetBytesRequest(blob_id=r.blob_id))
+    assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "Get" in e.value.details()
+    assert get(grpc_stub, r.blob_id) == data
+
+
+@pytest.mark.parametrize("rpc", ["Get", "GetBytes", "Stat"])
 def test_unknown_blob_is_not_found(grpc_stub, rpc):
-    request = {"Get": blob_pb2.GetRequest, "Stat": blob_pb2.StatRequest}[rpc](blob_id="f" * 64)
+    request = {"Get": blob_pb2.GetRequest, "GetBytes": blob_pb2.GetBytesRequest, "Stat": blob_pb2.StatRequest}[rpc](
+        blob_id="f" * 64)
     with pytest.raises(grpc.RpcError) as e:
         result = getattr(grpc_stub, rpc)(request)
         list(result) if rpc == "Get" else result

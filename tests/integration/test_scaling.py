@@ -87,7 +87,7 @@ def test_two_replicas_each_with_one_killed_half_way(suite, keyspace):
         wait_until(lambda: len(acknowledged) >= MAILS // 2, 120, interval=0.05, what="half the mails acknowledged")
         before = {
             "enqueue": [r.metric("mailqueue_rpc_total", method="Enqueue", code="OK") for r in enqueues],
-            "blob": [r.metric("mailqueue_rpc_total", method="Put", code="OK") for r in blobs],
+            "blob": [r.metric("mailqueue_rpc_total", method="PutBytes", code="OK") for r in blobs],
             "dequeue": [r.metric("mailqueue_delivered_total") for r in dequeues],
         }
         for victim in (enqueues[0], dequeues[0], blobs[0]):
