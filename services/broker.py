@@ -20,6 +20,8 @@ class Message:
     body: bytes
     redelivered: bool
     message_id: str | None
+    #: Earlier deliveries that were returned to the queue (quorum queues' x-delivery-count).
+    delivery_count: int = 0
 
 
 class Consumer(abc.ABC):
@@ -44,6 +46,10 @@ class Consumer(abc.ABC):
 
 
 class Broker(abc.ABC):
+    #: Deliveries returned to the queue after which the broker dead-letters a message by itself
+    #: (None: no limit).
+    delivery_limit: int | None = None
+
     @abc.abstractmethod
     async def declare_queue(self, queue: str) -> None:
         """Declare (idempotently) a mail queue's exchange, work queue and dead-letter queue."""

@@ -4,7 +4,9 @@
   and skipped without fetching content.
 - SUCCESS marks the mail deleted **then** acks: a crash between the two redelivers a mail that
   is then skipped. No loss, no ghost.
-- RETRY requeues; REJECT marks the mail dead-lettered and routes it to the dead-letter queue;
+- RETRY requeues, except on the last delivery the broker allows (quorum queues' delivery limit):
+  that one is dead-lettered here and marked, as the broker would dead-letter it unmarked;
+  REJECT marks the mail dead-lettered and routes it to the dead-letter queue;
   an undecodable message or a missing blob is dead-lettered too.
 - A transient Cassandra or blob store error requeues the delivery (never lost, never dead-lettered).
 - Closing a subscription (stream ended, client gone, process killed) returns its unacked
@@ -40,6 +42,11 @@ DEFAULT_PREFETCH = 16
 ERROR_BACKOFF_S = 0.5
 
 
+def retries_exhausted(delivery_count: int, limit: int | None) -> bool:
+    """True when a requeue would make the broker dead-letter the message (its delivery limit)."""
+    return limit is not None and delivery_count >= limit
+
+
 class Outcome(enum.Enum):
     SUCCESS = 1
     RETRY = 2
@@ -52,6 +59,7 @@ class Delivery:
     mail: model.QueuedMail
     content: bytes | None  # None when the mail is larger than the inline threshold
     redelivered: bool
+    delivery_count: int = 0
 
 
 class Subscription:
@@ -65,7 +73,7 @@ class Subscription:
         self._d = dequeuer
         self.queue = queue
         self._consumer = consumer
-        self._pending: dict[int, model.QueuedMail] = {}
+        self._pending: dict[int, Delivery] = {}
         self._prepared: asyncio.Queue[asyncio.Future[Delivery | None]] = asyncio.Queue()
         self._pump: asyncio.Task[None] | None = None
 
@@ -86,7 +94,7 @@ class Subscription:
         while True:
             delivery = await (await self._prepared.get())
             if delivery is not None:
-                self._pending[delivery.tag] = delivery.mail
+                self._pending[delivery.tag] = delivery
                 DELIVERED.labels(self.queue).inc()
                 return delivery
 
@@ -125,19 +133,26 @@ class Subscription:
             await self._consumer.requeue(message.delivery_tag)
             await asyncio.sleep(ERROR_BACKOFF_S)
             return None
-        return Delivery(message.delivery_tag, mail, content, message.redelivered)
+        return Delivery(message.delivery_tag, mail, content, message.redelivered, message.delivery_count)
 
     async def _skip(self, message: Message, reason: str) -> None:
         await self._consumer.ack(message.delivery_tag)
         SKIPPED.labels(self.queue, reason).inc()
 
     async def settle(self, tag: int, outcome: Outcome, error_message: str = "") -> None:
-        mail = self._pending.get(tag)
-        if mail is None:
+        delivery = self._pending.get(tag)
+        if delivery is None:
             raise InvalidArgument(f"delivery tag {tag} is not an unanswered delivery of this stream")
+        mail = delivery.mail
+        limit = self._d.broker.delivery_limit
         if outcome is Outcome.SUCCESS:
             await self._d.mark_deleted(mail, "dequeued")
             await self._consumer.ack(tag)
+        elif outcome is Outcome.RETRY and retries_exhausted(delivery.delivery_count, limit):
+            log.warning("delivery limit reached: dead-lettered", extra={"queue": self.queue, "enqueue_id": str(mail.enqueue_id)})
+            reason = f"dead-lettered: delivery limit of {limit} reached"
+            await self._d.mark_deleted(mail, f"{reason}: {error_message}"[:1000] if error_message else reason)
+            await self._consumer.dead_letter(tag)
         elif outcome is Outcome.RETRY:
             await self._consumer.requeue(tag)
         else:

@@ -128,7 +128,11 @@ class RabbitMQConsumer(Consumer):
         channel.add_on_close_callback(lambda _ch, reason: self._inbox.put_nowait(_CLOSED))
 
     def on_message(self, _ch: Channel, method: Any, props: Any, body: bytes) -> None:
-        self._inbox.put_nowait(Message(method.delivery_tag, body, bool(method.redelivered), props.message_id))
+        count = (props.headers or {}).get("x-delivery-count", 0)
+        self._inbox.put_nowait(Message(
+            method.delivery_tag, body, bool(method.redelivered), props.message_id,
+            count if isinstance(count, int) else 0,
+        ))
 
     async def get(self) -> Message:
         item = await self._inbox.get()
@@ -170,6 +174,7 @@ class RabbitMQBroker(Broker):
         self._publisher_lock = asyncio.Lock()
         self._publisher: _Publisher | None = None
         self._declared: set[str] = set()
+        self.delivery_limit = settings.delivery_limit if settings.queue_type == "quorum" else None
 
     # ------------------------------------------------------------------ connection and channels
     async def _connection(self) -> AsyncioConnection:

@@ -203,7 +203,7 @@ def test_a_mail_retried_past_the_delivery_limit_is_dead_lettered(suite):
     # Quorum work queues carry x-delivery-limit (MAILQUEUE_RABBITMQ_DELIVERY_LIMIT, default 20).
     limit = suite.dequeue.app.settings.rabbitmq.delivery_limit
     queue = suite.new_queue()
-    enqueue_names(suite, queue, ["poison"])
+    [eid] = enqueue_names(suite, queue, ["poison"])
     c = consumer(suite, queue, prefetch=1)
     deliveries = 0
     while True:
@@ -212,8 +212,10 @@ def test_a_mail_retried_past_the_delivery_limit_is_dead_lettered(suite):
         except q.Empty:
             break
         deliveries += 1
-        c.answer(d, "RETRY")
+        c.answer(d, "RETRY", "451 try again later")
     c.cancel()
     assert deliveries == limit + 1
     wait_until(lambda: dead_letter_count(queue) == 1, what="the poison mail in the dead-letter queue")
     assert message_count(queue) == 0
+    # Marked like a REJECT, so browse tells it from a mail still queued.
+    assert deleted_reason(suite, queue, uuid.UUID(eid)) == f"dead-lettered: delivery limit of {limit} reached: 451 try again later"
