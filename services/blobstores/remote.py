@@ -23,10 +23,22 @@ _BY_CODE: dict[grpc.StatusCode, type[MailQueueError]] = {
 }
 
 
+_REFUSED = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
+#: The id of the empty blob: what the health check stats to prove the token is accepted.
+_EMPTY_BLOB = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+
+
 def _convert(e: grpc.aio.AioRpcError) -> MailQueueError:
     cls = _BY_CODE.get(e.code())
     if cls is not None:
         return cls(e.details() or e.code().name)
+    if e.code() in _REFUSED:
+        # Our token, not the caller's: the client sees UNAVAILABLE, the operator a message saying what to fix.
+        return BackendUnavailable(
+            "blob_svc", f"{e.code().name}: {e.details()}; blob_svc refused this service's token: set "
+            "MAILQUEUE_SERVICE_TOKEN to a token blob_svc knows (role admin, or producer for enqueue_svc and "
+            "consumer for dequeue_svc)"
+        )
     return BackendUnavailable("blob_svc", f"{e.code().name}: {e.details()}")
 
 
@@ -109,6 +121,12 @@ class RemoteBlobStore(BlobStore):
             raise BackendUnavailable("blob_svc", f"{e.code().name}: {e.details()}") from e
         if r.status != health_pb2.HealthCheckResponse.SERVING:
             raise BackendUnavailable("blob_svc", "not serving")
+        # Health is open to everyone: an authenticated call shows whether blob_svc accepts our token.
+        try:
+            await self._stub.Stat(blob_pb2.StatRequest(blob_id=_EMPTY_BLOB), timeout=3, metadata=self._metadata)
+        except grpc.aio.AioRpcError as e:
+            if e.code() != grpc.StatusCode.NOT_FOUND:
+                raise _convert(e) from e
 
     async def close(self) -> None:
         await self._channel.close()

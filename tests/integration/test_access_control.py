@@ -76,3 +76,25 @@ def test_missing_or_unknown_token_is_unauthenticated_and_does_nothing(secured, t
 def test_health_needs_no_token(secured):
     with grpc.insecure_channel(secured.enqueue.target) as ch:
         assert health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest()).status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_a_service_token_blob_svc_refuses_turns_the_service_not_serving_and_says_what_to_fix(secured):
+    from enqueue_svc.app import EnqueueApp
+    from services.errors import BackendUnavailable
+    from tests.harness import RunningApp
+
+    _, _, admin, _ = stubs(secured, TOKENS["admin"])
+    admin.CreateQueue(admin_pb2.CreateQueueRequest(queue="secured-token"))
+    wrong = RunningApp(secured.loop, EnqueueApp, "enqueue", {**secured.env, "MAILQUEUE_SERVICE_TOKEN": "w" * 24})
+    try:
+        with pytest.raises(BackendUnavailable) as e:
+            secured.run(wrong.app.check())  # what the runtime's health supervision runs
+        assert "MAILQUEUE_SERVICE_TOKEN" in str(e.value)
+        enq = enqueue_pb2_grpc.EnqueueServiceStub(blocking_channel(wrong.target, TOKENS["producer"]))
+        with pytest.raises(grpc.RpcError) as rpc:
+            enq.Enqueue(inline("secured-token", simple_mail("refused")))
+        assert rpc.value.code() == grpc.StatusCode.UNAVAILABLE and "MAILQUEUE_SERVICE_TOKEN" in rpc.value.details()
+        _, browse, _, _ = stubs(secured, TOKENS["admin"])
+        assert browse.GetSize(browse_pb2.GetSizeRequest(queue="secured-token")).size == 0  # nothing written
+    finally:
+        wrong.stop()
