@@ -176,5 +176,39 @@ async def load(op: Callable[[int], Awaitable[None]], concurrency: int, seconds: 
     }
 
 
+def stack_pids() -> dict[str, int]:
+    """The local stack's servers (stack/stack.sh writes .stack/<name>.pid); missing ones are left out."""
+    pids = {}
+    for name in ("cassandra", "rabbitmq", "minio"):
+        try:
+            with open(os.path.join(ROOT, ".stack", f"{name}.pid")) as f:
+                pids[name] = int(f.read())
+        except (OSError, ValueError):
+            pass
+    return pids
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (Linux /proc)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuMeter:
+    """CPU time per operation of every process a phase runs on: where the cores go."""
+
+    def __init__(self, services: dict[str, int]) -> None:
+        self._pids = {**services, **stack_pids(), "bench": os.getpid()}
+        self._start = {name: cpu_seconds(pid) for name, pid in self._pids.items()}
+
+    def per_op(self, ops: float) -> str:
+        used = {name: 1000 * (cpu_seconds(pid) - self._start[name]) / ops for name, pid in self._pids.items()}
+        total = sum(used.values())
+        parts = ", ".join(f"{name} {ms:.2f}" for name, ms in used.items())
+        cores = os.cpu_count() or 1
+        return f"CPU ms per op: {parts}; total {total:.2f} (at most {cores * 1000 / total:.0f}/s on {cores} cores)"
+
+
 def report(name: str, r: dict[str, float]) -> str:
     return f"{name:<10} {r['ops']:>7.0f} ops  {r['per_s']:>8.1f}/s  p50 {r['p50_ms']:>7.1f} ms  p99 {r['p99_ms']:>7.1f} ms"

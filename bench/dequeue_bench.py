@@ -18,7 +18,7 @@ import time
 
 import grpc
 
-from bench.common import PORTS, bench_queue, new_keyspace, run, start_services, stop
+from bench.common import PORTS, CpuMeter, bench_queue, new_keyspace, run, start_services, stop
 from bench.enqueue_bench import content
 from mailqueue.v1 import admin_pb2, admin_pb2_grpc, dequeue_pb2, dequeue_pb2_grpc
 from services import model
@@ -130,13 +130,19 @@ def main() -> None:
         print(f"filling two queues with {a.mails} mails of {a.size} B (not timed)", file=sys.stderr)
         asyncio.run(fill(settings, grpc_queue, a.mails, a.size))
         asyncio.run(fill(settings, direct_queue, a.mails, a.size))
+        meter = CpuMeter({"blob_svc": procs[0].pid, "dequeue_svc": procs[1].pid})
         g = asyncio.run(via_grpc(grpc_queue, a.mails, a.prefetch))
+        g_cpu = meter.per_op(g["n"])
     finally:
         stop(procs)
+    meter = CpuMeter({})
     d = asyncio.run(direct(settings, direct_queue, a.mails, a.prefetch))
+    d_cpu = meter.per_op(d["n"])
     print(f"\ndequeue + SUCCESS of {a.size} B mails, prefetch {a.prefetch}, one stream, keyspace {keyspace}")
     print(f"grpc      {g['per_s']:8.1f} mails/s ({g['n']} in {g['seconds']:.2f} s)")
+    print(f"          {g_cpu}")
     print(f"direct    {d['per_s']:8.1f} mails/s ({d['n']} in {d['seconds']:.2f} s)")
+    print(f"          {d_cpu}")
     print(f"ratio grpc/direct throughput: {g['per_s'] / d['per_s']:.2f}")
 
 

@@ -16,7 +16,7 @@ import uuid
 
 import grpc
 
-from bench.common import PORTS, bench_queue, load, new_keyspace, report, run, start_services, stop
+from bench.common import PORTS, CpuMeter, bench_queue, load, new_keyspace, report, run, start_services, stop
 from mailqueue.v1 import admin_pb2, admin_pb2_grpc, enqueue_pb2, enqueue_pb2_grpc, mail_pb2
 from services import model, serde
 from services.blobstores.s3 import S3BlobStore
@@ -83,14 +83,20 @@ def main() -> None:
     try:
         admin = admin_pb2_grpc.AdminServiceStub(grpc.insecure_channel(f"127.0.0.1:{PORTS['browse']}"))
         admin.CreateQueue(admin_pb2.CreateQueueRequest(queue=grpc_queue))
+        meter = CpuMeter({"blob_svc": procs[0].pid, "enqueue_svc": procs[1].pid})
         g = asyncio.run(via_grpc(grpc_queue, a.seconds, a.concurrency, a.size))
+        g_cpu = meter.per_op(g["ops"])
     finally:
         stop(procs)
     settings = Settings.from_env("enqueue", {**os.environ, "MAILQUEUE_CASSANDRA_KEYSPACE": keyspace})
+    meter = CpuMeter({})
     d = asyncio.run(direct(settings, direct_queue, a.seconds, a.concurrency, a.size))
+    d_cpu = meter.per_op(d["ops"])
     print(f"\nenqueue of {a.size} B mails, concurrency {a.concurrency}, {a.seconds:.0f} s each, keyspace {keyspace}")
     print(report("grpc", g))
+    print(f"           {g_cpu}")
     print(report("direct", d))
+    print(f"           {d_cpu}")
     print(f"ratio grpc/direct throughput: {g['per_s'] / d['per_s']:.2f}")
 
 
