@@ -140,7 +140,7 @@ class Subscription:
         SKIPPED.labels(self.queue, reason).inc()
 
     async def settle(self, tag: int, outcome: Outcome, error_message: str = "") -> None:
-        delivery = self._pending.get(tag)
+        delivery = self._pending.pop(tag, None)  # taken first: a second answer for the tag is refused
         if delivery is None:
             raise InvalidArgument(f"delivery tag {tag} is not an unanswered delivery of this stream")
         mail = delivery.mail
@@ -159,15 +159,30 @@ class Subscription:
             reason = f"dead-lettered: {error_message}" if error_message else "dead-lettered"
             await self._d.mark_deleted(mail, reason[:1000])
             await self._consumer.dead_letter(tag)
-        del self._pending[tag]
         OUTCOMES.labels(self.queue, outcome.name).inc()
 
     async def close(self) -> None:
-        """Stop consuming; unanswered deliveries return to the queue."""
+        """Stop consuming; unanswered deliveries return to the queue.
+
+        Except those on the last delivery the broker allows: returned, the broker would
+        dead-letter them with their view rows still live, so they are marked and dead-lettered here.
+        """
         if self._pump is not None:
             self._pump.cancel()
+        unanswered = list(self._pending.values())
         while not self._prepared.empty():
-            self._prepared.get_nowait().cancel()
+            prepared = self._prepared.get_nowait()
+            if prepared.done() and not prepared.cancelled() and prepared.exception() is None and prepared.result():
+                unanswered.append(prepared.result())
+            prepared.cancel()
+        limit = self._d.broker.delivery_limit
+        for d in unanswered:
+            if retries_exhausted(d.delivery_count, limit):
+                try:
+                    await self._d.mark_deleted(d.mail, f"dead-lettered: delivery limit of {limit} reached, last delivery unanswered")
+                    await self._consumer.dead_letter(d.tag)
+                except BackendUnavailable as e:
+                    log.warning("could not dead-letter a delivery on its last attempt: %s", e, extra={"queue": self.queue})
         await self._consumer.close()
 
 

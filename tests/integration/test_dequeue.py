@@ -219,3 +219,25 @@ def test_a_mail_retried_past_the_delivery_limit_is_dead_lettered(suite):
     assert message_count(queue) == 0
     # Marked like a REJECT, so browse tells it from a mail still queued.
     assert deleted_reason(suite, queue, uuid.UUID(eid)) == f"dead-lettered: delivery limit of {limit} reached: 451 try again later"
+
+
+def test_a_mail_whose_streams_keep_breaking_is_dead_lettered_and_marked_at_the_limit(suite):
+    # Each broken stream returns the delivery and counts against the limit; the last one is
+    # dead-lettered by dequeue_svc (marked), not by RabbitMQ (unmarked, still live to browse).
+    limit = suite.dequeue.app.settings.rabbitmq.delivery_limit
+    queue = suite.new_queue()
+    [eid] = enqueue_names(suite, queue, ["crashes-its-consumers"])
+    deliveries = 0
+    while True:
+        c = consumer(suite, queue, prefetch=1)
+        try:
+            c.next(timeout=3)
+        except q.Empty:
+            c.cancel()
+            break
+        deliveries += 1
+        c.cancel()
+        wait_until(lambda: message_count(queue) + dead_letter_count(queue) == 1, what="the delivery returned or dead-lettered")
+    assert deliveries == limit + 1
+    assert dead_letter_count(queue) == 1 and message_count(queue) == 0
+    assert deleted_reason(suite, queue, uuid.UUID(eid)) == f"dead-lettered: delivery limit of {limit} reached, last delivery unanswered"
