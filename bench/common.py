@@ -10,6 +10,7 @@ import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -142,37 +143,49 @@ def drop_queues(queues: list[str]) -> None:
             ch.exchange_delete(names.dead_letter_exchange(q))
 
 
-async def load(op: Callable[[int], Awaitable[None]], concurrency: int, seconds: float, label: str) -> dict[str, float]:
-    """Run ``op`` from ``concurrency`` workers for ``seconds``; report throughput and latency."""
+async def load(
+    op: Callable[[int], Awaitable[None]], concurrency: int, seconds: float, label: str,
+    warmup: float = 5.0, services: dict[str, int] | None = None,
+) -> dict[str, Any]:
+    """Run ``op`` from ``concurrency`` workers for ``warmup`` + ``seconds``; report the last ``seconds``.
+
+    Only operations started after the warm-up count (fresh processes, connections, JIT and caches
+    settle first). ``services`` (name -> pid) get their CPU time per operation measured over the
+    same window, with the stack's servers and this process.
+    """
     latencies: list[float] = []
     counter = 0
-    deadline = time.monotonic() + seconds
+    began = time.monotonic()
+    measure_from = began + warmup
+    deadline = measure_from + seconds
+    meter: list[CpuMeter] = []
+    asyncio.get_running_loop().call_later(warmup, lambda: meter.append(CpuMeter(services or {})))
 
     async def worker() -> None:
         nonlocal counter
-        while time.monotonic() < deadline:
+        while (now := time.monotonic()) < deadline:
             counter += 1
             start = time.perf_counter()
             await op(counter)
-            latencies.append(time.perf_counter() - start)
-
-    started = time.monotonic()
+            if now >= measure_from:
+                latencies.append(time.perf_counter() - start)
 
     async def progress() -> None:
         while time.monotonic() < deadline:
             await asyncio.sleep(5)
-            print(f"  [{label}] {time.monotonic() - started:4.0f}s {len(latencies)} done", file=sys.stderr)
+            print(f"  [{label}] {time.monotonic() - began:4.0f}s {len(latencies)} measured", file=sys.stderr)
 
     reporter = asyncio.create_task(progress())
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     reporter.cancel()
-    elapsed = time.monotonic() - started
+    elapsed = time.monotonic() - measure_from
     latencies.sort()
     return {
         "ops": len(latencies),
         "per_s": len(latencies) / elapsed,
         "p50_ms": 1000 * statistics.median(latencies),
         "p99_ms": 1000 * latencies[int(len(latencies) * 0.99) - 1],
+        "cpu": meter[0].per_op(len(latencies)),
     }
 
 

@@ -1,11 +1,11 @@
 """Dequeue + SUCCESS throughput: through gRPC (dequeue_svc -> blob_svc) vs. direct backend calls.
 
-    .venv/bin/python -m bench.dequeue_bench [--mails 4000] [--prefetch 32] [--size 10240]
+    .venv/bin/python -m bench.dequeue_bench [--mails 4000] [--prefetch 32] [--size 10240] [--warmup-mails 500]
 
 Both paths do the same work per mail: consume the RabbitMQ message, check the deleted mark in
 Cassandra, read the content from MinIO, mark the mail deleted, ack. The direct path runs the
 same domain code (services/dequeuer.py) in one process with S3 reached directly and no gRPC.
-Mails are enqueued first (not timed). Needs the stack up (stack/stack.sh up).
+Mails are enqueued first (not timed); the first --warmup-mails of each phase are not timed either. Needs the stack up (stack/stack.sh up).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import asyncio
 import os
 import sys
 import time
+from typing import Any
 
 import grpc
 
@@ -49,12 +50,12 @@ async def fill(settings: Settings, queue: str, n: int, size: int) -> None:
     view.close()
 
 
-def result(label: str, n: int, seconds: float) -> dict[str, float]:
+def result(label: str, n: int, seconds: float, cpu: str) -> dict[str, Any]:
     print(f"{label:<10} {n:>7} mails in {seconds:6.2f} s  {n / seconds:>8.1f}/s", file=sys.stderr)
-    return {"n": n, "seconds": seconds, "per_s": n / seconds}
+    return {"n": n, "seconds": seconds, "per_s": n / seconds, "cpu": cpu}
 
 
-async def via_grpc(queue: str, n: int, prefetch: int) -> dict[str, float]:
+async def via_grpc(queue: str, n: int, prefetch: int, warmup: int, services: dict[str, int]) -> dict[str, Any]:
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{PORTS['dequeue']}")
     stub = dequeue_pb2_grpc.DequeueServiceStub(channel)
     outcomes: asyncio.Queue = asyncio.Queue()
@@ -66,40 +67,44 @@ async def via_grpc(queue: str, n: int, prefetch: int) -> dict[str, float]:
 
     call = stub.Dequeue(requests())
     done = 0
-    start = None
+    start, meter = time.monotonic(), CpuMeter(services)
     async for response in call:
         if response.WhichOneof("kind") != "delivery":
-            start = time.monotonic()
             continue
+        if done == warmup:
+            start, meter = time.monotonic(), CpuMeter(services)
         d = response.delivery
         assert d.content_inline and len(d.content) == d.mail.size
         await outcomes.put(dequeue_pb2.DequeueRequest(
             outcome=dequeue_pb2.Outcome(delivery_tag=d.delivery_tag, kind=dequeue_pb2.OUTCOME_KIND_SUCCESS)))
         done += 1
-        if done == n:
+        if done == warmup + n:
             break
     elapsed = time.monotonic() - start
+    cpu = meter.per_op(n)
     call.cancel()
     await channel.close()
-    return result("grpc", done, elapsed)
+    return result("grpc", n, elapsed, cpu)
 
 
-async def direct(settings: Settings, queue: str, n: int, prefetch: int) -> dict[str, float]:
+async def direct(settings: Settings, queue: str, n: int, prefetch: int, warmup: int) -> dict[str, Any]:
     view = await View.open(settings.cassandra)
     broker = RabbitMQBroker(settings.rabbitmq)
     blobs = S3BlobStore(settings.s3, settings.limits.max_blob_bytes)
     await blobs.ensure_bucket()
     dequeuer = Dequeuer(view, broker, blobs, settings.limits, QueueState(view))
     sub = await dequeuer.subscribe(queue, prefetch)
-    start = time.monotonic()
+    start, meter = time.monotonic(), CpuMeter({})
     done = 0
     tasks = set()
 
     async def settle(tag: int) -> None:
         await sub.settle(tag, Outcome.SUCCESS)
 
-    while done < n:
+    while done < warmup + n:
         d = await sub.next()
+        if done == warmup:
+            start, meter = time.monotonic(), CpuMeter({})
         assert d.content is not None and len(d.content) == d.mail.size
         t = asyncio.create_task(settle(d.tag))
         tasks.add(t)
@@ -107,10 +112,11 @@ async def direct(settings: Settings, queue: str, n: int, prefetch: int) -> dict[
         done += 1
     await asyncio.gather(*tasks)
     elapsed = time.monotonic() - start
+    cpu = meter.per_op(n)
     await sub.close()
     await broker.close()
     view.close()
-    return result("direct", done, elapsed)
+    return result("direct", n, elapsed, cpu)
 
 
 def main() -> None:
@@ -118,6 +124,7 @@ def main() -> None:
     p.add_argument("--mails", type=int, default=4000)
     p.add_argument("--prefetch", type=int, default=32)
     p.add_argument("--size", type=int, default=10 * 1024)
+    p.add_argument("--warmup-mails", type=int, default=500, help="deliveries before timing starts, each phase")
     a = p.parse_args()
     keyspace = new_keyspace()
     settings = Settings.from_env("dequeue", {**os.environ, "MAILQUEUE_CASSANDRA_KEYSPACE": keyspace})
@@ -127,22 +134,19 @@ def main() -> None:
         admin = admin_pb2_grpc.AdminServiceStub(grpc.insecure_channel(f"127.0.0.1:{PORTS['browse']}"))
         for q in (grpc_queue, direct_queue):
             admin.CreateQueue(admin_pb2.CreateQueueRequest(queue=q))
-        print(f"filling two queues with {a.mails} mails of {a.size} B (not timed)", file=sys.stderr)
-        asyncio.run(fill(settings, grpc_queue, a.mails, a.size))
-        asyncio.run(fill(settings, direct_queue, a.mails, a.size))
-        meter = CpuMeter({"blob_svc": procs[0].pid, "dequeue_svc": procs[1].pid})
-        g = asyncio.run(via_grpc(grpc_queue, a.mails, a.prefetch))
-        g_cpu = meter.per_op(g["n"])
+        print(f"filling two queues with {a.warmup_mails + a.mails} mails of {a.size} B (not timed)", file=sys.stderr)
+        asyncio.run(fill(settings, grpc_queue, a.warmup_mails + a.mails, a.size))
+        asyncio.run(fill(settings, direct_queue, a.warmup_mails + a.mails, a.size))
+        services = {"blob_svc": procs[0].pid, "dequeue_svc": procs[1].pid}
+        g = asyncio.run(via_grpc(grpc_queue, a.mails, a.prefetch, a.warmup_mails, services))
     finally:
         stop(procs)
-    meter = CpuMeter({})
-    d = asyncio.run(direct(settings, direct_queue, a.mails, a.prefetch))
-    d_cpu = meter.per_op(d["n"])
-    print(f"\ndequeue + SUCCESS of {a.size} B mails, prefetch {a.prefetch}, one stream, keyspace {keyspace}")
+    d = asyncio.run(direct(settings, direct_queue, a.mails, a.prefetch, a.warmup_mails))
+    print(f"\ndequeue + SUCCESS of {a.size} B mails, prefetch {a.prefetch}, one stream, {a.mails} timed after {a.warmup_mails} of warm-up, keyspace {keyspace}")
     print(f"grpc      {g['per_s']:8.1f} mails/s ({g['n']} in {g['seconds']:.2f} s)")
-    print(f"          {g_cpu}")
+    print(f"          {g['cpu']}")
     print(f"direct    {d['per_s']:8.1f} mails/s ({d['n']} in {d['seconds']:.2f} s)")
-    print(f"          {d_cpu}")
+    print(f"          {d['cpu']}")
     print(f"ratio grpc/direct throughput: {g['per_s'] / d['per_s']:.2f}")
 
 

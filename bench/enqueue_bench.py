@@ -1,6 +1,6 @@
 """Enqueue throughput: through gRPC (enqueue_svc -> blob_svc -> backends) vs. direct backend calls.
 
-    .venv/bin/python -m bench.enqueue_bench [--seconds 30] [--concurrency 32] [--size 10240]
+    .venv/bin/python -m bench.enqueue_bench [--seconds 30] [--concurrency 32] [--size 10240] [--warmup 5]
 
 Both paths do the same writes per mail: content to MinIO (SHA-256 addressed), the view row in
 Cassandra, a persistent confirmed publish to RabbitMQ. The direct path uses the same adapters
@@ -13,10 +13,11 @@ import argparse
 import asyncio
 import os
 import uuid
+from typing import Any
 
 import grpc
 
-from bench.common import PORTS, CpuMeter, bench_queue, load, new_keyspace, report, run, start_services, stop
+from bench.common import PORTS, bench_queue, load, new_keyspace, report, run, start_services, stop
 from mailqueue.v1 import admin_pb2, admin_pb2_grpc, enqueue_pb2, enqueue_pb2_grpc, mail_pb2
 from services import model, serde
 from services.blobstores.s3 import S3BlobStore
@@ -32,7 +33,9 @@ def content(i: int, size: int) -> bytes:
     return head + b"x" * (size - len(head))
 
 
-async def via_grpc(queue: str, seconds: float, concurrency: int, size: int) -> dict[str, float]:
+async def via_grpc(
+    queue: str, seconds: float, concurrency: int, size: int, warmup: float, services: dict[str, int]
+) -> dict[str, Any]:
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{PORTS['enqueue']}")
     stub = enqueue_pb2_grpc.EnqueueServiceStub(channel)
     mail = mail_pb2.Mail(name="bench", sender="a@example.com", recipients=["b@example.org"])
@@ -41,12 +44,12 @@ async def via_grpc(queue: str, seconds: float, concurrency: int, size: int) -> d
         await stub.Enqueue(enqueue_pb2.EnqueueRequest(queue=queue, mail=mail, inline_content=content(i, size)))
 
     try:
-        return await load(op, concurrency, seconds, "grpc")
+        return await load(op, concurrency, seconds, "grpc", warmup, services)
     finally:
         await channel.close()
 
 
-async def direct(settings: Settings, queue: str, seconds: float, concurrency: int, size: int) -> dict[str, float]:
+async def direct(settings: Settings, queue: str, seconds: float, concurrency: int, size: int, warmup: float) -> dict[str, Any]:
     view = await View.open(settings.cassandra)
     broker = RabbitMQBroker(settings.rabbitmq)
     blobs = S3BlobStore(settings.s3, settings.limits.max_blob_bytes)
@@ -65,7 +68,7 @@ async def direct(settings: Settings, queue: str, seconds: float, concurrency: in
         await broker.publish(queue, str(eid), serde.queued_mail_to_proto(q).SerializeToString())
 
     try:
-        return await load(op, concurrency, seconds, "direct")
+        return await load(op, concurrency, seconds, "direct", warmup)
     finally:
         await broker.close()
         view.close()
@@ -76,6 +79,7 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=30)
     p.add_argument("--concurrency", type=int, default=32)
     p.add_argument("--size", type=int, default=10 * 1024)
+    p.add_argument("--warmup", type=float, default=5, help="seconds of load before measuring, each phase")
     a = p.parse_args()
     keyspace = new_keyspace()
     grpc_queue, direct_queue = bench_queue("bench-grpc"), bench_queue("bench-direct")
@@ -83,20 +87,17 @@ def main() -> None:
     try:
         admin = admin_pb2_grpc.AdminServiceStub(grpc.insecure_channel(f"127.0.0.1:{PORTS['browse']}"))
         admin.CreateQueue(admin_pb2.CreateQueueRequest(queue=grpc_queue))
-        meter = CpuMeter({"blob_svc": procs[0].pid, "enqueue_svc": procs[1].pid})
-        g = asyncio.run(via_grpc(grpc_queue, a.seconds, a.concurrency, a.size))
-        g_cpu = meter.per_op(g["ops"])
+        services = {"blob_svc": procs[0].pid, "enqueue_svc": procs[1].pid}
+        g = asyncio.run(via_grpc(grpc_queue, a.seconds, a.concurrency, a.size, a.warmup, services))
     finally:
         stop(procs)
     settings = Settings.from_env("enqueue", {**os.environ, "MAILQUEUE_CASSANDRA_KEYSPACE": keyspace})
-    meter = CpuMeter({})
-    d = asyncio.run(direct(settings, direct_queue, a.seconds, a.concurrency, a.size))
-    d_cpu = meter.per_op(d["ops"])
-    print(f"\nenqueue of {a.size} B mails, concurrency {a.concurrency}, {a.seconds:.0f} s each, keyspace {keyspace}")
+    d = asyncio.run(direct(settings, direct_queue, a.seconds, a.concurrency, a.size, a.warmup))
+    print(f"\nenqueue of {a.size} B mails, concurrency {a.concurrency}, {a.seconds:.0f} s each after {a.warmup:.0f} s of warm-up, keyspace {keyspace}")
     print(report("grpc", g))
-    print(f"           {g_cpu}")
+    print(f"           {g['cpu']}")
     print(report("direct", d))
-    print(f"           {d_cpu}")
+    print(f"           {d['cpu']}")
     print(f"ratio grpc/direct throughput: {g['per_s'] / d['per_s']:.2f}")
 
 
