@@ -42,6 +42,9 @@ def connector_jars(spec: str | None = None) -> list[str]:
     )
 
 
+LOG4J_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "log4j2.properties")
+
+
 def build(master: str, jars: list[str], cassandra: CassandraSettings, shuffle_partitions: int) -> object:
     """A SparkSession reading Cassandra at LOCAL_QUORUM (the consistency the services write at:
     a row or a mark missed by a weaker read could make a live mail's blob look unreferenced)."""
@@ -63,6 +66,9 @@ def build(master: str, jars: list[str], cassandra: CassandraSettings, shuffle_pa
         .config("spark.cassandra.input.consistency.level", "LOCAL_QUORUM")
         .config("spark.sql.extensions", "com.datastax.spark.connector.CassandraSparkExtensions")
         .config("spark.driver.memory", os.environ.get("MAILQUEUE_SPARK_DRIVER_MEMORY", "2g"))
+        # Spark's own log lines as JSON, like every other log line of the suite.
+        .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={LOG4J_CONFIG}")
+        .config("spark.executor.extraJavaOptions", f"-Dlog4j2.configurationFile={LOG4J_CONFIG}")
     )
     if master.startswith("local"):
         # Local mode talks to itself only: keep the driver off the machine's other interfaces.

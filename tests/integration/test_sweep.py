@@ -56,7 +56,16 @@ def sweep(s: Suite, *args: str, failpoint: str = "", expect: int = 0, **env: str
         result = json.load(f)
     os.unlink(summary)
     assert "retention sweep" in p.stdout
+    not_json = [line for line in p.stderr.splitlines() if not _is_json(line)]
+    assert not not_json, f"log lines that are not JSON (Spark's included, see spark/log4j2.properties): {not_json[:5]}"
     return result
+
+
+def _is_json(line: str) -> bool:
+    try:
+        return isinstance(json.loads(line), dict)
+    except ValueError:
+        return False
 
 
 def blob_exists(s: Suite, blob_id: str) -> bool:
