@@ -20,7 +20,7 @@ def _get(env: Mapping[str, str], name: str, default: str) -> str:
     return env.get(f"MAILQUEUE_{name}", default)
 
 
-def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> int:
+def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0, maximum: int | None = None) -> int:
     raw = _get(env, name, str(default))
     try:
         value = int(raw)
@@ -28,6 +28,8 @@ def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> i
         raise ConfigurationError(f"MAILQUEUE_{name}={raw!r} is not an integer") from None
     if value < minimum:
         raise ConfigurationError(f"MAILQUEUE_{name}={value} must be >= {minimum}")
+    if maximum is not None and value > maximum:
+        raise ConfigurationError(f"MAILQUEUE_{name}={value} must be <= {maximum}")
     return value
 
 
@@ -137,6 +139,8 @@ class LimitSettings:
     max_metadata_bytes: int = 512 * KiB
     #: Deliveries up to this size carry their content inline; larger ones are read from blob_svc.
     dequeue_inline_bytes: int = 1 * MiB
+    #: A delivery, content and metadata, must fit one 16 MiB gRPC message.
+    DEQUEUE_INLINE_MAX = 15 * MiB
     max_prefetch: int = 512
 
     @classmethod
@@ -149,7 +153,7 @@ class LimitSettings:
             max_attributes=_int(env, "MAX_ATTRIBUTES", cls.max_attributes, 0),
             max_attribute_bytes=_int(env, "MAX_ATTRIBUTE_BYTES", cls.max_attribute_bytes, 1),
             max_metadata_bytes=_int(env, "MAX_METADATA_BYTES", cls.max_metadata_bytes, 1),
-            dequeue_inline_bytes=_int(env, "DEQUEUE_INLINE_BYTES", cls.dequeue_inline_bytes, 0),
+            dequeue_inline_bytes=_int(env, "DEQUEUE_INLINE_BYTES", cls.dequeue_inline_bytes, 0, cls.DEQUEUE_INLINE_MAX),
             max_prefetch=_int(env, "MAX_PREFETCH", cls.max_prefetch, 1),
         )
 

@@ -16,8 +16,8 @@ import logging
 import os
 import tempfile
 import time
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any, TypeVar
 
 import urllib3
 from minio import Minio
@@ -44,6 +44,7 @@ _MISSING = ("NoSuchKey", "NoSuchObject", "NoSuchBucket")
 
 
 _TOUCHED_MAX = 10_000
+T = TypeVar("T")
 
 
 def _unavailable(e: BaseException) -> BackendUnavailable:
@@ -150,9 +151,17 @@ class S3BlobStore(BlobStore):
 
         Saves the HEAD request per small blob.
         """
+        return await self._on_loop(self._s3.put_if_absent(key, data, sha256_hex))
+
+    async def _on_loop(self, call: Awaitable[T]) -> T:
+        """An event-loop S3 call (s3async.py), its errors mapped as ``_run`` maps the minio client's."""
         try:
-            return await self._s3.put_if_absent(key, data, sha256_hex)
-        except (S3ResponseError, OSError, TimeoutError) as e:
+            return await call
+        except S3ResponseError as e:
+            if e.code in _MISSING:
+                raise NotFound(f"blob not found ({e.code})") from e
+            raise _unavailable(e) from e
+        except (OSError, TimeoutError) as e:
             raise _unavailable(e) from e
 
     async def _touch(self, key: str) -> None:
@@ -193,17 +202,11 @@ class S3BlobStore(BlobStore):
         for blob_id in blob_ids:
             check_blob_id(blob_id)
             try:
-                parts.append(await self._s3.get(names.blob_key(blob_id), READ_WHOLE_MAX))
+                parts.append(await self._on_loop(self._s3.get(names.blob_key(blob_id), READ_WHOLE_MAX)))
             except TooLarge as e:
                 raise ResourceExhausted(
                     f"blob {blob_id} is {e.size} bytes, over the {READ_WHOLE_MAX} bytes read whole: stream it with Get"
                 ) from e
-            except S3ResponseError as e:
-                if e.code in _MISSING:
-                    raise NotFound(f"blob {blob_id} not found") from e
-                raise _unavailable(e) from e
-            except (OSError, TimeoutError) as e:
-                raise _unavailable(e) from e
         return b"".join(parts)
 
     async def stat(self, blob_id: str) -> BlobInfo:

@@ -28,6 +28,8 @@ def test_environment_overrides():
         ({"MAILQUEUE_BUCKET_COUNT": "0"}, "MAILQUEUE_BUCKET_COUNT=0 must be >= 1"),
         ({"MAILQUEUE_RABBITMQ_QUEUE_TYPE": "stream"}, "use quorum or classic"),
         ({"MAILQUEUE_S3_SECURE": "maybe"}, "not a boolean"),
+        # A delivery with its content must fit one 16 MiB gRPC message (and one GetBytes answer).
+        ({"MAILQUEUE_DEQUEUE_INLINE_BYTES": str(16 * 1024 * 1024)}, "MAILQUEUE_DEQUEUE_INLINE_BYTES=16777216 must be <= 15728640"),
     ],
 )
 def test_bad_values_name_the_variable(env, message):
