@@ -8,7 +8,8 @@
   that one is dead-lettered here and marked, as the broker would dead-letter it unmarked;
   REJECT marks the mail dead-lettered and routes it to the dead-letter queue;
   an undecodable message or a missing blob is dead-lettered too.
-- A transient Cassandra or blob store error requeues the delivery (never lost, never dead-lettered).
+- A transient Cassandra or blob store error keeps the delivery with its consumer, retried with a
+  growing pause (never lost, never dead-lettered: a requeue would count towards the delivery limit).
 - Closing a subscription (stream ended, client gone, process killed) returns its unacked
   deliveries to the queue.
 """
@@ -35,11 +36,16 @@ log = logging.getLogger(__name__)
 DELIVERED = Counter("mailqueue_delivered_total", "Deliveries handed to consumers", ["queue"])
 OUTCOMES = Counter("mailqueue_outcomes_total", "Consumer outcomes", ["queue", "outcome"])
 SKIPPED = Counter("mailqueue_skipped_total", "Deliveries acked without handing them out", ["queue", "reason"])
-REQUEUED_ON_ERROR = Counter("mailqueue_requeued_on_error_total", "Deliveries requeued after a backend error", ["queue"])
+RETRIED_ON_ERROR = Counter(
+    "mailqueue_delivery_retries_on_error_total",
+    "Delivery preparations retried after a Cassandra or blob store error (the delivery stays with its consumer)",
+    ["queue"],
+)
 
 DEFAULT_PREFETCH = 16
-#: Pause after requeueing on a backend error, so a down backend is not hammered.
+#: Pause before retrying a delivery after a backend error, doubled on each failure up to the maximum.
 ERROR_BACKOFF_S = 0.5
+MAX_ERROR_BACKOFF_S = 15.0
 
 
 def retries_exhausted(delivery_count: int, limit: int | None) -> bool:
@@ -108,6 +114,23 @@ class Subscription:
             await self._consumer.dead_letter(message.delivery_tag)
             SKIPPED.labels(self.queue, "undecodable").inc()
             return None
+        delay = ERROR_BACKOFF_S
+        while True:
+            try:
+                return await self._checked(message, mail)
+            except BackendUnavailable as e:
+                # Kept, not requeued: on a quorum queue every requeue counts towards the delivery
+                # limit, and an outage of a few seconds would dead-letter every mail in flight.
+                log.warning("backend error: delivery retried in %.1f s: %s", delay, e, extra={"queue": self.queue})
+                RETRIED_ON_ERROR.labels(self.queue).inc()
+                await asyncio.sleep(delay)
+                delay = min(2 * delay, MAX_ERROR_BACKOFF_S)
+
+    async def _checked(self, message: Message, mail: model.QueuedMail) -> Delivery | None:
+        """The delivery of a live mail with its content; None when skipped or dead-lettered.
+
+        Raises BackendUnavailable when Cassandra or the blob store does not answer.
+        """
         try:
             if await self._d.view.deleted.reason(self.queue, mail.enqueue_id) is not None:
                 await self._skip(message, "deleted")
@@ -126,12 +149,6 @@ class Subscription:
             await self._d.view.deleted.mark(self.queue, mail.enqueue_id, "dead-lettered: content missing")
             await self._consumer.dead_letter(message.delivery_tag)
             SKIPPED.labels(self.queue, "content-missing").inc()
-            return None
-        except BackendUnavailable as e:
-            log.warning("backend error: delivery requeued: %s", e, extra={"queue": self.queue})
-            REQUEUED_ON_ERROR.labels(self.queue).inc()
-            await self._consumer.requeue(message.delivery_tag)
-            await asyncio.sleep(ERROR_BACKOFF_S)
             return None
         return Delivery(message.delivery_tag, mail, content, message.redelivered, message.delivery_count)
 

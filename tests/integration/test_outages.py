@@ -5,6 +5,7 @@ These stop a real backend, so they run last (marker `outage`) and always restore
 
 import os
 import signal
+import uuid
 
 import grpc
 import pytest
@@ -91,8 +92,8 @@ def test_a_transient_cassandra_error_requeues_the_delivery_instead_of_losing_it(
     os.kill(pid, signal.SIGSTOP)
     try:
         holder.cancel()  # the mail goes back to the queue and reaches c while Cassandra is frozen
-        # The deleted-mark check times out: the delivery goes back to the queue, not to a consumer.
-        wait_until(lambda: _requeued_on_error(queue) >= 1, 60, interval=0.2, what="a requeue after the backend error")
+        # The deleted-mark check times out: the delivery is retried, not handed out.
+        wait_until(lambda: _retried_on_error(queue) >= 1, 60, interval=0.2, what="a retry after the backend error")
     finally:
         os.kill(pid, signal.SIGCONT)
     d = c.next(timeout=60)
@@ -102,8 +103,32 @@ def test_a_transient_cassandra_error_requeues_the_delivery_instead_of_losing_it(
     assert dead_letter_count(queue) == 0
 
 
-def _requeued_on_error(queue: str) -> float:
+def _retried_on_error(queue: str) -> float:
     """dequeue_svc's own counter (the in-process services share this process's metrics registry)."""
     from prometheus_client import REGISTRY
 
-    return REGISTRY.get_sample_value("mailqueue_requeued_on_error_total", {"queue": queue}) or 0.0
+    return REGISTRY.get_sample_value("mailqueue_delivery_retries_on_error_total", {"queue": queue}) or 0.0
+
+
+def test_minio_down_for_longer_than_the_delivery_limit_allows_requeues_dead_letters_nothing(suite):
+    # The content read (dequeue_svc -> BlobService.GetBytes -> S3) fails for 8 s and more: the
+    # delivery is retried where it is, never returned to the queue. Each return counts towards the
+    # quorum queue's delivery limit (20): requeued every 0.5 s, it was dead-lettered within 10 s.
+    from tests.integration.helpers import StreamConsumer, dead_letter_count
+
+    queue = suite.new_queue()
+    content = b"Subject: patience\r\n\r\n" + os.urandom(2000)
+    eid = suite.enqueue_stub.Enqueue(inline(queue, simple_mail("patient"), content)).receipt.enqueue_id
+    os.kill(stack_pid("minio"), signal.SIGKILL)
+    try:
+        c = StreamConsumer(suite.dequeue_stub, queue, prefetch=1)
+        wait_until(lambda: _retried_on_error(queue) >= 5, 60, interval=0.2, what="5 retries (0.5+1+2+4+8 s) after S3 errors")
+    finally:
+        stack("up")
+    d = c.next(timeout=60)
+    assert d.mail.enqueue_id == eid and d.content == content
+    assert not d.redelivered  # never returned to the queue: no delivery spent
+    c.answer(d)
+    c.close()
+    wait_until(lambda: deleted_reason(suite, queue, uuid.UUID(eid)) == "dequeued", 30, what="the mail marked dequeued")
+    assert dead_letter_count(queue) == 0
