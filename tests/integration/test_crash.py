@@ -36,12 +36,15 @@ class Drain:
         self.lock = threading.Lock()
         self.stop = threading.Event()
         self.threads: list[threading.Thread] = []
+        #: How consumers ended early (expected only where a test kills a server).
+        self.errors: list[str] = []
 
     def run(self, target: str, queue: str, label: str, prefetch: int = 8) -> None:
         def loop() -> None:
             try:
                 c = StreamConsumer(dequeue_pb2_grpc.DequeueServiceStub(grpc.insecure_channel(target)), queue, prefetch)
-            except Exception:  # noqa: BLE001 - the server was killed before the stream opened
+            except Exception as e:  # noqa: BLE001 - the server was killed before the stream opened
+                self.errors.append(f"{label} could not subscribe: {e!r}")
                 return
             while not self.stop.is_set():
                 try:
@@ -49,7 +52,9 @@ class Drain:
                 except q.Empty:
                     continue
                 except EOFError:
-                    return  # the server died: this consumer is gone, as a crashed client's would be
+                    # The server died: this consumer is gone, as a crashed client's would be.
+                    self.errors.append(f"{label} stream ended: {c.error!r}")
+                    return
                 with self.lock:
                     self.deliveries[d.mail.enqueue_id] += 1
                     self.by_consumer[label] += 1
@@ -78,6 +83,7 @@ def test_1000_mails_through_4_consumers_on_2_processes_each_acked_once(suite, ke
         wait_until(lambda: len(drain.deliveries) == 1000, 120, interval=0.2, what="1000 mails delivered")
         wait_until(lambda: message_count(queue) == 0, 30, what="queue empty")
         drain.join()
+        assert not drain.errors, drain.errors  # no server was killed: every stream lived to the end
         assert set(drain.deliveries) == set(ids)
         assert max(drain.deliveries.values()) == 1  # each mail delivered and acked exactly once
         assert all(drain.by_consumer[f"consumer{i}"] > 0 for i in range(4)), drain.by_consumer
