@@ -161,15 +161,11 @@ class Subscription:
         if delivery is None:
             raise InvalidArgument(f"delivery tag {tag} is not an unanswered delivery of this stream")
         mail = delivery.mail
-        limit = self._d.broker.delivery_limit
         if outcome is Outcome.SUCCESS:
             await self._d.mark_deleted(mail, "dequeued")
             await self._consumer.ack(tag)
-        elif outcome is Outcome.RETRY and retries_exhausted(delivery.delivery_count, limit):
-            log.warning("delivery limit reached: dead-lettered", extra={"queue": self.queue, "enqueue_id": str(mail.enqueue_id)})
-            reason = f"dead-lettered: delivery limit of {limit} reached"
-            await self._d.mark_deleted(mail, f"{reason}: {error_message}"[:1000] if error_message else reason)
-            await self._consumer.dead_letter(tag)
+        elif outcome is Outcome.RETRY and retries_exhausted(delivery.delivery_count, self._d.broker.delivery_limit):
+            await self._dead_letter_at_limit(delivery, f": {error_message}" if error_message else "")
         elif outcome is Outcome.RETRY:
             await self._consumer.requeue(tag)
         else:
@@ -192,15 +188,20 @@ class Subscription:
             if prepared.done() and not prepared.cancelled() and prepared.exception() is None and prepared.result():
                 unanswered.append(prepared.result())
             prepared.cancel()
-        limit = self._d.broker.delivery_limit
         for d in unanswered:
-            if retries_exhausted(d.delivery_count, limit):
+            if retries_exhausted(d.delivery_count, self._d.broker.delivery_limit):
                 try:
-                    await self._d.mark_deleted(d.mail, f"dead-lettered: delivery limit of {limit} reached, last delivery unanswered")
-                    await self._consumer.dead_letter(d.tag)
+                    await self._dead_letter_at_limit(d, ", last delivery unanswered")
                 except BackendUnavailable as e:
                     log.warning("could not dead-letter a delivery on its last attempt: %s", e, extra={"queue": self.queue})
         await self._consumer.close()
+
+    async def _dead_letter_at_limit(self, d: Delivery, detail: str) -> None:
+        """Mark and dead-letter a delivery that the broker would dead-letter unmarked if it came back."""
+        log.warning("delivery limit reached: dead-lettered", extra={"queue": self.queue, "enqueue_id": str(d.mail.enqueue_id)})
+        reason = f"dead-lettered: delivery limit of {self._d.broker.delivery_limit} reached{detail}"
+        await self._d.mark_deleted(d.mail, reason[:1000])
+        await self._consumer.dead_letter(d.tag)
 
 
 class Dequeuer:
