@@ -12,9 +12,13 @@ export KUSTOMIZE
 
 install: .venv/.installed mailqueue/v1/.generated
 
+# The stubs are generated before the editable install, so that the installed entry points
+# (.venv/bin/mailq) find the generated `mailqueue` package from any directory.
 .venv/.installed: pyproject.toml constraints.txt
 	python3 -m venv .venv
 	.venv/bin/pip install -q --upgrade pip
+	.venv/bin/pip install -q -c constraints.txt grpcio-tools
+	$(PY) -m services.codegen
 	.venv/bin/pip install -q -c constraints.txt -e '.[dev,spark]'
 	touch $@
 

@@ -19,7 +19,7 @@ import grpc
 
 from bench.common import PORTS, bench_queue, load, new_keyspace, report, run, start_services, stop
 from mailqueue.v1 import admin_pb2, admin_pb2_grpc, enqueue_pb2, enqueue_pb2_grpc, mail_pb2
-from services import model, serde
+from services import model
 from services.blobstores.s3 import S3BlobStore
 from services.brokers.rabbitmq import RabbitMQBroker
 from services.config import Settings
@@ -65,7 +65,7 @@ async def direct(settings: Settings, queue: str, seconds: float, concurrency: in
         q = model.QueuedMail(queue, eid, now, mail, (info.blob_id,), info.size, slice_start(now, window),
                              bucket_of(mail.name, str(eid), 1))
         await view.enqueued.insert(q)
-        await broker.publish(queue, str(eid), serde.queued_mail_to_proto(q).SerializeToString())
+        await broker.publish(q)
 
     try:
         return await load(op, concurrency, seconds, "direct", warmup)

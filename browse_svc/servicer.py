@@ -8,8 +8,8 @@ from typing import Any
 import grpc
 
 from mailqueue.v1 import admin_pb2, admin_pb2_grpc, browse_pb2, browse_pb2_grpc
-from services import browse_start, model, serde, validation
-from services.browser import BrowseFilter, Progress, delete_condition
+from services import browse_start, model, schedule, serde, validation
+from services.browser import BrowseFilter, Progress, delete_condition, flush_condition
 from services.errors import InvalidArgument
 from services.queues import create_queue
 
@@ -18,6 +18,9 @@ async def _existing_queue(app: Any, queue: str) -> str:
     validation.queue_name(queue)
     await app.backends().state.require_queue(queue)
     return queue
+
+
+_SCHEDULES = {browse_pb2.SCHEDULE_FILTER_READY: "ready", browse_pb2.SCHEDULE_FILTER_DELAYED: "delayed"}
 
 
 def _progress(p: Progress) -> admin_pb2.DeleteProgress:
@@ -34,25 +37,32 @@ class BrowseServicer(browse_pb2_grpc.BrowseServiceServicer):
     async def GetQueue(self, request: browse_pb2.GetQueueRequest, context: grpc.aio.ServicerContext) -> browse_pb2.GetQueueResponse:
         queue = await _existing_queue(self._app, request.queue)
         b, browser = self._app.backends(), self._app.browser()
+        summary = await browser.summary(queue)
         info = browse_pb2.QueueInfo(
-            queue=queue, size=await browser.size(queue),
+            queue=queue, size=summary.size, ready=summary.ready, delayed=summary.delayed,
             configuration=serde.view_config_to_proto(await b.view.config.current()),
+            retry_policy=serde.retry_policy_to_proto(await b.view.retry_policies.get(queue)),
         )
+        if summary.oldest_ready_age is not None:
+            info.oldest_ready_age.CopyFrom(serde.duration_to_proto(summary.oldest_ready_age))
         if (start := await b.view.starts.browse_start(queue)) is not None:
             info.browse_start.CopyFrom(serde.timestamp_to_proto(start))
         if (content := await b.view.starts.content_start(queue)) is not None:
             info.content_start.CopyFrom(serde.timestamp_to_proto(content))
-        if (oldest := await browser.oldest(queue)) is not None:
-            info.oldest_mail_age.CopyFrom(serde.duration_to_proto(model.utcnow() - oldest.enqueued_at))
+        if summary.oldest is not None:
+            info.oldest_mail_age.CopyFrom(serde.duration_to_proto(model.utcnow() - summary.oldest.enqueued_at))
         return browse_pb2.GetQueueResponse(queue_info=info)
 
     async def Browse(self, request: browse_pb2.BrowseRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[browse_pb2.BrowseResponse]:
         queue = await _existing_queue(self._app, request.queue)
         f = BrowseFilter(
             sender=request.sender or None, recipient=request.recipient or None, name=request.name or None,
-            enqueued_after=serde.timestamp_from_proto(request.enqueued_after) if request.HasField("enqueued_after") else None,
-            enqueued_before=serde.timestamp_from_proto(request.enqueued_before) if request.HasField("enqueued_before") else None,
+            enqueued_after=serde.timestamp_from_proto(request.enqueued_after, "enqueued_after") if request.HasField("enqueued_after") else None,
+            enqueued_before=serde.timestamp_from_proto(request.enqueued_before, "enqueued_before") if request.HasField("enqueued_before") else None,
+            schedule=_SCHEDULES.get(request.schedule), now=model.utcnow(),
         )
+        if request.schedule not in _SCHEDULES and request.schedule != browse_pb2.SCHEDULE_FILTER_UNSPECIFIED:
+            raise InvalidArgument(f"schedule filter {request.schedule} is unknown: use READY or DELAYED")
         b = self._app.backends()
         inline_limit = self._app.settings.limits.dequeue_inline_bytes
         async for q in self._app.browser().browse(queue, f, request.limit):
@@ -72,7 +82,10 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
 
     async def CreateQueue(self, request: admin_pb2.CreateQueueRequest, context: grpc.aio.ServicerContext) -> admin_pb2.CreateQueueResponse:
         b = self._app.backends()
-        return admin_pb2.CreateQueueResponse(created=await create_queue(b.view, b.broker, request.queue))
+        policy = None
+        if request.HasField("retry_policy"):
+            policy = serde.retry_policy_from_proto(request.retry_policy, model.RetryPolicy())
+        return admin_pb2.CreateQueueResponse(created=await create_queue(b.view, b.broker, request.queue, policy))
 
     async def DeleteMails(self, request: admin_pb2.DeleteMailsRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[admin_pb2.DeleteMailsResponse]:
         queue = await _existing_queue(self._app, request.queue)
@@ -90,14 +103,16 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
             yield admin_pb2.ClearQueueResponse(progress=_progress(p))
 
     async def Flush(self, request: admin_pb2.FlushRequest, context: grpc.aio.ServicerContext) -> admin_pb2.FlushResponse:
-        await _existing_queue(self._app, request.queue)
-        return admin_pb2.FlushResponse(flushed=0)  # no delayed mails exist until delays are implemented
+        queue = await _existing_queue(self._app, request.queue)
+        kind = request.WhichOneof("condition")
+        f = flush_condition(**({kind: getattr(request, kind)} if kind else {}))
+        return admin_pb2.FlushResponse(flushed=await self._app.browser().flush(queue, f))
 
     async def RepublishNotProcessed(
         self, request: admin_pb2.RepublishNotProcessedRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.RepublishNotProcessedResponse:
         queue = await _existing_queue(self._app, request.queue)
-        count = await self._app.browser().republish(queue, serde.duration_from_proto(request.older_than))
+        count = await self._app.browser().republish(queue, serde.duration_from_proto(request.older_than, "older_than"))
         return admin_pb2.RepublishNotProcessedResponse(republished=count)
 
     async def UpdateBrowseStart(
@@ -125,3 +140,13 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         config = await b.view.config.apply(serde.view_config_from_proto(request.configuration))
         b.state.forget_config()
         return admin_pb2.UpdateConfigurationResponse(configuration=serde.view_config_to_proto(config))
+
+    async def UpdateRetryPolicy(
+        self, request: admin_pb2.UpdateRetryPolicyRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.UpdateRetryPolicyResponse:
+        queue = await _existing_queue(self._app, request.queue)
+        b = self._app.backends()
+        policy = schedule.validate(serde.retry_policy_from_proto(request.retry_policy, await b.view.retry_policies.get(queue)))
+        await b.view.retry_policies.set(queue, policy)
+        b.state.forget_retry_policy(queue)
+        return admin_pb2.UpdateRetryPolicyResponse(retry_policy=serde.retry_policy_to_proto(policy))

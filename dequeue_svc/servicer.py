@@ -52,7 +52,8 @@ async def _settle_outcomes(requests: AsyncIterator[dequeue_pb2.DequeueRequest], 
             o = request.outcome
             if o.kind not in _OUTCOMES:
                 raise InvalidArgument(f"outcome for delivery {o.delivery_tag} has no kind: use SUCCESS, RETRY or REJECT")
-            task = asyncio.create_task(sub.settle(o.delivery_tag, _OUTCOMES[o.kind], o.error_message))
+            retry_after = serde.retry_after_from_proto(o)
+            task = asyncio.create_task(sub.settle(o.delivery_tag, _OUTCOMES[o.kind], o.error_message, retry_after))
             settling.add(task)
             task.add_done_callback(check)
         if settling:

@@ -26,11 +26,13 @@ class EnqueueServicer(enqueue_pb2_grpc.EnqueueServiceServicer):
     async def Enqueue(self, request: enqueue_pb2.EnqueueRequest, context: grpc.aio.ServicerContext) -> enqueue_pb2.EnqueueResponse:
         enqueuer = self._app.enqueuer()
         mail = serde.mail_from_proto(request.mail)
+        when = serde.schedule_from_proto(request)
         kind = request.WhichOneof("content")
         if kind == "inline_content":
-            result = await enqueuer.enqueue_inline(request.queue, mail, request.inline_content, request.idempotency_key)
+            result = await enqueuer.enqueue_inline(request.queue, mail, request.inline_content, request.idempotency_key, when)
         elif kind == "blob_refs":
-            result = await enqueuer.enqueue_refs(request.queue, mail, list(request.blob_refs.blob_ids), request.idempotency_key)
+            result = await enqueuer.enqueue_refs(
+                request.queue, mail, list(request.blob_refs.blob_ids), request.idempotency_key, when)
         else:
             raise InvalidArgument("content is missing: set inline_content or blob_refs")
         return enqueue_pb2.EnqueueResponse(receipt=_receipt(result))
@@ -52,6 +54,7 @@ class EnqueueServicer(enqueue_pb2_grpc.EnqueueServiceServicer):
                 yield request.chunk
 
         result = await enqueuer.enqueue_stream(
-            header.queue, serde.mail_from_proto(header.mail), chunks(), header.idempotency_key
+            header.queue, serde.mail_from_proto(header.mail), chunks(), header.idempotency_key,
+            serde.schedule_from_proto(header),
         )
         return enqueue_pb2.EnqueueStreamResponse(receipt=_receipt(result))

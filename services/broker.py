@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import datetime as dt
+
+from services import model
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,6 +25,10 @@ class Message:
     message_id: str | None
     #: Earlier deliveries that were returned to the queue (quorum queues' x-delivery-count).
     delivery_count: int = 0
+    #: The schedule generation the message was published with (QueuedMail.generation).
+    generation: int = 0
+    #: Why the broker dead-lettered the message last, if it did ("delivery_limit", "rejected", ...).
+    death_reason: str | None = None
 
 
 class Consumer(abc.ABC):
@@ -41,6 +48,10 @@ class Consumer(abc.ABC):
         """Route the message to the queue's dead-letter queue."""
 
     @abc.abstractmethod
+    def drain(self) -> list[Message]:
+        """The deliveries received but not yet taken with ``get`` (no wait)."""
+
+    @abc.abstractmethod
     async def close(self) -> None:
         """Stop consuming; unacknowledged deliveries go back to the queue."""
 
@@ -55,10 +66,16 @@ class Broker(abc.ABC):
         """Declare (idempotently) a mail queue's exchange, work queue and dead-letter queue."""
 
     @abc.abstractmethod
-    async def publish(self, queue: str, message_id: str, body: bytes) -> None: ...
+    async def publish(self, mail: model.QueuedMail, delay: dt.timedelta = dt.timedelta(0)) -> None:
+        """Publish ``mail`` to its queue, deliverable after ``delay`` (services/delays.py), with
+        its generation. Returns once the broker confirmed it; raises BackendUnavailable."""
 
     @abc.abstractmethod
     async def consume(self, queue: str, prefetch: int) -> Consumer: ...
+
+    @abc.abstractmethod
+    async def consume_dead_letters(self, prefetch: int) -> Consumer:
+        """Consume the copies of every queue's dead letters (names.dead_letter_marks_queue)."""
 
     @abc.abstractmethod
     async def ping(self) -> None:

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator
 
 from prometheus_client import Counter
 
-from services import model, serde
+from services import model
 from services.broker import Broker
 from services.errors import InvalidArgument
 from services.slices import slice_start, slices_between
@@ -38,13 +38,14 @@ async def live_rows(view: View, queue: str, s: dt.datetime, buckets: int, op: st
         return []
     sem = asyncio.Semaphore(MARK_CONCURRENCY)
 
-    async def deleted(row: model.QueuedMail) -> bool:
+    async def state(row: model.QueuedMail) -> model.MailState | None:
         async with sem:
-            return await view.deleted.reason(queue, row.enqueue_id) is not None
+            return await view.deleted.state(queue, row.enqueue_id)
 
-    marks = await asyncio.gather(*(deleted(r) for r in rows))
+    states = await asyncio.gather(*(state(r) for r in rows))
     MARKS_READ.labels(op).inc(len(rows))
-    return [r for r, gone in zip(rows, marks) if not gone]
+    # The live rows, each with its current schedule (a RETRY or a Flush may have moved it).
+    return [s.applied_to(r) if s is not None else r for r, s in zip(rows, states) if s is None or not s.deleted]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,9 +57,22 @@ class BrowseFilter:
     name: str | None = None
     enqueued_after: dt.datetime | None = None
     enqueued_before: dt.datetime | None = None
+    #: Recipient domain, lower case (a mail matches when any recipient is in it).
+    recipient_domain: str | None = None
+    #: "ready" (deliverable at ``now``) or "delayed" (deliver_at after ``now``).
+    schedule: str | None = None
+    now: dt.datetime | None = None
 
     def matches(self, q: model.QueuedMail) -> bool:
         m = q.mail
+        if self.schedule is not None:
+            delayed = q.due() > (self.now or model.utcnow())
+            if delayed != (self.schedule == "delayed"):
+                return False
+        if self.recipient_domain is not None and not any(
+            r.rsplit("@", 1)[-1].lower() == self.recipient_domain for r in m.recipients
+        ):
+            return False
         if self.sender is not None and m.sender != ("" if self.sender == "<>" else self.sender):
             return False
         if self.recipient is not None and self.recipient not in m.recipients:
@@ -78,6 +92,30 @@ def delete_condition(name: str | None, sender: str | None, recipient: str | None
     if len(given) != 1:
         raise InvalidArgument("a delete needs exactly one condition: name, sender or recipient")
     return BrowseFilter(sender=sender, recipient=recipient, name=name)
+
+
+def flush_condition(sender: str | None = None, recipient: str | None = None, recipient_domain: str | None = None,
+                    name: str | None = None) -> BrowseFilter:
+    """At most one condition (none: every delayed mail), as a filter of delayed mails."""
+    given = [v for v in (sender, recipient, recipient_domain, name) if v is not None]
+    if len(given) > 1:
+        raise InvalidArgument("a flush takes at most one condition: sender, recipient, recipient_domain or name")
+    if recipient_domain is not None and (not recipient_domain or "@" in recipient_domain or len(recipient_domain) > 255):
+        raise InvalidArgument("recipient_domain must be a domain name (the part after @)")
+    return BrowseFilter(sender=sender, recipient=recipient, name=name, schedule="delayed",
+                        recipient_domain=recipient_domain.lower() if recipient_domain else None)
+
+
+@dataclasses.dataclass(frozen=True)
+class Summary:
+    """A queue's live mails by schedule, from one pass over the view."""
+
+    size: int = 0
+    ready: int = 0
+    delayed: int = 0
+    #: How long the oldest ready mail has been deliverable; None when no mail is ready.
+    oldest_ready_age: dt.timedelta | None = None
+    oldest: model.QueuedMail | None = None
 
 
 @dataclasses.dataclass
@@ -130,6 +168,38 @@ class Browser:
             return q
         return None
 
+    async def summary(self, queue: str) -> Summary:
+        now = model.utcnow()
+        size = ready = 0
+        oldest = None
+        oldest_due: dt.datetime | None = None
+        async for q in self.live_mails(queue, "size"):
+            size += 1
+            oldest = oldest or q
+            due = q.due()
+            if due <= now:
+                ready += 1
+                oldest_due = due if oldest_due is None else min(oldest_due, due)
+        return Summary(size, ready, size - ready, now - oldest_due if oldest_due is not None else None, oldest)
+
+    async def flush(self, queue: str, f: BrowseFilter) -> int:
+        """Make every delayed mail matching ``f`` deliverable now, in enqueue order.
+
+        Each gets a new generation: published to the work queue, then recorded, so the copy still
+        waiting in the delay ladder is skipped when it arrives (the mail is delivered once).
+        """
+        f = dataclasses.replace(f, schedule="delayed", now=model.utcnow())
+        count = 0
+        async for q in self.live_mails(queue, "flush"):
+            if not f.matches(q):
+                continue
+            now = model.utcnow()
+            flushed = dataclasses.replace(q, deliver_at=now, generation=q.generation + 1)
+            await self._broker.publish(flushed)
+            await self._view.deleted.schedule(flushed)
+            count += 1
+        return count
+
     async def delete(self, queue: str, f: BrowseFilter, every: int = 100) -> AsyncIterator[Progress]:
         """Mark deleted every live mail matching ``f`` that existed when the call started."""
         started = model.utcnow()
@@ -151,6 +221,6 @@ class Browser:
         cutoff = model.utcnow() - older_than
         count = 0
         async for q in self.live_mails(queue, "republish", until=cutoff):
-            await self._broker.publish(queue, str(q.enqueue_id), serde.queued_mail_to_proto(q).SerializeToString())
+            await self._broker.publish(q, max(q.due() - model.utcnow(), dt.timedelta(0)))
             count += 1
         return count

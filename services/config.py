@@ -33,6 +33,17 @@ def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0, maxi
     return value
 
 
+def _float(env: Mapping[str, str], name: str, default: float, minimum: float = 0.0) -> float:
+    raw = _get(env, name, str(default))
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigurationError(f"MAILQUEUE_{name}={raw!r} is not a number (seconds)") from None
+    if not value >= minimum or value == float("inf"):
+        raise ConfigurationError(f"MAILQUEUE_{name}={raw} must be a finite number >= {minimum}")
+    return value
+
+
 def _optional_int(env: Mapping[str, str], name: str, minimum: int = 1) -> int | None:
     return _int(env, name, 0, minimum) if f"MAILQUEUE_{name}" in env else None
 
@@ -68,7 +79,7 @@ class CassandraSettings:
             local_dc=env.get("MAILQUEUE_CASSANDRA_LOCAL_DC") or None,
             username=env.get("MAILQUEUE_CASSANDRA_USERNAME") or None,
             password=env.get("MAILQUEUE_CASSANDRA_PASSWORD") or None,
-            request_timeout_s=float(_get(env, "CASSANDRA_TIMEOUT_S", "5")),
+            request_timeout_s=_float(env, "CASSANDRA_TIMEOUT_S", 5.0, 0.001),
         )
 
 
@@ -90,7 +101,7 @@ class RabbitMQSettings:
             url=_get(env, "RABBITMQ_URL", cls.url),
             queue_type=queue_type,
             delivery_limit=_int(env, "RABBITMQ_DELIVERY_LIMIT", 20, 1),
-            connect_timeout_s=float(_get(env, "RABBITMQ_CONNECT_TIMEOUT_S", "5")),
+            connect_timeout_s=_float(env, "RABBITMQ_CONNECT_TIMEOUT_S", 5.0, 0.001),
         )
 
 
@@ -221,7 +232,7 @@ class ServerSettings:
             port=port,
             metrics_port=_int(env, "METRICS_PORT", port + METRICS_PORT_OFFSET if port else 0, 0),
             max_connection_age_s=_int(env, "MAX_CONNECTION_AGE_S", 300, 1),
-            shutdown_grace_s=float(_get(env, "SHUTDOWN_GRACE_S", "10")),
+            shutdown_grace_s=_float(env, "SHUTDOWN_GRACE_S", 10.0),
             blob_target=_get(env, "BLOB_TARGET", "127.0.0.1:50054"),
             log_level=_get(env, "LOG_LEVEL", "INFO").upper(),
             tokens=_tokens(env),

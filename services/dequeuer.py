@@ -4,14 +4,21 @@
   and skipped without fetching content.
 - SUCCESS marks the mail deleted **then** acks: a crash between the two redelivers a mail that
   is then skipped. No loss, no ghost.
-- RETRY requeues, except on the last delivery the broker allows (quorum queues' delivery limit):
-  that one is dead-lettered here and marked, as the broker would dead-letter it unmarked;
+- A delivery older than the mail's schedule (a RETRY or a Flush published a newer one) is acked
+  and skipped; one that arrives before its deliver_at (a skewed clock) goes back to the delay
+  ladder for the rest of its wait.
+- One mail is in flight at most once per process: a second copy (RepublishNotProcessed) that
+  arrives while the first is being prepared or is handed out is acked and skipped.
+- RETRY counts an attempt and publishes the mail again with its backoff (services/schedule.py),
+  then records the new schedule, then acks: it never spends the broker's delivery limit. A RETRY
+  past the queue's retry policy expires the mail: marked and dead-lettered.
   REJECT marks the mail dead-lettered and routes it to the dead-letter queue;
   an undecodable message or a missing blob is dead-lettered too.
 - A transient Cassandra or blob store error keeps the delivery with its consumer, retried with a
   growing pause (never lost, never dead-lettered: a requeue would count towards the delivery limit).
-- Closing a subscription (stream ended, client gone, process killed) returns its unacked
-  deliveries to the queue.
+- Closing a subscription (stream ended, client gone) publishes again the deliveries it received
+  but never handed to the client, then acks them: a client that subscribes and leaves spends no
+  delivery attempt. Handed-out, unanswered deliveries go back to the queue (one attempt each).
 """
 
 from __future__ import annotations
@@ -23,7 +30,9 @@ import logging
 
 from prometheus_client import Counter
 
-from services import browse_start, model, serde, validation
+import datetime as dt
+
+from services import browse_start, model, schedule, serde, validation
 from services.blobstore import BlobStore
 from services.broker import Broker, Consumer, Message
 from services.config import LimitSettings
@@ -36,6 +45,10 @@ log = logging.getLogger(__name__)
 DELIVERED = Counter("mailqueue_delivered_total", "Deliveries handed to consumers", ["queue"])
 OUTCOMES = Counter("mailqueue_outcomes_total", "Consumer outcomes", ["queue", "outcome"])
 SKIPPED = Counter("mailqueue_skipped_total", "Deliveries acked without handing them out", ["queue", "reason"])
+EXPIRED = Counter("mailqueue_expired_total", "Mails expired by their queue's retry policy", ["queue"])
+RETURNED_UNSENT = Counter(
+    "mailqueue_returned_unsent_total", "Deliveries a closing stream never handed out, published again without spending an attempt", ["queue"],
+)
 RETRIED_ON_ERROR = Counter(
     "mailqueue_delivery_retries_on_error_total",
     "Delivery preparations retried after a Cassandra or blob store error (the delivery stays with its consumer)",
@@ -51,6 +64,14 @@ MAX_ERROR_BACKOFF_S = 15.0
 def retries_exhausted(delivery_count: int, limit: int | None) -> bool:
     """True when a requeue would make the broker dead-letter the message (its delivery limit)."""
     return limit is not None and delivery_count >= limit
+
+
+def decode(message: Message) -> model.QueuedMail:
+    """The mail a broker message carries, with the generation of its header. Raises on garbage."""
+    from mailqueue.v1 import mail_pb2
+
+    mail = serde.queued_mail_from_proto(mail_pb2.QueuedMail.FromString(message.body))
+    return dataclasses.replace(mail, generation=message.generation)
 
 
 class Outcome(enum.Enum):
@@ -82,12 +103,19 @@ class Subscription:
         self._pending: dict[int, Delivery] = {}
         self._prepared: asyncio.Queue[asyncio.Future[Delivery | None]] = asyncio.Queue()
         self._pump: asyncio.Task[None] | None = None
+        #: Received from the broker, not yet handed to the client nor settled otherwise.
+        self._unsent: dict[int, Message] = {}
+        self._preparing: set[asyncio.Future[Delivery | None]] = set()
 
     async def _pump_messages(self) -> None:
         try:
             while True:
                 message = await self._consumer.get()
-                await self._prepared.put(asyncio.ensure_future(self._prepare(message)))
+                self._unsent[message.delivery_tag] = message
+                task = asyncio.ensure_future(self._prepare(message))
+                self._preparing.add(task)
+                task.add_done_callback(self._preparing.discard)
+                await self._prepared.put(task)
         except Exception as e:  # the channel died: the next call to next() raises it
             failed: asyncio.Future[Delivery | None] = asyncio.get_running_loop().create_future()
             failed.set_exception(e)
@@ -100,24 +128,35 @@ class Subscription:
         while True:
             delivery = await (await self._prepared.get())
             if delivery is not None:
+                self._unsent.pop(delivery.tag, None)
                 self._pending[delivery.tag] = delivery
                 DELIVERED.labels(self.queue).inc()
                 return delivery
 
     async def _prepare(self, message: Message) -> Delivery | None:
         try:
-            from mailqueue.v1 import mail_pb2
-
-            mail = serde.queued_mail_from_proto(mail_pb2.QueuedMail.FromString(message.body))
+            mail = decode(message)
         except Exception:  # noqa: BLE001 - any undecodable body is poison
             log.error("undecodable message dead-lettered", extra={"queue": self.queue, "message_id": message.message_id})
+            self._unsent.pop(message.delivery_tag, None)
             await self._consumer.dead_letter(message.delivery_tag)
             SKIPPED.labels(self.queue, "undecodable").inc()
             return None
+        key = (self.queue, mail.enqueue_id)
+        if key in self._d.in_flight:
+            await self._skip(message, "in-flight")  # a second copy; the first one settles the mail
+            return None
+        self._d.in_flight.add(key)
         delay = ERROR_BACKOFF_S
         while True:
             try:
-                return await self._checked(message, mail)
+                delivery = await self._checked(message, mail)
+                if delivery is None:
+                    self._d.in_flight.discard(key)
+                return delivery
+            except asyncio.CancelledError:
+                self._d.in_flight.discard(key)
+                raise
             except BackendUnavailable as e:
                 # Kept, not requeued: on a quorum queue every requeue counts towards the delivery
                 # limit, and an outage of a few seconds would dead-letter every mail in flight.
@@ -132,8 +171,18 @@ class Subscription:
         Raises BackendUnavailable when Cassandra or the blob store does not answer.
         """
         try:
-            if await self._d.view.deleted.reason(self.queue, mail.enqueue_id) is not None:
+            state = await self._d.view.deleted.state(self.queue, mail.enqueue_id)
+            if state is not None and state.deleted:
                 await self._skip(message, "deleted")
+                return None
+            if state is not None and mail.generation < state.generation:
+                await self._skip(message, "superseded")  # a RETRY or a Flush published a newer copy
+                return None
+            early = mail.due() - model.utcnow()
+            if early > dt.timedelta(0):
+                # Only a clock behind the publisher's (or a rounding) gets here: wait the rest.
+                await self._d.broker.publish(mail, early)
+                await self._skip(message, "early")
                 return None
             if await self._d.state.is_swept(self.queue, mail.slice_start):
                 await self._skip(message, "swept")
@@ -147,54 +196,103 @@ class Subscription:
         except NotFound:
             log.error("mail content missing: dead-lettered", extra={"queue": self.queue, "enqueue_id": str(mail.enqueue_id)})
             await self._d.view.deleted.mark(self.queue, mail.enqueue_id, "dead-lettered: content missing")
+            self._unsent.pop(message.delivery_tag, None)
             await self._consumer.dead_letter(message.delivery_tag)
             SKIPPED.labels(self.queue, "content-missing").inc()
             return None
         return Delivery(message.delivery_tag, mail, content, message.redelivered, message.delivery_count)
 
     async def _skip(self, message: Message, reason: str) -> None:
+        self._unsent.pop(message.delivery_tag, None)
         await self._consumer.ack(message.delivery_tag)
         SKIPPED.labels(self.queue, reason).inc()
 
-    async def settle(self, tag: int, outcome: Outcome, error_message: str = "") -> None:
+    async def settle(
+        self, tag: int, outcome: Outcome, error_message: str = "", retry_after: dt.timedelta | None = None,
+    ) -> None:
         delivery = self._pending.pop(tag, None)  # taken first: a second answer for the tag is refused
         if delivery is None:
             raise InvalidArgument(f"delivery tag {tag} is not an unanswered delivery of this stream")
         mail = delivery.mail
-        if outcome is Outcome.SUCCESS:
-            await self._d.mark_deleted(mail, "dequeued")
-            await self._consumer.ack(tag)
-        elif outcome is Outcome.RETRY and retries_exhausted(delivery.delivery_count, self._d.broker.delivery_limit):
-            await self._dead_letter_at_limit(delivery, f": {error_message}" if error_message else "")
-        elif outcome is Outcome.RETRY:
-            await self._consumer.requeue(tag)
-        else:
-            reason = f"dead-lettered: {error_message}" if error_message else "dead-lettered"
-            await self._d.mark_deleted(mail, reason[:1000])
-            await self._consumer.dead_letter(tag)
+        try:
+            if outcome is Outcome.SUCCESS:
+                await self._d.mark_deleted(mail, "dequeued")
+                await self._consumer.ack(tag)
+            elif outcome is Outcome.RETRY:
+                await self._retry(delivery, error_message[:1000], retry_after)
+            else:
+                reason = f"dead-lettered: {error_message}" if error_message else "dead-lettered"
+                await self._d.mark_deleted(mail, reason[:1000])
+                await self._consumer.dead_letter(tag)
+        finally:
+            self._d.in_flight.discard((self.queue, mail.enqueue_id))
         OUTCOMES.labels(self.queue, outcome.name).inc()
 
+    async def _retry(self, d: Delivery, error: str, retry_after: dt.timedelta | None) -> None:
+        """Count the attempt; publish the mail again with its backoff, record it, then ack.
+
+        A crash before the record leaves two copies with one generation (a duplicate delivery at
+        worst); after it, the redelivered original is older than the record and is skipped.
+        """
+        mail, now = d.mail, model.utcnow()
+        attempts = mail.attempts + 1
+        verdict = schedule.next_attempt(await self._d.state.retry_policy(self.queue), attempts, mail.enqueued_at, now, retry_after)
+        if isinstance(verdict, schedule.Expired):
+            log.info("mail expired", extra={"queue": self.queue, "enqueue_id": str(mail.enqueue_id), "reason": verdict.reason})
+            reason = f"{verdict.reason}: {error}" if error else verdict.reason
+            await self._d.mark_deleted(mail, reason[:1000])
+            await self._consumer.dead_letter(d.tag)
+            EXPIRED.labels(self.queue).inc()
+            return
+        again = dataclasses.replace(
+            mail, deliver_at=verdict.deliver_at, attempts=attempts, last_error=error, generation=mail.generation + 1,
+        )
+        self._d.in_flight.discard((self.queue, mail.enqueue_id))  # the new copy may come back at once
+        await self._d.broker.publish(again, verdict.deliver_at - now)
+        await self._d.view.deleted.schedule(again)
+        await self._consumer.ack(d.tag)
+
     async def close(self) -> None:
-        """Stop consuming; unanswered deliveries return to the queue.
+        """Stop consuming. Deliveries never handed to the client are published again and acked
+        (they spend no delivery attempt); handed-out, unanswered ones return to the queue.
 
         Except those on the last delivery the broker allows: returned, the broker would
         dead-letter them with their view rows still live, so they are marked and dead-lettered here.
         """
         if self._pump is not None:
             self._pump.cancel()
-        unanswered = list(self._pending.values())
-        while not self._prepared.empty():
-            prepared = self._prepared.get_nowait()
-            if prepared.done() and not prepared.cancelled() and prepared.exception() is None and prepared.result():
-                unanswered.append(prepared.result())
-            prepared.cancel()
-        for d in unanswered:
+        preparing = list(self._preparing)
+        for task in preparing:
+            task.cancel()
+        await asyncio.gather(*preparing, return_exceptions=True)  # let them unwind before counting
+        for message in self._consumer.drain():
+            self._unsent[message.delivery_tag] = message
+        for d in self._pending.values():
+            self._d.in_flight.discard((self.queue, d.mail.enqueue_id))
             if retries_exhausted(d.delivery_count, self._d.broker.delivery_limit):
                 try:
                     await self._dead_letter_at_limit(d, ", last delivery unanswered")
                 except BackendUnavailable as e:
                     log.warning("could not dead-letter a delivery on its last attempt: %s", e, extra={"queue": self.queue})
+        try:
+            await self._return_unsent()
+        except BackendUnavailable as e:  # the channel is gone: the broker returns them by itself
+            log.warning("unsent deliveries left to the broker: %s", e, extra={"queue": self.queue, "unsent": len(self._unsent)})
         await self._consumer.close()
+
+    async def _return_unsent(self) -> None:
+        """Publish again, then ack, every delivery the client never saw (in broker order)."""
+        for tag in sorted(self._unsent):
+            message = self._unsent.pop(tag)
+            try:
+                mail = decode(message)
+            except Exception:  # noqa: BLE001 - poison: as _prepare would
+                await self._consumer.dead_letter(tag)
+                continue
+            self._d.in_flight.discard((self.queue, mail.enqueue_id))
+            await self._d.broker.publish(mail)
+            await self._consumer.ack(tag)
+            RETURNED_UNSENT.labels(self.queue).inc()
 
     async def _dead_letter_at_limit(self, d: Delivery, detail: str) -> None:
         """Mark and dead-letter a delivery that the broker would dead-letter unmarked if it came back."""
@@ -213,6 +311,8 @@ class Dequeuer:
         self.state = state
         self._background: set[asyncio.Task[None]] = set()
         self._updating: set[str] = set()  # queues whose browse start update is running here
+        #: (queue, enqueue id) of every mail being prepared or handed out by this process.
+        self.in_flight: set[tuple[str, object]] = set()
 
     async def subscribe(self, queue: str, prefetch: int) -> Subscription:
         validation.queue_name(queue)

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from prometheus_client import Counter
 
-from services import model, serde, validation
+from services import model, schedule, validation
 from services.blobstore import BlobStore
 from services.broker import Broker
 from services.config import LimitSettings
@@ -34,6 +34,8 @@ ENQUEUE_FAILED = Counter("mailqueue_enqueue_failed_total", "Enqueues answered wi
 ABANDONED_CLAIM = dt.timedelta(seconds=30)
 
 ContentWriter = Callable[[], Awaitable[tuple[tuple[str, ...], int]]]
+#: A producer's (deliver_at, delay), at most one set (services/schedule.py).
+Schedule = tuple[dt.datetime | None, dt.timedelta | None]
 
 
 class Enqueuer:
@@ -45,7 +47,9 @@ class Enqueuer:
         self._state = state
 
     # ------------------------------------------------------------------ the three content forms
-    async def enqueue_inline(self, queue: str, mail: model.Mail, content: bytes, key: str = "") -> model.EnqueueResult:
+    async def enqueue_inline(
+        self, queue: str, mail: model.Mail, content: bytes, key: str = "", when: Schedule = (None, None),
+    ) -> model.EnqueueResult:
         if len(content) > self._limits.max_inline_bytes:
             raise ResourceExhausted(
                 f"inline content is {len(content)} bytes, over the limit of {self._limits.max_inline_bytes}: "
@@ -56,9 +60,11 @@ class Enqueuer:
             info = await self._blobs.put_bytes(content)
             return (info.blob_id,), info.size
 
-        return await self._enqueue(queue, mail, write, key)
+        return await self._enqueue(queue, mail, write, key, when)
 
-    async def enqueue_refs(self, queue: str, mail: model.Mail, blob_ids: list[str], key: str = "") -> model.EnqueueResult:
+    async def enqueue_refs(
+        self, queue: str, mail: model.Mail, blob_ids: list[str], key: str = "", when: Schedule = (None, None),
+    ) -> model.EnqueueResult:
         if not blob_ids:
             raise InvalidArgument("blob_refs must name at least one blob")
         for b in blob_ids:
@@ -74,10 +80,10 @@ class Enqueuer:
             self._check_mail_size(size)
             return tuple(blob_ids), size
 
-        return await self._enqueue(queue, mail, write, key)
+        return await self._enqueue(queue, mail, write, key, when)
 
     async def enqueue_stream(
-        self, queue: str, mail: model.Mail, chunks: AsyncIterator[bytes], key: str = ""
+        self, queue: str, mail: model.Mail, chunks: AsyncIterator[bytes], key: str = "", when: Schedule = (None, None),
     ) -> model.EnqueueResult:
         async def limited() -> AsyncIterator[bytes]:
             total = 0
@@ -90,16 +96,19 @@ class Enqueuer:
             info = await self._blobs.put(limited())
             return (info.blob_id,), info.size
 
-        return await self._enqueue(queue, mail, write, key)
+        return await self._enqueue(queue, mail, write, key, when)
 
     def _check_mail_size(self, size: int) -> None:
         if size > self._limits.max_mail_bytes:
             raise ResourceExhausted(f"mail content exceeds the limit of {self._limits.max_mail_bytes} bytes")
 
     # ------------------------------------------------------------------ the common path
-    async def _enqueue(self, queue: str, mail: model.Mail, write_content: ContentWriter, key: str) -> model.EnqueueResult:
+    async def _enqueue(
+        self, queue: str, mail: model.Mail, write_content: ContentWriter, key: str, when: Schedule,
+    ) -> model.EnqueueResult:
         validation.queue_name(queue)
         validation.mail(mail, self._limits)
+        schedule.deliver_at(model.utcnow(), *when)  # refused before anything is written
         if len(key) > 256:
             raise InvalidArgument("idempotency_key is longer than 256 characters")
         await self._state.require_queue(queue)
@@ -110,7 +119,7 @@ class Enqueuer:
                 return earlier
             enqueue_id = earlier
         try:
-            result = await self._store(queue, mail, enqueue_id, write_content)
+            result = await self._store(queue, mail, enqueue_id, write_content, when)
         except BaseException:
             ENQUEUE_FAILED.labels(queue).inc()
             if key:
@@ -121,10 +130,13 @@ class Enqueuer:
         ENQUEUED.labels(queue).inc()
         return model.EnqueueResult.of(result)
 
-    async def _store(self, queue: str, mail: model.Mail, enqueue_id: uuid.UUID, write_content: ContentWriter) -> model.QueuedMail:
+    async def _store(
+        self, queue: str, mail: model.Mail, enqueue_id: uuid.UUID, write_content: ContentWriter, when: Schedule,
+    ) -> model.QueuedMail:
         blob_ids, size = await write_content()
         config = await self._state.config()
         now = model.utcnow()
+        deliver_at = schedule.deliver_at(now, *when)
         start = slice_start(now, config.slice_window)
         browse_start = await self._state.browse_start(queue)
         if browse_start is not None and start < browse_start:
@@ -135,6 +147,7 @@ class Enqueuer:
         queued = model.QueuedMail(
             queue=queue, enqueue_id=enqueue_id, enqueued_at=now, mail=mail, blob_ids=blob_ids, size=size,
             slice_start=start, bucket=bucket_of(mail.name, str(enqueue_id), config.bucket_count),
+            deliver_at=deliver_at,
         )
         try:
             await self._view.enqueued.insert(queued)
@@ -143,7 +156,7 @@ class Enqueuer:
             await self._compensate(queued, "enqueue failed: view write")
             raise
         try:
-            await self._broker.publish(queue, str(enqueue_id), serde.queued_mail_to_proto(queued).SerializeToString())
+            await self._broker.publish(queued, deliver_at - now if deliver_at is not None else dt.timedelta(0))
         except BaseException:
             await self._compensate(queued, "enqueue failed: publish")
             raise
@@ -178,4 +191,4 @@ class Enqueuer:
         if now - claimed_at > ABANDONED_CLAIM and await self._view.idempotency.take_over(queue, key, now, row.claimed_at):
             log.warning("took over an abandoned idempotency claim", extra={"queue": queue, "key": key})
             return row.enqueue_id
-        raise Aborted(f"an enqueue with idempotency key {key!r} is in progress; retry in a few seconds")
+        raise Aborted(f"an enqueue with idempotency key {validation.shown(key)} is in progress; retry in a few seconds")

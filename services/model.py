@@ -57,6 +57,52 @@ class QueuedMail:
     size: int
     slice_start: dt.datetime
     bucket: int
+    #: When the mail becomes deliverable; None: at ``enqueued_at``.
+    deliver_at: dt.datetime | None = None
+    #: RETRY outcomes so far, and the error message of the last one.
+    attempts: int = 0
+    last_error: str = ""
+    #: Schedule version: a broker message older than the mail's stored schedule is dropped
+    #: (it was superseded by a RETRY or a Flush). Carried in a message header, not in the body.
+    generation: int = 0
+
+    def due(self) -> dt.datetime:
+        """When the mail is deliverable."""
+        return self.deliver_at if self.deliver_at is not None else self.enqueued_at
+
+
+@dataclasses.dataclass(frozen=True)
+class MailState:
+    """What the view knows of a mail besides its row: gone (and why), or its current schedule."""
+
+    reason: str | None = None
+    generation: int = 0
+    deliver_at: dt.datetime | None = None
+    attempts: int = 0
+    last_error: str = ""
+
+    @property
+    def deleted(self) -> bool:
+        return self.reason is not None
+
+    def applied_to(self, q: QueuedMail) -> QueuedMail:
+        """The row's mail with this schedule, when the schedule is newer than the row's."""
+        if self.generation <= q.generation:
+            return q
+        return dataclasses.replace(
+            q, deliver_at=self.deliver_at, attempts=self.attempts, last_error=self.last_error, generation=self.generation,
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class RetryPolicy:
+    """How a queue spaces RETRYs and when a mail expires (see services/schedule.py)."""
+
+    initial_backoff: dt.timedelta = dt.timedelta(minutes=1)
+    multiplier: float = 2.0
+    max_backoff: dt.timedelta = dt.timedelta(hours=1)
+    max_attempts: int = 20
+    max_age: dt.timedelta = dt.timedelta(days=5)
 
 
 @dataclasses.dataclass(frozen=True)

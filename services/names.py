@@ -32,6 +32,27 @@ def dead_letter_queue(queue: str) -> str:
     return f"{AMQP_PREFIX}.{queue}.dead-letter"
 
 
+def delay_exchange(level: int) -> str:
+    """Level ``level`` of the delay ladder (a topic exchange shared by every queue)."""
+    return f"{AMQP_PREFIX}.delay.{level}"
+
+
+def delay_queue(level: int) -> str:
+    """The wait queue of ladder level ``level``: its messages wait 2**level delay units."""
+    return f"{AMQP_PREFIX}.delay.{level}"
+
+
+def delay_delivery_exchange() -> str:
+    """Where the ladder hands due messages to their work queues (topic, by queue name)."""
+    return f"{AMQP_PREFIX}.delay.deliver"
+
+
+def dead_letter_marks_queue() -> str:
+    """Bound to every queue's dead-letter exchange: dequeue_svc marks in the view every mail that
+    reaches it unmarked (the broker dead-lettered it on its own)."""
+    return f"{AMQP_PREFIX}.dead-letter-marks"
+
+
 def table(name: str) -> str:
     """A versioned Cassandra table name: ``table("enqueued_mails") == "enqueued_mails_v1"``."""
     return f"{name}_{TABLE_VERSION}"

@@ -25,12 +25,13 @@ class QueueState:
         self._config: tuple[float, model.ViewConfig] | None = None
         self._browse: dict[str, tuple[float, dt.datetime | None]] = {}
         self._content: dict[str, tuple[float, dt.datetime | None]] = {}
+        self._policies: dict[str, tuple[float, model.RetryPolicy]] = {}
 
     async def require_queue(self, queue: str) -> None:
         if queue in self._known:
             return
         if not await self._view.queues.exists(queue):
-            raise NotFound(f"queue {queue!r} does not exist: create it with AdminService.CreateQueue (mailq create {queue})")
+            raise NotFound(f"queue {queue!r} does not exist: create it with AdminService.CreateQueue (mailq create {queue})")  # queue is validated: short
         self._known.add(queue)
 
     async def config(self) -> model.ViewConfig:
@@ -41,6 +42,18 @@ class QueueState:
 
     def forget_config(self) -> None:
         self._config = None
+
+    async def retry_policy(self, queue: str) -> model.RetryPolicy:
+        """Cached like the configuration: a change reaches every replica within ``config_ttl_s``."""
+        now = time.monotonic()
+        cached = self._policies.get(queue)
+        if cached is None or now - cached[0] > self._config_ttl:
+            cached = (now, await self._view.retry_policies.get(queue))
+            self._policies[queue] = cached
+        return cached[1]
+
+    def forget_retry_policy(self, queue: str) -> None:
+        self._policies.pop(queue, None)
 
     async def browse_start(self, queue: str) -> dt.datetime | None:
         return await self._cached(self._browse, queue, self._browse_ttl, self._view.starts.browse_start)

@@ -5,23 +5,40 @@ One place to look when a field is lost; tests/unit/test_serde.py round-trips eve
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import uuid
+from typing import Any
 
 from google.protobuf import duration_pb2, timestamp_pb2
 
 from mailqueue.v1 import browse_pb2, mail_pb2
 from services import model
+from services.errors import InvalidArgument
+
+_UTC = dt.timezone.utc
+#: The instants a client may send: what Cassandra's timestamps and the driver's reads hold safely.
+TIMESTAMP_MIN = dt.datetime(1000, 1, 1, tzinfo=_UTC)
+TIMESTAMP_MAX = dt.datetime(9000, 1, 1, tzinfo=_UTC)
+#: The longest Duration any request may carry (one century); each field has a tighter rule of its own.
+DURATION_MAX = dt.timedelta(days=36525)
+_NANOS = 999_999_999
 
 
 def timestamp_to_proto(value: dt.datetime) -> timestamp_pb2.Timestamp:
     ts = timestamp_pb2.Timestamp()
-    ts.FromDatetime(value.astimezone(dt.timezone.utc))
+    ts.FromDatetime(value.astimezone(_UTC))
     return ts
 
 
-def timestamp_from_proto(ts: timestamp_pb2.Timestamp) -> dt.datetime:
-    return ts.ToDatetime(tzinfo=dt.timezone.utc)
+def timestamp_from_proto(ts: timestamp_pb2.Timestamp, field: str = "timestamp") -> dt.datetime:
+    """A client's Timestamp as a datetime; InvalidArgument outside [TIMESTAMP_MIN, TIMESTAMP_MAX)."""
+    low, high = TIMESTAMP_MIN.timestamp(), TIMESTAMP_MAX.timestamp()
+    if not (low <= ts.seconds < high and 0 <= ts.nanos <= _NANOS):
+        raise InvalidArgument(
+            f"{field} is out of range: use an instant from {TIMESTAMP_MIN:%Y-%m-%d} to {TIMESTAMP_MAX:%Y-%m-%d} (UTC)"
+        )
+    return ts.ToDatetime(tzinfo=_UTC)
 
 
 def duration_to_proto(value: dt.timedelta) -> duration_pb2.Duration:
@@ -30,8 +47,63 @@ def duration_to_proto(value: dt.timedelta) -> duration_pb2.Duration:
     return d
 
 
-def duration_from_proto(d: duration_pb2.Duration) -> dt.timedelta:
+def duration_from_proto(
+    d: duration_pb2.Duration, field: str = "duration", maximum: dt.timedelta = DURATION_MAX, negative: bool = False,
+) -> dt.timedelta:
+    """A client's Duration as a timedelta; InvalidArgument when malformed, over ``maximum`` or
+    (unless ``negative``) below zero."""
+    if abs(d.nanos) > _NANOS or (d.seconds > 0 and d.nanos < 0) or (d.seconds < 0 and d.nanos > 0):
+        raise InvalidArgument(f"{field} is not a valid Duration (seconds and nanos must have the same sign)")
+    limit = int(maximum.total_seconds())
+    if d.seconds > limit or d.seconds < -limit:
+        raise InvalidArgument(f"{field} is out of range: at most {limit} seconds")
+    if d.seconds < 0 or d.nanos < 0:
+        if not negative:
+            raise InvalidArgument(f"{field} must not be negative")
     return d.ToTimedelta()
+
+
+def schedule_from_proto(pb: Any) -> tuple[dt.datetime | None, dt.timedelta | None]:
+    """The ``schedule`` oneof of an EnqueueRequest / EnqueueHeader: (deliver_at, delay)."""
+    from services.delays import MAX_DELAY
+
+    kind = pb.WhichOneof("schedule")
+    if kind == "deliver_at":
+        return timestamp_from_proto(pb.deliver_at, "deliver_at"), None
+    if kind == "delay":
+        return None, duration_from_proto(pb.delay, "delay", MAX_DELAY + dt.timedelta(days=1), negative=True)
+    return None, None
+
+
+def retry_after_from_proto(pb: Any) -> dt.timedelta | None:
+    """An Outcome's retry_after: None when unset (the queue's policy decides); negative is now."""
+    from services.delays import MAX_DELAY
+
+    if not pb.HasField("retry_after"):
+        return None
+    return max(duration_from_proto(pb.retry_after, "retry_after", MAX_DELAY, negative=True), dt.timedelta(0))
+
+
+def retry_policy_to_proto(p: model.RetryPolicy) -> browse_pb2.RetryPolicy:
+    return browse_pb2.RetryPolicy(
+        initial_backoff=duration_to_proto(p.initial_backoff), multiplier=p.multiplier,
+        max_backoff=duration_to_proto(p.max_backoff), max_attempts=p.max_attempts, max_age=duration_to_proto(p.max_age),
+    )
+
+
+def retry_policy_from_proto(pb: browse_pb2.RetryPolicy, base: model.RetryPolicy) -> model.RetryPolicy:
+    """``base`` with the fields ``pb`` sets (Durations by presence, numbers when not zero)."""
+    from services.delays import MAX_DELAY
+
+    changes: dict[str, Any] = {}
+    for field in ("initial_backoff", "max_backoff", "max_age"):
+        if pb.HasField(field):
+            changes[field] = duration_from_proto(getattr(pb, field), f"retry_policy.{field}", MAX_DELAY)
+    if pb.multiplier:
+        changes["multiplier"] = pb.multiplier
+    if pb.max_attempts:
+        changes["max_attempts"] = pb.max_attempts
+    return dataclasses.replace(base, **changes)
 
 
 def mail_to_proto(m: model.Mail) -> mail_pb2.Mail:
@@ -65,7 +137,7 @@ def mail_from_proto(pb: mail_pb2.Mail) -> model.Mail:
         error_message=pb.error_message,
         remote_host=pb.remote_host,
         remote_addr=pb.remote_addr,
-        last_updated=timestamp_from_proto(pb.last_updated) if pb.HasField("last_updated") else None,
+        last_updated=timestamp_from_proto(pb.last_updated, "mail.last_updated") if pb.HasField("last_updated") else None,
         attributes=dict(pb.attributes),
         per_recipient_headers=tuple(
             model.PerRecipientHeaders(p.recipient, tuple(model.Header(h.name, h.value) for h in p.headers))
@@ -75,7 +147,8 @@ def mail_from_proto(pb: mail_pb2.Mail) -> model.Mail:
 
 
 def queued_mail_to_proto(q: model.QueuedMail) -> mail_pb2.QueuedMail:
-    return mail_pb2.QueuedMail(
+    """The public form (the generation is not in it: it travels in a broker header)."""
+    pb = mail_pb2.QueuedMail(
         queue=q.queue,
         enqueue_id=str(q.enqueue_id),
         enqueued_at=timestamp_to_proto(q.enqueued_at),
@@ -84,7 +157,12 @@ def queued_mail_to_proto(q: model.QueuedMail) -> mail_pb2.QueuedMail:
         size=q.size,
         slice_start=timestamp_to_proto(q.slice_start),
         bucket=q.bucket,
+        attempts=q.attempts,
+        last_error=q.last_error,
     )
+    if q.deliver_at is not None:
+        pb.deliver_at.CopyFrom(timestamp_to_proto(q.deliver_at))
+    return pb
 
 
 def queued_mail_from_proto(pb: mail_pb2.QueuedMail) -> model.QueuedMail:
@@ -97,6 +175,9 @@ def queued_mail_from_proto(pb: mail_pb2.QueuedMail) -> model.QueuedMail:
         size=pb.size,
         slice_start=timestamp_from_proto(pb.slice_start),
         bucket=pb.bucket,
+        deliver_at=timestamp_from_proto(pb.deliver_at) if pb.HasField("deliver_at") else None,
+        attempts=pb.attempts,
+        last_error=pb.last_error,
     )
 
 
@@ -110,7 +191,7 @@ def view_config_to_proto(c: model.ViewConfig) -> browse_pb2.ViewConfiguration:
 
 def view_config_from_proto(pb: browse_pb2.ViewConfiguration) -> model.ViewConfig:
     return model.ViewConfig(
-        slice_window=duration_from_proto(pb.slice_window),
+        slice_window=duration_from_proto(pb.slice_window, "configuration.slice_window", dt.timedelta(days=7)),
         bucket_count=pb.bucket_count,
         update_browse_start_pace=pb.update_browse_start_pace,
     )

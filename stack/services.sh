@@ -8,7 +8,14 @@ LOG_DIR="$STACK_DIR/logs"
 PY="${MAILQUEUE_PYTHON:-$ROOT/.venv/bin/python}"
 SERVICES=(blob:50054 enqueue:50051 dequeue:50052 browse:50053)
 
-pid_of() { local f="$STACK_DIR/svc-$1.pid"; [[ -f $f ]] && kill -0 "$(cat "$f")" 2>/dev/null && cat "$f"; }
+# alive PID NAME: the process exists, is not a zombie (killed, not yet reaped) and is NAME_svc
+# (a PID reused by another program does not count).
+alive() {
+  local state
+  state=$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -c1) || return 1
+  [[ -n $state && $state != Z ]] && tr '\0' ' ' <"/proc/$1/cmdline" 2>/dev/null | grep -q -- "-m $2_svc"
+}
+pid_of() { local f="$STACK_DIR/svc-$1.pid"; [[ -f $f ]] && alive "$(cat "$f")" "$1" && cat "$f"; }
 
 serving() {  # serving PORT: gRPC health says SERVING
   "$PY" - "$1" <<'PYEOF' >/dev/null 2>&1
@@ -48,7 +55,7 @@ stop() {
     local pid; pid=$(pid_of "$name") || continue
     kill "$pid" 2>/dev/null || true
     local t=$SECONDS
-    while kill -0 "$pid" 2>/dev/null && (( SECONDS - t < 15 )); do sleep 0.2; done
+    while alive "$pid" "$name" && (( SECONDS - t < 15 )); do sleep 0.2; done
     kill -9 "$pid" 2>/dev/null || true
     rm -f "$STACK_DIR/svc-$name.pid"
   done

@@ -155,6 +155,9 @@ rabbit_env() {
   export RABBITMQ_CONFIG_FILE="$STACK_DIR/rabbitmq/rabbitmq"
   export RABBITMQ_ENABLED_PLUGINS_FILE="$STACK_DIR/rabbitmq/enabled_plugins"
   export ERL_EPMD_ADDRESS=127.0.0.1
+  # Erlang distribution (the node's $RABBITMQ_DIST_PORT and the CLI tools' own nodes) on loopback too.
+  export RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1}"
+  export RABBITMQ_CTL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1}"
 }
 
 rabbit_healthy() { ( rabbit_env; "$RABBIT_BIN/rabbitmq-diagnostics" -q ping ); }

@@ -6,11 +6,18 @@ letters go to a fanout dead-letter exchange and its durable queue.
 
 Publishing is mandatory and confirmed: ``publish`` resolves when the broker acked the message and
 did not return it as unroutable. Hundreds of publishes can wait for their confirms at once.
+
+Delays go through the ladder of services/delays.py: shared wait queues with a queue-level TTL
+that dead-letter from level to level and finally to the delivery exchange, which routes to the
+work queue by name. Quorum wait queues dead-letter at-least-once (RabbitMQ 3.10+), so a broker
+restart mid-ladder loses nothing. Every queue's dead-letter exchange also feeds one shared queue
+(names.dead_letter_marks_queue) that dequeue_svc reads to mark what the broker dead-lettered.
 """
 
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -19,7 +26,7 @@ import pika
 from pika.adapters.asyncio_connection import AsyncioConnection
 from pika.channel import Channel
 
-from services import names
+from services import delays, model, names, serde
 from services.broker import Broker, Consumer, Message
 from services.config import RabbitMQSettings
 from services.errors import BackendUnavailable
@@ -28,6 +35,8 @@ log = logging.getLogger(__name__)
 
 PERSISTENT = 2
 _CLOSED = object()
+#: The message header that carries QueuedMail.generation.
+GENERATION_HEADER = "mailqueue-generation"
 
 
 def _unavailable(detail: Any) -> BackendUnavailable:
@@ -78,15 +87,17 @@ class _Publisher:
         channel.add_on_return_callback(self._on_return)
         channel.add_on_close_callback(self._on_close)
 
-    def publish(self, exchange: str, message_id: str, body: bytes) -> asyncio.Future[None]:
+    def publish(
+        self, exchange: str, message_id: str, body: bytes, routing_key: str = "", generation: int = 0,
+    ) -> asyncio.Future[None]:
         props = pika.BasicProperties(
             delivery_mode=PERSISTENT, message_id=message_id, content_type="application/x-protobuf",
-            type="mailqueue.v1.QueuedMail",
+            type="mailqueue.v1.QueuedMail", headers={GENERATION_HEADER: generation} if generation else None,
         )
         fut = self.waiters.new()
         if fut.done():
             return fut
-        self.channel.basic_publish(exchange, "", body, props, mandatory=True)
+        self.channel.basic_publish(exchange, routing_key, body, props, mandatory=True)
         self.pending[self.next_tag] = (fut, message_id)
         self.next_tag += 1
         return fut
@@ -128,11 +139,25 @@ class RabbitMQConsumer(Consumer):
         channel.add_on_close_callback(lambda _ch, reason: self._inbox.put_nowait(_CLOSED))
 
     def on_message(self, _ch: Channel, method: Any, props: Any, body: bytes) -> None:
-        count = (props.headers or {}).get("x-delivery-count", 0)
+        headers = props.headers or {}
+        count, generation = headers.get("x-delivery-count", 0), headers.get(GENERATION_HEADER, 0)
+        deaths = headers.get("x-death")
+        death = deaths[0].get("reason") if isinstance(deaths, list) and deaths and isinstance(deaths[0], dict) else None
         self._inbox.put_nowait(Message(
             method.delivery_tag, body, bool(method.redelivered), props.message_id,
-            count if isinstance(count, int) else 0,
+            count if isinstance(count, int) else 0, generation if isinstance(generation, int) else 0,
+            death.decode() if isinstance(death, bytes) else death,
         ))
+
+    def drain(self) -> list[Message]:
+        items = []
+        while not self._inbox.empty():
+            item = self._inbox.get_nowait()
+            if item is _CLOSED:
+                self._inbox.put_nowait(_CLOSED)
+                break
+            items.append(item)
+        return items
 
     async def get(self) -> Message:
         item = await self._inbox.get()
@@ -174,6 +199,7 @@ class RabbitMQBroker(Broker):
         self._publisher_lock = asyncio.Lock()
         self._publisher: _Publisher | None = None
         self._declared: set[str] = set()
+        self._ladder_declared = False
         self.delivery_limit = settings.delivery_limit if settings.queue_type == "quorum" else None
 
     # ------------------------------------------------------------------ connection and channels
@@ -251,43 +277,99 @@ class RabbitMQBroker(Broker):
             args["x-delivery-limit"] = self._settings.delivery_limit
         return args
 
-    async def declare_queue(self, queue: str) -> None:
-        if queue in self._declared:
+    def _queue_type(self) -> dict[str, Any]:
+        return {"x-queue-type": "quorum"} if self._settings.queue_type == "quorum" else {}
+
+    def ladder_queue_arguments(self, level: int) -> dict[str, Any]:
+        target = names.delay_exchange(level - 1) if level > 0 else names.delay_delivery_exchange()
+        args: dict[str, Any] = {**self._queue_type(), "x-message-ttl": delays.ttl_ms(level), "x-dead-letter-exchange": target}
+        if self._settings.queue_type == "quorum":
+            # At-least-once dead-lettering (3.10+): a message moves to the next level only once
+            # the next level confirmed it, so a broker crash mid-ladder cannot lose it.
+            args["x-dead-letter-strategy"] = "at-least-once"
+            args["x-overflow"] = "reject-publish"
+        return args
+
+    async def _declare_ladder(self) -> None:
+        """The delay ladder and the dead-letter marks queue, shared by every queue (idempotent)."""
+        if self._ladder_declared:
             return
         channel, w = await self._channel()
         try:
-            qtype = {"x-queue-type": "quorum"} if self._settings.queue_type == "quorum" else {}
+            deliver = names.delay_delivery_exchange()
+            await self._call(w, channel.exchange_declare, exchange=deliver, exchange_type="topic", durable=True)
+            for level in range(delays.LEVELS):
+                x = names.delay_exchange(level)
+                await self._call(w, channel.exchange_declare, exchange=x, exchange_type="topic", durable=True)
+                await self._call(w, channel.queue_declare, queue=names.delay_queue(level), durable=True,
+                                 arguments=self.ladder_queue_arguments(level))
+                await self._call(w, channel.queue_bind, queue=names.delay_queue(level), exchange=x,
+                                 routing_key=delays.level_binding(level, "1"))
+                lower = names.delay_exchange(level - 1) if level > 0 else deliver
+                await self._call(w, channel.exchange_bind, destination=lower, source=x,
+                                 routing_key=delays.level_binding(level, "0"))
+            await self._call(w, channel.queue_declare, queue=names.dead_letter_marks_queue(), durable=True,
+                             arguments=self._queue_type())
+        finally:
+            if channel.is_open:
+                channel.close()
+        self._ladder_declared = True
+
+    async def declare_queue(self, queue: str) -> None:
+        if queue in self._declared:
+            return
+        await self._declare_ladder()
+        channel, w = await self._channel()
+        try:
             dlx, dlq = names.dead_letter_exchange(queue), names.dead_letter_queue(queue)
             await self._call(w, channel.exchange_declare, exchange=dlx, exchange_type="fanout", durable=True)
-            await self._call(w, channel.queue_declare, queue=dlq, durable=True, arguments=qtype)
+            await self._call(w, channel.queue_declare, queue=dlq, durable=True, arguments=self._queue_type())
             await self._call(w, channel.queue_bind, queue=dlq, exchange=dlx, routing_key="")
+            await self._call(w, channel.queue_bind, queue=names.dead_letter_marks_queue(), exchange=dlx, routing_key="")
             await self._call(w, channel.exchange_declare, exchange=names.exchange(queue), exchange_type="direct", durable=True)
             await self._call(
                 w, channel.queue_declare, queue=names.work_queue(queue), durable=True,
                 arguments=self.work_queue_arguments(queue),
             )
             await self._call(w, channel.queue_bind, queue=names.work_queue(queue), exchange=names.exchange(queue), routing_key="")
+            await self._call(w, channel.queue_bind, queue=names.work_queue(queue), exchange=names.delay_delivery_exchange(),
+                             routing_key=delays.delivery_binding(queue))
         finally:
             if channel.is_open:
                 channel.close()
         self._declared.add(queue)
 
-    async def publish(self, queue: str, message_id: str, body: bytes) -> None:
+    async def publish(self, mail: model.QueuedMail, delay: dt.timedelta = dt.timedelta(0)) -> None:
+        queue = mail.queue
         await self.declare_queue(queue)
         publisher = await self._publisher_channel()
+        body = serde.queued_mail_to_proto(mail).SerializeToString()
+        n = delays.units(delay)
+        if n:
+            exchange, key = names.delay_exchange(delays.entry_level(n)), delays.routing_key(n, queue)
+        else:
+            exchange, key = names.exchange(queue), ""
         try:
-            await publisher.publish(names.exchange(queue), message_id, body)
+            await publisher.publish(exchange, str(mail.enqueue_id), body, key, mail.generation)
         except BackendUnavailable:
             self._declared.discard(queue)  # declare again next time, in case the topology was removed
+            self._ladder_declared = False
             raise
 
     async def consume(self, queue: str, prefetch: int) -> RabbitMQConsumer:
         await self.declare_queue(queue)
+        return await self._consume(names.work_queue(queue), prefetch)
+
+    async def consume_dead_letters(self, prefetch: int) -> RabbitMQConsumer:
+        await self._declare_ladder()
+        return await self._consume(names.dead_letter_marks_queue(), prefetch)
+
+    async def _consume(self, rabbit_queue: str, prefetch: int) -> RabbitMQConsumer:
         channel, w = await self._channel()
         consumer = RabbitMQConsumer(channel, w)
         await self._call(w, channel.basic_qos, prefetch_count=prefetch)
         fut = w.new()
-        channel.basic_consume(names.work_queue(queue), consumer.on_message, auto_ack=False, callback=_resolver(fut))
+        channel.basic_consume(rabbit_queue, consumer.on_message, auto_ack=False, callback=_resolver(fut))
         await asyncio.wait_for(fut, self._settings.connect_timeout_s)
         return consumer
 

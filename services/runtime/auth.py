@@ -10,7 +10,7 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 import grpc
@@ -86,9 +86,25 @@ def check_exposure(host: str, tokens: Mapping[str, str]) -> None:
     log.warning("no MAILQUEUE_TOKENS set: every RPC is allowed (listening on loopback only)")
 
 
+def _ignore(_data: bytes) -> None:
+    """A denied call's body is never parsed: an undecodable one is denied like any other."""
+    return None
+
+
 def _deny(code: grpc.StatusCode, message: str) -> Callable[..., Awaitable[None]]:
     async def deny(_request: Any, context: grpc.aio.ServicerContext) -> None:
         await context.abort(code, message)
+
+    return deny
+
+
+def _deny_stream(code: grpc.StatusCode, message: str) -> Callable[..., AsyncIterator[Any]]:
+    """For server-streaming methods: an async generator that aborts before yielding anything
+    (a coroutine handler on a streaming method can end in INTERNAL when the client half-closes)."""
+
+    async def deny(_request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        await context.abort(code, message)
+        yield  # pragma: no cover - makes this an async generator
 
     return deny
 
@@ -106,15 +122,16 @@ class TokenAuth(grpc.aio.ServerInterceptor):
             return handler
         role = role_of(self._tokens, details.invocation_metadata)
         if role is None:
-            deny = _deny(grpc.StatusCode.UNAUTHENTICATED, "missing or unknown bearer token (metadata 'authorization: Bearer <token>')")
+            code, message = grpc.StatusCode.UNAUTHENTICATED, "missing or unknown bearer token (metadata 'authorization: Bearer <token>')"
         elif not allowed(details.method, role):
-            deny = _deny(grpc.StatusCode.PERMISSION_DENIED, f"role {role!r} may not call {details.method}")
+            code, message = grpc.StatusCode.PERMISSION_DENIED, f"role {role!r} may not call {details.method}"
         else:
             return handler
+        encode = handler.response_serializer
         if handler.unary_unary:
-            return grpc.unary_unary_rpc_method_handler(deny, handler.request_deserializer, handler.response_serializer)
+            return grpc.unary_unary_rpc_method_handler(_deny(code, message), _ignore, encode)
         if handler.unary_stream:
-            return grpc.unary_stream_rpc_method_handler(deny, handler.request_deserializer, handler.response_serializer)
+            return grpc.unary_stream_rpc_method_handler(_deny_stream(code, message), _ignore, encode)
         if handler.stream_unary:
-            return grpc.stream_unary_rpc_method_handler(deny, handler.request_deserializer, handler.response_serializer)
-        return grpc.stream_stream_rpc_method_handler(deny, handler.request_deserializer, handler.response_serializer)
+            return grpc.stream_unary_rpc_method_handler(_deny(code, message), _ignore, encode)
+        return grpc.stream_stream_rpc_method_handler(_deny_stream(code, message), _ignore, encode)

@@ -14,7 +14,7 @@ from typing import Any
 import grpc
 from prometheus_client import Counter, Histogram
 
-from services.errors import MailQueueError
+from services.errors import InvalidArgument, MailQueueError
 
 log = logging.getLogger(__name__)
 
@@ -25,12 +25,57 @@ LATENCY = Histogram(
 )
 
 
+#: Longest status message sent (gRPC metadata is limited to 8 KiB).
+MAX_DETAIL = 2000
+
+
+class Undecodable:
+    """What a request that is not a valid protobuf message deserializes to (see ``tolerant``)."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+
+def tolerant(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    """A deserializer that returns Undecodable instead of raising: the handler answers
+    INVALID_ARGUMENT (gRPC itself would answer UNKNOWN or INTERNAL)."""
+    if deserializer is None:
+        return None
+
+    def deserialize(data: bytes) -> Any:
+        try:
+            return deserializer(data)
+        except Exception as e:  # noqa: BLE001 - DecodeError, or any other parse failure
+            return Undecodable(e)
+
+    return deserialize
+
+
+def _decoded(request: Any) -> Any:
+    if isinstance(request, Undecodable):
+        raise InvalidArgument(f"the request is not a valid protobuf message of this method ({str(request.error)[:200]})")
+    return request
+
+
+async def _decoded_stream(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    async for request in requests:
+        yield _decoded(request)
+
+
+def _checked(request: Any) -> Any:
+    """A unary request checked now, or a request stream checked message by message."""
+    if hasattr(request, "__aiter__"):
+        return _decoded_stream(request)
+    return _decoded(request)
+
+
 async def _fail(context: grpc.aio.ServicerContext, method: str, e: BaseException) -> None:
     if isinstance(e, NotImplementedError):
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{method} is not implemented yet")
     if isinstance(e, MailQueueError):
         log.info("rpc refused", extra={"method": method, "code": e.code.name, "reason": str(e)})
-        await context.abort(e.code, str(e))
+        detail = str(e)
+        await context.abort(e.code, detail if len(detail) <= MAX_DETAIL else detail[:MAX_DETAIL] + "...")
     log.exception("rpc failed", extra={"method": method})
     await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method}; the server log has the details")
 
@@ -44,7 +89,7 @@ def _unary(method: str, fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awai
     async def handler(request: Any, context: grpc.aio.ServicerContext) -> Any:
         start = time.perf_counter()
         try:
-            return await fn(request, context)
+            return await fn(_checked(request), context)
         except (grpc.aio.AbortError, GeneratorExit):
             raise
         except Exception as e:  # noqa: BLE001 - the boundary where every error gets a status
@@ -60,7 +105,7 @@ def _streaming(method: str, fn: Callable[..., AsyncIterator[Any]]) -> Callable[.
     async def handler(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         start = time.perf_counter()
         try:
-            result = fn(request, context)
+            result = fn(_checked(request), context)
             if hasattr(result, "__aiter__"):
                 async for response in result:
                     yield response
@@ -86,14 +131,11 @@ class ErrorsAndMetrics(grpc.aio.ServerInterceptor):
         if handler is None:
             return handler
         method = details.method.rsplit("/", 1)[-1]
+        decode, encode = tolerant(handler.request_deserializer), handler.response_serializer
         if handler.unary_unary:
-            return grpc.unary_unary_rpc_method_handler(
-                _unary(method, handler.unary_unary), handler.request_deserializer, handler.response_serializer)
+            return grpc.unary_unary_rpc_method_handler(_unary(method, handler.unary_unary), decode, encode)
         if handler.stream_unary:
-            return grpc.stream_unary_rpc_method_handler(
-                _unary(method, handler.stream_unary), handler.request_deserializer, handler.response_serializer)
+            return grpc.stream_unary_rpc_method_handler(_unary(method, handler.stream_unary), decode, encode)
         if handler.unary_stream:
-            return grpc.unary_stream_rpc_method_handler(
-                _streaming(method, handler.unary_stream), handler.request_deserializer, handler.response_serializer)
-        return grpc.stream_stream_rpc_method_handler(
-            _streaming(method, handler.stream_stream), handler.request_deserializer, handler.response_serializer)
+            return grpc.unary_stream_rpc_method_handler(_streaming(method, handler.unary_stream), decode, encode)
+        return grpc.stream_stream_rpc_method_handler(_streaming(method, handler.stream_stream), decode, encode)

@@ -6,12 +6,34 @@ import datetime as dt
 import uuid
 from typing import Any
 
+import logging
+
 from cassandra.cluster import Session
 from cassandra.query import UNSET_VALUE
+from prometheus_client import Counter
 
 from services import model
 from services.view import schema
 from services.view.session import execute, execute_all
+
+
+log = logging.getLogger(__name__)
+
+UNDECODABLE = Counter(
+    "mailqueue_view_rows_undecodable_total", "enqueued_mails rows skipped because a value could not be read", ["queue"],
+)
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+_UTC = dt.timezone.utc
+
+
+def _from_ms(ms: int | None) -> dt.datetime | None:
+    """Milliseconds since the epoch (read with toUnixTimestamp: the driver's own decoding of an
+    extreme timestamp can fail for the whole page) as an aware datetime."""
+    return None if ms is None else _EPOCH + dt.timedelta(milliseconds=ms)
+
+
+def _utc(value: dt.datetime | None) -> dt.datetime | None:
+    return value.replace(tzinfo=_UTC) if value is not None else None
 
 
 def _unset_if_empty(value: Any) -> Any:
@@ -24,15 +46,18 @@ class EnqueuedMailsDAO:
 
     COLUMNS = (
         "queue_name, slice_start, bucket, enqueued_at, enqueue_id, name, sender, recipients, state, error_message, "
-        "remote_host, remote_addr, last_updated, attributes, per_recipient_headers, blob_ids, size"
+        "remote_host, remote_addr, last_updated, attributes, per_recipient_headers, blob_ids, size, deliver_at"
     )
+    #: What reads select: client-given instants as milliseconds (see _from_ms).
+    READ_COLUMNS = COLUMNS.replace("last_updated", "toUnixTimestamp(last_updated) AS last_updated_ms").replace(
+        "deliver_at", "toUnixTimestamp(deliver_at) AS deliver_at_ms")
 
     def __init__(self, session: Session, keyspace: str) -> None:
         self._session = session
         t = f"{keyspace}.{schema.ENQUEUED_MAILS}"
-        self._insert = session.prepare(f"INSERT INTO {t} ({self.COLUMNS}) VALUES ({', '.join('?' * 17)})")
+        self._insert = session.prepare(f"INSERT INTO {t} ({self.COLUMNS}) VALUES ({', '.join('?' * 18)})")
         self._select = session.prepare(
-            f"SELECT {self.COLUMNS} FROM {t} WHERE queue_name = ? AND slice_start = ? AND bucket = ?"
+            f"SELECT {self.READ_COLUMNS} FROM {t} WHERE queue_name = ? AND slice_start = ? AND bucket = ?"
         )
 
     async def insert(self, q: model.QueuedMail) -> None:
@@ -50,13 +75,22 @@ class EnqueuedMailsDAO:
                 _unset_if_empty(m.attributes),
                 _unset_if_empty([(p.recipient, h.name, h.value) for p in m.per_recipient_headers for h in p.headers]),
                 _unset_if_empty(list(q.blob_ids)), q.size,
+                q.deliver_at if q.deliver_at is not None else UNSET_VALUE,
             ),
         )
 
     async def read_slice(self, queue: str, slice_start: dt.datetime, bucket: int) -> list[model.QueuedMail]:
         """Every row of one partition, in enqueue order."""
         rows = await execute_all(self._session, self._select, (queue, slice_start, bucket))
-        return [self.to_domain(r) for r in rows]
+        mails = []
+        for r in rows:
+            try:
+                mails.append(self.to_domain(r))
+            except (ValueError, OverflowError, TypeError) as e:
+                # One bad row must not make its queue unreadable: skipped, logged, counted.
+                UNDECODABLE.labels(queue).inc()
+                log.error("undecodable view row skipped: %s", e, extra={"queue": queue, "enqueue_id": str(r.enqueue_id)})
+        return mails
 
     @staticmethod
     def to_domain(r: Any) -> model.QueuedMail:
@@ -76,7 +110,7 @@ class EnqueuedMailsDAO:
                 error_message=r.error_message or "",
                 remote_host=r.remote_host or "",
                 remote_addr=r.remote_addr or "",
-                last_updated=r.last_updated.replace(tzinfo=utc) if r.last_updated else None,
+                last_updated=_from_ms(r.last_updated_ms),
                 attributes=dict(r.attributes or {}),
                 per_recipient_headers=tuple(model.PerRecipientHeaders(k, tuple(v)) for k, v in headers.items()),
             ),
@@ -84,11 +118,16 @@ class EnqueuedMailsDAO:
             size=r.size or 0,
             slice_start=r.slice_start.replace(tzinfo=utc),
             bucket=r.bucket,
+            deliver_at=_from_ms(r.deliver_at_ms),
         )
 
 
 class DeletedMailsDAO:
-    """``deleted_mails``: "this mail is gone"."""
+    """``deleted_mails``: "this mail is gone", or its schedule while it lives.
+
+    A mark sets ``reason`` and ``deleted_at`` (the retention sweep tells marks by ``deleted_at``);
+    a schedule change sets only the schedule columns, so it never hides nor revives a mark.
+    """
 
     def __init__(self, session: Session, keyspace: str) -> None:
         self._session = session
@@ -96,15 +135,40 @@ class DeletedMailsDAO:
         self._mark = session.prepare(
             f"INSERT INTO {t} (queue_name, enqueue_id, reason, deleted_at) VALUES (?, ?, ?, ?)"
         )
-        self._get = session.prepare(f"SELECT reason FROM {t} WHERE queue_name = ? AND enqueue_id = ?")
+        self._schedule = session.prepare(
+            f"UPDATE {t} SET generation = ?, deliver_at = ?, attempts = ?, last_error = ? "
+            "WHERE queue_name = ? AND enqueue_id = ?"
+        )
+        self._get = session.prepare(
+            f"SELECT reason, deleted_at, generation, deliver_at, attempts, last_error FROM {t} "
+            "WHERE queue_name = ? AND enqueue_id = ?"
+        )
 
     async def mark(self, queue: str, enqueue_id: uuid.UUID, reason: str) -> None:
         await execute(self._session, self._mark, (queue, enqueue_id, reason, model.utcnow()))
 
+    async def schedule(self, q: model.QueuedMail) -> None:
+        """Record the mail's new schedule (generation, deliver_at, attempts, last error)."""
+        await execute(self._session, self._schedule, (
+            q.generation, q.due(), q.attempts, _unset_if_empty(q.last_error), q.queue, q.enqueue_id,
+        ))
+
+    async def state(self, queue: str, enqueue_id: uuid.UUID) -> model.MailState | None:
+        """The mail's mark or schedule; None when the view has neither (live, as enqueued)."""
+        rows = await execute(self._session, self._get, (queue, enqueue_id))
+        if not rows:
+            return None
+        r = rows[0]
+        gone = r.deleted_at is not None or r.reason is not None
+        return model.MailState(
+            reason=(r.reason or "deleted") if gone else None, generation=r.generation or 0,
+            deliver_at=_utc(r.deliver_at), attempts=r.attempts or 0, last_error=r.last_error or "",
+        )
+
     async def reason(self, queue: str, enqueue_id: uuid.UUID) -> str | None:
         """Why the mail is gone, or None while it is live."""
-        rows = await execute(self._session, self._get, (queue, enqueue_id))
-        return (rows[0].reason or "deleted") if rows else None
+        s = await self.state(queue, enqueue_id)
+        return s.reason if s is not None else None
 
 
 class StartsDAO:
@@ -173,6 +237,38 @@ class QueuesDAO:
 
     async def all(self) -> list[str]:
         return sorted(r.queue_name for r in await execute_all(self._session, self._all))
+
+
+class RetryPoliciesDAO:
+    """``retry_policies``: one row per queue that does not use the defaults."""
+
+    def __init__(self, session: Session, keyspace: str) -> None:
+        self._session = session
+        t = f"{keyspace}.{schema.RETRY_POLICIES}"
+        self._set = session.prepare(
+            f"INSERT INTO {t} (queue_name, initial_backoff_ms, multiplier, max_backoff_ms, max_attempts, max_age_ms) "
+            "VALUES (?, ?, ?, ?, ?, ?)"
+        )
+        self._get = session.prepare(
+            f"SELECT initial_backoff_ms, multiplier, max_backoff_ms, max_attempts, max_age_ms FROM {t} WHERE queue_name = ?"
+        )
+
+    async def set(self, queue: str, p: model.RetryPolicy) -> None:
+        ms = lambda d: int(d / dt.timedelta(milliseconds=1))  # noqa: E731
+        await execute(self._session, self._set, (
+            queue, ms(p.initial_backoff), p.multiplier, ms(p.max_backoff), p.max_attempts, ms(p.max_age),
+        ))
+
+    async def get(self, queue: str) -> model.RetryPolicy:
+        rows = await execute(self._session, self._get, (queue,))
+        if not rows:
+            return model.RetryPolicy()
+        r = rows[0]
+        return model.RetryPolicy(
+            initial_backoff=dt.timedelta(milliseconds=r.initial_backoff_ms), multiplier=r.multiplier,
+            max_backoff=dt.timedelta(milliseconds=r.max_backoff_ms), max_attempts=r.max_attempts,
+            max_age=dt.timedelta(milliseconds=r.max_age_ms),
+        )
 
 
 class IdempotencyDAO:

@@ -17,6 +17,7 @@ CONTENT_START = table("content_start")
 QUEUES = table("queues")
 CONFIG_EVENTS = table("queue_view_config_events")
 IDEMPOTENCY = table("enqueue_idempotency")
+RETRY_POLICIES = table("retry_policies")
 
 #: Idempotency keys are remembered this long.
 IDEMPOTENCY_TTL_S = 24 * 3600
@@ -29,13 +30,14 @@ TABLES = [
         state text, error_message text, remote_host text, remote_addr text, last_updated timestamp,
         attributes map<text, text>,
         per_recipient_headers list<frozen<tuple<text, text, text>>>,
-        blob_ids list<text>, size bigint,
+        blob_ids list<text>, size bigint, deliver_at timestamp,
         PRIMARY KEY ((queue_name, slice_start, bucket), enqueued_at, enqueue_id)
     ) WITH comment = 'Time series of every mail ever enqueued, by (queue, slice, bucket). Never updated; dropped slice by slice by the retention sweep once before browse_start.'""",
     f"""CREATE TABLE IF NOT EXISTS {{ks}}.{DELETED_MAILS} (
         queue_name text, enqueue_id uuid, reason text, deleted_at timestamp,
+        generation int, deliver_at timestamp, attempts int, last_error text,
         PRIMARY KEY ((queue_name, enqueue_id))
-    ) WITH comment = 'This mail is gone (dequeued, deleted or dead-lettered): browse and dequeue skip it.'""",
+    ) WITH comment = 'Per mail: gone (reason and deleted_at set: dequeued, deleted or dead-lettered; browse and dequeue skip it), or its schedule once a RETRY or a Flush changed it (generation, deliver_at, attempts, last_error).'""",
     f"""CREATE TABLE IF NOT EXISTS {{ks}}.{BROWSE_START} (
         queue_name text PRIMARY KEY, browse_start timestamp
     ) WITH comment = 'Every slice before browse_start holds only deleted mails. Only moves forward.'""",
@@ -58,6 +60,17 @@ TABLES = [
         PRIMARY KEY ((queue_name, idempotency_key))
     ) WITH default_time_to_live = {IDEMPOTENCY_TTL_S}
       AND comment = 'Client idempotency keys: a retried enqueue gets the first enqueue id back.'""",
+    f"""CREATE TABLE IF NOT EXISTS {{ks}}.{RETRY_POLICIES} (
+        queue_name text PRIMARY KEY,
+        initial_backoff_ms bigint, multiplier double, max_backoff_ms bigint, max_attempts int, max_age_ms bigint
+    ) WITH comment = 'Per queue: how RETRYs are spaced and when a mail expires (no row: the defaults).'""",
+]
+
+#: Columns added to tables that existed before them (idempotent: ADD IF NOT EXISTS).
+MIGRATIONS = [
+    f"ALTER TABLE {{ks}}.{ENQUEUED_MAILS} ADD IF NOT EXISTS deliver_at timestamp",
+    *(f"ALTER TABLE {{ks}}.{DELETED_MAILS} ADD IF NOT EXISTS {column}"
+      for column in ("generation int", "deliver_at timestamp", "attempts int", "last_error text")),
 ]
 
 
@@ -67,5 +80,5 @@ def create(session: Session, keyspace: str, replication: str) -> None:
     Statements name tables with their keyspace (no ``USE``): the session serves one keyspace.
     """
     session.execute(f"CREATE KEYSPACE IF NOT EXISTS {keyspace} WITH replication = {replication}", timeout=60)
-    for ddl in TABLES:
+    for ddl in [*TABLES, *MIGRATIONS]:
         session.execute(ddl.format(ks=keyspace), timeout=60)

@@ -11,7 +11,7 @@ from services.config import CassandraSettings
 from services.errors import BackendUnavailable
 from services.view import schema
 from services.view.config_store import ConfigStore
-from services.view.daos import DeletedMailsDAO, EnqueuedMailsDAO, IdempotencyDAO, QueuesDAO, StartsDAO
+from services.view.daos import DeletedMailsDAO, EnqueuedMailsDAO, IdempotencyDAO, QueuesDAO, RetryPoliciesDAO, StartsDAO
 from services.view.session import UNAVAILABLE_ERRORS, connect, execute
 
 log = logging.getLogger(__name__)
@@ -26,6 +26,7 @@ class View:
         self.starts = StartsDAO(session, keyspace)
         self.queues = QueuesDAO(session, keyspace)
         self.idempotency = IdempotencyDAO(session, keyspace)
+        self.retry_policies = RetryPoliciesDAO(session, keyspace)
         self.config = ConfigStore(session, keyspace)
 
     @classmethod

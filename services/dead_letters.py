@@ -1,0 +1,64 @@
+"""Marks in the view every mail the broker dead-lettered on its own (DESIGN §5: a dead letter
+is never shown as a queued mail).
+
+dequeue_svc marks what it dead-letters (REJECT, expiry, poison, the last allowed delivery) before
+routing it. The broker also dead-letters by itself: a quorum queue's delivery limit reached by
+deliveries that consumers left unanswered when they were killed. Every queue's dead-letter
+exchange feeds one shared queue (names.dead_letter_marks_queue); each dequeue_svc replica
+consumes it, marks the mails that have no mark yet, and acks. The operators' dead-letter queues
+keep their copies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from prometheus_client import Counter
+
+from services.broker import Broker
+from services.dequeuer import decode
+from services.errors import BackendUnavailable
+from services.view.view import View
+
+log = logging.getLogger(__name__)
+
+MARKED = Counter(
+    "mailqueue_broker_dead_letters_marked_total", "Mails the broker dead-lettered by itself, marked in the view", ["queue", "reason"],
+)
+PREFETCH = 32
+RETRY_S = 2.0
+
+
+def reason_for(death_reason: str | None, delivery_limit: int | None) -> str:
+    if death_reason == "delivery_limit":
+        return f"dead-lettered by the broker: delivery limit of {delivery_limit} reached (deliveries left unanswered)"
+    return f"dead-lettered by the broker: {death_reason or 'unknown reason'}"
+
+
+async def mark_forever(view: View, broker: Broker) -> None:
+    """Consume the dead-letter copies and mark their mails, until cancelled; survives outages."""
+    while True:
+        try:
+            consumer = await broker.consume_dead_letters(PREFETCH)
+            try:
+                while True:
+                    message = await consumer.get()
+                    try:
+                        mail = decode(message)
+                    except Exception:  # noqa: BLE001 - nothing to mark
+                        await consumer.ack(message.delivery_tag)
+                        continue
+                    state = await view.deleted.state(mail.queue, mail.enqueue_id)
+                    if state is None or not state.deleted:
+                        reason = reason_for(message.death_reason, broker.delivery_limit)
+                        await view.deleted.mark(mail.queue, mail.enqueue_id, reason)
+                        MARKED.labels(mail.queue, message.death_reason or "unknown").inc()
+                        log.warning("marked a mail the broker dead-lettered",
+                                    extra={"queue": mail.queue, "enqueue_id": str(mail.enqueue_id), "reason": reason})
+                    await consumer.ack(message.delivery_tag)
+            finally:
+                await consumer.close()
+        except BackendUnavailable as e:
+            log.warning("dead-letter marking paused, retried in %.0f s: %s", RETRY_S, e)
+            await asyncio.sleep(RETRY_S)
