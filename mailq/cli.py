@@ -1,17 +1,18 @@
 """mailq: see and manage every queue of a cluster from one place.
 
     mailq queues                         list queues
-    mailq show Q                         size, browse start, oldest mail, configuration
-    mailq browse Q [--sender S] [--recipient R] [--name N] [--limit N] [--json]
+    mailq show Q                         size (ready, delayed), oldest mail, retry policy, configuration
+    mailq browse Q [--sender S] [--recipient R] [--name N] [--ready | --delayed] [--limit N] [--json]
     mailq size Q
-    mailq create Q
+    mailq create Q [--initial-backoff 1m] [--multiplier 2] [--max-backoff 1h] [--max-attempts 20] [--max-age 5d]
+    mailq retry-policy Q [--initial-backoff 1m] [--multiplier 2] [--max-backoff 1h] [--max-attempts 20] [--max-age 5d]
     mailq delete Q (--sender S | --recipient R | --name N)
     mailq clear Q
-    mailq flush Q
+    mailq flush Q [--sender S | --recipient R | --domain D | --name N]
     mailq republish Q --older-than 1h
     mailq config get | config set [--slice-window 1h] [--buckets N] [--pace N]
-    mailq enqueue Q FILE.eml --from A --to B [--to C] [--name N]
-    mailq dequeue Q [-n N] [--ack success|retry|reject] [--out DIR]
+    mailq enqueue Q FILE.eml --from A --to B [--to C] [--name N] [--delay 10m]
+    mailq dequeue Q [-n N] [--ack success|retry|reject] [--retry-after 5m] [--out DIR]
 
 Targets: --target/--host (default localhost, services on their default ports) or --enqueue / --dequeue /
 --browse / --blob HOST:PORT; --token (or MAILQ_TOKEN) for a cluster with access control.
@@ -89,14 +90,36 @@ def cmd_queues(c: Client, a: argparse.Namespace) -> None:
         print(name)
 
 
+def duration(value: Any) -> duration_pb2.Duration:
+    d = duration_pb2.Duration()
+    d.FromTimedelta(value)
+    return d
+
+
+def retry_policy(a: argparse.Namespace) -> browse_pb2.RetryPolicy | None:
+    """The policy fields given on the command line (None when none is)."""
+    p = browse_pb2.RetryPolicy(multiplier=a.multiplier or 0, max_attempts=a.max_attempts or 0)
+    for field in ("initial_backoff", "max_backoff", "max_age"):
+        if getattr(a, field) is not None:
+            getattr(p, field).CopyFrom(duration(getattr(a, field)))
+    return p if p.ListFields() else None
+
+
+def print_policy(p: browse_pb2.RetryPolicy) -> None:
+    print(f"retry policy     backoff {human(p.initial_backoff.ToTimedelta())} x{p.multiplier:g} up to "
+          f"{human(p.max_backoff.ToTimedelta())}; expires after {p.max_attempts} attempts or {human(p.max_age.ToTimedelta())}")
+
+
 def cmd_show(c: Client, a: argparse.Namespace) -> None:
     info = c.browse.GetQueue(browse_pb2.GetQueueRequest(queue=a.queue)).queue_info
     if a.json:
         print(json.dumps(json_format.MessageToDict(info, preserving_proto_field_name=True), indent=2))
         return
     print(f"queue            {info.queue}")
-    print(f"size             {info.size}")
+    print(f"size             {info.size} ({info.ready} ready, {info.delayed} delayed)")
     print(f"oldest mail age  {human(info.oldest_mail_age.ToTimedelta()) if info.HasField('oldest_mail_age') else '-'}")
+    print(f"oldest ready     {human(info.oldest_ready_age.ToTimedelta()) if info.HasField('oldest_ready_age') else '-'}")
+    print_policy(info.retry_policy)
     print(f"browse start     {info.browse_start.ToDatetime().isoformat()}Z")
     print(f"content start    {info.content_start.ToDatetime().isoformat()}Z")
     cfg = info.configuration
@@ -105,18 +128,21 @@ def cmd_show(c: Client, a: argparse.Namespace) -> None:
 
 
 def cmd_browse(c: Client, a: argparse.Namespace) -> None:
+    schedule = (browse_pb2.SCHEDULE_FILTER_READY if a.ready else
+                browse_pb2.SCHEDULE_FILTER_DELAYED if a.delayed else browse_pb2.SCHEDULE_FILTER_UNSPECIFIED)
     request = browse_pb2.BrowseRequest(queue=a.queue, sender=a.sender or "", recipient=a.recipient or "",
-                                       name=a.name or "", limit=a.limit)
+                                       name=a.name or "", limit=a.limit, schedule=schedule)
     rows = []
     for r in c.browse.Browse(request):
         if a.json:
             print(json.dumps(mail_row(r.mail)))
             continue
         m = r.mail
+        due = m.deliver_at.ToDatetime().strftime("%Y-%m-%d %H:%M:%S") if m.HasField("deliver_at") else "-"
         rows.append([m.enqueued_at.ToDatetime().strftime("%Y-%m-%d %H:%M:%S"), m.enqueue_id[:8], str(m.size),
-                     m.mail.sender or "<>", ",".join(m.mail.recipients), m.mail.name])
+                     m.mail.sender or "<>", ",".join(m.mail.recipients), m.mail.name, due, str(m.attempts)])
     if not a.json:
-        print_table(rows, ["ENQUEUED (UTC)", "ID", "SIZE", "SENDER", "RECIPIENTS", "NAME"])
+        print_table(rows, ["ENQUEUED (UTC)", "ID", "SIZE", "SENDER", "RECIPIENTS", "NAME", "DELIVER AT", "ATTEMPTS"])
         print(f"-- {len(rows)} mail(s)", file=sys.stderr)
 
 
@@ -125,8 +151,17 @@ def cmd_size(c: Client, a: argparse.Namespace) -> None:
 
 
 def cmd_create(c: Client, a: argparse.Namespace) -> None:
-    created = c.admin.CreateQueue(admin_pb2.CreateQueueRequest(queue=a.queue)).created
+    created = c.admin.CreateQueue(admin_pb2.CreateQueueRequest(queue=a.queue, retry_policy=retry_policy(a))).created
     print(f"{a.queue}: {'created' if created else 'already exists'}")
+
+
+def cmd_retry_policy(c: Client, a: argparse.Namespace) -> None:
+    wanted = retry_policy(a)
+    if wanted is None:
+        policy = c.browse.GetQueue(browse_pb2.GetQueueRequest(queue=a.queue)).queue_info.retry_policy
+    else:
+        policy = c.admin.UpdateRetryPolicy(admin_pb2.UpdateRetryPolicyRequest(queue=a.queue, retry_policy=wanted)).retry_policy
+    print_policy(policy)
 
 
 def cmd_delete(c: Client, a: argparse.Namespace) -> None:
@@ -143,13 +178,15 @@ def cmd_clear(c: Client, a: argparse.Namespace) -> None:
 
 
 def cmd_flush(c: Client, a: argparse.Namespace) -> None:
-    print(f"{c.admin.Flush(admin_pb2.FlushRequest(queue=a.queue)).flushed} mail(s) flushed")
+    condition = {k: v for k, v in (("sender", a.sender), ("recipient", a.recipient), ("recipient_domain", a.domain),
+                                   ("name", a.name)) if v is not None}
+    if len(condition) > 1:
+        raise SystemExit("mailq flush: give at most one of --sender, --recipient, --domain, --name")
+    print(f"{c.admin.Flush(admin_pb2.FlushRequest(queue=a.queue, **condition)).flushed} mail(s) flushed")
 
 
 def cmd_republish(c: Client, a: argparse.Namespace) -> None:
-    d = duration_pb2.Duration()
-    d.FromTimedelta(a.older_than)
-    r = c.admin.RepublishNotProcessed(admin_pb2.RepublishNotProcessedRequest(queue=a.queue, older_than=d))
+    r = c.admin.RepublishNotProcessed(admin_pb2.RepublishNotProcessedRequest(queue=a.queue, older_than=duration(a.older_than)))
     print(f"{r.republished} mail(s) republished")
 
 
@@ -174,7 +211,10 @@ def cmd_enqueue(c: Client, a: argparse.Namespace) -> None:
     mail = mail_pb2.Mail(name=a.name or os.path.basename(a.file), sender=a.sender, recipients=a.to)
 
     def requests() -> Iterator[enqueue_pb2.EnqueueStreamRequest]:
-        yield enqueue_pb2.EnqueueStreamRequest(header=enqueue_pb2.EnqueueHeader(queue=a.queue, mail=mail))
+        header = enqueue_pb2.EnqueueHeader(queue=a.queue, mail=mail)
+        if a.delay is not None:
+            header.delay.CopyFrom(duration(a.delay))
+        yield enqueue_pb2.EnqueueStreamRequest(header=header)
         with open(a.file, "rb") as f:
             while chunk := f.read(CHUNK):
                 yield enqueue_pb2.EnqueueStreamRequest(chunk=chunk)
@@ -203,8 +243,12 @@ def cmd_dequeue(c: Client, a: argparse.Namespace) -> None:
                     p.chunk for b in d.mail.blob_ids for p in c.blob.Get(blob_pb2.GetRequest(blob_id=b)))
                 with open(os.path.join(a.out, f"{d.mail.enqueue_id}.eml"), "wb") as f:
                     f.write(content)
-            print(f"{d.mail.enqueue_id} {d.mail.mail.sender or '<>'} -> {','.join(d.mail.mail.recipients)} [{a.ack}]")
-            requests.put(dequeue_pb2.DequeueRequest(outcome=dequeue_pb2.Outcome(delivery_tag=d.delivery_tag, kind=kind)))
+            print(f"{d.mail.enqueue_id} {d.mail.mail.sender or '<>'} -> {','.join(d.mail.mail.recipients)} "
+                  f"[{a.ack}] attempts {d.mail.attempts}")
+            outcome = dequeue_pb2.Outcome(delivery_tag=d.delivery_tag, kind=kind)
+            if a.retry_after is not None:
+                outcome.retry_after.CopyFrom(duration(a.retry_after))
+            requests.put(dequeue_pb2.DequeueRequest(outcome=outcome))
             done += 1
             if done >= a.n:
                 break
@@ -230,18 +274,29 @@ def parser() -> argparse.ArgumentParser:
     sub.add_parser("queues").set_defaults(fn=cmd_queues)
     for name, fn in (("show", cmd_show), ("browse", cmd_browse), ("size", cmd_size), ("create", cmd_create),
                      ("delete", cmd_delete), ("clear", cmd_clear), ("flush", cmd_flush), ("republish", cmd_republish),
-                     ("enqueue", cmd_enqueue), ("dequeue", cmd_dequeue)):
+                     ("enqueue", cmd_enqueue), ("dequeue", cmd_dequeue), ("retry-policy", cmd_retry_policy)):
         s = sub.add_parser(name)
         s.add_argument("queue")
         s.set_defaults(fn=fn)
         if name in ("show", "browse"):
             s.add_argument("--json", action="store_true", help="machine-readable output")
-        if name in ("browse", "delete"):
+        if name in ("browse", "delete", "flush"):
             s.add_argument("--sender")
             s.add_argument("--recipient")
             s.add_argument("--name")
+        if name == "flush":
+            s.add_argument("--domain", help="only mails with a recipient in this domain")
         if name == "browse":
             s.add_argument("--limit", type=int, default=0)
+            which = s.add_mutually_exclusive_group()
+            which.add_argument("--ready", action="store_true", help="only mails deliverable now")
+            which.add_argument("--delayed", action="store_true", help="only mails waiting for their deliver_at")
+        if name in ("create", "retry-policy"):
+            s.add_argument("--initial-backoff", type=parse_duration)
+            s.add_argument("--multiplier", type=float)
+            s.add_argument("--max-backoff", type=parse_duration)
+            s.add_argument("--max-attempts", type=int)
+            s.add_argument("--max-age", type=parse_duration)
         if name == "republish":
             s.add_argument("--older-than", type=parse_duration, required=True)
         if name == "enqueue":
@@ -249,9 +304,11 @@ def parser() -> argparse.ArgumentParser:
             s.add_argument("--from", dest="sender", default="", help="envelope sender (default: <>)")
             s.add_argument("--to", action="append", required=True, help="recipient (repeat for several)")
             s.add_argument("--name")
+            s.add_argument("--delay", type=parse_duration, help="deliver no earlier than this from now (e.g. 10m)")
         if name == "dequeue":
             s.add_argument("-n", type=int, default=1, help="how many mails (default 1)")
             s.add_argument("--ack", choices=("success", "retry", "reject"), default="success")
+            s.add_argument("--retry-after", type=parse_duration, help="with --ack retry: deliver again after this")
             s.add_argument("--out", help="write each mail's content to DIR/<id>.eml")
             s.add_argument("--wait", type=float, default=10, help="give up after this many seconds (default 10)")
     c = sub.add_parser("config")

@@ -200,7 +200,8 @@ class Subscription:
             await self._consumer.dead_letter(message.delivery_tag)
             SKIPPED.labels(self.queue, "content-missing").inc()
             return None
-        return Delivery(message.delivery_tag, mail, content, message.redelivered, message.delivery_count)
+        # A retried mail comes back in a new message: it was delivered before all the same.
+        return Delivery(message.delivery_tag, mail, content, message.redelivered or mail.attempts > 0, message.delivery_count)
 
     async def _skip(self, message: Message, reason: str) -> None:
         self._unsent.pop(message.delivery_tag, None)

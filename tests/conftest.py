@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import pathlib
 import uuid
 
@@ -108,9 +109,19 @@ class Suite:
     def run(self, coro, timeout: float = 60):
         return self.loop.run(coro, timeout)
 
-    def new_queue(self) -> str:
+    def new_queue(self, **policy: float) -> str:
+        """A new queue; ``policy``: retry policy fields (durations in seconds)."""
+        from mailqueue.v1 import browse_pb2
+
         name = f"q-{uuid.uuid4().hex[:10]}"
-        assert self.admin_stub.CreateQueue(admin_pb2.CreateQueueRequest(queue=name)).created
+        p = browse_pb2.RetryPolicy()
+        for field, value in policy.items():
+            if field in ("initial_backoff", "max_backoff", "max_age"):
+                getattr(p, field).FromTimedelta(dt.timedelta(seconds=value))
+            else:
+                setattr(p, field, value)
+        request = admin_pb2.CreateQueueRequest(queue=name, retry_policy=p if policy else None)
+        assert self.admin_stub.CreateQueue(request).created
         return name
 
     def stop(self, drop: bool = False) -> None:

@@ -110,9 +110,12 @@ class StreamConsumer:
     def take(self, n: int, timeout: float = 30) -> list:
         return [self.next(timeout) for _ in range(n)]
 
-    def answer(self, delivery, kind: str = "SUCCESS", error_message: str = "") -> None:
-        self._requests.put(self._pb.DequeueRequest(outcome=self._pb.Outcome(
-            delivery_tag=delivery.delivery_tag, kind=getattr(self._pb, f"OUTCOME_KIND_{kind}"), error_message=error_message)))
+    def answer(self, delivery, kind: str = "SUCCESS", error_message: str = "", retry_after: float | None = None) -> None:
+        outcome = self._pb.Outcome(
+            delivery_tag=delivery.delivery_tag, kind=getattr(self._pb, f"OUTCOME_KIND_{kind}"), error_message=error_message)
+        if retry_after is not None:
+            outcome.retry_after.FromTimedelta(dt.timedelta(seconds=retry_after))
+        self._requests.put(self._pb.DequeueRequest(outcome=outcome))
 
     def close(self) -> None:
         """Half-close: the server ends the stream; unanswered deliveries go back to the queue."""

@@ -89,7 +89,7 @@ def test_browse_and_size_skip_dequeued_and_deleted_mails_and_retry_keeps_them(su
     c = StreamConsumer(suite.dequeue_stub, queue, 8)
     deliveries = {d.mail.mail.name: d for d in c.take(3)}
     c.answer(deliveries["done"], "SUCCESS")
-    c.answer(deliveries["retry"], "RETRY")
+    c.answer(deliveries["retry"], "RETRY", retry_after=0)
     wait_until(lambda: size(suite, queue) == 2, what="size to drop on SUCCESS only")
     assert browse_names(suite, queue) == ["keep", "retry"]
     c.cancel()

@@ -1,17 +1,21 @@
-"""mailq end to end, as an operator runs it, against the in-process suite."""
+"""mailq end to end, as an operator runs it (the installed entry point, from another directory),
+against the in-process suite."""
 
 import json
+import pathlib
 import subprocess
 import sys
+import tempfile
 import uuid
 
-from tests.harness import ROOT
+#: The console script `pip install` made, as an operator calls it.
+MAILQ = pathlib.Path(sys.executable).parent / "mailq"
 
 
 def mailq(suite, *args: str, ok: bool = True) -> subprocess.CompletedProcess:
     targets = ["--enqueue", suite.enqueue.target, "--dequeue", suite.dequeue.target,
                "--browse", suite.browse.target, "--blob", suite.blob.target]
-    r = subprocess.run([sys.executable, "-m", "mailq", *targets, *args], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    r = subprocess.run([str(MAILQ), *targets, *args], cwd=tempfile.gettempdir(), capture_output=True, text=True, timeout=60)
     assert (r.returncode == 0) is ok, r.stderr
     return r
 
@@ -43,6 +47,28 @@ def test_an_operator_session(suite, tmp_path):
     assert "republished" in mailq(suite, "republish", queue, "--older-than", "1h").stdout
     assert "deleted" in mailq(suite, "clear", queue).stdout
     assert "bucket_count" in mailq(suite, "config", "get").stdout
+
+
+def test_delays_flush_and_retry_policy_from_the_command_line(suite, tmp_path):
+    queue = f"cli-{uuid.uuid4().hex[:8]}"
+    eml = tmp_path / "m.eml"
+    eml.write_bytes(b"Subject: later\r\n\r\nhello\r\n")
+    assert "created" in mailq(suite, "create", queue, "--initial-backoff", "30s", "--max-attempts", "3").stdout
+    assert "backoff 30s x2 up to 1h; expires after 3 attempts or 5d" in mailq(suite, "show", queue).stdout
+    eid = mailq(suite, "enqueue", queue, str(eml), "--from", "a@example.com", "--to", "b@Example.ORG", "--delay", "10m").stdout.split()[0]
+    mailq(suite, "enqueue", queue, str(eml), "--to", "c@example.net", "--delay", "10m")
+    assert "(0 ready, 2 delayed)" in mailq(suite, "show", queue).stdout
+    assert eid[:8] in mailq(suite, "browse", queue, "--delayed").stdout
+    assert eid[:8] not in mailq(suite, "browse", queue, "--ready").stdout
+    assert "1 mail(s) flushed" in mailq(suite, "flush", queue, "--domain", "example.org").stdout
+    got = mailq(suite, "dequeue", queue, "--ack", "retry", "--retry-after", "5m").stdout
+    assert eid in got and "attempts 0" in got
+    row = json.loads(mailq(suite, "browse", queue, "--json", "--name", "m.eml", "--limit", "1").stdout)
+    assert row["enqueue_id"] == eid and row["attempts"] == 1 and "deliver_at" in row
+    assert "(0 ready, 2 delayed)" in mailq(suite, "show", queue).stdout
+    assert "expires after 3 attempts or 1d" in mailq(suite, "retry-policy", queue, "--max-age", "1d").stdout
+    r = mailq(suite, "flush", queue, "--domain", "x.org", "--name", "n", ok=False)
+    assert "at most one of --sender, --recipient, --domain, --name" in r.stderr
 
 
 def test_errors_say_what_to_do(suite):

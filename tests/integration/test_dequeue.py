@@ -67,9 +67,10 @@ def test_retry_redelivers(suite):
     [eid] = enqueue_names(suite, queue, ["again"])
     c = consumer(suite, queue, prefetch=1)
     first = c.next()
-    c.answer(first, "RETRY", "try later")
+    c.answer(first, "RETRY", "try later", retry_after=0)
     second = c.next()
-    assert second.mail.enqueue_id == eid and second.redelivered
+    assert second.mail.enqueue_id == eid and second.redelivered  # a retried mail was delivered before
+    assert second.mail.attempts == 1 and second.mail.last_error == "try later"
     assert deleted_reason(suite, queue, uuid.UUID(eid)) is None
     c.answer(second)
     c.close()
@@ -199,26 +200,21 @@ def test_an_unknown_delivery_tag_ends_the_stream_and_requeues(suite):
     assert deleted_reason(suite, queue, uuid.UUID(eid)) is None
 
 
-def test_a_mail_retried_past_the_delivery_limit_is_dead_lettered(suite):
-    # Quorum work queues carry x-delivery-limit (MAILQUEUE_RABBITMQ_DELIVERY_LIMIT, default 20).
-    limit = suite.dequeue.app.settings.rabbitmq.delivery_limit
-    queue = suite.new_queue()
+def test_a_mail_retried_max_attempts_times_expires_into_the_dead_letter_queue(suite):
+    # RETRY no longer spends the broker's delivery limit: the queue's retry policy expires the mail.
+    queue = suite.new_queue(initial_backoff=0, max_attempts=3)
     [eid] = enqueue_names(suite, queue, ["poison"])
     c = consumer(suite, queue, prefetch=1)
-    deliveries = 0
-    while True:
-        try:
-            d = c.next(timeout=3)
-        except q.Empty:
-            break
-        deliveries += 1
+    for attempt in range(3):
+        d = c.next()
+        assert d.mail.attempts == attempt
         c.answer(d, "RETRY", "451 try again later")
+    wait_until(lambda: dead_letter_count(queue) == 1, what="the expired mail in the dead-letter queue")
     c.cancel()
-    assert deliveries == limit + 1
-    wait_until(lambda: dead_letter_count(queue) == 1, what="the poison mail in the dead-letter queue")
     assert message_count(queue) == 0
-    # Marked like a REJECT, so browse tells it from a mail still queued.
-    assert deleted_reason(suite, queue, uuid.UUID(eid)) == f"dead-lettered: delivery limit of {limit} reached: 451 try again later"
+    # Marked, so browse tells it from a mail still queued; the reason names the rule.
+    reason = deleted_reason(suite, queue, uuid.UUID(eid))
+    assert reason.startswith("expired: 3 attempts over ") and "(max_attempts 3): 451 try again later" in reason
 
 
 def test_a_mail_whose_streams_keep_breaking_is_dead_lettered_and_marked_at_the_limit(suite):

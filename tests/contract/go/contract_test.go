@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
 )
 
 func dial(t *testing.T, env, fallback string) *grpc.ClientConn {
@@ -154,13 +155,17 @@ func TestContractScenario(t *testing.T) {
 		kind := mq.OutcomeKind_OUTCOME_KIND_SUCCESS
 		if retried == "" {
 			retried, kind = d.Mail.EnqueueId, mq.OutcomeKind_OUTCOME_KIND_RETRY
-		} else if d.Mail.EnqueueId == retried && !d.Redelivered {
-			t.Fatalf("a retried mail must come back marked redelivered")
+		} else if d.Mail.EnqueueId == retried && (!d.Redelivered || d.Mail.Attempts != 1) {
+			t.Fatalf("a retried mail must come back marked redelivered with 1 attempt: %v", d)
 		}
 		if (d.Mail.Mail.Name == "c") == d.ContentInline {
 			t.Fatalf("content_inline of %s is %v", d.Mail.Mail.Name, d.ContentInline)
 		}
-		dq.Send(&mq.DequeueRequest{Kind: &mq.DequeueRequest_Outcome{Outcome: &mq.Outcome{DeliveryTag: d.DeliveryTag, Kind: kind}}})
+		outcome := &mq.Outcome{DeliveryTag: d.DeliveryTag, Kind: kind}
+		if kind == mq.OutcomeKind_OUTCOME_KIND_RETRY {
+			outcome.RetryAfter = durationpb.New(0) // at once, not after the queue's backoff
+		}
+		dq.Send(&mq.DequeueRequest{Kind: &mq.DequeueRequest_Outcome{Outcome: outcome}})
 	}
 	dq.CloseSend()
 	for {
