@@ -41,7 +41,7 @@ class Backends:
         view = await View.open(settings.cassandra)
         try:
             await apply_view_settings(view, settings)
-            broker = RabbitMQBroker(settings.rabbitmq)
+            broker = RabbitMQBroker(settings.rabbitmq, settings.cassandra.keyspace)
             await broker.ping()
         except BaseException:
             view.close()

@@ -47,10 +47,11 @@ def delay_delivery_exchange() -> str:
     return f"{AMQP_PREFIX}.delay.deliver"
 
 
-def dead_letter_marks_queue() -> str:
-    """Bound to every queue's dead-letter exchange: dequeue_svc marks in the view every mail that
-    reaches it unmarked (the broker dead-lettered it on its own)."""
-    return f"{AMQP_PREFIX}.dead-letter-marks"
+def dead_letter_marks_queue(keyspace: str) -> str:
+    """Bound to the dead-letter exchange of every queue of the view in ``keyspace``: dequeue_svc
+    marks in that view every mail that reaches it unmarked (the broker dead-lettered it on its own).
+    One per keyspace, so suites that share a broker never mark each other's mails."""
+    return f"{AMQP_PREFIX}.dead-letter-marks.{keyspace}"
 
 
 def table(name: str) -> str:

@@ -188,8 +188,10 @@ class RabbitMQConsumer(Consumer):
 
 
 class RabbitMQBroker(Broker):
-    def __init__(self, settings: RabbitMQSettings) -> None:
+    def __init__(self, settings: RabbitMQSettings, keyspace: str = "mailqueue") -> None:
         self._settings = settings
+        #: The view this broker's queues belong to (names the dead-letter marks queue).
+        self._marks_queue = names.dead_letter_marks_queue(keyspace)
         self._params = pika.URLParameters(settings.url)
         self._params.connection_attempts = 1
         self._params.socket_timeout = settings.connect_timeout_s
@@ -308,7 +310,7 @@ class RabbitMQBroker(Broker):
                 lower = names.delay_exchange(level - 1) if level > 0 else deliver
                 await self._call(w, channel.exchange_bind, destination=lower, source=x,
                                  routing_key=delays.level_binding(level, "0"))
-            await self._call(w, channel.queue_declare, queue=names.dead_letter_marks_queue(), durable=True,
+            await self._call(w, channel.queue_declare, queue=self._marks_queue, durable=True,
                              arguments=self._queue_type())
         finally:
             if channel.is_open:
@@ -325,7 +327,7 @@ class RabbitMQBroker(Broker):
             await self._call(w, channel.exchange_declare, exchange=dlx, exchange_type="fanout", durable=True)
             await self._call(w, channel.queue_declare, queue=dlq, durable=True, arguments=self._queue_type())
             await self._call(w, channel.queue_bind, queue=dlq, exchange=dlx, routing_key="")
-            await self._call(w, channel.queue_bind, queue=names.dead_letter_marks_queue(), exchange=dlx, routing_key="")
+            await self._call(w, channel.queue_bind, queue=self._marks_queue, exchange=dlx, routing_key="")
             await self._call(w, channel.exchange_declare, exchange=names.exchange(queue), exchange_type="direct", durable=True)
             await self._call(
                 w, channel.queue_declare, queue=names.work_queue(queue), durable=True,
@@ -362,7 +364,7 @@ class RabbitMQBroker(Broker):
 
     async def consume_dead_letters(self, prefetch: int) -> RabbitMQConsumer:
         await self._declare_ladder()
-        return await self._consume(names.dead_letter_marks_queue(), prefetch)
+        return await self._consume(self._marks_queue, prefetch)
 
     async def _consume(self, rabbit_queue: str, prefetch: int) -> RabbitMQConsumer:
         channel, w = await self._channel()

@@ -1,0 +1,215 @@
+"""Regression tests for the defects an outside tester found (#13), through gRPC on the real stack."""
+
+import datetime as dt
+import os
+import subprocess
+import sys
+import uuid
+
+import grpc
+import pika
+import pytest
+from google.protobuf import duration_pb2, timestamp_pb2
+
+from mailqueue.v1 import admin_pb2, browse_pb2, enqueue_pb2, mail_pb2
+from services import names
+from services.config import RabbitMQSettings
+from services.dequeuer import SKIPPED
+from tests.harness import ROOT, wait_until
+from tests.integration.helpers import (
+    StreamConsumer, dead_letter_count, deleted_reason, enqueue_names, inline, message_count, simple_mail, view_rows,
+)
+
+
+def code(fn) -> grpc.StatusCode:
+    try:
+        fn()
+    except grpc.RpcError as e:
+        return e.code()
+    return grpc.StatusCode.OK
+
+
+# ---------------------------------------------------------------- 1. subscribe and leave
+def test_a_hundred_streams_that_subscribe_and_leave_spend_no_delivery_and_lose_no_mail(suite):
+    queue = suite.new_queue()
+    ids = enqueue_names(suite, queue, [f"m{i}" for i in range(20)])
+    for _ in range(100):  # as the README's grpcurl Dequeue does: subscribe (prefetch 16), then end
+        StreamConsumer(suite.dequeue_stub, queue, prefetch=16).close()
+    c = StreamConsumer(suite.dequeue_stub, queue, prefetch=20)
+    got = c.take(20, timeout=10)
+    assert sorted(d.mail.enqueue_id for d in got) == sorted(ids)  # every mail, once
+    for d in got:
+        c.answer(d)
+    wait_until(lambda: all(deleted_reason(suite, queue, uuid.UUID(i)) == "dequeued" for i in ids), what="all dequeued")
+    c.close()
+    assert dead_letter_count(queue) == 0 and message_count(queue) == 0
+
+
+def test_a_mail_the_broker_dead_letters_by_itself_is_marked(suite):
+    # A consumer that dies holding the mail, delivery_limit + 1 times (a raw AMQP consumer stands in
+    # for a dequeue_svc killed with SIGKILL: nothing of ours runs when its channel dies).
+    limit = suite.dequeue.app.settings.rabbitmq.delivery_limit
+    queue = suite.new_queue()
+    [eid] = enqueue_names(suite, queue, ["kills-its-consumers"])
+    params = pika.URLParameters(RabbitMQSettings.from_env().url)
+    for _ in range(limit + 1):
+        conn = pika.BlockingConnection(params)
+        ch = conn.channel()
+        ch.basic_qos(prefetch_count=1)
+        wait_until(lambda: ch.basic_get(names.work_queue(queue), auto_ack=False)[0] is not None, what="the delivery")
+        conn.close()  # unacked: returned to the queue, one delivery spent
+    wait_until(lambda: dead_letter_count(queue) == 1, what="dead-lettered by the broker")
+    wait_until(lambda: deleted_reason(suite, queue, uuid.UUID(eid)) is not None, what="the mark")
+    assert deleted_reason(suite, queue, uuid.UUID(eid)) == (
+        f"dead-lettered by the broker: delivery limit of {limit} reached (deliveries left unanswered)")
+    assert suite.browse_stub.GetSize(browse_pb2.GetSizeRequest(queue=queue)).size == 0
+
+
+# ---------------------------------------------------------------- 2. timestamps the storage cannot hold
+@pytest.mark.parametrize("seconds", [-62135596800, 253402300799])  # 0001-01-01, 9999-12-31T23:59:59
+def test_an_out_of_range_last_updated_is_refused_and_writes_nothing(suite, seconds):
+    queue = suite.new_queue()
+    mail = simple_mail("bad-date")
+    mail.last_updated.CopyFrom(timestamp_pb2.Timestamp(seconds=seconds, nanos=999999999))
+    for call in (lambda: suite.enqueue_stub.Enqueue(inline(queue, mail)),
+                 lambda: suite.enqueue_stub.EnqueueStream(iter([enqueue_pb2.EnqueueStreamRequest(
+                     header=enqueue_pb2.EnqueueHeader(queue=queue, mail=mail))]))):
+        with pytest.raises(grpc.RpcError) as e:
+            call()
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "mail.last_updated" in e.value.details()
+    assert view_rows(suite, queue) == []
+    assert suite.browse_stub.GetSize(browse_pb2.GetSizeRequest(queue=queue)).size == 0
+
+
+def test_a_row_with_an_extreme_timestamp_written_by_an_older_version_keeps_its_queue_readable(suite):
+    queue = suite.new_queue()
+    [good] = enqueue_names(suite, queue, ["good"])
+    [row] = view_rows(suite, queue)
+    # The row an older enqueue_svc accepted: last_updated 9999-12-31T23:59:59.999Z.
+    suite.view.session.execute(
+        f"UPDATE {suite.keyspace}.enqueued_mails_v1 SET last_updated = 253402300799999 "
+        "WHERE queue_name = %s AND slice_start = %s AND bucket = %s AND enqueued_at = %s AND enqueue_id = %s",
+        (queue, row.slice_start, row.bucket, row.enqueued_at, row.enqueue_id))
+    assert suite.browse_stub.GetSize(browse_pb2.GetSizeRequest(queue=queue)).size == 1
+    [browsed] = suite.browse_stub.Browse(browse_pb2.BrowseRequest(queue=queue))
+    assert browsed.mail.enqueue_id == good and browsed.mail.mail.last_updated.seconds == 253402300799
+    assert code(lambda: list(suite.admin_stub.ClearQueue(admin_pb2.ClearQueueRequest(queue=queue)))) == grpc.StatusCode.OK
+
+
+# ---------------------------------------------------------------- 3. precise statuses
+def raw_call(channel: grpc.Channel, method: str, kind: str, body: bytes):
+    ident = dict(request_serializer=lambda b: b, response_deserializer=lambda b: b)
+    if kind == "unary":
+        return lambda: channel.unary_unary(method, **ident)(body, timeout=10)
+    if kind == "client-stream":
+        return lambda: channel.stream_unary(method, **ident)(iter([body]), timeout=10)
+    if kind == "server-stream":
+        return lambda: list(channel.unary_stream(method, **ident)(body, timeout=10))
+    return lambda: list(channel.stream_stream(method, **ident)(iter([body]), timeout=10))
+
+
+RPCS = [
+    ("enqueue", "/mailqueue.v1.EnqueueService/Enqueue", "unary"),
+    ("enqueue", "/mailqueue.v1.EnqueueService/EnqueueStream", "client-stream"),
+    ("dequeue", "/mailqueue.v1.DequeueService/Dequeue", "bidi"),
+    ("browse", "/mailqueue.v1.BrowseService/GetQueue", "unary"),
+    ("browse", "/mailqueue.v1.BrowseService/Browse", "server-stream"),
+    ("browse", "/mailqueue.v1.AdminService/CreateQueue", "unary"),
+    ("browse", "/mailqueue.v1.AdminService/DeleteMails", "server-stream"),
+    ("browse", "/mailqueue.v1.AdminService/Flush", "unary"),
+    ("browse", "/mailqueue.v1.AdminService/UpdateRetryPolicy", "unary"),
+    ("blob", "/mailqueue.v1.BlobService/Put", "client-stream"),
+    ("blob", "/mailqueue.v1.BlobService/Get", "server-stream"),
+    ("blob", "/mailqueue.v1.BlobService/PutBytes", "unary"),
+]
+GARBAGE = b"\xff\xff\xff\xff\x0f"  # a truncated varint: not a protobuf message
+
+
+@pytest.mark.parametrize("service,method,kind", RPCS, ids=[m.rsplit("/", 1)[1] for _, m, _ in RPCS])
+def test_an_undecodable_request_is_invalid_argument(suite, service, method, kind):
+    channel = getattr(suite, service).channel()
+    e = pytest.raises(grpc.RpcError, raw_call(channel, method, kind, GARBAGE))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, e.value.details()
+    assert "not a valid protobuf message" in e.value.details()
+
+
+def test_out_of_range_timestamps_and_durations_are_invalid_argument(suite):
+    queue = suite.new_queue()
+    too_old = timestamp_pb2.Timestamp(seconds=-62135596800)
+    huge = duration_pb2.Duration(seconds=315576000000)
+    calls = {
+        "Browse enqueued_after": lambda: list(suite.browse_stub.Browse(browse_pb2.BrowseRequest(queue=queue, enqueued_after=too_old))),
+        "Enqueue deliver_at": lambda: suite.enqueue_stub.Enqueue(enqueue_pb2.EnqueueRequest(
+            queue=queue, mail=simple_mail(), inline_content=b"x", deliver_at=timestamp_pb2.Timestamp(seconds=253402300799))),
+        "RepublishNotProcessed older_than": lambda: suite.admin_stub.RepublishNotProcessed(
+            admin_pb2.RepublishNotProcessedRequest(queue=queue, older_than=huge)),
+        "UpdateConfiguration slice_window": lambda: suite.admin_stub.UpdateConfiguration(admin_pb2.UpdateConfigurationRequest(
+            configuration=browse_pb2.ViewConfiguration(slice_window=huge, bucket_count=1, update_browse_start_pace=1000))),
+        "RepublishNotProcessed malformed": lambda: suite.admin_stub.RepublishNotProcessed(
+            admin_pb2.RepublishNotProcessedRequest(queue=queue, older_than=duration_pb2.Duration(seconds=5, nanos=-1))),
+    }
+    for what, call in calls.items():
+        assert code(call) == grpc.StatusCode.INVALID_ARGUMENT, what
+
+
+@pytest.mark.parametrize("value", ["demo\n", "a@example.org\n", "ab" * 32 + "\n"])
+def test_a_trailing_newline_never_passes_validation(suite, value):
+    if "@" in value:
+        call = lambda: suite.enqueue_stub.Enqueue(inline(suite.new_queue(), simple_mail(recipients=(value,))))  # noqa: E731
+    elif len(value) > 60:
+        from mailqueue.v1 import blob_pb2
+
+        call = lambda: suite.blob_stub.Stat(blob_pb2.StatRequest(blob_id=value))  # noqa: E731
+    else:
+        call = lambda: suite.admin_stub.CreateQueue(admin_pb2.CreateQueueRequest(queue=value), timeout=3)  # noqa: E731
+    assert code(call) == grpc.StatusCode.INVALID_ARGUMENT
+
+
+# ---------------------------------------------------------------- 4. echoed input is bounded
+def test_a_huge_queue_name_is_invalid_argument_with_a_short_message(suite):
+    with pytest.raises(grpc.RpcError) as e:
+        suite.admin_stub.CreateQueue(admin_pb2.CreateQueueRequest(queue="x" * 10240))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert len(e.value.details()) < 400 and "10242 characters" in e.value.details()
+
+
+# ---------------------------------------------------------------- 6. a republished mail in flight once
+def test_republish_while_the_first_copies_are_queued_delivers_each_mail_once(suite):
+    queue = suite.new_queue()
+    ids = enqueue_names(suite, queue, [f"m{i}" for i in range(5)])
+    republished = suite.admin_stub.RepublishNotProcessed(admin_pb2.RepublishNotProcessedRequest(
+        queue=queue, older_than=duration_pb2.Duration())).republished
+    assert republished == 5
+    c = StreamConsumer(suite.dequeue_stub, queue, prefetch=16)
+    got = c.take(5, timeout=10)
+    assert sorted(d.mail.enqueue_id for d in got) == sorted(ids)
+    for d in got:
+        c.answer(d)
+    # Each second copy was dropped (in flight, or already dequeued), not delivered.
+    dropped = lambda: SKIPPED.labels(queue, "in-flight")._value.get() + SKIPPED.labels(queue, "deleted")._value.get()  # noqa: E731
+    wait_until(lambda: dropped() == 5, what="the five second copies dropped")
+    import queue as q
+
+    with pytest.raises(q.Empty):
+        c.next(timeout=0.5)
+    c.close()
+
+
+# ---------------------------------------------------------------- 7. operations
+def test_a_non_numeric_seconds_variable_refuses_start_up_naming_it():
+    env = {**os.environ, "MAILQUEUE_SHUTDOWN_GRACE_S": "soon", "MAILQUEUE_METRICS_PORT": "0"}
+    r = subprocess.run([sys.executable, "-m", "enqueue_svc"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and "MAILQUEUE_SHUTDOWN_GRACE_S='soon' is not a number" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_the_local_rabbitmq_distribution_port_listens_on_loopback_only(running_stack):
+    port = int(os.environ.get("MAILQUEUE_RABBITMQ_DIST_PORT", "25672"))
+    listening = []
+    with open("/proc/net/tcp") as f:
+        for line in f.readlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            address, p = local.split(":")
+            if state == "0A" and int(p, 16) == port:  # LISTEN
+                listening.append(".".join(str(int(address[i:i + 2], 16)) for i in (6, 4, 2, 0)))
+    assert listening == ["127.0.0.1"]
