@@ -98,3 +98,24 @@ def test_a_service_token_blob_svc_refuses_turns_the_service_not_serving_and_says
         assert browse.GetSize(browse_pb2.GetSizeRequest(queue="secured-token")).size == 0  # nothing written
     finally:
         wrong.stop()
+
+
+@pytest.mark.parametrize("method,kind", [("/mailqueue.v1.EnqueueService/Enqueue", "unary"),
+                                         ("/mailqueue.v1.DequeueService/Dequeue", "bidi")])
+def test_an_undecodable_body_without_a_token_is_unauthenticated(secured, method, kind):
+    from tests.integration.test_defects import GARBAGE, raw_call
+
+    target = secured.enqueue.target if "Enqueue" in method else secured.dequeue.target
+    with grpc.insecure_channel(target) as ch:
+        assert code_of(raw_call(ch, method, kind, GARBAGE)) == grpc.StatusCode.UNAUTHENTICATED
+
+
+def test_a_denied_dequeue_is_always_permission_denied(secured):
+    # About 1 in 300 used to end INTERNAL ("Internal error from Core"): a coroutine deny on a stream.
+    _, _, _, deq = stubs(secured, TOKENS["producer"])
+    codes = {}
+    for _ in range(300):
+        c = code_of(lambda: list(deq.Dequeue(iter([dequeue_pb2.DequeueRequest(
+            subscribe=dequeue_pb2.Subscribe(queue="secured-q"))]), timeout=10)))
+        codes[c] = codes.get(c, 0) + 1
+    assert codes == {grpc.StatusCode.PERMISSION_DENIED: 300}
