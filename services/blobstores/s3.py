@@ -130,10 +130,7 @@ class S3BlobStore(BlobStore):
                 raise InvalidArgument(f"content hash {blob_id} differs from the expected blob id {expected_id}")
             key = names.blob_key(blob_id)
             if spool is None:
-                created = await self._put_if_absent(key, bytes(buffer), blob_id)
-                if not created:
-                    await self._touch(key)
-                return BlobInfo(blob_id, size, deduplicated=not created)
+                return await self._put_small(key, bytes(buffer), blob_id, size)
             existing = await self._exists(blob_id)
             if existing is not None:
                 await self._touch(key)
@@ -145,6 +142,20 @@ class S3BlobStore(BlobStore):
             if spool is not None:
                 spool.close()
                 os.unlink(spool.name)
+
+    async def _put_small(self, key: str, data: bytes, blob_id: str, size: int) -> BlobInfo:
+        """Put if absent, else touch. A touch that finds no object (a concurrent copy of the same
+        key was replacing it: seen with 16 identical puts at once) puts again, up to 3 times."""
+        for attempt in range(3):
+            if await self._put_if_absent(key, data, blob_id):
+                return BlobInfo(blob_id, size)
+            try:
+                await self._touch(key)
+                return BlobInfo(blob_id, size, deduplicated=True)
+            except NotFound:
+                if attempt == 2:
+                    raise _unavailable(f"blob {blob_id} kept vanishing while it was deduplicated") from None
+        raise AssertionError("unreachable")
 
     async def _put_if_absent(self, key: str, data: bytes, sha256_hex: str) -> bool:
         """One conditional PUT (``If-None-Match: *``): True when created, False when it existed.
@@ -176,13 +187,17 @@ class S3BlobStore(BlobStore):
         last = self._touched.get(key)
         if last is not None and now - last < self._settings.touch_interval_s:
             return
-        await self._run(
-            self._client.copy_object, self._bucket, key, CopySource(self._bucket, key),
-            metadata={"x-amz-meta-touched": str(int(time.time()))}, metadata_directive=REPLACE,
-        )
         if len(self._touched) >= _TOUCHED_MAX:
             self._touched.clear()
-        self._touched[key] = now
+        self._touched[key] = now  # before the copy: concurrent puts of this blob do not copy it again
+        try:
+            await self._run(
+                self._client.copy_object, self._bucket, key, CopySource(self._bucket, key),
+                metadata={"x-amz-meta-touched": str(int(time.time()))}, metadata_directive=REPLACE,
+            )
+        except BaseException:
+            self._touched.pop(key, None)
+            raise
 
     async def get(self, blob_id: str) -> AsyncIterator[bytes]:
         check_blob_id(blob_id)

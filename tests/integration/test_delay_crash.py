@@ -1,0 +1,83 @@
+"""Delayed mails survive SIGKILL of every service and a RabbitMQ restart: none lost, none early.
+
+Runs with the outage tests (it restarts RabbitMQ).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import datetime as dt
+import queue as q
+import random
+import threading
+
+import grpc
+import pytest
+
+from mailqueue.v1 import admin_pb2, admin_pb2_grpc, dequeue_pb2_grpc, enqueue_pb2_grpc
+from services import model
+from tests.harness import ServiceProcess, service_env, stack, wait_until
+from tests.integration.helpers import StreamConsumer, inline, simple_mail
+
+pytestmark = pytest.mark.outage
+
+MAILS = 1000
+
+
+def test_1000_delayed_mails_survive_kill9_of_every_service_and_a_rabbitmq_restart(suite, keyspace):
+    env = service_env(keyspace)
+    blob = ServiceProcess("blob", env)
+    env = {**env, "MAILQUEUE_BLOB_TARGET": blob.target}
+    procs = {name: ServiceProcess(name, env) for name in ("enqueue", "dequeue", "browse")}
+    procs["blob"] = blob
+    try:
+        queue = f"delay-crash-{random.randrange(10**6)}"
+        admin_pb2_grpc.AdminServiceStub(grpc.insecure_channel(procs["browse"].target)).CreateQueue(
+            admin_pb2.CreateQueueRequest(queue=queue))
+        enqueue = enqueue_pb2_grpc.EnqueueServiceStub(grpc.insecure_channel(procs["enqueue"].target))
+        start = model.utcnow()
+        due: dict[str, dt.datetime] = {}
+
+        def one(i: int) -> None:
+            r = inline(queue, simple_mail(f"m{i}"))
+            at = start + dt.timedelta(seconds=15 + random.uniform(0, 10))
+            r.deliver_at.FromDatetime(at)
+            due[enqueue.Enqueue(r, timeout=30).receipt.enqueue_id] = at
+
+        with concurrent.futures.ThreadPoolExecutor(16) as pool:
+            list(pool.map(one, range(MAILS)))
+        assert len(due) == MAILS
+        # Every service dies at once, then the broker restarts, while every mail is still delayed.
+        for p in procs.values():
+            p.kill9()
+        assert model.utcnow() < min(due.values()), "the enqueues took too long: the test proves nothing"
+        stack("rabbitmqctl", "stop_app")
+        stack("rabbitmqctl", "start_app")
+        for name in ("blob", "enqueue", "dequeue", "browse"):
+            procs[name].start()
+
+        received: dict[str, list[dt.datetime]] = {}
+        lock = threading.Lock()
+        c = StreamConsumer(dequeue_pb2_grpc.DequeueServiceStub(grpc.insecure_channel(procs["dequeue"].target)), queue, 64)
+
+        def drain() -> bool:
+            while True:
+                try:
+                    d = c.next(timeout=0.2)
+                except q.Empty:
+                    return len(received) == MAILS
+                with lock:
+                    received.setdefault(d.mail.enqueue_id, []).append(model.utcnow())
+                c.answer(d)
+
+        wait_until(drain, timeout=90, interval=0.1, what="every delayed mail delivered")
+        c.close()
+        assert set(received) == set(due)  # none lost
+        early = {eid: (due[eid] - times[0]) for eid, times in received.items() if times[0] < due[eid]}
+        assert early == {}  # none early
+        late = sorted((times[0] - due[eid]).total_seconds() for eid, times in received.items())
+        duplicates = sum(len(t) - 1 for t in received.values())
+        print(f"lateness p50 {late[len(late) // 2]:.2f}s p99 {late[int(len(late) * 0.99)]:.2f}s; duplicates {duplicates}")
+    finally:
+        for p in procs.values():
+            p.stop()
