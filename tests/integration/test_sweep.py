@@ -323,3 +323,28 @@ def test_an_unreachable_backend_exits_3_and_names_it(sweep_suite, backend, env):
 def test_missing_connector_jars_exit_2_and_say_how_to_fetch_them(sweep_suite, tmp_path):
     out = sweep(sweep_suite, "--jars", str(tmp_path), expect=2)
     assert "spark/connector.sh" in out["stderr"]
+
+
+def test_delayed_and_retried_mails_survive_the_sweep_and_flush_out_with_their_content(sweep_suite):
+    s = sweep_suite
+    queue = s.new_queue()
+    history(s, queue, 4)
+    next_slice()
+    delayed = inline(queue, simple_mail("delayed"), b"delayed content")
+    delayed.delay.FromTimedelta(dt.timedelta(hours=1))
+    s.enqueue_stub.Enqueue(delayed)
+    enqueue(s, queue, "retried", b"retried content")
+    c = StreamConsumer(s.dequeue_stub, queue)
+    first = c.next()
+    assert first.mail.mail.name == "retried"
+    c.answer(first, "RETRY", "451 later", retry_after=3600)  # its schedule row has no deleted_at
+    wait_until(lambda: [r.mail.attempts for r in s.browse_stub.Browse(browse_pb2.BrowseRequest(queue=queue, name="retried"))] == [1],
+               what="the retry recorded")
+    c.close()
+    browse_start = advance_browse_start(s, queue)
+    done = sweep(s, "--queue", queue)
+    assert done["rows"] == 4 and done["marks"] == 4  # the dead history only
+    info = s.browse_stub.GetQueue(browse_pb2.GetQueueRequest(queue=queue)).queue_info
+    assert (info.size, info.delayed) == (2, 2) and content_start(s, queue) <= browse_start
+    assert s.admin_stub.Flush(admin_pb2.FlushRequest(queue=queue)).flushed == 2
+    assert drain(s, queue, 2) == {"delayed": b"delayed content", "retried": b"retried content"}
