@@ -24,6 +24,8 @@ def test_environment_overrides():
 @pytest.mark.parametrize(
     "env, message",
     [
+    ({"MAILQUEUE_SHUTDOWN_GRACE_S": "soon"}, "MAILQUEUE_SHUTDOWN_GRACE_S='soon' is not a number"),
+    ({"MAILQUEUE_CASSANDRA_TIMEOUT_S": "inf"}, "MAILQUEUE_CASSANDRA_TIMEOUT_S=inf must be a finite number"),
         ({"MAILQUEUE_PORT": "x"}, "MAILQUEUE_PORT='x' is not an integer"),
         ({"MAILQUEUE_BUCKET_COUNT": "0"}, "MAILQUEUE_BUCKET_COUNT=0 must be >= 1"),
         ({"MAILQUEUE_RABBITMQ_QUEUE_TYPE": "stream"}, "use quorum or classic"),

@@ -1,7 +1,11 @@
+import dataclasses
 import datetime as dt
 import uuid
 
+import pytest
+
 from services import model, serde
+from services.errors import InvalidArgument
 from tests.mails import FULL_MAIL
 
 UTC = dt.timezone.utc
@@ -34,3 +38,48 @@ def test_queued_mail_round_trips_through_bytes():
 def test_view_config_round_trips():
     c = model.ViewConfig(dt.timedelta(minutes=20), 4, 17)
     assert serde.view_config_from_proto(serde.view_config_to_proto(c)) == c
+
+
+def test_a_scheduled_queued_mail_round_trips_its_schedule_but_not_its_generation():
+    q = model.QueuedMail(
+        queue="spool", enqueue_id=uuid.uuid4(), enqueued_at=dt.datetime(2026, 1, 1, tzinfo=UTC), mail=FULL,
+        blob_ids=("a" * 64,), size=1, slice_start=dt.datetime(2026, 1, 1, tzinfo=UTC), bucket=0,
+        deliver_at=dt.datetime(2026, 1, 2, 3, 4, 5, 6000, tzinfo=UTC), attempts=3, last_error="451 later", generation=4,
+    )
+    back = serde.queued_mail_from_proto(serde.queued_mail_to_proto(q))
+    assert back == dataclasses.replace(q, generation=0)  # the generation travels in a broker header
+
+
+def test_retry_policy_round_trips_and_unset_fields_keep_the_base():
+    p = model.RetryPolicy(dt.timedelta(seconds=30), 3.0, dt.timedelta(hours=2), 7, dt.timedelta(days=2))
+    assert serde.retry_policy_from_proto(serde.retry_policy_to_proto(p), model.RetryPolicy()) == p
+    from mailqueue.v1 import browse_pb2
+
+    assert serde.retry_policy_from_proto(browse_pb2.RetryPolicy(max_attempts=9), p) == dataclasses.replace(p, max_attempts=9)
+
+
+@pytest.mark.parametrize("seconds,nanos", [(-62135596800, 0), (253402300799, 999999999), (0, -1), (0, 10**9)])
+def test_out_of_range_timestamps_are_invalid_argument(seconds, nanos):
+    from google.protobuf import timestamp_pb2
+
+    with pytest.raises(InvalidArgument, match="out of range"):
+        serde.timestamp_from_proto(timestamp_pb2.Timestamp(seconds=seconds, nanos=nanos), "t")
+
+
+@pytest.mark.parametrize("seconds,nanos,negative,message", [
+    (315576000000, 0, False, "out of range"), (5, -1, False, "same sign"), (-5, 0, False, "must not be negative"),
+])
+def test_bad_durations_are_invalid_argument(seconds, nanos, negative, message):
+    from google.protobuf import duration_pb2
+
+    with pytest.raises(InvalidArgument, match=message):
+        serde.duration_from_proto(duration_pb2.Duration(seconds=seconds, nanos=nanos), "d", negative=negative)
+
+
+def test_a_negative_retry_after_means_now():
+    from mailqueue.v1 import dequeue_pb2
+
+    o = dequeue_pb2.Outcome()
+    assert serde.retry_after_from_proto(o) is None
+    o.retry_after.FromTimedelta(dt.timedelta(seconds=-3))
+    assert serde.retry_after_from_proto(o) == dt.timedelta(0)

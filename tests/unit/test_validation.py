@@ -86,3 +86,18 @@ def test_blob_ids_are_sha256_hex():
     for bad in ("A" * 64, "a" * 63, "g" * 64, ""):
         with pytest.raises(InvalidArgument):
             validation.blob_id(bad)
+
+
+@pytest.mark.parametrize("check,value", [
+    (validation.queue_name, "demo\n"), (lambda v: validation.address(v, "sender"), "a@example.org\n"),
+    (validation.blob_id, "a" * 64 + "\n"),
+])
+def test_a_trailing_newline_is_refused(check, value):
+    with pytest.raises(InvalidArgument):
+        check(value)
+
+
+def test_echoed_values_are_truncated():
+    with pytest.raises(InvalidArgument) as e:
+        validation.queue_name("q" * 10240)
+    assert len(str(e.value)) < 300 and "(10242 characters)" in str(e.value)

@@ -1,0 +1,56 @@
+"""Retry backoff and expiry (services/schedule.py)."""
+
+import dataclasses
+import datetime as dt
+
+import pytest
+
+from services import schedule
+from services.errors import InvalidArgument
+from services.model import RetryPolicy
+
+T0 = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
+S = dt.timedelta(seconds=1)
+POLICY = RetryPolicy(initial_backoff=60 * S, multiplier=2.0, max_backoff=3600 * S, max_attempts=5, max_age=dt.timedelta(days=5))
+
+
+def test_backoff_grows_by_the_multiplier_up_to_the_maximum():
+    assert [schedule.backoff(POLICY, n).total_seconds() for n in range(1, 9)] == [60, 120, 240, 480, 960, 1920, 3600, 3600]
+
+
+def test_a_retry_is_scheduled_after_its_backoff_or_the_consumer_retry_after():
+    assert schedule.next_attempt(POLICY, 2, T0, T0 + S) == schedule.Retry(T0 + S + 120 * S)
+    assert schedule.next_attempt(POLICY, 2, T0, T0 + S, retry_after=5 * S) == schedule.Retry(T0 + 6 * S)
+
+
+def test_the_attempt_that_reaches_max_attempts_expires_the_mail():
+    verdict = schedule.next_attempt(POLICY, 5, T0, T0 + dt.timedelta(hours=3))
+    assert verdict == schedule.Expired("expired: 5 attempts over 3h (max_attempts 5)")
+
+
+def test_a_retry_at_max_age_expires_and_none_is_scheduled_past_it():
+    assert schedule.next_attempt(POLICY, 1, T0, T0 + dt.timedelta(days=5)) == schedule.Expired(
+        "expired: 1 attempts over 5d (max_age 5d)")
+    late = T0 + dt.timedelta(days=5) - 10 * S
+    assert schedule.next_attempt(POLICY, 1, T0, late) == schedule.Retry(T0 + dt.timedelta(days=5))
+
+
+@pytest.mark.parametrize("change", [
+    {"multiplier": 0.5}, {"multiplier": float("nan")}, {"max_attempts": 0}, {"max_attempts": 1001},
+    {"initial_backoff": -S}, {"max_backoff": 30 * S}, {"max_age": dt.timedelta(0)}, {"max_age": dt.timedelta(days=400)},
+])
+def test_policies_out_of_bounds_are_refused(change):
+    with pytest.raises(InvalidArgument, match="retry_policy"):
+        schedule.validate(dataclasses.replace(POLICY, **change))
+
+
+def test_the_defaults_are_valid():
+    assert schedule.validate(RetryPolicy()) == RetryPolicy()
+
+
+def test_a_producer_schedule_in_the_past_is_now_and_beyond_a_year_is_refused():
+    assert schedule.deliver_at(T0, T0 - S) is None
+    assert schedule.deliver_at(T0, delay=-S) is None
+    assert schedule.deliver_at(T0, delay=10 * S) == T0 + 10 * S
+    with pytest.raises(InvalidArgument, match="ahead"):
+        schedule.deliver_at(T0, T0 + dt.timedelta(days=367))
