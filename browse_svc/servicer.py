@@ -8,7 +8,7 @@ from typing import Any
 import grpc
 
 from mailqueue.v1 import admin_pb2, admin_pb2_grpc, browse_pb2, browse_pb2_grpc
-from services import browse_start, model, schedule, serde, validation
+from services import browse_start, model, rule_admin, rules, schedule, serde, validation
 from services.browser import BrowseFilter, Progress, delete_condition, flush_condition
 from services.errors import InvalidArgument
 from services.queues import create_queue
@@ -39,7 +39,7 @@ class BrowseServicer(browse_pb2_grpc.BrowseServiceServicer):
         b, browser = self._app.backends(), self._app.browser()
         summary = await browser.summary(queue)
         info = browse_pb2.QueueInfo(
-            queue=queue, size=summary.size, ready=summary.ready, delayed=summary.delayed,
+            queue=queue, size=summary.size, ready=summary.ready, delayed=summary.delayed, held=summary.held,
             configuration=serde.view_config_to_proto(await b.view.config.current()),
             retry_policy=serde.retry_policy_to_proto(await b.view.retry_policies.get(queue)),
         )
@@ -140,6 +140,19 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         config = await b.view.config.apply(serde.view_config_from_proto(request.configuration))
         b.state.forget_config()
         return admin_pb2.UpdateConfigurationResponse(configuration=serde.view_config_to_proto(config))
+
+    async def AddRule(self, request: admin_pb2.AddRuleRequest, context: grpc.aio.ServicerContext) -> admin_pb2.AddRuleResponse:
+        b = self._app.backends()
+        rule, applied = await rule_admin.add(b.view, self._app.browser(), serde.rule_from_proto(request.rule, model.utcnow()))
+        return admin_pb2.AddRuleResponse(rule=serde.rule_to_proto(rule), applied=applied)
+
+    async def ListRules(self, request: admin_pb2.ListRulesRequest, context: grpc.aio.ServicerContext) -> admin_pb2.ListRulesResponse:
+        found = await self._app.backends().view.rules.all()
+        return admin_pb2.ListRulesResponse(rules=[serde.rule_to_proto(r) for r in found])
+
+    async def LiftRule(self, request: admin_pb2.LiftRuleRequest, context: grpc.aio.ServicerContext) -> admin_pb2.LiftRuleResponse:
+        released = await rule_admin.lift(self._app.backends().view, self._app.browser(), rules.parse_id(request.rule_id))
+        return admin_pb2.LiftRuleResponse(released=released)
 
     async def UpdateRetryPolicy(
         self, request: admin_pb2.UpdateRetryPolicyRequest, context: grpc.aio.ServicerContext

@@ -11,6 +11,9 @@
     mailq flush Q [--sender S | --recipient R | --domain D | --name N]
     mailq republish Q --older-than 1h
     mailq config get | config set [--slice-window 1h] [--buckets N] [--pace N]
+    mailq hold|bounce [--queue Q] [--domain D] [--sender S] [--name N] [--for 1d] [--reason R]
+    mailq rules                          the hold and bounce rules in force
+    mailq release RULE_ID                lift a rule (held mails go out now, in order)
     mailq enqueue Q FILE.eml --from A --to B [--to C] [--name N] [--delay 10m]
     mailq dequeue Q [-n N] [--ack success|retry|reject] [--retry-after 5m] [--out DIR]
 
@@ -30,7 +33,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import grpc
-from google.protobuf import duration_pb2, json_format
+from google.protobuf import duration_pb2, json_format, timestamp_pb2
 
 from mailqueue.v1 import (
     admin_pb2, admin_pb2_grpc, blob_pb2, blob_pb2_grpc, browse_pb2, browse_pb2_grpc, dequeue_pb2, dequeue_pb2_grpc,
@@ -116,7 +119,7 @@ def cmd_show(c: Client, a: argparse.Namespace) -> None:
         print(json.dumps(json_format.MessageToDict(info, preserving_proto_field_name=True), indent=2))
         return
     print(f"queue            {info.queue}")
-    print(f"size             {info.size} ({info.ready} ready, {info.delayed} delayed)")
+    print(f"size             {info.size} ({info.ready} ready, {info.delayed} delayed, {info.held} held)")
     print(f"oldest mail age  {human(info.oldest_mail_age.ToTimedelta()) if info.HasField('oldest_mail_age') else '-'}")
     print(f"oldest ready     {human(info.oldest_ready_age.ToTimedelta()) if info.HasField('oldest_ready_age') else '-'}")
     print_policy(info.retry_policy)
@@ -183,6 +186,34 @@ def cmd_flush(c: Client, a: argparse.Namespace) -> None:
     if len(condition) > 1:
         raise SystemExit("mailq flush: give at most one of --sender, --recipient, --domain, --name")
     print(f"{c.admin.Flush(admin_pb2.FlushRequest(queue=a.queue, **condition)).flushed} mail(s) flushed")
+
+
+def cmd_rule(c: Client, a: argparse.Namespace) -> None:
+    rule = admin_pb2.Rule(kind=admin_pb2.RULE_KIND_HOLD if a.command == "hold" else admin_pb2.RULE_KIND_BOUNCE,
+                          queue=a.queue or "", recipient_domain=a.domain or "", sender=a.sender or "", name=a.name or "",
+                          reason=a.reason or "")
+    expires = timestamp_pb2.Timestamp()
+    expires.GetCurrentTime()
+    expires.FromSeconds(expires.seconds + int(a.lifetime.total_seconds()))
+    rule.expires_at.CopyFrom(expires)
+    r = c.admin.AddRule(admin_pb2.AddRuleRequest(rule=rule))
+    print(f"{r.rule.rule_id} {a.command} until {r.rule.expires_at.ToDatetime().isoformat()}Z"
+          + (f"; {r.applied} queued mail(s) bounced" if a.command == "bounce" else ""))
+
+
+def cmd_rules(c: Client, a: argparse.Namespace) -> None:
+    rows = []
+    for r in c.admin.ListRules(admin_pb2.ListRulesRequest()).rules:
+        condition = " ".join(f"{k}={v}" for k, v in (("queue", r.queue), ("domain", r.recipient_domain),
+                                                      ("sender", r.sender), ("name", r.name)) if v)
+        rows.append([r.rule_id, admin_pb2.RuleKind.Name(r.kind).removeprefix("RULE_KIND_").lower(), condition,
+                     r.expires_at.ToDatetime().strftime("%Y-%m-%d %H:%M:%S"), r.reason])
+    print_table(rows, ["ID", "KIND", "CONDITION", "EXPIRES (UTC)", "REASON"])
+
+
+def cmd_release(c: Client, a: argparse.Namespace) -> None:
+    r = c.admin.LiftRule(admin_pb2.LiftRuleRequest(rule_id=a.rule_id))
+    print(f"rule {a.rule_id} lifted; {r.released} held mail(s) released")
 
 
 def cmd_republish(c: Client, a: argparse.Namespace) -> None:
@@ -311,6 +342,20 @@ def parser() -> argparse.ArgumentParser:
             s.add_argument("--retry-after", type=parse_duration, help="with --ack retry: deliver again after this")
             s.add_argument("--out", help="write each mail's content to DIR/<id>.eml")
             s.add_argument("--wait", type=float, default=10, help="give up after this many seconds (default 10)")
+    for kind in ("hold", "bounce"):
+        r = sub.add_parser(kind, help=f"{kind} the mails matching a condition (queued ones and new ones)")
+        r.add_argument("--queue")
+        r.add_argument("--domain", help="recipient domain")
+        r.add_argument("--sender")
+        r.add_argument("--name")
+        r.add_argument("--for", dest="lifetime", type=parse_duration, default=parse_duration("1d"),
+                       help="how long the rule lives (default 1d, at most 30d)")
+        r.add_argument("--reason")
+        r.set_defaults(fn=cmd_rule)
+    sub.add_parser("rules").set_defaults(fn=cmd_rules)
+    r = sub.add_parser("release", help="lift a rule")
+    r.add_argument("rule_id")
+    r.set_defaults(fn=cmd_release)
     c = sub.add_parser("config")
     c.add_argument("action", choices=("get", "set"))
     c.add_argument("--slice-window", type=parse_duration)

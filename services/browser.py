@@ -12,11 +12,12 @@ import asyncio
 import dataclasses
 import datetime as dt
 import heapq
+import uuid
 from collections.abc import AsyncIterator
 
 from prometheus_client import Counter
 
-from services import model
+from services import model, rules
 from services.broker import Broker
 from services.errors import InvalidArgument
 from services.slices import slice_start, slices_between
@@ -62,9 +63,13 @@ class BrowseFilter:
     #: "ready" (deliverable at ``now``) or "delayed" (deliver_at after ``now``).
     schedule: str | None = None
     now: dt.datetime | None = None
+    #: Only mails this hold rule re-scheduled.
+    held_by: uuid.UUID | None = None
 
     def matches(self, q: model.QueuedMail) -> bool:
         m = q.mail
+        if self.held_by is not None and q.held_by != self.held_by:
+            return False
         if self.schedule is not None:
             delayed = q.due() > (self.now or model.utcnow())
             if delayed != (self.schedule == "delayed"):
@@ -113,6 +118,8 @@ class Summary:
     size: int = 0
     ready: int = 0
     delayed: int = 0
+    #: Mails an active hold rule holds or will hold when they come up (size = ready + delayed + held).
+    held: int = 0
     #: How long the oldest ready mail has been deliverable; None when no mail is ready.
     oldest_ready_age: dt.timedelta | None = None
     oldest: model.QueuedMail | None = None
@@ -129,6 +136,13 @@ class Browser:
     def __init__(self, view: View, broker: Broker) -> None:
         self._view = view
         self._broker = broker
+        self.rules = rules.RuleBook(view)
+
+    async def require_queue(self, queue: str) -> None:
+        if not await self._view.queues.exists(queue):
+            from services.errors import NotFound
+
+            raise NotFound(f"queue {queue!r} does not exist: create it with AdminService.CreateQueue")
 
     async def live_mails(self, queue: str, op: str = "browse", until: dt.datetime | None = None) -> AsyncIterator[model.QueuedMail]:
         """Every live mail of the queue, in enqueue order (``until``: only mails enqueued before it)."""
@@ -170,17 +184,21 @@ class Browser:
 
     async def summary(self, queue: str) -> Summary:
         now = model.utcnow()
-        size = ready = 0
+        holds = [r for r in await self.rules.current() if r.kind == "hold"]
+        size = ready = held = 0
         oldest = None
         oldest_due: dt.datetime | None = None
         async for q in self.live_mails(queue, "size"):
             size += 1
             oldest = oldest or q
             due = q.due()
-            if due <= now:
+            if any(rules.matches(r, q) or (q.held_by == r.rule_id and due > now) for r in holds):
+                held += 1
+            elif due <= now:
                 ready += 1
                 oldest_due = due if oldest_due is None else min(oldest_due, due)
-        return Summary(size, ready, size - ready, now - oldest_due if oldest_due is not None else None, oldest)
+        return Summary(size=size, ready=ready, delayed=size - ready - held, held=held, oldest=oldest,
+                       oldest_ready_age=now - oldest_due if oldest_due is not None else None)
 
     async def flush(self, queue: str, f: BrowseFilter) -> int:
         """Make every delayed mail matching ``f`` deliverable now, in enqueue order.
@@ -188,7 +206,7 @@ class Browser:
         Each gets a new generation: published to the work queue, then recorded, so the copy still
         waiting in the delay ladder is skipped when it arrives (the mail is delivered once).
         """
-        f = dataclasses.replace(f, schedule="delayed", now=model.utcnow())
+        f = dataclasses.replace(f, schedule="delayed", now=model.utcnow() + dt.timedelta(milliseconds=1))
         count = 0
         async for q in self.live_mails(queue, "flush"):
             if not f.matches(q):

@@ -32,7 +32,7 @@ from prometheus_client import Counter
 
 import datetime as dt
 
-from services import browse_start, model, schedule, serde, validation
+from services import browse_start, model, rules, schedule, serde, validation
 from services.blobstore import BlobStore
 from services.broker import Broker, Consumer, Message
 from services.config import LimitSettings
@@ -172,6 +172,11 @@ class Subscription:
         """
         try:
             state = await self._d.view.deleted.state(self.queue, mail.enqueue_id)
+            if state is not None and state.deleted and rules.is_bounce(state.reason or ""):
+                self._unsent.pop(message.delivery_tag, None)
+                await self._consumer.dead_letter(message.delivery_tag)  # bounced while queued
+                SKIPPED.labels(self.queue, "bounced").inc()
+                return None
             if state is not None and state.deleted:
                 await self._skip(message, "deleted")
                 return None
@@ -183,6 +188,10 @@ class Subscription:
                 # Only a clock behind the publisher's (or a rounding) gets here: wait the rest.
                 await self._d.broker.publish(mail, early)
                 await self._skip(message, "early")
+                return None
+            rule = await self._d.rules.first_match(mail)
+            if rule is not None:
+                await self._apply(rule, message, mail)
                 return None
             if await self._d.state.is_swept(self.queue, mail.slice_start):
                 await self._skip(message, "swept")
@@ -202,6 +211,21 @@ class Subscription:
             return None
         # A retried mail comes back in a new message: it was delivered before all the same.
         return Delivery(message.delivery_tag, mail, content, message.redelivered or mail.attempts > 0, message.delivery_count)
+
+    async def _apply(self, rule: model.Rule, message: Message, mail: model.QueuedMail) -> None:
+        """Bounce (mark, dead-letter) or hold (re-schedule, record, ack) a delivery a rule matches."""
+        if rule.kind == "bounce":
+            await self._d.mark_deleted(mail, rules.bounce_reason(rule)[:1000])
+            self._unsent.pop(message.delivery_tag, None)
+            await self._consumer.dead_letter(message.delivery_tag)
+            SKIPPED.labels(self.queue, "bounced").inc()
+            return
+        now = model.utcnow()
+        held = dataclasses.replace(mail, deliver_at=rules.hold_until(rule, now), generation=mail.generation + 1,
+                                   held_by=rule.rule_id)
+        await self._d.broker.publish(held, held.due() - now)
+        await self._d.view.deleted.schedule(held)
+        await self._skip(message, "held")
 
     async def _skip(self, message: Message, reason: str) -> None:
         self._unsent.pop(message.delivery_tag, None)
@@ -314,6 +338,7 @@ class Dequeuer:
         self._updating: set[str] = set()  # queues whose browse start update is running here
         #: (queue, enqueue id) of every mail being prepared or handed out by this process.
         self.in_flight: set[tuple[str, object]] = set()
+        self.rules = rules.RuleBook(view)
 
     async def subscribe(self, queue: str, prefetch: int) -> Subscription:
         validation.queue_name(queue)

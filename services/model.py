@@ -65,6 +65,8 @@ class QueuedMail:
     #: Schedule version: a broker message older than the mail's stored schedule is dropped
     #: (it was superseded by a RETRY or a Flush). Carried in a message header, not in the body.
     generation: int = 0
+    #: The hold rule that re-scheduled the mail, while it holds it.
+    held_by: uuid.UUID | None = None
 
     def due(self) -> dt.datetime:
         """When the mail is deliverable."""
@@ -80,6 +82,7 @@ class MailState:
     deliver_at: dt.datetime | None = None
     attempts: int = 0
     last_error: str = ""
+    held_by: uuid.UUID | None = None
 
     @property
     def deleted(self) -> bool:
@@ -91,6 +94,7 @@ class MailState:
             return q
         return dataclasses.replace(
             q, deliver_at=self.deliver_at, attempts=self.attempts, last_error=self.last_error, generation=self.generation,
+            held_by=self.held_by,
         )
 
 
@@ -103,6 +107,22 @@ class RetryPolicy:
     max_backoff: dt.timedelta = dt.timedelta(hours=1)
     max_attempts: int = 20
     max_age: dt.timedelta = dt.timedelta(days=5)
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """An operator's hold or bounce (services/rules.py). Condition fields combine with AND;
+    empty ones match everything."""
+
+    rule_id: uuid.UUID
+    kind: str  # "hold" or "bounce"
+    expires_at: dt.datetime
+    created_at: dt.datetime
+    queue: str = ""
+    recipient_domain: str = ""
+    sender: str = ""
+    name: str = ""
+    reason: str = ""
 
 
 @dataclasses.dataclass(frozen=True)

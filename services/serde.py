@@ -106,6 +106,31 @@ def retry_policy_from_proto(pb: browse_pb2.RetryPolicy, base: model.RetryPolicy)
     return dataclasses.replace(base, **changes)
 
 
+_RULE_KINDS = {"hold": 1, "bounce": 2}  # admin_pb2.RuleKind values
+
+
+def rule_to_proto(r: model.Rule):  # -> admin_pb2.Rule
+    from mailqueue.v1 import admin_pb2
+
+    return admin_pb2.Rule(
+        rule_id=str(r.rule_id), kind=_RULE_KINDS[r.kind], queue=r.queue, recipient_domain=r.recipient_domain,
+        sender=r.sender, name=r.name, reason=r.reason,
+        expires_at=timestamp_to_proto(r.expires_at), created_at=timestamp_to_proto(r.created_at),
+    )
+
+
+def rule_from_proto(pb: Any, now: dt.datetime) -> model.Rule:
+    """A new rule from a client (id and creation time are assigned by the server)."""
+    from services.rules import DEFAULT_LIFETIME
+
+    kinds = {v: k for k, v in _RULE_KINDS.items()}
+    return model.Rule(
+        rule_id=uuid.UUID(int=0), kind=kinds.get(pb.kind, ""), created_at=now,
+        expires_at=timestamp_from_proto(pb.expires_at, "rule.expires_at") if pb.HasField("expires_at") else now + DEFAULT_LIFETIME,
+        queue=pb.queue, recipient_domain=pb.recipient_domain, sender=pb.sender, name=pb.name, reason=pb.reason,
+    )
+
+
 def mail_to_proto(m: model.Mail) -> mail_pb2.Mail:
     pb = mail_pb2.Mail(
         name=m.name,

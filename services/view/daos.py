@@ -136,11 +136,11 @@ class DeletedMailsDAO:
             f"INSERT INTO {t} (queue_name, enqueue_id, reason, deleted_at) VALUES (?, ?, ?, ?)"
         )
         self._schedule = session.prepare(
-            f"UPDATE {t} SET generation = ?, deliver_at = ?, attempts = ?, last_error = ? "
+            f"UPDATE {t} SET generation = ?, deliver_at = ?, attempts = ?, last_error = ?, held_by = ? "
             "WHERE queue_name = ? AND enqueue_id = ?"
         )
         self._get = session.prepare(
-            f"SELECT reason, deleted_at, generation, deliver_at, attempts, last_error FROM {t} "
+            f"SELECT reason, deleted_at, generation, deliver_at, attempts, last_error, held_by FROM {t} "
             "WHERE queue_name = ? AND enqueue_id = ?"
         )
 
@@ -149,8 +149,11 @@ class DeletedMailsDAO:
 
     async def schedule(self, q: model.QueuedMail) -> None:
         """Record the mail's new schedule (generation, deliver_at, attempts, last error)."""
+        # Empty values stay unset (no null cells): a held_by left from an earlier hold only counts
+        # while its rule is in force and the mail is not yet due (services/rules.py).
         await execute(self._session, self._schedule, (
-            q.generation, q.due(), q.attempts, _unset_if_empty(q.last_error), q.queue, q.enqueue_id,
+            q.generation, q.due(), q.attempts, _unset_if_empty(q.last_error),
+            q.held_by if q.held_by is not None else UNSET_VALUE, q.queue, q.enqueue_id,
         ))
 
     async def state(self, queue: str, enqueue_id: uuid.UUID) -> model.MailState | None:
@@ -162,7 +165,7 @@ class DeletedMailsDAO:
         gone = r.deleted_at is not None or r.reason is not None
         return model.MailState(
             reason=(r.reason or "deleted") if gone else None, generation=r.generation or 0,
-            deliver_at=_utc(r.deliver_at), attempts=r.attempts or 0, last_error=r.last_error or "",
+            deliver_at=_utc(r.deliver_at), attempts=r.attempts or 0, last_error=r.last_error or "", held_by=r.held_by,
         )
 
     async def reason(self, queue: str, enqueue_id: uuid.UUID) -> str | None:
@@ -268,6 +271,47 @@ class RetryPoliciesDAO:
             initial_backoff=dt.timedelta(milliseconds=r.initial_backoff_ms), multiplier=r.multiplier,
             max_backoff=dt.timedelta(milliseconds=r.max_backoff_ms), max_attempts=r.max_attempts,
             max_age=dt.timedelta(milliseconds=r.max_age_ms),
+        )
+
+
+class RulesDAO:
+    """``rules``: the operators' hold and bounce rules, one partition, TTL to each rule's expiry."""
+
+    SCOPE = "all"
+    COLUMNS = "rule_id, kind, queue_name, recipient_domain, sender, name, reason, created_at, expires_at"
+
+    def __init__(self, session: Session, keyspace: str) -> None:
+        self._session = session
+        t = f"{keyspace}.{schema.RULES}"
+        self._add = session.prepare(f"INSERT INTO {t} (scope, {self.COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) USING TTL ?")
+        self._all = session.prepare(f"SELECT {self.COLUMNS} FROM {t} WHERE scope = ?")
+        self._get = session.prepare(f"SELECT {self.COLUMNS} FROM {t} WHERE scope = ? AND rule_id = ?")
+        self._lift = session.prepare(f"DELETE FROM {t} WHERE scope = ? AND rule_id = ?")
+
+    async def add(self, r: model.Rule) -> None:
+        ttl = max(1, int((r.expires_at - model.utcnow()).total_seconds()) + 1)
+        await execute(self._session, self._add, (
+            self.SCOPE, r.rule_id, r.kind, _unset_if_empty(r.queue), _unset_if_empty(r.recipient_domain),
+            _unset_if_empty(r.sender), _unset_if_empty(r.name), _unset_if_empty(r.reason), r.created_at, r.expires_at, ttl,
+        ))
+
+    async def all(self) -> list[model.Rule]:
+        rows = await execute_all(self._session, self._all, (self.SCOPE,))
+        return sorted((self._domain(r) for r in rows), key=lambda r: r.created_at)
+
+    async def get(self, rule_id: uuid.UUID) -> model.Rule | None:
+        rows = await execute(self._session, self._get, (self.SCOPE, rule_id))
+        return self._domain(rows[0]) if rows else None
+
+    async def lift(self, rule_id: uuid.UUID) -> None:
+        await execute(self._session, self._lift, (self.SCOPE, rule_id))
+
+    @staticmethod
+    def _domain(r: Any) -> model.Rule:
+        return model.Rule(
+            rule_id=r.rule_id, kind=r.kind, expires_at=_utc(r.expires_at), created_at=_utc(r.created_at),
+            queue=r.queue_name or "", recipient_domain=r.recipient_domain or "", sender=r.sender or "",
+            name=r.name or "", reason=r.reason or "",
         )
 
 

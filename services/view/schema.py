@@ -18,6 +18,7 @@ QUEUES = table("queues")
 CONFIG_EVENTS = table("queue_view_config_events")
 IDEMPOTENCY = table("enqueue_idempotency")
 RETRY_POLICIES = table("retry_policies")
+RULES = table("rules")
 
 #: Idempotency keys are remembered this long.
 IDEMPOTENCY_TTL_S = 24 * 3600
@@ -35,7 +36,7 @@ TABLES = [
     ) WITH comment = 'Time series of every mail ever enqueued, by (queue, slice, bucket). Never updated; dropped slice by slice by the retention sweep once before browse_start.'""",
     f"""CREATE TABLE IF NOT EXISTS {{ks}}.{DELETED_MAILS} (
         queue_name text, enqueue_id uuid, reason text, deleted_at timestamp,
-        generation int, deliver_at timestamp, attempts int, last_error text,
+        generation int, deliver_at timestamp, attempts int, last_error text, held_by uuid,
         PRIMARY KEY ((queue_name, enqueue_id))
     ) WITH comment = 'Per mail: gone (reason and deleted_at set: dequeued, deleted or dead-lettered; browse and dequeue skip it), or its schedule once a RETRY or a Flush changed it (generation, deliver_at, attempts, last_error).'""",
     f"""CREATE TABLE IF NOT EXISTS {{ks}}.{BROWSE_START} (
@@ -64,13 +65,18 @@ TABLES = [
         queue_name text PRIMARY KEY,
         initial_backoff_ms bigint, multiplier double, max_backoff_ms bigint, max_attempts int, max_age_ms bigint
     ) WITH comment = 'Per queue: how RETRYs are spaced and when a mail expires (no row: the defaults).'""",
+    f"""CREATE TABLE IF NOT EXISTS {{ks}}.{RULES} (
+        scope text, rule_id uuid, kind text, queue_name text, recipient_domain text, sender text, name text,
+        reason text, created_at timestamp, expires_at timestamp,
+        PRIMARY KEY (scope, rule_id)
+    ) WITH comment = 'Operator hold and bounce rules: one small partition, each row with a TTL to its expiry.'""",
 ]
 
 #: Columns added to tables that existed before them (idempotent: ADD IF NOT EXISTS).
 MIGRATIONS = [
     f"ALTER TABLE {{ks}}.{ENQUEUED_MAILS} ADD IF NOT EXISTS deliver_at timestamp",
     *(f"ALTER TABLE {{ks}}.{DELETED_MAILS} ADD IF NOT EXISTS {column}"
-      for column in ("generation int", "deliver_at timestamp", "attempts int", "last_error text")),
+      for column in ("generation int", "deliver_at timestamp", "attempts int", "last_error text", "held_by uuid")),
 ]
 
 

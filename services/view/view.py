@@ -11,7 +11,9 @@ from services.config import CassandraSettings
 from services.errors import BackendUnavailable
 from services.view import schema
 from services.view.config_store import ConfigStore
-from services.view.daos import DeletedMailsDAO, EnqueuedMailsDAO, IdempotencyDAO, QueuesDAO, RetryPoliciesDAO, StartsDAO
+from services.view.daos import (
+    DeletedMailsDAO, EnqueuedMailsDAO, IdempotencyDAO, QueuesDAO, RetryPoliciesDAO, RulesDAO, StartsDAO,
+)
 from services.view.session import UNAVAILABLE_ERRORS, connect, execute
 
 log = logging.getLogger(__name__)
@@ -27,6 +29,7 @@ class View:
         self.queues = QueuesDAO(session, keyspace)
         self.idempotency = IdempotencyDAO(session, keyspace)
         self.retry_policies = RetryPoliciesDAO(session, keyspace)
+        self.rules = RulesDAO(session, keyspace)
         self.config = ConfigStore(session, keyspace)
 
     @classmethod

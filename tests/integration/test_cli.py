@@ -57,7 +57,7 @@ def test_delays_flush_and_retry_policy_from_the_command_line(suite, tmp_path):
     assert "backoff 30s x2 up to 1h; expires after 3 attempts or 5d" in mailq(suite, "show", queue).stdout
     eid = mailq(suite, "enqueue", queue, str(eml), "--from", "a@example.com", "--to", "b@Example.ORG", "--delay", "10m").stdout.split()[0]
     mailq(suite, "enqueue", queue, str(eml), "--to", "c@example.net", "--delay", "10m")
-    assert "(0 ready, 2 delayed)" in mailq(suite, "show", queue).stdout
+    assert "(0 ready, 2 delayed, 0 held)" in mailq(suite, "show", queue).stdout
     assert eid[:8] in mailq(suite, "browse", queue, "--delayed").stdout
     assert eid[:8] not in mailq(suite, "browse", queue, "--ready").stdout
     assert "1 mail(s) flushed" in mailq(suite, "flush", queue, "--domain", "example.org").stdout
@@ -65,7 +65,7 @@ def test_delays_flush_and_retry_policy_from_the_command_line(suite, tmp_path):
     assert eid in got and "attempts 0" in got
     row = json.loads(mailq(suite, "browse", queue, "--json", "--name", "m.eml", "--limit", "1").stdout)
     assert row["enqueue_id"] == eid and row["attempts"] == 1 and "deliver_at" in row
-    assert "(0 ready, 2 delayed)" in mailq(suite, "show", queue).stdout
+    assert "(0 ready, 2 delayed, 0 held)" in mailq(suite, "show", queue).stdout
     assert "expires after 3 attempts or 1d" in mailq(suite, "retry-policy", queue, "--max-age", "1d").stdout
     r = mailq(suite, "flush", queue, "--domain", "x.org", "--name", "n", ok=False)
     assert "at most one of --sender, --recipient, --domain, --name" in r.stderr
@@ -78,3 +78,19 @@ def test_errors_say_what_to_do(suite):
     assert "exactly one of --sender, --recipient, --name" in r.stderr
     r = mailq(suite, "republish", "x", "--older-than", "soon", ok=False)
     assert "use a number and a unit" in r.stderr
+
+
+def test_hold_rules_and_release_from_the_command_line(suite):
+    queue = f"cli-{uuid.uuid4().hex[:8]}"
+    mailq(suite, "create", queue)
+    out = mailq(suite, "hold", "--queue", queue, "--domain", "slow.example", "--for", "2h", "--reason", "their MX is down").stdout
+    rule_id = out.split()[0]
+    assert " hold until " in out
+    table = mailq(suite, "rules").stdout
+    assert rule_id in table and f"queue={queue} domain=slow.example" in table and "their MX is down" in table
+    assert "0 held mail(s) released" in mailq(suite, "release", rule_id).stdout
+    assert rule_id not in mailq(suite, "rules").stdout
+    r = mailq(suite, "release", rule_id, ok=False)
+    assert "NOT_FOUND" in r.stderr
+    r = mailq(suite, "bounce", ok=False)
+    assert "needs a condition" in r.stderr

@@ -1,0 +1,122 @@
+"""Operator rules (#15.1): hold and bounce, for queued mails and new ones, through gRPC."""
+
+import datetime as dt
+import queue as q
+import uuid
+
+import grpc
+import pytest
+
+from mailqueue.v1 import admin_pb2, browse_pb2
+from services import model
+from services.dequeuer import SKIPPED
+from services.rules import REFRESH_S
+from tests.harness import wait_until
+from tests.integration.helpers import StreamConsumer, dead_letter_count, deleted_reason, inline, simple_mail
+
+
+def add_rule(suite, kind, seconds=3600, **condition) -> admin_pb2.AddRuleResponse:
+    rule = admin_pb2.Rule(kind=getattr(admin_pb2, f"RULE_KIND_{kind.upper()}"), reason="test rule", **condition)
+    rule.expires_at.FromDatetime(dt.datetime.utcnow() + dt.timedelta(seconds=seconds))
+    return suite.admin_stub.AddRule(admin_pb2.AddRuleRequest(rule=rule))
+
+
+def enqueue(suite, queue, name, domain="example.org") -> str:
+    return suite.enqueue_stub.Enqueue(inline(queue, simple_mail(name, recipients=(f"rcpt@{domain}",)))).receipt.enqueue_id
+
+
+def dequeue_sees(suite, rule_id: str) -> bool:
+    """dequeue_svc applies the rule (its rule book refreshes every REFRESH_S seconds)."""
+    dequeuer = suite.dequeue.app.dequeuer()
+    return any(str(r.rule_id) == rule_id for r in suite.run(dequeuer.rules.current()))
+
+
+def info(suite, queue):
+    return suite.browse_stub.GetQueue(browse_pb2.GetQueueRequest(queue=queue)).queue_info
+
+
+def test_hold_keeps_matching_mails_queued_and_new_ones_too_until_lifted_then_they_go_out_in_order(suite):
+    queue = suite.new_queue()
+    first = enqueue(suite, queue, "held-1", "held.example")
+    other = enqueue(suite, queue, "free", "example.org")
+    rule = add_rule(suite, "hold", queue=queue, recipient_domain="HELD.example").rule
+    assert rule.recipient_domain == "held.example" and rule.rule_id
+    wait_until(lambda: dequeue_sees(suite, rule.rule_id), timeout=5, what="the rule on every replica within 5 s")
+    second = enqueue(suite, queue, "held-2", "held.example")  # enqueued while the rule lives
+    c = StreamConsumer(suite.dequeue_stub, queue)
+    d = c.next(timeout=5)
+    assert d.mail.enqueue_id == other
+    c.answer(d)
+    wait_until(lambda: SKIPPED.labels(queue, "held")._value.get() == 2, what="both matching mails held")
+    with pytest.raises(q.Empty):
+        c.next(timeout=0.5)
+    i = info(suite, queue)
+    assert (i.size, i.held, i.ready) == (2, 2, 0)
+    assert [r.rule_id for r in suite.admin_stub.ListRules(admin_pb2.ListRulesRequest()).rules].count(rule.rule_id) == 1
+    assert suite.admin_stub.LiftRule(admin_pb2.LiftRuleRequest(rule_id=rule.rule_id)).released == 2
+    got = [c.next(timeout=5) for _ in range(2)]
+    assert [g.mail.enqueue_id for g in got] == [first, second]
+    for g in got:
+        c.answer(g)
+    c.close()
+    assert rule.rule_id not in [r.rule_id for r in suite.admin_stub.ListRules(admin_pb2.ListRulesRequest()).rules]
+
+
+def test_held_mails_go_out_when_their_rule_expires(suite):
+    queue = suite.new_queue()
+    rule = add_rule(suite, "hold", seconds=3, queue=queue).rule
+    wait_until(lambda: dequeue_sees(suite, rule.rule_id), timeout=5, what="the rule applied")
+    eid = enqueue(suite, queue, "patient")
+    c = StreamConsumer(suite.dequeue_stub, queue)
+    d = c.next(timeout=10)
+    assert d.mail.enqueue_id == eid
+    assert model.utcnow() >= rule.expires_at.ToDatetime(tzinfo=dt.timezone.utc)  # not before the rule ended
+    c.answer(d)
+    c.close()
+
+
+def test_bounce_dead_letters_queued_and_new_matching_mails_with_the_rule_reason(suite):
+    queue = suite.new_queue()
+    queued = enqueue(suite, queue, "spam-1", "spam.example")
+    keep = enqueue(suite, queue, "ham", "example.org")
+    r = add_rule(suite, "bounce", queue=queue, recipient_domain="spam.example")
+    assert r.applied == 1  # the queued one, at once
+    assert suite.browse_stub.GetSize(browse_pb2.GetSizeRequest(queue=queue)).size == 1
+    wait_until(lambda: dequeue_sees(suite, r.rule.rule_id), timeout=5, what="the rule applied")
+    new = enqueue(suite, queue, "spam-2", "spam.example")
+    c = StreamConsumer(suite.dequeue_stub, queue)
+    d = c.next(timeout=5)
+    assert d.mail.enqueue_id == keep
+    c.answer(d)
+    wait_until(lambda: dead_letter_count(queue) == 2, what="both spam mails dead-lettered")
+    for eid in (queued, new):
+        assert deleted_reason(suite, queue, uuid.UUID(eid)) == f"bounced: test rule (rule {r.rule.rule_id})"
+    with pytest.raises(q.Empty):
+        c.next(timeout=0.5)
+    c.close()
+    suite.admin_stub.LiftRule(admin_pb2.LiftRuleRequest(rule_id=r.rule.rule_id))
+
+
+@pytest.mark.parametrize("rule,message", [
+    (admin_pb2.Rule(kind=admin_pb2.RULE_KIND_HOLD), "needs a condition"),
+    (admin_pb2.Rule(queue="q"), "kind"),
+    (admin_pb2.Rule(kind=admin_pb2.RULE_KIND_HOLD, recipient_domain="a@b"), "not a domain"),
+    (admin_pb2.Rule(kind=admin_pb2.RULE_KIND_HOLD, queue="bad name"), "queue name"),
+])
+def test_invalid_rules_are_refused(suite, rule, message):
+    with pytest.raises(grpc.RpcError) as e:
+        suite.admin_stub.AddRule(admin_pb2.AddRuleRequest(rule=rule))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and message in e.value.details()
+
+
+def test_a_rule_beyond_30_days_or_in_the_past_is_refused_and_an_unknown_id_is_not_found(suite):
+    for seconds in (-10, 31 * 86400):
+        with pytest.raises(grpc.RpcError) as e:
+            add_rule(suite, "hold", seconds=seconds, queue="anything")
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    for rule_id in (str(uuid.uuid4()), "not-a-uuid"):
+        with pytest.raises(grpc.RpcError) as e:
+            suite.admin_stub.LiftRule(admin_pb2.LiftRuleRequest(rule_id=rule_id))
+        assert e.value.code() == grpc.StatusCode.NOT_FOUND
+
+
