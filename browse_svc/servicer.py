@@ -37,11 +37,12 @@ class BrowseServicer(browse_pb2_grpc.BrowseServiceServicer):
     async def GetQueue(self, request: browse_pb2.GetQueueRequest, context: grpc.aio.ServicerContext) -> browse_pb2.GetQueueResponse:
         queue = await _existing_queue(self._app, request.queue)
         b, browser = self._app.backends(), self._app.browser()
-        summary = await browser.summary(queue)
+        summary = await browser.summary(queue) if request.exact else await browser.approximate_summary(queue)
         info = browse_pb2.QueueInfo(
             queue=queue, size=summary.size, ready=summary.ready, delayed=summary.delayed, held=summary.held,
             configuration=serde.view_config_to_proto(await b.view.config.current()),
             retry_policy=serde.retry_policy_to_proto(await b.view.retry_policies.get(queue)),
+            dead_lettered=await b.broker.dead_lettered(queue), approximate=not request.exact,
         )
         if summary.oldest_ready_age is not None:
             info.oldest_ready_age.CopyFrom(serde.duration_to_proto(summary.oldest_ready_age))
@@ -49,8 +50,8 @@ class BrowseServicer(browse_pb2_grpc.BrowseServiceServicer):
             info.browse_start.CopyFrom(serde.timestamp_to_proto(start))
         if (content := await b.view.starts.content_start(queue)) is not None:
             info.content_start.CopyFrom(serde.timestamp_to_proto(content))
-        if summary.oldest is not None:
-            info.oldest_mail_age.CopyFrom(serde.duration_to_proto(model.utcnow() - summary.oldest.enqueued_at))
+        if summary.oldest_age is not None:
+            info.oldest_mail_age.CopyFrom(serde.duration_to_proto(summary.oldest_age))
         return browse_pb2.GetQueueResponse(queue_info=info)
 
     async def Browse(self, request: browse_pb2.BrowseRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[browse_pb2.BrowseResponse]:
@@ -73,7 +74,9 @@ class BrowseServicer(browse_pb2_grpc.BrowseServiceServicer):
 
     async def GetSize(self, request: browse_pb2.GetSizeRequest, context: grpc.aio.ServicerContext) -> browse_pb2.GetSizeResponse:
         queue = await _existing_queue(self._app, request.queue)
-        return browse_pb2.GetSizeResponse(size=await self._app.browser().size(queue))
+        browser = self._app.browser()
+        size = await browser.size(queue) if request.exact else (await browser.approximate_summary(queue)).size
+        return browse_pb2.GetSizeResponse(size=size)
 
 
 class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
@@ -153,6 +156,16 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
     async def LiftRule(self, request: admin_pb2.LiftRuleRequest, context: grpc.aio.ServicerContext) -> admin_pb2.LiftRuleResponse:
         released = await rule_admin.lift(self._app.backends().view, self._app.browser(), rules.parse_id(request.rule_id))
         return admin_pb2.LiftRuleResponse(released=released)
+
+    async def ReconcileCounters(
+        self, request: admin_pb2.ReconcileCountersRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.ReconcileCountersResponse:
+        queue = await _existing_queue(self._app, request.queue)
+        before, after = await self._app.browser().reconcile(queue)
+        return admin_pb2.ReconcileCountersResponse(
+            size_before=before.size, delayed_before=before.delayed, held_before=before.held,
+            size_after=after.size, delayed_after=after.delayed, held_after=after.held,
+        )
 
     async def UpdateRetryPolicy(
         self, request: admin_pb2.UpdateRetryPolicyRequest, context: grpc.aio.ServicerContext

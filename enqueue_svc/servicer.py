@@ -26,13 +26,14 @@ class EnqueueServicer(enqueue_pb2_grpc.EnqueueServiceServicer):
     async def Enqueue(self, request: enqueue_pb2.EnqueueRequest, context: grpc.aio.ServicerContext) -> enqueue_pb2.EnqueueResponse:
         enqueuer = self._app.enqueuer()
         mail = serde.mail_from_proto(request.mail)
-        when = serde.schedule_from_proto(request)
+        when, priority = serde.schedule_from_proto(request), serde.priority_from_proto(request.priority)
         kind = request.WhichOneof("content")
         if kind == "inline_content":
-            result = await enqueuer.enqueue_inline(request.queue, mail, request.inline_content, request.idempotency_key, when)
+            result = await enqueuer.enqueue_inline(
+                request.queue, mail, request.inline_content, request.idempotency_key, when, priority)
         elif kind == "blob_refs":
             result = await enqueuer.enqueue_refs(
-                request.queue, mail, list(request.blob_refs.blob_ids), request.idempotency_key, when)
+                request.queue, mail, list(request.blob_refs.blob_ids), request.idempotency_key, when, priority)
         else:
             raise InvalidArgument("content is missing: set inline_content or blob_refs")
         return enqueue_pb2.EnqueueResponse(receipt=_receipt(result))
@@ -55,6 +56,6 @@ class EnqueueServicer(enqueue_pb2_grpc.EnqueueServiceServicer):
 
         result = await enqueuer.enqueue_stream(
             header.queue, serde.mail_from_proto(header.mail), chunks(), header.idempotency_key,
-            serde.schedule_from_proto(header),
+            serde.schedule_from_proto(header), serde.priority_from_proto(header.priority),
         )
         return enqueue_pb2.EnqueueStreamResponse(receipt=_receipt(result))

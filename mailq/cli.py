@@ -3,7 +3,9 @@
     mailq queues                         list queues
     mailq show Q                         size (ready, delayed), oldest mail, retry policy, configuration
     mailq browse Q [--sender S] [--recipient R] [--name N] [--ready | --delayed] [--limit N] [--json]
-    mailq size Q
+    mailq size Q [--exact]               from the queue's counters (cheap) or by reading every live mail
+    mailq shape Q [--top 20]             Postfix qshape: recipient domain x age buckets (minutes)
+    mailq reconcile Q                    rewrite the queue's counters from an exact count
     mailq create Q [--initial-backoff 1m] [--multiplier 2] [--max-backoff 1h] [--max-attempts 20] [--max-age 5d]
     mailq retry-policy Q [--initial-backoff 1m] [--multiplier 2] [--max-backoff 1h] [--max-attempts 20] [--max-age 5d]
     mailq delete Q (--sender S | --recipient R | --name N)
@@ -14,7 +16,7 @@
     mailq hold|bounce [--queue Q] [--domain D] [--sender S] [--name N] [--for 1d] [--reason R]
     mailq rules                          the hold and bounce rules in force
     mailq release RULE_ID                lift a rule (held mails go out now, in order)
-    mailq enqueue Q FILE.eml --from A --to B [--to C] [--name N] [--delay 10m]
+    mailq enqueue Q FILE.eml --from A --to B [--to C] [--name N] [--delay 10m] [--priority high|normal|low]
     mailq dequeue Q [-n N] [--ack success|retry|reject] [--retry-after 5m] [--out DIR]
 
 Targets: --target/--host (default localhost, services on their default ports) or --enqueue / --dequeue /
@@ -114,12 +116,14 @@ def print_policy(p: browse_pb2.RetryPolicy) -> None:
 
 
 def cmd_show(c: Client, a: argparse.Namespace) -> None:
-    info = c.browse.GetQueue(browse_pb2.GetQueueRequest(queue=a.queue)).queue_info
+    info = c.browse.GetQueue(browse_pb2.GetQueueRequest(queue=a.queue, exact=a.exact)).queue_info
     if a.json:
         print(json.dumps(json_format.MessageToDict(info, preserving_proto_field_name=True), indent=2))
         return
     print(f"queue            {info.queue}")
-    print(f"size             {info.size} ({info.ready} ready, {info.delayed} delayed, {info.held} held)")
+    print(f"size             {info.size} ({info.ready} ready, {info.delayed} delayed, {info.held} held)"
+          + ("  [from counters]" if info.approximate else ""))
+    print(f"dead-lettered    {info.dead_lettered}")
     print(f"oldest mail age  {human(info.oldest_mail_age.ToTimedelta()) if info.HasField('oldest_mail_age') else '-'}")
     print(f"oldest ready     {human(info.oldest_ready_age.ToTimedelta()) if info.HasField('oldest_ready_age') else '-'}")
     print_policy(info.retry_policy)
@@ -150,7 +154,47 @@ def cmd_browse(c: Client, a: argparse.Namespace) -> None:
 
 
 def cmd_size(c: Client, a: argparse.Namespace) -> None:
-    print(c.browse.GetSize(browse_pb2.GetSizeRequest(queue=a.queue)).size)
+    print(c.browse.GetSize(browse_pb2.GetSizeRequest(queue=a.queue, exact=a.exact)).size)
+
+
+#: qshape's geometric age buckets, in minutes.
+SHAPE_BUCKETS = (5, 10, 20, 40, 80, 160, 320, 640, 1280)
+
+
+def shape_table(mails: Iterator[tuple[list[str], float]], top: int) -> list[list[str]]:
+    """Rows of qshape's table (TOTAL first, then the ``top`` busiest domains) from
+    (recipients, age in minutes) pairs: one count per recipient, like qshape."""
+    import collections
+
+    counts: dict[str, list[int]] = collections.defaultdict(lambda: [0] * (len(SHAPE_BUCKETS) + 2))
+    for recipients, age in mails:
+        column = 1 + next((i for i, limit in enumerate(SHAPE_BUCKETS) if age < limit), len(SHAPE_BUCKETS))
+        for r in recipients:
+            for key in ("TOTAL", r.rsplit("@", 1)[-1].lower()):
+                counts[key][0] += 1
+                counts[key][column] += 1
+    total = counts.pop("TOTAL", [0] * (len(SHAPE_BUCKETS) + 2))
+    busiest = sorted(counts.items(), key=lambda kv: (-kv[1][0], kv[0]))[:top]
+    return [[name, *map(str, row)] for name, row in [("TOTAL", total), *busiest]]
+
+
+def cmd_shape(c: Client, a: argparse.Namespace) -> None:
+    import time
+
+    now = time.time()
+    mails = ((list(r.mail.mail.recipients), (now - r.mail.enqueued_at.ToNanoseconds() / 1e9) / 60)
+             for r in c.browse.Browse(browse_pb2.BrowseRequest(queue=a.queue)))
+    header = ["", "T", *map(str, SHAPE_BUCKETS), f"{SHAPE_BUCKETS[-1]}+"]
+    rows = shape_table(mails, a.top)
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
+    for row in [header, *rows]:
+        print(" ".join(str(x).rjust(w) for x, w in zip(row, widths)))
+
+
+def cmd_reconcile(c: Client, a: argparse.Namespace) -> None:
+    r = c.admin.ReconcileCounters(admin_pb2.ReconcileCountersRequest(queue=a.queue))
+    print(f"size {r.size_before} -> {r.size_after}, delayed {r.delayed_before} -> {r.delayed_after}, "
+          f"held {r.held_before} -> {r.held_after}")
 
 
 def cmd_create(c: Client, a: argparse.Namespace) -> None:
@@ -242,7 +286,8 @@ def cmd_enqueue(c: Client, a: argparse.Namespace) -> None:
     mail = mail_pb2.Mail(name=a.name or os.path.basename(a.file), sender=a.sender, recipients=a.to)
 
     def requests() -> Iterator[enqueue_pb2.EnqueueStreamRequest]:
-        header = enqueue_pb2.EnqueueHeader(queue=a.queue, mail=mail)
+        header = enqueue_pb2.EnqueueHeader(queue=a.queue, mail=mail,
+                                           priority=getattr(mail_pb2, f"PRIORITY_{a.priority.upper()}"))
         if a.delay is not None:
             header.delay.CopyFrom(duration(a.delay))
         yield enqueue_pb2.EnqueueStreamRequest(header=header)
@@ -305,12 +350,17 @@ def parser() -> argparse.ArgumentParser:
     sub.add_parser("queues").set_defaults(fn=cmd_queues)
     for name, fn in (("show", cmd_show), ("browse", cmd_browse), ("size", cmd_size), ("create", cmd_create),
                      ("delete", cmd_delete), ("clear", cmd_clear), ("flush", cmd_flush), ("republish", cmd_republish),
-                     ("enqueue", cmd_enqueue), ("dequeue", cmd_dequeue), ("retry-policy", cmd_retry_policy)):
+                     ("enqueue", cmd_enqueue), ("dequeue", cmd_dequeue), ("retry-policy", cmd_retry_policy),
+                     ("shape", cmd_shape), ("reconcile", cmd_reconcile)):
         s = sub.add_parser(name)
         s.add_argument("queue")
         s.set_defaults(fn=fn)
         if name in ("show", "browse"):
             s.add_argument("--json", action="store_true", help="machine-readable output")
+        if name in ("show", "size"):
+            s.add_argument("--exact", action="store_true", help="read every live mail instead of the counters")
+        if name == "shape":
+            s.add_argument("--top", type=int, default=20, help="domains shown (default 20)")
         if name in ("browse", "delete", "flush"):
             s.add_argument("--sender")
             s.add_argument("--recipient")
@@ -336,6 +386,7 @@ def parser() -> argparse.ArgumentParser:
             s.add_argument("--to", action="append", required=True, help="recipient (repeat for several)")
             s.add_argument("--name")
             s.add_argument("--delay", type=parse_duration, help="deliver no earlier than this from now (e.g. 10m)")
+            s.add_argument("--priority", choices=("high", "normal", "low"), default="normal")
         if name == "dequeue":
             s.add_argument("-n", type=int, default=1, help="how many mails (default 1)")
             s.add_argument("--ack", choices=("success", "retry", "reject"), default="success")

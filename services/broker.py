@@ -29,6 +29,10 @@ class Message:
     generation: int = 0
     #: Why the broker dead-lettered the message last, if it did ("delivery_limit", "rejected", ...).
     death_reason: str | None = None
+    #: The delivery class of the work queue it came from.
+    priority: str = "normal"
+    #: Published with a delay (it went through the delay ladder): its arrival ends the delay.
+    delayed: bool = False
 
 
 class Consumer(abc.ABC):
@@ -71,11 +75,16 @@ class Broker(abc.ABC):
         its generation. Returns once the broker confirmed it; raises BackendUnavailable."""
 
     @abc.abstractmethod
-    async def consume(self, queue: str, prefetch: int) -> Consumer: ...
+    async def consume(self, queue: str, prefetch: int) -> Consumer:
+        """Consume every delivery class of ``queue``, each with ``prefetch`` unacknowledged at most."""
 
     @abc.abstractmethod
     async def consume_dead_letters(self, prefetch: int) -> Consumer:
         """Consume the copies of every queue's dead letters (names.dead_letter_marks_queue)."""
+
+    @abc.abstractmethod
+    async def dead_lettered(self, queue: str) -> int:
+        """Messages waiting in the queue's dead-letter queue."""
 
     @abc.abstractmethod
     async def ping(self) -> None:

@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 
 from prometheus_client import Counter
 
-from services import model, rules
+from services import counters, model, rules
 from services.broker import Broker
 from services.errors import InvalidArgument
 from services.slices import slice_start, slices_between
@@ -122,7 +122,8 @@ class Summary:
     held: int = 0
     #: How long the oldest ready mail has been deliverable; None when no mail is ready.
     oldest_ready_age: dt.timedelta | None = None
-    oldest: model.QueuedMail | None = None
+    #: Age of the oldest live mail; None when the queue is empty.
+    oldest_age: dt.timedelta | None = None
 
 
 @dataclasses.dataclass
@@ -184,7 +185,6 @@ class Browser:
 
     async def summary(self, queue: str) -> Summary:
         now = model.utcnow()
-        holds = [r for r in await self.rules.current() if r.kind == "hold"]
         size = ready = held = 0
         oldest = None
         oldest_due: dt.datetime | None = None
@@ -192,13 +192,22 @@ class Browser:
             size += 1
             oldest = oldest or q
             due = q.due()
-            if any(rules.matches(r, q) or (q.held_by == r.rule_id and due > now) for r in holds):
+            if due > now and counters.is_held(q):
                 held += 1
             elif due <= now:
                 ready += 1
                 oldest_due = due if oldest_due is None else min(oldest_due, due)
-        return Summary(size=size, ready=ready, delayed=size - ready - held, held=held, oldest=oldest,
+        return Summary(size=size, ready=ready, delayed=size - ready - held, held=held,
+                       oldest_age=now - oldest.enqueued_at if oldest is not None else None,
                        oldest_ready_age=now - oldest_due if oldest_due is not None else None)
+
+    async def approximate_summary(self, queue: str) -> Summary:
+        """The summary from the queue's counters: one partition read (services/counters.py)."""
+        c = await counters.counts(self._view, queue)
+        now = model.utcnow()
+        age = lambda s: now - s if s is not None else None  # noqa: E731
+        return Summary(size=c.size, ready=c.ready, delayed=c.delayed - c.held, held=c.held,
+                       oldest_age=age(c.oldest_slice), oldest_ready_age=age(c.oldest_ready_slice))
 
     async def flush(self, queue: str, f: BrowseFilter) -> int:
         """Make every delayed mail matching ``f`` deliverable now, in enqueue order.
@@ -212,9 +221,11 @@ class Browser:
             if not f.matches(q):
                 continue
             now = model.utcnow()
-            flushed = dataclasses.replace(q, deliver_at=now, generation=q.generation + 1)
+            flushed = dataclasses.replace(q, deliver_at=now, generation=q.generation + 1,
+                                          held_by=counters.NOT_HELD if q.held_by is not None else None)
             await self._broker.publish(flushed)
             await self._view.deleted.schedule(flushed)
+            await counters.bump(self._view, q, delayed=-1, held=-1 if counters.is_held(q) else 0)
             count += 1
         return count
 
@@ -225,12 +236,25 @@ class Browser:
         async for q in self.live_mails(queue, "delete", until=started + dt.timedelta(milliseconds=1)):
             p.scanned += 1
             if f.matches(q):
-                await self._view.deleted.mark(queue, q.enqueue_id, "deleted by admin")
+                await counters.mark(self._view, q, "deleted by admin")
                 p.deleted += 1
             if p.scanned % every == 0:
                 yield dataclasses.replace(p)
         p.done = True
         yield p
+
+    async def reconcile(self, queue: str) -> tuple[counters.Counts, counters.Counts]:
+        """Rewrite the queue's counters from an exact pass; (before, after)."""
+        before = await counters.counts(self._view, queue)
+        start = await self._view.starts.browse_start(queue)
+        if start is None:
+            return before, before
+        now = model.utcnow()
+        live = [q async for q in self.live_mails(queue, "reconcile")]
+        raw = await self._view.counters.read(queue)
+        for s, kind, delta in counters.exact_deltas(raw, live, start, now):
+            await self._view.counters.add(queue, kind, s, delta)
+        return before, await counters.counts(self._view, queue)
 
     async def republish(self, queue: str, older_than: dt.timedelta) -> int:
         """Publish again every live mail enqueued before ``now - older_than`` (heals a lossy broker)."""

@@ -222,6 +222,8 @@ class ServerSettings:
     tokens: dict[str, str] = dataclasses.field(default_factory=dict)
     #: Token this service presents to other services (enqueue/dequeue -> blob_svc).
     service_token: str = ""
+    #: browse_svc: seconds between refreshes of the per-queue gauges (0: off).
+    gauge_interval_s: float = 15.0
 
     @classmethod
     def from_env(cls, service: str, env: Mapping[str, str] = os.environ) -> ServerSettings:
@@ -237,6 +239,7 @@ class ServerSettings:
             log_level=_get(env, "LOG_LEVEL", "INFO").upper(),
             tokens=_tokens(env),
             service_token=_get(env, "SERVICE_TOKEN", ""),
+            gauge_interval_s=_float(env, "GAUGE_INTERVAL_S", 15.0),
         )
 
 

@@ -16,6 +16,7 @@ import logging
 
 from prometheus_client import Counter
 
+from services import counters
 from services.broker import Broker
 from services.dequeuer import decode
 from services.errors import BackendUnavailable
@@ -52,7 +53,7 @@ async def mark_forever(view: View, broker: Broker) -> None:
                     state = await view.deleted.state(mail.queue, mail.enqueue_id)
                     if state is None or not state.deleted:
                         reason = reason_for(message.death_reason, broker.delivery_limit)
-                        await view.deleted.mark(mail.queue, mail.enqueue_id, reason)
+                        await counters.mark(view, mail, reason)
                         MARKED.labels(mail.queue, message.death_reason or "unknown").inc()
                         log.warning("marked a mail the broker dead-lettered",
                                     extra={"queue": mail.queue, "enqueue_id": str(mail.enqueue_id), "reason": reason})

@@ -35,9 +35,14 @@ def units(delay: dt.timedelta) -> int:
     return n
 
 
-def routing_key(n: int, queue: str) -> str:
-    """``n``'s binary digits, most significant first, as LEVELS words, then the queue name."""
-    return ".".join(format(n, f"0{LEVELS}b")) + "." + queue
+def routing_key(n: int, queue: str, priority: str = "normal") -> str:
+    """``n``'s binary digits, most significant first, as LEVELS words, then the queue name (and
+    for high and low, a last word ``~class``: "~" is not allowed in queue names)."""
+    return ".".join(format(n, f"0{LEVELS}b")) + "." + queue + _class_word(priority)
+
+
+def _class_word(priority: str) -> str:
+    return "" if priority == "normal" else f".~{priority}"
 
 
 def entry_level(n: int) -> int:
@@ -50,9 +55,9 @@ def level_binding(level: int, digit: str) -> str:
     return "*." * (LEVELS - 1 - level) + digit + ".#"
 
 
-def delivery_binding(queue: str) -> str:
-    """The delivery exchange's binding for ``queue``: any digits, then exactly the queue name."""
-    return "*." * LEVELS + queue
+def delivery_binding(queue: str, priority: str = "normal") -> str:
+    """The delivery exchange's binding for ``queue``'s class: any digits, then exactly the queue name."""
+    return "*." * LEVELS + queue + _class_word(priority)
 
 
 def ttl_ms(level: int) -> int:

@@ -24,6 +24,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import enum
 import logging
@@ -32,7 +33,7 @@ from prometheus_client import Counter
 
 import datetime as dt
 
-from services import browse_start, model, rules, schedule, serde, validation
+from services import browse_start, counters, delays, model, rules, schedule, serde, validation
 from services.blobstore import BlobStore
 from services.broker import Broker, Consumer, Message
 from services.config import LimitSettings
@@ -56,6 +57,8 @@ RETRIED_ON_ERROR = Counter(
 )
 
 DEFAULT_PREFETCH = 16
+#: A waiting lower class gets at least one delivery in this many.
+FAIRNESS = 10
 #: Pause before retrying a delivery after a backend error, doubled on each failure up to the maximum.
 ERROR_BACKOFF_S = 0.5
 MAX_ERROR_BACKOFF_S = 15.0
@@ -92,16 +95,23 @@ class Delivery:
 class Subscription:
     """One consumer's view of a queue.
 
-    Deliveries are prepared (deleted check, content fetch) concurrently, up to the prefetch,
-    and handed out in the order RabbitMQ delivered them.
+    Deliveries are prepared (deleted check, content fetch) concurrently, and handed out while the
+    client has fewer than ``prefetch`` unanswered: the highest class first (high, normal, low),
+    each class in the order RabbitMQ delivered it. A lower class that waits gets one delivery in
+    ``FAIRNESS`` at the least, so it is never starved.
     """
 
-    def __init__(self, dequeuer: Dequeuer, queue: str, consumer: Consumer) -> None:
+    def __init__(self, dequeuer: Dequeuer, queue: str, consumer: Consumer, prefetch: int = DEFAULT_PREFETCH) -> None:
         self._d = dequeuer
         self.queue = queue
         self._consumer = consumer
+        self._prefetch = prefetch
         self._pending: dict[int, Delivery] = {}
-        self._prepared: asyncio.Queue[asyncio.Future[Delivery | None]] = asyncio.Queue()
+        self._classes: dict[str, collections.deque[asyncio.Future[Delivery | None]]] = {
+            p: collections.deque() for p in model.PRIORITIES}
+        self._changed = asyncio.Event()
+        self._failure: BaseException | None = None
+        self._passed = 0  # deliveries in a row that went to a higher class while a lower one waited
         self._pump: asyncio.Task[None] | None = None
         #: Received from the broker, not yet handed to the client nor settled otherwise.
         self._unsent: dict[int, Message] = {}
@@ -115,23 +125,40 @@ class Subscription:
                 task = asyncio.ensure_future(self._prepare(message))
                 self._preparing.add(task)
                 task.add_done_callback(self._preparing.discard)
-                await self._prepared.put(task)
+                task.add_done_callback(lambda _t: self._changed.set())
+                self._classes[message.priority if message.priority in self._classes else "normal"].append(task)
         except Exception as e:  # the channel died: the next call to next() raises it
-            failed: asyncio.Future[Delivery | None] = asyncio.get_running_loop().create_future()
-            failed.set_exception(e)
-            self._prepared.put_nowait(failed)
+            self._failure = e
+            self._changed.set()
+
+    def _pick(self) -> asyncio.Future[Delivery | None] | None:
+        """The prepared delivery to hand out next, by class; None when none is prepared."""
+        ready = [p for p, tasks in self._classes.items() if tasks and tasks[0].done()]
+        if not ready:
+            return None
+        chosen = ready[-1] if len(ready) > 1 and self._passed >= FAIRNESS - 1 else ready[0]
+        self._passed = self._passed + 1 if len(ready) > 1 and chosen == ready[0] else 0
+        return self._classes[chosen].popleft()
 
     async def next(self) -> Delivery:
-        """The next live mail (waits). Raises BackendUnavailable when the broker channel died."""
+        """The next live mail (waits for one, and for the client's credit). Raises
+        BackendUnavailable when the broker channel died."""
         if self._pump is None:
             self._pump = asyncio.create_task(self._pump_messages())
         while True:
-            delivery = await (await self._prepared.get())
-            if delivery is not None:
+            picked = self._pick() if len(self._pending) < self._prefetch else None
+            if picked is not None:
+                delivery = picked.result()
+                if delivery is None:
+                    continue
                 self._unsent.pop(delivery.tag, None)
                 self._pending[delivery.tag] = delivery
                 DELIVERED.labels(self.queue).inc()
                 return delivery
+            if self._failure is not None:
+                raise self._failure
+            self._changed.clear()
+            await self._changed.wait()
 
     async def _prepare(self, message: Message) -> Delivery | None:
         try:
@@ -189,6 +216,11 @@ class Subscription:
                 await self._d.broker.publish(mail, early)
                 await self._skip(message, "early")
                 return None
+            if message.delayed:  # its delay (or hold) ends now
+                was_held = state is not None and counters.is_held(state)
+                await counters.bump(self._d.view, mail, delayed=-1, held=-1 if was_held else 0)
+                if was_held:  # no longer held, whether or not a rule holds it again below
+                    await self._d.view.deleted.schedule(dataclasses.replace(mail, held_by=counters.NOT_HELD))
             rule = await self._d.rules.first_match(mail)
             if rule is not None:
                 await self._apply(rule, message, mail)
@@ -204,7 +236,7 @@ class Subscription:
                     await self._d.blobs.stat(blob_id)
         except NotFound:
             log.error("mail content missing: dead-lettered", extra={"queue": self.queue, "enqueue_id": str(mail.enqueue_id)})
-            await self._d.view.deleted.mark(self.queue, mail.enqueue_id, "dead-lettered: content missing")
+            await counters.mark(self._d.view, mail, "dead-lettered: content missing")
             self._unsent.pop(message.delivery_tag, None)
             await self._consumer.dead_letter(message.delivery_tag)
             SKIPPED.labels(self.queue, "content-missing").inc()
@@ -225,6 +257,7 @@ class Subscription:
                                    held_by=rule.rule_id)
         await self._d.broker.publish(held, held.due() - now)
         await self._d.view.deleted.schedule(held)
+        await counters.bump(self._d.view, held, delayed=1, held=1)
         await self._skip(message, "held")
 
     async def _skip(self, message: Message, reason: str) -> None:
@@ -238,6 +271,7 @@ class Subscription:
         delivery = self._pending.pop(tag, None)  # taken first: a second answer for the tag is refused
         if delivery is None:
             raise InvalidArgument(f"delivery tag {tag} is not an unanswered delivery of this stream")
+        self._changed.set()  # credit for one more delivery
         mail = delivery.mail
         try:
             if outcome is Outcome.SUCCESS:
@@ -275,6 +309,7 @@ class Subscription:
         self._d.in_flight.discard((self.queue, mail.enqueue_id))  # the new copy may come back at once
         await self._d.broker.publish(again, verdict.deliver_at - now)
         await self._d.view.deleted.schedule(again)
+        await counters.bump(self._d.view, again, delayed=1 if delays.units(verdict.deliver_at - now) else 0)
         await self._consumer.ack(d.tag)
 
     async def close(self) -> None:
@@ -346,10 +381,10 @@ class Dequeuer:
             raise InvalidArgument(f"prefetch {prefetch} is over the maximum of {self.limits.max_prefetch}")
         await self.state.require_queue(queue)
         consumer = await self.broker.consume(queue, prefetch or DEFAULT_PREFETCH)
-        return Subscription(self, queue, consumer)
+        return Subscription(self, queue, consumer, prefetch or DEFAULT_PREFETCH)
 
     async def mark_deleted(self, mail: model.QueuedMail, reason: str) -> None:
-        await self.view.deleted.mark(mail.queue, mail.enqueue_id, reason)
+        await counters.mark(self.view, mail, reason)
         config = await self.state.config()
         if mail.queue not in self._updating and browse_start.should_update(config.update_browse_start_pace):
             self._updating.add(mail.queue)

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from prometheus_client import Counter
 
-from services import model, schedule, validation
+from services import counters, model, schedule, validation
 from services.blobstore import BlobStore
 from services.broker import Broker
 from services.config import LimitSettings
@@ -49,6 +49,7 @@ class Enqueuer:
     # ------------------------------------------------------------------ the three content forms
     async def enqueue_inline(
         self, queue: str, mail: model.Mail, content: bytes, key: str = "", when: Schedule = (None, None),
+        priority: str = "normal",
     ) -> model.EnqueueResult:
         if len(content) > self._limits.max_inline_bytes:
             raise ResourceExhausted(
@@ -60,10 +61,11 @@ class Enqueuer:
             info = await self._blobs.put_bytes(content)
             return (info.blob_id,), info.size
 
-        return await self._enqueue(queue, mail, write, key, when)
+        return await self._enqueue(queue, mail, write, key, when, priority)
 
     async def enqueue_refs(
         self, queue: str, mail: model.Mail, blob_ids: list[str], key: str = "", when: Schedule = (None, None),
+        priority: str = "normal",
     ) -> model.EnqueueResult:
         if not blob_ids:
             raise InvalidArgument("blob_refs must name at least one blob")
@@ -80,10 +82,11 @@ class Enqueuer:
             self._check_mail_size(size)
             return tuple(blob_ids), size
 
-        return await self._enqueue(queue, mail, write, key, when)
+        return await self._enqueue(queue, mail, write, key, when, priority)
 
     async def enqueue_stream(
         self, queue: str, mail: model.Mail, chunks: AsyncIterator[bytes], key: str = "", when: Schedule = (None, None),
+        priority: str = "normal",
     ) -> model.EnqueueResult:
         async def limited() -> AsyncIterator[bytes]:
             total = 0
@@ -96,7 +99,7 @@ class Enqueuer:
             info = await self._blobs.put(limited())
             return (info.blob_id,), info.size
 
-        return await self._enqueue(queue, mail, write, key, when)
+        return await self._enqueue(queue, mail, write, key, when, priority)
 
     def _check_mail_size(self, size: int) -> None:
         if size > self._limits.max_mail_bytes:
@@ -104,7 +107,7 @@ class Enqueuer:
 
     # ------------------------------------------------------------------ the common path
     async def _enqueue(
-        self, queue: str, mail: model.Mail, write_content: ContentWriter, key: str, when: Schedule,
+        self, queue: str, mail: model.Mail, write_content: ContentWriter, key: str, when: Schedule, priority: str,
     ) -> model.EnqueueResult:
         validation.queue_name(queue)
         validation.mail(mail, self._limits)
@@ -119,7 +122,7 @@ class Enqueuer:
                 return earlier
             enqueue_id = earlier
         try:
-            result = await self._store(queue, mail, enqueue_id, write_content, when)
+            result = await self._store(queue, mail, enqueue_id, write_content, when, priority)
         except BaseException:
             ENQUEUE_FAILED.labels(queue).inc()
             if key:
@@ -132,6 +135,7 @@ class Enqueuer:
 
     async def _store(
         self, queue: str, mail: model.Mail, enqueue_id: uuid.UUID, write_content: ContentWriter, when: Schedule,
+        priority: str,
     ) -> model.QueuedMail:
         blob_ids, size = await write_content()
         config = await self._state.config()
@@ -147,7 +151,7 @@ class Enqueuer:
         queued = model.QueuedMail(
             queue=queue, enqueue_id=enqueue_id, enqueued_at=now, mail=mail, blob_ids=blob_ids, size=size,
             slice_start=start, bucket=bucket_of(mail.name, str(enqueue_id), config.bucket_count),
-            deliver_at=deliver_at,
+            deliver_at=deliver_at, priority=priority,
         )
         try:
             await self._view.enqueued.insert(queued)
@@ -155,10 +159,11 @@ class Enqueuer:
             # The write may have landed although it failed (a timeout): make sure it never shows.
             await self._compensate(queued, "enqueue failed: view write")
             raise
+        await counters.bump(self._view, queued, enqueued=1, delayed=1 if deliver_at is not None else 0)
         try:
             await self._broker.publish(queued, deliver_at - now if deliver_at is not None else dt.timedelta(0))
         except BaseException:
-            await self._compensate(queued, "enqueue failed: publish")
+            await self._best_effort(counters.mark(self._view, queued, "enqueue failed: publish", now), "mark deleted after publish")
             raise
         return queued
 

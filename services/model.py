@@ -8,6 +8,8 @@ import uuid
 
 #: The null sender "<>" (bounces) is the empty string in every layer.
 NULL_SENDER = ""
+#: Delivery classes, first served first.
+PRIORITIES = ("high", "normal", "low")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +69,8 @@ class QueuedMail:
     generation: int = 0
     #: The hold rule that re-scheduled the mail, while it holds it.
     held_by: uuid.UUID | None = None
+    #: Delivery class: "high", "normal" or "low" (PRIORITIES).
+    priority: str = "normal"
 
     def due(self) -> dt.datetime:
         """When the mail is deliverable."""

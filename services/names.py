@@ -17,9 +17,14 @@ def exchange(queue: str) -> str:
     return f"{AMQP_PREFIX}.{queue}"
 
 
-def work_queue(queue: str) -> str:
-    """The RabbitMQ queue that dequeue consumes."""
-    return f"{AMQP_PREFIX}.{queue}.work"
+def work_queue(queue: str, priority: str = "normal") -> str:
+    """The RabbitMQ queue that dequeue consumes for one delivery class (normal: the original name)."""
+    return f"{AMQP_PREFIX}.{queue}.work" + ("" if priority == "normal" else f".{priority}")
+
+
+def priority_key(priority: str) -> str:
+    """The routing key of a class on the queue's direct exchange (normal: "")."""
+    return "" if priority == "normal" else priority
 
 
 def dead_letter_exchange(queue: str) -> str:
@@ -45,6 +50,12 @@ def delay_queue(level: int) -> str:
 def delay_delivery_exchange() -> str:
     """Where the ladder hands due messages to their work queues (topic, by queue name)."""
     return f"{AMQP_PREFIX}.delay.deliver"
+
+
+def delay_unroutable() -> str:
+    """The delivery exchange's alternate exchange and its queue: a delayed message whose work queue
+    no longer exists ends there (kept 7 days) instead of being retried by its wait queue forever."""
+    return f"{AMQP_PREFIX}.delay.unroutable"
 
 
 def dead_letter_marks_queue(keyspace: str) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import uuid
 
-from services import model, rules
+from services import counters, model, rules
 from services.browser import BrowseFilter, Browser
 from services.errors import NotFound
 from services.view.view import View
@@ -24,7 +24,7 @@ async def add(view: View, browser: Browser, rule: model.Rule) -> tuple[model.Rul
         for queue in [rule.queue] if rule.queue else await view.queues.all():
             async for q in browser.live_mails(queue, "rule"):
                 if rules.matches(rule, q):
-                    await view.deleted.mark(queue, q.enqueue_id, rules.bounce_reason(rule)[:1000])
+                    await counters.mark(view, q, rules.bounce_reason(rule)[:1000])
                     applied += 1
     return rule, applied
 

@@ -75,6 +75,20 @@ def schedule_from_proto(pb: Any) -> tuple[dt.datetime | None, dt.timedelta | Non
     return None, None
 
 
+_PRIORITIES = {mail_pb2.PRIORITY_HIGH: "high", mail_pb2.PRIORITY_NORMAL: "normal", mail_pb2.PRIORITY_LOW: "low",
+               mail_pb2.PRIORITY_UNSPECIFIED: "normal"}
+
+
+def priority_from_proto(value: int) -> str:
+    if value not in _PRIORITIES:
+        raise InvalidArgument(f"priority {value} is unknown: use PRIORITY_HIGH, PRIORITY_NORMAL or PRIORITY_LOW")
+    return _PRIORITIES[value]
+
+
+def priority_to_proto(priority: str) -> int:
+    return {"high": mail_pb2.PRIORITY_HIGH, "low": mail_pb2.PRIORITY_LOW}.get(priority, mail_pb2.PRIORITY_NORMAL)
+
+
 def retry_after_from_proto(pb: Any) -> dt.timedelta | None:
     """An Outcome's retry_after: None when unset (the queue's policy decides); negative is now."""
     from services.delays import MAX_DELAY
@@ -184,6 +198,7 @@ def queued_mail_to_proto(q: model.QueuedMail) -> mail_pb2.QueuedMail:
         bucket=q.bucket,
         attempts=q.attempts,
         last_error=q.last_error,
+        priority=priority_to_proto(q.priority),
     )
     if q.deliver_at is not None:
         pb.deliver_at.CopyFrom(timestamp_to_proto(q.deliver_at))
@@ -203,6 +218,7 @@ def queued_mail_from_proto(pb: mail_pb2.QueuedMail) -> model.QueuedMail:
         deliver_at=timestamp_from_proto(pb.deliver_at) if pb.HasField("deliver_at") else None,
         attempts=pb.attempts,
         last_error=pb.last_error,
+        priority=priority_from_proto(pb.priority),
     )
 
 

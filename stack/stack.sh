@@ -153,6 +153,7 @@ rabbit_env() {
   export RABBITMQ_LOG_BASE="$LOG_DIR/rabbitmq"
   export RABBITMQ_PID_FILE="$STACK_DIR/rabbitmq.pid"
   export RABBITMQ_CONFIG_FILE="$STACK_DIR/rabbitmq/rabbitmq"
+  export RABBITMQ_ADVANCED_CONFIG_FILE="$STACK_DIR/rabbitmq/advanced.config"
   export RABBITMQ_ENABLED_PLUGINS_FILE="$STACK_DIR/rabbitmq/enabled_plugins"
   export ERL_EPMD_ADDRESS=127.0.0.1
   # Erlang distribution (the node's $RABBITMQ_DIST_PORT and the CLI tools' own nodes) on loopback too.
@@ -183,6 +184,12 @@ listeners.tcp.1 = 127.0.0.1:$RABBITMQ_PORT
 # A small machine: never block publishers for a nearly full disk of a dev box.
 disk_free_limit.absolute = 256MB
 vm_memory_high_watermark.relative = 0.2
+EOF
+  # The delay ladder's wait queues dead-letter at-least-once: a message that a hop was forwarding
+  # when the broker stopped is sent again once this timeout passes unconfirmed (default 180 s,
+  # which would make a mail up to 3 minutes late after a broker restart).
+  cat >"$STACK_DIR/rabbitmq/advanced.config" <<EOF
+[{rabbit, [{dead_letter_worker_publisher_confirm_timeout, 5000}]}].
 EOF
   say "rabbitmq: starting node $RABBITMQ_NODE on 127.0.0.1:$RABBITMQ_PORT (logs $LOG_DIR/rabbitmq/)"
   ( rabbit_env; "$RABBIT_BIN/rabbitmq-server" -detached ) >"$LOG_DIR/rabbitmq.out" 2>&1 \

@@ -82,6 +82,36 @@ def grpc_server(grpc_addr, grpc_add_to_server, grpc_servicer, aio_loop):
     aio_loop.run(server.stop(None))
 
 
+#: RabbitMQ queues the current test created (Suite.new_queue); removed after each test, so that
+#: hundreds of idle quorum queues never slow the broker (and its restarts) down for later tests.
+CREATED_QUEUES: list[str] = []
+
+
+@pytest.fixture(autouse=True)
+def _drop_created_queues():
+    yield
+    if not CREATED_QUEUES:
+        return
+    import pika
+
+    from services import model, names
+    from services.config import RabbitMQSettings
+
+    try:
+        with pika.BlockingConnection(pika.URLParameters(RabbitMQSettings.from_env().url)) as conn:
+            ch = conn.channel()
+            for queue in CREATED_QUEUES:
+                for priority in model.PRIORITIES:
+                    ch.queue_delete(names.work_queue(queue, priority))
+                ch.queue_delete(names.dead_letter_queue(queue))
+                ch.exchange_delete(names.exchange(queue))
+                ch.exchange_delete(names.dead_letter_exchange(queue))
+    except pika.exceptions.AMQPError:
+        pass  # a test that stopped the broker: its queues stay
+    finally:
+        CREATED_QUEUES.clear()
+
+
 class Suite:
     """The four services in-process (enqueue and dequeue reach blob_svc over gRPC, as deployed)."""
 
@@ -122,6 +152,7 @@ class Suite:
                 setattr(p, field, value)
         request = admin_pb2.CreateQueueRequest(queue=name, retry_policy=p if policy else None)
         assert self.admin_stub.CreateQueue(request).created
+        CREATED_QUEUES.append(name)
         return name
 
     def stop(self, drop: bool = False) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import functools
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -35,8 +36,9 @@ log = logging.getLogger(__name__)
 
 PERSISTENT = 2
 _CLOSED = object()
-#: The message header that carries QueuedMail.generation.
+#: The message headers that carry QueuedMail.generation, and that a message went through the ladder.
 GENERATION_HEADER = "mailqueue-generation"
+DELAYED_HEADER = "mailqueue-delayed"
 
 
 def _unavailable(detail: Any) -> BackendUnavailable:
@@ -88,11 +90,14 @@ class _Publisher:
         channel.add_on_close_callback(self._on_close)
 
     def publish(
-        self, exchange: str, message_id: str, body: bytes, routing_key: str = "", generation: int = 0,
+        self, exchange: str, message_id: str, body: bytes, routing_key: str = "", generation: int = 0, delayed: bool = False,
     ) -> asyncio.Future[None]:
+        headers = {GENERATION_HEADER: generation} if generation else {}
+        if delayed:
+            headers[DELAYED_HEADER] = 1
         props = pika.BasicProperties(
             delivery_mode=PERSISTENT, message_id=message_id, content_type="application/x-protobuf",
-            type="mailqueue.v1.QueuedMail", headers={GENERATION_HEADER: generation} if generation else None,
+            type="mailqueue.v1.QueuedMail", headers=headers or None,
         )
         fut = self.waiters.new()
         if fut.done():
@@ -138,7 +143,7 @@ class RabbitMQConsumer(Consumer):
         self._inbox: asyncio.Queue[Any] = asyncio.Queue()
         channel.add_on_close_callback(lambda _ch, reason: self._inbox.put_nowait(_CLOSED))
 
-    def on_message(self, _ch: Channel, method: Any, props: Any, body: bytes) -> None:
+    def on_message(self, priority: str, _ch: Channel, method: Any, props: Any, body: bytes) -> None:
         headers = props.headers or {}
         count, generation = headers.get("x-delivery-count", 0), headers.get(GENERATION_HEADER, 0)
         deaths = headers.get("x-death")
@@ -146,7 +151,7 @@ class RabbitMQConsumer(Consumer):
         self._inbox.put_nowait(Message(
             method.delivery_tag, body, bool(method.redelivered), props.message_id,
             count if isinstance(count, int) else 0, generation if isinstance(generation, int) else 0,
-            death.decode() if isinstance(death, bytes) else death,
+            death.decode() if isinstance(death, bytes) else death, priority, bool(headers.get(DELAYED_HEADER)),
         ))
 
     def drain(self) -> list[Message]:
@@ -298,8 +303,13 @@ class RabbitMQBroker(Broker):
             return
         channel, w = await self._channel()
         try:
-            deliver = names.delay_delivery_exchange()
-            await self._call(w, channel.exchange_declare, exchange=deliver, exchange_type="topic", durable=True)
+            deliver, lost = names.delay_delivery_exchange(), names.delay_unroutable()
+            await self._call(w, channel.exchange_declare, exchange=lost, exchange_type="fanout", durable=True)
+            await self._call(w, channel.queue_declare, queue=lost, durable=True, arguments={
+                "x-message-ttl": 7 * 24 * 3600 * 1000, "x-max-length": 100_000, "x-overflow": "drop-head"})
+            await self._call(w, channel.queue_bind, queue=lost, exchange=lost, routing_key="")
+            await self._call(w, channel.exchange_declare, exchange=deliver, exchange_type="topic", durable=True,
+                             arguments={"alternate-exchange": lost})
             for level in range(delays.LEVELS):
                 x = names.delay_exchange(level)
                 await self._call(w, channel.exchange_declare, exchange=x, exchange_type="topic", durable=True)
@@ -329,13 +339,13 @@ class RabbitMQBroker(Broker):
             await self._call(w, channel.queue_bind, queue=dlq, exchange=dlx, routing_key="")
             await self._call(w, channel.queue_bind, queue=self._marks_queue, exchange=dlx, routing_key="")
             await self._call(w, channel.exchange_declare, exchange=names.exchange(queue), exchange_type="direct", durable=True)
-            await self._call(
-                w, channel.queue_declare, queue=names.work_queue(queue), durable=True,
-                arguments=self.work_queue_arguments(queue),
-            )
-            await self._call(w, channel.queue_bind, queue=names.work_queue(queue), exchange=names.exchange(queue), routing_key="")
-            await self._call(w, channel.queue_bind, queue=names.work_queue(queue), exchange=names.delay_delivery_exchange(),
-                             routing_key=delays.delivery_binding(queue))
+            for priority in model.PRIORITIES:  # one work queue per delivery class
+                work = names.work_queue(queue, priority)
+                await self._call(w, channel.queue_declare, queue=work, durable=True, arguments=self.work_queue_arguments(queue))
+                await self._call(w, channel.queue_bind, queue=work, exchange=names.exchange(queue),
+                                 routing_key=names.priority_key(priority))
+                await self._call(w, channel.queue_bind, queue=work, exchange=names.delay_delivery_exchange(),
+                                 routing_key=delays.delivery_binding(queue, priority))
         finally:
             if channel.is_open:
                 channel.close()
@@ -348,11 +358,11 @@ class RabbitMQBroker(Broker):
         body = serde.queued_mail_to_proto(mail).SerializeToString()
         n = delays.units(delay)
         if n:
-            exchange, key = names.delay_exchange(delays.entry_level(n)), delays.routing_key(n, queue)
+            exchange, key = names.delay_exchange(delays.entry_level(n)), delays.routing_key(n, queue, mail.priority)
         else:
-            exchange, key = names.exchange(queue), ""
+            exchange, key = names.exchange(queue), names.priority_key(mail.priority)
         try:
-            await publisher.publish(exchange, str(mail.enqueue_id), body, key, mail.generation)
+            await publisher.publish(exchange, str(mail.enqueue_id), body, key, mail.generation, delayed=bool(n))
         except BackendUnavailable:
             self._declared.discard(queue)  # declare again next time, in case the topology was removed
             self._ladder_declared = False
@@ -360,20 +370,33 @@ class RabbitMQBroker(Broker):
 
     async def consume(self, queue: str, prefetch: int) -> RabbitMQConsumer:
         await self.declare_queue(queue)
-        return await self._consume(names.work_queue(queue), prefetch)
+        return await self._consume({p: names.work_queue(queue, p) for p in model.PRIORITIES}, prefetch)
 
     async def consume_dead_letters(self, prefetch: int) -> RabbitMQConsumer:
         await self._declare_ladder()
-        return await self._consume(self._marks_queue, prefetch)
+        return await self._consume({"normal": self._marks_queue}, prefetch)
 
-    async def _consume(self, rabbit_queue: str, prefetch: int) -> RabbitMQConsumer:
+    async def _consume(self, rabbit_queues: dict[str, str], prefetch: int) -> RabbitMQConsumer:
+        """One channel, one consumer per queue, each with ``prefetch`` (per-consumer QoS): delivery
+        tags stay unique on the channel, and a busy class never takes another's credit."""
         channel, w = await self._channel()
         consumer = RabbitMQConsumer(channel, w)
         await self._call(w, channel.basic_qos, prefetch_count=prefetch)
-        fut = w.new()
-        channel.basic_consume(rabbit_queue, consumer.on_message, auto_ack=False, callback=_resolver(fut))
-        await asyncio.wait_for(fut, self._settings.connect_timeout_s)
+        for priority, rabbit_queue in rabbit_queues.items():
+            fut = w.new()
+            channel.basic_consume(rabbit_queue, functools.partial(consumer.on_message, priority), auto_ack=False,
+                                  callback=_resolver(fut))
+            await asyncio.wait_for(fut, self._settings.connect_timeout_s)
         return consumer
+
+    async def dead_lettered(self, queue: str) -> int:
+        channel, w = await self._channel()
+        try:
+            frame = await self._call(w, channel.queue_declare, queue=names.dead_letter_queue(queue), passive=True)
+            return int(frame.method.message_count)
+        finally:
+            if channel.is_open:
+                channel.close()
 
     async def ping(self) -> None:
         await self._connection()

@@ -46,7 +46,7 @@ class EnqueuedMailsDAO:
 
     COLUMNS = (
         "queue_name, slice_start, bucket, enqueued_at, enqueue_id, name, sender, recipients, state, error_message, "
-        "remote_host, remote_addr, last_updated, attributes, per_recipient_headers, blob_ids, size, deliver_at"
+        "remote_host, remote_addr, last_updated, attributes, per_recipient_headers, blob_ids, size, deliver_at, priority"
     )
     #: What reads select: client-given instants as milliseconds (see _from_ms).
     READ_COLUMNS = COLUMNS.replace("last_updated", "toUnixTimestamp(last_updated) AS last_updated_ms").replace(
@@ -55,7 +55,7 @@ class EnqueuedMailsDAO:
     def __init__(self, session: Session, keyspace: str) -> None:
         self._session = session
         t = f"{keyspace}.{schema.ENQUEUED_MAILS}"
-        self._insert = session.prepare(f"INSERT INTO {t} ({self.COLUMNS}) VALUES ({', '.join('?' * 18)})")
+        self._insert = session.prepare(f"INSERT INTO {t} ({self.COLUMNS}) VALUES ({', '.join('?' * 19)})")
         self._select = session.prepare(
             f"SELECT {self.READ_COLUMNS} FROM {t} WHERE queue_name = ? AND slice_start = ? AND bucket = ?"
         )
@@ -76,6 +76,7 @@ class EnqueuedMailsDAO:
                 _unset_if_empty([(p.recipient, h.name, h.value) for p in m.per_recipient_headers for h in p.headers]),
                 _unset_if_empty(list(q.blob_ids)), q.size,
                 q.deliver_at if q.deliver_at is not None else UNSET_VALUE,
+                q.priority if q.priority != "normal" else UNSET_VALUE,
             ),
         )
 
@@ -119,6 +120,7 @@ class EnqueuedMailsDAO:
             slice_start=r.slice_start.replace(tzinfo=utc),
             bucket=r.bucket,
             deliver_at=_from_ms(r.deliver_at_ms),
+            priority=r.priority or "normal",
         )
 
 
@@ -313,6 +315,27 @@ class RulesDAO:
             queue=r.queue_name or "", recipient_domain=r.recipient_domain or "", sender=r.sender or "",
             name=r.name or "", reason=r.reason or "",
         )
+
+
+class CountersDAO:
+    """``queue_counters``: per queue, per kind, per enqueue slice. Cassandra counters: an update
+    that times out may or may not have applied, so they drift; ReconcileCounters heals them."""
+
+    def __init__(self, session: Session, keyspace: str) -> None:
+        self._session = session
+        t = f"{keyspace}.{schema.COUNTERS}"
+        self._add = session.prepare(f"UPDATE {t} SET count = count + ? WHERE queue_name = ? AND kind = ? AND slice_start = ?")
+        self._read = session.prepare(f"SELECT kind, slice_start, count FROM {t} WHERE queue_name = ?")
+
+    async def add(self, queue: str, kind: str, slice_start: dt.datetime, delta: int) -> None:
+        await execute(self._session, self._add, (delta, queue, kind, slice_start))
+
+    async def read(self, queue: str) -> dict[str, dict[dt.datetime, int]]:
+        """kind -> slice start -> count (one partition)."""
+        out: dict[str, dict[dt.datetime, int]] = {}
+        for r in await execute_all(self._session, self._read, (queue,)):
+            out.setdefault(r.kind, {})[_utc(r.slice_start)] = r.count
+        return out
 
 
 class IdempotencyDAO:

@@ -19,6 +19,7 @@ CONFIG_EVENTS = table("queue_view_config_events")
 IDEMPOTENCY = table("enqueue_idempotency")
 RETRY_POLICIES = table("retry_policies")
 RULES = table("rules")
+COUNTERS = table("queue_counters")
 
 #: Idempotency keys are remembered this long.
 IDEMPOTENCY_TTL_S = 24 * 3600
@@ -31,7 +32,7 @@ TABLES = [
         state text, error_message text, remote_host text, remote_addr text, last_updated timestamp,
         attributes map<text, text>,
         per_recipient_headers list<frozen<tuple<text, text, text>>>,
-        blob_ids list<text>, size bigint, deliver_at timestamp,
+        blob_ids list<text>, size bigint, deliver_at timestamp, priority text,
         PRIMARY KEY ((queue_name, slice_start, bucket), enqueued_at, enqueue_id)
     ) WITH comment = 'Time series of every mail ever enqueued, by (queue, slice, bucket). Never updated; dropped slice by slice by the retention sweep once before browse_start.'""",
     f"""CREATE TABLE IF NOT EXISTS {{ks}}.{DELETED_MAILS} (
@@ -70,11 +71,16 @@ TABLES = [
         reason text, created_at timestamp, expires_at timestamp,
         PRIMARY KEY (scope, rule_id)
     ) WITH comment = 'Operator hold and bounce rules: one small partition, each row with a TTL to its expiry.'""",
+    f"""CREATE TABLE IF NOT EXISTS {{ks}}.{COUNTERS} (
+        queue_name text, kind text, slice_start timestamp, count counter,
+        PRIMARY KEY ((queue_name), kind, slice_start)
+    ) WITH comment = 'Approximate per-slice counts (enqueued, gone, delayed, held, dead_lettered) for cheap size and gauges; healed by ReconcileCounters.'""",
 ]
 
 #: Columns added to tables that existed before them (idempotent: ADD IF NOT EXISTS).
 MIGRATIONS = [
     f"ALTER TABLE {{ks}}.{ENQUEUED_MAILS} ADD IF NOT EXISTS deliver_at timestamp",
+    f"ALTER TABLE {{ks}}.{ENQUEUED_MAILS} ADD IF NOT EXISTS priority text",
     *(f"ALTER TABLE {{ks}}.{DELETED_MAILS} ADD IF NOT EXISTS {column}"
       for column in ("generation int", "deliver_at timestamp", "attempts int", "last_error text", "held_by uuid")),
 ]

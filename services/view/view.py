@@ -12,7 +12,7 @@ from services.errors import BackendUnavailable
 from services.view import schema
 from services.view.config_store import ConfigStore
 from services.view.daos import (
-    DeletedMailsDAO, EnqueuedMailsDAO, IdempotencyDAO, QueuesDAO, RetryPoliciesDAO, RulesDAO, StartsDAO,
+    CountersDAO, DeletedMailsDAO, EnqueuedMailsDAO, IdempotencyDAO, QueuesDAO, RetryPoliciesDAO, RulesDAO, StartsDAO,
 )
 from services.view.session import UNAVAILABLE_ERRORS, connect, execute
 
@@ -30,6 +30,7 @@ class View:
         self.idempotency = IdempotencyDAO(session, keyspace)
         self.retry_policies = RetryPoliciesDAO(session, keyspace)
         self.rules = RulesDAO(session, keyspace)
+        self.counters = CountersDAO(session, keyspace)
         self.config = ConfigStore(session, keyspace)
 
     @classmethod

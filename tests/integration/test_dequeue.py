@@ -8,7 +8,7 @@ import grpc
 import pika
 import pytest
 
-from mailqueue.v1 import blob_pb2, dequeue_pb2
+from mailqueue.v1 import blob_pb2, dequeue_pb2, mail_pb2
 from services import names
 from services.config import RabbitMQSettings
 from tests.harness import wait_until
@@ -237,3 +237,52 @@ def test_a_mail_whose_streams_keep_breaking_is_dead_lettered_and_marked_at_the_l
     assert deliveries == limit + 1
     assert dead_letter_count(queue) == 1 and message_count(queue) == 0
     assert deleted_reason(suite, queue, uuid.UUID(eid)) == f"dead-lettered: delivery limit of {limit} reached, last delivery unanswered"
+
+
+def enqueue_with_priority(suite, queue, name, priority) -> str:
+    from mailqueue.v1 import mail_pb2
+
+    r = inline(queue, simple_mail(name))
+    r.priority = getattr(mail_pb2, f"PRIORITY_{priority.upper()}")
+    return suite.enqueue_stub.Enqueue(r).receipt.enqueue_id
+
+
+def test_a_high_priority_mail_overtakes_a_normal_backlog(suite):
+    queue = suite.new_queue()
+    enqueue_names(suite, queue, [f"n{i}" for i in range(30)])
+    urgent = enqueue_with_priority(suite, queue, "urgent", "high")
+    c = consumer(suite, queue, prefetch=1)
+    order = []
+    for _ in range(31):
+        d = c.next()
+        order.append(d.mail.enqueue_id)
+        c.answer(d)
+    c.close()
+    assert order.index(urgent) <= 1  # at most the one normal mail already handed out goes first
+    wait_until(lambda: all(deleted_reason(suite, queue, uuid.UUID(i)) == "dequeued" for i in order), what="all dequeued")
+
+
+def test_a_low_priority_mail_is_not_starved_and_classes_keep_their_order(suite):
+    queue = suite.new_queue()
+    lows = [enqueue_with_priority(suite, queue, f"low{i}", "low") for i in range(3)]
+    normals = enqueue_names(suite, queue, [f"n{i}" for i in range(30)])
+    c = consumer(suite, queue, prefetch=1)
+    order = []
+    for _ in range(33):
+        d = c.next()
+        order.append(d.mail.enqueue_id)
+        assert d.mail.priority == (mail_pb2.PRIORITY_LOW if d.mail.enqueue_id in lows else mail_pb2.PRIORITY_NORMAL)
+        c.answer(d)
+    c.close()
+    assert order.index(lows[0]) < 11  # one delivery in ten goes to the waiting lower class
+    assert [i for i in order if i in lows] == lows and [i for i in order if i in normals] == normals
+
+
+def test_an_unknown_priority_is_invalid_argument(suite):
+    queue = suite.new_queue()
+    r = inline(queue, simple_mail("odd"))
+    r.priority = 42
+    with pytest.raises(grpc.RpcError) as e:
+        suite.enqueue_stub.Enqueue(r)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "priority 42" in e.value.details()
+    assert message_count(queue) == 0

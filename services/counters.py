@@ -1,0 +1,123 @@
+"""Cheap size (#15): per-slice counters instead of reading mail rows.
+
+For each queue and each enqueue slice, four Cassandra counters:
+- ``enqueued``: +1 when a mail's row is written;
+- ``gone``: +1 when a live mail is marked (dequeued, deleted, dead-lettered, expired, bounced);
+- ``delayed``: +1 when a mail is published with a delay (enqueue, RETRY, hold), -1 when that
+  message arrives due, or when the delay ends otherwise (Flush, delete);
+- ``held``: +1 when a hold rule re-schedules a mail, -1 when it comes back or is released.
+
+size = sum(enqueued - gone), delayed and held are their sums (held is part of delayed), over the
+slices from browse start: one partition read, whatever the history. Counters are approximate by
+design: an update that timed out may or may not have applied and is not retried (a retry could
+count twice), and a crash between a mark and its counter update loses the update. Every update is
+best effort (a failure is logged and counted, never fails the operation: the mail is durable
+already). ``reconcile`` rewrites them from an exact pass; ``exact = true`` on GetSize/GetQueue
+keeps the scanning count.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import logging
+import uuid
+
+from prometheus_client import Counter
+
+from services import model
+from services.errors import BackendUnavailable
+from services.view.view import View
+
+log = logging.getLogger(__name__)
+
+UPDATE_FAILED = Counter("mailqueue_counter_updates_failed_total", "Queue counter updates lost (healed by ReconcileCounters)", ["queue"])
+KINDS = ("enqueued", "gone", "delayed", "held")
+#: held_by of a mail no hold rule holds any more (no null cells: a value, not an absent cell).
+NOT_HELD = uuid.UUID(int=0)
+
+
+async def bump(view: View, q: model.QueuedMail, **deltas: int) -> None:
+    """Add ``deltas`` (kind=delta) to the mail's slice counters; best effort."""
+    for kind, delta in deltas.items():
+        if not delta:
+            continue
+        try:
+            await view.counters.add(q.queue, kind, q.slice_start, delta)
+        except BackendUnavailable as e:
+            UPDATE_FAILED.labels(q.queue).inc()
+            log.warning("queue counter update lost: %s", e, extra={"queue": q.queue, "kind": kind})
+
+
+def is_held(q: model.QueuedMail | model.MailState) -> bool:
+    return q.held_by is not None and q.held_by != NOT_HELD
+
+
+async def mark(view: View, q: model.QueuedMail, reason: str, now: dt.datetime | None = None) -> None:
+    """Mark a live mail gone, with its counters. A mail still waiting for its delay (per its view
+    row) also leaves the delayed (and held) counts: its message will be skipped, not counted, when
+    it arrives."""
+    await view.deleted.mark(q.queue, q.enqueue_id, reason)
+    waiting = q.due() > (now or model.utcnow())
+    await bump(view, q, gone=1, delayed=-1 if waiting else 0, held=-1 if waiting and is_held(q) else 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Counts:
+    size: int = 0
+    delayed: int = 0
+    held: int = 0
+    #: Start of the oldest slice with a live mail, and with a live mail that is not delayed.
+    oldest_slice: dt.datetime | None = None
+    oldest_ready_slice: dt.datetime | None = None
+
+    @property
+    def ready(self) -> int:
+        return self.size - self.delayed
+
+
+def summarize(raw: dict[str, dict[dt.datetime, int]], browse_start: dt.datetime | None) -> Counts:
+    """The counts of the slices from ``browse_start`` (pure; unit-tested)."""
+    if browse_start is None:
+        return Counts()
+    slices = sorted({s for per_kind in raw.values() for s in per_kind if s >= browse_start})
+    get = lambda kind, s: raw.get(kind, {}).get(s, 0)  # noqa: E731
+    size = delayed = held = 0
+    oldest = oldest_ready = None
+    for s in slices:
+        live = get("enqueued", s) - get("gone", s)
+        size, delayed, held = size + live, delayed + get("delayed", s), held + get("held", s)
+        if live > 0 and oldest is None:
+            oldest = s
+        if live - get("delayed", s) > 0 and oldest_ready is None:
+            oldest_ready = s
+    return Counts(max(size, 0), max(min(delayed, size), 0), max(min(held, delayed), 0), oldest, oldest_ready)
+
+
+async def counts(view: View, queue: str) -> Counts:
+    return summarize(await view.counters.read(queue), await view.starts.browse_start(queue))
+
+
+def exact_deltas(
+    raw: dict[str, dict[dt.datetime, int]], live: list[model.QueuedMail], browse_start: dt.datetime, now: dt.datetime,
+) -> list[tuple[dt.datetime, str, int]]:
+    """What to add to each counter of the slices from ``browse_start`` so that they match the
+    live mails (pure; unit-tested). The difference in live mails goes to ``gone``."""
+    exact: dict[dt.datetime, dict[str, int]] = {}
+    for q in live:
+        e = exact.setdefault(q.slice_start, {"live": 0, "delayed": 0, "held": 0})
+        e["live"] += 1
+        if q.due() > now:
+            e["delayed"] += 1
+            e["held"] += is_held(q)
+    slices = {s for per_kind in raw.values() for s in per_kind if s >= browse_start} | set(exact)
+    out = []
+    get = lambda kind, s: raw.get(kind, {}).get(s, 0)  # noqa: E731
+    for s in sorted(slices):
+        e = exact.get(s, {"live": 0, "delayed": 0, "held": 0})
+        counted_live = get("enqueued", s) - get("gone", s)
+        for kind, delta in (("gone", counted_live - e["live"]), ("delayed", e["delayed"] - get("delayed", s)),
+                            ("held", e["held"] - get("held", s))):
+            if delta:
+                out.append((s, kind, delta))
+    return out
