@@ -251,7 +251,7 @@ class Browser:
             return before, before
         now = model.utcnow()
         live = [q async for q in self.live_mails(queue, "reconcile")]
-        raw = await self._view.counters.read(queue)
+        raw = await self._view.counters.read(queue, counters.KINDS, start)
         for s, kind, delta in counters.exact_deltas(raw, live, start, now):
             await self._view.counters.add(queue, kind, s, delta)
         return before, await counters.counts(self._view, queue)

@@ -95,7 +95,10 @@ def summarize(raw: dict[str, dict[dt.datetime, int]], browse_start: dt.datetime 
 
 
 async def counts(view: View, queue: str) -> Counts:
-    return summarize(await view.counters.read(queue), await view.starts.browse_start(queue))
+    start = await view.starts.browse_start(queue)
+    if start is None:
+        return Counts()
+    return summarize(await view.counters.read(queue, KINDS, start), start)
 
 
 def exact_deltas(

@@ -34,11 +34,16 @@ async def refresh(view: View, broker: Broker) -> int:
     queues = await view.queues.all()
     now = model.utcnow()
     for queue in queues:
-        c = await counters.counts(view, queue)
+        try:
+            c = await counters.counts(view, queue)
+            dead = await broker.dead_lettered(queue)
+        except BackendUnavailable as e:  # one queue's trouble leaves the others' gauges fresh
+            log.warning("gauges of a queue not refreshed: %s", e, extra={"queue": queue})
+            continue
         MAILS.labels(queue, "ready").set(c.ready)
         MAILS.labels(queue, "delayed").set(c.delayed - c.held)
         MAILS.labels(queue, "held").set(c.held)
-        MAILS.labels(queue, "dead_lettered").set(await broker.dead_lettered(queue))
+        MAILS.labels(queue, "dead_lettered").set(dead)
         OLDEST.labels(queue).set((now - c.oldest_ready_slice).total_seconds() if c.oldest_ready_slice else 0)
     REFRESH_SECONDS.set(time.perf_counter() - began)
     return len(queues)

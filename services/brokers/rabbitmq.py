@@ -390,10 +390,15 @@ class RabbitMQBroker(Broker):
         return consumer
 
     async def dead_lettered(self, queue: str) -> int:
+        """0 when the dead-letter queue does not exist (its topology was removed)."""
         channel, w = await self._channel()
         try:
             frame = await self._call(w, channel.queue_declare, queue=names.dead_letter_queue(queue), passive=True)
             return int(frame.method.message_count)
+        except BackendUnavailable as e:
+            if "NOT_FOUND" in str(e):
+                return 0
+            raise
         finally:
             if channel.is_open:
                 channel.close()

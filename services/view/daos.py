@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import uuid
 from typing import Any
@@ -325,17 +326,17 @@ class CountersDAO:
         self._session = session
         t = f"{keyspace}.{schema.COUNTERS}"
         self._add = session.prepare(f"UPDATE {t} SET count = count + ? WHERE queue_name = ? AND kind = ? AND slice_start = ?")
-        self._read = session.prepare(f"SELECT kind, slice_start, count FROM {t} WHERE queue_name = ?")
+        self._read = session.prepare(
+            f"SELECT slice_start, count FROM {t} WHERE queue_name = ? AND kind = ? AND slice_start >= ?")
 
     async def add(self, queue: str, kind: str, slice_start: dt.datetime, delta: int) -> None:
         await execute(self._session, self._add, (delta, queue, kind, slice_start))
 
-    async def read(self, queue: str) -> dict[str, dict[dt.datetime, int]]:
-        """kind -> slice start -> count (one partition)."""
-        out: dict[str, dict[dt.datetime, int]] = {}
-        for r in await execute_all(self._session, self._read, (queue,)):
-            out.setdefault(r.kind, {})[_utc(r.slice_start)] = r.count
-        return out
+    async def read(self, queue: str, kinds: tuple[str, ...], since: dt.datetime) -> dict[str, dict[dt.datetime, int]]:
+        """kind -> slice start -> count, for the slices from ``since`` (one partition, one range per kind:
+        the queue's history before ``since`` is not read)."""
+        parts = await asyncio.gather(*(execute_all(self._session, self._read, (queue, k, since)) for k in kinds))
+        return {k: {_utc(r.slice_start): r.count for r in rows} for k, rows in zip(kinds, parts)}
 
 
 class IdempotencyDAO:

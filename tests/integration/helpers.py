@@ -133,3 +133,15 @@ def enqueue_names(suite, queue: str, names, content: bytes = b"Subject: x\r\n\r\
 def dead_letter_count(queue: str) -> int:
     """Messages in the queue's dead-letter queue."""
     return _ready(names.dead_letter_queue(queue))
+
+
+def heal_counters(suite, queue: str) -> int:
+    """The size drift of the queue's counters against the exact count (printed), then reconciled:
+    afterwards both agree."""
+    from mailqueue.v1 import admin_pb2, browse_pb2
+
+    exact = suite.browse_stub.GetSize(browse_pb2.GetSizeRequest(queue=queue, exact=True)).size
+    r = suite.admin_stub.ReconcileCounters(admin_pb2.ReconcileCountersRequest(queue=queue))
+    assert r.size_after == exact == suite.browse_stub.GetSize(browse_pb2.GetSizeRequest(queue=queue)).size
+    print(f"counter drift: size {r.size_before - exact:+d} (counters {r.size_before}, exact {exact}), healed")
+    return r.size_before - exact

@@ -16,7 +16,7 @@ import grpc
 
 from mailqueue.v1 import dequeue_pb2_grpc, enqueue_pb2_grpc
 from tests.harness import ServiceProcess, service_env, wait_until
-from tests.integration.helpers import StreamConsumer, inline, message_count, simple_mail
+from tests.integration.helpers import StreamConsumer, heal_counters, inline, message_count, simple_mail
 
 
 def enqueue_many(stub, queue: str, n: int, workers: int = 16) -> list[str]:
@@ -111,6 +111,7 @@ def test_kill_9_of_dequeue_svc_mid_stream_loses_nothing(suite, keyspace):
         print(f"\nkill -9 dequeue_svc: {len(ids)} mails, {duplicates} delivered twice, per consumer {dict(drain.by_consumer)}")
         # Duplicates only for deliveries in flight on the killed process: 2 streams x prefetch 8.
         assert duplicates <= 16
+        heal_counters(suite, queue)
     finally:
         d1.stop()
         d2.stop()
@@ -163,6 +164,7 @@ def test_kill_9_of_enqueue_svc_mid_load_loses_no_acknowledged_mail(suite, keyspa
               f"during the outage; {len(extra)} unacknowledged mails delivered; {duplicates} duplicates")
         assert duplicates == 0
         assert len(extra) <= 8  # at most one in-flight enqueue per producer completed without its reply
+        heal_counters(suite, queue)
     finally:
         stop.set()
         e1.stop()

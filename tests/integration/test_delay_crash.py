@@ -14,7 +14,7 @@ import threading
 import grpc
 import pytest
 
-from mailqueue.v1 import admin_pb2, admin_pb2_grpc, dequeue_pb2_grpc, enqueue_pb2_grpc
+from mailqueue.v1 import admin_pb2, admin_pb2_grpc, browse_pb2, dequeue_pb2_grpc, enqueue_pb2_grpc
 from services import model
 from tests.harness import ServiceProcess, service_env, stack, wait_until
 from tests.integration.helpers import StreamConsumer, inline, simple_mail
@@ -82,6 +82,12 @@ def test_1000_delayed_mails_survive_kill9_of_every_service_and_a_rabbitmq_restar
         late = sorted((times[0] - due[eid]).total_seconds() for eid, times in received.items())
         duplicates = sum(len(t) - 1 for t in received.values())
         print(f"lateness p50 {late[len(late) // 2]:.2f}s p99 {late[int(len(late) * 0.99)]:.2f}s; duplicates {duplicates}")
+        # The counters after the campaign: their drift, then healed by a reconcile.
+        counted = suite.browse_stub.GetQueue(browse_pb2.GetQueueRequest(queue=queue)).queue_info
+        exact = suite.browse_stub.GetQueue(browse_pb2.GetQueueRequest(queue=queue, exact=True)).queue_info
+        print(f"counter drift after kill -9: size {counted.size - exact.size:+d}, delayed {counted.delayed - exact.delayed:+d}")
+        r = suite.admin_stub.ReconcileCounters(admin_pb2.ReconcileCountersRequest(queue=queue))
+        assert (r.size_after, r.delayed_after) == (exact.size, exact.delayed) == (0, 0)
     finally:
         for p in procs.values():
             p.stop()

@@ -1,0 +1,99 @@
+"""Cheap size, gauges and shape (#15.3, #15.4), through gRPC on the real stack."""
+
+import datetime as dt
+
+from mailqueue.v1 import admin_pb2, browse_pb2
+from services import counters
+from services.browser import ROWS_READ
+from tests.harness import ServiceProcess, service_env, wait_until
+from tests.integration.helpers import StreamConsumer, enqueue_names, inline, simple_mail
+
+
+def size(suite, queue, exact=False) -> int:
+    return suite.browse_stub.GetSize(browse_pb2.GetSizeRequest(queue=queue, exact=exact)).size
+
+
+def info(suite, queue, exact=False):
+    return suite.browse_stub.GetQueue(browse_pb2.GetQueueRequest(queue=queue, exact=exact)).queue_info
+
+
+def rows_read(op: str) -> float:
+    return ROWS_READ.labels(op)._value.get()
+
+
+def test_size_from_counters_reads_no_mail_row_and_follows_enqueue_delay_and_dequeue(suite):
+    queue = suite.new_queue()
+    enqueue_names(suite, queue, ["a", "b", "c"])
+    later = inline(queue, simple_mail("later"))
+    later.delay.FromTimedelta(dt.timedelta(hours=1))
+    suite.enqueue_stub.Enqueue(later)
+    before = rows_read("size")
+    assert size(suite, queue) == 4
+    i = info(suite, queue)
+    assert (i.size, i.ready, i.delayed, i.held, i.approximate) == (4, 3, 1, 0, True)
+    assert i.HasField("oldest_ready_age") and i.oldest_mail_age.ToTimedelta() >= dt.timedelta(0)
+    assert rows_read("size") == before  # not one mail row read
+    c = StreamConsumer(suite.dequeue_stub, queue)
+    for d in c.take(3):
+        c.answer(d)
+    wait_until(lambda: size(suite, queue) == 1, what="counters to follow the dequeues")
+    assert size(suite, queue, exact=True) == 1 and rows_read("size") > before
+    list(suite.admin_stub.DeleteMails(admin_pb2.DeleteMailsRequest(queue=queue, name="later")))
+    assert (size(suite, queue), info(suite, queue).delayed) == (0, 0)
+    c.close()
+
+
+def test_reconcile_heals_drifted_counters(suite):
+    queue = suite.new_queue()
+    enqueue_names(suite, queue, ["a", "b"])
+    [row] = [r for r in suite.browse_stub.Browse(browse_pb2.BrowseRequest(queue=queue, limit=1))]
+    # Drift as a lost update would leave it: three mails counted that do not exist, one delayed.
+    slice_start = row.mail.slice_start.ToDatetime(tzinfo=dt.timezone.utc)
+    suite.run(suite.view.counters.add(queue, "enqueued", slice_start, 3))
+    suite.run(suite.view.counters.add(queue, "delayed", slice_start, 1))
+    assert size(suite, queue) == 5 and info(suite, queue).delayed == 1
+    r = suite.admin_stub.ReconcileCounters(admin_pb2.ReconcileCountersRequest(queue=queue))
+    assert (r.size_before, r.delayed_before, r.size_after, r.delayed_after) == (5, 1, 2, 0)
+    assert size(suite, queue) == size(suite, queue, exact=True) == 2
+
+
+def test_gauges_export_each_queue_state_without_reading_mails(suite, keyspace):
+    queue = suite.new_queue(initial_backoff=3600)
+    enqueue_names(suite, queue, ["ready-1", "ready-2", "ready-3"])
+    c = StreamConsumer(suite.dequeue_stub, queue, prefetch=1)
+    c.answer(c.next(), "REJECT", "550 no such user")
+    wait_until(lambda: info(suite, queue).dead_lettered == 1, what="the reject in the dead-letter queue")
+    c.answer(c.next(), "RETRY", "451 later")  # delayed by the policy's hour
+    wait_until(lambda: info(suite, queue).delayed == 1, what="the retry counted as delayed")
+    c.close()
+    # A browse_svc process as deployed, its gauges refreshed every second, read from /metrics.
+    browse = ServiceProcess("browse", service_env(keyspace, MAILQUEUE_GAUGE_INTERVAL_S="1"), metrics=True)
+    try:
+        state = lambda s: browse.metric("mailqueue_queue_mails", queue=queue, state=s)  # noqa: E731
+        wait_until(lambda: (state("ready"), state("delayed"), state("held"), state("dead_lettered")) == (1, 1, 0, 1),
+                   what="the gauges")
+        assert browse.metric("mailqueue_queue_oldest_deliverable_age_seconds", queue=queue) > 0
+        assert browse.metric("mailqueue_view_rows_read_total") == 0  # no mail row read for them
+    finally:
+        browse.stop()
+
+
+def test_counts_summarize_from_browse_start_only():
+    t0 = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
+    h = dt.timedelta(hours=1)
+    raw = {"enqueued": {t0: 5, t0 + h: 4}, "gone": {t0: 5, t0 + h: 1}, "delayed": {t0 + h: 2}}
+    c = counters.summarize(raw, t0)
+    assert (c.size, c.delayed, c.ready, c.oldest_slice, c.oldest_ready_slice) == (3, 2, 1, t0 + h, t0 + h)
+    assert counters.summarize(raw, t0 + 2 * h).size == 0
+
+
+def test_shape_prints_recipient_domains_by_age(suite, tmp_path):
+    from tests.integration.test_cli import mailq
+
+    queue = suite.new_queue()
+    for i, domain in enumerate(["a.example", "a.example", "b.example"]):
+        suite.enqueue_stub.Enqueue(inline(queue, simple_mail(f"m{i}", recipients=(f"x{i}@{domain}", f"y{i}@A.example"))))
+    lines = mailq(suite, "shape", queue).stdout.splitlines()
+    assert lines[0].split() == ["T", "5", "10", "20", "40", "80", "160", "320", "640", "1280", "1280+"]
+    assert lines[1].split()[:3] == ["TOTAL", "6", "6"]
+    assert lines[2].split()[:3] == ["a.example", "5", "5"] and lines[3].split()[:3] == ["b.example", "1", "1"]

@@ -1,0 +1,54 @@
+"""Counter arithmetic (services/counters.py), qshape's table (mailq), the dashboard's metrics."""
+
+import datetime as dt
+import json
+import pathlib
+import re
+import uuid
+
+from mailq.cli import shape_table
+from services import counters, model
+
+T0 = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
+H = dt.timedelta(hours=1)
+
+
+def mail(slice_start, due=None, held=False) -> model.QueuedMail:
+    return model.QueuedMail("q", uuid.uuid4(), slice_start, model.Mail("n", "", ("a@b.c",)), (), 0, slice_start, 0,
+                            deliver_at=due, held_by=uuid.uuid4() if held else None)
+
+
+def test_exact_deltas_move_every_counter_to_the_live_mails():
+    raw = {"enqueued": {T0: 10, T0 + H: 3}, "gone": {T0: 6, T0 + H: 3}, "delayed": {T0: 2}, "held": {T0: 1}}
+    live = [mail(T0), mail(T0, due=T0 + 9 * H), mail(T0 + H, due=T0 + 9 * H, held=True)]
+    deltas = counters.exact_deltas(raw, live, T0, T0 + 2 * H)
+    assert sorted(deltas) == sorted([(T0, "gone", 2), (T0, "delayed", -1), (T0, "held", -1),
+                                     (T0 + H, "gone", -1), (T0 + H, "delayed", 1), (T0 + H, "held", 1)])
+    healed = {k: dict(v) for k, v in raw.items()}
+    for s, kind, delta in deltas:
+        healed.setdefault(kind, {})[s] = healed.get(kind, {}).get(s, 0) + delta
+    c = counters.summarize(healed, T0)
+    assert (c.size, c.delayed, c.held) == (3, 2, 1)
+
+
+def test_slices_before_browse_start_are_ignored():
+    raw = {"enqueued": {T0 - H: 7}}
+    assert counters.exact_deltas(raw, [], T0, T0) == []
+    assert counters.summarize(raw, T0).size == 0
+
+
+def test_shape_counts_recipients_by_domain_and_geometric_age():
+    rows = shape_table(iter([(["a@x.org", "b@Y.org"], 3.0), (["c@x.org"], 50.0), (["d@z.net"], 5000.0)]), top=2)
+    assert rows[0] == ["TOTAL", "4", "2", "0", "0", "0", "1", "0", "0", "0", "0", "1"]
+    assert rows[1][:3] == ["x.org", "2", "1"] and rows[2][:3] == ["y.org", "1", "1"] and len(rows) == 3
+
+
+def test_the_dashboard_uses_only_metrics_the_services_export():
+    root = pathlib.Path(__file__).resolve().parents[2]
+    dashboard = json.loads((root / "k8s" / "grafana" / "mailqueue-dashboard.json").read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    used = {m for e in exprs for m in re.findall(r"\b(mailqueue_[a-z_]+?)(?:_bucket)?\b[{\[]", e)}
+    source = "".join(p.read_text() for p in (root / "services").rglob("*.py"))
+    declared = set(re.findall(r'"(mailqueue_[a-z_]+)"', source))
+    exported = declared | {f"{m}_total" for m in declared}
+    assert used and used <= exported, used - exported
