@@ -225,3 +225,45 @@ class CpuMeter:
 
 def report(name: str, r: dict[str, float]) -> str:
     return f"{name:<10} {r['ops']:>7.0f} ops  {r['per_s']:>8.1f}/s  p50 {r['p50_ms']:>7.1f} ms  p99 {r['p99_ms']:>7.1f} ms"
+
+
+async def write_backlog(settings: Any, queue: str, n: int, content: bytes, delay: Any = None, label: str = "backlog") -> float:
+    """``n`` mails of one shared content in ``queue``, written as Enqueue writes them (blob, row,
+    counters, confirmed publish; ``delay``: a datetime.timedelta through the delay ladder), from
+    this process for speed. Returns the seconds it took."""
+    import datetime as dt
+
+    from services import counters, model
+    from services.blobstores.s3 import S3BlobStore
+    from services.brokers.rabbitmq import RabbitMQBroker
+    from services.slices import bucket_of, slice_start
+    from services.view.view import View
+
+    view = await View.open(settings.cassandra)
+    broker = RabbitMQBroker(settings.rabbitmq, settings.cassandra.keyspace)
+    blobs = S3BlobStore(settings.s3, settings.limits.max_blob_bytes)
+    await blobs.ensure_bucket()
+    info = await blobs.put_bytes(content)
+    mail = model.Mail(name=label, sender="a@example.com", recipients=("b@example.org",))
+    window = (await view.config.current()).slice_window
+    began = time.monotonic()
+    todo = iter(range(n))
+
+    async def worker() -> None:
+        for i in todo:
+            now, eid = model.utcnow(), uuid.uuid4()
+            q = model.QueuedMail(queue, eid, now, mail, (info.blob_id,), info.size, slice_start(now, window),
+                                 bucket_of(mail.name, str(eid), 1), deliver_at=now + delay if delay else None)
+            await view.enqueued.insert(q)
+            await counters.bump(view, q, enqueued=1, delayed=1 if delay else 0)
+            await broker.publish(q, delay or dt.timedelta(0))
+            if i % 10000 == 0:
+                print(f"  [{label}] {i}/{n} after {time.monotonic() - began:.0f} s", file=sys.stderr)
+
+    try:
+        await asyncio.gather(*(worker() for _ in range(64)))
+    finally:
+        await broker.close()
+        await blobs.close()
+        view.close()
+    return time.monotonic() - began

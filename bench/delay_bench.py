@@ -31,16 +31,10 @@ import uuid
 import grpc
 
 from bench.common import (
-    PORTS, ROOT, TAG, CpuMeter, cpu_seconds, new_keyspace, run, stack_pids, start_services, stop,
+    PORTS, ROOT, TAG, CpuMeter, cpu_seconds, new_keyspace, run, stack_pids, start_services, stop, write_backlog,
 )
 from mailqueue.v1 import admin_pb2, admin_pb2_grpc, dequeue_pb2, dequeue_pb2_grpc, enqueue_pb2, enqueue_pb2_grpc, mail_pb2
-from services import model
-from services.blobstores.s3 import S3BlobStore
-from services.brokers.rabbitmq import RabbitMQBroker
 from services.config import Settings
-from services.queues import create_queue
-from services.slices import bucket_of, slice_start
-from services.view.view import View
 
 SIZE = 10 * 1024
 
@@ -118,38 +112,6 @@ def idle_cpu(pids: dict[str, int], seconds: float) -> str:
     return ", ".join(f"{name} {pct:.1f}%" for name, pct in used.items()) + f"; total {sum(used.values()):.1f}% of one core"
 
 
-async def backlog(settings: Settings, queue: str, n: int) -> float:
-    """``n`` mails delayed by an hour, through the same storage layout and ladder as Enqueue."""
-    view = await View.open(settings.cassandra)
-    broker = RabbitMQBroker(settings.rabbitmq, settings.cassandra.keyspace)
-    blobs = S3BlobStore(settings.s3, settings.limits.max_blob_bytes)
-    await blobs.ensure_bucket()
-    info = await blobs.put_bytes(content(-1))  # one shared content: the backlog's cost is rows and messages
-    mail = model.Mail(name="backlog", sender="a@example.com", recipients=("b@example.org",))
-    window = (await view.config.current()).slice_window
-    began = time.monotonic()
-    todo = iter(range(n))
-
-    async def worker() -> None:
-        for i in todo:
-            now = model.utcnow()
-            eid = uuid.uuid4()
-            q = model.QueuedMail(queue, eid, now, mail, (info.blob_id,), info.size, slice_start(now, window),
-                                 bucket_of(mail.name, str(eid), 1), deliver_at=now + dt.timedelta(hours=1))
-            await view.enqueued.insert(q)
-            await broker.publish(q, dt.timedelta(hours=1))
-            if i % 10000 == 0:
-                print(f"  [backlog] {i}/{n} after {time.monotonic() - began:.0f} s", file=sys.stderr)
-
-    try:
-        await asyncio.gather(*(worker() for _ in range(64)))
-    finally:
-        await broker.close()
-        await blobs.close()
-        view.close()
-    return time.monotonic() - began
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--mails", type=int, default=10000)
@@ -178,7 +140,7 @@ def main() -> None:
         every = {**pids, **stack_pids()}
         empty = idle_cpu(every, a.idle)
         settings = Settings.from_env("enqueue", {**os.environ, "MAILQUEUE_CASSANDRA_KEYSPACE": keyspace})
-        took = asyncio.run(backlog(settings, backlog_q, a.backlog))
+        took = asyncio.run(write_backlog(settings, backlog_q, a.backlog, content(-1), dt.timedelta(hours=1)))
         full = idle_cpu(every, a.idle)
     finally:
         stop(procs)

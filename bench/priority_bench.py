@@ -17,46 +17,14 @@ import os
 import statistics
 import sys
 import time
-import uuid
 
 import grpc
 
-from bench.common import PORTS, bench_queue, new_keyspace, run, start_services, stop
+from bench.common import PORTS, bench_queue, new_keyspace, run, start_services, stop, write_backlog
 from mailqueue.v1 import admin_pb2, admin_pb2_grpc, dequeue_pb2, dequeue_pb2_grpc, enqueue_pb2, enqueue_pb2_grpc, mail_pb2
-from services import model
-from services.blobstores.s3 import S3BlobStore
-from services.brokers.rabbitmq import RabbitMQBroker
 from services.config import Settings
-from services.slices import bucket_of, slice_start
-from services.view.view import View
 
 SIZE = 10 * 1024
-
-
-async def backlog(settings: Settings, queue: str, n: int) -> None:
-    view = await View.open(settings.cassandra)
-    broker = RabbitMQBroker(settings.rabbitmq, settings.cassandra.keyspace)
-    blobs = S3BlobStore(settings.s3, settings.limits.max_blob_bytes)
-    await blobs.ensure_bucket()
-    info = await blobs.put_bytes(b"Subject: backlog\r\n\r\n" + b"x" * SIZE)
-    mail = model.Mail(name="normal", sender="a@example.com", recipients=("b@example.org",))
-    window = (await view.config.current()).slice_window
-    todo = iter(range(n))
-
-    async def worker() -> None:
-        for _ in todo:
-            now, eid = model.utcnow(), uuid.uuid4()
-            q = model.QueuedMail(queue, eid, now, mail, (info.blob_id,), info.size, slice_start(now, window),
-                                 bucket_of(mail.name, str(eid), 1))
-            await view.enqueued.insert(q)
-            await broker.publish(q)
-
-    try:
-        await asyncio.gather(*(worker() for _ in range(64)))
-    finally:
-        await broker.close()
-        await blobs.close()
-        view.close()
 
 
 async def measure(queue: str, high: int, prefetch: int) -> dict:
@@ -125,7 +93,7 @@ def main() -> None:
             admin_pb2.CreateQueueRequest(queue=queue))
         settings = Settings.from_env("enqueue", {**os.environ, "MAILQUEUE_CASSANDRA_KEYSPACE": keyspace})
         began = time.monotonic()
-        asyncio.run(backlog(settings, queue, a.backlog))
+        asyncio.run(write_backlog(settings, queue, a.backlog, b"Subject: backlog\r\n\r\n" + b"x" * SIZE, label="normal"))
         print(f"  backlog of {a.backlog} written in {time.monotonic() - began:.0f} s", file=sys.stderr)
         r = asyncio.run(measure(queue, a.high, a.prefetch))
     finally:

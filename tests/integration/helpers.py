@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 
+import grpc
 import pika
 
 from mailqueue.v1 import enqueue_pb2, mail_pb2
@@ -133,6 +134,15 @@ def enqueue_names(suite, queue: str, names, content: bytes = b"Subject: x\r\n\r\
 def dead_letter_count(queue: str) -> int:
     """Messages in the queue's dead-letter queue."""
     return _ready(names.dead_letter_queue(queue))
+
+
+def code_of(fn) -> grpc.StatusCode:
+    """The status a call ends with (OK when it returns)."""
+    try:
+        fn()
+    except grpc.RpcError as e:
+        return e.code()
+    return grpc.StatusCode.OK
 
 
 def heal_counters(suite, queue: str) -> int:

@@ -6,7 +6,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from mailqueue.v1 import admin_pb2, admin_pb2_grpc, browse_pb2, browse_pb2_grpc, dequeue_pb2, dequeue_pb2_grpc, enqueue_pb2_grpc
 from services.runtime.channels import blocking_channel
-from tests.integration.helpers import inline, simple_mail
+from tests.integration.helpers import code_of, inline, simple_mail
 
 TOKENS = {role: role[0] * 24 for role in ("admin", "producer", "consumer", "reader")}
 
@@ -29,14 +29,6 @@ def stubs(s, token=""):
         admin_pb2_grpc.AdminServiceStub(blocking_channel(s.browse.target, token)),
         dequeue_pb2_grpc.DequeueServiceStub(blocking_channel(s.dequeue.target, token)),
     )
-
-
-def code_of(fn):
-    try:
-        fn()
-    except grpc.RpcError as e:
-        return e.code()
-    return grpc.StatusCode.OK
 
 
 def test_roles(secured):

@@ -1,6 +1,5 @@
 """Regression tests for the defects an outside tester found (#13), through gRPC on the real stack."""
 
-import datetime as dt
 import os
 import subprocess
 import sys
@@ -11,22 +10,14 @@ import pika
 import pytest
 from google.protobuf import duration_pb2, timestamp_pb2
 
-from mailqueue.v1 import admin_pb2, browse_pb2, enqueue_pb2, mail_pb2
+from mailqueue.v1 import admin_pb2, browse_pb2, enqueue_pb2
 from services import names
 from services.config import RabbitMQSettings
 from services.dequeuer import SKIPPED
 from tests.harness import ROOT, wait_until
 from tests.integration.helpers import (
-    StreamConsumer, dead_letter_count, deleted_reason, enqueue_names, inline, message_count, simple_mail, view_rows,
+    StreamConsumer, code_of, dead_letter_count, deleted_reason, enqueue_names, inline, message_count, simple_mail, view_rows,
 )
-
-
-def code(fn) -> grpc.StatusCode:
-    try:
-        fn()
-    except grpc.RpcError as e:
-        return e.code()
-    return grpc.StatusCode.OK
 
 
 # ---------------------------------------------------------------- 1. subscribe and leave
@@ -94,7 +85,7 @@ def test_rows_with_timestamps_python_cannot_hold_are_skipped_and_the_queue_stays
         (queue, r.slice_start, r.bucket, r.enqueued_at, r.enqueue_id))
     assert suite.browse_stub.GetSize(browse_pb2.GetSizeRequest(queue=queue)).size == 1
     assert [b.mail.enqueue_id for b in suite.browse_stub.Browse(browse_pb2.BrowseRequest(queue=queue))] == [good]
-    assert code(lambda: list(suite.admin_stub.ClearQueue(admin_pb2.ClearQueueRequest(queue=queue)))) == grpc.StatusCode.OK
+    assert code_of(lambda: list(suite.admin_stub.ClearQueue(admin_pb2.ClearQueueRequest(queue=queue)))) == grpc.StatusCode.OK
     from services.view.daos import UNDECODABLE
 
     assert UNDECODABLE.labels(queue)._value.get() >= 3  # skipped, logged and counted at each read
@@ -153,7 +144,7 @@ def test_out_of_range_timestamps_and_durations_are_invalid_argument(suite):
             admin_pb2.RepublishNotProcessedRequest(queue=queue, older_than=duration_pb2.Duration(seconds=5, nanos=-1))),
     }
     for what, call in calls.items():
-        assert code(call) == grpc.StatusCode.INVALID_ARGUMENT, what
+        assert code_of(call) == grpc.StatusCode.INVALID_ARGUMENT, what
 
 
 @pytest.mark.parametrize("value", ["demo\n", "a@example.org\n", "ab" * 32 + "\n"])
@@ -166,7 +157,7 @@ def test_a_trailing_newline_never_passes_validation(suite, value):
         call = lambda: suite.blob_stub.Stat(blob_pb2.StatRequest(blob_id=value))  # noqa: E731
     else:
         call = lambda: suite.admin_stub.CreateQueue(admin_pb2.CreateQueueRequest(queue=value), timeout=3)  # noqa: E731
-    assert code(call) == grpc.StatusCode.INVALID_ARGUMENT
+    assert code_of(call) == grpc.StatusCode.INVALID_ARGUMENT
 
 
 # ---------------------------------------------------------------- 4. echoed input is bounded

@@ -10,7 +10,6 @@ import pytest
 from mailqueue.v1 import admin_pb2, browse_pb2
 from services import model
 from services.dequeuer import SKIPPED
-from services.rules import REFRESH_S
 from tests.harness import wait_until
 from tests.integration.helpers import StreamConsumer, dead_letter_count, deleted_reason, inline, simple_mail
 
