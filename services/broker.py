@@ -70,9 +70,13 @@ class Broker(abc.ABC):
         """Declare (idempotently) a mail queue's exchange, work queue and dead-letter queue."""
 
     @abc.abstractmethod
-    async def publish(self, mail: model.QueuedMail, delay: dt.timedelta = dt.timedelta(0)) -> None:
+    async def publish(
+        self, mail: model.QueuedMail, delay: dt.timedelta = dt.timedelta(0), counted: bool | None = None,
+    ) -> None:
         """Publish ``mail`` to its queue, deliverable after ``delay`` (services/delays.py), with
-        its generation. Returns once the broker confirmed it; raises BackendUnavailable."""
+        its generation. ``counted``: the message's arrival ends a delay the queue counters count
+        (default: when ``delay`` is not zero). Returns once the broker confirmed it; raises
+        BackendUnavailable."""
 
     @abc.abstractmethod
     async def consume(self, queue: str, prefetch: int) -> Consumer:

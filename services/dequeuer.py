@@ -116,6 +116,8 @@ class Subscription:
         #: Received from the broker, not yet handed to the client nor settled otherwise.
         self._unsent: dict[int, Message] = {}
         self._preparing: set[asyncio.Future[Delivery | None]] = set()
+        #: Tags whose arrival already ended their counted delay (a retried preparation must not again).
+        self._arrived: set[int] = set()
 
     async def _pump_messages(self) -> None:
         try:
@@ -180,6 +182,7 @@ class Subscription:
                 delivery = await self._checked(message, mail)
                 if delivery is None:
                     self._d.in_flight.discard(key)
+                    self._arrived.discard(message.delivery_tag)
                 return delivery
             except asyncio.CancelledError:
                 self._d.in_flight.discard(key)
@@ -213,10 +216,14 @@ class Subscription:
             early = mail.due() - model.utcnow()
             if early > dt.timedelta(0):
                 # Only a clock behind the publisher's (or a rounding) gets here: wait the rest.
-                await self._d.broker.publish(mail, early)
+                await self._d.broker.publish(mail, early, counted=message.delayed)
                 await self._skip(message, "early")
                 return None
-            if message.delayed:  # its delay (or hold) ends now
+            # Its delay (or hold) ends now. A redelivered message (returned by a stream that ended)
+            # was counted on its first arrival; one a killed process never prepared was not: drift
+            # that ReconcileCounters heals.
+            if message.delayed and not message.redelivered and message.delivery_tag not in self._arrived:
+                self._arrived.add(message.delivery_tag)
                 was_held = state is not None and counters.is_held(state)
                 await counters.bump(self._d.view, mail, delayed=-1, held=-1 if was_held else 0)
                 if was_held:  # no longer held, whether or not a rule holds it again below
@@ -272,6 +279,7 @@ class Subscription:
         if delivery is None:
             raise InvalidArgument(f"delivery tag {tag} is not an unanswered delivery of this stream")
         self._changed.set()  # credit for one more delivery
+        self._arrived.discard(tag)
         mail = delivery.mail
         try:
             if outcome is Outcome.SUCCESS:
@@ -350,7 +358,8 @@ class Subscription:
                 await self._consumer.dead_letter(tag)
                 continue
             self._d.in_flight.discard((self.queue, mail.enqueue_id))
-            await self._d.broker.publish(mail)
+            # Its delay stays counted until the copy arrives, unless this arrival counted it already.
+            await self._d.broker.publish(mail, counted=message.delayed and tag not in self._arrived)
             await self._consumer.ack(tag)
             RETURNED_UNSENT.labels(self.queue).inc()
 

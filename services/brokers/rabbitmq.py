@@ -351,7 +351,9 @@ class RabbitMQBroker(Broker):
                 channel.close()
         self._declared.add(queue)
 
-    async def publish(self, mail: model.QueuedMail, delay: dt.timedelta = dt.timedelta(0)) -> None:
+    async def publish(
+        self, mail: model.QueuedMail, delay: dt.timedelta = dt.timedelta(0), counted: bool | None = None,
+    ) -> None:
         queue = mail.queue
         await self.declare_queue(queue)
         publisher = await self._publisher_channel()
@@ -362,7 +364,8 @@ class RabbitMQBroker(Broker):
         else:
             exchange, key = names.exchange(queue), names.priority_key(mail.priority)
         try:
-            await publisher.publish(exchange, str(mail.enqueue_id), body, key, mail.generation, delayed=bool(n))
+            await publisher.publish(exchange, str(mail.enqueue_id), body, key, mail.generation,
+                                    delayed=bool(n) if counted is None else counted)
         except BackendUnavailable:
             self._declared.discard(queue)  # declare again next time, in case the topology was removed
             self._ladder_declared = False
