@@ -1,6 +1,8 @@
 """Enqueue throughput: through gRPC (enqueue_svc -> blob_svc -> backends) vs. direct backend calls.
 
-    .venv/bin/python -m bench.enqueue_bench [--seconds 30] [--concurrency 32] [--size 10240] [--warmup 5]
+    .venv/bin/python -m bench.enqueue_bench [--seconds 30] [--concurrency 32] [--size 10240] [--warmup 5] [--many]
+
+``--many`` adds a phase with EnqueueMany: one stream, ``--concurrency`` mails in flight on it.
 
 Both paths do the same writes per mail: content to MinIO (SHA-256 addressed), the view row in
 Cassandra, a persistent confirmed publish to RabbitMQ. The direct path uses the same adapters
@@ -49,6 +51,51 @@ async def via_grpc(
         await channel.close()
 
 
+async def via_grpc_many(
+    queue: str, seconds: float, window: int, size: int, warmup: float, services: dict[str, int]
+) -> dict[str, Any]:
+    """One EnqueueMany stream with ``window`` mails unanswered at most."""
+    import statistics
+    import time
+
+    from bench.common import CpuMeter
+
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{PORTS['enqueue']}")
+    stub = enqueue_pb2_grpc.EnqueueServiceStub(channel)
+    mail = mail_pb2.Mail(name="bench", sender="a@example.com", recipients=["b@example.org"])
+    credit = asyncio.Semaphore(window)
+    sent: dict[int, float] = {}
+    latencies: list[float] = []
+    began = time.monotonic()
+    measure_from, deadline = began + warmup, began + warmup + seconds
+    meter: list[CpuMeter] = []
+    asyncio.get_running_loop().call_later(warmup, lambda: meter.append(CpuMeter(services)))
+
+    async def requests():
+        i = 0
+        while time.monotonic() < deadline:
+            await credit.acquire()
+            i += 1
+            sent[i] = time.monotonic()
+            yield enqueue_pb2.EnqueueManyRequest(sequence=i, request=enqueue_pb2.EnqueueRequest(
+                queue=queue, mail=mail, inline_content=content(i, size)))
+
+    errors = 0
+    async for r in stub.EnqueueMany(requests()):
+        credit.release()
+        started = sent.pop(r.sequence)
+        if r.WhichOneof("result") != "receipt":
+            errors += 1
+        elif started >= measure_from:
+            latencies.append(time.monotonic() - started)
+    await channel.close()
+    latencies.sort()
+    elapsed = time.monotonic() - measure_from
+    return {"ops": len(latencies), "per_s": len(latencies) / elapsed, "p50_ms": 1000 * statistics.median(latencies),
+            "p99_ms": 1000 * latencies[int(len(latencies) * 0.99) - 1], "cpu": meter[0].per_op(len(latencies)),
+            "errors": errors}
+
+
 async def direct(settings: Settings, queue: str, seconds: float, concurrency: int, size: int, warmup: float) -> dict[str, Any]:
     view = await View.open(settings.cassandra)
     broker = RabbitMQBroker(settings.rabbitmq)
@@ -80,6 +127,7 @@ def main() -> None:
     p.add_argument("--concurrency", type=int, default=32)
     p.add_argument("--size", type=int, default=10 * 1024)
     p.add_argument("--warmup", type=float, default=5, help="seconds of load before measuring, each phase")
+    p.add_argument("--many", action="store_true", help="also measure EnqueueMany (one stream)")
     a = p.parse_args()
     keyspace = new_keyspace()
     grpc_queue, direct_queue = bench_queue("bench-grpc"), bench_queue("bench-direct")
@@ -89,6 +137,7 @@ def main() -> None:
         admin.CreateQueue(admin_pb2.CreateQueueRequest(queue=grpc_queue))
         services = {"blob_svc": procs[0].pid, "enqueue_svc": procs[1].pid}
         g = asyncio.run(via_grpc(grpc_queue, a.seconds, a.concurrency, a.size, a.warmup, services))
+        m = asyncio.run(via_grpc_many(grpc_queue, a.seconds, a.concurrency, a.size, a.warmup, services)) if a.many else None
     finally:
         stop(procs)
     settings = Settings.from_env("enqueue", {**os.environ, "MAILQUEUE_CASSANDRA_KEYSPACE": keyspace})
@@ -96,6 +145,9 @@ def main() -> None:
     print(f"\nenqueue of {a.size} B mails, concurrency {a.concurrency}, {a.seconds:.0f} s each after {a.warmup:.0f} s of warm-up, keyspace {keyspace}")
     print(report("grpc", g))
     print(f"           {g['cpu']}")
+    if m is not None:
+        print(report("grpc-many", m) + f"  ({m['errors']} refused)")
+        print(f"           {m['cpu']}")
     print(report("direct", d))
     print(f"           {d['cpu']}")
     print(f"ratio grpc/direct throughput: {g['per_s'] / d['per_s']:.2f}")

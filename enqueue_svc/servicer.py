@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
 
 from mailqueue.v1 import enqueue_pb2, enqueue_pb2_grpc
-from services import model, serde
-from services.errors import InvalidArgument
+from services import model, pipeline, serde
+from services.errors import InvalidArgument, MailQueueError
+
+log = logging.getLogger(__name__)
+
+#: Mails of one EnqueueMany stream being enqueued at once (their publishes pipeline their confirms).
+MANY_IN_FLIGHT = 128
 
 
 def _receipt(r: model.EnqueueResult) -> enqueue_pb2.Receipt:
@@ -24,6 +30,24 @@ class EnqueueServicer(enqueue_pb2_grpc.EnqueueServiceServicer):
         self._app = app
 
     async def Enqueue(self, request: enqueue_pb2.EnqueueRequest, context: grpc.aio.ServicerContext) -> enqueue_pb2.EnqueueResponse:
+        return enqueue_pb2.EnqueueResponse(receipt=_receipt(await self._enqueue(request)))
+
+    async def EnqueueMany(
+        self, request_iterator: AsyncIterator[enqueue_pb2.EnqueueManyRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[enqueue_pb2.EnqueueManyResponse]:
+        self._app.enqueuer()  # UNAVAILABLE for the whole stream while connecting
+        async for item, result in pipeline.unordered(request_iterator, lambda r: self._enqueue(r.request), MANY_IN_FLIGHT):
+            response = enqueue_pb2.EnqueueManyResponse(sequence=item.sequence)
+            if isinstance(result, MailQueueError):
+                response.error.code, response.error.message = result.code.value[0], str(result)[:2000]
+            elif isinstance(result, BaseException):
+                log.error("enqueue of a stream failed", exc_info=result)
+                response.error.code, response.error.message = grpc.StatusCode.INTERNAL.value[0], "internal error; the server log has the details"
+            else:
+                response.receipt.CopyFrom(_receipt(result))
+            yield response
+
+    async def _enqueue(self, request: enqueue_pb2.EnqueueRequest) -> model.EnqueueResult:
         enqueuer = self._app.enqueuer()
         mail = serde.mail_from_proto(request.mail)
         when, priority = serde.schedule_from_proto(request), serde.priority_from_proto(request.priority)
@@ -36,7 +60,7 @@ class EnqueueServicer(enqueue_pb2_grpc.EnqueueServiceServicer):
                 request.queue, mail, list(request.blob_refs.blob_ids), request.idempotency_key, when, priority)
         else:
             raise InvalidArgument("content is missing: set inline_content or blob_refs")
-        return enqueue_pb2.EnqueueResponse(receipt=_receipt(result))
+        return result
 
     async def EnqueueStream(
         self, request_iterator: AsyncIterator[enqueue_pb2.EnqueueStreamRequest], context: grpc.aio.ServicerContext

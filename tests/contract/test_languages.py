@@ -20,11 +20,13 @@ def test_go_client(services):
     assert os.path.exists(os.path.join(HERE, "go", "mailqueue", "v1", "enqueue_grpc.pb.go")), "run `make contract`"
     r = run(["go", "test", "-count=1", "-v", "./..."], os.path.join(HERE, "go"))
     assert r.returncode == 0
-    assert "--- PASS: TestContractScenario" in r.stdout and "--- PASS: TestInvalidRecipientIsInvalidArgument" in r.stdout
+    for name in ("TestContractScenario", "TestInvalidRecipientIsInvalidArgument", "TestEnqueueManyAnswersEachMailOnOneStream"):
+        assert f"--- PASS: {name}" in r.stdout
 
 
 def test_node_client(services):
     assert os.path.isdir(os.path.join(HERE, "node", "node_modules", "@grpc")), "run `make contract` (npm ci)"
     r = run(["node", "--test", "contract.test.mjs"], os.path.join(HERE, "node"))
     assert r.returncode == 0
-    assert "# pass 2" in r.stdout and "# fail 0" in r.stdout
+    assert "# pass 3" in r.stdout and "# fail 0" in r.stdout
+    assert "ok 3 - EnqueueMany answers each mail on one stream" in r.stdout

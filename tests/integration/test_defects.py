@@ -83,7 +83,7 @@ def test_rows_with_timestamps_python_cannot_hold_are_skipped_and_the_queue_stays
         f"UPDATE {suite.keyspace}.enqueued_mails_v1 SET last_updated = 253402300800000 "
         "WHERE queue_name = %s AND slice_start = %s AND bucket = %s AND enqueued_at = %s AND enqueue_id = %s",
         (queue, r.slice_start, r.bucket, r.enqueued_at, r.enqueue_id))
-    assert suite.browse_stub.GetSize(browse_pb2.GetSizeRequest(queue=queue)).size == 1
+    assert suite.browse_stub.GetSize(browse_pb2.GetSizeRequest(queue=queue, exact=True)).size == 1  # reads the rows
     assert [b.mail.enqueue_id for b in suite.browse_stub.Browse(browse_pb2.BrowseRequest(queue=queue))] == [good]
     assert code_of(lambda: list(suite.admin_stub.ClearQueue(admin_pb2.ClearQueueRequest(queue=queue)))) == grpc.StatusCode.OK
     from services.view.daos import UNDECODABLE
@@ -106,6 +106,7 @@ def raw_call(channel: grpc.Channel, method: str, kind: str, body: bytes):
 RPCS = [
     ("enqueue", "/mailqueue.v1.EnqueueService/Enqueue", "unary"),
     ("enqueue", "/mailqueue.v1.EnqueueService/EnqueueStream", "client-stream"),
+    ("enqueue", "/mailqueue.v1.EnqueueService/EnqueueMany", "bidi"),
     ("dequeue", "/mailqueue.v1.DequeueService/Dequeue", "bidi"),
     ("browse", "/mailqueue.v1.BrowseService/GetQueue", "unary"),
     ("browse", "/mailqueue.v1.BrowseService/Browse", "server-stream"),

@@ -9,7 +9,7 @@ import pytest
 from mailqueue.v1 import blob_pb2, enqueue_pb2, mail_pb2
 from services import serde
 from tests.mails import FULL_MAIL
-from tests.integration.helpers import inline, message_count, peek_messages, simple_mail, view_rows
+from tests.integration.helpers import StreamConsumer, inline, message_count, peek_messages, simple_mail, view_rows
 
 
 
@@ -183,3 +183,22 @@ def test_a_stream_must_start_with_its_header(suite):
     with pytest.raises(grpc.RpcError) as e:
         suite.enqueue_stub.EnqueueStream(iter([enqueue_pb2.EnqueueStreamRequest(chunk=b"x")]))
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_enqueue_many_answers_every_mail_on_one_stream_refusing_bad_ones_alone(suite):
+    from mailqueue.v1 import enqueue_pb2
+
+    queue = suite.new_queue()
+    requests = [enqueue_pb2.EnqueueManyRequest(sequence=i, request=inline(queue, simple_mail(f"m{i}"))) for i in range(50)]
+    requests[7].request.mail.ClearField("recipients")  # refused: INVALID_ARGUMENT
+    requests[9].request.queue = "no-such-queue"  # refused: NOT_FOUND
+    answers = {r.sequence: r for r in suite.enqueue_stub.EnqueueMany(iter(requests))}
+    assert sorted(answers) == list(range(50))
+    assert answers[7].error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0] and "recipient" in answers[7].error.message
+    assert answers[9].error.code == grpc.StatusCode.NOT_FOUND.value[0]
+    ok = {s: a.receipt.enqueue_id for s, a in answers.items() if a.WhichOneof("result") == "receipt"}
+    assert len(ok) == 48
+    c = StreamConsumer(suite.dequeue_stub, queue, prefetch=48)
+    got = c.take(48)
+    assert sorted(d.mail.enqueue_id for d in got) == sorted(ok.values())
+    c.cancel()

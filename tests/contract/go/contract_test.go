@@ -213,3 +213,45 @@ func TestInvalidRecipientIsInvalidArgument(t *testing.T) {
 		t.Fatalf("got %v, want INVALID_ARGUMENT", err)
 	}
 }
+
+func TestEnqueueManyAnswersEachMailOnOneStream(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	c := connect(t)
+	queue := newQueue(t, ctx, c)
+	stream, err := c.enqueue.EnqueueMany(ctx)
+	if err != nil {
+		t.Fatalf("EnqueueMany: %v", err)
+	}
+	for i := 0; i < 20; i++ {
+		mail := &mq.Mail{Name: "many", Recipients: []string{"r@example.org"}}
+		if i == 5 {
+			mail.Recipients = []string{"not an address"}
+		}
+		if err := stream.Send(&mq.EnqueueManyRequest{Sequence: uint64(i), Request: inline(queue, mail, []byte("x"))}); err != nil {
+			t.Fatalf("EnqueueMany send: %v", err)
+		}
+	}
+	stream.CloseSend()
+	receipts, refused := map[uint64]string{}, map[uint64]int32{}
+	for {
+		r, err := stream.Recv()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatalf("EnqueueMany recv: %v", err)
+		}
+		if r.GetReceipt() != nil {
+			receipts[r.Sequence] = r.GetReceipt().EnqueueId
+		} else {
+			refused[r.Sequence] = r.GetError().Code
+		}
+	}
+	if len(receipts) != 19 || len(refused) != 1 || refused[5] != int32(codes.InvalidArgument) {
+		t.Fatalf("EnqueueMany: %d receipts, refused %v; want 19 and {5: INVALID_ARGUMENT}", len(receipts), refused)
+	}
+	if size, err := c.browse.GetSize(ctx, &mq.GetSizeRequest{Queue: queue, Exact: true}); err != nil || size.Size != 19 {
+		t.Fatalf("GetSize = %v, %v; want 19", size, err)
+	}
+}

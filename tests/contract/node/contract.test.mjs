@@ -105,3 +105,26 @@ test('an invalid recipient is INVALID_ARGUMENT', async () => {
     (err) => err.code === grpc.status.INVALID_ARGUMENT,
   );
 });
+
+test('EnqueueMany answers each mail on one stream', async () => {
+  const queue = `contract-node-${randomBytes(4).toString('hex')}`;
+  await unary(admin, 'CreateQueue', { queue });
+  const answers = await new Promise((resolve, reject) => {
+    const got = [];
+    const call = enqueue.EnqueueMany();
+    call.on('data', (r) => got.push(r));
+    call.on('end', () => resolve(got));
+    call.on('error', reject);
+    for (let i = 0; i < 20; i += 1) {
+      const recipients = i === 5 ? ['not an address'] : ['r@example.org'];
+      call.write({ sequence: i, request: { queue, mail: { name: 'many', recipients }, inline_content: Buffer.from('x') } });
+    }
+    call.end();
+  });
+  assert.equal(answers.length, 20);
+  const refused = answers.filter((a) => a.result === 'error');
+  assert.equal(refused.length, 1);
+  assert.equal(Number(refused[0].sequence), 5);
+  assert.equal(refused[0].error.code, grpc.status.INVALID_ARGUMENT);
+  assert.equal((await unary(browse, 'GetSize', { queue, exact: true })).size, 19);
+});
