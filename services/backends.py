@@ -54,6 +54,7 @@ class Backends:
         await self.blobs.ping()
 
     async def close(self) -> None:
+        await self.view.counter_buffer.flush()  # a drain (SIGTERM) keeps the gathered counts
         await self.broker.close()
         await self.blobs.close()
         self.view.close()

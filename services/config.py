@@ -68,6 +68,8 @@ class CassandraSettings:
     username: str | None = None
     password: str | None = None
     request_timeout_s: float = 5.0
+    #: Seconds queue counter updates are gathered in the process before they are written (0: at once).
+    counter_flush_s: float = 1.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> CassandraSettings:
@@ -80,6 +82,7 @@ class CassandraSettings:
             username=env.get("MAILQUEUE_CASSANDRA_USERNAME") or None,
             password=env.get("MAILQUEUE_CASSANDRA_PASSWORD") or None,
             request_timeout_s=_float(env, "CASSANDRA_TIMEOUT_S", 5.0, 0.001),
+            counter_flush_s=_float(env, "COUNTER_FLUSH_S", 1.0),
         )
 
 

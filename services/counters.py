@@ -12,7 +12,7 @@ slices from browse start: one partition read, whatever the history. Counters are
 design: an update that timed out may or may not have applied and is not retried (a retry could
 count twice), and a crash between a mark and its counter update loses the update. Every update is
 best effort (a failure is logged and counted, never fails the operation: the mail is durable
-already). ``reconcile`` rewrites them from an exact pass; ``exact = true`` on GetSize/GetQueue
+already), and gathered in the process for ``MAILQUEUE_COUNTER_FLUSH_S`` (one update per key). ``reconcile`` rewrites them from an exact pass; ``exact = true`` on GetSize/GetQueue
 keeps the scanning count.
 """
 
@@ -23,30 +23,22 @@ import datetime as dt
 import logging
 import uuid
 
-from prometheus_client import Counter
-
 from services import model
-from services.errors import BackendUnavailable
 from services.view.view import View
 
 log = logging.getLogger(__name__)
 
-UPDATE_FAILED = Counter("mailqueue_counter_updates_failed_total", "Queue counter updates lost (healed by ReconcileCounters)", ["queue"])
 KINDS = ("enqueued", "gone", "delayed", "held")
 #: held_by of a mail no hold rule holds any more (no null cells: a value, not an absent cell).
 NOT_HELD = uuid.UUID(int=0)
 
 
 async def bump(view: View, q: model.QueuedMail, **deltas: int) -> None:
-    """Add ``deltas`` (kind=delta) to the mail's slice counters; best effort."""
+    """Add ``deltas`` (kind=delta) to the mail's slice counters; best effort, gathered in the
+    process for a moment (services/view/counter_buffer.py)."""
     for kind, delta in deltas.items():
-        if not delta:
-            continue
-        try:
-            await view.counters.add(q.queue, kind, q.slice_start, delta)
-        except BackendUnavailable as e:
-            UPDATE_FAILED.labels(q.queue).inc()
-            log.warning("queue counter update lost: %s", e, extra={"queue": q.queue, "kind": kind})
+        if delta:
+            await view.counter_buffer.add(q.queue, kind, q.slice_start, delta)
 
 
 def is_held(q: model.QueuedMail | model.MailState) -> bool:

@@ -11,6 +11,7 @@ from services.config import CassandraSettings
 from services.errors import BackendUnavailable
 from services.view import schema
 from services.view.config_store import ConfigStore
+from services.view.counter_buffer import CounterBuffer
 from services.view.daos import (
     CountersDAO, DeletedMailsDAO, EnqueuedMailsDAO, IdempotencyDAO, QueuesDAO, RetryPoliciesDAO, RulesDAO, StartsDAO,
 )
@@ -20,7 +21,7 @@ log = logging.getLogger(__name__)
 
 
 class View:
-    def __init__(self, cluster: Cluster, session: Session, keyspace: str) -> None:
+    def __init__(self, cluster: Cluster, session: Session, keyspace: str, counter_flush_s: float = 0.0) -> None:
         self._cluster = cluster
         self.session = session
         self.enqueued = EnqueuedMailsDAO(session, keyspace)
@@ -31,6 +32,7 @@ class View:
         self.retry_policies = RetryPoliciesDAO(session, keyspace)
         self.rules = RulesDAO(session, keyspace)
         self.counters = CountersDAO(session, keyspace)
+        self.counter_buffer = CounterBuffer(self.counters, counter_flush_s)
         self.config = ConfigStore(session, keyspace)
 
     @classmethod
@@ -41,7 +43,7 @@ class View:
             cluster, session = connect(settings)
             try:
                 schema.create(session, settings.keyspace, settings.replication)
-                return cls(cluster, session, settings.keyspace)
+                return cls(cluster, session, settings.keyspace, settings.counter_flush_s)
             except UNAVAILABLE_ERRORS as e:
                 cluster.shutdown()
                 raise BackendUnavailable("cassandra", f"schema set-up failed ({e})") from e

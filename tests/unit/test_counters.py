@@ -52,3 +52,36 @@ def test_the_dashboard_uses_only_metrics_the_services_export():
     declared = set(re.findall(r'"(mailqueue_[a-z_]+)"', source))
     exported = declared | {f"{m}_total" for m in declared}
     assert used and used <= exported, used - exported
+
+
+def test_counter_updates_are_gathered_and_written_once_per_key():
+    import asyncio
+
+    from services.view.counter_buffer import CounterBuffer
+
+    class Recorder:  # stands in for the DAO: only what the buffer asks it to write is checked
+        def __init__(self) -> None:
+            self.writes: list[tuple[str, str, dt.datetime, int]] = []
+
+        async def add(self, queue, kind, slice_start, delta) -> None:
+            self.writes.append((queue, kind, slice_start, delta))
+
+    async def scenario() -> list:
+        dao = Recorder()
+        buffer = CounterBuffer(dao, flush_s=0.05)
+        for _ in range(100):
+            await buffer.add("q", "enqueued", T0, 1)
+        await buffer.add("q", "gone", T0, 1)
+        await buffer.add("q", "gone", T0, -1)  # nets to nothing: not written
+        assert dao.writes == []  # gathered, not yet written
+        for _ in range(100):  # the flush is due 50 ms after the first update
+            if dao.writes:
+                break
+            await asyncio.sleep(0.01)
+        return dao.writes
+
+    loop = asyncio.new_event_loop()  # not asyncio.run: it would unset the thread's current loop
+    try:
+        assert loop.run_until_complete(scenario()) == [("q", "enqueued", T0, 100)]
+    finally:
+        loop.close()
