@@ -209,3 +209,24 @@ def test_the_local_rabbitmq_distribution_port_listens_on_loopback_only(running_s
             if state == "0A" and int(p, 16) == port:  # LISTEN
                 listening.append(".".join(str(int(address[i:i + 2], 16)) for i in (6, 4, 2, 0)))
     assert listening == ["127.0.0.1"]
+
+
+def test_services_script_sees_a_killed_unreaped_service_as_gone():
+    """stack/services.sh start right after a SIGKILL used to take the zombie for a live service."""
+    import signal
+
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "-m", "blob_svc"])
+    script = os.path.join(ROOT, "stack", "services.sh")
+
+    def alive() -> bool:
+        check = f"source <(sed -n '/^alive()/,/^}}/p' {script}); alive {proc.pid} blob"
+        return subprocess.run(["bash", "-c", check]).returncode == 0
+
+    try:
+        assert alive()
+        os.kill(proc.pid, signal.SIGKILL)
+        wait_until(lambda: open(f"/proc/{proc.pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z", what="a zombie")
+        assert not alive()  # killed, not yet reaped by its parent: gone
+    finally:
+        proc.kill()
+        proc.wait()
