@@ -11,6 +11,7 @@ import grpc
 from mailqueue.v1 import enqueue_pb2, enqueue_pb2_grpc
 from services import model, pipeline, serde
 from services.errors import InvalidArgument, MailQueueError
+from services.runtime.status import number_of
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +40,7 @@ class EnqueueServicer(enqueue_pb2_grpc.EnqueueServiceServicer):
         async for item, result in pipeline.unordered(request_iterator, lambda r: self._enqueue(r.request), MANY_IN_FLIGHT):
             response = enqueue_pb2.EnqueueManyResponse(sequence=item.sequence)
             if isinstance(result, MailQueueError):
-                response.error.code, response.error.message = result.code.value[0], str(result)[:2000]
+                response.error.code, response.error.message = number_of(result), str(result)[:2000]
             elif isinstance(result, BaseException):
                 log.error("enqueue of a stream failed", exc_info=result)
                 response.error.code, response.error.message = grpc.StatusCode.INTERNAL.value[0], "internal error; the server log has the details"

@@ -15,6 +15,7 @@ import grpc
 from prometheus_client import Counter, Histogram
 
 from services.errors import InvalidArgument, MailQueueError
+from services.runtime.status import status_of
 
 log = logging.getLogger(__name__)
 
@@ -73,9 +74,9 @@ async def _fail(context: grpc.aio.ServicerContext, method: str, e: BaseException
     if isinstance(e, NotImplementedError):
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{method} is not implemented yet")
     if isinstance(e, MailQueueError):
-        log.info("rpc refused", extra={"method": method, "code": e.code.name, "reason": str(e)})
+        log.info("rpc refused", extra={"method": method, "code": e.status, "reason": str(e)})
         detail = str(e)
-        await context.abort(e.code, detail if len(detail) <= MAX_DETAIL else detail[:MAX_DETAIL] + "...")
+        await context.abort(status_of(e), detail if len(detail) <= MAX_DETAIL else detail[:MAX_DETAIL] + "...")
     log.exception("rpc failed", extra={"method": method})
     await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method}; the server log has the details")
 

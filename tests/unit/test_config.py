@@ -37,3 +37,11 @@ def test_environment_overrides():
 def test_bad_values_name_the_variable(env, message):
     with pytest.raises(ConfigurationError, match=message.replace("(", r"\(").replace(")", r"\)")):
         Settings.from_env("enqueue", env=env)
+
+
+def test_the_domain_errors_and_the_sweep_need_no_grpc():
+    import subprocess
+    import sys
+
+    code = "import sys, services.errors, spark.sweep; sys.exit('grpc' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
