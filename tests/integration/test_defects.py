@@ -215,7 +215,7 @@ def test_services_script_sees_a_killed_unreaped_service_as_gone():
     """stack/services.sh start right after a SIGKILL used to take the zombie for a live service."""
     import signal
 
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "-m", "blob_svc"])
+    proc = subprocess.Popen([sys.executable, "-c", "import signal; signal.pause()", "-m", "blob_svc"])
     script = os.path.join(ROOT, "stack", "services.sh")
 
     def alive() -> bool:

@@ -62,9 +62,11 @@ def test_counter_updates_are_gathered_and_written_once_per_key():
     class Recorder:  # stands in for the DAO: only what the buffer asks it to write is checked
         def __init__(self) -> None:
             self.writes: list[tuple[str, str, dt.datetime, int]] = []
+            self.written = asyncio.Event()
 
         async def add(self, queue, kind, slice_start, delta) -> None:
             self.writes.append((queue, kind, slice_start, delta))
+            self.written.set()
 
     async def scenario() -> list:
         dao = Recorder()
@@ -74,10 +76,7 @@ def test_counter_updates_are_gathered_and_written_once_per_key():
         await buffer.add("q", "gone", T0, 1)
         await buffer.add("q", "gone", T0, -1)  # nets to nothing: not written
         assert dao.writes == []  # gathered, not yet written
-        for _ in range(100):  # the flush is due 50 ms after the first update
-            if dao.writes:
-                break
-            await asyncio.sleep(0.01)
+        await asyncio.wait_for(dao.written.wait(), 2)  # the flush is due 50 ms after the first update
         return dao.writes
 
     loop = asyncio.new_event_loop()  # not asyncio.run: it would unset the thread's current loop
