@@ -28,7 +28,8 @@ from services.backends import apply_view_settings
 from services.blobstores.s3 import S3BlobStore
 from services.brokers.rabbitmq import RabbitMQBroker
 from services.config import Settings
-from services.dequeuer import Dequeuer, Outcome
+from services.dequeuer import Dequeuer
+from services.subscription import Outcome
 from services.enqueuer import Enqueuer
 from services.queue_state import QueueState
 from services.queues import create_queue

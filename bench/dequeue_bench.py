@@ -4,7 +4,7 @@
 
 Both paths do the same work per mail: consume the RabbitMQ message, check the deleted mark in
 Cassandra, read the content from MinIO, mark the mail deleted, ack. The direct path runs the
-same domain code (services/dequeuer.py) in one process with S3 reached directly and no gRPC.
+same domain code (services/dequeuer.py, services/subscription.py) in one process with S3 reached directly and no gRPC.
 Mails are enqueued first (not timed); the first --warmup-mails of each phase are not timed either. Needs the stack up (stack/stack.sh up).
 """
 
@@ -26,7 +26,8 @@ from services import model
 from services.blobstores.s3 import S3BlobStore
 from services.brokers.rabbitmq import RabbitMQBroker
 from services.config import Settings
-from services.dequeuer import Dequeuer, Outcome
+from services.dequeuer import Dequeuer
+from services.subscription import Outcome
 from services.enqueuer import Enqueuer
 from services.queue_state import QueueState
 from services.view.view import View

@@ -1,4 +1,4 @@
-"""DequeueService: protobuf <-> domain only; the work is in services/dequeuer.py.
+"""DequeueService: protobuf <-> domain only; the work is in services/subscription.py.
 
 One stream = one subscription. Outcomes are read concurrently with the deliveries being sent;
 when the client half-closes, the server stops delivering and ends the stream, and whatever was
@@ -16,7 +16,7 @@ import grpc
 
 from mailqueue.v1 import dequeue_pb2, dequeue_pb2_grpc
 from services import serde
-from services.dequeuer import DEFAULT_PREFETCH, Delivery, Outcome, Subscription
+from services.subscription import DEFAULT_PREFETCH, Delivery, Outcome, Subscription
 from services.errors import InvalidArgument
 
 _OUTCOMES = {

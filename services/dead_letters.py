@@ -18,7 +18,7 @@ from prometheus_client import Counter
 
 from services import counters
 from services.broker import Broker
-from services.dequeuer import decode
+from services.subscription import decode
 from services.errors import BackendUnavailable
 from services.view.view import View
 

@@ -13,7 +13,7 @@ from google.protobuf import duration_pb2, timestamp_pb2
 from mailqueue.v1 import admin_pb2, browse_pb2, enqueue_pb2
 from services import names
 from services.config import RabbitMQSettings
-from services.dequeuer import SKIPPED
+from services.subscription import SKIPPED
 from tests.harness import ROOT, wait_until
 from tests.integration.helpers import (
     StreamConsumer, code_of, dead_letter_count, deleted_reason, enqueue_names, inline, message_count, simple_mail, view_rows,

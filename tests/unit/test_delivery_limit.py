@@ -1,8 +1,8 @@
-"""When a RETRY must become a dead letter (services/dequeuer.py:retries_exhausted)."""
+"""When a RETRY must become a dead letter (services/subscription.py:retries_exhausted)."""
 
 import pytest
 
-from services.dequeuer import retries_exhausted
+from services.subscription import retries_exhausted
 
 
 @pytest.mark.parametrize(("count", "limit", "exhausted"), [
