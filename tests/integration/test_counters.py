@@ -67,7 +67,8 @@ def test_gauges_export_each_queue_state_without_reading_mails(suite, keyspace):
     wait_until(lambda: info(suite, queue).delayed == 1, what="the retry counted as delayed")
     c.close()
     # A browse_svc process as deployed, its gauges refreshed every second, read from /metrics.
-    browse = ServiceProcess("browse", service_env(keyspace, MAILQUEUE_GAUGE_INTERVAL_S="1"), metrics=True)
+    env = service_env(keyspace, MAILQUEUE_GAUGE_INTERVAL_S="1", MAILQUEUE_BLOB_TARGET=suite.blob.target)
+    browse = ServiceProcess("browse", env, metrics=True)
     try:
         state = lambda s: browse.metric("mailqueue_queue_mails", queue=queue, state=s)  # noqa: E731
         wait_until(lambda: (state("ready"), state("delayed"), state("held"), state("dead_lettered")) == (1, 1, 0, 1),
