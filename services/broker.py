@@ -44,10 +44,6 @@ class Consumer(abc.ABC):
     async def ack(self, delivery_tag: int) -> None: ...
 
     @abc.abstractmethod
-    async def requeue(self, delivery_tag: int) -> None:
-        """Put the message back at the head of its queue, for any consumer."""
-
-    @abc.abstractmethod
     async def dead_letter(self, delivery_tag: int) -> None:
         """Route the message to the queue's dead-letter queue."""
 

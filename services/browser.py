@@ -139,12 +139,6 @@ class Browser:
         self._broker = broker
         self.rules = rules.RuleBook(view)
 
-    async def require_queue(self, queue: str) -> None:
-        if not await self._view.queues.exists(queue):
-            from services.errors import NotFound
-
-            raise NotFound(f"queue {queue!r} does not exist: create it with AdminService.CreateQueue")
-
     async def live_mails(self, queue: str, op: str = "browse", until: dt.datetime | None = None) -> AsyncIterator[model.QueuedMail]:
         """Every live mail of the queue, in enqueue order (``until``: only mails enqueued before it)."""
         config = await self._view.config.current()
@@ -177,11 +171,6 @@ class Browser:
 
     async def size(self, queue: str) -> int:
         return sum([1 async for _ in self.live_mails(queue, "size")])
-
-    async def oldest(self, queue: str) -> model.QueuedMail | None:
-        async for q in self.live_mails(queue, "oldest"):
-            return q
-        return None
 
     async def summary(self, queue: str) -> Summary:
         now = model.utcnow()

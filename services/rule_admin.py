@@ -15,8 +15,8 @@ async def add(view: View, browser: Browser, rule: model.Rule) -> tuple[model.Rul
     """Store the rule; a bounce rule also marks the queued mails it matches. (rule, mails marked)."""
     now = model.utcnow()
     rule = rules.validate(dataclasses.replace(rule, rule_id=uuid.uuid4(), created_at=now), now)
-    if rule.queue:
-        await browser.require_queue(rule.queue)
+    if rule.queue and not await view.queues.exists(rule.queue):
+        raise NotFound(f"queue {rule.queue!r} does not exist: create it with AdminService.CreateQueue")
     await view.rules.add(rule)
     browser.rules.forget()
     applied = 0

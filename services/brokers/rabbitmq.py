@@ -179,10 +179,6 @@ class RabbitMQConsumer(Consumer):
         self._ensure_open()
         self._channel.basic_ack(delivery_tag)
 
-    async def requeue(self, delivery_tag: int) -> None:
-        self._ensure_open()
-        self._channel.basic_nack(delivery_tag, requeue=True)
-
     async def dead_letter(self, delivery_tag: int) -> None:
         self._ensure_open()
         self._channel.basic_nack(delivery_tag, requeue=False)
