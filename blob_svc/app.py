@@ -1,13 +1,16 @@
-"""blob_svc's backends: the S3 bucket (created at start-up)."""
+"""blob_svc's backends: the small-blob table in Cassandra and the S3 bucket (created at start-up)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from mailqueue.v1 import blob_pb2_grpc
 from blob_svc.servicer import BlobServicer
+from mailqueue.v1 import blob_pb2_grpc
+from services.backends import tiered
+from services.blobstore import BlobStore
 from services.blobstores.s3 import S3BlobStore
 from services.runtime.server import App
+from services.view.view import View
 
 
 class BlobApp(App):
@@ -15,15 +18,18 @@ class BlobApp(App):
 
     def __init__(self, settings: Any) -> None:
         super().__init__(settings)
-        self._store: S3BlobStore | None = None
+        self._store: BlobStore | None = None
+        self._view: View | None = None
 
     def servicers(self) -> list[tuple[Any, Any, str]]:
         return [(blob_pb2_grpc.add_BlobServiceServicer_to_server, BlobServicer(self), "mailqueue.v1.BlobService")]
 
     async def connect(self) -> None:
-        store = S3BlobStore(self.settings.s3, self.settings.limits.max_blob_bytes)
-        await store.ensure_bucket()
-        self._store = store
+        s3 = S3BlobStore(self.settings.s3, self.settings.limits.max_blob_bytes)
+        await s3.ensure_bucket()
+        view = await View.open(self.settings.cassandra)
+        self._view = view
+        self._store = tiered(self.settings, view, s3)
 
     async def check(self) -> None:
         await self.store().ping()
@@ -31,8 +37,10 @@ class BlobApp(App):
     async def close(self) -> None:
         if self._store is not None:
             await self._store.close()
+        if self._view is not None:
+            self._view.close()
 
-    def store(self) -> S3BlobStore:
+    def store(self) -> BlobStore:
         self.require_connected()
         assert self._store is not None
         return self._store

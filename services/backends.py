@@ -5,8 +5,10 @@ from __future__ import annotations
 import logging
 
 from services.blobstore import BlobStore
+from services.blobstores.cassandra import CassandraBlobStore
 from services.blobstores.remote import RemoteBlobStore
 from services.blobstores.s3 import S3BlobStore
+from services.blobstores.tiered import TieredBlobStore
 from services.broker import Broker
 from services.brokers.rabbitmq import RabbitMQBroker
 from services.config import Settings
@@ -18,11 +20,25 @@ from services.view_config import merge
 log = logging.getLogger(__name__)
 
 
-def blob_store(settings: Settings) -> BlobStore:
-    """blob_svc when a target is configured (the default), S3 directly otherwise."""
+def blob_store(settings: Settings, view: View) -> BlobStore:
+    """Small blobs in the view's Cassandra; larger ones through blob_svc when a target is
+    configured (the default), in S3 directly otherwise."""
+    large: BlobStore
     if settings.server.blob_target:
-        return RemoteBlobStore(settings.server.blob_target, settings.server.service_token)
-    return S3BlobStore(settings.s3, settings.limits.max_blob_bytes)
+        large = RemoteBlobStore(settings.server.blob_target, settings.server.service_token)
+    else:
+        large = S3BlobStore(settings.s3, settings.limits.max_blob_bytes)
+    return tiered(settings, view, large)
+
+
+def tiered(settings: Settings, view: View, large: BlobStore) -> BlobStore:
+    """``large`` behind the small-blob table, unless MAILQUEUE_SMALL_BLOB_BYTES is 0."""
+    if settings.limits.small_blob_bytes == 0:
+        return large
+    small = CassandraBlobStore(
+        view.session, settings.cassandra.keyspace, settings.limits.small_blob_bytes, settings.s3.touch_interval_s
+    )
+    return TieredBlobStore(small, large)
 
 
 class Backends:
@@ -46,7 +62,7 @@ class Backends:
         except BaseException:
             view.close()
             raise
-        return cls(view, broker, blob_store(settings))
+        return cls(view, broker, blob_store(settings, view))
 
     async def check(self) -> None:
         await self.view.ping()

@@ -18,6 +18,11 @@ from services.model import BlobInfo
 CHUNK = 1024 * 1024
 
 
+def chunked(content: bytes) -> list[bytes]:
+    """Content in memory as the chunks ``get`` yields (one empty chunk for the empty blob)."""
+    return [content[i:i + CHUNK] for i in range(0, max(len(content), 1), CHUNK)]
+
+
 async def one_chunk(data: bytes) -> AsyncIterator[bytes]:
     yield data
 

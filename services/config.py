@@ -156,6 +156,9 @@ class LimitSettings:
     #: A delivery, content and metadata, must fit one 16 MiB gRPC message.
     DEQUEUE_INLINE_MAX = 15 * MiB
     max_prefetch: int = 512
+    #: Blobs up to this size live in Cassandra (no S3 object, no blob_svc hop); 0 puts every blob in S3.
+    small_blob_bytes: int = 64 * KiB
+    SMALL_BLOB_MAX = 1 * MiB
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> LimitSettings:
@@ -169,6 +172,7 @@ class LimitSettings:
             max_metadata_bytes=_int(env, "MAX_METADATA_BYTES", cls.max_metadata_bytes, 1),
             dequeue_inline_bytes=_int(env, "DEQUEUE_INLINE_BYTES", cls.dequeue_inline_bytes, 0, cls.DEQUEUE_INLINE_MAX),
             max_prefetch=_int(env, "MAX_PREFETCH", cls.max_prefetch, 1),
+            small_blob_bytes=_int(env, "SMALL_BLOB_BYTES", cls.small_blob_bytes, 0, cls.SMALL_BLOB_MAX),
         )
 
 

@@ -116,6 +116,33 @@ def delete_blobs(s3: S3Settings, started: dt.datetime, grace: dt.timedelta, coun
     return run
 
 
+def delete_small_blobs(cassandra: CassandraSettings, keyspace: str, cutoff: dt.datetime, count: Any, size: Any) -> Callable[[Iterator[Any]], None]:
+    """Rows of (blob_id, size) from the small-blob table: each deleted only if it was still
+    last written before ``cutoff`` (a conditional delete: a put that reused the blob since the
+    listing keeps it)."""
+    cql = f"DELETE FROM {keyspace}.{schema.BLOBS} WHERE blob_id = ? IF written_at < ?"
+
+    def run(rows: Iterator[Any]) -> None:
+        from services.view import bulk
+        from services.view.session import connect
+
+        cluster, session = connect(cassandra)
+        try:
+            statement = session.prepare(cql)
+            batch = list(rows)
+            for i in range(0, len(batch), BATCH):
+                part = batch[i:i + BATCH]
+                results = bulk.run(session, statement, [(r.blob_id, cutoff) for r in part], CONCURRENCY)
+                for r, result in zip(part, results):
+                    if result and result[0][0]:  # [applied]
+                        count.add(1)
+                        size.add(int(r.size or 0))
+        finally:
+            cluster.shutdown()
+
+    return run
+
+
 def blob_prefixes() -> list[str]:
     """Blob keys are ``blobs/<sha-256 hex>``: 256 two-digit prefixes split the listing evenly."""
     return [f"{names.blob_key('')}{i:02x}" for i in range(256)]

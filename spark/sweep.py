@@ -191,26 +191,42 @@ def sweep(ctx: Context, spark: Any) -> retention.Summary:
         log.info("partitions deleted", extra={"partitions": done.value})
         _failpoint("after-partitions")
 
-    # 4. Blobs no remaining row references, older than the blob grace.
-    if not a.no_blobs and buckets.usable(ctx.s3, ks, claim=not a.dry_run):
-        referenced = (
-            rows.join(F.broadcast(starts_df), "queue_name", "left")
-            .where(F.col("cs_ms").isNull() | (F.col("slice_ms") >= F.col("cs_ms")))
-            .select(F.explode("blob_ids").alias("blob_id")).distinct()
-        )
+    # 4. Blobs no remaining row references, older than the blob grace: in Cassandra, then in S3.
+    if a.no_blobs:
+        return summary
+    referenced = (
+        rows.join(F.broadcast(starts_df), "queue_name", "left")
+        .where(F.col("cs_ms").isNull() | (F.col("slice_ms") >= F.col("cs_ms")))
+        .select(F.explode("blob_ids").alias("blob_id")).distinct()
+    ).persist(StorageLevel.MEMORY_AND_DISK)
+    cutoff = ctx.started - a.blob_grace
+    small = (
+        table(schema.BLOBS).select("blob_id", "size", "written_at")
+        .where(F.col("written_at") < F.lit(cutoff)).join(referenced, "blob_id", "left_anti").persist()
+    )
+    found = small.agg(F.count("*").alias("n"), F.sum("size").alias("bytes")).first()
+    summary.blobs, summary.bytes_reclaimed = int(found.n or 0), int(found.bytes or 0)
+    log.info("unreferenced small blobs found", extra={"blobs": summary.blobs, "bytes": summary.bytes_reclaimed})
+    if not a.dry_run and summary.blobs:
+        count, size = spark.sparkContext.accumulator(0), spark.sparkContext.accumulator(0)
+        small.coalesce(a.parallelism).foreachPartition(executors.delete_small_blobs(ctx.cassandra, ks, cutoff, count, size))
+        summary.blobs, summary.bytes_reclaimed = count.value, size.value
+    if buckets.usable(ctx.s3, ks, claim=not a.dry_run):
         prefixes = executors.blob_prefixes()
         listed = spark.sparkContext.parallelize(prefixes, min(len(prefixes), 4 * a.parallelism)).mapPartitions(
             executors.list_blobs(ctx.s3, ctx.started, a.blob_grace)
         ).toDF("blob_id string, size long, modified_ms long")
         garbage = listed.join(referenced, "blob_id", "left_anti").persist()
         found = garbage.agg(F.count("*").alias("n"), F.sum("size").alias("bytes")).first()
-        summary.blobs, summary.bytes_reclaimed = int(found.n or 0), int(found.bytes or 0)
-        log.info("unreferenced blobs found", extra={"blobs": summary.blobs, "bytes": summary.bytes_reclaimed})
-        if not a.dry_run and summary.blobs:
+        blobs, reclaimed = int(found.n or 0), int(found.bytes or 0)
+        log.info("unreferenced S3 blobs found", extra={"blobs": blobs, "bytes": reclaimed})
+        if not a.dry_run and blobs:
             count, size = spark.sparkContext.accumulator(0), spark.sparkContext.accumulator(0)
             garbage.coalesce(a.parallelism).foreachPartition(executors.delete_blobs(ctx.s3, ctx.started, a.blob_grace, count, size))
             # Blobs reused since the listing were kept: report what was really deleted.
-            summary.blobs, summary.bytes_reclaimed = count.value, size.value
+            blobs, reclaimed = count.value, size.value
+        summary.blobs += blobs
+        summary.bytes_reclaimed += reclaimed
     return summary
 
 

@@ -20,6 +20,7 @@ IDEMPOTENCY = table("enqueue_idempotency")
 RETRY_POLICIES = table("retry_policies")
 RULES = table("rules")
 COUNTERS = table("queue_counters")
+BLOBS = table("blobs")
 
 #: Idempotency keys are remembered this long.
 IDEMPOTENCY_TTL_S = 24 * 3600
@@ -75,6 +76,9 @@ TABLES = [
         queue_name text, kind text, slice_start timestamp, count counter,
         PRIMARY KEY ((queue_name), kind, slice_start)
     ) WITH comment = 'Approximate per-slice counts (enqueued, gone, delayed, held, dead_lettered) for cheap size and gauges; healed by ReconcileCounters.'""",
+    f"""CREATE TABLE IF NOT EXISTS {{ks}}.{BLOBS} (
+        blob_id text PRIMARY KEY, content blob, size bigint, written_at timestamp
+    ) WITH comment = 'Mail content up to MAILQUEUE_SMALL_BLOB_BYTES, content-addressed (id = SHA-256 hex); larger content is in S3. written_at is refreshed when a put reuses the blob; the retention sweep collects blobs no row references.'""",
 ]
 
 #: Columns added to tables that existed before them (idempotent: ADD IF NOT EXISTS).

@@ -1,4 +1,9 @@
-"""BlobService through gRPC, served in-process with pytest-grpc's fixtures, on real MinIO."""
+"""BlobService through gRPC, served in-process with pytest-grpc's fixtures, on real Cassandra and MinIO.
+
+One contract, run against both stores blob_svc can serve: the tiered one (content up to 64 KiB
+in Cassandra, larger in S3; the default) and S3 alone (MAILQUEUE_SMALL_BLOB_BYTES=0). Contents of
+both size classes go through each.
+"""
 
 import hashlib
 import os
@@ -15,9 +20,14 @@ from tests.harness import service_env
 CHUNK = 256 * 1024
 
 
-@pytest.fixture(scope="module")
-def blob_app(aio_loop, keyspace):
-    app = BlobApp(Settings.from_env("blob", service_env(keyspace)))
+#: Content sizes on either side of the 64 KiB small-blob limit.
+SIZES = [1000, 100_000]
+
+
+@pytest.fixture(scope="module", params=["tiered", "s3-only"])
+def blob_app(request, aio_loop, keyspace):
+    extra = {"MAILQUEUE_SMALL_BLOB_BYTES": "0"} if request.param == "s3-only" else {}
+    app = BlobApp(Settings.from_env("blob", service_env(keyspace, **extra)))
     aio_loop.run(app.connect())
     app.connected = True
     return app
@@ -58,15 +68,17 @@ def test_put_returns_the_sha256_and_get_streams_it_back(grpc_stub):
     assert grpc_stub.Stat(blob_pb2.StatRequest(blob_id=r.blob_id)).size == len(data)
 
 
-def test_equal_content_is_stored_once(grpc_stub):
-    data = os.urandom(1000)
+@pytest.mark.parametrize("size", SIZES)
+def test_equal_content_is_stored_once(grpc_stub, size):
+    data = os.urandom(size)
     first, second = put(grpc_stub, data), put(grpc_stub, data)
     assert first.blob_id == second.blob_id
     assert (first.deduplicated, second.deduplicated) == (False, True)
 
 
-def test_a_stated_id_that_does_not_match_is_refused_and_nothing_is_stored(grpc_stub):
-    data = os.urandom(1000)
+@pytest.mark.parametrize("size", SIZES)
+def test_a_stated_id_that_does_not_match_is_refused_and_nothing_is_stored(grpc_stub, size):
+    data = os.urandom(size)
     with pytest.raises(grpc.RpcError) as e:
         put(grpc_stub, data, expected="0" * 64)
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -86,8 +98,9 @@ def test_empty_blob(grpc_stub):
     assert get(grpc_stub, r.blob_id) == b""
 
 
-def test_put_bytes_stores_whole_content_and_get_bytes_returns_it(grpc_stub):
-    data = os.urandom(10 * 1024)
+@pytest.mark.parametrize("size", SIZES)
+def test_put_bytes_stores_whole_content_and_get_bytes_returns_it(grpc_stub, size):
+    data = os.urandom(size)
     first = grpc_stub.PutBytes(blob_pb2.PutBytesRequest(content=data))
     assert first.blob_id == hashlib.sha256(data).hexdigest() and first.size == len(data) and not first.deduplicated
     again = grpc_stub.PutBytes(blob_pb2.PutBytesRequest(content=data, expected_blob_id=first.blob_id))
@@ -132,10 +145,26 @@ def test_malformed_blob_id_is_invalid(grpc_stub):
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
-def test_delete_is_idempotent(grpc_stub):
-    r = put(grpc_stub, os.urandom(100))
+@pytest.mark.parametrize("size", SIZES)
+def test_delete_is_idempotent(grpc_stub, size):
+    r = put(grpc_stub, os.urandom(size))
     assert grpc_stub.Delete(blob_pb2.DeleteRequest(blob_id=r.blob_id)).existed is True
     assert grpc_stub.Delete(blob_pb2.DeleteRequest(blob_id=r.blob_id)).existed is False
     with pytest.raises(grpc.RpcError) as e:
         grpc_stub.Stat(blob_pb2.StatRequest(blob_id=r.blob_id))
     assert e.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_content_lives_in_cassandra_up_to_the_small_limit_and_in_s3_above(grpc_stub, blob_app, aio_loop, keyspace, size):
+    from services.blobstores.s3 import client
+    from services.view import schema
+    from services.view.session import execute
+
+    r = put(grpc_stub, os.urandom(size))
+    tiered = blob_app.settings.limits.small_blob_bytes > 0
+    rows = aio_loop.run(execute(blob_app._view.session, f"SELECT size FROM {keyspace}.{schema.BLOBS} WHERE blob_id = %s", (r.blob_id,)))
+    s3 = client(blob_app.settings.s3)
+    objects = [o.object_name for o in s3.list_objects(blob_app.settings.s3.bucket, prefix=f"blobs/{r.blob_id}")]
+    in_cassandra = tiered and size <= blob_app.settings.limits.small_blob_bytes
+    assert ([row.size for row in rows], len(objects)) == (([size], 0) if in_cassandra else ([], 1))

@@ -22,6 +22,8 @@ from prometheus_client import REGISTRY
 
 from mailqueue.v1 import admin_pb2, blob_pb2, browse_pb2
 from services import model, slices
+from services.view import schema
+from services.view.session import execute
 from tests.conftest import Suite
 from tests.harness import ROOT, new_keyspace, wait_until
 from tests.integration.helpers import (
@@ -75,6 +77,15 @@ def blob_exists(s: Suite, blob_id: str) -> bool:
     except grpc.RpcError as e:
         assert e.code() == grpc.StatusCode.NOT_FOUND
         return False
+
+
+#: Over MAILQUEUE_SMALL_BLOB_BYTES (64 KiB): such content is an S3 object.
+LARGE = 70_000
+
+
+def in_small_table(s: Suite, blob_id: str) -> bool:
+    rows = s.run(execute(s.view.session, f"SELECT size FROM {s.keyspace}.{schema.BLOBS} WHERE blob_id = %s", (blob_id,)))
+    return bool(rows)
 
 
 def enqueue(s: Suite, queue: str, name: str, content: bytes) -> model.QueuedMail:
@@ -146,11 +157,14 @@ def test_sweep_drops_dead_slices_marks_and_blobs_and_keeps_live_mails(sweep_suit
     queue, stale = s.new_queue(), s.new_queue()
     began = dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=1)
     shared = f"shared content {uuid.uuid4()}".encode()
-    dead = history(s, queue, 8, lambda i: shared if i == 7 else f"dead {i} {uuid.uuid4()}".encode())
+    # Two contents over 64 KiB live in S3, the others in the small-blob table: both are collected.
+    dead = history(s, queue, 8, lambda i: shared if i == 7 else (
+        os.urandom(LARGE) if i in (1, 4) else f"dead {i} {uuid.uuid4()}".encode()))
     # A second queue whose mails are deleted by an operator: their RabbitMQ messages stay queued.
     stale_ids = enqueue_names(s, stale, ["x1", "x2", "x3"])
     assert sum(p.progress.deleted for p in s.admin_stub.ClearQueue(admin_pb2.ClearQueueRequest(queue=stale))) == 3
     dead_blobs = dead_blob_ids(dead)
+    assert [in_small_table(s, b) for b in dead_blobs] == [i not in (1, 4) for i in range(8)]
     next_slice()
     live = {f"live-{i}": (shared if i == 0 else f"live content {i}".encode()) for i in range(3)}
     for name, content in live.items():
