@@ -20,12 +20,11 @@ import urllib.request
 
 import grpc
 
-from bench.common import PORTS, bench_queue, env, new_keyspace, run, serving
+from bench.common import PORTS, bench_queue, blob_store, env, new_keyspace, run, serving
 from bench.enqueue_bench import content
 from mailqueue.v1 import admin_pb2, admin_pb2_grpc, browse_pb2, browse_pb2_grpc
 from services import model
 from services.backends import apply_view_settings
-from services.blobstores.s3 import S3BlobStore
 from services.brokers.rabbitmq import RabbitMQBroker
 from services.config import Settings
 from services.dequeuer import Dequeuer
@@ -43,8 +42,7 @@ async def write_history(settings: Settings, history: int, live: int) -> None:
     view = await View.open(settings.cassandra)
     await apply_view_settings(view, settings)  # the short slice window of --slice-window
     broker = RabbitMQBroker(settings.rabbitmq)
-    blobs = S3BlobStore(settings.s3, settings.limits.max_blob_bytes)
-    await blobs.ensure_bucket()
+    blobs = await blob_store(settings, view)
     state = QueueState(view)
     await create_queue(view, broker, QUEUE)
     enqueuer = Enqueuer(view, broker, blobs, settings.limits, state)

@@ -227,6 +227,16 @@ def report(name: str, r: dict[str, float]) -> str:
     return f"{name:<10} {r['ops']:>7.0f} ops  {r['per_s']:>8.1f}/s  p50 {r['p50_ms']:>7.1f} ms  p99 {r['p99_ms']:>7.1f} ms"
 
 
+async def blob_store(settings: Any, view: Any) -> Any:
+    """The services' blob layout from this process: small content in Cassandra, larger in S3."""
+    from services.backends import tiered
+    from services.blobstores.s3 import S3BlobStore
+
+    s3 = S3BlobStore(settings.s3, settings.limits.max_blob_bytes)
+    await s3.ensure_bucket()
+    return tiered(settings, view, s3)
+
+
 async def write_backlog(settings: Any, queue: str, n: int, content: bytes, delay: Any = None, label: str = "backlog") -> float:
     """``n`` mails of one shared content in ``queue``, written as Enqueue writes them (blob, row,
     counters, confirmed publish; ``delay``: a datetime.timedelta through the delay ladder), from
@@ -234,15 +244,13 @@ async def write_backlog(settings: Any, queue: str, n: int, content: bytes, delay
     import datetime as dt
 
     from services import counters, model
-    from services.blobstores.s3 import S3BlobStore
     from services.brokers.rabbitmq import RabbitMQBroker
     from services.slices import bucket_of, slice_start
     from services.view.view import View
 
     view = await View.open(settings.cassandra)
     broker = RabbitMQBroker(settings.rabbitmq, settings.cassandra.keyspace)
-    blobs = S3BlobStore(settings.s3, settings.limits.max_blob_bytes)
-    await blobs.ensure_bucket()
+    blobs = await blob_store(settings, view)
     info = await blobs.put_bytes(content)
     mail = model.Mail(name=label, sender="a@example.com", recipients=("b@example.org",))
     window = (await view.config.current()).slice_window

@@ -3,7 +3,7 @@
     .venv/bin/python -m bench.dequeue_bench [--mails 4000] [--prefetch 32] [--size 10240] [--warmup-mails 500]
 
 Both paths do the same work per mail: consume the RabbitMQ message, check the deleted mark in
-Cassandra, read the content from MinIO, mark the mail deleted, ack. The direct path runs the
+Cassandra, read the content (Cassandra up to 64 KiB, MinIO above), mark the mail deleted, ack. The direct path runs the
 same domain code (services/dequeuer.py, services/subscription.py) in one process with S3 reached directly and no gRPC.
 Mails are enqueued first (not timed); the first --warmup-mails of each phase are not timed either. Needs the stack up (stack/stack.sh up).
 """
@@ -19,11 +19,10 @@ from typing import Any
 
 import grpc
 
-from bench.common import PORTS, CpuMeter, bench_queue, new_keyspace, run, start_services, stop
+from bench.common import PORTS, CpuMeter, bench_queue, blob_store, new_keyspace, run, start_services, stop
 from bench.enqueue_bench import content
 from mailqueue.v1 import admin_pb2, admin_pb2_grpc, dequeue_pb2, dequeue_pb2_grpc
 from services import model
-from services.blobstores.s3 import S3BlobStore
 from services.brokers.rabbitmq import RabbitMQBroker
 from services.config import Settings
 from services.dequeuer import Dequeuer
@@ -36,8 +35,7 @@ from services.view.view import View
 async def fill(settings: Settings, queue: str, n: int, size: int) -> None:
     view = await View.open(settings.cassandra)
     broker = RabbitMQBroker(settings.rabbitmq)
-    blobs = S3BlobStore(settings.s3, settings.limits.max_blob_bytes)
-    await blobs.ensure_bucket()
+    blobs = await blob_store(settings, view)
     enqueuer = Enqueuer(view, broker, blobs, settings.limits, QueueState(view))
     mail = model.Mail(name="bench", sender="a@example.com", recipients=("b@example.org",))
     sem = asyncio.Semaphore(32)
@@ -91,8 +89,7 @@ async def via_grpc(queue: str, n: int, prefetch: int, warmup: int, services: dic
 async def direct(settings: Settings, queue: str, n: int, prefetch: int, warmup: int) -> dict[str, Any]:
     view = await View.open(settings.cassandra)
     broker = RabbitMQBroker(settings.rabbitmq)
-    blobs = S3BlobStore(settings.s3, settings.limits.max_blob_bytes)
-    await blobs.ensure_bucket()
+    blobs = await blob_store(settings, view)
     dequeuer = Dequeuer(view, broker, blobs, settings.limits, QueueState(view))
     sub = await dequeuer.subscribe(queue, prefetch)
     start, meter = time.monotonic(), CpuMeter({})

@@ -4,8 +4,9 @@
 
 ``--many`` adds a phase with EnqueueMany: one stream, ``--concurrency`` mails in flight on it.
 
-Both paths do the same writes per mail: content to MinIO (SHA-256 addressed), the view row in
-Cassandra, a persistent confirmed publish to RabbitMQ. The direct path uses the same adapters
+Both paths do the same writes per mail: content (SHA-256 addressed) to the small-blob table in
+Cassandra, or to MinIO above MAILQUEUE_SMALL_BLOB_BYTES, the view row in Cassandra, a persistent
+confirmed publish to RabbitMQ. The direct path uses the same adapters
 from one Python process, with no gRPC hop. Needs the stack up (stack/stack.sh up).
 """
 
@@ -19,10 +20,9 @@ from typing import Any
 
 import grpc
 
-from bench.common import PORTS, bench_queue, load, new_keyspace, report, run, start_services, stop
+from bench.common import PORTS, blob_store, bench_queue, load, new_keyspace, report, run, start_services, stop
 from mailqueue.v1 import admin_pb2, admin_pb2_grpc, enqueue_pb2, enqueue_pb2_grpc, mail_pb2
 from services import model
-from services.blobstores.s3 import S3BlobStore
 from services.brokers.rabbitmq import RabbitMQBroker
 from services.config import Settings
 from services.queues import create_queue
@@ -99,8 +99,7 @@ async def via_grpc_many(
 async def direct(settings: Settings, queue: str, seconds: float, concurrency: int, size: int, warmup: float) -> dict[str, Any]:
     view = await View.open(settings.cassandra)
     broker = RabbitMQBroker(settings.rabbitmq)
-    blobs = S3BlobStore(settings.s3, settings.limits.max_blob_bytes)
-    await blobs.ensure_bucket()
+    blobs = await blob_store(settings, view)  # the services' layout: small content in Cassandra
     await create_queue(view, broker, queue)
     mail = model.Mail(name="bench", sender="a@example.com", recipients=("b@example.org",))
     window = (await view.config.current()).slice_window

@@ -35,6 +35,11 @@ class BlobStore(abc.ABC):
         """``put`` of content already in memory."""
         return await self.put(one_chunk(data), expected_id)
 
+    async def store(self, data: bytes) -> BlobInfo:
+        """Store content in memory for a mail about to reference it: ``put_bytes`` where the
+        caller need not know whether it was a duplicate (a store may then skip the lookup)."""
+        return await self.put_bytes(data)
+
     @abc.abstractmethod
     def get(self, blob_id: str) -> AsyncIterator[bytes]:
         """Stream a blob's bytes in chunks of at most CHUNK."""

@@ -58,7 +58,7 @@ class Enqueuer:
             )
 
         async def write() -> tuple[tuple[str, ...], int]:
-            info = await self._blobs.put_bytes(content)
+            info = await self._blobs.store(content)
             return (info.blob_id,), info.size
 
         return await self._enqueue(queue, mail, write, key, when, priority)

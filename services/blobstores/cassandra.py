@@ -63,11 +63,22 @@ class CassandraBlobStore(BlobStore):
         if expected_id and expected_id != blob_id:
             raise InvalidArgument(f"content hash {blob_id} differs from the expected blob id {expected_id}")
         found = await execute(self._session, self._size, (blob_id,))
-        if found and self._touched_recently(blob_id):
+        if not (found and self._touched_recently(blob_id)):
+            await self._write(blob_id, data)
+        return BlobInfo(blob_id, len(data), deduplicated=bool(found))
+
+    async def store(self, data: bytes) -> BlobInfo:
+        """One write, no read: rewriting equal content is harmless and refreshes ``written_at``."""
+        self._check_size(len(data))
+        blob_id = hashlib.sha256(data).hexdigest()
+        if self._touched_recently(blob_id):
             return BlobInfo(blob_id, len(data), deduplicated=True)
+        await self._write(blob_id, data)
+        return BlobInfo(blob_id, len(data))
+
+    async def _write(self, blob_id: str, data: bytes) -> None:
         await execute(self._session, self._insert, (blob_id, data, len(data), model.utcnow()))
         self._touched[blob_id] = time.monotonic()
-        return BlobInfo(blob_id, len(data), deduplicated=bool(found))
 
     def _touched_recently(self, blob_id: str) -> bool:
         last = self._touched.get(blob_id)

@@ -43,6 +43,11 @@ class TieredBlobStore(BlobStore):
             return await self.small.put_bytes(data, expected_id)
         return await self.large.put_bytes(data, expected_id)
 
+    async def store(self, data: bytes) -> BlobInfo:
+        if len(data) <= self.small.max_bytes:
+            return await self.small.store(data)
+        return await self.large.put_bytes(data)
+
     async def get(self, blob_id: str) -> AsyncIterator[bytes]:
         content = await self.small.lookup(blob_id)
         if content is not None:
