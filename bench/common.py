@@ -145,9 +145,12 @@ def drop_queues(queues: list[str]) -> None:
 
 async def load(
     op: Callable[[int], Awaitable[None]], concurrency: int, seconds: float, label: str,
-    warmup: float = 5.0, services: dict[str, int] | None = None,
+    warmup: float = 5.0, services: dict[str, int] | None = None, rate: float = 0.0,
 ) -> dict[str, Any]:
     """Run ``op`` from ``concurrency`` workers for ``warmup`` + ``seconds``; report the last ``seconds``.
+
+    ``rate`` > 0 paces the starts to that many per second (an open load: each operation starts at
+    its slot, ``concurrency`` at most in flight) to measure latency below the peak.
 
     Only operations started after the warm-up count (fresh processes, connections, JIT and caches
     settle first). ``services`` (name -> pid) get their CPU time per operation measured over the
@@ -165,6 +168,9 @@ async def load(
         nonlocal counter
         while (now := time.monotonic()) < deadline:
             counter += 1
+            if rate > 0 and (wait := began + counter / rate - now) > 0:
+                await asyncio.sleep(wait)
+                now = time.monotonic()
             start = time.perf_counter()
             await op(counter)
             if now >= measure_from:

@@ -1,8 +1,9 @@
 """Enqueue throughput: through gRPC (enqueue_svc -> blob_svc -> backends) vs. direct backend calls.
 
-    .venv/bin/python -m bench.enqueue_bench [--seconds 30] [--concurrency 32] [--size 10240] [--warmup 5] [--many]
+    .venv/bin/python -m bench.enqueue_bench [--seconds 30] [--concurrency 32] [--size 10240] [--warmup 5] [--many] [--rate R]
 
 ``--many`` adds a phase with EnqueueMany: one stream, ``--concurrency`` mails in flight on it.
+``--rate R`` adds a phase of single Enqueues started R per second (latency below the peak).
 
 Both paths do the same writes per mail: content (SHA-256 addressed) to the small-blob table in
 Cassandra, or to MinIO above MAILQUEUE_SMALL_BLOB_BYTES, the view row in Cassandra, a persistent
@@ -36,7 +37,7 @@ def content(i: int, size: int) -> bytes:
 
 
 async def via_grpc(
-    queue: str, seconds: float, concurrency: int, size: int, warmup: float, services: dict[str, int]
+    queue: str, seconds: float, concurrency: int, size: int, warmup: float, services: dict[str, int], rate: float = 0.0,
 ) -> dict[str, Any]:
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{PORTS['enqueue']}")
     stub = enqueue_pb2_grpc.EnqueueServiceStub(channel)
@@ -46,7 +47,7 @@ async def via_grpc(
         await stub.Enqueue(enqueue_pb2.EnqueueRequest(queue=queue, mail=mail, inline_content=content(i, size)))
 
     try:
-        return await load(op, concurrency, seconds, "grpc", warmup, services)
+        return await load(op, concurrency, seconds, f"grpc@{rate:.0f}/s" if rate else "grpc", warmup, services, rate)
     finally:
         await channel.close()
 
@@ -127,6 +128,7 @@ def main() -> None:
     p.add_argument("--size", type=int, default=10 * 1024)
     p.add_argument("--warmup", type=float, default=5, help="seconds of load before measuring, each phase")
     p.add_argument("--many", action="store_true", help="also measure EnqueueMany (one stream)")
+    p.add_argument("--rate", type=float, default=0.0, help="also measure single Enqueues paced at this many per second")
     a = p.parse_args()
     keyspace = new_keyspace()
     grpc_queue, direct_queue = bench_queue("bench-grpc"), bench_queue("bench-direct")
@@ -137,6 +139,7 @@ def main() -> None:
         services = {"blob_svc": procs[0].pid, "enqueue_svc": procs[1].pid}
         g = asyncio.run(via_grpc(grpc_queue, a.seconds, a.concurrency, a.size, a.warmup, services))
         m = asyncio.run(via_grpc_many(grpc_queue, a.seconds, a.concurrency, a.size, a.warmup, services)) if a.many else None
+        paced = asyncio.run(via_grpc(grpc_queue, a.seconds, a.concurrency, a.size, a.warmup, services, a.rate)) if a.rate else None
     finally:
         stop(procs)
     settings = Settings.from_env("enqueue", {**os.environ, "MAILQUEUE_CASSANDRA_KEYSPACE": keyspace})
@@ -147,6 +150,9 @@ def main() -> None:
     if m is not None:
         print(report("grpc-many", m) + f"  ({m['errors']} refused)")
         print(f"           {m['cpu']}")
+    if paced is not None:
+        print(report(f"grpc@{a.rate:.0f}/s", paced))
+        print(f"           {paced['cpu']}")
     print(report("direct", d))
     print(f"           {d['cpu']}")
     print(f"ratio grpc/direct throughput: {g['per_s'] / d['per_s']:.2f}")
