@@ -22,7 +22,7 @@ class BlobApp(App):
         self._view: View | None = None
 
     def servicers(self) -> list[tuple[Any, Any, str]]:
-        return [(blob_pb2_grpc.add_BlobServiceServicer_to_server, BlobServicer(self), "mailqueue.v1.BlobService")]
+        return [(blob_pb2_grpc.add_BlobServiceServicer_to_server, BlobServicer(self.store), "mailqueue.v1.BlobService")]
 
     async def connect(self) -> None:
         s3 = S3BlobStore(self.settings.s3, self.settings.limits.max_blob_bytes)

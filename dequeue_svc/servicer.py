@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Callable
 
 import grpc
 
 from mailqueue.v1 import dequeue_pb2, dequeue_pb2_grpc
 from services import serde
+from services.dequeuer import Dequeuer
 from services.subscription import DEFAULT_PREFETCH, Delivery, Outcome, Subscription
 from services.errors import InvalidArgument
 
@@ -74,13 +74,13 @@ async def _settle_outcomes(requests: AsyncIterator[dequeue_pb2.DequeueRequest], 
 
 
 class DequeueServicer(dequeue_pb2_grpc.DequeueServiceServicer):
-    def __init__(self, app: Any) -> None:
-        self._app = app
+    def __init__(self, dequeuer: Callable[[], Dequeuer]) -> None:
+        self._dequeuer = dequeuer  # raises UNAVAILABLE while the service connects
 
     async def Dequeue(
         self, request_iterator: AsyncIterator[dequeue_pb2.DequeueRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[dequeue_pb2.DequeueResponse]:
-        dequeuer = self._app.dequeuer()
+        dequeuer = self._dequeuer()
         requests = aiter(request_iterator)
         first = await anext(requests, None)
         if first is None or first.WhichOneof("kind") != "subscribe":

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Callable
 
 import grpc
 
 from mailqueue.v1 import enqueue_pb2, enqueue_pb2_grpc
 from services import model, pipeline, serde
+from services.enqueuer import Enqueuer
 from services.errors import InvalidArgument, MailQueueError
 from services.runtime.status import number_of
 
@@ -27,8 +27,8 @@ def _receipt(r: model.EnqueueResult) -> enqueue_pb2.Receipt:
 
 
 class EnqueueServicer(enqueue_pb2_grpc.EnqueueServiceServicer):
-    def __init__(self, app: Any) -> None:
-        self._app = app
+    def __init__(self, enqueuer: Callable[[], Enqueuer]) -> None:
+        self._enqueuer = enqueuer  # raises UNAVAILABLE while the service connects
 
     async def Enqueue(self, request: enqueue_pb2.EnqueueRequest, context: grpc.aio.ServicerContext) -> enqueue_pb2.EnqueueResponse:
         return enqueue_pb2.EnqueueResponse(receipt=_receipt(await self._enqueue(request)))
@@ -36,7 +36,7 @@ class EnqueueServicer(enqueue_pb2_grpc.EnqueueServiceServicer):
     async def EnqueueMany(
         self, request_iterator: AsyncIterator[enqueue_pb2.EnqueueManyRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[enqueue_pb2.EnqueueManyResponse]:
-        self._app.enqueuer()  # UNAVAILABLE for the whole stream while connecting
+        self._enqueuer()  # UNAVAILABLE for the whole stream while connecting
         async for item, result in pipeline.unordered(request_iterator, lambda r: self._enqueue(r.request), MANY_IN_FLIGHT):
             response = enqueue_pb2.EnqueueManyResponse(sequence=item.sequence)
             if isinstance(result, MailQueueError):
@@ -49,7 +49,7 @@ class EnqueueServicer(enqueue_pb2_grpc.EnqueueServiceServicer):
             yield response
 
     async def _enqueue(self, request: enqueue_pb2.EnqueueRequest) -> model.EnqueueResult:
-        enqueuer = self._app.enqueuer()
+        enqueuer = self._enqueuer()
         mail = serde.mail_from_proto(request.mail)
         when, priority = serde.schedule_from_proto(request), serde.priority_from_proto(request.priority)
         kind = request.WhichOneof("content")
@@ -66,7 +66,7 @@ class EnqueueServicer(enqueue_pb2_grpc.EnqueueServiceServicer):
     async def EnqueueStream(
         self, request_iterator: AsyncIterator[enqueue_pb2.EnqueueStreamRequest], context: grpc.aio.ServicerContext
     ) -> enqueue_pb2.EnqueueStreamResponse:
-        enqueuer = self._app.enqueuer()
+        enqueuer = self._enqueuer()
         stream = aiter(request_iterator)
         first = await anext(stream, None)
         if first is None or first.WhichOneof("part") != "header":

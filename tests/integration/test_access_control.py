@@ -1,5 +1,7 @@
 """Tokens and roles, through gRPC: wrong or missing token does nothing."""
 
+import os
+
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -84,7 +86,8 @@ def test_a_service_token_blob_svc_refuses_turns_the_service_not_serving_and_says
         assert "MAILQUEUE_SERVICE_TOKEN" in str(e.value)
         enq = enqueue_pb2_grpc.EnqueueServiceStub(blocking_channel(wrong.target, TOKENS["producer"]))
         with pytest.raises(grpc.RpcError) as rpc:
-            enq.Enqueue(inline("secured-token", simple_mail("refused")))
+            # Over 64 KiB: the content goes to blob_svc (smaller content is written to Cassandra directly).
+            enq.Enqueue(inline("secured-token", simple_mail("refused"), os.urandom(100_000)))
         assert rpc.value.code() == grpc.StatusCode.UNAVAILABLE and "MAILQUEUE_SERVICE_TOKEN" in rpc.value.details()
         _, browse, _, _ = stubs(secured, TOKENS["admin"])
         assert browse.GetSize(browse_pb2.GetSizeRequest(queue="secured-token")).size == 0  # nothing written

@@ -40,7 +40,7 @@ def grpc_add_to_server():
 
 @pytest.fixture(scope="module")
 def grpc_servicer(blob_app):
-    return BlobServicer(blob_app)
+    return BlobServicer(blob_app.store)
 
 
 @pytest.fixture(scope="module")

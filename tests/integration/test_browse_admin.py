@@ -236,12 +236,12 @@ def test_raising_buckets_keeps_every_mail_browsable(running_stack, aio_loop):
             slice_window=duration_pb2.Duration(seconds=window), bucket_count=buckets, update_browse_start_pace=1000))
         s.admin_stub.UpdateConfiguration(config(4, 2))
         for app in s.apps[:-1]:
-            app.app._backends.state.forget_config()
+            app.app.backends().state.forget_config()
         enqueue_names(s, queue, [f"four-buckets-{i}" for i in range(8)])
         assert len({r.bucket for r in view_rows(s, queue)}) > 1
         s.admin_stub.UpdateConfiguration(config(4, 1))  # 1 s divides 2 s
         for app in s.apps[:-1]:
-            app.app._backends.state.forget_config()
+            app.app.backends().state.forget_config()
         enqueue_names(s, queue, ["one-second-slices"])
         assert browse_names(s, queue) == ["before", *[f"four-buckets-{i}" for i in range(8)], "one-second-slices"]
         with pytest.raises(grpc.RpcError) as e:
@@ -293,8 +293,3 @@ def test_republish_heals_a_broker_that_lost_its_messages(suite):
         c.next(timeout=1)
     c.close()
     assert size(suite, queue) == 0
-
-
-def test_flush_is_zero_until_delays_exist(suite):
-    queue = suite.new_queue()
-    assert suite.admin_stub.Flush(admin_pb2.FlushRequest(queue=queue)).flushed == 0

@@ -26,7 +26,7 @@ def enqueue(suite, queue, name, domain="example.org") -> str:
 
 def dequeue_sees(suite, rule_id: str) -> bool:
     """dequeue_svc applies the rule (its rule book refreshes every REFRESH_S seconds)."""
-    dequeuer = suite.dequeue.app.dequeuer()
+    dequeuer = suite.dequeue.app.service()
     return any(str(r.rule_id) == rule_id for r in suite.run(dequeuer.rules.current()))
 
 
