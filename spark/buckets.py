@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import io
 
-import urllib3
-from minio.error import S3Error
 
+from services.blobstores import s3errors
 from services.blobstores.s3 import client
 from services.config import S3Settings
 from services.errors import BackendUnavailable
@@ -29,7 +28,7 @@ class BucketOwnedElsewhere(RuntimeError):
 def ping(s3: S3Settings) -> None:
     try:
         client(s3).bucket_exists(s3.bucket)
-    except (S3Error, urllib3.exceptions.HTTPError, OSError) as e:
+    except s3errors.ERRORS as e:
         raise BackendUnavailable("s3", f"cannot reach {s3.endpoint} ({type(e).__name__}: {e})") from e
 
 
@@ -40,8 +39,8 @@ def usable(s3: S3Settings, keyspace: str, claim: bool) -> bool:
         return False
     try:
         owner = c.get_object(s3.bucket, OWNER_KEY).read().decode().strip()
-    except S3Error as e:
-        if e.code != "NoSuchKey":
+    except s3errors.ERRORS as e:
+        if not s3errors.is_missing(e):
             raise
         if claim:
             c.put_object(s3.bucket, OWNER_KEY, io.BytesIO(keyspace.encode()), len(keyspace.encode()))

@@ -89,8 +89,7 @@ def delete_blobs(s3: S3Settings, started: dt.datetime, grace: dt.timedelta, coun
     was written (or touched by an enqueue deduplicating onto it) since the listing."""
 
     def run(rows: Iterator[Any]) -> None:
-        from minio.error import S3Error
-
+        from services.blobstores import s3errors
         from services.blobstores.s3 import client
 
         c = client(s3)
@@ -99,8 +98,8 @@ def delete_blobs(s3: S3Settings, started: dt.datetime, grace: dt.timedelta, coun
             key = names.blob_key(blob_id)
             try:
                 st = c.stat_object(s3.bucket, key)
-            except S3Error as e:
-                if e.code in ("NoSuchKey", "NoSuchObject"):
+            except s3errors.ERRORS as e:
+                if s3errors.is_missing(e):
                     return
                 raise
             if not retention.blob_collectable(st.last_modified, started, grace):

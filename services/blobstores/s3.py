@@ -22,11 +22,11 @@ from typing import Any, TypeVar
 import urllib3
 from minio import Minio
 from minio.commonconfig import REPLACE, CopySource
-from minio.error import S3Error
 
 from services import names
 from services.blobstore import CHUNK, BlobStore
-from services.blobstores.s3async import AsyncS3, S3ResponseError, TooLarge
+from services.blobstores import s3errors
+from services.blobstores.s3async import AsyncS3, TooLarge
 from services.config import S3Settings
 from services.errors import BackendUnavailable, InvalidArgument, NotFound, ResourceExhausted
 from services.model import BlobInfo
@@ -40,15 +40,10 @@ IN_MEMORY_PUT = 4 * CHUNK
 UPLOAD_PART = 5 * CHUNK
 #: The largest blob ``read`` returns whole (the gRPC message limit); larger ones are streamed with ``get``.
 READ_WHOLE_MAX = 16 * CHUNK
-_MISSING = ("NoSuchKey", "NoSuchObject", "NoSuchBucket")
 
 
 _TOUCHED_MAX = 10_000
 T = TypeVar("T")
-
-
-def _unavailable(e: BaseException) -> BackendUnavailable:
-    return BackendUnavailable("s3", f"{type(e).__name__}: {e}")
 
 
 def client(settings: S3Settings) -> Minio:
@@ -78,12 +73,8 @@ class S3BlobStore(BlobStore):
     async def _run(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         try:
             return await asyncio.get_running_loop().run_in_executor(self._executor, functools.partial(fn, *args, **kwargs))
-        except S3Error as e:
-            if e.code in _MISSING:
-                raise NotFound(f"blob not found ({e.code})") from e
-            raise _unavailable(e) from e
-        except (urllib3.exceptions.HTTPError, OSError) as e:
-            raise _unavailable(e) from e
+        except s3errors.ERRORS as e:
+            raise s3errors.to_domain(e) from e
 
     async def ensure_bucket(self) -> None:
         if not await self._run(self._client.bucket_exists, self._bucket):
@@ -154,7 +145,7 @@ class S3BlobStore(BlobStore):
                 return BlobInfo(blob_id, size, deduplicated=True)
             except NotFound:
                 if attempt == 2:
-                    raise _unavailable(f"blob {blob_id} kept vanishing while it was deduplicated") from None
+                    raise BackendUnavailable("s3", f"blob {blob_id} kept vanishing while it was deduplicated") from None
         raise AssertionError("unreachable")
 
     async def _put_if_absent(self, key: str, data: bytes, sha256_hex: str) -> bool:
@@ -168,12 +159,8 @@ class S3BlobStore(BlobStore):
         """An event-loop S3 call (s3async.py), its errors mapped as ``_run`` maps the minio client's."""
         try:
             return await call
-        except S3ResponseError as e:
-            if e.code in _MISSING:
-                raise NotFound(f"blob not found ({e.code})") from e
-            raise _unavailable(e) from e
-        except (OSError, TimeoutError) as e:
-            raise _unavailable(e) from e
+        except s3errors.ERRORS as e:
+            raise s3errors.to_domain(e) from e
 
     async def _touch(self, key: str) -> None:
         """Refresh the modification time of an existing blob that a new mail is about to reference.

@@ -35,3 +35,20 @@ def test_an_error_answer_carries_the_s3_code():
         _raise_for(404, body)
     assert e.value.code == "NoSuchKey" and e.value.status == 404 and "does not exist" in str(e.value)
     _raise_for(204, b"")  # a success raises nothing
+
+
+def test_s3_errors_map_to_not_found_only_for_a_missing_object():
+    from minio.error import S3Error
+
+    from services.blobstores import s3errors
+    from services.errors import BackendUnavailable, NotFound
+
+    def minio_error(code: str) -> S3Error:
+        return S3Error(None, code, "message", "resource", "request-id", "host-id")
+
+    assert isinstance(s3errors.to_domain(minio_error("NoSuchKey")), NotFound)
+    assert isinstance(s3errors.to_domain(S3ResponseError(404, "NoSuchKey", "gone")), NotFound)
+    assert isinstance(s3errors.to_domain(minio_error("AccessDenied")), BackendUnavailable)
+    assert isinstance(s3errors.to_domain(S3ResponseError(503, "SlowDown", "busy")), BackendUnavailable)
+    assert isinstance(s3errors.to_domain(ConnectionRefusedError()), BackendUnavailable)
+    assert not s3errors.is_missing(ConnectionRefusedError())
