@@ -15,6 +15,7 @@ from prometheus_client import Counter
 
 from services import model
 from services.view import schema
+from services.view.group_commit import GroupCommit
 from services.view.session import execute, execute_all
 
 
@@ -57,15 +58,17 @@ class EnqueuedMailsDAO:
         self._session = session
         t = f"{keyspace}.{schema.ENQUEUED_MAILS}"
         self._insert = session.prepare(f"INSERT INTO {t} ({self.COLUMNS}) VALUES ({', '.join('?' * 19)})")
+        self._group = GroupCommit(session)
         self._select = session.prepare(
             f"SELECT {self.READ_COLUMNS} FROM {t} WHERE queue_name = ? AND slice_start = ? AND bucket = ?"
         )
 
     async def insert(self, q: model.QueuedMail) -> None:
+        """Rows of one partition written at about the same time share one request (group_commit.py)."""
         m = q.mail
         # The sender is always written: "" is the null sender, a value, not an absent cell.
-        await execute(
-            self._session,
+        await self._group.execute(
+            (q.queue, q.slice_start, q.bucket),
             self._insert,
             (
                 q.queue, q.slice_start, q.bucket, q.enqueued_at, q.enqueue_id,

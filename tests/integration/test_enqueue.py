@@ -202,3 +202,26 @@ def test_enqueue_many_answers_every_mail_on_one_stream_refusing_bad_ones_alone(s
     got = c.take(48)
     assert sorted(d.mail.enqueue_id for d in got) == sorted(ok.values())
     c.cancel()
+
+
+def test_rows_of_concurrent_enqueues_share_requests_and_every_one_lands(suite):
+    # 300 mails on one EnqueueMany stream (128 in flight): their rows are group-committed into
+    # single-partition batches, and each mail is in the view and in the queue exactly once.
+    from prometheus_client import REGISTRY
+
+    from mailqueue.v1 import browse_pb2, enqueue_pb2
+
+    def histogram(suffix: str) -> float:
+        return REGISTRY.get_sample_value(f"mailqueue_view_group_commit_statements_{suffix}") or 0.0
+
+    queue = suite.new_queue()
+    before = histogram("count"), histogram("sum")
+    requests = (enqueue_pb2.EnqueueManyRequest(sequence=i, request=inline(queue, simple_mail(f"m{i}"))) for i in range(300))
+    answers = list(suite.enqueue_stub.EnqueueMany(requests))
+    assert [a.WhichOneof("result") for a in answers] == ["receipt"] * 300
+    requests_sent, rows_sent = histogram("count") - before[0], histogram("sum") - before[1]
+    assert rows_sent == 300 and requests_sent < 300, f"{requests_sent} requests for 300 rows"
+    ids = sorted(a.receipt.enqueue_id for a in answers)
+    assert sorted(str(r.enqueue_id) for r in view_rows(suite, queue)) == ids
+    assert suite.browse_stub.GetSize(browse_pb2.GetSizeRequest(queue=queue, exact=True)).size == 300
+    assert message_count(queue) == 300

@@ -317,7 +317,8 @@ def test_a_sweep_during_enqueue_and_dequeue_loses_no_mail(sweep_suite):
     assert len(sent) >= 20
     print(f"during the sweep: {len(sent)} mails enqueued, {len(got)} delivered")
     assert got == sent, f"lost {sorted(set(sent) - set(got))[:5]}, wrong content {[n for n in got if got[n] != sent.get(n)][:5]}"
-    assert size_of(s, queue) == 0
+    # The last answers are settled (marked, counted) after they were sent: wait for them.
+    wait_until(lambda: size_of(s, queue) == 0, 15, what="the last answered mails to be settled")
 
 
 def size_of(s: Suite, queue: str) -> int:
