@@ -11,7 +11,6 @@ keep their copies.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 from prometheus_client import Counter
@@ -20,6 +19,7 @@ from services import counters
 from services.broker import Broker
 from services.subscription import decode
 from services.errors import BackendUnavailable
+from services.retry import Backoff, retrying
 from services.view.view import View
 
 log = logging.getLogger(__name__)
@@ -28,7 +28,8 @@ MARKED = Counter(
     "mailqueue_broker_dead_letters_marked_total", "Mails the broker dead-lettered by itself, marked in the view", ["queue", "reason"],
 )
 PREFETCH = 32
-RETRY_S = 2.0
+#: After a backend error, marking resumes on a new consumer after this.
+BACKOFF = Backoff("dead-letter marking", initial_s=2.0, multiplier=1.0, max_s=2.0)
 
 
 def reason_for(death_reason: str | None, delivery_limit: int | None) -> str:
@@ -39,27 +40,27 @@ def reason_for(death_reason: str | None, delivery_limit: int | None) -> str:
 
 async def mark_forever(view: View, broker: Broker) -> None:
     """Consume the dead-letter copies and mark their mails, until cancelled; survives outages."""
-    while True:
-        try:
-            consumer = await broker.consume_dead_letters(PREFETCH)
+    await retrying(lambda: _mark(view, broker), BACKOFF, (BackendUnavailable,), log)
+
+
+async def _mark(view: View, broker: Broker) -> None:
+    """Mark until the broker or Cassandra fails (BackendUnavailable)."""
+    consumer = await broker.consume_dead_letters(PREFETCH)
+    try:
+        while True:
+            message = await consumer.get()
             try:
-                while True:
-                    message = await consumer.get()
-                    try:
-                        mail = decode(message)
-                    except Exception:  # noqa: BLE001 - nothing to mark
-                        await consumer.ack(message.delivery_tag)
-                        continue
-                    state = await view.deleted.state(mail.queue, mail.enqueue_id)
-                    if state is None or not state.deleted:
-                        reason = reason_for(message.death_reason, broker.delivery_limit)
-                        await counters.mark(view, mail, reason)
-                        MARKED.labels(mail.queue, message.death_reason or "unknown").inc()
-                        log.warning("marked a mail the broker dead-lettered",
-                                    extra={"queue": mail.queue, "enqueue_id": str(mail.enqueue_id), "reason": reason})
-                    await consumer.ack(message.delivery_tag)
-            finally:
-                await consumer.close()
-        except BackendUnavailable as e:
-            log.warning("dead-letter marking paused, retried in %.0f s: %s", RETRY_S, e)
-            await asyncio.sleep(RETRY_S)
+                mail = decode(message)
+            except Exception:  # noqa: BLE001 - nothing to mark
+                await consumer.ack(message.delivery_tag)
+                continue
+            state = await view.deleted.state(mail.queue, mail.enqueue_id)
+            if state is None or not state.deleted:
+                reason = reason_for(message.death_reason, broker.delivery_limit)
+                await counters.mark(view, mail, reason)
+                MARKED.labels(mail.queue, message.death_reason or "unknown").inc()
+                log.warning("marked a mail the broker dead-lettered",
+                            extra={"queue": mail.queue, "enqueue_id": str(mail.enqueue_id), "reason": reason})
+            await consumer.ack(message.delivery_tag)
+    finally:
+        await consumer.close()

@@ -35,6 +35,7 @@ from prometheus_client import Counter
 
 from services import counters, delays, model, rules, schedule, serde
 from services.broker import Consumer, Message
+from services.retry import Backoff, retrying
 from services.errors import BackendUnavailable, InvalidArgument, NotFound
 
 if TYPE_CHECKING:
@@ -59,8 +60,8 @@ DEFAULT_PREFETCH = 16
 #: A waiting lower class gets at least one delivery in this many.
 FAIRNESS = 10
 #: Pause before retrying a delivery after a backend error, doubled on each failure up to the maximum.
-ERROR_BACKOFF_S = 0.5
-MAX_ERROR_BACKOFF_S = 15.0
+#: A delivery whose preparation met a backend error is retried where it is, until it succeeds.
+PREPARE_BACKOFF = Backoff("delivery preparation", initial_s=0.5, multiplier=2, max_s=15.0)
 
 
 def retries_exhausted(delivery_count: int, limit: int | None) -> bool:
@@ -175,24 +176,20 @@ class Subscription:
             await self._skip(message, "in-flight")  # a second copy; the first one settles the mail
             return None
         self._d.in_flight.add(key)
-        delay = ERROR_BACKOFF_S
-        while True:
-            try:
-                delivery = await self._checked(message, mail)
-                if delivery is None:
-                    self._d.in_flight.discard(key)
-                    self._arrived.discard(message.delivery_tag)
-                return delivery
-            except asyncio.CancelledError:
-                self._d.in_flight.discard(key)
-                raise
-            except BackendUnavailable as e:
-                # Kept, not requeued: on a quorum queue every requeue counts towards the delivery
-                # limit, and an outage of a few seconds would dead-letter every mail in flight.
-                log.warning("backend error: delivery retried in %.1f s: %s", delay, e, extra={"queue": self.queue})
-                RETRIED_ON_ERROR.labels(self.queue).inc()
-                await asyncio.sleep(delay)
-                delay = min(2 * delay, MAX_ERROR_BACKOFF_S)
+        try:
+            # Kept, not requeued: on a quorum queue every requeue counts towards the delivery
+            # limit, and an outage of a few seconds would dead-letter every mail in flight.
+            delivery = await retrying(
+                lambda: self._checked(message, mail), PREPARE_BACKOFF, (BackendUnavailable,), log,
+                extra={"queue": self.queue}, on_retry=lambda _e: RETRIED_ON_ERROR.labels(self.queue).inc(),
+            )
+        except asyncio.CancelledError:
+            self._d.in_flight.discard(key)
+            raise
+        if delivery is None:
+            self._d.in_flight.discard(key)
+            self._arrived.discard(message.delivery_tag)
+        return delivery
 
     async def _checked(self, message: Message, mail: model.QueuedMail) -> Delivery | None:
         """The delivery of a live mail with its content; None when skipped or dead-lettered.

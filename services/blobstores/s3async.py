@@ -22,12 +22,13 @@ from minio.signer import sign_v4_s3
 from minio.time import to_amz_date
 
 from services.config import S3Settings
+from services.retry import Backoff, retrying
 
 #: Seconds to connect, and to send a put and read its answer.
 CONNECT_TIMEOUT_S = 3.0
 EXCHANGE_TIMEOUT_S = 30.0
-#: Attempts on a 5xx answer (S3 asks clients to retry those: SlowDown, InternalError).
-ATTEMPTS = 3
+#: A 5xx answer is tried again (S3 asks clients to retry those: SlowDown, InternalError).
+SERVER_ERROR_BACKOFF = Backoff("S3 request", initial_s=0.1, multiplier=2.0, max_s=1.0, attempts=3)
 _EMPTY_SHA256 = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
 _CODE = re.compile(rb"<Code>([^<]*)</Code>")
 _MESSAGE = re.compile(rb"<Message>([^<]*)</Message>")
@@ -48,6 +49,14 @@ class TooLarge(Exception):
     def __init__(self, size: int) -> None:
         super().__init__(f"object is {size} bytes")
         self.size = size
+
+
+class _ServerError(Exception):
+    """A 5xx answer: retried, then returned as it is."""
+
+    def __init__(self, status: int, body: bytes) -> None:
+        super().__init__(f"HTTP {status}")
+        self.status, self.body = status, body
 
 
 class _Stale(Exception):
@@ -105,12 +114,17 @@ class AsyncS3:
         )
         head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
         request = f"{method} {path} HTTP/1.1\r\n{head}\r\n".encode() + payload
-        for attempt in range(1, ATTEMPTS + 1):
+
+        async def attempt() -> tuple[int, bytes]:
             status, body = await self._send(request, max_bytes)
-            if status < 500 or attempt == ATTEMPTS:
-                return status, body
-            await asyncio.sleep(0.1 * attempt)  # S3 asks clients to retry a 5xx (SlowDown, InternalError)
-        raise AssertionError("unreachable")
+            if status >= 500:
+                raise _ServerError(status, body)
+            return status, body
+
+        try:
+            return await retrying(attempt, SERVER_ERROR_BACKOFF, (_ServerError,))
+        except _ServerError as e:
+            return e.status, e.body
 
     async def _send(self, request: bytes, max_bytes: int) -> tuple[int, bytes]:
         async with self._slots:
