@@ -28,165 +28,12 @@ from pika.adapters.asyncio_connection import AsyncioConnection
 from pika.channel import Channel
 
 from services import delays, model, names, serde
-from services.broker import Broker, Consumer, Message
+from services.broker import Broker
+from services.brokers.channels import Publisher, RabbitMQConsumer, Waiters, resolver, unavailable
 from services.config import RabbitMQSettings
 from services.errors import BackendUnavailable
 
 log = logging.getLogger(__name__)
-
-PERSISTENT = 2
-_CLOSED = object()
-#: The message headers that carry QueuedMail.generation, and that a message went through the ladder.
-GENERATION_HEADER = "mailqueue-generation"
-DELAYED_HEADER = "mailqueue-delayed"
-
-
-def _unavailable(detail: Any) -> BackendUnavailable:
-    return BackendUnavailable("rabbitmq", str(detail) or type(detail).__name__)
-
-
-class _Waiters:
-    """Futures waiting on one channel: all fail together when the channel closes."""
-
-    def __init__(self, channel: Channel) -> None:
-        self.futures: set[asyncio.Future[Any]] = set()
-        self.closed_reason: Any = None
-        channel.add_on_close_callback(self._on_close)
-
-    def new(self) -> asyncio.Future[Any]:
-        fut = asyncio.get_running_loop().create_future()
-        if self.closed_reason is not None:
-            fut.set_exception(_unavailable(self.closed_reason))
-            return fut
-        self.futures.add(fut)
-        fut.add_done_callback(self.futures.discard)
-        return fut
-
-    def _on_close(self, _channel: Channel, reason: Any) -> None:
-        self.closed_reason = reason
-        for fut in list(self.futures):
-            if not fut.done():
-                fut.set_exception(_unavailable(reason))
-
-
-def _resolver(fut: asyncio.Future[Any]) -> Callable[..., None]:
-    def done(*args: Any) -> None:
-        if not fut.done():
-            fut.set_result(args[0] if args else None)
-
-    return done
-
-
-class _Publisher:
-    """One confirm-mode channel; maps delivery tags to the futures of waiting publishers."""
-
-    def __init__(self, channel: Channel, waiters: _Waiters) -> None:
-        self.channel = channel
-        self.waiters = waiters
-        self.next_tag = 1
-        self.pending: dict[int, tuple[asyncio.Future[None], str]] = {}
-        self.returned: set[str] = set()
-        channel.add_on_return_callback(self._on_return)
-        channel.add_on_close_callback(self._on_close)
-
-    def publish(
-        self, exchange: str, message_id: str, body: bytes, routing_key: str = "", generation: int = 0, delayed: bool = False,
-    ) -> asyncio.Future[None]:
-        headers = {GENERATION_HEADER: generation} if generation else {}
-        if delayed:
-            headers[DELAYED_HEADER] = 1
-        props = pika.BasicProperties(
-            delivery_mode=PERSISTENT, message_id=message_id, content_type="application/x-protobuf",
-            type="mailqueue.v1.QueuedMail", headers=headers or None,
-        )
-        fut = self.waiters.new()
-        if fut.done():
-            return fut
-        self.channel.basic_publish(exchange, routing_key, body, props, mandatory=True)
-        self.pending[self.next_tag] = (fut, message_id)
-        self.next_tag += 1
-        return fut
-
-    def on_confirm(self, frame: Any) -> None:
-        method = frame.method
-        ack = isinstance(method, pika.spec.Basic.Ack)
-        tags = [t for t in self.pending if t <= method.delivery_tag] if method.multiple else [method.delivery_tag]
-        for tag in tags:
-            entry = self.pending.pop(tag, None)
-            if entry is None:
-                continue
-            fut, message_id = entry
-            if fut.done():
-                continue
-            if message_id in self.returned:
-                self.returned.discard(message_id)
-                fut.set_exception(_unavailable("message unroutable: the work queue does not exist"))
-            elif ack:
-                fut.set_result(None)
-            else:
-                fut.set_exception(_unavailable("broker refused the message (nack)"))
-
-    def _on_return(self, _ch: Channel, _method: Any, props: Any, _body: bytes) -> None:
-        self.returned.add(props.message_id)
-
-    def _on_close(self, _ch: Channel, reason: Any) -> None:
-        for fut, _ in self.pending.values():
-            if not fut.done():
-                fut.set_exception(_unavailable(reason))
-        self.pending.clear()
-
-
-class RabbitMQConsumer(Consumer):
-    def __init__(self, channel: Channel, waiters: _Waiters) -> None:
-        self._channel = channel
-        self._waiters = waiters
-        self._inbox: asyncio.Queue[Any] = asyncio.Queue()
-        channel.add_on_close_callback(lambda _ch, reason: self._inbox.put_nowait(_CLOSED))
-
-    def on_message(self, priority: str, _ch: Channel, method: Any, props: Any, body: bytes) -> None:
-        headers = props.headers or {}
-        count, generation = headers.get("x-delivery-count", 0), headers.get(GENERATION_HEADER, 0)
-        deaths = headers.get("x-death")
-        death = deaths[0].get("reason") if isinstance(deaths, list) and deaths and isinstance(deaths[0], dict) else None
-        self._inbox.put_nowait(Message(
-            method.delivery_tag, body, bool(method.redelivered), props.message_id,
-            count if isinstance(count, int) else 0, generation if isinstance(generation, int) else 0,
-            death.decode() if isinstance(death, bytes) else death, priority, bool(headers.get(DELAYED_HEADER)),
-        ))
-
-    def drain(self) -> list[Message]:
-        items = []
-        while not self._inbox.empty():
-            item = self._inbox.get_nowait()
-            if item is _CLOSED:
-                self._inbox.put_nowait(_CLOSED)
-                break
-            items.append(item)
-        return items
-
-    async def get(self) -> Message:
-        item = await self._inbox.get()
-        if item is _CLOSED:
-            self._inbox.put_nowait(_CLOSED)  # every later get fails too
-            raise _unavailable(self._waiters.closed_reason or "consumer channel closed")
-        return item
-
-    def _ensure_open(self) -> None:
-        if not self._channel.is_open:
-            raise _unavailable(self._waiters.closed_reason or "consumer channel closed")
-
-    async def ack(self, delivery_tag: int) -> None:
-        self._ensure_open()
-        self._channel.basic_ack(delivery_tag)
-
-    async def dead_letter(self, delivery_tag: int) -> None:
-        self._ensure_open()
-        self._channel.basic_nack(delivery_tag, requeue=False)
-
-    async def close(self) -> None:
-        if self._channel.is_open:
-            self._channel.close()
-
 
 class RabbitMQBroker(Broker):
     def __init__(self, settings: RabbitMQSettings, keyspace: str = "mailqueue") -> None:
@@ -200,7 +47,7 @@ class RabbitMQBroker(Broker):
         self._conn: AsyncioConnection | None = None
         self._lock = asyncio.Lock()
         self._publisher_lock = asyncio.Lock()
-        self._publisher: _Publisher | None = None
+        self._publisher: Publisher | None = None
         self._declared: set[str] = set()
         self._ladder_declared = False
         self.delivery_limit = settings.delivery_limit if settings.queue_type == "quorum" else None
@@ -217,11 +64,11 @@ class RabbitMQBroker(Broker):
 
             def on_error(_c: Any, err: Any) -> None:
                 if not fut.done():
-                    fut.set_exception(_unavailable(f"cannot connect ({err})"))
+                    fut.set_exception(unavailable(f"cannot connect ({err})"))
 
             conn = AsyncioConnection(
                 self._params,
-                on_open_callback=_resolver(fut),
+                on_open_callback=resolver(fut),
                 on_open_error_callback=on_error,
                 on_close_callback=self._on_connection_closed,
                 custom_ioloop=loop,
@@ -231,7 +78,7 @@ class RabbitMQBroker(Broker):
             except asyncio.TimeoutError:
                 if not conn.is_closed:
                     conn.close()
-                raise _unavailable(f"no answer within {self._settings.connect_timeout_s}s") from None
+                raise unavailable(f"no answer within {self._settings.connect_timeout_s}s") from None
             self._conn = conn
             self._publisher = None
             log.info("connected to rabbitmq", extra={"host": self._params.host, "port": self._params.port})
@@ -243,31 +90,31 @@ class RabbitMQBroker(Broker):
             self._conn = None
             self._publisher = None
 
-    async def _channel(self) -> tuple[Channel, _Waiters]:
+    async def _channel(self) -> tuple[Channel, Waiters]:
         conn = await self._connection()
         fut: asyncio.Future[Channel] = asyncio.get_running_loop().create_future()
         try:
-            conn.channel(on_open_callback=_resolver(fut))
+            conn.channel(on_open_callback=resolver(fut))
         except Exception as e:  # pika raises its own connection-state errors here
-            raise _unavailable(e) from e
+            raise unavailable(e) from e
         channel = await asyncio.wait_for(fut, self._settings.connect_timeout_s)
-        return channel, _Waiters(channel)
+        return channel, Waiters(channel)
 
-    async def _call(self, waiters: _Waiters, method: Callable[..., Any], **kwargs: Any) -> Any:
+    async def _call(self, waiters: Waiters, method: Callable[..., Any], **kwargs: Any) -> Any:
         fut = waiters.new()
-        method(callback=_resolver(fut), **kwargs)
+        method(callback=resolver(fut), **kwargs)
         return await asyncio.wait_for(fut, self._settings.connect_timeout_s)
 
-    async def _publisher_channel(self) -> _Publisher:
+    async def _publisher_channel(self) -> Publisher:
         if self._publisher is not None and self._publisher.channel.is_open:
             return self._publisher
         async with self._publisher_lock:
             if self._publisher is not None and self._publisher.channel.is_open:
                 return self._publisher
             channel, waiters = await self._channel()
-            publisher = _Publisher(channel, waiters)
+            publisher = Publisher(channel, waiters)
             fut = waiters.new()
-            channel.confirm_delivery(publisher.on_confirm, callback=_resolver(fut))
+            channel.confirm_delivery(publisher.on_confirm, callback=resolver(fut))
             await asyncio.wait_for(fut, self._settings.connect_timeout_s)
             self._publisher = publisher
             return publisher
@@ -384,7 +231,7 @@ class RabbitMQBroker(Broker):
         for priority, rabbit_queue in rabbit_queues.items():
             fut = w.new()
             channel.basic_consume(rabbit_queue, functools.partial(consumer.on_message, priority), auto_ack=False,
-                                  callback=_resolver(fut))
+                                  callback=resolver(fut))
             await asyncio.wait_for(fut, self._settings.connect_timeout_s)
         return consumer
 
