@@ -1,5 +1,6 @@
-// The contract scenario from Go: stubs generated from protos/ with protoc-gen-go and
-// protoc-gen-go-grpc, real services on loopback.
+// The contract scenarios of ../scenarios.json from Go: stubs generated from protos/ with
+// protoc-gen-go and protoc-gen-go-grpc, real services on loopback. The Node client runs the same
+// file (../node/contract.test.mjs); each step kind is described in the file itself.
 // Targets: MAILQUEUE_ENQUEUE_TARGET, MAILQUEUE_DEQUEUE_TARGET, MAILQUEUE_BROWSE_TARGET.
 package contract
 
@@ -7,8 +8,12 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
+	"fmt"
 	"io"
 	"os"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -17,6 +22,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/durationpb"
 )
 
@@ -69,85 +75,238 @@ func inline(queue string, mail *mq.Mail, content []byte) *mq.EnqueueRequest {
 	return &mq.EnqueueRequest{Queue: queue, Mail: mail, Content: &mq.EnqueueRequest_InlineContent{InlineContent: content}}
 }
 
-func TestContractScenario(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	c := connect(t)
-	queue := newQueue(t, ctx, c)
+type step struct {
+	Op                 string            `json:"op"`
+	Label              string            `json:"label"`
+	Mail               json.RawMessage   `json:"mail"`
+	Content            string            `json:"content"`
+	RandomBytes        int               `json:"random_bytes"`
+	Code               *codes.Code       `json:"code"`
+	Count              int               `json:"count"`
+	InvalidRecipientAt []int             `json:"invalid_recipient_at"`
+	Labels             []string          `json:"labels"`
+	Fields             map[string]string `json:"fields"`
+	Expect             int64             `json:"expect"`
+	Prefetch           uint32            `json:"prefetch"`
+	Deliveries         int               `json:"deliveries"`
+	NotInline          []string          `json:"not_inline"`
+	Sender             string            `json:"sender"`
+	Deleted            int64             `json:"deleted"`
+}
 
-	// Three mails: the null sender; two recipients with per-recipient headers; 5 MiB, streamed.
-	a, err := c.enqueue.Enqueue(ctx, inline(queue, &mq.Mail{Name: "a", Sender: "", Recipients: []string{"a@example.org"}}, []byte("Subject: a\r\n\r\nA")))
-	if err != nil {
-		t.Fatalf("Enqueue a: %v", err)
-	}
-	headers := []*mq.PerRecipientHeaders{{Recipient: "r1@example.org", Headers: []*mq.Header{{Name: "X-Tag", Value: "one"}}}}
-	b, err := c.enqueue.Enqueue(ctx, inline(queue, &mq.Mail{Name: "b", Sender: "s@example.com",
-		Recipients: []string{"r1@example.org", "r2@example.org"}, PerRecipientHeaders: headers}, []byte("Subject: b\r\n\r\nB")))
-	if err != nil {
-		t.Fatalf("Enqueue b: %v", err)
-	}
-	big := randomBytes(5 << 20)
-	stream, err := c.enqueue.EnqueueStream(ctx)
-	if err != nil {
-		t.Fatalf("EnqueueStream: %v", err)
-	}
-	stream.Send(&mq.EnqueueStreamRequest{Part: &mq.EnqueueStreamRequest_Header{Header: &mq.EnqueueHeader{
-		Queue: queue, Mail: &mq.Mail{Name: "c", Sender: "s@example.com", Recipients: []string{"c@example.org"}}}}})
-	for i := 0; i < len(big); i += 1 << 20 {
-		stream.Send(&mq.EnqueueStreamRequest{Part: &mq.EnqueueStreamRequest_Chunk{Chunk: big[i : i+1<<20]}})
-	}
-	cr, err := stream.CloseAndRecv()
-	if err != nil || cr.Receipt.Size != int64(len(big)) {
-		t.Fatalf("EnqueueStream c: %v %v", cr, err)
-	}
+type scenario struct {
+	Name  string `json:"name"`
+	Steps []step `json:"steps"`
+}
 
-	// Browse: order and fields.
-	browse, err := c.browse.Browse(ctx, &mq.BrowseRequest{Queue: queue})
+func TestScenarios(t *testing.T) {
+	raw, err := os.ReadFile("../scenarios.json")
 	if err != nil {
-		t.Fatalf("Browse: %v", err)
+		t.Fatalf("read scenarios: %v", err)
 	}
-	var listed []*mq.QueuedMail
+	var file struct{ Scenarios []scenario }
+	if err := json.Unmarshal(raw, &file); err != nil {
+		t.Fatalf("parse scenarios: %v", err)
+	}
+	for _, sc := range file.Scenarios {
+		sc := sc
+		t.Run(sc.Name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			r := &runner{t: t, ctx: ctx, c: connect(t), ids: map[string]string{}}
+			r.queue = newQueue(t, ctx, r.c)
+			for i, s := range sc.Steps {
+				r.step = fmt.Sprintf("step %d (%s)", i, s.Op)
+				r.run(s)
+			}
+		})
+	}
+}
+
+type runner struct {
+	t     *testing.T
+	ctx   context.Context
+	c     clients
+	queue string
+	ids   map[string]string
+	step  string
+}
+
+func (r *runner) fail(format string, args ...any) {
+	r.t.Helper()
+	r.t.Fatalf(r.step+": "+format, args...)
+}
+
+func (r *runner) mail(raw json.RawMessage) *mq.Mail {
+	m := &mq.Mail{}
+	if err := protojson.Unmarshal(raw, m); err != nil {
+		r.fail("mail %s: %v", raw, err)
+	}
+	return m
+}
+
+func (r *runner) run(s step) {
+	switch s.Op {
+	case "enqueue":
+		content := []byte(s.Content)
+		if s.RandomBytes > 0 {
+			content = randomBytes(s.RandomBytes)
+		}
+		resp, err := r.c.enqueue.Enqueue(r.ctx, inline(r.queue, r.mail(s.Mail), content))
+		want := codes.OK
+		if s.Code != nil {
+			want = *s.Code
+		}
+		if status.Code(err) != want {
+			r.fail("got %v, want %v", err, want)
+		}
+		if err == nil && s.Label != "" {
+			r.ids[s.Label] = resp.Receipt.EnqueueId
+		}
+	case "enqueue_stream":
+		big := randomBytes(s.RandomBytes)
+		stream, err := r.c.enqueue.EnqueueStream(r.ctx)
+		if err != nil {
+			r.fail("%v", err)
+		}
+		stream.Send(&mq.EnqueueStreamRequest{Part: &mq.EnqueueStreamRequest_Header{Header: &mq.EnqueueHeader{Queue: r.queue, Mail: r.mail(s.Mail)}}})
+		for i := 0; i < len(big); i += 1 << 20 {
+			stream.Send(&mq.EnqueueStreamRequest{Part: &mq.EnqueueStreamRequest_Chunk{Chunk: big[i:min(i+1<<20, len(big))]}})
+		}
+		resp, err := stream.CloseAndRecv()
+		if err != nil || resp.Receipt.Size != int64(len(big)) {
+			r.fail("%v %v", resp, err)
+		}
+		r.ids[s.Label] = resp.Receipt.EnqueueId
+	case "enqueue_many":
+		r.enqueueMany(s)
+	case "browse":
+		r.browse(s)
+	case "size":
+		size, err := r.c.browse.GetSize(r.ctx, &mq.GetSizeRequest{Queue: r.queue, Exact: true})
+		if err != nil || size.Size != s.Expect {
+			r.fail("GetSize = %v, %v; want %d", size, err, s.Expect)
+		}
+	case "dequeue":
+		r.dequeue(s)
+	case "delete_by_sender":
+		r.deleteBySender(s)
+	default:
+		r.fail("unknown op")
+	}
+}
+
+func (r *runner) enqueueMany(s step) {
+	stream, err := r.c.enqueue.EnqueueMany(r.ctx)
+	if err != nil {
+		r.fail("%v", err)
+	}
+	bad := map[uint64]bool{}
+	for _, i := range s.InvalidRecipientAt {
+		bad[uint64(i)] = true
+	}
+	for i := uint64(0); i < uint64(s.Count); i++ {
+		mail := &mq.Mail{Name: "many", Recipients: []string{"r@example.org"}}
+		if bad[i] {
+			mail.Recipients = []string{"not an address"}
+		}
+		if err := stream.Send(&mq.EnqueueManyRequest{Sequence: i, Request: inline(r.queue, mail, []byte("x"))}); err != nil {
+			r.fail("send: %v", err)
+		}
+	}
+	stream.CloseSend()
+	receipts, refused := 0, map[uint64]int32{}
 	for {
-		r, err := browse.Recv()
+		resp, err := stream.Recv()
 		if err == io.EOF {
 			break
 		}
 		if err != nil {
-			t.Fatalf("Browse: %v", err)
+			r.fail("recv: %v", err)
 		}
-		listed = append(listed, r.Mail)
-	}
-	want := []string{a.Receipt.EnqueueId, b.Receipt.EnqueueId, cr.Receipt.EnqueueId}
-	if len(listed) != 3 {
-		t.Fatalf("browse listed %d mails, want 3", len(listed))
-	}
-	for i, m := range listed {
-		if m.EnqueueId != want[i] {
-			t.Fatalf("browse order: %d is %s, want %s", i, m.EnqueueId, want[i])
+		if resp.GetReceipt() != nil {
+			receipts++
+		} else {
+			refused[resp.Sequence] = resp.GetError().Code
 		}
 	}
-	if listed[0].Mail.Sender != "" || len(listed[1].Mail.Recipients) != 2 ||
-		listed[1].Mail.PerRecipientHeaders[0].Headers[0].Value != "one" || listed[2].Size != int64(len(big)) {
-		t.Fatalf("browse fields: %v", listed)
+	if receipts != s.Count-len(bad) || len(refused) != len(bad) {
+		r.fail("%d receipts, refused %v; want %d receipts and %v refused", receipts, refused, s.Count-len(bad), s.InvalidRecipientAt)
 	}
-	size, err := c.browse.GetSize(ctx, &mq.GetSizeRequest{Queue: queue, Exact: true})
-	if err != nil || size.Size != 3 {
-		t.Fatalf("GetSize = %v, %v; want 3", size, err)
+	for i := range bad {
+		if refused[i] != int32(codes.InvalidArgument) {
+			r.fail("mail %d: code %d, want INVALID_ARGUMENT", i, refused[i])
+		}
 	}
+}
 
-	// Dequeue all three on one stream: RETRY the first, then SUCCESS everything.
-	dq, err := c.dequeue.Dequeue(ctx)
+func (r *runner) browse(s step) {
+	stream, err := r.c.browse.Browse(r.ctx, &mq.BrowseRequest{Queue: r.queue})
 	if err != nil {
-		t.Fatalf("Dequeue: %v", err)
+		r.fail("%v", err)
 	}
-	dq.Send(&mq.DequeueRequest{Kind: &mq.DequeueRequest_Subscribe{Subscribe: &mq.Subscribe{Queue: queue, Prefetch: 3}}})
-	retried, deliveries := "", 0
-	for deliveries < 4 {
-		r, err := dq.Recv()
-		if err != nil {
-			t.Fatalf("Dequeue recv: %v", err)
+	var listed []any
+	var ids []string
+	for {
+		resp, err := stream.Recv()
+		if err == io.EOF {
+			break
 		}
-		d := r.GetDelivery()
+		if err != nil {
+			r.fail("%v", err)
+		}
+		ids = append(ids, resp.Mail.EnqueueId)
+		doc, _ := protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true}.Marshal(resp.Mail)
+		var v any
+		json.Unmarshal(doc, &v)
+		listed = append(listed, v)
+	}
+	var want []string
+	for _, l := range s.Labels {
+		want = append(want, r.ids[l])
+	}
+	if strings.Join(ids, ",") != strings.Join(want, ",") {
+		r.fail("browse order %v, want %v (%v)", ids, want, s.Labels)
+	}
+	for path, value := range s.Fields {
+		var at any = listed
+		for _, key := range strings.Split(path, ".") {
+			switch node := at.(type) {
+			case []any:
+				i, _ := strconv.Atoi(key)
+				if i >= len(node) {
+					r.fail("%s: no item %d", path, i)
+				}
+				at = node[i]
+			case map[string]any:
+				at = node[key]
+			default:
+				r.fail("%s: cannot index %v", path, at)
+			}
+		}
+		if fmt.Sprint(at) != value {
+			r.fail("%s = %v, want %q", path, at, value)
+		}
+	}
+}
+
+func (r *runner) dequeue(s step) {
+	notInline := map[string]bool{}
+	for _, n := range s.NotInline {
+		notInline[n] = true
+	}
+	dq, err := r.c.dequeue.Dequeue(r.ctx)
+	if err != nil {
+		r.fail("%v", err)
+	}
+	dq.Send(&mq.DequeueRequest{Kind: &mq.DequeueRequest_Subscribe{Subscribe: &mq.Subscribe{Queue: r.queue, Prefetch: s.Prefetch}}})
+	retried, deliveries := "", 0
+	for deliveries < s.Deliveries {
+		resp, err := dq.Recv()
+		if err != nil {
+			r.fail("recv: %v", err)
+		}
+		d := resp.GetDelivery()
 		if d == nil {
 			continue
 		}
@@ -156,10 +315,10 @@ func TestContractScenario(t *testing.T) {
 		if retried == "" {
 			retried, kind = d.Mail.EnqueueId, mq.OutcomeKind_OUTCOME_KIND_RETRY
 		} else if d.Mail.EnqueueId == retried && (!d.Redelivered || d.Mail.Attempts != 1) {
-			t.Fatalf("a retried mail must come back marked redelivered with 1 attempt: %v", d)
+			r.fail("a retried mail must come back marked redelivered with 1 attempt: %v", d)
 		}
-		if (d.Mail.Mail.Name == "c") == d.ContentInline {
-			t.Fatalf("content_inline of %s is %v", d.Mail.Mail.Name, d.ContentInline)
+		if notInline[d.Mail.Mail.Name] == d.ContentInline {
+			r.fail("content_inline of %s is %v", d.Mail.Mail.Name, d.ContentInline)
 		}
 		outcome := &mq.Outcome{DeliveryTag: d.DeliveryTag, Kind: kind}
 		if kind == mq.OutcomeKind_OUTCOME_KIND_RETRY {
@@ -172,86 +331,28 @@ func TestContractScenario(t *testing.T) {
 		if _, err := dq.Recv(); err == io.EOF {
 			break
 		} else if err != nil {
-			t.Fatalf("Dequeue end: %v", err)
+			r.fail("end: %v", err)
 		}
 	}
+}
 
-	// Delete by sender on a fourth mail; the size ends at 0.
-	if _, err := c.enqueue.Enqueue(ctx, inline(queue, &mq.Mail{Name: "d", Sender: "spam@example.net", Recipients: []string{"d@example.org"}}, []byte("x"))); err != nil {
-		t.Fatalf("Enqueue d: %v", err)
-	}
-	del, err := c.admin.DeleteMails(ctx, &mq.DeleteMailsRequest{Queue: queue, Condition: &mq.DeleteMailsRequest_Sender{Sender: "spam@example.net"}})
+func (r *runner) deleteBySender(s step) {
+	del, err := r.c.admin.DeleteMails(r.ctx, &mq.DeleteMailsRequest{Queue: r.queue, Condition: &mq.DeleteMailsRequest_Sender{Sender: s.Sender}})
 	if err != nil {
-		t.Fatalf("DeleteMails: %v", err)
+		r.fail("%v", err)
 	}
 	var last *mq.DeleteProgress
 	for {
-		r, err := del.Recv()
+		resp, err := del.Recv()
 		if err == io.EOF {
 			break
 		}
 		if err != nil {
-			t.Fatalf("DeleteMails: %v", err)
+			r.fail("%v", err)
 		}
-		last = r.Progress
+		last = resp.Progress
 	}
-	if last == nil || !last.Done || last.Deleted != 1 {
-		t.Fatalf("DeleteMails final progress %v, want done with 1 deleted", last)
-	}
-	if size, err := c.browse.GetSize(ctx, &mq.GetSizeRequest{Queue: queue, Exact: true}); err != nil || size.Size != 0 {
-		t.Fatalf("GetSize = %v, %v; want 0", size, err)
-	}
-}
-
-func TestInvalidRecipientIsInvalidArgument(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	c := connect(t)
-	queue := newQueue(t, ctx, c)
-	_, err := c.enqueue.Enqueue(ctx, inline(queue, &mq.Mail{Recipients: []string{"not an address"}}, []byte("x")))
-	if status.Code(err) != codes.InvalidArgument {
-		t.Fatalf("got %v, want INVALID_ARGUMENT", err)
-	}
-}
-
-func TestEnqueueManyAnswersEachMailOnOneStream(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	c := connect(t)
-	queue := newQueue(t, ctx, c)
-	stream, err := c.enqueue.EnqueueMany(ctx)
-	if err != nil {
-		t.Fatalf("EnqueueMany: %v", err)
-	}
-	for i := 0; i < 20; i++ {
-		mail := &mq.Mail{Name: "many", Recipients: []string{"r@example.org"}}
-		if i == 5 {
-			mail.Recipients = []string{"not an address"}
-		}
-		if err := stream.Send(&mq.EnqueueManyRequest{Sequence: uint64(i), Request: inline(queue, mail, []byte("x"))}); err != nil {
-			t.Fatalf("EnqueueMany send: %v", err)
-		}
-	}
-	stream.CloseSend()
-	receipts, refused := map[uint64]string{}, map[uint64]int32{}
-	for {
-		r, err := stream.Recv()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			t.Fatalf("EnqueueMany recv: %v", err)
-		}
-		if r.GetReceipt() != nil {
-			receipts[r.Sequence] = r.GetReceipt().EnqueueId
-		} else {
-			refused[r.Sequence] = r.GetError().Code
-		}
-	}
-	if len(receipts) != 19 || len(refused) != 1 || refused[5] != int32(codes.InvalidArgument) {
-		t.Fatalf("EnqueueMany: %d receipts, refused %v; want 19 and {5: INVALID_ARGUMENT}", len(receipts), refused)
-	}
-	if size, err := c.browse.GetSize(ctx, &mq.GetSizeRequest{Queue: queue, Exact: true}); err != nil || size.Size != 19 {
-		t.Fatalf("GetSize = %v, %v; want 19", size, err)
+	if last == nil || !last.Done || last.Deleted != s.Deleted {
+		r.fail("final progress %v, want done with %d deleted", last, s.Deleted)
 	}
 }

@@ -1,8 +1,11 @@
-// The contract scenario from Node: protos loaded at run time, real services on loopback.
+// The contract scenarios of ../scenarios.json from Node: protos loaded at run time, real services
+// on loopback. The Go client runs the same file (../go/contract_test.go); each step kind is
+// described in the file itself.
 // Targets: MAILQUEUE_ENQUEUE_TARGET, MAILQUEUE_DEQUEUE_TARGET, MAILQUEUE_BROWSE_TARGET (defaults: localhost ports).
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
+import { readFileSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 import grpc from '@grpc/grpc-js';
 import protoLoader from '@grpc/proto-loader';
@@ -30,101 +33,113 @@ const collect = (call) =>
     call.on('error', reject);
   });
 
-test('the contract scenario', async () => {
-  const queue = `contract-node-${randomBytes(4).toString('hex')}`;
-  await unary(admin, 'CreateQueue', { queue });
+const { scenarios } = JSON.parse(readFileSync(new URL('../scenarios.json', import.meta.url), 'utf8'));
 
-  // Three mails: the null sender; two recipients with per-recipient headers; 5 MiB, streamed.
-  const a = await unary(enqueue, 'Enqueue', {
-    queue, mail: { name: 'a', sender: '', recipients: ['a@example.org'] }, inline_content: Buffer.from('Subject: a\r\n\r\nA'),
-  });
-  const headers = [{ recipient: 'r1@example.org', headers: [{ name: 'X-Tag', value: 'one' }] }];
-  const b = await unary(enqueue, 'Enqueue', {
-    queue, mail: { name: 'b', sender: 's@example.com', recipients: ['r1@example.org', 'r2@example.org'], per_recipient_headers: headers },
-    inline_content: Buffer.from('Subject: b\r\n\r\nB'),
-  });
-  const big = randomBytes(5 * 1024 * 1024);
-  const c = await new Promise((resolve, reject) => {
-    const call = enqueue.EnqueueStream((err, r) => (err ? reject(err) : resolve(r)));
-    call.write({ header: { queue, mail: { name: 'c', sender: 's@example.com', recipients: ['c@example.org'] } } });
-    for (let i = 0; i < big.length; i += 1024 * 1024) call.write({ chunk: big.subarray(i, i + 1024 * 1024) });
-    call.end();
-  });
-  assert.equal(c.receipt.size, big.length);
-
-  // Browse: order and fields.
-  const listed = await collect(browse.Browse({ queue }));
-  assert.deepEqual(listed.map((r) => r.mail.mail.name), ['a', 'b', 'c']);
-  assert.deepEqual(listed.map((r) => r.mail.enqueue_id), [a, b, c].map((r) => r.receipt.enqueue_id));
-  assert.equal(listed[0].mail.mail.sender, '');
-  assert.deepEqual(listed[1].mail.mail.recipients, ['r1@example.org', 'r2@example.org']);
-  assert.equal(listed[1].mail.mail.per_recipient_headers[0].headers[0].value, 'one');
-  assert.equal(listed[2].mail.size, big.length);
-  assert.equal((await unary(browse, 'GetSize', { queue, exact: true })).size, 3);
-
-  // Dequeue all three on one stream: RETRY the first, then SUCCESS everything.
-  await new Promise((resolve, reject) => {
-    const call = dequeue.Dequeue();
-    const seen = [];
-    let retried = null;
-    call.on('data', (r) => {
-      if (r.kind !== 'delivery') return;
-      const d = r.delivery;
-      seen.push(d.mail.mail.name);
-      if (retried === null) {
-        retried = d.mail.enqueue_id;
-        call.write({ outcome: { delivery_tag: d.delivery_tag, kind: 'OUTCOME_KIND_RETRY', retry_after: { seconds: 0 } } });
-        return;
-      }
-      if (d.mail.enqueue_id === retried) { assert.equal(d.redelivered, true); assert.equal(d.mail.attempts, 1); }
-      if (d.mail.mail.name === 'c') assert.equal(d.content_inline, false); // above the inline threshold
-      else assert.equal(d.content_inline, true);
-      call.write({ outcome: { delivery_tag: d.delivery_tag, kind: 'OUTCOME_KIND_SUCCESS' } });
-      if (seen.length === 4) call.end();
-    });
-    call.on('end', () => { assert.equal(seen.length, 4); resolve(); });
-    call.on('error', reject);
-    call.write({ subscribe: { queue, prefetch: 3 } });
-  });
-
-  // Delete by sender on a fourth mail; the size ends at 0.
-  await unary(enqueue, 'Enqueue', {
-    queue, mail: { name: 'd', sender: 'spam@example.net', recipients: ['d@example.org'] }, inline_content: Buffer.from('x'),
-  });
-  const progress = await collect(admin.DeleteMails({ queue, sender: 'spam@example.net' }));
-  assert.equal(progress.at(-1).progress.done, true);
-  assert.equal(progress.at(-1).progress.deleted, 1);
-  assert.equal((await unary(browse, 'GetSize', { queue, exact: true })).size, 0);
-});
-
-test('an invalid recipient is INVALID_ARGUMENT', async () => {
-  const queue = `contract-node-${randomBytes(4).toString('hex')}`;
-  await unary(admin, 'CreateQueue', { queue });
-  await assert.rejects(
-    unary(enqueue, 'Enqueue', { queue, mail: { sender: '', recipients: ['not an address'] }, inline_content: Buffer.from('x') }),
-    (err) => err.code === grpc.status.INVALID_ARGUMENT,
-  );
-});
-
-test('EnqueueMany answers each mail on one stream', async () => {
-  const queue = `contract-node-${randomBytes(4).toString('hex')}`;
-  await unary(admin, 'CreateQueue', { queue });
-  const answers = await new Promise((resolve, reject) => {
-    const got = [];
-    const call = enqueue.EnqueueMany();
-    call.on('data', (r) => got.push(r));
-    call.on('end', () => resolve(got));
-    call.on('error', reject);
-    for (let i = 0; i < 20; i += 1) {
-      const recipients = i === 5 ? ['not an address'] : ['r@example.org'];
-      call.write({ sequence: i, request: { queue, mail: { name: 'many', recipients }, inline_content: Buffer.from('x') } });
+const steps = {
+  async enqueue(ctx, s) {
+    const content = s.random_bytes ? randomBytes(s.random_bytes) : Buffer.from(s.content);
+    const call = unary(enqueue, 'Enqueue', { queue: ctx.queue, mail: s.mail, inline_content: content });
+    if (s.code) {
+      await assert.rejects(call, (err) => err.code === grpc.status[s.code]);
+      return;
     }
-    call.end();
+    const r = await call;
+    if (s.label) ctx.ids[s.label] = r.receipt.enqueue_id;
+  },
+
+  async enqueue_stream(ctx, s) {
+    const big = randomBytes(s.random_bytes);
+    const r = await new Promise((resolve, reject) => {
+      const call = enqueue.EnqueueStream((err, resp) => (err ? reject(err) : resolve(resp)));
+      call.write({ header: { queue: ctx.queue, mail: s.mail } });
+      for (let i = 0; i < big.length; i += 1024 * 1024) call.write({ chunk: big.subarray(i, i + 1024 * 1024) });
+      call.end();
+    });
+    assert.equal(r.receipt.size, big.length);
+    ctx.ids[s.label] = r.receipt.enqueue_id;
+  },
+
+  async enqueue_many(ctx, s) {
+    const bad = new Set(s.invalid_recipient_at);
+    const answers = await new Promise((resolve, reject) => {
+      const got = [];
+      const call = enqueue.EnqueueMany();
+      call.on('data', (r) => got.push(r));
+      call.on('end', () => resolve(got));
+      call.on('error', reject);
+      for (let i = 0; i < s.count; i += 1) {
+        const recipients = bad.has(i) ? ['not an address'] : ['r@example.org'];
+        call.write({ sequence: i, request: { queue: ctx.queue, mail: { name: 'many', recipients }, inline_content: Buffer.from('x') } });
+      }
+      call.end();
+    });
+    assert.equal(answers.length, s.count);
+    const refused = answers.filter((a) => a.result === 'error');
+    assert.deepEqual(refused.map((a) => Number(a.sequence)).sort((x, y) => x - y), [...bad].sort((x, y) => x - y));
+    for (const a of refused) assert.equal(a.error.code, grpc.status.INVALID_ARGUMENT);
+  },
+
+  async browse(ctx, s) {
+    const listed = (await collect(browse.Browse({ queue: ctx.queue }))).map((r) => r.mail);
+    assert.deepEqual(listed.map((m) => m.enqueue_id), s.labels.map((l) => ctx.ids[l]));
+    for (const [path, value] of Object.entries(s.fields)) {
+      const found = path.split('.').reduce((at, key) => (at === undefined ? undefined : at[key]), listed);
+      assert.equal(String(found), value, path);
+    }
+  },
+
+  async size(ctx, s) {
+    assert.equal(Number((await unary(browse, 'GetSize', { queue: ctx.queue, exact: true })).size), s.expect);
+  },
+
+  async dequeue(ctx, s) {
+    const notInline = new Set(s.not_inline);
+    await new Promise((resolve, reject) => {
+      const call = dequeue.Dequeue();
+      let seen = 0;
+      let retried = null;
+      call.on('data', (r) => {
+        if (r.kind !== 'delivery') return;
+        const d = r.delivery;
+        seen += 1;
+        try {
+          assert.equal(d.content_inline, !notInline.has(d.mail.mail.name), `content_inline of ${d.mail.mail.name}`);
+          if (retried === null) {
+            retried = d.mail.enqueue_id;
+            call.write({ outcome: { delivery_tag: d.delivery_tag, kind: 'OUTCOME_KIND_RETRY', retry_after: { seconds: 0 } } });
+          } else {
+            if (d.mail.enqueue_id === retried) { assert.equal(d.redelivered, true); assert.equal(d.mail.attempts, 1); }
+            call.write({ outcome: { delivery_tag: d.delivery_tag, kind: 'OUTCOME_KIND_SUCCESS' } });
+          }
+        } catch (e) { reject(e); call.cancel(); return; }
+        if (seen === s.deliveries) call.end();
+      });
+      call.on('end', () => { if (seen === s.deliveries) resolve(); else reject(new Error(`${seen} deliveries`)); });
+      call.on('error', reject);
+      call.write({ subscribe: { queue: ctx.queue, prefetch: s.prefetch } });
+    });
+  },
+
+  async delete_by_sender(ctx, s) {
+    const progress = await collect(admin.DeleteMails({ queue: ctx.queue, sender: s.sender }));
+    assert.equal(progress.at(-1).progress.done, true);
+    assert.equal(Number(progress.at(-1).progress.deleted), s.deleted);
+  },
+};
+
+for (const scenario of scenarios) {
+  test(scenario.name, async () => {
+    const ctx = { queue: `contract-node-${randomBytes(4).toString('hex')}`, ids: {} };
+    await unary(admin, 'CreateQueue', { queue: ctx.queue });
+    for (const [i, s] of scenario.steps.entries()) {
+      const run = steps[s.op];
+      assert.ok(run, `step ${i}: unknown op ${s.op}`);
+      try {
+        await run(ctx, s);
+      } catch (e) {
+        e.message = `step ${i} (${s.op}): ${e.message}`;
+        throw e;
+      }
+    }
   });
-  assert.equal(answers.length, 20);
-  const refused = answers.filter((a) => a.result === 'error');
-  assert.equal(refused.length, 1);
-  assert.equal(Number(refused[0].sequence), 5);
-  assert.equal(refused[0].error.code, grpc.status.INVALID_ARGUMENT);
-  assert.equal((await unary(browse, 'GetSize', { queue, exact: true })).size, 19);
-});
+}
