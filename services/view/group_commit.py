@@ -46,6 +46,7 @@ class GroupCommit:
         """Run ``statement`` with ``params`` (a write to ``partition``), maybe with others."""
         loop = asyncio.get_running_loop()
         done: asyncio.Future[None] = loop.create_future()
+        done.add_done_callback(_retrieved)  # a cancelled caller's error is not "never retrieved"
         self._waiting.setdefault(partition, []).append((statement, params, done))
         if partition not in self._scheduled:
             self._scheduled.add(partition)
@@ -97,3 +98,8 @@ class GroupCommit:
                 del self._in_flight[partition]
             if partition in self._waiting:
                 self._send(partition)
+
+
+def _retrieved(done: asyncio.Future[None]) -> None:
+    if not done.cancelled():
+        done.exception()

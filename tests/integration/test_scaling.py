@@ -16,6 +16,7 @@ from tests.harness import ServiceProcess, service_env, wait_until
 from tests.integration.helpers import StreamConsumer, inline, message_count, simple_mail
 
 MAILS = 2000
+LARGE = b"Subject: large\r\n\r\n" + b"x" * 70_000
 
 
 def balanced(*replicas: ServiceProcess) -> str:
@@ -55,7 +56,9 @@ def test_two_replicas_each_with_one_killed_half_way(suite, keyspace):
                 except q.Empty:
                     return
                 try:  # the key makes a retry after a lost reply return the first enqueue
-                    r = enqueue_stub.Enqueue(inline(queue, simple_mail(f"m{i}"), key=f"mail-{i}"), timeout=15)
+                    # Every tenth mail is over 64 KiB: its content goes through blob_svc to S3.
+                    content = LARGE if i % 10 == 0 else b"Subject: t\r\n\r\nhello\r\n"
+                    r = enqueue_stub.Enqueue(inline(queue, simple_mail(f"m{i}"), content, key=f"mail-{i}"), timeout=15)
                 except grpc.RpcError:
                     todo.put(i)  # retried later, on whichever replica answers
                     continue
