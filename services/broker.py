@@ -34,6 +34,12 @@ class Message:
     #: Published with a delay (it went through the delay ladder): its arrival ends the delay.
     delayed: bool = False
 
+    def mail(self) -> model.QueuedMail:
+        """The mail it carries, with its generation. Raises on an undecodable body."""
+        from services import serde
+
+        return serde.queued_mail_from_bytes(self.body, self.generation)
+
 
 class Consumer(abc.ABC):
     @abc.abstractmethod

@@ -17,7 +17,6 @@ from prometheus_client import Counter
 
 from services import counters
 from services.broker import Broker
-from services.subscription import decode
 from services.errors import BackendUnavailable
 from services.retry import Backoff, retrying
 from services.view.view import View
@@ -50,7 +49,7 @@ async def _mark(view: View, broker: Broker) -> None:
         while True:
             message = await consumer.get()
             try:
-                mail = decode(message)
+                mail = message.mail()
             except Exception:  # noqa: BLE001 - nothing to mark
                 await consumer.ack(message.delivery_tag)
                 continue

@@ -222,6 +222,16 @@ def queued_mail_from_proto(pb: mail_pb2.QueuedMail) -> model.QueuedMail:
     )
 
 
+def queued_mail_to_bytes(q: model.QueuedMail) -> bytes:
+    """What a broker message carries (the generation travels in a header of its own)."""
+    return queued_mail_to_proto(q).SerializeToString()
+
+
+def queued_mail_from_bytes(body: bytes, generation: int = 0) -> model.QueuedMail:
+    """The mail a broker message carries, with its header's generation. Raises on garbage."""
+    return dataclasses.replace(queued_mail_from_proto(mail_pb2.QueuedMail.FromString(body)), generation=generation)
+
+
 def view_config_to_proto(c: model.ViewConfig) -> browse_pb2.ViewConfiguration:
     return browse_pb2.ViewConfiguration(
         slice_window=duration_to_proto(c.slice_window),

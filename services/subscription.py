@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import Counter
 
-from services import counters, delays, model, rules, schedule, serde
+from services import counters, delays, model, rules, schedule
 from services.broker import Consumer, Message
 from services.retry import Backoff, retrying
 from services.errors import BackendUnavailable, InvalidArgument, NotFound
@@ -67,14 +67,6 @@ PREPARE_BACKOFF = Backoff("delivery preparation", initial_s=0.5, multiplier=2, m
 def retries_exhausted(delivery_count: int, limit: int | None) -> bool:
     """True when a requeue would make the broker dead-letter the message (its delivery limit)."""
     return limit is not None and delivery_count >= limit
-
-
-def decode(message: Message) -> model.QueuedMail:
-    """The mail a broker message carries, with the generation of its header. Raises on garbage."""
-    from mailqueue.v1 import mail_pb2
-
-    mail = serde.queued_mail_from_proto(mail_pb2.QueuedMail.FromString(message.body))
-    return dataclasses.replace(mail, generation=message.generation)
 
 
 class Outcome(enum.Enum):
@@ -164,7 +156,7 @@ class Subscription:
 
     async def _prepare(self, message: Message) -> Delivery | None:
         try:
-            mail = decode(message)
+            mail = message.mail()
         except Exception:  # noqa: BLE001 - any undecodable body is poison
             log.error("undecodable message dead-lettered", extra={"queue": self.queue, "message_id": message.message_id})
             self._unsent.pop(message.delivery_tag, None)
@@ -349,7 +341,7 @@ class Subscription:
         for tag in sorted(self._unsent):
             message = self._unsent.pop(tag)
             try:
-                mail = decode(message)
+                mail = message.mail()
             except Exception:  # noqa: BLE001 - poison: as _prepare would
                 await self._consumer.dead_letter(tag)
                 continue

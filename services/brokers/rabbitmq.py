@@ -200,7 +200,7 @@ class RabbitMQBroker(Broker):
         queue = mail.queue
         await self.declare_queue(queue)
         publisher = await self._publisher_channel()
-        body = serde.queued_mail_to_proto(mail).SerializeToString()
+        body = serde.queued_mail_to_bytes(mail)
         n = delays.units(delay)
         if n:
             exchange, key = names.delay_exchange(delays.entry_level(n)), delays.routing_key(n, queue, mail.priority)
