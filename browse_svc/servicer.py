@@ -38,23 +38,7 @@ class BrowseServicer(browse_pb2_grpc.BrowseServiceServicer):
 
     async def GetQueue(self, request: browse_pb2.GetQueueRequest, context: grpc.aio.ServicerContext) -> browse_pb2.GetQueueResponse:
         queue = await _existing_queue(self._backends(), request.queue)
-        b, browser = self._backends(), self._browser()
-        summary = await browser.summary(queue) if request.exact else await browser.approximate_summary(queue)
-        info = browse_pb2.QueueInfo(
-            queue=queue, size=summary.size, ready=summary.ready, delayed=summary.delayed, held=summary.held,
-            configuration=serde.view_config_to_proto(await b.view.config.current()),
-            retry_policy=serde.retry_policy_to_proto(await b.view.retry_policies.get(queue)),
-            dead_lettered=await b.broker.dead_lettered(queue), approximate=not request.exact,
-        )
-        if summary.oldest_ready_age is not None:
-            info.oldest_ready_age.CopyFrom(serde.duration_to_proto(summary.oldest_ready_age))
-        if (start := await b.view.starts.browse_start(queue)) is not None:
-            info.browse_start.CopyFrom(serde.timestamp_to_proto(start))
-        if (content := await b.view.starts.content_start(queue)) is not None:
-            info.content_start.CopyFrom(serde.timestamp_to_proto(content))
-        if summary.oldest_age is not None:
-            info.oldest_mail_age.CopyFrom(serde.duration_to_proto(summary.oldest_age))
-        return browse_pb2.GetQueueResponse(queue_info=info)
+        return browse_pb2.GetQueueResponse(queue_info=serde.queue_info_to_proto(await self._browser().info(queue, request.exact)))
 
     async def Browse(self, request: browse_pb2.BrowseRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[browse_pb2.BrowseResponse]:
         queue = await _existing_queue(self._backends(), request.queue)

@@ -126,6 +126,21 @@ class Summary:
     oldest_age: dt.timedelta | None = None
 
 
+@dataclasses.dataclass(frozen=True)
+class QueueInfo:
+    """Everything GetQueue tells about a queue."""
+
+    queue: str
+    summary: Summary
+    #: True when the counts come from the counters (cheap, may lag a second), not from a view scan.
+    approximate: bool
+    config: model.ViewConfig
+    retry_policy: model.RetryPolicy
+    dead_lettered: int
+    browse_start: dt.datetime | None
+    content_start: dt.datetime | None
+
+
 @dataclasses.dataclass
 class Progress:
     scanned: int = 0
@@ -189,6 +204,16 @@ class Browser:
         return Summary(size=size, ready=ready, delayed=size - ready - held, held=held,
                        oldest_age=now - oldest.enqueued_at if oldest is not None else None,
                        oldest_ready_age=now - oldest_due if oldest_due is not None else None)
+
+    async def info(self, queue: str, exact: bool) -> QueueInfo:
+        """The queue's counts (a view scan when ``exact``, else its counters), configuration,
+        retry policy, dead-letter count and starts."""
+        summary = await self.summary(queue) if exact else await self.approximate_summary(queue)
+        return QueueInfo(
+            queue, summary, not exact, await self._view.config.current(), await self._view.retry_policies.get(queue),
+            await self._broker.dead_lettered(queue), await self._view.starts.browse_start(queue),
+            await self._view.starts.content_start(queue),
+        )
 
     async def approximate_summary(self, queue: str) -> Summary:
         """The summary from the queue's counters: one partition read (services/counters.py)."""

@@ -8,13 +8,16 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from google.protobuf import duration_pb2, timestamp_pb2
 
 from mailqueue.v1 import browse_pb2, mail_pb2
 from services import model
 from services.errors import InvalidArgument
+
+if TYPE_CHECKING:
+    from services.browser import QueueInfo
 
 _UTC = dt.timezone.utc
 #: The instants a client may send: what Cassandra's timestamps and the driver's reads hold safely.
@@ -230,6 +233,22 @@ def queued_mail_to_bytes(q: model.QueuedMail) -> bytes:
 def queued_mail_from_bytes(body: bytes, generation: int = 0) -> model.QueuedMail:
     """The mail a broker message carries, with its header's generation. Raises on garbage."""
     return dataclasses.replace(queued_mail_from_proto(mail_pb2.QueuedMail.FromString(body)), generation=generation)
+
+
+def queue_info_to_proto(i: QueueInfo) -> browse_pb2.QueueInfo:
+    s = i.summary
+    pb = browse_pb2.QueueInfo(
+        queue=i.queue, size=s.size, ready=s.ready, delayed=s.delayed, held=s.held,
+        configuration=view_config_to_proto(i.config), retry_policy=retry_policy_to_proto(i.retry_policy),
+        dead_lettered=i.dead_lettered, approximate=i.approximate,
+    )
+    for field, age in (("oldest_ready_age", s.oldest_ready_age), ("oldest_mail_age", s.oldest_age)):
+        if age is not None:
+            getattr(pb, field).CopyFrom(duration_to_proto(age))
+    for field, instant in (("browse_start", i.browse_start), ("content_start", i.content_start)):
+        if instant is not None:
+            getattr(pb, field).CopyFrom(timestamp_to_proto(instant))
+    return pb
 
 
 def view_config_to_proto(c: model.ViewConfig) -> browse_pb2.ViewConfiguration:
