@@ -31,6 +31,11 @@ def env(keyspace: str, name: str) -> dict[str, str]:
 
 
 def start_services(keyspace: str, names: list[str]) -> list[subprocess.Popen]:
+    taken = [n for n in names if serving(f"127.0.0.1:{PORTS[n]}")]
+    if taken:
+        # Left by a killed benchmark: this run's calls would reach them, and their keyspace.
+        raise SystemExit(f"ports of {', '.join(taken)} ({', '.join(str(PORTS[n]) for n in taken)}) already answer: "
+                         "stop those processes first (pkill -f 'python -m <name>_svc')")
     procs = [subprocess.Popen([sys.executable, "-m", f"{n}_svc"], cwd=ROOT, env=env(keyspace, n)) for n in names]
     deadline = time.monotonic() + 90
     for n in names:
