@@ -1,4 +1,4 @@
-"""Enqueue throughput: through gRPC (enqueue_svc -> blob_svc -> backends) vs. direct backend calls.
+"""Enqueue throughput: through gRPC (enqueue_svc -> backends) vs. direct backend calls.
 
     .venv/bin/python -m bench.enqueue_bench [--seconds 30] [--concurrency 32] [--size 10240] [--warmup 5] [--many] [--rate R]
 
@@ -7,7 +7,7 @@
 
 Both paths do the same writes per mail: content (SHA-256 addressed) to the small-blob table in
 Cassandra, or to MinIO above MAILQUEUE_SMALL_BLOB_BYTES, the view row in Cassandra, a persistent
-confirmed publish to RabbitMQ. The direct path uses the same adapters
+confirmed publish to RabbitMQ that carries small content too. The direct path uses the same adapters
 from one Python process, with no gRPC hop. Needs the stack up (stack/stack.sh up).
 """
 
@@ -106,13 +106,14 @@ async def direct(settings: Settings, queue: str, seconds: float, concurrency: in
     window = (await view.config.current()).slice_window
 
     async def op(i: int) -> None:
-        info = await blobs.put_bytes(content(i, size))
+        data = content(i, size)
+        info = await blobs.store(data)
         now = model.utcnow()
         eid = uuid.uuid4()
         q = model.QueuedMail(queue, eid, now, mail, (info.blob_id,), info.size, slice_start(now, window),
                              bucket_of(mail.name, str(eid), 1))
         await view.enqueued.insert(q)
-        await broker.publish(q)
+        await broker.publish(q, content=data if len(data) <= settings.limits.small_blob_bytes else None)
 
     try:
         return await load(op, concurrency, seconds, "direct", warmup)

@@ -33,6 +33,8 @@ class Message:
     priority: str = "normal"
     #: Published with a delay (it went through the delay ladder): its arrival ends the delay.
     delayed: bool = False
+    #: The mail's content when the message carries it (small mail, see ``Broker.publish``), else None.
+    content: bytes | None = None
 
     def mail(self) -> model.QueuedMail:
         """The mail it carries, with its generation. Raises on an undecodable body."""
@@ -74,11 +76,14 @@ class Broker(abc.ABC):
     @abc.abstractmethod
     async def publish(
         self, mail: model.QueuedMail, delay: dt.timedelta = dt.timedelta(0), counted: bool | None = None,
+        content: bytes | None = None,
     ) -> None:
         """Publish ``mail`` to its queue, deliverable after ``delay`` (services/delays.py), with
         its generation. ``counted``: the message's arrival ends a delay the queue counters count
-        (default: when ``delay`` is not zero). Returns once the broker confirmed it; raises
-        BackendUnavailable."""
+        (default: when ``delay`` is not zero). ``content``: the mail's content, carried in the
+        message so that its delivery reads no blob (callers pass it for small mail only; a
+        message without it is delivered all the same, its content read from the blob store).
+        Returns once the broker confirmed it; raises BackendUnavailable."""
 
     @abc.abstractmethod
     async def consume(self, queue: str, prefetch: int) -> Consumer:

@@ -41,6 +41,10 @@ class Dequeuer:
         consumer = await self.broker.consume(queue, prefetch or DEFAULT_PREFETCH)
         return Subscription(self, queue, consumer, prefetch or DEFAULT_PREFETCH)
 
+    def carry(self, mail: model.QueuedMail, content: bytes | None) -> bytes | None:
+        """The content to carry in a message published again: small mail's only."""
+        return content if content is not None and len(content) == mail.size <= self.limits.small_blob_bytes else None
+
     async def mark_deleted(self, mail: model.QueuedMail, reason: str) -> None:
         await counters.mark(self.view, mail, reason)
         config = await self.state.config()

@@ -1,5 +1,8 @@
 """Enqueue (DESIGN §4): validate -> content -> view row -> confirmed publish -> reply.
 
+Small inline content (up to ``MAILQUEUE_SMALL_BLOB_BYTES``) also travels in the message, so
+that its delivery reads no blob; the blob stays the content of record (browse, requeue, repair).
+
 A mail is acknowledged only after its blob, its view row and its confirmed RabbitMQ message all
 exist. On any failure after the row was written, the mail is marked deleted (compensation, right
 next to the write it undoes) and the caller gets BackendUnavailable: nothing half-enqueued is
@@ -61,7 +64,8 @@ class Enqueuer:
             info = await self._blobs.store(content)
             return (info.blob_id,), info.size
 
-        return await self._enqueue(queue, mail, write, key, when, priority)
+        carried = content if len(content) <= self._limits.small_blob_bytes else None
+        return await self._enqueue(queue, mail, write, key, when, priority, carried)
 
     async def enqueue_refs(
         self, queue: str, mail: model.Mail, blob_ids: list[str], key: str = "", when: Schedule = (None, None),
@@ -108,6 +112,7 @@ class Enqueuer:
     # ------------------------------------------------------------------ the common path
     async def _enqueue(
         self, queue: str, mail: model.Mail, write_content: ContentWriter, key: str, when: Schedule, priority: str,
+        carried: bytes | None = None,
     ) -> model.EnqueueResult:
         validation.queue_name(queue)
         validation.mail(mail, self._limits)
@@ -122,7 +127,7 @@ class Enqueuer:
                 return earlier
             enqueue_id = earlier
         try:
-            result = await self._store(queue, mail, enqueue_id, write_content, when, priority)
+            result = await self._store(queue, mail, enqueue_id, write_content, when, priority, carried)
         except BaseException:
             ENQUEUE_FAILED.labels(queue).inc()
             if key:
@@ -135,7 +140,7 @@ class Enqueuer:
 
     async def _store(
         self, queue: str, mail: model.Mail, enqueue_id: uuid.UUID, write_content: ContentWriter, when: Schedule,
-        priority: str,
+        priority: str, carried: bytes | None,
     ) -> model.QueuedMail:
         blob_ids, size = await write_content()
         config = await self._state.config()
@@ -161,7 +166,7 @@ class Enqueuer:
             raise
         await counters.bump(self._view, queued, enqueued=1, delayed=1 if deliver_at is not None else 0)
         try:
-            await self._broker.publish(queued, deliver_at - now if deliver_at is not None else dt.timedelta(0))
+            await self._broker.publish(queued, deliver_at - now if deliver_at is not None else dt.timedelta(0), content=carried)
         except BaseException:
             await self._best_effort(counters.mark(self._view, queued, "enqueue failed: publish", now), "mark deleted after publish")
             raise

@@ -50,6 +50,11 @@ EXPIRED = Counter("mailqueue_expired_total", "Mails expired by their queue's ret
 RETURNED_UNSENT = Counter(
     "mailqueue_returned_unsent_total", "Deliveries a closing stream never handed out, published again without spending an attempt", ["queue"],
 )
+INLINE_CONTENT = Counter(
+    "mailqueue_delivery_content_total",
+    "Contents handed out inline, by where they came from (message: carried by a small mail's message; blob_store: read)",
+    ["queue", "source"],
+)
 RETRIED_ON_ERROR = Counter(
     "mailqueue_delivery_retries_on_error_total",
     "Delivery preparations retried after a Cassandra or blob store error (the delivery stays with its consumer)",
@@ -67,6 +72,12 @@ PREPARE_BACKOFF = Backoff("delivery preparation", initial_s=0.5, multiplier=2, m
 def retries_exhausted(delivery_count: int, limit: int | None) -> bool:
     """True when a requeue would make the broker dead-letter the message (its delivery limit)."""
     return limit is not None and delivery_count >= limit
+
+
+def carried(message: Message, mail: model.QueuedMail) -> bytes | None:
+    """The content the message carries, if it carries all of it."""
+    content = message.content
+    return content if content is not None and len(content) == mail.size else None
 
 
 class Outcome(enum.Enum):
@@ -204,7 +215,7 @@ class Subscription:
             early = mail.due() - model.utcnow()
             if early > dt.timedelta(0):
                 # Only a clock behind the publisher's (or a rounding) gets here: wait the rest.
-                await self._d.broker.publish(mail, early, counted=message.delayed)
+                await self._d.broker.publish(mail, early, counted=message.delayed, content=carried(message, mail))
                 await self._skip(message, "early")
                 return None
             # Its delay (or hold) ends now. A redelivered message (returned by a stream that ended)
@@ -225,7 +236,10 @@ class Subscription:
                 return None
             content = None
             if mail.size <= self._d.limits.dequeue_inline_bytes:
-                content = await self._d.blobs.read(mail.blob_ids)
+                content, source = carried(message, mail), "message"
+                if content is None:
+                    content, source = await self._d.blobs.read(mail.blob_ids), "blob_store"
+                INLINE_CONTENT.labels(self.queue, source).inc()
             else:
                 for blob_id in mail.blob_ids:
                     await self._d.blobs.stat(blob_id)
@@ -250,7 +264,7 @@ class Subscription:
         now = model.utcnow()
         held = dataclasses.replace(mail, deliver_at=rules.hold_until(rule, now), generation=mail.generation + 1,
                                    held_by=rule.rule_id)
-        await self._d.broker.publish(held, held.due() - now)
+        await self._d.broker.publish(held, held.due() - now, content=carried(message, mail))
         await self._d.view.deleted.schedule(held)
         await counters.bump(self._d.view, held, delayed=1, held=1)
         await self._skip(message, "held")
@@ -303,7 +317,7 @@ class Subscription:
             mail, deliver_at=verdict.deliver_at, attempts=attempts, last_error=error, generation=mail.generation + 1,
         )
         self._d.in_flight.discard((self.queue, mail.enqueue_id))  # the new copy may come back at once
-        await self._d.broker.publish(again, verdict.deliver_at - now)
+        await self._d.broker.publish(again, verdict.deliver_at - now, content=self._d.carry(mail, d.content))
         await self._d.view.deleted.schedule(again)
         await counters.bump(self._d.view, again, delayed=1 if delays.units(verdict.deliver_at - now) else 0)
         await self._consumer.ack(d.tag)
@@ -347,7 +361,8 @@ class Subscription:
                 continue
             self._d.in_flight.discard((self.queue, mail.enqueue_id))
             # Its delay stays counted until the copy arrives, unless this arrival counted it already.
-            await self._d.broker.publish(mail, counted=message.delayed and tag not in self._arrived)
+            await self._d.broker.publish(mail, counted=message.delayed and tag not in self._arrived,
+                                         content=carried(message, mail))
             await self._consumer.ack(tag)
             RETURNED_UNSENT.labels(self.queue).inc()
 

@@ -25,6 +25,8 @@ _CLOSED = object()
 #: The message headers that carry QueuedMail.generation, and that a message went through the ladder.
 GENERATION_HEADER = "mailqueue-generation"
 DELAYED_HEADER = "mailqueue-delayed"
+#: Set when the body ends with the mail's content: its length in bytes (the QueuedMail comes first).
+CONTENT_HEADER = "mailqueue-content-bytes"
 
 
 def unavailable(detail: Any) -> BackendUnavailable:
@@ -77,10 +79,14 @@ class Publisher:
 
     def publish(
         self, exchange: str, message_id: str, body: bytes, routing_key: str = "", generation: int = 0, delayed: bool = False,
+        content: bytes | None = None,
     ) -> asyncio.Future[None]:
         headers = {GENERATION_HEADER: generation} if generation else {}
         if delayed:
             headers[DELAYED_HEADER] = 1
+        if content is not None:
+            headers[CONTENT_HEADER] = len(content)
+            body += content
         props = pika.BasicProperties(
             delivery_mode=PERSISTENT, message_id=message_id, content_type="application/x-protobuf",
             type="mailqueue.v1.QueuedMail", headers=headers or None,
@@ -122,6 +128,15 @@ class Publisher:
         self.pending.clear()
 
 
+def split_content(body: bytes, length: Any) -> tuple[bytes, bytes | None]:
+    """(QueuedMail bytes, carried content or None) of a message body; a header that does not fit
+    the body leaves the body whole (then it does not decode, and is dead-lettered as poison)."""
+    if not isinstance(length, int) or isinstance(length, bool) or not 0 <= length <= len(body):
+        return body, None
+    cut = len(body) - length
+    return body[:cut], body[cut:]
+
+
 class RabbitMQConsumer(Consumer):
     def __init__(self, channel: Channel, waiters: Waiters) -> None:
         self._channel = channel
@@ -134,10 +149,11 @@ class RabbitMQConsumer(Consumer):
         count, generation = headers.get("x-delivery-count", 0), headers.get(GENERATION_HEADER, 0)
         deaths = headers.get("x-death")
         death = deaths[0].get("reason") if isinstance(deaths, list) and deaths and isinstance(deaths[0], dict) else None
+        body, content = split_content(body, headers.get(CONTENT_HEADER))
         self._inbox.put_nowait(Message(
             method.delivery_tag, body, bool(method.redelivered), props.message_id,
             count if isinstance(count, int) else 0, generation if isinstance(generation, int) else 0,
-            death.decode() if isinstance(death, bytes) else death, priority, bool(headers.get(DELAYED_HEADER)),
+            death.decode() if isinstance(death, bytes) else death, priority, bool(headers.get(DELAYED_HEADER)), content,
         ))
 
     def drain(self) -> list[Message]:

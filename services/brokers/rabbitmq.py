@@ -196,6 +196,7 @@ class RabbitMQBroker(Broker):
 
     async def publish(
         self, mail: model.QueuedMail, delay: dt.timedelta = dt.timedelta(0), counted: bool | None = None,
+        content: bytes | None = None,
     ) -> None:
         queue = mail.queue
         await self.declare_queue(queue)
@@ -208,7 +209,7 @@ class RabbitMQBroker(Broker):
             exchange, key = names.exchange(queue), names.priority_key(mail.priority)
         try:
             await publisher.publish(exchange, str(mail.enqueue_id), body, key, mail.generation,
-                                    delayed=bool(n) if counted is None else counted)
+                                    delayed=bool(n) if counted is None else counted, content=content)
         except BackendUnavailable:
             self._declared.discard(queue)  # declare again next time, in case the topology was removed
             self._ladder_declared = False

@@ -9,6 +9,7 @@ import pika
 
 from mailqueue.v1 import enqueue_pb2, mail_pb2
 from services import model, names, serde
+from services.brokers.channels import CONTENT_HEADER, split_content
 from services.config import RabbitMQSettings
 from services.slices import slices_between
 
@@ -34,16 +35,23 @@ def deleted_reason(suite, queue: str, enqueue_id) -> str | None:
 
 
 def peek_messages(queue: str) -> list[model.QueuedMail]:
-    """The RabbitMQ messages waiting in the queue's work queue (left in place)."""
+    """The mails of the RabbitMQ messages waiting in the queue's work queue (left in place)."""
+    return [mail for mail, _content in peek_contents(queue)]
+
+
+def peek_contents(queue: str, priority: str = "normal") -> list[tuple[model.QueuedMail, bytes | None]]:
+    """(mail, the content the message carries or None) of each message waiting in the queue's
+    work queue of that class (left in place)."""
     conn = pika.BlockingConnection(pika.URLParameters(RabbitMQSettings.from_env().url))
     try:
         ch = conn.channel()
         out = []
         while True:
-            method, _props, body = ch.basic_get(names.work_queue(queue), auto_ack=False)
+            method, props, body = ch.basic_get(names.work_queue(queue, priority), auto_ack=False)
             if method is None:
                 break
-            out.append(serde.queued_mail_from_proto(mail_pb2.QueuedMail.FromString(body)))
+            body, content = split_content(body, (props.headers or {}).get(CONTENT_HEADER))
+            out.append((serde.queued_mail_from_proto(mail_pb2.QueuedMail.FromString(body)), content))
         return out
     finally:
         conn.close()  # unacknowledged messages go back to the queue

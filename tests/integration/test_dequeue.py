@@ -1,5 +1,6 @@
 """DequeueService through gRPC on the real stack: at-least-once, acks on the stream."""
 
+import hashlib
 import os
 import queue as q
 import uuid
@@ -7,13 +8,14 @@ import uuid
 import grpc
 import pika
 import pytest
+from prometheus_client import REGISTRY
 
 from mailqueue.v1 import blob_pb2, dequeue_pb2, mail_pb2
 from services import names
 from services.config import RabbitMQSettings
 from tests.harness import wait_until
 from tests.integration.helpers import (
-    StreamConsumer, dead_letter_count, deleted_reason, enqueue_names, inline, message_count, simple_mail,
+    StreamConsumer, dead_letter_count, deleted_reason, enqueue_names, inline, message_count, peek_contents, simple_mail,
 )
 
 
@@ -156,19 +158,48 @@ def test_an_undecodable_message_is_dead_lettered(suite):
     c.cancel()
 
 
-def test_a_missing_blob_dead_letters_the_mail(suite):
+def test_a_missing_blob_dead_letters_a_mail_whose_message_does_not_carry_it(suite):
     queue = suite.new_queue()
-    content = os.urandom(300)
+    content = os.urandom(100_000)  # over 64 KiB: in S3, read on delivery
     [eid] = enqueue_names(suite, queue, ["orphan"], content)
-    import hashlib
-
+    assert peek_contents(queue)[0][1] is None
     suite.blob_stub.Delete(blob_pb2.DeleteRequest(blob_id=hashlib.sha256(content).hexdigest()))
     c = consumer(suite, queue)
-    with pytest.raises(q.Empty):
-        c.next(timeout=1)
     wait_until(lambda: dead_letter_count(queue) == 1, what="dead letter")
     assert deleted_reason(suite, queue, uuid.UUID(eid)) == "dead-lettered: content missing"
+    assert message_count(queue) == 0
     c.cancel()
+
+
+def test_a_small_mail_travels_with_its_content_and_its_delivery_reads_no_blob(suite):
+    """Small content rides in the message (header + body tail): the delivery needs no blob read,
+    so it is delivered even with its blob gone; a RETRY publishes the content along again."""
+    queue = suite.new_queue()
+    small, large = os.urandom(300), os.urandom(100_000)
+    small_id, large_id = (enqueue_names(suite, queue, [n], c)[0] for n, c in (("small", small), ("large", large)))
+    carried = {str(m.enqueue_id): c for m, c in peek_contents(queue)}
+    assert carried == {small_id: small, large_id: None}
+    suite.blob_stub.Delete(blob_pb2.DeleteRequest(blob_id=hashlib.sha256(small).hexdigest()))
+    before = {src: inline_contents(queue, src) for src in ("message", "blob_store")}
+    c = consumer(suite, queue, prefetch=1)
+    first = c.next()
+    assert (first.mail.enqueue_id, first.content) == (small_id, small)
+    c.answer(first, "RETRY", "later", retry_after=0)
+    rest = {}
+    for _ in range(2):
+        d = c.next()
+        rest[d.mail.enqueue_id] = (d.mail.attempts, d.content)
+        c.answer(d)
+    assert rest == {small_id: (1, small), large_id: (0, large)}
+    wait_until(lambda: deleted_reason(suite, queue, uuid.UUID(large_id)) == "dequeued", what="large mail marked")
+    assert deleted_reason(suite, queue, uuid.UUID(small_id)) == "dequeued"
+    assert {src: inline_contents(queue, src) - n for src, n in before.items()} == {"message": 2, "blob_store": 1}
+    c.close()
+
+
+def inline_contents(queue: str, source: str) -> float:
+    """mailqueue_delivery_content_total of the in-process dequeue_svc (its /metrics registry)."""
+    return REGISTRY.get_sample_value("mailqueue_delivery_content_total", {"queue": queue, "source": source}) or 0.0
 
 
 @pytest.mark.parametrize(

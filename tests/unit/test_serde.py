@@ -92,3 +92,13 @@ def test_a_negative_retry_after_means_now():
     assert serde.retry_after_from_proto(o) is None
     o.retry_after.FromTimedelta(dt.timedelta(seconds=-3))
     assert serde.retry_after_from_proto(o) == dt.timedelta(0)
+
+
+def test_a_message_body_splits_into_the_mail_and_the_content_it_carries():
+    from services.brokers.channels import split_content
+
+    assert split_content(b"MAILcontent", 7) == (b"MAIL", b"content")
+    assert split_content(b"MAIL", 0) == (b"MAIL", b"")
+    assert split_content(b"MAIL", None) == (b"MAIL", None)  # a message without content (large mail, older publisher)
+    for bad in (-1, 5, "4", True, 4.0):  # a header that does not fit leaves the body whole: poison, dead-lettered
+        assert split_content(b"MAIL", bad) == (b"MAIL", None)
