@@ -59,7 +59,7 @@ test-unit: install
 test-k8s: install kustomize
 	$(PY) -m pytest -m k8s
 
-test-integration: up spark-connector
+test-integration: up contract spark-connector
 	$(PY) -m pytest -m integration
 
 # The Spark Cassandra Connector jars for the retention sweep (Maven Central, once per machine).

@@ -1,4 +1,5 @@
-"""Shared fixtures. Tests under tests/integration are marked `integration` and need the stack."""
+"""Shared fixtures. Tests under tests/integration and tests/contract are marked `integration`:
+they need the stack (and the contract tests the services and the Go/Node clients: make contract)."""
 
 from __future__ import annotations
 
@@ -14,13 +15,14 @@ from services.runtime.interceptors import ErrorsAndMetrics
 from tests.harness import LoopThread, RunningApp, new_keyspace, stack, service_env
 
 INTEGRATION = pathlib.Path(__file__).parent / "integration"
+CONTRACT = pathlib.Path(__file__).parent / "contract"
 K8S = pathlib.Path(__file__).parent / "k8s"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         parents = pathlib.Path(str(item.fspath)).parents
-        if INTEGRATION in parents:
+        if INTEGRATION in parents or CONTRACT in parents:
             item.add_marker(pytest.mark.integration)
         if K8S in parents:
             item.add_marker(pytest.mark.k8s)
