@@ -1,11 +1,14 @@
-"""Dequeue + SUCCESS throughput: through gRPC (dequeue_svc -> blob_svc) vs. direct backend calls.
+"""Dequeue + SUCCESS throughput: through gRPC (dequeue_svc), one by one and batched, vs. direct calls.
 
-    .venv/bin/python -m bench.dequeue_bench [--mails 4000] [--prefetch 32] [--size 10240] [--warmup-mails 500]
+    .venv/bin/python -m bench.dequeue_bench [--mails 4000] [--prefetch 32] [--batch 32] [--size 10240] [--warmup-mails 500]
 
-Both paths do the same work per mail: consume the RabbitMQ message, check the deleted mark in
-Cassandra, read the content (Cassandra up to 64 KiB, MinIO above), mark the mail deleted, ack. The direct path runs the
-same domain code (services/dequeuer.py, services/subscription.py) in one process with S3 reached directly and no gRPC.
-Mails are enqueued first (not timed); the first --warmup-mails of each phase are not timed either. Needs the stack up (stack/stack.sh up).
+Every path does the same work per mail: consume the RabbitMQ message, check the deleted mark in
+Cassandra, take the content (carried by a small mail's message; read from Cassandra or MinIO
+otherwise), mark the mail deleted, ack. ``grpc`` answers each delivery alone; ``grpc-batch``
+subscribes with max_batch and answers each Deliveries message with one Outcomes message. The
+direct path runs the same domain code (services/dequeuer.py, services/subscription.py) in one
+process with no gRPC. Mails are enqueued first (not timed); the first --warmup-mails of each
+phase are not timed either. Needs the stack up (stack/stack.sh up).
 """
 
 from __future__ import annotations
@@ -54,11 +57,14 @@ def result(label: str, n: int, seconds: float, cpu: str) -> dict[str, Any]:
     return {"n": n, "seconds": seconds, "per_s": n / seconds, "cpu": cpu}
 
 
-async def via_grpc(queue: str, n: int, prefetch: int, warmup: int, services: dict[str, int]) -> dict[str, Any]:
+async def via_grpc(queue: str, n: int, prefetch: int, warmup: int, services: dict[str, int], batch: int = 1) -> dict[str, Any]:
+    """One Dequeue stream answering SUCCESS; ``batch`` above 1: deliveries and outcomes batched
+    (Subscribe.max_batch, Outcomes), one Outcomes message per Deliveries message."""
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{PORTS['dequeue']}")
     stub = dequeue_pb2_grpc.DequeueServiceStub(channel)
     outcomes: asyncio.Queue = asyncio.Queue()
-    await outcomes.put(dequeue_pb2.DequeueRequest(subscribe=dequeue_pb2.Subscribe(queue=queue, prefetch=prefetch)))
+    await outcomes.put(dequeue_pb2.DequeueRequest(
+        subscribe=dequeue_pb2.Subscribe(queue=queue, prefetch=prefetch, max_batch=batch)))
 
     async def requests():
         while True:
@@ -68,22 +74,26 @@ async def via_grpc(queue: str, n: int, prefetch: int, warmup: int, services: dic
     done = 0
     start, meter = time.monotonic(), CpuMeter(services)
     async for response in call:
-        if response.WhichOneof("kind") != "delivery":
+        kind = response.WhichOneof("kind")
+        if kind == "subscribed":
             continue
-        if done == warmup:
+        deliveries = [response.delivery] if kind == "delivery" else list(response.deliveries.deliveries)
+        if done <= warmup < done + len(deliveries):
             start, meter = time.monotonic(), CpuMeter(services)
-        d = response.delivery
-        assert d.content_inline and len(d.content) == d.mail.size
-        await outcomes.put(dequeue_pb2.DequeueRequest(
-            outcome=dequeue_pb2.Outcome(delivery_tag=d.delivery_tag, kind=dequeue_pb2.OUTCOME_KIND_SUCCESS)))
-        done += 1
-        if done == warmup + n:
+        for d in deliveries:
+            assert d.content_inline and len(d.content) == d.mail.size
+        answers = [dequeue_pb2.Outcome(delivery_tag=d.delivery_tag, kind=dequeue_pb2.OUTCOME_KIND_SUCCESS) for d in deliveries]
+        await outcomes.put(dequeue_pb2.DequeueRequest(outcome=answers[0]) if kind == "delivery"
+                           else dequeue_pb2.DequeueRequest(outcomes=dequeue_pb2.Outcomes(outcomes=answers)))
+        done += len(deliveries)
+        if done >= warmup + n:
             break
     elapsed = time.monotonic() - start
-    cpu = meter.per_op(n)
+    timed = done - warmup
+    cpu = meter.per_op(timed)
     call.cancel()
     await channel.close()
-    return result("grpc", n, elapsed, cpu)
+    return result("grpc" if batch == 1 else f"grpc-batch{batch}", timed, elapsed, cpu)
 
 
 async def direct(settings: Settings, queue: str, n: int, prefetch: int, warmup: int) -> dict[str, Any]:
@@ -122,30 +132,38 @@ def main() -> None:
     p.add_argument("--mails", type=int, default=4000)
     p.add_argument("--prefetch", type=int, default=32)
     p.add_argument("--size", type=int, default=10 * 1024)
+    p.add_argument("--batch", type=int, default=32, help="also measure batched deliveries/outcomes, this many per message (1: skip)")
     p.add_argument("--warmup-mails", type=int, default=500, help="deliveries before timing starts, each phase")
     a = p.parse_args()
     keyspace = new_keyspace()
     settings = Settings.from_env("dequeue", {**os.environ, "MAILQUEUE_CASSANDRA_KEYSPACE": keyspace})
-    grpc_queue, direct_queue = bench_queue("bench-grpc"), bench_queue("bench-direct")
+    grpc_queue, batch_queue, direct_queue = bench_queue("bench-grpc"), bench_queue("bench-batch"), bench_queue("bench-direct")
+    queues = (grpc_queue, batch_queue, direct_queue) if a.batch > 1 else (grpc_queue, direct_queue)
     procs = start_services(keyspace, ["blob", "dequeue", "browse"])
     try:
         admin = admin_pb2_grpc.AdminServiceStub(grpc.insecure_channel(f"127.0.0.1:{PORTS['browse']}"))
-        for q in (grpc_queue, direct_queue):
+        for q in queues:
             admin.CreateQueue(admin_pb2.CreateQueueRequest(queue=q))
-        print(f"filling two queues with {a.warmup_mails + a.mails} mails of {a.size} B (not timed)", file=sys.stderr)
-        asyncio.run(fill(settings, grpc_queue, a.warmup_mails + a.mails, a.size))
-        asyncio.run(fill(settings, direct_queue, a.warmup_mails + a.mails, a.size))
+        print(f"filling {len(queues)} queues with {a.warmup_mails + a.mails} mails of {a.size} B (not timed)", file=sys.stderr)
+        for q in queues:
+            asyncio.run(fill(settings, q, a.warmup_mails + a.mails, a.size))
         services = {"blob_svc": procs[0].pid, "dequeue_svc": procs[1].pid}
         g = asyncio.run(via_grpc(grpc_queue, a.mails, a.prefetch, a.warmup_mails, services))
+        b = asyncio.run(via_grpc(batch_queue, a.mails, a.prefetch, a.warmup_mails, services, a.batch)) if a.batch > 1 else None
     finally:
         stop(procs)
     d = asyncio.run(direct(settings, direct_queue, a.mails, a.prefetch, a.warmup_mails))
     print(f"\ndequeue + SUCCESS of {a.size} B mails, prefetch {a.prefetch}, one stream, {a.mails} timed after {a.warmup_mails} of warm-up, keyspace {keyspace}")
     print(f"grpc      {g['per_s']:8.1f} mails/s ({g['n']} in {g['seconds']:.2f} s)")
     print(f"          {g['cpu']}")
+    if b is not None:
+        print(f"batch{a.batch:<4} {b['per_s']:8.1f} mails/s ({b['n']} in {b['seconds']:.2f} s)")
+        print(f"          {b['cpu']}")
     print(f"direct    {d['per_s']:8.1f} mails/s ({d['n']} in {d['seconds']:.2f} s)")
     print(f"          {d['cpu']}")
     print(f"ratio grpc/direct throughput: {g['per_s'] / d['per_s']:.2f}")
+    if b is not None:
+        print(f"ratio grpc-batch/direct throughput: {b['per_s'] / d['per_s']:.2f}")
 
 
 if __name__ == "__main__":

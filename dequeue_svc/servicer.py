@@ -26,13 +26,36 @@ _OUTCOMES = {
 }
 
 
-def _delivery(d: Delivery) -> dequeue_pb2.DequeueResponse:
-    return dequeue_pb2.DequeueResponse(
-        delivery=dequeue_pb2.Delivery(
-            delivery_tag=d.tag, mail=serde.queued_mail_to_proto(d.mail), content=d.content or b"",
-            content_inline=d.content is not None, redelivered=d.redelivered,
-        )
+def _delivery(d: Delivery) -> dequeue_pb2.Delivery:
+    return dequeue_pb2.Delivery(
+        delivery_tag=d.tag, mail=serde.queued_mail_to_proto(d.mail), content=d.content or b"",
+        content_inline=d.content is not None, redelivered=d.redelivered,
     )
+
+
+def _response(first: Delivery, sub: Subscription) -> dequeue_pb2.DequeueResponse:
+    """One delivery alone, or (max_batch above 1) with the others ready now."""
+    if sub.max_batch == 1:
+        return dequeue_pb2.DequeueResponse(delivery=_delivery(first))
+    batch = [first, *sub.ready(sub.max_batch - 1)]
+    return dequeue_pb2.DequeueResponse(deliveries=dequeue_pb2.Deliveries(deliveries=[_delivery(d) for d in batch]))
+
+
+def _outcomes(request: dequeue_pb2.DequeueRequest) -> list[dequeue_pb2.Outcome]:
+    """The outcomes a request carries, each with a kind; raises InvalidArgument before settling any."""
+    kind = request.WhichOneof("kind")
+    if kind == "outcome":
+        outcomes = [request.outcome]
+    elif kind == "outcomes" and request.outcomes.outcomes:
+        outcomes = list(request.outcomes.outcomes)
+    elif kind == "outcomes":
+        raise InvalidArgument("an Outcomes message must carry at least one outcome")
+    else:
+        raise InvalidArgument("only the first message of a Dequeue stream may be a subscribe")
+    for o in outcomes:
+        if o.kind not in _OUTCOMES:
+            raise InvalidArgument(f"outcome for delivery {o.delivery_tag} has no kind: use SUCCESS, RETRY or REJECT")
+    return outcomes
 
 
 async def _settle_outcomes(requests: AsyncIterator[dequeue_pb2.DequeueRequest], sub: Subscription) -> None:
@@ -47,15 +70,12 @@ async def _settle_outcomes(requests: AsyncIterator[dequeue_pb2.DequeueRequest], 
 
     async def read() -> None:
         async for request in requests:
-            if request.WhichOneof("kind") != "outcome":
-                raise InvalidArgument("only the first message of a Dequeue stream may be a subscribe")
-            o = request.outcome
-            if o.kind not in _OUTCOMES:
-                raise InvalidArgument(f"outcome for delivery {o.delivery_tag} has no kind: use SUCCESS, RETRY or REJECT")
-            retry_after = serde.retry_after_from_proto(o)
-            task = asyncio.create_task(sub.settle(o.delivery_tag, _OUTCOMES[o.kind], o.error_message, retry_after))
-            settling.add(task)
-            task.add_done_callback(check)
+            outcomes = _outcomes(request)
+            retry_afters = [serde.retry_after_from_proto(o) for o in outcomes]
+            for o, retry_after in zip(outcomes, retry_afters):
+                task = asyncio.create_task(sub.settle(o.delivery_tag, _OUTCOMES[o.kind], o.error_message, retry_after))
+                settling.add(task)
+                task.add_done_callback(check)
         if settling:
             await asyncio.wait(set(settling))
 
@@ -85,18 +105,19 @@ class DequeueServicer(dequeue_pb2_grpc.DequeueServiceServicer):
         first = await anext(requests, None)
         if first is None or first.WhichOneof("kind") != "subscribe":
             raise InvalidArgument("the first message of a Dequeue stream must be a subscribe")
-        sub = await dequeuer.subscribe(first.subscribe.queue, first.subscribe.prefetch)
+        sub = await dequeuer.subscribe(first.subscribe.queue, first.subscribe.prefetch, first.subscribe.max_batch)
         outcomes = asyncio.create_task(_settle_outcomes(requests, sub))
         delivery: asyncio.Task[Delivery] | None = None
         try:
             yield dequeue_pb2.DequeueResponse(
-                subscribed=dequeue_pb2.Subscribed(queue=sub.queue, prefetch=first.subscribe.prefetch or DEFAULT_PREFETCH)
+                subscribed=dequeue_pb2.Subscribed(queue=sub.queue, prefetch=first.subscribe.prefetch or DEFAULT_PREFETCH,
+                                                  max_batch=sub.max_batch)
             )
             while True:
                 delivery = asyncio.create_task(sub.next())
                 done, _ = await asyncio.wait({delivery, outcomes}, return_when=asyncio.FIRST_COMPLETED)
                 if delivery in done:
-                    yield _delivery(delivery.result())
+                    yield _response(delivery.result(), sub)
                     continue
                 outcomes.result()  # raises what settling raised; otherwise the client half-closed
                 return

@@ -33,13 +33,17 @@ class Dequeuer:
         self.in_flight: set[tuple[str, object]] = set()
         self.rules = rules.RuleBook(view)
 
-    async def subscribe(self, queue: str, prefetch: int) -> Subscription:
+    async def subscribe(self, queue: str, prefetch: int, max_batch: int = 1) -> Subscription:
+        """A subscription to ``queue``: ``prefetch`` unanswered deliveries at most (0: the default),
+        handed out up to ``max_batch`` at a time (0 or 1: one by one)."""
         validation.queue_name(queue)
         if prefetch > self.limits.max_prefetch:
             raise InvalidArgument(f"prefetch {prefetch} is over the maximum of {self.limits.max_prefetch}")
+        if max_batch > self.limits.max_prefetch:
+            raise InvalidArgument(f"max_batch {max_batch} is over the maximum of {self.limits.max_prefetch}")
         await self.state.require_queue(queue)
         consumer = await self.broker.consume(queue, prefetch or DEFAULT_PREFETCH)
-        return Subscription(self, queue, consumer, prefetch or DEFAULT_PREFETCH)
+        return Subscription(self, queue, consumer, prefetch or DEFAULT_PREFETCH, max(max_batch, 1))
 
     def carry(self, mail: model.QueuedMail, content: bytes | None) -> bytes | None:
         """The content to carry in a message published again: small mail's only."""

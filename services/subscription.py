@@ -104,11 +104,15 @@ class Subscription:
     ``FAIRNESS`` at the least, so it is never starved.
     """
 
-    def __init__(self, dequeuer: Dequeuer, queue: str, consumer: Consumer, prefetch: int = DEFAULT_PREFETCH) -> None:
+    def __init__(
+        self, dequeuer: Dequeuer, queue: str, consumer: Consumer, prefetch: int = DEFAULT_PREFETCH, max_batch: int = 1,
+    ) -> None:
         self._d = dequeuer
         self.queue = queue
         self._consumer = consumer
         self._prefetch = prefetch
+        #: Deliveries handed out together at most (``next`` then ``ready``).
+        self.max_batch = max_batch
         self._pending: dict[int, Delivery] = {}
         self._classes: dict[str, collections.deque[asyncio.Future[Delivery | None]]] = {
             p: collections.deque() for p in model.PRIORITIES}
@@ -151,19 +155,29 @@ class Subscription:
         if self._pump is None:
             self._pump = asyncio.create_task(self._pump_messages())
         while True:
-            picked = self._pick() if len(self._pending) < self._prefetch else None
-            if picked is not None:
-                delivery = picked.result()
-                if delivery is None:
-                    continue
-                self._unsent.pop(delivery.tag, None)
-                self._pending[delivery.tag] = delivery
-                DELIVERED.labels(self.queue).inc()
-                return delivery
+            ready = self.ready(1)
+            if ready:
+                return ready[0]
             if self._failure is not None:
                 raise self._failure
             self._changed.clear()
             await self._changed.wait()
+
+    def ready(self, limit: int) -> list[Delivery]:
+        """Up to ``limit`` prepared deliveries the client has credit for, handed out now (no wait)."""
+        out: list[Delivery] = []
+        while len(out) < limit and len(self._pending) < self._prefetch:
+            picked = self._pick()
+            if picked is None:
+                break
+            delivery = picked.result()
+            if delivery is None:
+                continue
+            self._unsent.pop(delivery.tag, None)
+            self._pending[delivery.tag] = delivery
+            DELIVERED.labels(self.queue).inc()
+            out.append(delivery)
+        return out
 
     async def _prepare(self, message: Message) -> Delivery | None:
         try:

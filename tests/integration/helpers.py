@@ -81,7 +81,7 @@ def inline(queue: str, mail: mail_pb2.Mail, content: bytes = b"Subject: t\r\n\r\
 class StreamConsumer:
     """A Dequeue stream driven from a test: subscribe, receive with a deadline, answer outcomes."""
 
-    def __init__(self, stub, queue: str, prefetch: int = 16) -> None:
+    def __init__(self, stub, queue: str, prefetch: int = 16, max_batch: int = 0) -> None:
         import queue as q
         import threading
 
@@ -90,7 +90,8 @@ class StreamConsumer:
         self._pb = dequeue_pb2
         self._requests: q.Queue = q.Queue()
         self._responses: q.Queue = q.Queue()
-        self._requests.put(dequeue_pb2.DequeueRequest(subscribe=dequeue_pb2.Subscribe(queue=queue, prefetch=prefetch)))
+        self._requests.put(dequeue_pb2.DequeueRequest(
+            subscribe=dequeue_pb2.Subscribe(queue=queue, prefetch=prefetch, max_batch=max_batch)))
         self.call = stub.Dequeue(iter(self._requests.get, None))
         self.error = None
 
@@ -107,24 +108,41 @@ class StreamConsumer:
         if first is None:
             raise self.error
         assert first.WhichOneof("kind") == "subscribed"
+        self.subscribed = first.subscribed
 
-    def next(self, timeout: float = 30):
-        """The next Delivery; raises queue.Empty when none arrives within ``timeout``."""
+    def response(self, timeout: float = 30):
+        """The next DequeueResponse; raises queue.Empty when none arrives within ``timeout``."""
         response = self._responses.get(timeout=timeout)
         if response is None:
             self._responses.put(None)
             raise EOFError(f"stream ended: {self.error}")
-        return response.delivery
+        return response
+
+    def next(self, timeout: float = 30):
+        """The next Delivery (of a stream that sends them one per message)."""
+        return self.response(timeout).delivery
 
     def take(self, n: int, timeout: float = 30) -> list:
         return [self.next(timeout) for _ in range(n)]
 
     def answer(self, delivery, kind: str = "SUCCESS", error_message: str = "", retry_after: float | None = None) -> None:
+        self._requests.put(self._pb.DequeueRequest(outcome=self.outcome(delivery, kind, error_message, retry_after)))
+
+    def answer_all(self, deliveries, kind: str = "SUCCESS") -> None:
+        """One Outcomes message answering every delivery."""
+        outcomes = self._pb.Outcomes(outcomes=[self.outcome(d, kind) for d in deliveries])
+        self._requests.put(self._pb.DequeueRequest(outcomes=outcomes))
+
+    def outcome(self, delivery, kind: str = "SUCCESS", error_message: str = "", retry_after: float | None = None):
         outcome = self._pb.Outcome(
             delivery_tag=delivery.delivery_tag, kind=getattr(self._pb, f"OUTCOME_KIND_{kind}"), error_message=error_message)
         if retry_after is not None:
             outcome.retry_after.FromTimedelta(dt.timedelta(seconds=retry_after))
-        self._requests.put(self._pb.DequeueRequest(outcome=outcome))
+        return outcome
+
+    def send(self, request) -> None:
+        """Any request, as a client could send it."""
+        self._requests.put(request)
 
     def close(self) -> None:
         """Half-close: the server ends the stream; unanswered deliveries go back to the queue."""

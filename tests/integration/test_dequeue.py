@@ -19,8 +19,8 @@ from tests.integration.helpers import (
 )
 
 
-def consumer(suite, queue, prefetch=16) -> StreamConsumer:
-    return StreamConsumer(suite.dequeue_stub, queue, prefetch)
+def consumer(suite, queue, prefetch=16, max_batch=0) -> StreamConsumer:
+    return StreamConsumer(suite.dequeue_stub, queue, prefetch, max_batch)
 
 
 def test_one_consumer_receives_in_fifo_order_with_content(suite):
@@ -202,6 +202,49 @@ def inline_contents(queue: str, source: str) -> float:
     return REGISTRY.get_sample_value("mailqueue_delivery_content_total", {"queue": queue, "source": source}) or 0.0
 
 
+def test_batched_deliveries_respect_prefetch_and_one_outcomes_message_settles_them(suite):
+    queue = suite.new_queue()
+    ids = enqueue_names(suite, queue, [f"m{i}" for i in range(7)])
+    c = consumer(suite, queue, prefetch=5, max_batch=4)
+    assert (c.subscribed.prefetch, c.subscribed.max_batch) == (5, 4)
+    got = []
+    while len(got) < 5:  # the first five, in messages of one to four
+        r = c.response()
+        assert r.WhichOneof("kind") == "deliveries" and 1 <= len(r.deliveries.deliveries) <= 4
+        got += r.deliveries.deliveries
+    wait_until(lambda: message_count(queue) == 2, what="two left in the broker: prefetch 5 holds them back")
+    c.answer_all(got)
+    while len(got) < 7:
+        got += c.response().deliveries.deliveries
+    assert sorted(d.mail.enqueue_id for d in got) == sorted(ids)
+    c.answer_all(got[5:])
+    wait_until(lambda: all(deleted_reason(suite, queue, uuid.UUID(i)) == "dequeued" for i in ids), what="seven marks")
+    c.close()
+    assert message_count(queue) == 0
+
+
+@pytest.mark.parametrize("bad", [
+    dequeue_pb2.DequeueRequest(outcomes=dequeue_pb2.Outcomes()),
+    "kindless second outcome",
+])
+def test_a_bad_outcomes_message_ends_the_stream_and_settles_none_of_it(suite, bad):
+    queue = suite.new_queue()
+    ids = enqueue_names(suite, queue, ["a", "b"])
+    c = consumer(suite, queue, prefetch=2, max_batch=2)
+    got = []
+    while len(got) < 2:
+        got += c.response().deliveries.deliveries
+    if bad == "kindless second outcome":
+        bad = dequeue_pb2.DequeueRequest(outcomes=dequeue_pb2.Outcomes(
+            outcomes=[c.outcome(got[0]), dequeue_pb2.Outcome(delivery_tag=got[1].delivery_tag)]))
+    c.send(bad)
+    with pytest.raises(EOFError):
+        c.response(timeout=10)
+    assert c.error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    wait_until(lambda: message_count(queue) == 2, what="both deliveries back in the queue")
+    assert [deleted_reason(suite, queue, uuid.UUID(i)) for i in ids] == [None, None]
+
+
 @pytest.mark.parametrize(
     "first, code",
     [
@@ -209,6 +252,7 @@ def inline_contents(queue: str, source: str) -> float:
         (dequeue_pb2.DequeueRequest(subscribe=dequeue_pb2.Subscribe(queue="no-such-queue")), grpc.StatusCode.NOT_FOUND),
         (dequeue_pb2.DequeueRequest(subscribe=dequeue_pb2.Subscribe(queue="bad/name")), grpc.StatusCode.INVALID_ARGUMENT),
         (dequeue_pb2.DequeueRequest(subscribe=dequeue_pb2.Subscribe(queue="x", prefetch=100000)), grpc.StatusCode.INVALID_ARGUMENT),
+        (dequeue_pb2.DequeueRequest(subscribe=dequeue_pb2.Subscribe(queue="x", max_batch=100000)), grpc.StatusCode.INVALID_ARGUMENT),
     ],
 )
 def test_a_bad_subscription_gets_a_precise_status(suite, first, code):

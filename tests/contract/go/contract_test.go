@@ -88,6 +88,7 @@ type step struct {
 	Fields             map[string]string `json:"fields"`
 	Expect             int64             `json:"expect"`
 	Prefetch           uint32            `json:"prefetch"`
+	MaxBatch           uint32            `json:"max_batch"`
 	Deliveries         int               `json:"deliveries"`
 	NotInline          []string          `json:"not_inline"`
 	Sender             string            `json:"sender"`
@@ -189,6 +190,8 @@ func (r *runner) run(s step) {
 		}
 	case "dequeue":
 		r.dequeue(s)
+	case "dequeue_batch":
+		r.dequeueBatch(s)
 	case "delete_by_sender":
 		r.deleteBySender(s)
 	default:
@@ -333,6 +336,46 @@ func (r *runner) dequeue(s step) {
 		} else if err != nil {
 			r.fail("end: %v", err)
 		}
+	}
+}
+
+// dequeueBatch answers each Deliveries message with one Outcomes message (all SUCCESS).
+func (r *runner) dequeueBatch(s step) {
+	dq, err := r.c.dequeue.Dequeue(r.ctx)
+	if err != nil {
+		r.fail("%v", err)
+	}
+	dq.Send(&mq.DequeueRequest{Kind: &mq.DequeueRequest_Subscribe{Subscribe: &mq.Subscribe{Queue: r.queue, Prefetch: s.Prefetch, MaxBatch: s.MaxBatch}}})
+	deliveries := 0
+	for deliveries < s.Deliveries {
+		resp, err := dq.Recv()
+		if err != nil {
+			r.fail("recv: %v", err)
+		}
+		if resp.GetSubscribed() != nil {
+			continue
+		}
+		batch := resp.GetDeliveries().GetDeliveries()
+		if len(batch) < 1 || uint32(len(batch)) > s.MaxBatch {
+			r.fail("a Deliveries message with %d deliveries (max_batch %d): %v", len(batch), s.MaxBatch, resp)
+		}
+		outcomes := &mq.Outcomes{}
+		for _, d := range batch {
+			outcomes.Outcomes = append(outcomes.Outcomes, &mq.Outcome{DeliveryTag: d.DeliveryTag, Kind: mq.OutcomeKind_OUTCOME_KIND_SUCCESS})
+		}
+		deliveries += len(batch)
+		dq.Send(&mq.DequeueRequest{Kind: &mq.DequeueRequest_Outcomes{Outcomes: outcomes}})
+	}
+	dq.CloseSend()
+	for {
+		if _, err := dq.Recv(); err == io.EOF {
+			break
+		} else if err != nil {
+			r.fail("end: %v", err)
+		}
+	}
+	if deliveries != s.Deliveries {
+		r.fail("%d deliveries, want %d", deliveries, s.Deliveries)
 	}
 }
 

@@ -120,6 +120,26 @@ const steps = {
     });
   },
 
+  async dequeue_batch(ctx, s) {
+    await new Promise((resolve, reject) => {
+      const call = dequeue.Dequeue();
+      let seen = 0;
+      call.on('data', (r) => {
+        if (r.kind !== 'deliveries') return;
+        const batch = r.deliveries.deliveries;
+        try {
+          assert.ok(batch.length >= 1 && batch.length <= s.max_batch, `a Deliveries message with ${batch.length}`);
+        } catch (e) { reject(e); call.cancel(); return; }
+        seen += batch.length;
+        call.write({ outcomes: { outcomes: batch.map((d) => ({ delivery_tag: d.delivery_tag, kind: 'OUTCOME_KIND_SUCCESS' })) } });
+        if (seen >= s.deliveries) call.end();
+      });
+      call.on('end', () => { if (seen === s.deliveries) resolve(); else reject(new Error(`${seen} deliveries`)); });
+      call.on('error', reject);
+      call.write({ subscribe: { queue: ctx.queue, prefetch: s.prefetch, max_batch: s.max_batch } });
+    });
+  },
+
   async delete_by_sender(ctx, s) {
     const progress = await collect(admin.DeleteMails({ queue: ctx.queue, sender: s.sender }));
     assert.equal(progress.at(-1).progress.done, true);
