@@ -1,8 +1,9 @@
 """Enqueue throughput: through gRPC (enqueue_svc -> backends) vs. direct backend calls.
 
-    .venv/bin/python -m bench.enqueue_bench [--seconds 30] [--concurrency 32] [--size 10240] [--warmup 5] [--many] [--rate R]
+    .venv/bin/python -m bench.enqueue_bench [--seconds 30] [--concurrency 32] [--size 10240] [--warmup 5] [--many] [--batch N] [--rate R]
 
 ``--many`` adds a phase with EnqueueMany: one stream, ``--concurrency`` mails in flight on it.
+``--batch N`` adds one with EnqueueBatches: N mails per message, ``--concurrency`` in flight.
 ``--rate R`` adds a phase of single Enqueues started R per second (latency below the peak).
 
 Both paths do the same writes per mail: content (SHA-256 addressed) to the small-blob table in
@@ -53,9 +54,10 @@ async def via_grpc(
 
 
 async def via_grpc_many(
-    queue: str, seconds: float, window: int, size: int, warmup: float, services: dict[str, int]
+    queue: str, seconds: float, window: int, size: int, warmup: float, services: dict[str, int], batch: int = 1,
 ) -> dict[str, Any]:
-    """One EnqueueMany stream with ``window`` mails unanswered at most."""
+    """One EnqueueMany stream with ``window`` mails unanswered at most; ``batch`` above 1: one
+    EnqueueBatches stream sending ``batch`` mails per message."""
     import statistics
     import time
 
@@ -81,8 +83,27 @@ async def via_grpc_many(
             yield enqueue_pb2.EnqueueManyRequest(sequence=i, request=enqueue_pb2.EnqueueRequest(
                 queue=queue, mail=mail, inline_content=content(i, size)))
 
+    async def batches():
+        mails = []
+        async for m in requests():
+            mails.append(m)
+            if len(mails) == batch:
+                yield enqueue_pb2.EnqueueBatch(mails=mails)
+                mails = []
+        if mails:
+            yield enqueue_pb2.EnqueueBatch(mails=mails)
+
+    async def answers():
+        if batch == 1:
+            async for r in stub.EnqueueMany(requests()):
+                yield r
+        else:
+            async for results in stub.EnqueueBatches(batches()):
+                for r in results.results:
+                    yield r
+
     errors = 0
-    async for r in stub.EnqueueMany(requests()):
+    async for r in answers():
         credit.release()
         started = sent.pop(r.sequence)
         if r.WhichOneof("result") != "receipt":
@@ -129,6 +150,7 @@ def main() -> None:
     p.add_argument("--size", type=int, default=10 * 1024)
     p.add_argument("--warmup", type=float, default=5, help="seconds of load before measuring, each phase")
     p.add_argument("--many", action="store_true", help="also measure EnqueueMany (one stream)")
+    p.add_argument("--batch", type=int, default=0, help="also measure EnqueueBatches with this many mails per message")
     p.add_argument("--rate", type=float, default=0.0, help="also measure single Enqueues paced at this many per second")
     a = p.parse_args()
     keyspace = new_keyspace()
@@ -142,6 +164,8 @@ def main() -> None:
         paced = asyncio.run(via_grpc(grpc_queue, a.seconds, a.concurrency, a.size, a.warmup, services, a.rate)) if a.rate else None
         g = asyncio.run(via_grpc(grpc_queue, a.seconds, a.concurrency, a.size, a.warmup, services))
         m = asyncio.run(via_grpc_many(grpc_queue, a.seconds, a.concurrency, a.size, a.warmup, services)) if a.many else None
+        b = asyncio.run(via_grpc_many(grpc_queue, a.seconds, a.concurrency, a.size, a.warmup, services, a.batch)) \
+            if a.batch > 1 else None
     finally:
         stop(procs)
     settings = Settings.from_env("enqueue", {**os.environ, "MAILQUEUE_CASSANDRA_KEYSPACE": keyspace})
@@ -152,12 +176,17 @@ def main() -> None:
     if m is not None:
         print(report("grpc-many", m) + f"  ({m['errors']} refused)")
         print(f"           {m['cpu']}")
+    if b is not None:
+        print(report(f"grpc-batch{a.batch}", b) + f"  ({b['errors']} refused)")
+        print(f"           {b['cpu']}")
     if paced is not None:
         print(report(f"grpc@{a.rate:.0f}/s", paced))
         print(f"           {paced['cpu']}")
     print(report("direct", d))
     print(f"           {d['cpu']}")
     print(f"ratio grpc/direct throughput: {g['per_s'] / d['per_s']:.2f}")
+    if b is not None:
+        print(f"ratio grpc-batch/direct throughput: {b['per_s'] / d['per_s']:.2f}")
 
 
 if __name__ == "__main__":

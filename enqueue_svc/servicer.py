@@ -26,6 +26,18 @@ def _receipt(r: model.EnqueueResult) -> enqueue_pb2.Receipt:
     )
 
 
+def _answer(item: enqueue_pb2.EnqueueManyRequest, result: model.EnqueueResult | BaseException) -> enqueue_pb2.EnqueueManyResponse:
+    response = enqueue_pb2.EnqueueManyResponse(sequence=item.sequence)
+    if isinstance(result, MailQueueError):
+        response.error.code, response.error.message = number_of(result), str(result)[:2000]
+    elif isinstance(result, BaseException):
+        log.error("enqueue of a stream failed", exc_info=result)
+        response.error.code, response.error.message = grpc.StatusCode.INTERNAL.value[0], "internal error; the server log has the details"
+    else:
+        response.receipt.CopyFrom(_receipt(result))
+    return response
+
+
 class EnqueueServicer(enqueue_pb2_grpc.EnqueueServiceServicer):
     def __init__(self, enqueuer: Callable[[], Enqueuer]) -> None:
         self._enqueuer = enqueuer  # raises UNAVAILABLE while the service connects
@@ -38,15 +50,22 @@ class EnqueueServicer(enqueue_pb2_grpc.EnqueueServiceServicer):
     ) -> AsyncIterator[enqueue_pb2.EnqueueManyResponse]:
         self._enqueuer()  # UNAVAILABLE for the whole stream while connecting
         async for item, result in pipeline.unordered(request_iterator, lambda r: self._enqueue(r.request), MANY_IN_FLIGHT):
-            response = enqueue_pb2.EnqueueManyResponse(sequence=item.sequence)
-            if isinstance(result, MailQueueError):
-                response.error.code, response.error.message = number_of(result), str(result)[:2000]
-            elif isinstance(result, BaseException):
-                log.error("enqueue of a stream failed", exc_info=result)
-                response.error.code, response.error.message = grpc.StatusCode.INTERNAL.value[0], "internal error; the server log has the details"
-            else:
-                response.receipt.CopyFrom(_receipt(result))
-            yield response
+            yield _answer(item, result)
+
+    async def EnqueueBatches(
+        self, request_iterator: AsyncIterator[enqueue_pb2.EnqueueBatch], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[enqueue_pb2.EnqueueResults]:
+        self._enqueuer()  # UNAVAILABLE for the whole stream while connecting
+
+        async def mails() -> AsyncIterator[enqueue_pb2.EnqueueManyRequest]:
+            async for batch in request_iterator:
+                if not batch.mails:
+                    raise InvalidArgument("an EnqueueBatch must carry at least one mail")
+                for item in batch.mails:
+                    yield item
+
+        async for group in pipeline.unordered_groups(mails(), lambda r: self._enqueue(r.request), MANY_IN_FLIGHT):
+            yield enqueue_pb2.EnqueueResults(results=[_answer(item, result) for item, result in group])
 
     async def _enqueue(self, request: enqueue_pb2.EnqueueRequest) -> model.EnqueueResult:
         enqueuer = self._enqueuer()

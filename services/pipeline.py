@@ -16,6 +16,16 @@ async def unordered(
     """Run ``fn`` on every item of ``items``, ``limit`` at a time at most, and yield ``(item,
     result or exception)`` as each completes. Reading ``items`` pauses while ``limit`` run; an
     error of ``items`` itself (the stream) is raised after the running ones are answered."""
+    async for group in unordered_groups(items, fn, limit):
+        for entry in group:
+            yield entry
+
+
+async def unordered_groups(
+    items: AsyncIterator[T], fn: Callable[[T], Awaitable[R]], limit: int,
+) -> AsyncIterator[list[tuple[T, R | BaseException]]]:
+    """As ``unordered``, but yields every ``(item, result)`` completed by then in one list (one
+    or more: it never waits to fill a group)."""
     done: asyncio.Queue[tuple[T, R | BaseException] | None] = asyncio.Queue()
     slots = asyncio.Semaphore(limit)
     running: set[asyncio.Task[None]] = set()
@@ -45,8 +55,16 @@ async def unordered(
 
     reader = asyncio.create_task(read())
     try:
-        while (entry := await done.get()) is not None:
-            yield entry
+        ended = False
+        while not ended and (entry := await done.get()) is not None:
+            group = [entry]
+            while not done.empty():
+                more = done.get_nowait()
+                if more is None:
+                    ended = True
+                    break
+                group.append(more)
+            yield group
         if failure:
             raise failure[0]
     finally:

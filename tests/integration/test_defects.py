@@ -107,6 +107,7 @@ RPCS = [
     ("enqueue", "/mailqueue.v1.EnqueueService/Enqueue", "unary"),
     ("enqueue", "/mailqueue.v1.EnqueueService/EnqueueStream", "client-stream"),
     ("enqueue", "/mailqueue.v1.EnqueueService/EnqueueMany", "bidi"),
+    ("enqueue", "/mailqueue.v1.EnqueueService/EnqueueBatches", "bidi"),
     ("dequeue", "/mailqueue.v1.DequeueService/Dequeue", "bidi"),
     ("browse", "/mailqueue.v1.BrowseService/GetQueue", "unary"),
     ("browse", "/mailqueue.v1.BrowseService/Browse", "server-stream"),

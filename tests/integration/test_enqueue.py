@@ -204,6 +204,36 @@ def test_enqueue_many_answers_every_mail_on_one_stream_refusing_bad_ones_alone(s
     c.cancel()
 
 
+def test_enqueue_batches_answers_every_mail_once_in_results_messages(suite):
+    from mailqueue.v1 import enqueue_pb2
+
+    queue = suite.new_queue()
+    mails = [enqueue_pb2.EnqueueManyRequest(sequence=i, request=inline(queue, simple_mail(f"m{i}"))) for i in range(50)]
+    mails[7].request.mail.ClearField("recipients")  # refused: INVALID_ARGUMENT, the others go on
+    batches = [enqueue_pb2.EnqueueBatch(mails=mails[i:i + 20]) for i in (0, 20, 40)]
+    messages = list(suite.enqueue_stub.EnqueueBatches(iter(batches)))
+    answers = [r for m in messages for r in m.results]
+    assert sorted(a.sequence for a in answers) == list(range(50)) and 1 <= len(messages) <= 50
+    refused = [a for a in answers if a.WhichOneof("result") == "error"]
+    assert [(a.sequence, a.error.code) for a in refused] == [(7, grpc.StatusCode.INVALID_ARGUMENT.value[0])]
+    assert message_count(queue) == 49
+
+
+def test_an_empty_batch_ends_the_stream_after_answering_the_mails_before_it(suite):
+    from mailqueue.v1 import enqueue_pb2
+
+    queue = suite.new_queue()
+    first = enqueue_pb2.EnqueueBatch(mails=[
+        enqueue_pb2.EnqueueManyRequest(sequence=i, request=inline(queue, simple_mail(f"m{i}"))) for i in range(5)])
+    answered = []
+    with pytest.raises(grpc.RpcError) as e:
+        for m in suite.enqueue_stub.EnqueueBatches(iter([first, enqueue_pb2.EnqueueBatch()])):
+            answered += [a.sequence for a in m.results if a.WhichOneof("result") == "receipt"]
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "at least one mail" in e.value.details()
+    assert sorted(answered) == list(range(5))
+    assert message_count(queue) == 5
+
+
 def test_rows_of_concurrent_enqueues_share_requests_and_every_one_lands(suite):
     # 300 mails on one EnqueueMany stream (128 in flight): their rows are group-committed into
     # single-partition batches, and each mail is in the view and in the queue exactly once.
