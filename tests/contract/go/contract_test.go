@@ -83,6 +83,7 @@ type step struct {
 	RandomBytes        int               `json:"random_bytes"`
 	Code               *codes.Code       `json:"code"`
 	Count              int               `json:"count"`
+	Batch              int               `json:"batch"`
 	InvalidRecipientAt []int             `json:"invalid_recipient_at"`
 	Labels             []string          `json:"labels"`
 	Fields             map[string]string `json:"fields"`
@@ -181,6 +182,8 @@ func (r *runner) run(s step) {
 		r.ids[s.Label] = resp.Receipt.EnqueueId
 	case "enqueue_many":
 		r.enqueueMany(s)
+	case "enqueue_batches":
+		r.enqueueBatches(s)
 	case "browse":
 		r.browse(s)
 	case "size":
@@ -336,6 +339,43 @@ func (r *runner) dequeue(s step) {
 		} else if err != nil {
 			r.fail("end: %v", err)
 		}
+	}
+}
+
+// enqueueBatches sends count mails, batch per EnqueueBatch message, and counts the answers.
+func (r *runner) enqueueBatches(s step) {
+	stream, err := r.c.enqueue.EnqueueBatches(r.ctx)
+	if err != nil {
+		r.fail("%v", err)
+	}
+	for i := 0; i < s.Count; i += s.Batch {
+		batch := &mq.EnqueueBatch{}
+		for j := i; j < min(i+s.Batch, s.Count); j++ {
+			batch.Mails = append(batch.Mails, &mq.EnqueueManyRequest{Sequence: uint64(j), Request: inline(r.queue, &mq.Mail{Name: "batch", Recipients: []string{"r@example.org"}}, []byte("x"))})
+		}
+		if err := stream.Send(batch); err != nil {
+			r.fail("send: %v", err)
+		}
+	}
+	stream.CloseSend()
+	answered := map[uint64]bool{}
+	for {
+		resp, err := stream.Recv()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			r.fail("recv: %v", err)
+		}
+		for _, a := range resp.Results {
+			if a.GetReceipt() == nil || answered[a.Sequence] {
+				r.fail("answer %v", a)
+			}
+			answered[a.Sequence] = true
+		}
+	}
+	if len(answered) != s.Count {
+		r.fail("%d mails answered, want %d", len(answered), s.Count)
 	}
 }
 

@@ -120,6 +120,26 @@ const steps = {
     });
   },
 
+  async enqueue_batches(ctx, s) {
+    const answers = await new Promise((resolve, reject) => {
+      const got = [];
+      const call = enqueue.EnqueueBatches();
+      call.on('data', (r) => got.push(...r.results));
+      call.on('end', () => resolve(got));
+      call.on('error', reject);
+      for (let i = 0; i < s.count; i += s.batch) {
+        const mails = [];
+        for (let j = i; j < Math.min(i + s.batch, s.count); j += 1) {
+          mails.push({ sequence: j, request: { queue: ctx.queue, mail: { name: 'batch', recipients: ['r@example.org'] }, inline_content: Buffer.from('x') } });
+        }
+        call.write({ mails });
+      }
+      call.end();
+    });
+    assert.deepEqual(answers.map((a) => Number(a.sequence)).sort((x, y) => x - y), [...Array(s.count).keys()]);
+    assert.ok(answers.every((a) => a.result === 'receipt'));
+  },
+
   async dequeue_batch(ctx, s) {
     await new Promise((resolve, reject) => {
       const call = dequeue.Dequeue();
