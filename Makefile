@@ -7,27 +7,35 @@ BUF := $(HOME)/.cache/mailqueue-stack/buf-$(BUF_VERSION)/buf
 KUSTOMIZE_VERSION := v5.7.1
 KUSTOMIZE := $(HOME)/.cache/mailqueue-stack/kustomize-$(KUSTOMIZE_VERSION)/kustomize
 export KUSTOMIZE
+GO_TOOLS := $(HOME)/.cache/mailqueue-stack/go-tools
+NODE_MODULES := tests/contract/node/node_modules/.installed
+STUBS := mailqueue/.generated
 
 .PHONY: install proto up down status run stop sweep spark-connector test test-unit test-integration test-k8s test-contract contract lint kustomize clean
 
-install: .venv/.installed mailqueue/v1/.generated
+install: .venv/.installed
 
-# The stubs are generated before the editable install, so that the installed entry points
-# (.venv/bin/mailq) find the generated `mailqueue` package from any directory.
-.venv/.installed: pyproject.toml constraints.txt
+# The Python environment with the code generator first (grpcio-tools), then the stubs, then the
+# editable install: the installed entry points (.venv/bin/mailq) find the generated `mailqueue`
+# package from any directory.
+.venv/.python: constraints.txt
 	python3 -m venv .venv
 	.venv/bin/pip install -q --upgrade pip
 	.venv/bin/pip install -q -c constraints.txt grpcio-tools
-	$(PY) -m services.codegen
+	touch $@
+
+.venv/.installed: pyproject.toml constraints.txt .venv/.python $(STUBS)
 	.venv/bin/pip install -q -c constraints.txt -e '.[dev,spark]'
 	touch $@
 
-# Python stubs are generated, not committed: protos/ is the only source of truth.
-mailqueue/v1/.generated: $(PROTOS) .venv/.installed
-	$(PY) -m services.codegen
+# Every language's stubs from protos/ with one template (buf.gen.yaml): Python for the services,
+# Go and Node for the contract clients. Generated, never committed: protos/ is the only source.
+$(STUBS): $(PROTOS) buf.gen.yaml services/codegen.py .venv/.python $(BUF) $(GO_TOOLS)/protoc-gen-go $(GO_TOOLS)/protoc-gen-go-grpc $(NODE_MODULES)
+	rm -rf mailqueue tests/contract/go/mailqueue tests/contract/node/gen
+	PATH="$(GO_TOOLS):$(CURDIR)/tests/contract/node/node_modules/.bin:$$PATH" $(BUF) generate
 	touch $@
 
-proto: mailqueue/v1/.generated
+proto: $(STUBS)
 
 up: install
 	stack/stack.sh up
@@ -74,10 +82,6 @@ $(BUF):
 	@echo "[make] building buf $(BUF_VERSION) with go install (once per machine)"
 	GOBIN=$(dir $(BUF)) go install github.com/bufbuild/buf/cmd/buf@$(BUF_VERSION)
 
-GO_TOOLS := $(HOME)/.cache/mailqueue-stack/go-tools
-GO_STUBS := tests/contract/go/mailqueue/v1/.generated
-WELL_KNOWN = $(shell $(PY) -c 'import grpc_tools, os; print(os.path.dirname(grpc_tools.__file__) + "/_proto")')
-
 $(GO_TOOLS)/protoc-gen-go $(GO_TOOLS)/protoc-gen-go-grpc $(GO_TOOLS)/grpcurl:
 	@echo "[make] building protoc-gen-go, protoc-gen-go-grpc and grpcurl with go install (once per machine)"
 	GOBIN=$(GO_TOOLS) go install google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12
@@ -86,20 +90,12 @@ $(GO_TOOLS)/protoc-gen-go $(GO_TOOLS)/protoc-gen-go-grpc $(GO_TOOLS)/grpcurl:
 
 grpcurl: $(GO_TOOLS)/grpcurl
 
-# Go stubs (protoc from grpcio-tools with the Go plugins), Node dependencies (npm ci).
-$(GO_STUBS): $(PROTOS) .venv/.installed $(GO_TOOLS)/protoc-gen-go $(GO_TOOLS)/protoc-gen-go-grpc
-	$(PY) -m grpc_tools.protoc -Iprotos -I$(WELL_KNOWN) \
-	  --plugin=protoc-gen-go=$(GO_TOOLS)/protoc-gen-go --plugin=protoc-gen-go-grpc=$(GO_TOOLS)/protoc-gen-go-grpc \
-	  --go_out=tests/contract/go --go_opt=module=github.com/mailqueue/mailqueue/gen/go \
-	  --go-grpc_out=tests/contract/go --go-grpc_opt=module=github.com/mailqueue/mailqueue/gen/go \
-	  $(PROTOS)
-	touch $@
-
-tests/contract/node/node_modules/.installed: tests/contract/node/package-lock.json
+# Node dependencies (npm ci), protoc-gen-es among them.
+$(NODE_MODULES): tests/contract/node/package-lock.json
 	cd tests/contract/node && npm ci --no-audit --no-fund
 	touch $@
 
-contract: $(GO_STUBS) tests/contract/node/node_modules/.installed $(GO_TOOLS)/grpcurl
+contract: $(STUBS) $(NODE_MODULES) $(GO_TOOLS)/grpcurl
 
 test-contract: up contract
 	$(PY) -m pytest tests/contract
@@ -118,4 +114,4 @@ lint: $(BUF)
 	else echo "[make] buf breaking: no previous commit with protos/ to compare with"; fi
 
 clean:
-	rm -rf .venv mailqueue
+	rm -rf .venv mailqueue tests/contract/go/mailqueue tests/contract/node/gen

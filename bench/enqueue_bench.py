@@ -88,10 +88,10 @@ async def via_grpc_many(
         async for m in requests():
             mails.append(m)
             if len(mails) == batch:
-                yield enqueue_pb2.EnqueueBatch(mails=mails)
+                yield enqueue_pb2.EnqueueBatchesRequest(mails=mails)
                 mails = []
         if mails:
-            yield enqueue_pb2.EnqueueBatch(mails=mails)
+            yield enqueue_pb2.EnqueueBatchesRequest(mails=mails)
 
     async def answers():
         if batch == 1:

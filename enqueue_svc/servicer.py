@@ -53,19 +53,19 @@ class EnqueueServicer(enqueue_pb2_grpc.EnqueueServiceServicer):
             yield _answer(item, result)
 
     async def EnqueueBatches(
-        self, request_iterator: AsyncIterator[enqueue_pb2.EnqueueBatch], context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[enqueue_pb2.EnqueueResults]:
+        self, request_iterator: AsyncIterator[enqueue_pb2.EnqueueBatchesRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[enqueue_pb2.EnqueueBatchesResponse]:
         self._enqueuer()  # UNAVAILABLE for the whole stream while connecting
 
         async def mails() -> AsyncIterator[enqueue_pb2.EnqueueManyRequest]:
             async for batch in request_iterator:
                 if not batch.mails:
-                    raise InvalidArgument("an EnqueueBatch must carry at least one mail")
+                    raise InvalidArgument("an EnqueueBatchesRequest must carry at least one mail")
                 for item in batch.mails:
                     yield item
 
         async for group in pipeline.unordered_groups(mails(), lambda r: self._enqueue(r.request), MANY_IN_FLIGHT):
-            yield enqueue_pb2.EnqueueResults(results=[_answer(item, result) for item, result in group])
+            yield enqueue_pb2.EnqueueBatchesResponse(results=[_answer(item, result) for item, result in group])
 
     async def _enqueue(self, request: enqueue_pb2.EnqueueRequest) -> model.EnqueueResult:
         enqueuer = self._enqueuer()

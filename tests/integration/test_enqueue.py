@@ -210,7 +210,7 @@ def test_enqueue_batches_answers_every_mail_once_in_results_messages(suite):
     queue = suite.new_queue()
     mails = [enqueue_pb2.EnqueueManyRequest(sequence=i, request=inline(queue, simple_mail(f"m{i}"))) for i in range(50)]
     mails[7].request.mail.ClearField("recipients")  # refused: INVALID_ARGUMENT, the others go on
-    batches = [enqueue_pb2.EnqueueBatch(mails=mails[i:i + 20]) for i in (0, 20, 40)]
+    batches = [enqueue_pb2.EnqueueBatchesRequest(mails=mails[i:i + 20]) for i in (0, 20, 40)]
     messages = list(suite.enqueue_stub.EnqueueBatches(iter(batches)))
     answers = [r for m in messages for r in m.results]
     assert sorted(a.sequence for a in answers) == list(range(50)) and 1 <= len(messages) <= 50
@@ -223,11 +223,11 @@ def test_an_empty_batch_ends_the_stream_after_answering_the_mails_before_it(suit
     from mailqueue.v1 import enqueue_pb2
 
     queue = suite.new_queue()
-    first = enqueue_pb2.EnqueueBatch(mails=[
+    first = enqueue_pb2.EnqueueBatchesRequest(mails=[
         enqueue_pb2.EnqueueManyRequest(sequence=i, request=inline(queue, simple_mail(f"m{i}"))) for i in range(5)])
     answered = []
     with pytest.raises(grpc.RpcError) as e:
-        for m in suite.enqueue_stub.EnqueueBatches(iter([first, enqueue_pb2.EnqueueBatch()])):
+        for m in suite.enqueue_stub.EnqueueBatches(iter([first, enqueue_pb2.EnqueueBatchesRequest()])):
             answered += [a.sequence for a in m.results if a.WhichOneof("result") == "receipt"]
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "at least one mail" in e.value.details()
     assert sorted(answered) == list(range(5))

@@ -342,14 +342,14 @@ func (r *runner) dequeue(s step) {
 	}
 }
 
-// enqueueBatches sends count mails, batch per EnqueueBatch message, and counts the answers.
+// enqueueBatches sends count mails, batch per EnqueueBatchesRequest message, and counts the answers.
 func (r *runner) enqueueBatches(s step) {
 	stream, err := r.c.enqueue.EnqueueBatches(r.ctx)
 	if err != nil {
 		r.fail("%v", err)
 	}
 	for i := 0; i < s.Count; i += s.Batch {
-		batch := &mq.EnqueueBatch{}
+		batch := &mq.EnqueueBatchesRequest{}
 		for j := i; j < min(i+s.Batch, s.Count); j++ {
 			batch.Mails = append(batch.Mails, &mq.EnqueueManyRequest{Sequence: uint64(j), Request: inline(r.queue, &mq.Mail{Name: "batch", Recipients: []string{"r@example.org"}}, []byte("x"))})
 		}

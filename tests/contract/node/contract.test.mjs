@@ -1,167 +1,169 @@
-// The contract scenarios of ../scenarios.json from Node: protos loaded at run time, real services
-// on loopback. The Go client runs the same file (../go/contract_test.go); each step kind is
-// described in the file itself.
+// The contract scenarios of ../scenarios.json from Node: stubs that `buf generate` writes from
+// protos/ (protoc-gen-es, into ./gen), called over gRPC with Connect's Node transport, against the
+// real services on loopback. The Go client runs the same file (../go/contract_test.go); each step
+// kind is described in the file itself.
 // Targets: MAILQUEUE_ENQUEUE_TARGET, MAILQUEUE_DEQUEUE_TARGET, MAILQUEUE_BROWSE_TARGET (defaults: localhost ports).
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
 import { readFileSync } from 'node:fs';
-import { fileURLToPath } from 'node:url';
-import grpc from '@grpc/grpc-js';
-import protoLoader from '@grpc/proto-loader';
+import { fromJson, toJson } from '@bufbuild/protobuf';
+import { Code, ConnectError, createClient } from '@connectrpc/connect';
+import { createGrpcTransport } from '@connectrpc/connect-node';
+import { AdminService } from './gen/mailqueue/v1/admin_pb.js';
+import { BrowseService } from './gen/mailqueue/v1/browse_pb.js';
+import { DequeueService, OutcomeKind } from './gen/mailqueue/v1/dequeue_pb.js';
+import { EnqueueService } from './gen/mailqueue/v1/enqueue_pb.js';
+import { MailSchema, QueuedMailSchema } from './gen/mailqueue/v1/mail_pb.js';
 
-const protos = fileURLToPath(new URL('../../../protos/', import.meta.url));
-const definition = protoLoader.loadSync(
-  ['mailqueue/v1/enqueue.proto', 'mailqueue/v1/dequeue.proto', 'mailqueue/v1/browse.proto', 'mailqueue/v1/admin.proto'],
-  { includeDirs: [protos], keepCase: true, longs: Number, enums: String, defaults: true, oneofs: true },
-);
-const v1 = grpc.loadPackageDefinition(definition).mailqueue.v1;
-const insecure = grpc.credentials.createInsecure();
-const target = (name, port) => process.env[`MAILQUEUE_${name}_TARGET`] || `localhost:${port}`;
-const enqueue = new v1.EnqueueService(target('ENQUEUE', 50051), insecure);
-const dequeue = new v1.DequeueService(target('DEQUEUE', 50052), insecure);
-const browse = new v1.BrowseService(target('BROWSE', 50053), insecure);
-const admin = new v1.AdminService(target('BROWSE', 50053), insecure);
+const client = (service, name, port) => createClient(service, createGrpcTransport({
+  baseUrl: `http://${process.env[`MAILQUEUE_${name}_TARGET`] || `localhost:${port}`}`,
+}));
+const enqueue = client(EnqueueService, 'ENQUEUE', 50051);
+const dequeue = client(DequeueService, 'DEQUEUE', 50052);
+const browse = client(BrowseService, 'BROWSE', 50053);
+const admin = client(AdminService, 'BROWSE', 50053);
 
-const unary = (client, method, request) =>
-  new Promise((resolve, reject) => client[method](request, (err, response) => (err ? reject(err) : resolve(response))));
-const collect = (call) =>
-  new Promise((resolve, reject) => {
-    const out = [];
-    call.on('data', (m) => out.push(m));
-    call.on('end', () => resolve(out));
-    call.on('error', reject);
-  });
+const collect = async (stream) => {
+  const out = [];
+  for await (const m of stream) out.push(m);
+  return out;
+};
+// "INVALID_ARGUMENT" -> Code.InvalidArgument (the gRPC status names of the scenario file).
+const code = (name) => Code[name.toLowerCase().replace(/(^|_)(\w)/g, (_m, _u, c) => c.toUpperCase())];
+const inline = (queue, mail, content) => ({ queue, mail, content: { case: 'inlineContent', value: content } });
+const mailOf = (json) => fromJson(MailSchema, json);
+
+// Requests for a bidirectional stream that the client writes as answers come in.
+function pushable() {
+  const items = [];
+  let wake = null;
+  let ended = false;
+  const poke = () => { if (wake) { wake(); wake = null; } };
+  return {
+    push(item) { items.push(item); poke(); },
+    end() { ended = true; poke(); },
+    async* [Symbol.asyncIterator]() {
+      for (;;) {
+        if (items.length) yield items.shift();
+        else if (ended) return;
+        else await new Promise((resolve) => { wake = resolve; });
+      }
+    },
+  };
+}
 
 const { scenarios } = JSON.parse(readFileSync(new URL('../scenarios.json', import.meta.url), 'utf8'));
 
 const steps = {
   async enqueue(ctx, s) {
     const content = s.random_bytes ? randomBytes(s.random_bytes) : Buffer.from(s.content);
-    const call = unary(enqueue, 'Enqueue', { queue: ctx.queue, mail: s.mail, inline_content: content });
+    const call = enqueue.enqueue(inline(ctx.queue, mailOf(s.mail), content));
     if (s.code) {
-      await assert.rejects(call, (err) => err.code === grpc.status[s.code]);
+      await assert.rejects(call, (err) => err instanceof ConnectError && err.code === code(s.code));
       return;
     }
     const r = await call;
-    if (s.label) ctx.ids[s.label] = r.receipt.enqueue_id;
+    if (s.label) ctx.ids[s.label] = r.receipt.enqueueId;
   },
 
   async enqueue_stream(ctx, s) {
     const big = randomBytes(s.random_bytes);
-    const r = await new Promise((resolve, reject) => {
-      const call = enqueue.EnqueueStream((err, resp) => (err ? reject(err) : resolve(resp)));
-      call.write({ header: { queue: ctx.queue, mail: s.mail } });
-      for (let i = 0; i < big.length; i += 1024 * 1024) call.write({ chunk: big.subarray(i, i + 1024 * 1024) });
-      call.end();
-    });
-    assert.equal(r.receipt.size, big.length);
-    ctx.ids[s.label] = r.receipt.enqueue_id;
+    async function* parts() {
+      yield { part: { case: 'header', value: { queue: ctx.queue, mail: mailOf(s.mail) } } };
+      for (let i = 0; i < big.length; i += 1024 * 1024) yield { part: { case: 'chunk', value: big.subarray(i, i + 1024 * 1024) } };
+    }
+    const r = await enqueue.enqueueStream(parts());
+    assert.equal(Number(r.receipt.size), big.length);
+    ctx.ids[s.label] = r.receipt.enqueueId;
   },
 
   async enqueue_many(ctx, s) {
     const bad = new Set(s.invalid_recipient_at);
-    const answers = await new Promise((resolve, reject) => {
-      const got = [];
-      const call = enqueue.EnqueueMany();
-      call.on('data', (r) => got.push(r));
-      call.on('end', () => resolve(got));
-      call.on('error', reject);
+    async function* requests() {
       for (let i = 0; i < s.count; i += 1) {
         const recipients = bad.has(i) ? ['not an address'] : ['r@example.org'];
-        call.write({ sequence: i, request: { queue: ctx.queue, mail: { name: 'many', recipients }, inline_content: Buffer.from('x') } });
+        yield { sequence: BigInt(i), request: inline(ctx.queue, { name: 'many', recipients }, Buffer.from('x')) };
       }
-      call.end();
-    });
+    }
+    const answers = await collect(enqueue.enqueueMany(requests()));
     assert.equal(answers.length, s.count);
-    const refused = answers.filter((a) => a.result === 'error');
+    const refused = answers.filter((a) => a.result.case === 'error');
     assert.deepEqual(refused.map((a) => Number(a.sequence)).sort((x, y) => x - y), [...bad].sort((x, y) => x - y));
-    for (const a of refused) assert.equal(a.error.code, grpc.status.INVALID_ARGUMENT);
+    for (const a of refused) assert.equal(a.result.value.code, Code.InvalidArgument);
+  },
+
+  async enqueue_batches(ctx, s) {
+    async function* batches() {
+      for (let i = 0; i < s.count; i += s.batch) {
+        const mails = [];
+        for (let j = i; j < Math.min(i + s.batch, s.count); j += 1) {
+          mails.push({ sequence: BigInt(j), request: inline(ctx.queue, { name: 'batch', recipients: ['r@example.org'] }, Buffer.from('x')) });
+        }
+        yield { mails };
+      }
+    }
+    const answers = (await collect(enqueue.enqueueBatches(batches()))).flatMap((r) => r.results);
+    assert.deepEqual(answers.map((a) => Number(a.sequence)).sort((x, y) => x - y), [...Array(s.count).keys()]);
+    assert.ok(answers.every((a) => a.result.case === 'receipt'));
   },
 
   async browse(ctx, s) {
-    const listed = (await collect(browse.Browse({ queue: ctx.queue }))).map((r) => r.mail);
-    assert.deepEqual(listed.map((m) => m.enqueue_id), s.labels.map((l) => ctx.ids[l]));
+    const listed = (await collect(browse.browse({ queue: ctx.queue }))).map((r) => r.mail);
+    assert.deepEqual(listed.map((m) => m.enqueueId), s.labels.map((l) => ctx.ids[l]));
+    // Field paths name proto fields (snake_case), as the Go client reads them.
+    const asJson = listed.map((m) => toJson(QueuedMailSchema, m, { useProtoFieldName: true, alwaysEmitImplicit: true }));
     for (const [path, value] of Object.entries(s.fields)) {
-      const found = path.split('.').reduce((at, key) => (at === undefined ? undefined : at[key]), listed);
+      const found = path.split('.').reduce((at, key) => (at === undefined ? undefined : at[key]), asJson);
       assert.equal(String(found), value, path);
     }
   },
 
   async size(ctx, s) {
-    assert.equal(Number((await unary(browse, 'GetSize', { queue: ctx.queue, exact: true })).size), s.expect);
+    assert.equal(Number((await browse.getSize({ queue: ctx.queue, exact: true })).size), s.expect);
   },
 
   async dequeue(ctx, s) {
     const notInline = new Set(s.not_inline);
-    await new Promise((resolve, reject) => {
-      const call = dequeue.Dequeue();
-      let seen = 0;
-      let retried = null;
-      call.on('data', (r) => {
-        if (r.kind !== 'delivery') return;
-        const d = r.delivery;
-        seen += 1;
-        try {
-          assert.equal(d.content_inline, !notInline.has(d.mail.mail.name), `content_inline of ${d.mail.mail.name}`);
-          if (retried === null) {
-            retried = d.mail.enqueue_id;
-            call.write({ outcome: { delivery_tag: d.delivery_tag, kind: 'OUTCOME_KIND_RETRY', retry_after: { seconds: 0 } } });
-          } else {
-            if (d.mail.enqueue_id === retried) { assert.equal(d.redelivered, true); assert.equal(d.mail.attempts, 1); }
-            call.write({ outcome: { delivery_tag: d.delivery_tag, kind: 'OUTCOME_KIND_SUCCESS' } });
-          }
-        } catch (e) { reject(e); call.cancel(); return; }
-        if (seen === s.deliveries) call.end();
-      });
-      call.on('end', () => { if (seen === s.deliveries) resolve(); else reject(new Error(`${seen} deliveries`)); });
-      call.on('error', reject);
-      call.write({ subscribe: { queue: ctx.queue, prefetch: s.prefetch } });
-    });
-  },
-
-  async enqueue_batches(ctx, s) {
-    const answers = await new Promise((resolve, reject) => {
-      const got = [];
-      const call = enqueue.EnqueueBatches();
-      call.on('data', (r) => got.push(...r.results));
-      call.on('end', () => resolve(got));
-      call.on('error', reject);
-      for (let i = 0; i < s.count; i += s.batch) {
-        const mails = [];
-        for (let j = i; j < Math.min(i + s.batch, s.count); j += 1) {
-          mails.push({ sequence: j, request: { queue: ctx.queue, mail: { name: 'batch', recipients: ['r@example.org'] }, inline_content: Buffer.from('x') } });
-        }
-        call.write({ mails });
+    const requests = pushable();
+    requests.push({ kind: { case: 'subscribe', value: { queue: ctx.queue, prefetch: s.prefetch } } });
+    let seen = 0;
+    let retried = null;
+    for await (const r of dequeue.dequeue(requests)) {
+      if (r.kind.case !== 'delivery') continue;
+      const d = r.kind.value;
+      seen += 1;
+      assert.equal(d.contentInline, !notInline.has(d.mail.mail.name), `content_inline of ${d.mail.mail.name}`);
+      if (retried === null) {
+        retried = d.mail.enqueueId;
+        requests.push({ kind: { case: 'outcome', value: { deliveryTag: d.deliveryTag, kind: OutcomeKind.RETRY, retryAfter: { seconds: 0n } } } });
+      } else {
+        if (d.mail.enqueueId === retried) { assert.equal(d.redelivered, true); assert.equal(d.mail.attempts, 1); }
+        requests.push({ kind: { case: 'outcome', value: { deliveryTag: d.deliveryTag, kind: OutcomeKind.SUCCESS } } });
       }
-      call.end();
-    });
-    assert.deepEqual(answers.map((a) => Number(a.sequence)).sort((x, y) => x - y), [...Array(s.count).keys()]);
-    assert.ok(answers.every((a) => a.result === 'receipt'));
+      if (seen === s.deliveries) requests.end();
+    }
+    assert.equal(seen, s.deliveries);
   },
 
   async dequeue_batch(ctx, s) {
-    await new Promise((resolve, reject) => {
-      const call = dequeue.Dequeue();
-      let seen = 0;
-      call.on('data', (r) => {
-        if (r.kind !== 'deliveries') return;
-        const batch = r.deliveries.deliveries;
-        try {
-          assert.ok(batch.length >= 1 && batch.length <= s.max_batch, `a Deliveries message with ${batch.length}`);
-        } catch (e) { reject(e); call.cancel(); return; }
-        seen += batch.length;
-        call.write({ outcomes: { outcomes: batch.map((d) => ({ delivery_tag: d.delivery_tag, kind: 'OUTCOME_KIND_SUCCESS' })) } });
-        if (seen >= s.deliveries) call.end();
-      });
-      call.on('end', () => { if (seen === s.deliveries) resolve(); else reject(new Error(`${seen} deliveries`)); });
-      call.on('error', reject);
-      call.write({ subscribe: { queue: ctx.queue, prefetch: s.prefetch, max_batch: s.max_batch } });
-    });
+    const requests = pushable();
+    requests.push({ kind: { case: 'subscribe', value: { queue: ctx.queue, prefetch: s.prefetch, maxBatch: s.max_batch } } });
+    let seen = 0;
+    for await (const r of dequeue.dequeue(requests)) {
+      if (r.kind.case !== 'deliveries') continue;
+      const batch = r.kind.value.deliveries;
+      assert.ok(batch.length >= 1 && batch.length <= s.max_batch, `a Deliveries message with ${batch.length}`);
+      seen += batch.length;
+      const outcomes = batch.map((d) => ({ deliveryTag: d.deliveryTag, kind: OutcomeKind.SUCCESS }));
+      requests.push({ kind: { case: 'outcomes', value: { outcomes } } });
+      if (seen >= s.deliveries) requests.end();
+    }
+    assert.equal(seen, s.deliveries);
   },
 
   async delete_by_sender(ctx, s) {
-    const progress = await collect(admin.DeleteMails({ queue: ctx.queue, sender: s.sender }));
+    const progress = await collect(admin.deleteMails({ queue: ctx.queue, condition: { case: 'sender', value: s.sender } }));
     assert.equal(progress.at(-1).progress.done, true);
     assert.equal(Number(progress.at(-1).progress.deleted), s.deleted);
   },
@@ -170,7 +172,7 @@ const steps = {
 for (const scenario of scenarios) {
   test(scenario.name, async () => {
     const ctx = { queue: `contract-node-${randomBytes(4).toString('hex')}`, ids: {} };
-    await unary(admin, 'CreateQueue', { queue: ctx.queue });
+    await admin.createQueue({ queue: ctx.queue });
     for (const [i, s] of scenario.steps.entries()) {
       const run = steps[s.op];
       assert.ok(run, `step ${i}: unknown op ${s.op}`);
