@@ -12,7 +12,7 @@ import pytest
 
 from mailqueue.v1 import admin_pb2, admin_pb2_grpc, blob_pb2_grpc, browse_pb2_grpc, dequeue_pb2_grpc, enqueue_pb2_grpc
 from services.runtime.interceptors import ErrorsAndMetrics
-from tests.harness import LoopThread, RunningApp, new_keyspace, stack, service_env
+from tests.harness import LoopThread, RunningApp, ServiceProcess, new_keyspace, stack, service_env
 
 INTEGRATION = pathlib.Path(__file__).parent / "integration"
 CONTRACT = pathlib.Path(__file__).parent / "contract"
@@ -114,24 +114,14 @@ def _drop_created_queues():
         CREATED_QUEUES.clear()
 
 
-class Suite:
-    """The four services in-process (enqueue and dequeue reach blob_svc over gRPC, as deployed)."""
+class BaseSuite:
+    """The four services of one keyspace as a client sees them: stubs, a View of the same
+    keyspace for reading what they wrote, and their metrics. Subclasses run the services."""
 
-    def __init__(self, loop: LoopThread, keyspace: str, **env: str) -> None:
-        from blob_svc.app import BlobApp
-        from browse_svc.app import BrowseApp
-        from dequeue_svc.app import DequeueApp
-        from enqueue_svc.app import EnqueueApp
+    loop: LoopThread
+    keyspace: str
 
-        self.loop = loop
-        self.keyspace = keyspace
-        self.blob = RunningApp(loop, BlobApp, "blob", service_env(keyspace, **env))
-        self.env = service_env(keyspace, MAILQUEUE_BLOB_TARGET=self.blob.target, **env)
-        self.enqueue = RunningApp(loop, EnqueueApp, "enqueue", self.env)
-        self.dequeue = RunningApp(loop, DequeueApp, "dequeue", self.env)
-        self.browse = RunningApp(loop, BrowseApp, "browse", self.env)
-        self.apps = [self.enqueue, self.dequeue, self.browse, self.blob]
-        self.view = self.browse.app.backends().view
+    def _connect(self) -> None:
         self.enqueue_stub = enqueue_pb2_grpc.EnqueueServiceStub(self.enqueue.channel())
         self.blob_stub = blob_pb2_grpc.BlobServiceStub(self.blob.channel())
         self.admin_stub = admin_pb2_grpc.AdminServiceStub(self.browse.channel())
@@ -157,6 +147,39 @@ class Suite:
         CREATED_QUEUES.append(name)
         return name
 
+    def metric(self, service: str, name: str, **labels: str) -> float:
+        """The sum of a Prometheus sample's values, over the samples whose labels include ``labels``."""
+        raise NotImplementedError
+
+
+class Suite(BaseSuite):
+    """The four services in-process (enqueue and dequeue reach blob_svc over gRPC, as deployed)."""
+
+    kind = "in-process"
+
+    def __init__(self, loop: LoopThread, keyspace: str, **env: str) -> None:
+        from blob_svc.app import BlobApp
+        from browse_svc.app import BrowseApp
+        from dequeue_svc.app import DequeueApp
+        from enqueue_svc.app import EnqueueApp
+
+        self.loop = loop
+        self.keyspace = keyspace
+        self.blob = RunningApp(loop, BlobApp, "blob", service_env(keyspace, **env))
+        self.env = service_env(keyspace, MAILQUEUE_BLOB_TARGET=self.blob.target, **env)
+        self.enqueue = RunningApp(loop, EnqueueApp, "enqueue", self.env)
+        self.dequeue = RunningApp(loop, DequeueApp, "dequeue", self.env)
+        self.browse = RunningApp(loop, BrowseApp, "browse", self.env)
+        self.apps = [self.enqueue, self.dequeue, self.browse, self.blob]
+        self.view = self.browse.app.backends().view
+        self._connect()
+
+    def metric(self, service: str, name: str, **labels: str) -> float:
+        from prometheus_client import REGISTRY  # one registry for the four in-process services
+
+        return sum(s.value for m in REGISTRY.collect() for s in m.samples
+                   if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
+
     def stop(self, drop: bool = False) -> None:
         for app in self.apps:
             app.stop()
@@ -164,11 +187,55 @@ class Suite:
             drop_keyspace(self.keyspace)
 
 
+class ProcessSuite(BaseSuite):
+    """The four services as separate processes (``python -m <name>_svc``), as deployed."""
+
+    kind = "processes"
+
+    def __init__(self, loop: LoopThread, keyspace: str) -> None:
+        from services.config import CassandraSettings
+        from services.view.view import View
+
+        self.loop = loop
+        self.keyspace = keyspace
+        self.blob = ServiceProcess("blob", service_env(keyspace), metrics=True)
+        env = service_env(keyspace, MAILQUEUE_BLOB_TARGET=self.blob.target)
+        self.enqueue = ServiceProcess("enqueue", env, metrics=True)
+        self.dequeue = ServiceProcess("dequeue", env, metrics=True)
+        self.browse = ServiceProcess("browse", env, metrics=True)
+        self.processes = [self.enqueue, self.dequeue, self.browse, self.blob]
+        settings = CassandraSettings.from_env(env)
+        self.view = loop.run(View.open(settings))
+        self._connect()
+
+    def metric(self, service: str, name: str, **labels: str) -> float:
+        return getattr(self, service).metric(name, **labels)
+
+    def stop(self) -> None:
+        for process in self.processes:
+            process.stop()
+        self.view.close()
+
+
 @pytest.fixture(scope="session")
 def suite(aio_loop: LoopThread, keyspace: str) -> Suite:
     s = Suite(aio_loop, keyspace)
     yield s
     s.stop()
+
+
+@pytest.fixture(scope="session")
+def process_suite(aio_loop: LoopThread, keyspace: str) -> ProcessSuite:
+    s = ProcessSuite(aio_loop, keyspace)
+    yield s
+    s.stop()
+
+
+@pytest.fixture(params=["in-process", "processes"])
+def contract_suite(request: pytest.FixtureRequest) -> BaseSuite:
+    """A capability's contract suite runs against every implementation: the services in this
+    process, and as separate processes (what `python -m <name>_svc` runs)."""
+    return request.getfixturevalue("suite" if request.param == "in-process" else "process_suite")
 
 
 @pytest.fixture(scope="module")

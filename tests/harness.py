@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
+import tempfile
 import threading
 import time
 import uuid
@@ -136,9 +137,15 @@ class ServiceProcess:
     def start(self) -> None:
         import sys
 
-        self.proc = subprocess.Popen([sys.executable, "-m", f"{self.name}_svc"], cwd=ROOT, env=self.env,
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        # Its log (WARNING and above) goes to a file, for the failure that needs it.
+        self.log = os.path.join(tempfile.gettempdir(), f"mailqueue-test-{self.name}-{self.port}.log")
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen([sys.executable, "-m", f"{self.name}_svc"], cwd=ROOT, env=self.env,
+                                         stdout=subprocess.DEVNULL, stderr=log)
         wait_until(lambda: is_serving(self.target), 60, interval=0.1, what=f"{self.name}_svc SERVING")
+
+    def channel(self) -> grpc.Channel:
+        return grpc.insecure_channel(self.target)
 
     def kill9(self) -> None:
         assert self.proc is not None
@@ -151,13 +158,13 @@ class ServiceProcess:
             self.proc.wait()
 
     def metric(self, name: str, **labels: str) -> float:
-        """Sum of a Prometheus counter's samples whose labels include ``labels``."""
+        """Sum of a Prometheus sample's values, over the samples whose labels include ``labels``."""
         import re
         import urllib.request
 
         body = urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).read().decode()
         total = 0.0
-        for sample_labels, value in re.findall(rf"^{name}{{([^}}]*)}} (\S+)$", body, re.M):
+        for sample_labels, value in re.findall(rf"^{name}(?:{{([^}}]*)}})? (\S+)$", body, re.M):
             found = dict(re.findall(r'(\w+)="([^"]*)"', sample_labels))
             if all(found.get(k) == v for k, v in labels.items()):
                 total += float(value)

@@ -17,6 +17,13 @@ from tests.integration.helpers import StreamConsumer, enqueue_names, inline, mes
 from services import names
 
 
+@pytest.fixture
+def suite(contract_suite):
+    """This module is the manageable (browse and admin) contract suite: each test runs against the services in-process
+    and as separate processes (tests/conftest.py contract_suite)."""
+    return contract_suite
+
+
 def browse(suite, queue, **filters) -> list[browse_pb2.BrowseResponse]:
     return list(suite.browse_stub.Browse(browse_pb2.BrowseRequest(queue=queue, **filters)))
 

@@ -16,9 +16,16 @@ from google.protobuf import duration_pb2, timestamp_pb2
 
 from mailqueue.v1 import admin_pb2, browse_pb2, enqueue_pb2
 from services import model
-from services.subscription import SKIPPED
+from services.config import RabbitMQSettings
 from tests.harness import wait_until
 from tests.integration.helpers import StreamConsumer, dead_letter_count, deleted_reason, inline, message_count, simple_mail, view_rows
+
+
+@pytest.fixture
+def suite(contract_suite):
+    """This module is the delayed contract suite: each test runs against the services in-process
+    and as separate processes (tests/conftest.py contract_suite)."""
+    return contract_suite
 
 
 def delayed(queue, name, seconds: float, recipients=("bob@example.org",)) -> enqueue_pb2.EnqueueRequest:
@@ -31,8 +38,9 @@ def enqueue(suite, request) -> str:
     return suite.enqueue_stub.Enqueue(request).receipt.enqueue_id
 
 
-def skipped(queue: str, reason: str) -> float:
-    return SKIPPED.labels(queue, reason)._value.get()
+def skipped(suite, queue: str, reason: str) -> float:
+    """dequeue_svc's mailqueue_skipped_total: deliveries acked without handing them out."""
+    return suite.metric("dequeue", "mailqueue_skipped_total", queue=queue, reason=reason)
 
 
 def info(suite, queue) -> browse_pb2.QueueInfo:
@@ -109,7 +117,7 @@ def test_flush_delivers_every_delayed_mail_once_in_browse_order(suite):
         c.answer(d)
     assert got == [ready, *later]
     # The copies still in the delay ladder come back after 3 s and are dropped, not delivered.
-    wait_until(lambda: skipped(queue, "superseded") + skipped(queue, "deleted") == 5, timeout=15, what="ladder copies dropped")
+    wait_until(lambda: skipped(suite, queue, "superseded") + skipped(suite, queue, "deleted") == 5, timeout=15, what="ladder copies dropped")
     with pytest.raises(q.Empty):
         c.next(timeout=0.5)
     c.close()
@@ -144,7 +152,7 @@ def test_deleted_delayed_mails_among_ready_ones_are_never_delivered(suite):
     assert [d.mail.enqueue_id for d in got] == [a, c_id, d_id]
     for d in got:
         c.answer(d)
-    wait_until(lambda: skipped(queue, "deleted") == 1, timeout=10, what="the deleted mail's signal dropped")
+    wait_until(lambda: skipped(suite, queue, "deleted") == 1, timeout=10, what="the deleted mail's signal dropped")
     with pytest.raises(q.Empty):
         c.next(timeout=0.5)
     c.close()
@@ -189,7 +197,7 @@ def test_expiry_by_age_lands_in_the_dead_letter_queue_with_the_reason(suite):
 
 
 def test_a_delayed_retry_does_not_spend_the_broker_delivery_limit(suite):
-    limit = suite.dequeue.app.settings.rabbitmq.delivery_limit
+    limit = RabbitMQSettings.from_env().delivery_limit
     queue = suite.new_queue(initial_backoff=0, max_attempts=limit + 5)
     [eid] = [enqueue(suite, inline(queue, simple_mail("patient")))]
     c = StreamConsumer(suite.dequeue_stub, queue, prefetch=1)

@@ -8,7 +8,6 @@ import uuid
 import grpc
 import pika
 import pytest
-from prometheus_client import REGISTRY
 
 from mailqueue.v1 import blob_pb2, dequeue_pb2, mail_pb2
 from services import names
@@ -17,6 +16,13 @@ from tests.harness import wait_until
 from tests.integration.helpers import (
     StreamConsumer, dead_letter_count, deleted_reason, enqueue_names, inline, message_count, peek_contents, simple_mail,
 )
+
+
+@pytest.fixture
+def suite(contract_suite):
+    """This module is the dequeue contract suite: each test runs against the services in-process
+    and as separate processes (tests/conftest.py contract_suite)."""
+    return contract_suite
 
 
 def consumer(suite, queue, prefetch=16, max_batch=0) -> StreamConsumer:
@@ -180,7 +186,7 @@ def test_a_small_mail_travels_with_its_content_and_its_delivery_reads_no_blob(su
     carried = {str(m.enqueue_id): c for m, c in peek_contents(queue)}
     assert carried == {small_id: small, large_id: None}
     suite.blob_stub.Delete(blob_pb2.DeleteRequest(blob_id=hashlib.sha256(small).hexdigest()))
-    before = {src: inline_contents(queue, src) for src in ("message", "blob_store")}
+    before = {src: inline_contents(suite, queue, src) for src in ("message", "blob_store")}
     c = consumer(suite, queue, prefetch=1)
     first = c.next()
     assert (first.mail.enqueue_id, first.content) == (small_id, small)
@@ -193,13 +199,13 @@ def test_a_small_mail_travels_with_its_content_and_its_delivery_reads_no_blob(su
     assert rest == {small_id: (1, small), large_id: (0, large)}
     wait_until(lambda: deleted_reason(suite, queue, uuid.UUID(large_id)) == "dequeued", what="large mail marked")
     assert deleted_reason(suite, queue, uuid.UUID(small_id)) == "dequeued"
-    assert {src: inline_contents(queue, src) - n for src, n in before.items()} == {"message": 2, "blob_store": 1}
+    assert {src: inline_contents(suite, queue, src) - n for src, n in before.items()} == {"message": 2, "blob_store": 1}
     c.close()
 
 
-def inline_contents(queue: str, source: str) -> float:
-    """mailqueue_delivery_content_total of the in-process dequeue_svc (its /metrics registry)."""
-    return REGISTRY.get_sample_value("mailqueue_delivery_content_total", {"queue": queue, "source": source}) or 0.0
+def inline_contents(suite, queue: str, source: str) -> float:
+    """dequeue_svc's mailqueue_delivery_content_total."""
+    return suite.metric("dequeue", "mailqueue_delivery_content_total", queue=queue, source=source)
 
 
 def test_batched_deliveries_respect_prefetch_and_one_outcomes_message_settles_them(suite):
@@ -295,7 +301,7 @@ def test_a_mail_retried_max_attempts_times_expires_into_the_dead_letter_queue(su
 def test_a_mail_whose_streams_keep_breaking_is_dead_lettered_and_marked_at_the_limit(suite):
     # Each broken stream returns the delivery and counts against the limit; the last one is
     # dead-lettered by dequeue_svc (marked), not by RabbitMQ (unmarked, still live to browse).
-    limit = suite.dequeue.app.settings.rabbitmq.delivery_limit
+    limit = RabbitMQSettings.from_env().delivery_limit
     queue = suite.new_queue()
     [eid] = enqueue_names(suite, queue, ["crashes-its-consumers"])
     deliveries = 0

@@ -13,6 +13,13 @@ from tests.integration.helpers import StreamConsumer, inline, message_count, pee
 
 
 
+@pytest.fixture
+def suite(contract_suite):
+    """This module is the enqueue contract suite: each test runs against the services in-process
+    and as separate processes (tests/conftest.py contract_suite)."""
+    return contract_suite
+
+
 def full_mail() -> mail_pb2.Mail:
     return serde.mail_to_proto(FULL_MAIL)
 
@@ -237,12 +244,10 @@ def test_an_empty_batch_ends_the_stream_after_answering_the_mails_before_it(suit
 def test_rows_of_concurrent_enqueues_share_requests_and_every_one_lands(suite):
     # 300 mails on one EnqueueMany stream (128 in flight): their rows are group-committed into
     # single-partition batches, and each mail is in the view and in the queue exactly once.
-    from prometheus_client import REGISTRY
-
     from mailqueue.v1 import browse_pb2, enqueue_pb2
 
     def histogram(suffix: str) -> float:
-        return REGISTRY.get_sample_value(f"mailqueue_view_group_commit_statements_{suffix}") or 0.0
+        return suite.metric("enqueue", f"mailqueue_view_group_commit_statements_{suffix}")
 
     queue = suite.new_queue()
     before = histogram("count"), histogram("sum")
