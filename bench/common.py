@@ -273,7 +273,7 @@ async def write_backlog(settings: Any, queue: str, n: int, content: bytes, delay
             now, eid = model.utcnow(), uuid.uuid4()
             q = model.QueuedMail(queue, eid, now, mail, (info.blob_id,), info.size, slice_start(now, window),
                                  bucket_of(mail.name, str(eid), 1), deliver_at=now + delay if delay else None)
-            await view.enqueued.insert(q)
+            await view.mails.store(q)
             await counters.bump(view, q, enqueued=1, delayed=1 if delay else 0)
             await broker.publish(q, delay or dt.timedelta(0))
             if i % 10000 == 0:

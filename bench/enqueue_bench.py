@@ -133,7 +133,7 @@ async def direct(settings: Settings, queue: str, seconds: float, concurrency: in
         eid = uuid.uuid4()
         q = model.QueuedMail(queue, eid, now, mail, (info.blob_id,), info.size, slice_start(now, window),
                              bucket_of(mail.name, str(eid), 1))
-        await view.enqueued.insert(q)
+        await view.mails.store(q)
         await broker.publish(q, content=data if len(data) <= settings.limits.small_blob_bytes else None)
 
     try:

@@ -14,7 +14,6 @@ import random
 from prometheus_client import Counter
 
 from services import model
-from services.browser import live_rows
 from services.slices import slice_start, slices_between
 from services.view.view import View
 
@@ -26,7 +25,7 @@ UPDATES = Counter("mailqueue_browse_start_updates_total", "Browse start updates 
 async def first_live_slice(view: View, queue: str, start: dt.datetime, limit: dt.datetime, config: model.ViewConfig) -> dt.datetime:
     """The first slice in [start, limit) holding a live mail, or ``limit`` when there is none."""
     for s in slices_between(start, limit - dt.timedelta(milliseconds=1), config.slice_window):
-        if await live_rows(view, queue, s, config.bucket_count, "browse_start"):
+        if await view.mails.live_mails(queue, s, config.bucket_count, "browse_start"):
             return s
     return limit
 

@@ -8,46 +8,17 @@ mails that existed when the call started.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import datetime as dt
-import heapq
 import uuid
 from collections.abc import AsyncIterator
 
-from prometheus_client import Counter
 
 from services import counters, model, rules
 from services.broker import Broker
 from services.errors import InvalidArgument
 from services.slices import slice_start, slices_between
 from services.view.view import View
-
-ROWS_READ = Counter("mailqueue_view_rows_read_total", "Rows read from enqueued_mails by browse-like operations", ["op"])
-MARKS_READ = Counter("mailqueue_view_marks_read_total", "Deleted marks read by browse-like operations", ["op"])
-
-#: Deleted marks checked at once per slice partition.
-MARK_CONCURRENCY = 64
-
-
-async def live_rows(view: View, queue: str, s: dt.datetime, buckets: int, op: str) -> list[model.QueuedMail]:
-    """The live rows of one slice, all buckets merged in enqueue order (marks checked concurrently)."""
-    parts = await asyncio.gather(*(view.enqueued.read_slice(queue, s, b) for b in range(buckets)))
-    rows = list(heapq.merge(*parts, key=lambda r: (r.enqueued_at, r.enqueue_id.bytes)))
-    ROWS_READ.labels(op).inc(len(rows))
-    if not rows:
-        return []
-    sem = asyncio.Semaphore(MARK_CONCURRENCY)
-
-    async def state(row: model.QueuedMail) -> model.MailState | None:
-        async with sem:
-            return await view.deleted.state(queue, row.enqueue_id)
-
-    states = await asyncio.gather(*(state(r) for r in rows))
-    MARKS_READ.labels(op).inc(len(rows))
-    # The live rows, each with its current schedule (a RETRY or a Flush may have moved it).
-    return [s.applied_to(r) if s is not None else r for r, s in zip(rows, states) if s is None or not s.deleted]
-
 
 @dataclasses.dataclass(frozen=True)
 class BrowseFilter:
@@ -173,7 +144,7 @@ class Browser:
                 yield row
 
     async def _read_slice(self, queue: str, s: dt.datetime, buckets: int, op: str) -> list[model.QueuedMail]:
-        return await live_rows(self._view, queue, s, buckets, op)
+        return await self._view.mails.live_mails(queue, s, buckets, op)
 
     async def browse(self, queue: str, f: BrowseFilter, limit: int = 0) -> AsyncIterator[model.QueuedMail]:
         count = 0
@@ -217,7 +188,7 @@ class Browser:
 
     async def approximate_summary(self, queue: str) -> Summary:
         """The summary from the queue's counters: one partition read (services/counters.py)."""
-        c = await counters.counts(self._view, queue)
+        c = await self._view.mails.size(queue)
         now = model.utcnow()
         age = lambda s: now - s if s is not None else None  # noqa: E731
         return Summary(size=c.size, ready=c.ready, delayed=c.delayed - c.held, held=c.held,
@@ -238,7 +209,7 @@ class Browser:
             flushed = dataclasses.replace(q, deliver_at=now, generation=q.generation + 1,
                                           held_by=counters.NOT_HELD if q.held_by is not None else None)
             await self._broker.publish(flushed)
-            await self._view.deleted.schedule(flushed)
+            await self._view.mails.reschedule(flushed)
             await counters.bump(self._view, q, delayed=-1, held=-1 if counters.is_held(q) else 0)
             count += 1
         return count
@@ -259,7 +230,7 @@ class Browser:
 
     async def reconcile(self, queue: str) -> tuple[counters.Counts, counters.Counts]:
         """Rewrite the queue's counters from an exact pass; (before, after)."""
-        before = await counters.counts(self._view, queue)
+        before = await self._view.mails.size(queue)
         start = await self._view.starts.browse_start(queue)
         if start is None:
             return before, before
@@ -268,7 +239,7 @@ class Browser:
         raw = await self._view.counters.read(queue, counters.KINDS, start)
         for s, kind, delta in counters.exact_deltas(raw, live, start, now):
             await self._view.counters.add(queue, kind, s, delta)
-        return before, await counters.counts(self._view, queue)
+        return before, await self._view.mails.size(queue)
 
     async def republish(self, queue: str, older_than: dt.timedelta) -> int:
         """Publish again every live mail enqueued before ``now - older_than`` (heals a lossy broker)."""

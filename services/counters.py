@@ -23,8 +23,12 @@ import datetime as dt
 import logging
 import uuid
 
+from typing import TYPE_CHECKING
+
 from services import model
-from services.view.view import View
+
+if TYPE_CHECKING:
+    from services.view.view import View
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +53,7 @@ async def mark(view: View, q: model.QueuedMail, reason: str, now: dt.datetime | 
     """Mark a live mail gone, with its counters. A mail still waiting for its delay (per its view
     row) also leaves the delayed (and held) counts: its message will be skipped, not counted, when
     it arrives."""
-    await view.deleted.mark(q.queue, q.enqueue_id, reason)
+    await view.mails.mark(q.queue, q.enqueue_id, reason)
     waiting = q.due() > (now or model.utcnow())
     await bump(view, q, gone=1, delayed=-1 if waiting else 0, held=-1 if waiting and is_held(q) else 0)
 
@@ -84,13 +88,6 @@ def summarize(raw: dict[str, dict[dt.datetime, int]], browse_start: dt.datetime 
         if live - get("delayed", s) > 0 and oldest_ready is None:
             oldest_ready = s
     return Counts(max(size, 0), max(min(delayed, size), 0), max(min(held, delayed), 0), oldest, oldest_ready)
-
-
-async def counts(view: View, queue: str) -> Counts:
-    start = await view.starts.browse_start(queue)
-    if start is None:
-        return Counts()
-    return summarize(await view.counters.read(queue, KINDS, start), start)
 
 
 def exact_deltas(

@@ -53,7 +53,7 @@ async def _mark(view: View, broker: Broker) -> None:
             except Exception:  # noqa: BLE001 - nothing to mark
                 await consumer.ack(message.delivery_tag)
                 continue
-            state = await view.deleted.state(mail.queue, mail.enqueue_id)
+            state = await view.mails.state(mail.queue, mail.enqueue_id)
             if state is None or not state.deleted:
                 reason = reason_for(message.death_reason, broker.delivery_limit)
                 await counters.mark(view, mail, reason)

@@ -159,7 +159,7 @@ class Enqueuer:
             deliver_at=deliver_at, priority=priority,
         )
         try:
-            await self._view.enqueued.insert(queued)
+            await self._view.mails.store(queued)
         except BaseException:
             # The write may have landed although it failed (a timeout): make sure it never shows.
             await self._compensate(queued, "enqueue failed: view write")
@@ -173,7 +173,7 @@ class Enqueuer:
         return queued
 
     async def _compensate(self, q: model.QueuedMail, reason: str) -> None:
-        await self._best_effort(self._view.deleted.mark(q.queue, q.enqueue_id, reason), f"mark deleted after {reason}")
+        await self._best_effort(self._view.mails.mark(q.queue, q.enqueue_id, reason), f"mark deleted after {reason}")
 
     async def _best_effort(self, op: Awaitable[None], what: str) -> None:
         try:

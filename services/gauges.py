@@ -15,7 +15,7 @@ import time
 
 from prometheus_client import Gauge
 
-from services import counters, model
+from services import model
 from services.broker import Broker
 from services.errors import BackendUnavailable
 from services.view.view import View
@@ -35,7 +35,7 @@ async def refresh(view: View, broker: Broker) -> int:
     now = model.utcnow()
     for queue in queues:
         try:
-            c = await counters.counts(view, queue)
+            c = await view.mails.size(queue)
             dead = await broker.dead_lettered(queue)
         except BackendUnavailable as e:  # one queue's trouble leaves the others' gauges fresh
             log.warning("gauges of a queue not refreshed: %s", e, extra={"queue": queue})

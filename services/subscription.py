@@ -214,7 +214,7 @@ class Subscription:
         Raises BackendUnavailable when Cassandra or the blob store does not answer.
         """
         try:
-            state = await self._d.view.deleted.state(self.queue, mail.enqueue_id)
+            state = await self._d.view.mails.state(self.queue, mail.enqueue_id)
             if state is not None and state.deleted and rules.is_bounce(state.reason or ""):
                 self._unsent.pop(message.delivery_tag, None)
                 await self._consumer.dead_letter(message.delivery_tag)  # bounced while queued
@@ -240,7 +240,7 @@ class Subscription:
                 was_held = state is not None and counters.is_held(state)
                 await counters.bump(self._d.view, mail, delayed=-1, held=-1 if was_held else 0)
                 if was_held:  # no longer held, whether or not a rule holds it again below
-                    await self._d.view.deleted.schedule(dataclasses.replace(mail, held_by=counters.NOT_HELD))
+                    await self._d.view.mails.reschedule(dataclasses.replace(mail, held_by=counters.NOT_HELD))
             rule = await self._d.rules.first_match(mail)
             if rule is not None:
                 await self._apply(rule, message, mail)
@@ -279,7 +279,7 @@ class Subscription:
         held = dataclasses.replace(mail, deliver_at=rules.hold_until(rule, now), generation=mail.generation + 1,
                                    held_by=rule.rule_id)
         await self._d.broker.publish(held, held.due() - now, content=carried(message, mail))
-        await self._d.view.deleted.schedule(held)
+        await self._d.view.mails.reschedule(held)
         await counters.bump(self._d.view, held, delayed=1, held=1)
         await self._skip(message, "held")
 
@@ -332,7 +332,7 @@ class Subscription:
         )
         self._d.in_flight.discard((self.queue, mail.enqueue_id))  # the new copy may come back at once
         await self._d.broker.publish(again, verdict.deliver_at - now, content=self._d.carry(mail, d.content))
-        await self._d.view.deleted.schedule(again)
+        await self._d.view.mails.reschedule(again)
         await counters.bump(self._d.view, again, delayed=1 if delays.units(verdict.deliver_at - now) else 0)
         await self._consumer.ack(d.tag)
 

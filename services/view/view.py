@@ -1,4 +1,5 @@
-"""The view facade: one Cassandra session, the schema, and a DAO per table."""
+"""The view facade: one Cassandra session, the schema, a DAO per table, and the mail queue view
+over them (``mails``, services/view/mail_queue_view.py) that the domain goes through."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from services.errors import BackendUnavailable
 from services.view import schema
 from services.view.config_store import ConfigStore
 from services.view.counter_buffer import CounterBuffer
+from services.view.mail_queue_view import CassandraMailQueueView, MailQueueView
 from services.view.daos import (
     CountersDAO, DeletedMailsDAO, EnqueuedMailsDAO, IdempotencyDAO, QueuesDAO, RetryPoliciesDAO, RulesDAO, StartsDAO,
 )
@@ -34,6 +36,8 @@ class View:
         self.counters = CountersDAO(session, keyspace)
         self.counter_buffer = CounterBuffer(self.counters, counter_flush_s)
         self.config = ConfigStore(session, keyspace)
+        #: What the domain uses: the mail rows, their marks and schedules, and the size.
+        self.mails: MailQueueView = CassandraMailQueueView(self.enqueued, self.deleted, self.starts, self.counters)
 
     @classmethod
     async def open(cls, settings: CassandraSettings) -> View:

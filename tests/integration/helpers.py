@@ -31,7 +31,7 @@ def view_rows(suite, queue: str) -> list[model.QueuedMail]:
 
 
 def deleted_reason(suite, queue: str, enqueue_id) -> str | None:
-    return suite.run(suite.view.deleted.reason(queue, enqueue_id))
+    return suite.run(suite.view.mails.reason(queue, enqueue_id))
 
 
 def peek_messages(queue: str) -> list[model.QueuedMail]:

@@ -4,7 +4,6 @@ import datetime as dt
 
 from mailqueue.v1 import admin_pb2, browse_pb2
 from services import counters
-from services.browser import ROWS_READ
 from tests.harness import ServiceProcess, service_env, wait_until
 from tests.integration.helpers import StreamConsumer, enqueue_names, inline, simple_mail
 
@@ -17,8 +16,9 @@ def info(suite, queue, exact=False):
     return suite.browse_stub.GetQueue(browse_pb2.GetQueueRequest(queue=queue, exact=exact)).queue_info
 
 
-def rows_read(op: str) -> float:
-    return ROWS_READ.labels(op)._value.get()
+def rows_read(suite, op: str) -> float:
+    """browse_svc's mailqueue_view_rows_read_total for one operation."""
+    return suite.metric("browse", "mailqueue_view_rows_read_total", op=op)
 
 
 def test_size_from_counters_reads_no_mail_row_and_follows_enqueue_delay_and_dequeue(suite):
@@ -27,17 +27,17 @@ def test_size_from_counters_reads_no_mail_row_and_follows_enqueue_delay_and_dequ
     later = inline(queue, simple_mail("later"))
     later.delay.FromTimedelta(dt.timedelta(hours=1))
     suite.enqueue_stub.Enqueue(later)
-    before = rows_read("size")
+    before = rows_read(suite, "size")
     assert size(suite, queue) == 4
     i = info(suite, queue)
     assert (i.size, i.ready, i.delayed, i.held, i.approximate) == (4, 3, 1, 0, True)
     assert i.HasField("oldest_ready_age") and i.oldest_mail_age.ToTimedelta() >= dt.timedelta(0)
-    assert rows_read("size") == before  # not one mail row read
+    assert rows_read(suite, "size") == before  # not one mail row read
     c = StreamConsumer(suite.dequeue_stub, queue)
     for d in c.take(3):
         c.answer(d)
     wait_until(lambda: size(suite, queue) == 1, what="counters to follow the dequeues")
-    assert size(suite, queue, exact=True) == 1 and rows_read("size") > before
+    assert size(suite, queue, exact=True) == 1 and rows_read(suite, "size") > before
     list(suite.admin_stub.DeleteMails(admin_pb2.DeleteMailsRequest(queue=queue, name="later")))
     assert (size(suite, queue), info(suite, queue).delayed) == (0, 0)
     c.close()

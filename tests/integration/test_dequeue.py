@@ -108,7 +108,7 @@ def test_an_unacked_delivery_is_not_handed_to_another_consumer_while_its_stream_
 def test_deleted_mails_are_never_delivered(suite):
     queue = suite.new_queue()
     gone, live = enqueue_names(suite, queue, ["gone", "live"])
-    suite.run(suite.view.deleted.mark(queue, uuid.UUID(gone), "deleted"))
+    suite.run(suite.view.mails.mark(queue, uuid.UUID(gone), "deleted"))
     c = consumer(suite, queue)
     assert c.next().mail.enqueue_id == live
     with pytest.raises(q.Empty):
