@@ -222,20 +222,13 @@ func (r *runner) enqueueMany(s step) {
 	}
 	stream.CloseSend()
 	receipts, refused := 0, map[uint64]int32{}
-	for {
-		resp, err := stream.Recv()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			r.fail("recv: %v", err)
-		}
+	receiveAll(r, stream.Recv, func(resp *mq.EnqueueManyResponse) {
 		if resp.GetReceipt() != nil {
 			receipts++
 		} else {
 			refused[resp.Sequence] = resp.GetError().Code
 		}
-	}
+	})
 	if receipts != s.Count-len(bad) || len(refused) != len(bad) {
 		r.fail("%d receipts, refused %v; want %d receipts and %v refused", receipts, refused, s.Count-len(bad), s.InvalidRecipientAt)
 	}
@@ -332,13 +325,26 @@ func (r *runner) dequeue(s step) {
 		}
 		dq.Send(&mq.DequeueRequest{Kind: &mq.DequeueRequest_Outcome{Outcome: outcome}})
 	}
+	r.closeAndDrain(dq)
+}
+
+// closeAndDrain half-closes a Dequeue stream and reads it to its end (the server then ends it).
+func (r *runner) closeAndDrain(dq mq.DequeueService_DequeueClient) {
 	dq.CloseSend()
+	receiveAll(r, dq.Recv, func(*mq.DequeueResponse) {})
+}
+
+// receiveAll reads a server stream to its end, handing each message to each.
+func receiveAll[T any](r *runner, recv func() (*T, error), each func(*T)) {
 	for {
-		if _, err := dq.Recv(); err == io.EOF {
-			break
-		} else if err != nil {
-			r.fail("end: %v", err)
+		m, err := recv()
+		if err == io.EOF {
+			return
 		}
+		if err != nil {
+			r.fail("recv: %v", err)
+		}
+		each(m)
 	}
 }
 
@@ -359,21 +365,14 @@ func (r *runner) enqueueBatches(s step) {
 	}
 	stream.CloseSend()
 	answered := map[uint64]bool{}
-	for {
-		resp, err := stream.Recv()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			r.fail("recv: %v", err)
-		}
+	receiveAll(r, stream.Recv, func(resp *mq.EnqueueBatchesResponse) {
 		for _, a := range resp.Results {
 			if a.GetReceipt() == nil || answered[a.Sequence] {
 				r.fail("answer %v", a)
 			}
 			answered[a.Sequence] = true
 		}
-	}
+	})
 	if len(answered) != s.Count {
 		r.fail("%d mails answered, want %d", len(answered), s.Count)
 	}
@@ -406,14 +405,7 @@ func (r *runner) dequeueBatch(s step) {
 		deliveries += len(batch)
 		dq.Send(&mq.DequeueRequest{Kind: &mq.DequeueRequest_Outcomes{Outcomes: outcomes}})
 	}
-	dq.CloseSend()
-	for {
-		if _, err := dq.Recv(); err == io.EOF {
-			break
-		} else if err != nil {
-			r.fail("end: %v", err)
-		}
-	}
+	r.closeAndDrain(dq)
 	if deliveries != s.Deliveries {
 		r.fail("%d deliveries, want %d", deliveries, s.Deliveries)
 	}
