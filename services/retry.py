@@ -1,7 +1,7 @@
 """One way to retry: named backoff policies, jitter, and ``[n/N]`` in every retry's log line.
 
 Used where a backend error is waited out instead of returned: a delivery being prepared
-(subscription.py), the dead-letter marker (dead_letters.py).
+(subscription.py), the dead-letter marker (dead_letters.py), S3's 5xx answers (s3async.py).
 """
 
 from __future__ import annotations

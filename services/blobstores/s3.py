@@ -1,10 +1,9 @@
-"""Blob store on S3 (MinIO): large content (above MAILQUEUE_SMALL_BLOB_BYTES), served by blob_svc.
+"""Blob store on S3 (MinIO): the adapter that blob_svc serves.
 
 Puts are spooled to a temporary file while their SHA-256 is computed, so memory stays bounded
 whatever the size; the object is then uploaded under its hash (skipped when it already exists).
-One S3 client, the minio one: it blocks, so every call runs in a worker thread of a pool as
-large as its connection pool. Small content lives in Cassandra (cassandra.py), so S3 sees the
-large blobs only, where a thread hand-off is small beside the transfer.
+The minio client is blocking: every call runs in a worker thread. Small puts, the bulk of a
+mail queue's, and whole-blob reads skip it and go out from the event loop (s3async.py).
 """
 
 from __future__ import annotations
@@ -13,13 +12,12 @@ import asyncio
 import concurrent.futures
 import functools
 import hashlib
-import io
 import logging
 import os
 import tempfile
 import time
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any, TypeVar
 
 import urllib3
 from minio import Minio
@@ -28,6 +26,7 @@ from minio.commonconfig import REPLACE, CopySource
 from services import names
 from services.blobstore import CHUNK, BlobStore
 from services.blobstores import s3errors
+from services.blobstores.s3async import AsyncS3, TooLarge
 from services.config import S3Settings
 from services.errors import BackendUnavailable, InvalidArgument, NotFound, ResourceExhausted
 from services.model import BlobInfo
@@ -44,6 +43,7 @@ READ_WHOLE_MAX = 16 * CHUNK
 
 
 _TOUCHED_MAX = 10_000
+T = TypeVar("T")
 
 
 def client(settings: S3Settings) -> Minio:
@@ -66,6 +66,7 @@ class S3BlobStore(BlobStore):
         self._client = client(settings)
         self._touched: dict[str, float] = {}
         self._bucket = settings.bucket
+        self._s3 = AsyncS3(settings)
         # The minio client blocks: its calls get threads of their own, as many as pooled connections.
         self._executor = concurrent.futures.ThreadPoolExecutor(settings.pool_size, thread_name_prefix="s3")
 
@@ -134,16 +135,32 @@ class S3BlobStore(BlobStore):
                 os.unlink(spool.name)
 
     async def _put_small(self, key: str, data: bytes, blob_id: str, size: int) -> BlobInfo:
-        """Touch it if it exists, else put it. A touch that finds no object (deleted meanwhile, or
-        a concurrent copy of the same key was replacing it) puts it: equal content, equal key."""
-        if await self._exists(blob_id) is not None:
+        """Put if absent, else touch. A touch that finds no object (a concurrent copy of the same
+        key was replacing it: seen with 16 identical puts at once) puts again, up to 3 times."""
+        for attempt in range(3):
+            if await self._put_if_absent(key, data, blob_id):
+                return BlobInfo(blob_id, size)
             try:
                 await self._touch(key)
                 return BlobInfo(blob_id, size, deduplicated=True)
             except NotFound:
-                pass
-        await self._run(self._client.put_object, self._bucket, key, io.BytesIO(data), len(data))
-        return BlobInfo(blob_id, size)
+                if attempt == 2:
+                    raise BackendUnavailable("s3", f"blob {blob_id} kept vanishing while it was deduplicated") from None
+        raise AssertionError("unreachable")
+
+    async def _put_if_absent(self, key: str, data: bytes, sha256_hex: str) -> bool:
+        """One conditional PUT (``If-None-Match: *``): True when created, False when it existed.
+
+        Saves the HEAD request per small blob.
+        """
+        return await self._on_loop(self._s3.put_if_absent(key, data, sha256_hex))
+
+    async def _on_loop(self, call: Awaitable[T]) -> T:
+        """An event-loop S3 call (s3async.py), its errors mapped as ``_run`` maps the minio client's."""
+        try:
+            return await call
+        except s3errors.ERRORS as e:
+            raise s3errors.to_domain(e) from e
 
     async def _touch(self, key: str) -> None:
         """Refresh the modification time of an existing blob that a new mail is about to reference.
@@ -186,21 +203,13 @@ class S3BlobStore(BlobStore):
         parts = []
         for blob_id in blob_ids:
             check_blob_id(blob_id)
-            parts.append(await self._run(self._read_whole, blob_id))
-        return b"".join(parts)
-
-    def _read_whole(self, blob_id: str) -> bytes:
-        """One blob in memory, up to READ_WHOLE_MAX (in a worker thread)."""
-        response = self._client.get_object(self._bucket, names.blob_key(blob_id))
-        try:
-            size = int(response.headers.get("Content-Length", 0))
-            if size > READ_WHOLE_MAX:
+            try:
+                parts.append(await self._on_loop(self._s3.get(names.blob_key(blob_id), READ_WHOLE_MAX)))
+            except TooLarge as e:
                 raise ResourceExhausted(
-                    f"blob {blob_id} is {size} bytes, over the {READ_WHOLE_MAX} bytes read whole: stream it with Get")
-            return response.read()
-        finally:
-            response.close()
-            response.release_conn()
+                    f"blob {blob_id} is {e.size} bytes, over the {READ_WHOLE_MAX} bytes read whole: stream it with Get"
+                ) from e
+        return b"".join(parts)
 
     async def stat(self, blob_id: str) -> BlobInfo:
         check_blob_id(blob_id)
@@ -220,4 +229,4 @@ class S3BlobStore(BlobStore):
         await self._run(self._client.bucket_exists, self._bucket)
 
     async def close(self) -> None:
-        self._executor.shutdown(wait=False)
+        await self._s3.close()

@@ -1,6 +1,7 @@
 """What an S3 failure means to the mail queue, decided once for every S3 caller.
 
-The blob store's minio client and the retention sweep's tasks map their errors here: a missing object is NotFound, anything else (an error
+Both S3 clients (the minio client and the event-loop one in s3async.py) and the retention
+sweep's tasks map their errors here: a missing object is NotFound, anything else (an error
 answer, a refused or reset connection, a timeout) means S3 is unavailable.
 """
 
@@ -9,16 +10,17 @@ from __future__ import annotations
 import urllib3
 from minio.error import S3Error
 
+from services.blobstores.s3async import S3ResponseError
 from services.errors import BackendUnavailable, MailQueueError, NotFound
 
 #: S3 error codes that mean "no such object" (NoSuchBucket: the whole bucket is gone).
 MISSING = frozenset({"NoSuchKey", "NoSuchObject", "NoSuchBucket"})
 #: Exceptions raised by the S3 clients, mapped by ``to_domain``.
-ERRORS: tuple[type[BaseException], ...] = (S3Error, urllib3.exceptions.HTTPError, OSError, TimeoutError)
+ERRORS: tuple[type[BaseException], ...] = (S3Error, S3ResponseError, urllib3.exceptions.HTTPError, OSError, TimeoutError)
 
 
 def is_missing(e: BaseException) -> bool:
-    return isinstance(e, S3Error) and e.code in MISSING
+    return isinstance(e, (S3Error, S3ResponseError)) and e.code in MISSING
 
 
 def to_domain(e: BaseException) -> MailQueueError:
