@@ -57,17 +57,31 @@ def peek_contents(queue: str, priority: str = "normal") -> list[tuple[model.Queu
         conn.close()  # unacknowledged messages go back to the queue
 
 
-def _ready(amqp_queue: str) -> int:
+def _declared(amqp_queue: str):
     conn = pika.BlockingConnection(pika.URLParameters(RabbitMQSettings.from_env().url))
     try:
-        return conn.channel().queue_declare(amqp_queue, passive=True).method.message_count
+        return conn.channel().queue_declare(amqp_queue, passive=True).method
     finally:
         conn.close()
+
+
+def _ready(amqp_queue: str) -> int:
+    return _declared(amqp_queue).message_count
 
 
 def message_count(queue: str) -> int:
     """Messages ready in the queue's work queue."""
     return _ready(names.work_queue(queue))
+
+
+def consumer_count(queue: str) -> int:
+    """Consumers of the queue's (normal) work queue: a stream's consumer is gone once it is closed."""
+    return _declared(names.work_queue(queue)).consumer_count
+
+
+def delivered(suite, queue: str) -> float:
+    """Deliveries dequeue_svc handed to its clients for the queue (mailqueue_delivered_total)."""
+    return suite.metric("dequeue", "mailqueue_delivered_total", queue=queue)
 
 
 def simple_mail(name: str = "m", sender: str = "alice@example.com", recipients=("bob@example.org",)) -> mail_pb2.Mail:

@@ -14,7 +14,8 @@ from services import names
 from services.config import RabbitMQSettings
 from tests.harness import wait_until
 from tests.integration.helpers import (
-    StreamConsumer, dead_letter_count, deleted_reason, enqueue_names, inline, message_count, peek_contents, simple_mail,
+    StreamConsumer, consumer_count, dead_letter_count, deleted_reason, delivered, enqueue_names, inline, message_count,
+    peek_contents, simple_mail,
 )
 
 
@@ -53,18 +54,18 @@ def test_two_deliveries_before_any_ack_and_acks_out_of_order(suite):
         c.answer(delivery)
     wait_until(lambda: all(deleted_reason(suite, queue, uuid.UUID(i)) for i in ids), what="all three marked")
     c.close()
-    with pytest.raises((q.Empty, EOFError)):
-        consumer(suite, queue).next(timeout=1)  # nothing comes back
-    assert message_count(queue) == 0
+    wait_until(lambda: consumer_count(queue) == 0, what="the stream's consumer gone")
+    assert message_count(queue) == 0 and dead_letter_count(queue) == 0  # nothing came back
 
 
 def test_prefetch_bounds_unanswered_deliveries(suite):
     queue = suite.new_queue()
     enqueue_names(suite, queue, ["a", "b", "c"])
+    before = delivered(suite, queue)
     c = consumer(suite, queue, prefetch=2)
     first, _second = c.take(2)
-    with pytest.raises(q.Empty):
-        c.next(timeout=1)
+    wait_until(lambda: message_count(queue) == 1, what="the third held back in the broker by prefetch 2")
+    assert delivered(suite, queue) - before == 2
     c.answer(first)
     assert c.next().mail.mail.name == "c"
     c.cancel()
@@ -96,8 +97,7 @@ def test_an_unacked_delivery_is_not_handed_to_another_consumer_while_its_stream_
         got = other.next(timeout=10)
         winner, waiter = other, holder
     assert got.mail.enqueue_id == eid
-    with pytest.raises(q.Empty):
-        waiter.next(timeout=1.5)
+    assert message_count(queue) == 0 and delivered(suite, queue) == 1  # held unacked by the winner's channel
     winner.cancel()  # a dropped stream: the delivery goes back to the queue, promptly
     again = waiter.next(timeout=15)
     assert again.mail.enqueue_id == eid and again.redelivered
@@ -111,18 +111,18 @@ def test_deleted_mails_are_never_delivered(suite):
     suite.run(suite.view.mails.mark(queue, uuid.UUID(gone), "deleted"))
     c = consumer(suite, queue)
     assert c.next().mail.enqueue_id == live
-    with pytest.raises(q.Empty):
-        c.next(timeout=1)
+    wait_until(lambda: suite.metric("dequeue", "mailqueue_skipped_total", queue=queue, reason="deleted") == 1,
+               what="the deleted one acked away")
+    assert delivered(suite, queue) == 1
     c.cancel()
-    assert message_count(queue) in (0, 1)  # the live one is back; the deleted one was acked away
     wait_until(lambda: message_count(queue) == 1, what="the live mail back in the queue")
 
 
 def test_a_waiting_consumer_wakes_when_a_mail_is_enqueued(suite):
     queue = suite.new_queue()
     c = consumer(suite, queue)
-    with pytest.raises(q.Empty):
-        c.next(timeout=0.5)
+    wait_until(lambda: consumer_count(queue) == 1, what="the stream consuming")
+    assert message_count(queue) == 0 and delivered(suite, queue) == 0
     [eid] = enqueue_names(suite, queue, ["late"])
     assert c.next(timeout=10).mail.enqueue_id == eid
     c.cancel()
