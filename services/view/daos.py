@@ -16,6 +16,7 @@ from prometheus_client import Counter
 from services import model
 from services.view import schema
 from services.view.group_commit import GroupCommit
+from services.view.group_read import GroupRead
 from services.view.session import execute, execute_all
 
 
@@ -145,10 +146,11 @@ class DeletedMailsDAO:
             f"UPDATE {t} SET generation = ?, deliver_at = ?, attempts = ?, last_error = ?, held_by = ? "
             "WHERE queue_name = ? AND enqueue_id = ?"
         )
-        self._get = session.prepare(
-            f"SELECT reason, deleted_at, generation, deliver_at, attempts, last_error, held_by FROM {t} "
-            "WHERE queue_name = ? AND enqueue_id = ?"
+        self._get_many = session.prepare(
+            f"SELECT enqueue_id, reason, deleted_at, generation, deliver_at, attempts, last_error, held_by FROM {t} "
+            "WHERE queue_name = ? AND enqueue_id IN ?"
         )
+        self._reads = GroupRead(self._fetch)
 
     async def mark(self, queue: str, enqueue_id: uuid.UUID, reason: str) -> None:
         await execute(self._session, self._mark, (queue, enqueue_id, reason, model.utcnow()))
@@ -162,12 +164,16 @@ class DeletedMailsDAO:
             q.held_by if q.held_by is not None else UNSET_VALUE, q.queue, q.enqueue_id,
         ))
 
+    async def _fetch(self, queue: str, enqueue_ids: list[uuid.UUID]) -> dict[uuid.UUID, Any]:
+        rows = await execute(self._session, self._get_many, (queue, enqueue_ids))
+        return {r.enqueue_id: r for r in rows}
+
     async def state(self, queue: str, enqueue_id: uuid.UUID) -> model.MailState | None:
-        """The mail's mark or schedule; None when the view has neither (live, as enqueued)."""
-        rows = await execute(self._session, self._get, (queue, enqueue_id))
-        if not rows:
+        """The mail's mark or schedule; None when the view has neither (live, as enqueued).
+        Reads that meet in time share one request (services/view/group_read.py)."""
+        r = await self._reads.get(queue, enqueue_id)
+        if r is None:
             return None
-        r = rows[0]
         gone = r.deleted_at is not None or r.reason is not None
         return model.MailState(
             reason=(r.reason or "deleted") if gone else None, generation=r.generation or 0,
