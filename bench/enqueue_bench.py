@@ -1,6 +1,6 @@
 """Enqueue throughput: through gRPC (enqueue_svc -> backends) vs. direct backend calls.
 
-    .venv/bin/python -m bench.enqueue_bench [--seconds 30] [--concurrency 32] [--size 10240] [--warmup 5] [--many] [--batch N] [--rate R]
+    .venv/bin/python -m bench.enqueue_bench [--seconds 30] [--concurrency 32] [--size 10240] [--warmup 5] [--many] [--batch N] [--rate R [--rate-only]]
 
 ``--many`` adds a phase with EnqueueMany: one stream, ``--concurrency`` mails in flight on it.
 ``--batch N`` adds one with EnqueueBatches: N mails per message, ``--concurrency`` in flight.
@@ -152,6 +152,7 @@ def main() -> None:
     p.add_argument("--many", action="store_true", help="also measure EnqueueMany (one stream)")
     p.add_argument("--batch", type=int, default=0, help="also measure EnqueueBatches with this many mails per message")
     p.add_argument("--rate", type=float, default=0.0, help="also measure single Enqueues paced at this many per second")
+    p.add_argument("--rate-only", action="store_true", help="measure the paced phase alone (latency below the peak)")
     a = p.parse_args()
     keyspace = new_keyspace()
     grpc_queue, direct_queue = bench_queue("bench-grpc"), bench_queue("bench-direct")
@@ -162,6 +163,11 @@ def main() -> None:
         services = {"blob_svc": procs[0].pid, "enqueue_svc": procs[1].pid}
         # The paced phase first: after a saturated one, Cassandra is still compacting what it wrote.
         paced = asyncio.run(via_grpc(grpc_queue, a.seconds, a.concurrency, a.size, a.warmup, services, a.rate)) if a.rate else None
+        if a.rate_only:
+            print(f"\nenqueue of {a.size} B mails paced at {a.rate:.0f}/s, {a.seconds:.0f} s after {a.warmup:.0f} s of warm-up")
+            print(report(f"grpc@{a.rate:.0f}/s", paced))
+            print(f"           {paced['cpu']}")
+            return
         g = asyncio.run(via_grpc(grpc_queue, a.seconds, a.concurrency, a.size, a.warmup, services))
         m = asyncio.run(via_grpc_many(grpc_queue, a.seconds, a.concurrency, a.size, a.warmup, services)) if a.many else None
         b = asyncio.run(via_grpc_many(grpc_queue, a.seconds, a.concurrency, a.size, a.warmup, services, a.batch)) \
