@@ -6,14 +6,7 @@ import uuid
 import pytest
 
 from services.view.group_read import MAX_KEYS, GroupRead
-
-
-def run(coro):
-    loop = asyncio.new_event_loop()
-    try:
-        return loop.run_until_complete(coro)
-    finally:
-        loop.close()
+from tests.unit.aio import run
 
 
 def test_reads_of_one_turn_share_requests_and_each_caller_gets_its_own_row():

@@ -1,19 +1,9 @@
 """The retry helper: delays, limits and what is retried (pure logic, no backend)."""
 
-import asyncio
-
 import pytest
 
 from services.retry import Backoff, retrying
-
-
-def run(coro):
-    """On a loop of its own, leaving the thread's current loop as it was (other tests use it)."""
-    loop = asyncio.new_event_loop()
-    try:
-        return loop.run_until_complete(coro)
-    finally:
-        loop.close()
+from tests.unit.aio import run
 
 
 def test_delays_grow_by_the_multiplier_up_to_the_cap_within_the_jitter():
