@@ -180,11 +180,6 @@ class DeletedMailsDAO:
             deliver_at=_utc(r.deliver_at), attempts=r.attempts or 0, last_error=r.last_error or "", held_by=r.held_by,
         )
 
-    async def reason(self, queue: str, enqueue_id: uuid.UUID) -> str | None:
-        """Why the mail is gone, or None while it is live."""
-        s = await self.state(queue, enqueue_id)
-        return s.reason if s is not None else None
-
 
 class StartsDAO:
     """``browse_start`` and ``content_start``: one instant per queue each."""
