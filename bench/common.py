@@ -115,20 +115,16 @@ def drop_keyspace(name: str) -> None:
 
 
 def drop_bucket(bucket: str) -> None:
-    from minio.deleteobjects import DeleteObject
+    import dataclasses
 
-    from services.blobstores.s3 import client
+    from services.blobstores import s3client
     from services.config import S3Settings
 
-    s3 = client(S3Settings.from_env())
-    if not s3.bucket_exists(bucket):
+    c = s3client.store(dataclasses.replace(S3Settings.from_env(), bucket=bucket))
+    if not s3client.bucket_exists(c):
         return
-    keys = [DeleteObject(o.object_name) for o in s3.list_objects(bucket, recursive=True)]
-    print(f"removing bucket {bucket} ({len(keys)} objects)", file=sys.stderr)
-    for i in range(0, len(keys), 1000):
-        for error in s3.remove_objects(bucket, keys[i:i + 1000]):
-            raise SystemExit(f"could not remove {error.name} from {bucket}: {error.message}")
-    s3.remove_bucket(bucket)
+    print(f"removing bucket {bucket}", file=sys.stderr)
+    s3client.delete_bucket(c)
 
 
 def drop_queues(queues: list[str]) -> None:

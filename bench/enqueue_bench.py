@@ -134,7 +134,7 @@ async def direct(settings: Settings, queue: str, seconds: float, concurrency: in
         q = model.QueuedMail(queue, eid, now, mail, (info.blob_id,), info.size, slice_start(now, window),
                              bucket_of(mail.name, str(eid), 1))
         await view.mails.store(q)
-        await broker.publish(q, content=data if len(data) <= settings.limits.small_blob_bytes else None)
+        await broker.publish(q, content=settings.limits.carried(data, len(data)))
 
     try:
         return await load(op, concurrency, seconds, "direct", warmup)

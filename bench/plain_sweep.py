@@ -1,5 +1,5 @@
 """The baseline of the sweep benchmark: the same sweep as spark/sweep.py, written the plain way,
-one Python process with the Cassandra driver (concurrent requests) and the minio client.
+one Python process with the Cassandra driver (concurrent requests) and obstore.
 
 It walks each queue's slices × buckets from content start instead of scanning the table, and
 uses the same rules (services/retention.py). Not used in production.
@@ -13,7 +13,9 @@ import datetime as dt
 from collections.abc import Iterable
 
 from services import names, retention, slices
-from services.blobstores.s3 import client
+import obstore
+
+from services.blobstores import s3client
 from services.config import CassandraSettings, S3Settings
 from services.view import bulk
 from services.view.session import connect
@@ -75,15 +77,15 @@ def sweep(cassandra: CassandraSettings, s3: S3Settings, grace: dt.timedelta, blo
     view.close()
     loop.close()
 
-    c = client(s3)
+    c = s3client.store(s3)
     garbage = [
-        o for o in c.list_objects(s3.bucket, prefix=names.blob_key(""), recursive=True)
-        if retention.blob_collectable(o.last_modified, started, blob_grace) and o.object_name.rsplit("/", 1)[-1] not in referenced
+        o for o in s3client.objects(c, names.blob_key(""))
+        if retention.blob_collectable(o["last_modified"], started, blob_grace) and o["path"].rsplit("/", 1)[-1] not in referenced
     ]
 
     def collect(o) -> None:
-        if retention.blob_collectable(c.stat_object(s3.bucket, o.object_name).last_modified, started, blob_grace):
-            c.remove_object(s3.bucket, o.object_name)
+        if retention.blob_collectable(obstore.head(c, o["path"])["last_modified"], started, blob_grace):
+            obstore.delete(c, o["path"])
 
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
         list(pool.map(collect, garbage))

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
-import io
 import json
 import os
 import subprocess
@@ -23,13 +22,14 @@ import sys
 import time
 import uuid
 
+import obstore
 from cassandra.concurrent import execute_concurrent
 from cassandra.query import BatchStatement, BatchType
 
 from bench import plain_sweep
 from bench.common import ROOT
 from services import model, slices
-from services.blobstores.s3 import client
+from services.blobstores import s3client
 from services.config import CassandraSettings, S3Settings
 from services.view.session import connect
 from services.view.view import View
@@ -91,12 +91,12 @@ def populate(cassandra: CassandraSettings, s3: S3Settings, dead: int, live: int,
     t = time.monotonic()
     _write_all(session, batches)
     cluster.shutdown()
-    c = client(s3)
-    if not c.bucket_exists(s3.bucket):
-        c.make_bucket(s3.bucket)
+    c = s3client.store(s3)
+    if not s3client.bucket_exists(c):
+        s3client.create_bucket(c, s3)
     for kind in ("dead", "live"):
         for i in range(BLOBS):
-            c.put_object(s3.bucket, f"blobs/{blob_id(kind, i)}", io.BytesIO(b"x" * 100), 100)
+            obstore.put(c, f"blobs/{blob_id(kind, i)}", b"x" * 100)
     print(f"  {ks}: {n} dead rows + marks, {live} live rows, {2 * BLOBS} blobs written in {time.monotonic() - t:.0f} s", flush=True)
     return browse_start
 
@@ -123,11 +123,9 @@ def drop(cassandra: CassandraSettings, s3: S3Settings) -> None:
     cluster, session = connect(cassandra)
     session.execute(f"DROP KEYSPACE IF EXISTS {cassandra.keyspace}", timeout=120)
     cluster.shutdown()
-    c = client(s3)
-    if c.bucket_exists(s3.bucket):
-        for o in c.list_objects(s3.bucket, recursive=True):
-            c.remove_object(s3.bucket, o.object_name)
-        c.remove_bucket(s3.bucket)
+    c = s3client.store(s3)
+    if s3client.bucket_exists(c):
+        s3client.delete_bucket(c)
 
 
 def main() -> None:

@@ -116,7 +116,7 @@ class S3Settings:
     bucket: str = "mailqueue-blobs"
     secure: bool = False
     region: str | None = None
-    #: HTTP connections kept to S3 (the minio client's default of 10 is too few under load).
+    #: HTTP connections kept to S3 (and threads that call S3: one per connection).
     pool_size: int = 64
     #: Folder where streamed puts are spooled while their hash is computed.
     spool_dir: str | None = None
@@ -174,6 +174,11 @@ class LimitSettings:
             max_prefetch=_int(env, "MAX_PREFETCH", cls.max_prefetch, 1),
             small_blob_bytes=_int(env, "SMALL_BLOB_BYTES", cls.small_blob_bytes, 0, cls.SMALL_BLOB_MAX),
         )
+
+    def carried(self, content: bytes | None, size: int) -> bytes | None:
+        """The content a mail's RabbitMQ message carries (None: the delivery reads the blob
+        store): a small mail's whole content, ``size`` bytes of it."""
+        return content if content is not None and len(content) == size <= self.small_blob_bytes else None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -47,7 +47,7 @@ class Dequeuer:
 
     def carry(self, mail: model.QueuedMail, content: bytes | None) -> bytes | None:
         """The content to carry in a message published again: small mail's only."""
-        return content if content is not None and len(content) == mail.size <= self.limits.small_blob_bytes else None
+        return self.limits.carried(content, mail.size)
 
     async def mark_deleted(self, mail: model.QueuedMail, reason: str) -> None:
         await counters.mark(self.view, mail, reason)

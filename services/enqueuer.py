@@ -64,7 +64,7 @@ class Enqueuer:
             info = await self._blobs.store(content)
             return (info.blob_id,), info.size
 
-        carried = content if len(content) <= self._limits.small_blob_bytes else None
+        carried = self._limits.carried(content, len(content))
         return await self._enqueue(queue, mail, write, key, when, priority, carried)
 
     async def enqueue_refs(
@@ -189,16 +189,12 @@ class Enqueuer:
         the id deleted, so the mail is processed once.
         """
         now = model.utcnow()
-        row = await self._view.idempotency.claim(queue, key, enqueue_id, now)
-        if row is None:
+        held = await self._view.idempotency.claim(queue, key, enqueue_id, now)
+        if held is None:
             return enqueue_id
-        if row.committed:
-            return model.EnqueueResult(
-                row.enqueue_id, row.enqueued_at.replace(tzinfo=dt.timezone.utc),
-                tuple(row.blob_ids or ()), row.size or 0, duplicate=True,
-            )
-        claimed_at = row.claimed_at.replace(tzinfo=dt.timezone.utc)
-        if now - claimed_at > ABANDONED_CLAIM and await self._view.idempotency.take_over(queue, key, now, row.claimed_at):
+        if held.result is not None:
+            return held.result
+        if now - held.claimed_at > ABANDONED_CLAIM and await self._view.idempotency.take_over(queue, key, now, held.claimed_at):
             log.warning("took over an abandoned idempotency claim", extra={"queue": queue, "key": key})
-            return row.enqueue_id
+            return held.enqueue_id
         raise Aborted(f"an enqueue with idempotency key {validation.shown(key)} is in progress; retry in a few seconds")

@@ -146,6 +146,15 @@ class EnqueueResult:
 
 
 @dataclasses.dataclass(frozen=True)
+class IdempotencyClaim:
+    """Who holds an idempotency key: an enqueue in progress, or (``result`` set) a finished one."""
+
+    enqueue_id: uuid.UUID
+    claimed_at: dt.datetime
+    result: EnqueueResult | None = None
+
+
+@dataclasses.dataclass(frozen=True)
 class ViewConfig:
     """The shape of the Cassandra time-series view (DESIGN §3)."""
 

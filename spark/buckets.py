@@ -8,11 +8,9 @@ a sweep of another keyspace then refuses to collect from it.
 
 from __future__ import annotations
 
-import io
+import obstore
 
-
-from services.blobstores import s3errors
-from services.blobstores.s3 import client
+from services.blobstores import s3client, s3errors
 from services.config import S3Settings
 from services.errors import BackendUnavailable
 
@@ -27,23 +25,23 @@ class BucketOwnedElsewhere(RuntimeError):
 
 def ping(s3: S3Settings) -> None:
     try:
-        client(s3).bucket_exists(s3.bucket)
+        s3client.bucket_exists(s3client.store(s3))
     except s3errors.ERRORS as e:
         raise BackendUnavailable("s3", f"cannot reach {s3.endpoint} ({type(e).__name__}: {e})") from e
 
 
 def usable(s3: S3Settings, keyspace: str, claim: bool) -> bool:
     """True when blobs may be collected from the bucket (False: there is no bucket yet)."""
-    c = client(s3)
-    if not c.bucket_exists(s3.bucket):
+    c = s3client.store(s3)
+    if not s3client.bucket_exists(c):
         return False
     try:
-        owner = c.get_object(s3.bucket, OWNER_KEY).read().decode().strip()
+        owner = bytes(obstore.get(c, OWNER_KEY).bytes()).decode().strip()
     except s3errors.ERRORS as e:
         if not s3errors.is_missing(e):
             raise
         if claim:
-            c.put_object(s3.bucket, OWNER_KEY, io.BytesIO(keyspace.encode()), len(keyspace.encode()))
+            obstore.put(c, OWNER_KEY, keyspace.encode())
         return True
     if owner != keyspace:
         raise BucketOwnedElsewhere(

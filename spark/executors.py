@@ -1,5 +1,5 @@
 """What runs inside Spark tasks: deletes through the Python Cassandra driver, blob listing and
-collection through the minio client (the connector has no DataFrame delete).
+collection through obstore (services/blobstores/s3client.py; the connector has no DataFrame delete).
 
 Each factory returns a function for ``foreachPartition`` / ``mapPartitions``; it opens its own
 connections (they cannot be pickled), works in batches and counts with accumulators.
@@ -73,13 +73,13 @@ def list_blobs(s3: S3Settings, started: dt.datetime, grace: dt.timedelta) -> Cal
     """Key prefixes in, (blob_id, size, last_modified_ms) out for blobs old enough to collect."""
 
     def run(prefixes: Iterator[str]) -> Iterator[tuple[str, int, int]]:
-        from services.blobstores.s3 import client
+        from services.blobstores import s3client
 
-        c = client(s3)
+        c = s3client.store(s3)
         for prefix in prefixes:
-            for o in c.list_objects(s3.bucket, prefix=prefix, recursive=True):
-                if retention.blob_collectable(o.last_modified, started, grace):
-                    yield o.object_name.rsplit("/", 1)[-1], int(o.size or 0), _ms(o.last_modified)
+            for o in s3client.objects(c, prefix):
+                if retention.blob_collectable(o["last_modified"], started, grace):
+                    yield o["path"].rsplit("/", 1)[-1], int(o["size"]), _ms(o["last_modified"])
 
     return run
 
@@ -89,24 +89,25 @@ def delete_blobs(s3: S3Settings, started: dt.datetime, grace: dt.timedelta, coun
     was written (or touched by an enqueue deduplicating onto it) since the listing."""
 
     def run(rows: Iterator[Any]) -> None:
-        from services.blobstores import s3errors
-        from services.blobstores.s3 import client
+        import obstore
 
-        c = client(s3)
+        from services.blobstores import s3client, s3errors
+
+        c = s3client.store(s3)
 
         def collect(blob_id: str) -> None:
             key = names.blob_key(blob_id)
             try:
-                st = c.stat_object(s3.bucket, key)
+                st = obstore.head(c, key)
             except s3errors.ERRORS as e:
                 if s3errors.is_missing(e):
                     return
                 raise
-            if not retention.blob_collectable(st.last_modified, started, grace):
+            if not retention.blob_collectable(st["last_modified"], started, grace):
                 return
-            c.remove_object(s3.bucket, key)
+            obstore.delete(c, key)
             count.add(1)
-            size.add(int(st.size or 0))
+            size.add(int(st["size"]))
 
         with concurrent.futures.ThreadPoolExecutor(BLOB_THREADS) as pool:
             for f in [pool.submit(collect, r.blob_id) for r in rows]:

@@ -48,7 +48,7 @@ LOG4J_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "log4j2.
 def build(master: str, jars: list[str], cassandra: CassandraSettings, shuffle_partitions: int) -> object:
     """A SparkSession reading Cassandra at LOCAL_QUORUM (the consistency the services write at:
     a row or a mark missed by a weaker read could make a live mail's blob look unreferenced)."""
-    # Python workers must be this interpreter: it has the Cassandra driver and minio installed.
+    # Python workers must be this interpreter: it has the Cassandra driver and obstore installed.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession

@@ -6,7 +6,7 @@ For every queue, slices strictly before ``browse_start - grace`` are dropped (de
 then rows) after content start has been advanced past them; then blobs that no remaining
 row references and that are older than the blob grace are collected. The rules are in
 services/retention.py; this module reads with Spark (the Cassandra connector scans the tables
-by token range) and deletes from Spark tasks with the Python driver and the minio client.
+by token range) and deletes from Spark tasks with the Python driver and obstore.
 
 Idempotent and resumable: every step is a delete or a forward-only move, so a run killed at any
 instant and run again ends in the same state. Connection settings are the services' own

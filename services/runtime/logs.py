@@ -37,5 +37,5 @@ def configure(service: str, level: str = "INFO") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
-    for noisy in ("pika", "cassandra", "urllib3"):
+    for noisy in ("pika", "cassandra"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))

@@ -365,10 +365,16 @@ class IdempotencyDAO:
             f"DELETE FROM {t} WHERE queue_name = ? AND idempotency_key = ? IF enqueue_id = ?"
         )
 
-    async def claim(self, queue: str, key: str, enqueue_id: uuid.UUID, now: dt.datetime) -> Any | None:
-        """Claim ``key`` for ``enqueue_id``. None when claimed; otherwise the existing row."""
+    async def claim(self, queue: str, key: str, enqueue_id: uuid.UUID, now: dt.datetime) -> model.IdempotencyClaim | None:
+        """Claim ``key`` for ``enqueue_id``. None when claimed; otherwise who holds it."""
         rows = await execute(self._session, self._claim, (queue, key, enqueue_id, now))
-        return None if rows[0].applied else rows[0]
+        r = rows[0]
+        if r.applied:
+            return None
+        result = None
+        if r.committed:
+            result = model.EnqueueResult(r.enqueue_id, _utc(r.enqueued_at), tuple(r.blob_ids or ()), r.size or 0, duplicate=True)
+        return model.IdempotencyClaim(r.enqueue_id, _utc(r.claimed_at), result)
 
     async def take_over(self, queue: str, key: str, now: dt.datetime, seen: dt.datetime) -> bool:
         """Take over an abandoned, uncommitted claim (its enqueuer crashed), keeping its enqueue id."""

@@ -157,14 +157,13 @@ def test_delete_is_idempotent(grpc_stub, size):
 
 @pytest.mark.parametrize("size", SIZES)
 def test_content_lives_in_cassandra_up_to_the_small_limit_and_in_s3_above(grpc_stub, blob_app, aio_loop, keyspace, size):
-    from services.blobstores.s3 import client
+    from services.blobstores import s3client
     from services.view import schema
     from services.view.session import execute
 
     r = put(grpc_stub, os.urandom(size))
     tiered = blob_app.settings.limits.small_blob_bytes > 0
     rows = aio_loop.run(execute(blob_app._view.session, f"SELECT size FROM {keyspace}.{schema.BLOBS} WHERE blob_id = %s", (r.blob_id,)))
-    s3 = client(blob_app.settings.s3)
-    objects = [o.object_name for o in s3.list_objects(blob_app.settings.s3.bucket, prefix=f"blobs/{r.blob_id}")]
+    objects = [o["path"] for o in s3client.objects(s3client.store(blob_app.settings.s3), f"blobs/{r.blob_id[:8]}")]
     in_cassandra = tiered and size <= blob_app.settings.limits.small_blob_bytes
     assert ([row.size for row in rows], len(objects)) == (([size], 0) if in_cassandra else ([], 1))

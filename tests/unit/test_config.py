@@ -1,6 +1,6 @@
 import pytest
 
-from services.config import Settings
+from services.config import LimitSettings, Settings
 from services.errors import ConfigurationError
 
 
@@ -45,3 +45,12 @@ def test_the_domain_errors_and_the_sweep_need_no_grpc():
 
     code = "import sys, services.errors, spark.sweep; sys.exit('grpc' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_only_a_small_mails_whole_content_travels_in_its_message():
+    limits = LimitSettings(small_blob_bytes=10)
+    assert limits.carried(b"x" * 10, 10) == b"x" * 10
+    assert limits.carried(b"x" * 11, 11) is None  # over the limit: the delivery reads the blob store
+    assert limits.carried(b"x" * 4, 10) is None  # not the whole content
+    assert limits.carried(None, 4) is None
+    assert LimitSettings(small_blob_bytes=0).carried(b"", 0) == b""
