@@ -1,7 +1,6 @@
 """Blob store on S3 (MinIO): the adapter that blob_svc serves.
 
-Every S3 call goes through obstore (s3client.py), run on a thread pool sized like its connection
-pool. Puts are hashed as they arrive (the SHA-256 is the blob id); up to IN_MEMORY_PUT they are
+Every S3 call goes through obstore (s3client.py) and is awaited on the event loop. Puts are hashed as they arrive (the SHA-256 is the blob id); up to IN_MEMORY_PUT they are
 one conditional PUT (``If-None-Match: *``), larger ones are spooled to a temporary file, so memory
 stays bounded whatever the size, and uploaded in parts unless the blob already exists.
 """
@@ -9,17 +8,15 @@ stays bounded whatever the size, and uploaded in parts unless the blob already e
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import datetime as dt
-import functools
 import hashlib
 import logging
 import os
 import pathlib
 import tempfile
 import time
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any, TypeVar
 
 import obstore
 
@@ -41,6 +38,7 @@ UPLOAD_PART = 5 * CHUNK
 READ_WHOLE_MAX = 16 * CHUNK
 
 _TOUCHED_MAX = 10_000
+T = TypeVar("T")
 
 
 class S3BlobStore(BlobStore):
@@ -49,25 +47,23 @@ class S3BlobStore(BlobStore):
         self._max = max_blob_bytes
         self._s3 = s3client.store(settings)
         self._touched: dict[str, float] = {}
-        # obstore's calls block (see s3client.py): threads of their own, as many as pooled connections.
-        self._executor = concurrent.futures.ThreadPoolExecutor(settings.pool_size, thread_name_prefix="s3")
 
-    async def _run(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    async def _call(self, call: Awaitable[T]) -> T:
         try:
-            return await asyncio.get_running_loop().run_in_executor(self._executor, functools.partial(fn, *args, **kwargs))
+            return await call
         except s3errors.ERRORS as e:
             raise s3errors.to_domain(e) from e
 
     async def ensure_bucket(self) -> None:
         """Create the bucket when S3 says it does not exist (a first start)."""
-        if await self._run(s3client.bucket_exists, self._s3):
+        if await self._call(asyncio.to_thread(s3client.bucket_exists, self._s3)):
             return
-        await self._run(s3client.create_bucket, self._s3, self._settings)
+        await self._call(asyncio.to_thread(s3client.create_bucket, self._s3, self._settings))
         log.info("created bucket", extra={"bucket": self._settings.bucket})
 
     async def _head(self, blob_id: str) -> dict[str, Any] | None:
         try:
-            return await self._run(obstore.head, self._s3, names.blob_key(blob_id))
+            return await self._call(obstore.head_async(self._s3, names.blob_key(blob_id)))
         except NotFound:
             return None
 
@@ -121,10 +117,16 @@ class S3BlobStore(BlobStore):
 
     async def _put_if_absent(self, key: str, data: bytes) -> bool:
         """One conditional PUT: True when created, False when the key existed (no HEAD first)."""
-        return await self._run(_create, self._s3, key, data)
+        try:
+            await obstore.put_async(self._s3, key, data, mode="create", use_multipart=False)
+            return True
+        except obstore.exceptions.AlreadyExistsError:
+            return False
+        except s3errors.ERRORS as e:
+            raise s3errors.to_domain(e) from e
 
     async def _upload(self, key: str, source: bytes | pathlib.Path) -> None:
-        await self._run(obstore.put, self._s3, key, source, chunk_size=UPLOAD_PART, max_concurrency=1)
+        await self._call(obstore.put_async(self._s3, key, source, chunk_size=UPLOAD_PART, max_concurrency=1))
 
     async def _touch(self, key: str, source: bytes | pathlib.Path) -> None:
         """Refresh the modification time of an existing blob that a new mail is about to reference.
@@ -150,11 +152,12 @@ class S3BlobStore(BlobStore):
 
     async def get(self, blob_id: str) -> AsyncIterator[bytes]:
         check_blob_id(blob_id)
-        result = await self._run(obstore.get, self._s3, names.blob_key(blob_id))
-        stream = result.stream(min_chunk_size=CHUNK)
+        result = await self._call(obstore.get_async(self._s3, names.blob_key(blob_id)))
+        stream = result.stream(min_chunk_size=CHUNK).__aiter__()
         while True:
-            chunk = await self._run(next, stream, None)
-            if chunk is None:
+            try:
+                chunk = await self._call(stream.__anext__())
+            except StopAsyncIteration:
                 return
             data = bytes(chunk)
             for i in range(0, len(data), CHUNK):  # min_chunk_size is a floor: cut to the promised maximum
@@ -164,7 +167,13 @@ class S3BlobStore(BlobStore):
         parts = []
         for blob_id in blob_ids:
             check_blob_id(blob_id)
-            parts.append(await self._run(_read_whole, self._s3, names.blob_key(blob_id), blob_id))
+            result = await self._call(obstore.get_async(self._s3, names.blob_key(blob_id)))
+            size = int(result.meta["size"])
+            if size > READ_WHOLE_MAX:
+                raise ResourceExhausted(
+                    f"blob {blob_id} is {size} bytes, over the {READ_WHOLE_MAX} bytes read whole: stream it with Get"
+                )
+            parts.append(bytes(await self._call(result.bytes_async())))
         return b"".join(parts)
 
     async def stat(self, blob_id: str) -> BlobInfo:
@@ -178,34 +187,15 @@ class S3BlobStore(BlobStore):
         check_blob_id(blob_id)
         if await self._head(blob_id) is None:
             return False
-        await self._run(obstore.delete, self._s3, names.blob_key(blob_id))
+        await self._call(obstore.delete_async(self._s3, names.blob_key(blob_id)))
         return True
 
     async def ping(self) -> None:
-        if not await self._run(s3client.bucket_exists, self._s3):
+        if not await self._call(asyncio.to_thread(s3client.bucket_exists, self._s3)):
             raise BackendUnavailable("s3", f"bucket {self._settings.bucket} does not exist: blob_svc creates it when it starts")
 
     async def close(self) -> None:
-        self._executor.shutdown(wait=False, cancel_futures=True)
-
-
-def _create(client: Any, key: str, data: bytes) -> bool:
-    try:
-        obstore.put(client, key, data, mode="create", use_multipart=False)
-        return True
-    except obstore.exceptions.AlreadyExistsError:
-        return False
-
-
-def _read_whole(client: Any, key: str, blob_id: str) -> bytes:
-    """The object's bytes; ResourceExhausted (nothing read) when it is over READ_WHOLE_MAX."""
-    result = obstore.get(client, key)
-    size = int(result.meta["size"])
-    if size > READ_WHOLE_MAX:
-        raise ResourceExhausted(
-            f"blob {blob_id} is {size} bytes, over the {READ_WHOLE_MAX} bytes read whole: stream it with Get"
-        )
-    return bytes(result.bytes())
+        pass  # obstore's connections close with the process
 
 
 def _age_s(head: dict[str, Any]) -> float:
