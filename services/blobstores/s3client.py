@@ -57,6 +57,9 @@ def store(settings: S3Settings) -> S3Store:
         secret_access_key=settings.secret_key,
         region=settings.region or "us-east-1",
         virtual_hosted_style_request=False,
+        # Over plain HTTP the signature covers the payload's SHA-256, so S3 refuses a body damaged
+        # on the way; over TLS the transport does that and the second hash is skipped (as botocore).
+        unsigned_payload=settings.secure,
         client_options={
             "allow_http": not settings.secure,
             "connect_timeout": CONNECT_TIMEOUT,
