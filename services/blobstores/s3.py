@@ -1,8 +1,9 @@
 """Blob store on S3 (MinIO): the adapter that blob_svc serves.
 
-Every S3 call goes through obstore (s3client.py) and is awaited on the event loop. Puts are hashed as they arrive (the SHA-256 is the blob id); up to IN_MEMORY_PUT they are
-one conditional PUT (``If-None-Match: *``), larger ones are spooled to a temporary file, so memory
-stays bounded whatever the size, and uploaded in parts unless the blob already exists.
+Every S3 call goes through obstore (s3client.py) and is awaited on the event loop. Puts are
+hashed as they arrive (the SHA-256 is the blob id); up to IN_MEMORY_PUT they are one conditional
+PUT (``If-None-Match: *``), larger ones are spooled to a temporary file, so memory stays bounded
+whatever the size, and uploaded in parts unless the blob already exists.
 """
 
 from __future__ import annotations
@@ -117,13 +118,14 @@ class S3BlobStore(BlobStore):
 
     async def _put_if_absent(self, key: str, data: bytes) -> bool:
         """One conditional PUT: True when created, False when the key existed (no HEAD first)."""
-        try:
-            await obstore.put_async(self._s3, key, data, mode="create", use_multipart=False)
-            return True
-        except obstore.exceptions.AlreadyExistsError:
-            return False
-        except s3errors.ERRORS as e:
-            raise s3errors.to_domain(e) from e
+        async def create() -> bool:
+            try:
+                await obstore.put_async(self._s3, key, data, mode="create", use_multipart=False)
+                return True
+            except obstore.exceptions.AlreadyExistsError:  # an S3 error too: answered before mapping
+                return False
+
+        return await self._call(create())
 
     async def _upload(self, key: str, source: bytes | pathlib.Path) -> None:
         await self._call(obstore.put_async(self._s3, key, source, chunk_size=UPLOAD_PART, max_concurrency=1))
