@@ -169,14 +169,25 @@ class S3BlobStore(BlobStore):
         parts = []
         for blob_id in blob_ids:
             check_blob_id(blob_id)
-            result = await self._call(obstore.get_async(self._s3, names.blob_key(blob_id)))
-            size = int(result.meta["size"])
-            if size > READ_WHOLE_MAX:
-                raise ResourceExhausted(
-                    f"blob {blob_id} is {size} bytes, over the {READ_WHOLE_MAX} bytes read whole: stream it with Get"
-                )
-            parts.append(bytes(await self._call(result.bytes_async())))
+            parts.append(await self._call(self._read_whole(names.blob_key(blob_id), blob_id)))
         return b"".join(parts)
+
+    async def _read_whole(self, key: str, blob_id: str) -> bytes:
+        """One ranged GET of up to one byte over READ_WHOLE_MAX: a single request, where a GET and
+        then its body are two trips through obstore (0.29-0.34 against 0.42-0.49 ms of CPU per
+        100 KB read). An empty object has no range to satisfy (HTTP 416): it is read plainly."""
+        try:
+            data = await obstore.get_range_async(self._s3, key, start=0, end=READ_WHOLE_MAX + 1)
+        except obstore.exceptions.GenericError as e:
+            if "416" not in str(e):
+                raise
+            result = await obstore.get_async(self._s3, key)
+            data = await result.bytes_async()
+        if len(data) > READ_WHOLE_MAX:
+            raise ResourceExhausted(
+                f"blob {blob_id} is over the {READ_WHOLE_MAX} bytes read whole: stream it with Get"
+            )
+        return bytes(data)
 
     async def stat(self, blob_id: str) -> BlobInfo:
         check_blob_id(blob_id)

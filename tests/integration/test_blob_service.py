@@ -96,6 +96,7 @@ def test_empty_blob(grpc_stub):
     r = put(grpc_stub, b"")
     assert r.blob_id == hashlib.sha256(b"").hexdigest() and r.size == 0
     assert get(grpc_stub, r.blob_id) == b""
+    assert grpc_stub.GetBytes(blob_pb2.GetBytesRequest(blob_id=r.blob_id)).content == b""
 
 
 @pytest.mark.parametrize("size", SIZES)
