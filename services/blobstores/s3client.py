@@ -20,10 +20,10 @@ from __future__ import annotations
 import atexit
 import datetime as dt
 import time
-from collections.abc import Iterator
-from typing import Any
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from typing import Any
 
 import obstore
 from obstore.store import S3Store
