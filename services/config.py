@@ -88,12 +88,23 @@ class CassandraSettings:
 
 @dataclasses.dataclass(frozen=True)
 class RabbitMQSettings:
-    url: str = "amqp://guest:guest@127.0.0.1:5672/%2F"
+    #: The broker's nodes: a service connects to the first that answers and, when its node dies,
+    #: to the next (MAILQUEUE_RABBITMQ_URLS, comma separated; or one MAILQUEUE_RABBITMQ_URL).
+    urls: tuple[str, ...] = ("amqp://guest:guest@127.0.0.1:5672/%2F",)
     #: "quorum" (replicated, default) or "classic".
     queue_type: str = "quorum"
     #: Deliveries of one message before a quorum queue dead-letters it (poison messages).
     delivery_limit: int = 20
     connect_timeout_s: float = 5.0
+    #: AMQP heartbeat: a node that stops answering (hung, partitioned) is left after about twice this.
+    heartbeat_s: int = 5
+    #: A publish not confirmed within this is UNAVAILABLE, and the connection is dropped for another node.
+    confirm_timeout_s: float = 10.0
+
+    @property
+    def url(self) -> str:
+        """The first node's URL (tools that talk to one node)."""
+        return self.urls[0]
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> RabbitMQSettings:
@@ -101,11 +112,32 @@ class RabbitMQSettings:
         if queue_type not in ("quorum", "classic"):
             raise ConfigurationError(f"MAILQUEUE_RABBITMQ_QUEUE_TYPE={queue_type!r}: use quorum or classic")
         return cls(
-            url=_get(env, "RABBITMQ_URL", cls.url),
+            urls=broker_urls(env),
             queue_type=queue_type,
             delivery_limit=_int(env, "RABBITMQ_DELIVERY_LIMIT", 20, 1),
             connect_timeout_s=_float(env, "RABBITMQ_CONNECT_TIMEOUT_S", 5.0, 0.001),
+            heartbeat_s=_int(env, "RABBITMQ_HEARTBEAT_S", 5, 1, 600),
+            confirm_timeout_s=_float(env, "RABBITMQ_CONFIRM_TIMEOUT_S", 10.0, 0.1),
         )
+
+
+def broker_urls(env: Mapping[str, str]) -> tuple[str, ...]:
+    """MAILQUEUE_RABBITMQ_URLS (several nodes, comma separated) or MAILQUEUE_RABBITMQ_URL (one)."""
+    many, one = env.get("MAILQUEUE_RABBITMQ_URLS"), env.get("MAILQUEUE_RABBITMQ_URL")
+    if many and one:
+        raise ConfigurationError("set MAILQUEUE_RABBITMQ_URLS or MAILQUEUE_RABBITMQ_URL, not both")
+    if not many:
+        return (one or RabbitMQSettings.urls[0],)
+    urls = tuple(u.strip() for u in many.split(",") if u.strip())
+    for u in urls:
+        if not u.startswith(("amqp://", "amqps://")):
+            raise ConfigurationError(
+                f"MAILQUEUE_RABBITMQ_URLS: {u.split('@')[-1]!r} is not an amqp:// or amqps:// URL "
+                "(separate URLs with commas; a comma inside a password is written %2C)"
+            )
+    if not urls:
+        raise ConfigurationError("MAILQUEUE_RABBITMQ_URLS is empty")
+    return urls
 
 
 @dataclasses.dataclass(frozen=True)

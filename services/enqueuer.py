@@ -6,18 +6,22 @@ that its delivery reads no blob; the blob stays the content of record (browse, r
 A mail is acknowledged only after its blob, its view row and its confirmed RabbitMQ message all
 exist. On any failure after the row was written, the mail is marked deleted (compensation, right
 next to the write it undoes) and the caller gets BackendUnavailable: nothing half-enqueued is
-ever delivered or browsed. Blobs are content-addressed and shared, so a failed enqueue leaves its
-blob for the retention sweep instead of deleting what another mail may reference.
+ever delivered or browsed. A compensation that fails too (the outage that failed the enqueue, a
+quorum lost with a write already on one replica) is retried in the background until it lands,
+so the half-written row never surfaces once the backend is back. Blobs are content-addressed and
+shared, so a failed enqueue leaves its blob for the retention sweep instead of deleting what
+another mail may reference.
 """
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-from prometheus_client import Counter
+from prometheus_client import Counter, Gauge
 
 from services import counters, model, schedule, validation
 from services.blobstore import BlobStore
@@ -25,6 +29,7 @@ from services.broker import Broker
 from services.config import LimitSettings
 from services.errors import Aborted, BackendUnavailable, InvalidArgument, NotFound, ResourceExhausted
 from services.queue_state import QueueState
+from services.retry import Backoff, retrying
 from services.slices import bucket_of, slice_start
 from services.view.view import View
 
@@ -32,6 +37,13 @@ log = logging.getLogger(__name__)
 
 ENQUEUED = Counter("mailqueue_enqueued_total", "Mails acknowledged to producers", ["queue"])
 ENQUEUE_FAILED = Counter("mailqueue_enqueue_failed_total", "Enqueues answered with a retryable error", ["queue"])
+COMPENSATIONS_PENDING = Gauge(
+    "mailqueue_enqueue_compensations_pending", "Undo writes of failed enqueues waiting for Cassandra to answer",
+)
+#: Undo writes that failed are retried in the background with this policy, until they land.
+COMPENSATION_BACKOFF = Backoff("enqueue compensation", initial_s=0.5, multiplier=2.0, max_s=10.0)
+#: Past this many pending undo writes, new ones are only logged (an outage of hours under load).
+MAX_PENDING_COMPENSATIONS = 100_000
 
 #: An uncommitted idempotency claim older than this belongs to a crashed enqueuer: take it over.
 ABANDONED_CLAIM = dt.timedelta(seconds=30)
@@ -48,6 +60,7 @@ class Enqueuer:
         self._blobs = blobs
         self._limits = limits
         self._state = state
+        self._compensations: set[asyncio.Task[None]] = set()
 
     # ------------------------------------------------------------------ the three content forms
     async def enqueue_inline(
@@ -131,10 +144,10 @@ class Enqueuer:
         except BaseException:
             ENQUEUE_FAILED.labels(queue).inc()
             if key:
-                await self._best_effort(self._view.idempotency.release(queue, key, enqueue_id), "release idempotency key")
+                await self._eventually(lambda: self._view.idempotency.release(queue, key, enqueue_id), "release idempotency key")
             raise
         if key:
-            await self._best_effort(self._view.idempotency.commit(queue, key, result), "commit idempotency key")
+            await self._eventually(lambda: self._view.idempotency.commit(queue, key, result), "commit idempotency key")
         ENQUEUED.labels(queue).inc()
         return model.EnqueueResult.of(result)
 
@@ -168,18 +181,35 @@ class Enqueuer:
         try:
             await self._broker.publish(queued, deliver_at - now if deliver_at is not None else dt.timedelta(0), content=carried)
         except BaseException:
-            await self._best_effort(counters.mark(self._view, queued, "enqueue failed: publish", now), "mark deleted after publish")
+            await self._eventually(lambda: counters.mark(self._view, queued, "enqueue failed: publish", now), "mark deleted after publish")
             raise
         return queued
 
     async def _compensate(self, q: model.QueuedMail, reason: str) -> None:
-        await self._best_effort(self._view.mails.mark(q.queue, q.enqueue_id, reason), f"mark deleted after {reason}")
+        await self._eventually(lambda: self._view.mails.mark(q.queue, q.enqueue_id, reason), f"mark deleted after {reason}")
 
-    async def _best_effort(self, op: Awaitable[None], what: str) -> None:
+    async def _eventually(self, op: Callable[[], Awaitable[None]], what: str) -> None:
+        """Run a compensating (or bookkeeping) write; if the backend does not answer, keep retrying
+        it in the background (the caller's answer is not delayed by the outage that caused it)."""
         try:
-            await op
+            await op()
+            return
         except BackendUnavailable as e:
-            log.error("could not %s: %s", what, e)
+            log.warning("could not %s, retrying in the background: %s", what, e)
+        if len(self._compensations) >= MAX_PENDING_COMPENSATIONS:
+            log.error("could not %s and %d undo writes are pending already: given up", what, len(self._compensations))
+            return
+        task = asyncio.ensure_future(retrying(op, COMPENSATION_BACKOFF, (BackendUnavailable,), log))
+        self._compensations.add(task)
+        COMPENSATIONS_PENDING.inc()
+
+        def done(t: asyncio.Task[None]) -> None:
+            self._compensations.discard(t)
+            COMPENSATIONS_PENDING.dec()
+            if not t.cancelled() and t.exception() is not None:
+                log.error("could not %s: %s", what, t.exception())
+
+        task.add_done_callback(done)
 
     async def _claim(self, queue: str, key: str, enqueue_id: uuid.UUID) -> model.EnqueueResult | uuid.UUID:
         """Claim the idempotency key: the enqueue id to use, or the earlier enqueue's result.

@@ -65,6 +65,7 @@ class BackendUnavailable(MailQueueError):
     def __init__(self, backend: str, detail: str) -> None:
         super().__init__(f"{backend} unavailable: {detail}; the request was not applied, retry it")
         self.backend = backend
+        self.detail = detail
 
 
 class ConfigurationError(Exception):

@@ -6,6 +6,14 @@
 #   stack/stack.sh status    one line per component: port, PID, healthy or not (exit 1 if any is down)
 #   stack/stack.sh rabbitmqctl ARGS...   run rabbitmqctl against the local node
 #
+#   stack/stack.sh up|down|status --cluster   the clusters instead: 3 Cassandra nodes (127.0.0.1-3,
+#       CQL port 9142), 3 clustered RabbitMQ nodes (AMQP 5701-5703), a Spark standalone master and two
+#       workers, and the same MinIO. Their ports differ from the single node's, so both can run.
+#   stack/stack.sh node ACTION NAME           one cluster node: kill (SIGKILL), stop (SIGSTOP), cont
+#       (SIGCONT), start (after a kill; waits healthy), pid. NAME: cassandra1-3, rabbitmq1-3.
+#   stack/stack.sh cluster-env                the MAILQUEUE_* variables that point services at the clusters
+#   stack/stack.sh rabbitmqctl --node N ARGS...   rabbitmqctl against cluster node N (1-3)
+#
 # Data and logs live under $MAILQUEUE_STACK_DIR (default: .stack/ in the project, git-ignored).
 # Downloads and builds are cached per machine under $MAILQUEUE_CACHE_DIR (default ~/.cache/mailqueue-stack),
 # so a fresh clone on the same machine does not rebuild MinIO or re-download Cassandra.
@@ -31,6 +39,16 @@ MINIO_CONSOLE_PORT="${MAILQUEUE_MINIO_CONSOLE_PORT:-9001}"
 export MINIO_ROOT_USER="${MAILQUEUE_S3_ACCESS_KEY:-minioadmin}"
 export MINIO_ROOT_PASSWORD="${MAILQUEUE_S3_SECRET_KEY:-minioadmin}"
 
+# The clusters (up --cluster): node i listens on 127.0.0.i (Cassandra) or port 570i (RabbitMQ).
+CLUSTER_DIR="$STACK_DIR/cluster"
+CLUSTER_CASSANDRA_PORT="${MAILQUEUE_CLUSTER_CASSANDRA_PORT:-9142}"
+CLUSTER_CASSANDRA_STORAGE_PORT="${MAILQUEUE_CLUSTER_CASSANDRA_STORAGE_PORT:-7100}"
+# Three JVMs on a 2-core, 24 GiB machine: 768 MB of heap each.
+CLUSTER_CASSANDRA_HEAP="${MAILQUEUE_CLUSTER_CASSANDRA_HEAP:-768M}"
+CLUSTER_RABBITMQ_BASE_PORT=5700
+SPARK_MASTER_PORT="${MAILQUEUE_SPARK_MASTER_PORT:-7077}"
+SPARK_UI_BASE_PORT=8090
+
 CASSANDRA_LIB="$CACHE_DIR/cassandra-$CASSANDRA_VERSION/lib"
 MINIO_BIN="$CACHE_DIR/minio-$MINIO_VERSION/minio"
 RABBIT_BIN=/usr/lib/rabbitmq/bin
@@ -54,16 +72,21 @@ wait_for() {
 pid_of() { local f="$STACK_DIR/$1.pid"; [[ -f $f ]] && kill -0 "$(cat "$f")" 2>/dev/null && cat "$f"; }
 
 # ---------------------------------------------------------------- Cassandra
-cassandra_healthy() {
-  "$PY" - "$CASSANDRA_PORT" <<'EOF'
+# cassandra_answers ADDRESS PORT: the node at ADDRESS answers CQL itself (no other node answers for it).
+cassandra_answers() {
+  "$PY" - "$1" "$2" <<'EOF'
 import sys
 from cassandra.cluster import Cluster
-c = Cluster(["127.0.0.1"], port=int(sys.argv[1]), connect_timeout=2, protocol_version=5)
+from cassandra.policies import WhiteListRoundRobinPolicy
+c = Cluster([sys.argv[1]], port=int(sys.argv[2]), connect_timeout=2, protocol_version=5,
+            load_balancing_policy=WhiteListRoundRobinPolicy([sys.argv[1]]))
 s = c.connect()
-print(s.execute("SELECT release_version FROM system.local").one()[0])
+print(s.execute("SELECT release_version FROM system.local", timeout=5).one()[0])
 c.shutdown()
 EOF
 }
+
+cassandra_healthy() { cassandra_answers 127.0.0.1 "$CASSANDRA_PORT"; }
 
 cassandra_install() {
   [[ -f "$CASSANDRA_LIB/cassandra-all-$CASSANDRA_VERSION.jar" ]] && return
@@ -85,10 +108,14 @@ java17() {
   die "cassandra: no JDK 17 found: apt-get install openjdk-17-jdk-headless"
 }
 
-cassandra_start() {
-  local dir="$STACK_DIR/cassandra" log="$LOG_DIR/cassandra.log"
-  mkdir -p "$dir" "$LOG_DIR"
-  sed -e "s#@DIR@#$dir#g" -e "s#@PORT@#$CASSANDRA_PORT#g" -e "s#@STORAGE_PORT@#$CASSANDRA_STORAGE_PORT#g" \
+# cassandra_launch NAME ADDRESS PORT STORAGE_PORT HEAP CLUSTER SEEDS AUTO_BOOTSTRAP: start one node in
+# the background (data in $STACK_DIR/NAME, PID in $STACK_DIR/NAME.pid); the caller waits for it.
+cassandra_launch() {
+  local name=$1 address=$2 port=$3 storage_port=$4 heap=$5 cluster=$6 seeds=$7 auto_bootstrap=$8
+  local dir="$STACK_DIR/$name" log="$LOG_DIR/$name.log"
+  mkdir -p "$dir" "$(dirname "$log")"
+  sed -e "s#@DIR@#$dir#g" -e "s#@PORT@#$port#g" -e "s#@STORAGE_PORT@#$storage_port#g" -e "s#@ADDRESS@#$address#g" \
+    -e "s#@CLUSTER@#$cluster#g" -e "s#@SEEDS@#$seeds#g" -e "s#@AUTO_BOOTSTRAP@#$auto_bootstrap#g" \
     "$ROOT/stack/cassandra/cassandra.yaml.in" >"$dir/cassandra.yaml"
   local jamm
   jamm=$(ls "$CASSANDRA_LIB"/jamm-*.jar | head -1)
@@ -119,8 +146,8 @@ cassandra_start() {
     --add-opens java.base/java.lang=ALL-UNNAMED
     --add-opens java.base/java.util=ALL-UNNAMED
   )
-  say "cassandra: starting on 127.0.0.1:$CASSANDRA_PORT (heap $CASSANDRA_HEAP, log $log)"
-  nohup "$(java17)" -Xms"$CASSANDRA_HEAP" -Xmx"$CASSANDRA_HEAP" -XX:+UseG1GC -XX:+ParallelRefProcEnabled \
+  say "$name: starting on $address:$port (heap $heap, log $log)"
+  nohup "$(java17)" -Xms"$heap" -Xmx"$heap" -XX:+UseG1GC -XX:+ParallelRefProcEnabled \
     -Xss256k -XX:+HeapDumpOnOutOfMemoryError -XX:HeapDumpPath="$dir" \
     "${opens[@]}" \
     -Dio.netty.tryReflectionSetAccessible=true \
@@ -128,15 +155,21 @@ cassandra_start() {
     -Dcassandra.config="file://$dir/cassandra.yaml" \
     -Dcassandra-foreground=yes \
     -Dcassandra.storagedir="$dir" \
-    -Dcassandra.logdir="$LOG_DIR" \
+    -Dcassandra.logdir="$(dirname "$log")" \
     -Dcassandra.skip_wait_for_gossip_to_settle=0 \
     -Dcassandra.ring_delay_ms=0 \
+    -Dcassandra.consistent.rangemovement=false \
     -Dlogback.configurationFile="file://$ROOT/stack/cassandra/logback.xml" \
     -Dmailqueue.cassandra.log="$log" \
     -cp "$CASSANDRA_LIB/*" org.apache.cassandra.service.CassandraDaemon \
-    >"$LOG_DIR/cassandra.out" 2>&1 &
-  echo $! >"$STACK_DIR/cassandra.pid"
-  wait_for cassandra 180 cassandra_healthy "$log (and $LOG_DIR/cassandra.out)"
+    >"${log%.log}.out" 2>&1 &
+  echo $! >"$STACK_DIR/$name.pid"
+}
+
+cassandra_start() {
+  cassandra_launch cassandra 127.0.0.1 "$CASSANDRA_PORT" "$CASSANDRA_STORAGE_PORT" "$CASSANDRA_HEAP" mailqueue-local \
+    "127.0.0.1:$CASSANDRA_STORAGE_PORT" true
+  wait_for cassandra 180 cassandra_healthy "$LOG_DIR/cassandra.log (and $LOG_DIR/cassandra.out)"
 }
 
 # ---------------------------------------------------------------- RabbitMQ
@@ -225,6 +258,221 @@ minio_start() {
   wait_for minio 60 minio_healthy "$LOG_DIR/minio.log"
 }
 
+# ---------------------------------------------------------------- the clusters (up --cluster)
+cluster_cassandra_address() { echo "127.0.0.$1"; }
+
+cluster_cassandra_healthy() { cassandra_answers "$(cluster_cassandra_address "$1")" "$CLUSTER_CASSANDRA_PORT"; }
+
+# Every node answers, and node 1 sees the three nodes UN (up, normal) in its ring.
+cluster_cassandra_ring() {
+  "$PY" - "$CLUSTER_CASSANDRA_PORT" <<'EOF'
+import sys
+from cassandra.cluster import Cluster
+c = Cluster(["127.0.0.1", "127.0.0.2", "127.0.0.3"], port=int(sys.argv[1]), connect_timeout=2, protocol_version=5)
+c.connect()
+up = sorted(h.address for h in c.metadata.all_hosts() if h.is_up)
+c.shutdown()
+print(" ".join(up))
+sys.exit(0 if len(up) == 3 else 1)
+EOF
+}
+
+cluster_cassandra_launch() {
+  local i=$1 bootstrap=true
+  # A new cluster has nothing to stream: nodes 2 and 3 join without bootstrapping, together.
+  [[ -d "$CLUSTER_DIR/cassandra$i/data" ]] || bootstrap=false
+  cassandra_launch "cluster/cassandra$i" "$(cluster_cassandra_address "$i")" "$CLUSTER_CASSANDRA_PORT" \
+    "$CLUSTER_CASSANDRA_STORAGE_PORT" "$CLUSTER_CASSANDRA_HEAP" mailqueue-cluster "127.0.0.1:$CLUSTER_CASSANDRA_STORAGE_PORT" \
+    "$([[ $i == 1 ]] && echo true || echo "$bootstrap")"
+}
+
+cluster_rabbit_node() { echo "mq$1@localhost"; }
+cluster_rabbit_port() { echo $((CLUSTER_RABBITMQ_BASE_PORT + $1)); }
+
+# rabbit_env_node N: the environment of cluster node N (its own data, logs, ports and config).
+rabbit_env_node() {
+  local i=$1 dir="$CLUSTER_DIR/rabbitmq$1"
+  rabbit_env
+  export RABBITMQ_NODENAME; RABBITMQ_NODENAME="$(cluster_rabbit_node "$i")"
+  export RABBITMQ_NODE_PORT; RABBITMQ_NODE_PORT="$(cluster_rabbit_port "$i")"
+  export RABBITMQ_DIST_PORT=$((25700 + i))
+  export RABBITMQ_MNESIA_BASE="$dir/mnesia"
+  export RABBITMQ_LOG_BASE="$LOG_DIR/cluster/rabbitmq$i"
+  export RABBITMQ_PID_FILE="$CLUSTER_DIR/rabbitmq$i.pid"
+  export RABBITMQ_CONFIG_FILE="$dir/rabbitmq"
+  export RABBITMQ_ADVANCED_CONFIG_FILE="$dir/advanced.config"
+  export RABBITMQ_ENABLED_PLUGINS_FILE="$dir/enabled_plugins"
+}
+
+cluster_rabbit_healthy() { ( rabbit_env_node "$1"; "$RABBIT_BIN/rabbitmq-diagnostics" -q -t 5 ping ); }
+
+# The three nodes are running members of one cluster, as node 1 sees it.
+cluster_rabbit_formed() {
+  local running
+  running=$( rabbit_env_node 1; "$RABBIT_BIN/rabbitmqctl" -q -t 10 cluster_status --formatter json ) || return 1
+  "$PY" -c 'import json,sys; n=json.loads(sys.argv[1])["running_nodes"]; print(" ".join(sorted(n))); sys.exit(len(n) != 3)' "$running"
+}
+
+cluster_rabbit_launch() {
+  local i=$1 dir="$CLUSTER_DIR/rabbitmq$1"
+  mkdir -p "$dir/mnesia" "$LOG_DIR/cluster/rabbitmq$i"
+  printf '[].\n' >"$dir/enabled_plugins"
+  # classic_config peer discovery: a blank node joins the nodes listed (node 1 is started first).
+  cat >"$dir/rabbitmq.conf" <<EOF
+loopback_users.guest = true
+listeners.tcp.1 = 127.0.0.1:$(cluster_rabbit_port "$i")
+cluster_formation.peer_discovery_backend = classic_config
+cluster_formation.classic_config.nodes.1 = $(cluster_rabbit_node 1)
+cluster_formation.classic_config.nodes.2 = $(cluster_rabbit_node 2)
+cluster_formation.classic_config.nodes.3 = $(cluster_rabbit_node 3)
+# A surviving minority pauses instead of diverging (the quorum queues need a majority anyway).
+cluster_partition_handling = pause_minority
+disk_free_limit.absolute = 256MB
+vm_memory_high_watermark.relative = 0.1
+EOF
+  cat >"$dir/advanced.config" <<EOF
+[{rabbit, [{dead_letter_worker_publisher_confirm_timeout, 5000}]}].
+EOF
+  say "rabbitmq$i: starting node $(cluster_rabbit_node "$i") on 127.0.0.1:$(cluster_rabbit_port "$i")"
+  ( rabbit_env_node "$i"; "$RABBIT_BIN/rabbitmq-server" -detached ) >"$LOG_DIR/cluster/rabbitmq$i.out" 2>&1 \
+    || die "rabbitmq$i: start failed; see $LOG_DIR/cluster/rabbitmq$i.out"
+}
+
+spark_home() {
+  "$PY" -c 'import os, pyspark; print(os.path.dirname(pyspark.__file__))'
+}
+
+spark_master_url() { echo "spark://127.0.0.1:$SPARK_MASTER_PORT"; }
+
+spark_master_healthy() { curl -fsS -m 2 "http://127.0.0.1:$SPARK_UI_BASE_PORT/json/" >/dev/null 2>&1; }
+
+# The master counts two ALIVE workers.
+spark_workers_alive() {
+  curl -fsS -m 2 "http://127.0.0.1:$SPARK_UI_BASE_PORT/json/" \
+    | "$PY" -c 'import json,sys; w=[x for x in json.load(sys.stdin)["workers"] if x["state"]=="ALIVE"]; print(len(w)); sys.exit(len(w) < 2)'
+}
+
+# spark_launch NAME CLASS ARGS...: one Spark daemon from what the pyspark package ships (bin/spark-class).
+spark_launch() {
+  local name=$1; shift
+  mkdir -p "$CLUSTER_DIR/$name" "$LOG_DIR/cluster"
+  say "$name: starting ($*)"
+  SPARK_LOCAL_IP=127.0.0.1 SPARK_WORKER_DIR="$CLUSTER_DIR/$name" SPARK_LOG_DIR="$LOG_DIR/cluster" \
+    SPARK_HOME="$(spark_home)" PYSPARK_PYTHON="$PY" \
+    nohup "$(spark_home)/bin/spark-class" "$@" >"$LOG_DIR/cluster/$name.log" 2>&1 &
+  echo $! >"$CLUSTER_DIR/$name.pid"
+}
+
+cluster_spark_start() {
+  if ! spark_master_healthy; then
+    spark_launch spark-master org.apache.spark.deploy.master.Master --host 127.0.0.1 --port "$SPARK_MASTER_PORT" \
+      --webui-port "$SPARK_UI_BASE_PORT"
+    wait_for spark-master 90 spark_master_healthy "$LOG_DIR/cluster/spark-master.log"
+  fi
+  local i
+  for i in 1 2; do
+    pid_of "cluster/spark-worker$i" >/dev/null && continue
+    spark_launch "spark-worker$i" org.apache.spark.deploy.worker.Worker --host 127.0.0.1 --cores 1 --memory 2g \
+      --webui-port $((SPARK_UI_BASE_PORT + i)) --work-dir "$CLUSTER_DIR/spark-worker$i" "$(spark_master_url)"
+  done
+  wait_for "spark workers" 90 spark_workers_alive "$LOG_DIR/cluster/spark-worker*.log"
+}
+
+cluster_up() {
+  [[ -x $PY ]] || die "no Python environment at $PY: run 'make install' first"
+  command -v java >/dev/null || die "Spark and Cassandra need a JDK 17: apt-get install openjdk-17-jdk-headless"
+  mkdir -p "$CLUSTER_DIR" "$LOG_DIR/cluster"
+  rabbit_install
+  cassandra_install
+  minio_install
+  minio_healthy >/dev/null 2>&1 || minio_start
+  # Cassandra: node 1 (the seed) first, then nodes 2 and 3 together; RabbitMQ starts meanwhile.
+  local i
+  cluster_cassandra_healthy 1 >/dev/null 2>&1 || cluster_cassandra_launch 1
+  for i in 1 2 3; do
+    cluster_rabbit_healthy "$i" >/dev/null 2>&1 && continue
+    cluster_rabbit_launch "$i"
+    eval "rabbit_ok_$i() { cluster_rabbit_healthy $i; }"
+    wait_for "rabbitmq$i" 120 "rabbit_ok_$i" "$LOG_DIR/cluster/rabbitmq$i/"
+  done
+  wait_for "rabbitmq cluster (3 running nodes)" 60 cluster_rabbit_formed "$LOG_DIR/cluster/rabbitmq*/"
+  cassandra1_ok() { cluster_cassandra_healthy 1; }
+  wait_for cassandra1 180 cassandra1_ok "$LOG_DIR/cluster/cassandra1.log"
+  for i in 2 3; do cluster_cassandra_healthy "$i" >/dev/null 2>&1 || cluster_cassandra_launch "$i"; done
+  wait_for "cassandra ring (3 nodes up)" 240 cluster_cassandra_ring "$LOG_DIR/cluster/cassandra*.log"
+  cluster_spark_start
+  cluster_status
+}
+
+cluster_down() {
+  local i
+  for i in 1 2 3; do
+    pid_of "cluster/rabbitmq$i" >/dev/null || continue
+    ( rabbit_env_node "$i"; "$RABBIT_BIN/rabbitmqctl" -q stop >/dev/null 2>&1 ) || stop_pid "cluster/rabbitmq$i"
+  done
+  for name in cassandra1 cassandra2 cassandra3 spark-worker1 spark-worker2 spark-master; do stop_pid "cluster/$name"; done
+  say "clusters stopped (data kept in $CLUSTER_DIR; remove it for a clean slate)"
+}
+
+cluster_status() {
+  local rc=0 i
+  printf '%-18s %-18s %-8s %-8s %s\n' NODE ADDRESS PID MEM_MB HEALTH
+  row() {  # row NAME ADDRESS CHECK...
+    local name=$1 address=$2 pid mem=- health=healthy; shift 2
+    pid=$(pid_of "cluster/$name") || pid=-
+    [[ $pid != - ]] && mem=$(( $(awk '/VmRSS/ {print $2}' "/proc/$pid/status" 2>/dev/null || echo 0) / 1024 ))
+    [[ $pid != - ]] && grep -q '^State:.*stopped' "/proc/$pid/status" 2>/dev/null && health="STOPPED (SIGSTOP)"
+    [[ $health == healthy ]] && ! "$@" >/dev/null 2>&1 && { health=DOWN; rc=1; }
+    printf '%-18s %-18s %-8s %-8s %s\n' "$name" "$address" "$pid" "$mem" "$health"
+  }
+  for i in 1 2 3; do row "cassandra$i" "127.0.0.$i:$CLUSTER_CASSANDRA_PORT" cluster_cassandra_healthy "$i"; done
+  for i in 1 2 3; do row "rabbitmq$i" "127.0.0.1:$(cluster_rabbit_port "$i")" cluster_rabbit_healthy "$i"; done
+  row spark-master "127.0.0.1:$SPARK_MASTER_PORT" spark_master_healthy
+  for i in 1 2; do row "spark-worker$i" "127.0.0.1" kill -0 "$(pid_of "cluster/spark-worker$i" || echo 0)"; done
+  local line
+  line=$(cluster_cassandra_ring 2>/dev/null) && say "cassandra ring: 3 nodes up ($line)" || say "cassandra ring: not every node up ${line:+($line)}"
+  line=$(cluster_rabbit_formed 2>/dev/null) && say "rabbitmq cluster: 3 running nodes ($line)" || say "rabbitmq cluster: not every node running ${line:+($line)}"
+  printf '%-18s %-18s %-8s %-8s %s\n' minio "127.0.0.1:$MINIO_PORT" "$(pid_of minio || echo -)" - "$(minio_healthy >/dev/null 2>&1 && echo healthy || echo DOWN)"
+  return $rc
+}
+
+# What a service needs to use the clusters: every contact point and every broker address.
+cluster_env() {
+  local urls="" i
+  for i in 1 2 3; do urls+="${urls:+,}amqp://guest:guest@127.0.0.1:$(cluster_rabbit_port "$i")/%2F"; done
+  cat <<EOF
+MAILQUEUE_CASSANDRA_HOSTS=127.0.0.1,127.0.0.2,127.0.0.3
+MAILQUEUE_CASSANDRA_PORT=$CLUSTER_CASSANDRA_PORT
+MAILQUEUE_CASSANDRA_REPLICATION={'class': 'NetworkTopologyStrategy', 'datacenter1': 3}
+MAILQUEUE_RABBITMQ_URLS=$urls
+MAILQUEUE_SPARK_MASTER=$(spark_master_url)
+EOF
+}
+
+# node ACTION NAME: faults on one cluster node.
+node() {
+  local action=$1 name=$2 pid i=${2: -1}
+  [[ $name =~ ^(cassandra|rabbitmq)[123]$ ]] || die "node: NAME is cassandra1-3 or rabbitmq1-3, not '$name'"
+  case $action in
+    pid) pid_of "cluster/$name" || die "$name is not running" ;;
+    kill|stop|cont)
+      pid=$(pid_of "cluster/$name") || die "$name is not running"
+      kill -"$( case $action in kill) echo KILL ;; stop) echo STOP ;; cont) echo CONT ;; esac )" "$pid"
+      say "$name: SIG${action^^} sent to PID $pid" ;;
+    start)
+      if [[ $name == cassandra* ]]; then
+        pid_of "cluster/$name" >/dev/null || cluster_cassandra_launch "$i"
+        eval "node_ok() { cluster_cassandra_healthy $i; }"
+        wait_for "$name" 240 node_ok "$LOG_DIR/cluster/$name.log"
+      else
+        pid_of "cluster/$name" >/dev/null || cluster_rabbit_launch "$i"
+        eval "node_ok() { cluster_rabbit_healthy $i; }"
+        wait_for "$name" 120 node_ok "$LOG_DIR/cluster/$name/"
+      fi ;;
+    *) die "node: ACTION is kill, stop, cont, start or pid" ;;
+  esac
+}
+
 # ---------------------------------------------------------------- commands
 stop_pid() {
   local name=$1 pid; pid=$(pid_of "$name") || { rm -f "$STACK_DIR/$name.pid"; return 0; }
@@ -275,10 +523,16 @@ status() {
   return $rc
 }
 
-case "${1:-}" in
-  up) up ;;
-  down) down ;;
-  status) status ;;
-  rabbitmqctl) shift; rabbit_env; exec "$RABBIT_BIN/rabbitmqctl" "$@" ;;
-  *) echo "usage: $0 up|down|status|rabbitmqctl ARGS..." >&2; exit 2 ;;
+case "${1:-} ${2:-}" in
+  "up --cluster") cluster_up ;;
+  "down --cluster") cluster_down ;;
+  "status --cluster") cluster_status ;;
+  "up "*) up ;;
+  "down "*) down ;;
+  "status "*) status ;;
+  "node "*) shift; node "$@" ;;
+  "cluster-env "*) cluster_env ;;
+  "rabbitmqctl --node") shift 2; i=$1; shift; rabbit_env_node "$i"; exec "$RABBIT_BIN/rabbitmqctl" "$@" ;;
+  "rabbitmqctl "*) shift; rabbit_env; exec "$RABBIT_BIN/rabbitmqctl" "$@" ;;
+  *) echo "usage: $0 up|down|status [--cluster] | node kill|stop|cont|start|pid NAME | cluster-env | rabbitmqctl [--node N] ARGS..." >&2; exit 2 ;;
 esac

@@ -5,7 +5,13 @@ Topology per mail queue (names from services/names.py): a durable direct exchang
 letters go to a fanout dead-letter exchange and its durable queue.
 
 Publishing is mandatory and confirmed: ``publish`` resolves when the broker acked the message and
-did not return it as unroutable. Hundreds of publishes can wait for their confirms at once.
+did not return it as unroutable (for a quorum queue, once a majority of its members has it).
+Hundreds of publishes can wait for their confirms at once.
+
+Several nodes (a cluster): the broker connects to the first that answers, and when that node dies
+(its connection closes, its heartbeats stop, or a confirm does not come within
+``confirm_timeout_s``) the next call connects to the next node of the list. Calls in flight on the
+lost connection fail with BackendUnavailable (the client sees UNAVAILABLE and retries).
 
 Delays go through the ladder of services/delays.py: shared wait queues with a queue-level TTL
 that dead-letter from level to level and finally to the delivery exchange, which routes to the
@@ -40,10 +46,9 @@ class RabbitMQBroker(Broker):
         self._settings = settings
         #: The view this broker's queues belong to (names the dead-letter marks queue).
         self._marks_queue = names.dead_letter_marks_queue(keyspace)
-        self._params = pika.URLParameters(settings.url)
-        self._params.connection_attempts = 1
-        self._params.socket_timeout = settings.connect_timeout_s
-        self._params.heartbeat = 30
+        self._nodes = [self._parameters(url, settings) for url in settings.urls]
+        #: The node to try first: the one connected last, or the one after a node that failed.
+        self._node = 0
         self._conn: AsyncioConnection | None = None
         self._lock = asyncio.Lock()
         self._publisher_lock = asyncio.Lock()
@@ -53,42 +58,76 @@ class RabbitMQBroker(Broker):
         self.delivery_limit = settings.delivery_limit if settings.queue_type == "quorum" else None
 
     # ------------------------------------------------------------------ connection and channels
+    @staticmethod
+    def _parameters(url: str, settings: RabbitMQSettings) -> pika.URLParameters:
+        params = pika.URLParameters(url)
+        params.connection_attempts = 1
+        params.socket_timeout = settings.connect_timeout_s
+        params.heartbeat = settings.heartbeat_s
+        return params
+
     async def _connection(self) -> AsyncioConnection:
         if self._conn is not None and self._conn.is_open:
             return self._conn
         async with self._lock:
             if self._conn is not None and self._conn.is_open:
                 return self._conn
-            loop = asyncio.get_running_loop()
-            fut: asyncio.Future[AsyncioConnection] = loop.create_future()
+            failures = []
+            for attempt in range(len(self._nodes)):
+                i = (self._node + attempt) % len(self._nodes)
+                params = self._nodes[i]
+                try:
+                    conn = await self._open(params)
+                except BackendUnavailable as e:
+                    failures.append(f"{params.host}:{params.port}: {e.detail}")
+                    continue
+                self._node, self._conn, self._publisher = i, conn, None
+                log.info("connected to rabbitmq", extra={"host": params.host, "port": params.port})
+                return conn
+            self._node = (self._node + 1) % len(self._nodes)
+            raise unavailable(f"no RabbitMQ node answered ({'; '.join(failures)})")
 
-            def on_error(_c: Any, err: Any) -> None:
-                if not fut.done():
-                    fut.set_exception(unavailable(f"cannot connect ({err})"))
+    async def _open(self, params: pika.URLParameters) -> AsyncioConnection:
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[AsyncioConnection] = loop.create_future()
 
-            conn = AsyncioConnection(
-                self._params,
-                on_open_callback=resolver(fut),
-                on_open_error_callback=on_error,
-                on_close_callback=self._on_connection_closed,
-                custom_ioloop=loop,
-            )
-            try:
-                await asyncio.wait_for(fut, self._settings.connect_timeout_s)
-            except asyncio.TimeoutError:
-                if not conn.is_closed:
-                    conn.close()
-                raise unavailable(f"no answer within {self._settings.connect_timeout_s}s") from None
-            self._conn = conn
-            self._publisher = None
-            log.info("connected to rabbitmq", extra={"host": self._params.host, "port": self._params.port})
-            return conn
+        def on_error(_c: Any, err: Any) -> None:
+            if not fut.done():
+                fut.set_exception(unavailable(f"cannot connect ({err})"))
+
+        conn = AsyncioConnection(
+            params,
+            on_open_callback=resolver(fut),
+            on_open_error_callback=on_error,
+            on_close_callback=self._on_connection_closed,
+            custom_ioloop=loop,
+        )
+        try:
+            await asyncio.wait_for(fut, self._settings.connect_timeout_s)
+        except asyncio.TimeoutError:
+            self._abandon(conn)
+            raise unavailable(f"no answer within {self._settings.connect_timeout_s}s") from None
+        return conn
 
     def _on_connection_closed(self, conn: AsyncioConnection, reason: Any) -> None:
         if conn is self._conn:
             log.warning("rabbitmq connection closed", extra={"reason": str(reason)})
-            self._conn = None
-            self._publisher = None
+            self._leave(conn)
+
+    def _leave(self, conn: AsyncioConnection) -> None:
+        """Stop using ``conn``: the next call connects to the next node."""
+        if conn is self._conn:
+            self._conn, self._publisher = None, None
+            self._node = (self._node + 1) % len(self._nodes)
+
+    @staticmethod
+    def _abandon(conn: AsyncioConnection) -> None:
+        """Close a connection whose node may not answer (the close then ends with its heartbeat)."""
+        try:
+            if not (conn.is_closed or conn.is_closing):
+                conn.close()
+        except Exception as e:  # noqa: BLE001 - pika's state errors on a connection already going
+            log.debug("closing an abandoned rabbitmq connection: %s", e)
 
     async def _channel(self) -> tuple[Channel, Waiters]:
         conn = await self._connection()
@@ -208,8 +247,19 @@ class RabbitMQBroker(Broker):
         else:
             exchange, key = names.exchange(queue), names.priority_key(mail.priority)
         try:
-            await publisher.publish(exchange, str(mail.enqueue_id), body, key, mail.generation,
-                                    delayed=bool(n) if counted is None else counted, content=content)
+            confirmed = publisher.publish(exchange, str(mail.enqueue_id), body, key, mail.generation,
+                                          delayed=bool(n) if counted is None else counted, content=content)
+            try:
+                await asyncio.wait_for(confirmed, self._settings.confirm_timeout_s)
+            except asyncio.TimeoutError:
+                # A node that takes this long is hung or cut off from its quorum: use another one.
+                conn = self._conn
+                if conn is not None and publisher is self._publisher:
+                    log.warning("publish not confirmed; leaving this rabbitmq node",
+                                extra={"timeout_s": self._settings.confirm_timeout_s})
+                    self._leave(conn)
+                    self._abandon(conn)
+                raise unavailable(f"publish not confirmed within {self._settings.confirm_timeout_s}s") from None
         except BackendUnavailable:
             self._declared.discard(queue)  # declare again next time, in case the topology was removed
             self._ladder_declared = False

@@ -13,7 +13,7 @@ from typing import Any
 from cassandra import ConsistencyLevel, DriverException
 from cassandra.auth import PlainTextAuthProvider
 from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, NoHostAvailable, Session
-from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
+from cassandra.policies import DCAwareRoundRobinPolicy, ExponentialReconnectionPolicy, TokenAwarePolicy
 from cassandra.query import named_tuple_factory
 
 from services.config import CassandraSettings
@@ -26,6 +26,8 @@ UNAVAILABLE_ERRORS: tuple[type[BaseException], ...] = (DriverException, NoHostAv
 
 
 _ROW_CLASSES: dict[tuple[str, ...], Any] = {}
+#: Seconds between heartbeats on a connection that received nothing, and to wait for the answer.
+HEARTBEAT_S = 5
 
 
 def named_tuple_rows(colnames: list[str], rows: list[Any]) -> list[Any]:
@@ -64,6 +66,13 @@ def connect(settings: CassandraSettings) -> tuple[Cluster, Session]:
         # The driver leaves Nagle on: a request over one TCP segment (a 10 KiB content write) then
         # waits for the server's delayed ACK, 40 ms on Linux, on every write.
         sockopts=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)],
+        # A hung node (paused, partitioned) keeps its TCP connections open: without an answer to a
+        # heartbeat within HEARTBEAT_S its connections are closed and the node is marked down, so
+        # requests stop going to it (the driver's defaults, 30 s + 30 s, cost a minute of timeouts).
+        idle_heartbeat_interval=HEARTBEAT_S,
+        idle_heartbeat_timeout=HEARTBEAT_S,
+        # A node back from the dead is used again within seconds (default: up to 10 minutes).
+        reconnection_policy=ExponentialReconnectionPolicy(base_delay=0.5, max_delay=10.0),
     )
     try:
         return cluster, cluster.connect()

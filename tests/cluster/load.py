@@ -1,0 +1,203 @@
+"""Continuous traffic as outside clients make it, with everything recorded for the invariants.
+
+Producers enqueue mails with unique names, each with its name as idempotency key, and retry a
+refused enqueue with the same key until it is OK (a client that never gives up on a mail).
+Consumers take deliveries on short Dequeue streams: up to ``batch`` deliveries, SUCCESS for each,
+then a half-close. The server ends a half-closed stream with OK only after every outcome sent on
+it was settled (mark deleted, then ack), so an OK end is the server's confirmation of those
+SUCCESSes; a stream that ends otherwise confirms nothing.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import queue as q
+import threading
+import time
+
+import grpc
+
+from mailqueue.v1 import dequeue_pb2, dequeue_pb2_grpc, enqueue_pb2, enqueue_pb2_grpc, mail_pb2
+
+#: A client's deadline: longer than any server-side timeout, so the server answers first.
+DEADLINE_S = 30.0
+CONTENT = b"Subject: cluster\r\n\r\n" + b"x" * 1024
+
+
+@dataclasses.dataclass
+class Call:
+    at: float
+    kind: str  # "enqueue" or "dequeue"
+    code: str
+    detail: str = ""
+
+
+class Load:
+    def __init__(self, enqueue_target: str, dequeue_target: str, queue: str, producers: int = 3, consumers: int = 2,
+                 batch: int = 20, rate_per_producer: float = 40.0) -> None:
+        self.queue = queue
+        self.enqueue_target, self.dequeue_target = enqueue_target, dequeue_target
+        self.producers, self.consumers, self.batch = producers, consumers, batch
+        self.pause = 1.0 / rate_per_producer
+        self.lock = threading.Lock()
+        self.stopping = threading.Event()
+        self.producing = threading.Event()
+        self.producing.set()
+        self.threads: list[threading.Thread] = []
+        #: name -> enqueue id, for every enqueue answered OK.
+        self.acked: dict[str, str] = {}
+        self.acked_at: dict[str, float] = {}
+        #: enqueue id -> times it was delivered.
+        self.deliveries: dict[str, list[float]] = collections.defaultdict(list)
+        #: enqueue id -> time the server confirmed its SUCCESS (the stream ended OK).
+        self.confirmed: dict[str, float] = {}
+        self.calls: list[Call] = []
+
+    # ------------------------------------------------------------------ running
+    def start(self) -> Load:
+        for i in range(self.producers):
+            self._thread(self._produce, f"p{i}")
+        for i in range(self.consumers):
+            self._thread(self._consume, f"c{i}")
+        return self
+
+    def _thread(self, fn, label: str) -> None:
+        t = threading.Thread(target=fn, args=(label,), daemon=True, name=f"load-{label}")
+        t.start()
+        self.threads.append(t)
+
+    def stop_producing(self) -> None:
+        self.producing.clear()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.producing.clear()
+        for t in self.threads:
+            t.join(DEADLINE_S + 10)
+
+    def record(self, kind: str, code: grpc.StatusCode, detail: str = "") -> None:
+        with self.lock:
+            self.calls.append(Call(time.monotonic(), kind, code.name, detail[:300]))
+
+    # ------------------------------------------------------------------ producers
+    def _produce(self, label: str) -> None:
+        stub = enqueue_pb2_grpc.EnqueueServiceStub(grpc.insecure_channel(self.enqueue_target))
+        n = 0
+        while self.producing.is_set():
+            name = f"{label}-{n}-{time.monotonic_ns()}"
+            request = enqueue_pb2.EnqueueRequest(
+                queue=self.queue, mail=mail_pb2.Mail(name=name, sender="a@example.com", recipients=["b@example.org"]),
+                inline_content=CONTENT, idempotency_key=name,
+            )
+            while not self.stopping.is_set():  # the same mail until it is OK
+                try:
+                    reply = stub.Enqueue(request, timeout=DEADLINE_S)
+                except grpc.RpcError as e:
+                    self.record("enqueue", e.code(), e.details() or "")
+                    time.sleep(0.2)
+                    continue
+                self.record("enqueue", grpc.StatusCode.OK)
+                with self.lock:
+                    self.acked[name] = reply.receipt.enqueue_id
+                    self.acked_at[name] = time.monotonic()
+                break
+            n += 1
+            time.sleep(self.pause)
+
+    # ------------------------------------------------------------------ consumers
+    def _consume(self, label: str) -> None:
+        stub = dequeue_pb2_grpc.DequeueServiceStub(grpc.insecure_channel(self.dequeue_target))
+        while not self.stopping.is_set():
+            self._one_stream(stub)
+
+    def _one_stream(self, stub) -> None:
+        requests: q.Queue = q.Queue()
+        requests.put(dequeue_pb2.DequeueRequest(subscribe=dequeue_pb2.Subscribe(queue=self.queue, prefetch=self.batch)))
+        call = stub.Dequeue(iter(requests.get, None), timeout=DEADLINE_S)
+        answered: list[str] = []
+        closed = threading.Event()
+        send = threading.Lock()
+
+        def half_close() -> None:  # the server settles what it got, then ends the stream OK
+            with send:
+                if not closed.is_set():
+                    closed.set()
+                    requests.put(None)
+
+        timer = threading.Timer(2.0, half_close)  # a stream lasts 2 s, or ``batch`` deliveries
+        timer.start()
+        try:
+            for response in call:
+                if response.WhichOneof("kind") != "delivery":
+                    continue
+                d = response.delivery
+                with self.lock:
+                    self.deliveries[d.mail.enqueue_id].append(time.monotonic())
+                with send:
+                    if closed.is_set():
+                        continue  # too late to answer: it goes back to the queue unanswered
+                    answered.append(d.mail.enqueue_id)
+                    requests.put(dequeue_pb2.DequeueRequest(outcome=dequeue_pb2.Outcome(
+                        delivery_tag=d.delivery_tag, kind=dequeue_pb2.OUTCOME_KIND_SUCCESS)))
+                if len(answered) >= self.batch or self.stopping.is_set():
+                    half_close()
+            # The stream ended OK: every outcome sent on it was settled by the server.
+            self.record("dequeue", grpc.StatusCode.OK)
+            now = time.monotonic()
+            with self.lock:
+                for enqueue_id in answered:
+                    self.confirmed.setdefault(enqueue_id, now)
+        except grpc.RpcError as e:
+            self.record("dequeue", e.code(), e.details() or "")
+            time.sleep(0.2)
+        finally:
+            timer.cancel()
+            half_close()
+
+    # ------------------------------------------------------------------ facts
+    def lost(self) -> list[str]:
+        """Acked enqueue ids never delivered."""
+        with self.lock:
+            return [i for i in self.acked.values() if not self.deliveries.get(i)]
+
+    def delivered_after_confirmed_success(self) -> list[str]:
+        with self.lock:
+            return [i for i, t in self.confirmed.items() if any(d > t for d in self.deliveries[i])]
+
+    def codes(self, since: float = 0.0, until: float = float("inf")) -> collections.Counter[str]:
+        with self.lock:
+            return collections.Counter(f"{c.kind}:{c.code}" for c in self.calls if since <= c.at <= until)
+
+    def bad_calls(self) -> list[Call]:
+        """Calls that ended with anything but OK or UNAVAILABLE."""
+        with self.lock:
+            return [c for c in self.calls if c.code not in ("OK", "UNAVAILABLE")]
+
+    def first_ok(self, kind: str, after: float) -> float | None:
+        """Seconds from ``after`` to the first OK call of that kind that ended after it."""
+        with self.lock:
+            times = [c.at for c in self.calls if c.kind == kind and c.code == "OK" and c.at >= after]
+        return min(times) - after if times else None
+
+    def first_delivery(self, after: float) -> float | None:
+        with self.lock:
+            times = [t for ts in self.deliveries.values() for t in ts if t >= after]
+        return min(times) - after if times else None
+
+    def longest_gap(self, kind: str, since: float, until: float) -> float:
+        """The longest time without an OK call of that kind within [since, until]."""
+        with self.lock:
+            times = sorted(c.at for c in self.calls if c.kind == kind and c.code == "OK" and since <= c.at <= until)
+        marks = [since, *times, until]
+        return max(b - a for a, b in zip(marks, marks[1:]))
+
+    def wait_drained(self, timeout: float) -> list[str]:
+        """Poll until every acked mail was delivered (consumers keep running); the ones still missing."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            missing = self.lost()
+            if not missing:
+                return []
+            time.sleep(0.5)
+        return self.lost()
