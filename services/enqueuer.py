@@ -135,7 +135,13 @@ class Enqueuer:
         await self._state.require_queue(queue)
         enqueue_id = uuid.uuid4()
         if key:
-            earlier = await self._claim(queue, key, enqueue_id)
+            try:
+                earlier = await self._claim(queue, key, enqueue_id)
+            except BackendUnavailable:
+                # The claim may have landed though it timed out: release it (if it is ours), or
+                # the client's retry would find it in progress until it is abandoned.
+                await self._eventually(lambda: self._view.idempotency.release(queue, key, enqueue_id), "release idempotency key")
+                raise
             if isinstance(earlier, model.EnqueueResult):
                 return earlier
             enqueue_id = earlier

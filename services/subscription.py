@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import dataclasses
 import datetime as dt
 import enum
@@ -351,6 +352,12 @@ class Subscription:
         await asyncio.gather(*preparing, return_exceptions=True)  # let them unwind before counting
         for message in self._consumer.drain():
             self._unsent[message.delivery_tag] = message
+        # None of them is in flight in this process any more, whether or not they can be returned
+        # below: a key left behind would make this process drop the broker's redelivery of the
+        # mail as a second copy (a channel that died with its node fails every return).
+        for message in self._unsent.values():
+            with contextlib.suppress(Exception):
+                self._d.in_flight.discard((self.queue, message.mail().enqueue_id))
         for d in self._pending.values():
             self._d.in_flight.discard((self.queue, d.mail.enqueue_id))
             if retries_exhausted(d.delivery_count, self._d.broker.delivery_limit):

@@ -17,6 +17,7 @@ from tests.harness import LoopThread, RunningApp, ServiceProcess, new_keyspace, 
 INTEGRATION = pathlib.Path(__file__).parent / "integration"
 CONTRACT = pathlib.Path(__file__).parent / "contract"
 K8S = pathlib.Path(__file__).parent / "k8s"
+CLUSTER = pathlib.Path(__file__).parent / "cluster"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -26,8 +27,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.integration)
         if K8S in parents:
             item.add_marker(pytest.mark.k8s)
-    # Tests that stop a backend run last, so an outage never overlaps another test.
-    items.sort(key=lambda item: item.get_closest_marker("outage") is not None)
+        if CLUSTER in parents:
+            item.add_marker(pytest.mark.cluster)
+    # Tests that stop a backend run last, so an outage never overlaps another test; the cluster
+    # tier (its own nodes, faults of its own) after them.
+    items.sort(key=lambda item: (item.get_closest_marker("cluster") is not None,
+                                 item.get_closest_marker("outage") is not None))
 
 
 @pytest.fixture(scope="session")

@@ -66,7 +66,13 @@ def resolver(fut: asyncio.Future[Any]) -> Callable[..., None]:
 
 
 class Publisher:
-    """One confirm-mode channel; maps delivery tags to the futures of waiting publishers."""
+    """One confirm-mode channel; maps delivery tags to the futures of waiting publishers.
+
+    A channel that got a nack is retired: on RabbitMQ 3.10, once a quorum queue's leader died
+    under a channel, that channel nacks every later publish to the queue even after a new leader
+    was elected, while a new channel publishes within a second. The broker opens a new channel
+    for the next publish, and the retired one is closed once its last confirm came.
+    """
 
     def __init__(self, channel: Channel, waiters: Waiters) -> None:
         self.channel = channel
@@ -74,6 +80,7 @@ class Publisher:
         self.next_tag = 1
         self.pending: dict[int, tuple[asyncio.Future[None], str]] = {}
         self.returned: set[str] = set()
+        self.retired = False
         channel.add_on_return_callback(self._on_return)
         channel.add_on_close_callback(self._on_close)
 
@@ -116,7 +123,10 @@ class Publisher:
             elif ack:
                 fut.set_result(None)
             else:
+                self.retired = True
                 fut.set_exception(unavailable("broker refused the message (nack)"))
+        if self.retired and not self.pending and self.channel.is_open:
+            self.channel.close()
 
     def _on_return(self, _ch: Channel, _method: Any, props: Any, _body: bytes) -> None:
         self.returned.add(props.message_id)

@@ -136,25 +136,41 @@ class RabbitMQBroker(Broker):
             conn.channel(on_open_callback=resolver(fut))
         except Exception as e:  # pika raises its own connection-state errors here
             raise unavailable(e) from e
-        channel = await asyncio.wait_for(fut, self._settings.connect_timeout_s)
+        try:
+            channel = await asyncio.wait_for(fut, self._settings.connect_timeout_s)
+        except asyncio.TimeoutError:
+            # A node that cannot open a channel in seconds is gone (its connection may not know yet).
+            self._leave(conn)
+            self._abandon(conn)
+            raise unavailable(f"no channel opened within {self._settings.connect_timeout_s}s") from None
         return channel, Waiters(channel)
+
+    async def _answer(self, fut: asyncio.Future[Any], what: str) -> Any:
+        """The broker's answer to a channel call; BackendUnavailable when none comes in time."""
+        try:
+            return await asyncio.wait_for(fut, self._settings.connect_timeout_s)
+        except asyncio.TimeoutError:
+            raise unavailable(f"no answer to {what} within {self._settings.connect_timeout_s}s") from None
 
     async def _call(self, waiters: Waiters, method: Callable[..., Any], **kwargs: Any) -> Any:
         fut = waiters.new()
         method(callback=resolver(fut), **kwargs)
-        return await asyncio.wait_for(fut, self._settings.connect_timeout_s)
+        return await self._answer(fut, getattr(method, "__name__", "a channel call"))
+
+    def _usable(self, publisher: Publisher | None) -> bool:
+        return publisher is not None and publisher.channel.is_open and not publisher.retired
 
     async def _publisher_channel(self) -> Publisher:
-        if self._publisher is not None and self._publisher.channel.is_open:
+        if self._usable(self._publisher):
             return self._publisher
         async with self._publisher_lock:
-            if self._publisher is not None and self._publisher.channel.is_open:
+            if self._usable(self._publisher):
                 return self._publisher
             channel, waiters = await self._channel()
             publisher = Publisher(channel, waiters)
             fut = waiters.new()
             channel.confirm_delivery(publisher.on_confirm, callback=resolver(fut))
-            await asyncio.wait_for(fut, self._settings.connect_timeout_s)
+            await self._answer(fut, "confirm.select")
             self._publisher = publisher
             return publisher
 
@@ -183,13 +199,10 @@ class RabbitMQBroker(Broker):
         """The delay ladder and the dead-letter marks queue, shared by every queue (idempotent)."""
         if self._ladder_declared:
             return
+        await self._declare_unroutable()
         channel, w = await self._channel()
         try:
             deliver, lost = names.delay_delivery_exchange(), names.delay_unroutable()
-            await self._call(w, channel.exchange_declare, exchange=lost, exchange_type="fanout", durable=True)
-            await self._call(w, channel.queue_declare, queue=lost, durable=True, arguments={
-                "x-message-ttl": 7 * 24 * 3600 * 1000, "x-max-length": 100_000, "x-overflow": "drop-head"})
-            await self._call(w, channel.queue_bind, queue=lost, exchange=lost, routing_key="")
             await self._call(w, channel.exchange_declare, exchange=deliver, exchange_type="topic", durable=True,
                              arguments={"alternate-exchange": lost})
             for level in range(delays.LEVELS):
@@ -208,6 +221,27 @@ class RabbitMQBroker(Broker):
             if channel.is_open:
                 channel.close()
         self._ladder_declared = True
+
+    async def _declare_unroutable(self) -> None:
+        """Where the ladder puts a delayed mail whose queue is gone. Replicated like every other
+        queue: a classic queue lives on one node, and while that node is down its declaration
+        fails (404, home node down), which would stop every publish that re-declares the ladder.
+        A classic one left by an older version is kept (and said once in the log)."""
+        lost = names.delay_unroutable()
+        channel, w = await self._channel()
+        try:
+            await self._call(w, channel.exchange_declare, exchange=lost, exchange_type="fanout", durable=True)
+            await self._call(w, channel.queue_declare, queue=lost, durable=True, arguments={
+                **self._queue_type(), "x-message-ttl": 7 * 24 * 3600 * 1000, "x-max-length": 100_000, "x-overflow": "drop-head"})
+            await self._call(w, channel.queue_bind, queue=lost, exchange=lost, routing_key="")
+        except BackendUnavailable as e:
+            if "PRECONDITION_FAILED" not in str(e):
+                raise
+            log.warning("queue %s exists with other arguments (an older, unreplicated version): kept; delete it "
+                        "(rabbitmqctl delete_queue %s) to have it declared replicated", lost, lost)
+        finally:
+            if channel.is_open:
+                channel.close()
 
     async def declare_queue(self, queue: str) -> None:
         if queue in self._declared:
@@ -283,7 +317,7 @@ class RabbitMQBroker(Broker):
             fut = w.new()
             channel.basic_consume(rabbit_queue, functools.partial(consumer.on_message, priority), auto_ack=False,
                                   callback=resolver(fut))
-            await asyncio.wait_for(fut, self._settings.connect_timeout_s)
+            await self._answer(fut, "basic.consume")
         return consumer
 
     async def dead_lettered(self, queue: str) -> int:

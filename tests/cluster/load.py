@@ -2,10 +2,12 @@
 
 Producers enqueue mails with unique names, each with its name as idempotency key, and retry a
 refused enqueue with the same key until it is OK (a client that never gives up on a mail).
-Consumers take deliveries on short Dequeue streams: up to ``batch`` deliveries, SUCCESS for each,
-then a half-close. The server ends a half-closed stream with OK only after every outcome sent on
-it was settled (mark deleted, then ack), so an OK end is the server's confirmation of those
-SUCCESSes; a stream that ends otherwise confirms nothing.
+Consumers answer SUCCESS to every delivery. The short consumers take up to ``batch`` deliveries
+on a Dequeue stream, then half-close it: the server ends a half-closed stream with OK only after
+every outcome sent on it was settled (mark deleted, then ack), so an OK end is the server's
+confirmation of those SUCCESSes; a stream that ends otherwise confirms nothing. One long consumer
+keeps a single stream open for as long as it works (as a real consumer does) and opens a new one
+when it breaks: a stream that silently stops receiving after a failover shows up as its gap.
 """
 
 from __future__ import annotations
@@ -52,6 +54,8 @@ class Load:
         self.deliveries: dict[str, list[float]] = collections.defaultdict(list)
         #: enqueue id -> time the server confirmed its SUCCESS (the stream ended OK).
         self.confirmed: dict[str, float] = {}
+        #: When the long consumer received each delivery.
+        self.long_deliveries: list[float] = []
         self.calls: list[Call] = []
 
     # ------------------------------------------------------------------ running
@@ -60,6 +64,7 @@ class Load:
             self._thread(self._produce, f"p{i}")
         for i in range(self.consumers):
             self._thread(self._consume, f"c{i}")
+        self._thread(self._consume, "long")
         return self
 
     def _thread(self, fn, label: str) -> None:
@@ -109,12 +114,12 @@ class Load:
     def _consume(self, label: str) -> None:
         stub = dequeue_pb2_grpc.DequeueServiceStub(grpc.insecure_channel(self.dequeue_target))
         while not self.stopping.is_set():
-            self._one_stream(stub)
+            self._one_stream(stub, long=label == "long")
 
-    def _one_stream(self, stub) -> None:
+    def _one_stream(self, stub, long: bool = False) -> None:
         requests: q.Queue = q.Queue()
         requests.put(dequeue_pb2.DequeueRequest(subscribe=dequeue_pb2.Subscribe(queue=self.queue, prefetch=self.batch)))
-        call = stub.Dequeue(iter(requests.get, None), timeout=DEADLINE_S)
+        call = stub.Dequeue(iter(requests.get, None), timeout=None if long else DEADLINE_S)
         answered: list[str] = []
         closed = threading.Event()
         send = threading.Lock()
@@ -125,8 +130,12 @@ class Load:
                     closed.set()
                     requests.put(None)
 
-        timer = threading.Timer(2.0, half_close)  # a stream lasts 2 s, or ``batch`` deliveries
-        timer.start()
+        # A short stream lasts 2 s, or ``batch`` deliveries; the long one until the load stops.
+        timer = threading.Timer(2.0, half_close)
+        if long:
+            threading.Thread(target=lambda: (self.stopping.wait(), half_close()), daemon=True).start()
+        else:
+            timer.start()
         try:
             for response in call:
                 if response.WhichOneof("kind") != "delivery":
@@ -134,13 +143,15 @@ class Load:
                 d = response.delivery
                 with self.lock:
                     self.deliveries[d.mail.enqueue_id].append(time.monotonic())
+                    if long:
+                        self.long_deliveries.append(time.monotonic())
                 with send:
                     if closed.is_set():
                         continue  # too late to answer: it goes back to the queue unanswered
                     answered.append(d.mail.enqueue_id)
                     requests.put(dequeue_pb2.DequeueRequest(outcome=dequeue_pb2.Outcome(
                         delivery_tag=d.delivery_tag, kind=dequeue_pb2.OUTCOME_KIND_SUCCESS)))
-                if len(answered) >= self.batch or self.stopping.is_set():
+                if (len(answered) >= self.batch and not long) or self.stopping.is_set():
                     half_close()
             # The stream ended OK: every outcome sent on it was settled by the server.
             self.record("dequeue", grpc.StatusCode.OK)
@@ -174,6 +185,16 @@ class Load:
         with self.lock:
             return [c for c in self.calls if c.code not in ("OK", "UNAVAILABLE")]
 
+    def error_details(self, top: int = 6) -> dict[str, int]:
+        """The commonest error answers, by kind, status and message (ids and numbers blurred)."""
+        import re
+
+        with self.lock:
+            c = collections.Counter(
+                f"{c.kind}:{c.code}: {re.sub(r'[0-9a-f-]{8,}|[0-9.]+', '#', c.detail)[:160]}"
+                for c in self.calls if c.code != "OK")
+        return dict(c.most_common(top))
+
     def first_ok(self, kind: str, after: float) -> float | None:
         """Seconds from ``after`` to the first OK call of that kind that ended after it."""
         with self.lock:
@@ -192,12 +213,10 @@ class Load:
         marks = [since, *times, until]
         return max(b - a for a, b in zip(marks, marks[1:]))
 
-    def wait_drained(self, timeout: float) -> list[str]:
-        """Poll until every acked mail was delivered (consumers keep running); the ones still missing."""
+    def wait_delivered(self, timeout: float) -> list[str]:
+        """Poll until every acked mail was delivered at least once (consumers keep running); the
+        ones still missing."""
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            missing = self.lost()
-            if not missing:
-                return []
+        while time.monotonic() < deadline and self.lost():
             time.sleep(0.5)
         return self.lost()

@@ -1,0 +1,77 @@
+"""The cluster tier: the four services as processes against 3-node Cassandra and RabbitMQ clusters
+(stack/stack.sh up --cluster), a keyspace of replication factor 3, quorum queues of 3 members."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+import uuid
+
+import grpc
+import pytest
+
+from mailqueue.v1 import admin_pb2, admin_pb2_grpc
+from tests.harness import ROOT, ServiceProcess, is_serving, new_keyspace, service_env, wait_until
+
+
+def stack(*args: str, check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    p = subprocess.run([os.path.join(ROOT, "stack", "stack.sh"), *args], capture_output=True, text=True, timeout=timeout)
+    if check and p.returncode != 0:
+        raise AssertionError(f"stack.sh {' '.join(args)} failed ({p.returncode}):\n{p.stdout}\n{p.stderr[-3000:]}")
+    return p
+
+
+@pytest.fixture(scope="session")
+def cluster_env() -> dict[str, str]:
+    """The clusters up (started when they are down); the environment that points services at them."""
+    if stack("status", "--cluster", check=False).returncode != 0:
+        stack("up", "--cluster")
+    env = {}
+    for line in stack("cluster-env").stdout.splitlines():
+        key, _, value = line.partition("=")
+        env[key] = value
+    return env
+
+
+class ClusterServices:
+    """enqueue, dequeue, browse and blob as separate processes on the clusters."""
+
+    def __init__(self, cluster_env: dict[str, str]) -> None:
+        self.keyspace = new_keyspace()
+        # Counters gathered as in production (the other tiers write them at once to compare them).
+        base = service_env(self.keyspace, MAILQUEUE_COUNTER_FLUSH_S="1", **cluster_env)
+        # The single-node stack's variables must not leak in (a developer's shell may set them).
+        base.pop("MAILQUEUE_RABBITMQ_URL", None)
+        self.blob = ServiceProcess("blob", base, metrics=True)
+        env = {**base, "MAILQUEUE_BLOB_TARGET": self.blob.target}
+        self.enqueue = ServiceProcess("enqueue", env, metrics=True)
+        self.dequeue = ServiceProcess("dequeue", env, metrics=True)
+        self.browse = ServiceProcess("browse", env, metrics=True)
+        self.all = {"enqueue": self.enqueue, "dequeue": self.dequeue, "browse": self.browse, "blob": self.blob}
+        self.pids = {name: p.proc.pid for name, p in self.all.items()}
+        self.admin = admin_pb2_grpc.AdminServiceStub(grpc.insecure_channel(self.browse.target))
+
+    def new_queue(self) -> str:
+        name = f"q-{uuid.uuid4().hex[:10]}"
+        self.admin.CreateQueue(admin_pb2.CreateQueueRequest(queue=name), timeout=30)
+        return name
+
+    def wait_serving(self, timeout: float = 120) -> float:
+        """Seconds until the four services are SERVING again; asserts none was restarted."""
+        start = time.monotonic()
+        for name, p in self.all.items():
+            wait_until(lambda p=p: is_serving(p.target), timeout, interval=0.2, what=f"{name}_svc SERVING")
+            assert p.proc.poll() is None and p.proc.pid == self.pids[name], f"{name}_svc died or was restarted"
+        return time.monotonic() - start
+
+    def stop(self) -> None:
+        for p in self.all.values():
+            p.stop()
+
+
+@pytest.fixture(scope="module")
+def services(cluster_env: dict[str, str]) -> ClusterServices:
+    s = ClusterServices(cluster_env)
+    yield s
+    s.stop()
