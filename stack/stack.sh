@@ -302,9 +302,13 @@ rabbit_env_node() {
   export RABBITMQ_CONFIG_FILE="$dir/rabbitmq"
   export RABBITMQ_ADVANCED_CONFIG_FILE="$dir/advanced.config"
   export RABBITMQ_ENABLED_PLUGINS_FILE="$dir/enabled_plugins"
+  # A hung node is declared down after 10 s instead of 60 s: until then every cluster-wide change
+  # (a queue or binding declared) waits for it (measured: tests/cluster/test_faults.py).
+  export RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="$RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS -kernel net_ticktime 10"
+  export RABBITMQ_CTL_ERL_ARGS="$RABBITMQ_CTL_ERL_ARGS -kernel net_ticktime 10"
 }
 
-cluster_rabbit_healthy() { ( rabbit_env_node "$1"; "$RABBIT_BIN/rabbitmq-diagnostics" -q -t 5 ping ); }
+cluster_rabbit_healthy() { ( rabbit_env_node "$1"; "$RABBIT_BIN/rabbitmq-diagnostics" -q -t 5 check_running ); }
 
 # The three nodes are running members of one cluster, as node 1 sees it.
 cluster_rabbit_formed() {
@@ -389,11 +393,19 @@ cluster_up() {
   # Cassandra: node 1 (the seed) first, then nodes 2 and 3 together; RabbitMQ starts meanwhile.
   local i
   cluster_cassandra_healthy 1 >/dev/null 2>&1 || cluster_cassandra_launch 1
+  # RabbitMQ: a blank node 1 first (the others join it); nodes that were clustered before all at
+  # once, since a restarted member waits for its peers' tables before it answers.
+  if [[ ! -d "$CLUSTER_DIR/rabbitmq1/mnesia/$(cluster_rabbit_node 1)" ]]; then
+    cluster_rabbit_launch 1
+    rabbit_ok_1() { cluster_rabbit_healthy 1; }
+    wait_for rabbitmq1 120 rabbit_ok_1 "$LOG_DIR/cluster/rabbitmq1/"
+  fi
   for i in 1 2 3; do
-    cluster_rabbit_healthy "$i" >/dev/null 2>&1 && continue
-    cluster_rabbit_launch "$i"
+    pid_of "cluster/rabbitmq$i" >/dev/null || cluster_rabbit_launch "$i"
+  done
+  for i in 1 2 3; do
     eval "rabbit_ok_$i() { cluster_rabbit_healthy $i; }"
-    wait_for "rabbitmq$i" 120 "rabbit_ok_$i" "$LOG_DIR/cluster/rabbitmq$i/"
+    wait_for "rabbitmq$i" 300 "rabbit_ok_$i" "$LOG_DIR/cluster/rabbitmq$i/"
   done
   wait_for "rabbitmq cluster (3 running nodes)" 60 cluster_rabbit_formed "$LOG_DIR/cluster/rabbitmq*/"
   cassandra1_ok() { cluster_cassandra_healthy 1; }
@@ -428,7 +440,7 @@ cluster_status() {
   for i in 1 2 3; do row "cassandra$i" "127.0.0.$i:$CLUSTER_CASSANDRA_PORT" cluster_cassandra_healthy "$i"; done
   for i in 1 2 3; do row "rabbitmq$i" "127.0.0.1:$(cluster_rabbit_port "$i")" cluster_rabbit_healthy "$i"; done
   row spark-master "127.0.0.1:$SPARK_MASTER_PORT" spark_master_healthy
-  for i in 1 2; do row "spark-worker$i" "127.0.0.1" kill -0 "$(pid_of "cluster/spark-worker$i" || echo 0)"; done
+  for i in 1 2; do row "spark-worker$i" "127.0.0.1" pid_of "cluster/spark-worker$i"; done
   local line
   line=$(cluster_cassandra_ring 2>/dev/null) && say "cassandra ring: 3 nodes up ($line)" || say "cassandra ring: not every node up ${line:+($line)}"
   line=$(cluster_rabbit_formed 2>/dev/null) && say "rabbitmq cluster: 3 running nodes ($line)" || say "rabbitmq cluster: not every node running ${line:+($line)}"

@@ -294,9 +294,13 @@ class RabbitMQBroker(Broker):
                     self._leave(conn)
                     self._abandon(conn)
                 raise unavailable(f"publish not confirmed within {self._settings.confirm_timeout_s}s") from None
-        except BackendUnavailable:
-            self._declared.discard(queue)  # declare again next time, in case the topology was removed
-            self._ladder_declared = False
+        except BackendUnavailable as e:
+            if "NOT_FOUND" in str(e) or "unroutable" in str(e):
+                # The topology was removed (an operator, a broker reset): declare it again next time.
+                # Not after other failures: a declaration is a cluster-wide change that waits for
+                # every node, so while one node hangs it would hold up the publishes it precedes.
+                self._declared.discard(queue)
+                self._ladder_declared = False
             raise
 
     async def consume(self, queue: str, prefetch: int) -> RabbitMQConsumer:

@@ -31,18 +31,26 @@ def node(action: str, name: str) -> None:
     stack("node", action, name, timeout=300)
 
 
+def list_queues(*columns: str) -> list[dict]:
+    """rabbitmqctl list_queues, asked of the first node whose broker runs."""
+    for i in ("1", "2", "3"):
+        p = stack("rabbitmqctl", "--node", i, "-q", "-t", "20", "list_queues", "name", *columns, "--formatter", "json",
+                  check=False)
+        if p.returncode == 0:
+            return json.loads(p.stdout)
+    raise AssertionError(f"no RabbitMQ node answered list_queues: {p.stderr[-500:]}")
+
+
 def work_queue_leader(queue: str) -> str:
     """The RabbitMQ node (rabbitmq1-3) that leads the queue's work queue."""
-    out = stack("rabbitmqctl", "--node", "1", "-q", "list_queues", "name", "leader", "--formatter", "json").stdout
-    for q in json.loads(out):
+    for q in list_queues("leader"):
         if q["name"] == names.work_queue(queue):
             return "rabbitmq" + q["leader"].split("@")[0].removeprefix("mq")
-    raise AssertionError(f"no work queue for {queue} in {out}")
+    raise AssertionError(f"no work queue for {queue}")
 
 
 def members(queue: str) -> int:
-    out = stack("rabbitmqctl", "--node", "1", "-q", "list_queues", "name", "members", "--formatter", "json").stdout
-    return next(len(q["members"]) for q in json.loads(out) if q["name"] == names.work_queue(queue))
+    return next(len(q["members"]) for q in list_queues("members") if q["name"] == names.work_queue(queue))
 
 
 def start_load(services, queue: str) -> Load:
@@ -100,12 +108,8 @@ def finish(services, load: Load, name: str, fault_at: float, healed_at: float, *
 
 
 def _queue_counts(queue: str) -> dict:
-    out = stack("rabbitmqctl", "--node", "2", "-q", "list_queues", "name", "messages_ready", "messages_unacknowledged",
-                "consumers", "leader", "--formatter", "json", check=False).stdout
-    try:
-        return next(q for q in json.loads(out) if q["name"] == names.work_queue(queue))
-    except (ValueError, StopIteration):
-        return {"raw": out[-500:]}
+    rows = list_queues("messages_ready", "messages_unacknowledged", "consumers", "leader")
+    return next((q for q in rows if q["name"] == names.work_queue(queue)), {})
 
 
 def _delivery_gap(load: Load, since: float, until: float) -> float:
