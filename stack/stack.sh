@@ -329,8 +329,9 @@ cluster_formation.peer_discovery_backend = classic_config
 cluster_formation.classic_config.nodes.1 = $(cluster_rabbit_node 1)
 cluster_formation.classic_config.nodes.2 = $(cluster_rabbit_node 2)
 cluster_formation.classic_config.nodes.3 = $(cluster_rabbit_node 3)
-# A surviving minority pauses instead of diverging (the quorum queues need a majority anyway).
-cluster_partition_handling = pause_minority
+# A node that was cut off (hung, partitioned) and comes back is restarted by the winning side, so
+# the cluster heals by itself (pause_minority left a paused node partitioned for good: measured).
+cluster_partition_handling = autoheal
 disk_free_limit.absolute = 256MB
 vm_memory_high_watermark.relative = 0.1
 EOF
