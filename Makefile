@@ -11,7 +11,7 @@ GO_TOOLS := $(HOME)/.cache/mailqueue-stack/go-tools
 NODE_MODULES := tests/contract/node/node_modules/.installed
 STUBS := mailqueue/.generated
 
-.PHONY: install proto up down status run stop sweep spark-connector test test-unit test-integration test-k8s test-contract contract lint kustomize clean
+.PHONY: install proto up down status run stop sweep spark-connector test test-unit test-integration test-k8s test-contract test-cluster up-cluster down-cluster contract lint kustomize clean
 
 install: .venv/.installed
 
@@ -43,9 +43,21 @@ up: install
 down:
 	stack/services.sh stop
 	stack/stack.sh down
+	stack/stack.sh down --cluster
 
+# Every node: the single-node stack, the clusters (when started: make up-cluster), the services.
 status:
-	stack/stack.sh status; stack/services.sh status
+	-stack/stack.sh status
+	-stack/stack.sh status --cluster
+	stack/services.sh status
+
+# The clusters: 3 Cassandra nodes, 3 clustered RabbitMQ nodes, Spark standalone (master + 2
+# workers). `stack/stack.sh cluster-env` prints what services need to use them.
+up-cluster: install spark-connector
+	stack/stack.sh up --cluster
+
+down-cluster:
+	stack/stack.sh down --cluster
 
 # Install, start the stack and the four services, print where each listens.
 run: up
@@ -55,13 +67,18 @@ stop:
 	stack/services.sh stop
 
 # The test command (README, CI): installs, starts the stack and the services if they are down,
-# lints the protos (buf lint + buf breaking), and runs every tier (Python, Go, Node, grpcurl, k8s).
+# lints the protos (buf lint + buf breaking), and runs every tier (Python, Go, Node, grpcurl, k8s,
+# then the cluster tier, which starts the clusters itself when it gets there).
 test: up lint kustomize contract spark-connector
 	$(PY) -m pytest
 
 # Fast tier: pure logic, no servers.
 test-unit: install
-	$(PY) -m pytest -m "not integration and not k8s"
+	$(PY) -m pytest -m "not integration and not k8s and not cluster"
+
+# Node faults under load on the clusters, and the sweep on Spark standalone (about 10 minutes).
+test-cluster: up-cluster
+	$(PY) -m pytest -m cluster
 
 # Offline validation of the Kubernetes overlays.
 test-k8s: install kustomize

@@ -45,6 +45,12 @@ def connector_jars(spec: str | None = None) -> list[str]:
 LOG4J_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "log4j2.properties")
 
 
+def _loopback_master(master: str) -> bool:
+    """A standalone master on this machine: spark://127.x.x.x:port or spark://localhost:port."""
+    host = master.removeprefix("spark://").split(",")[0].rsplit(":", 1)[0]
+    return master.startswith("spark://") and (host == "localhost" or host.startswith("127."))
+
+
 def build(master: str, jars: list[str], cassandra: CassandraSettings, shuffle_partitions: int) -> object:
     """A SparkSession reading Cassandra at LOCAL_QUORUM (the consistency the services write at:
     a row or a mark missed by a weaker read could make a live mail's blob look unreferenced)."""
@@ -70,10 +76,16 @@ def build(master: str, jars: list[str], cassandra: CassandraSettings, shuffle_pa
         .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={LOG4J_CONFIG}")
         .config("spark.executor.extraJavaOptions", f"-Dlog4j2.configurationFile={LOG4J_CONFIG}")
     )
-    if master.startswith("local"):
-        # Local mode talks to itself only: keep the driver off the machine's other interfaces.
-        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-        builder = builder.config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
+    driver_host = os.environ.get("MAILQUEUE_SPARK_DRIVER_HOST") or (
+        "127.0.0.1" if master.startswith("local") or _loopback_master(master) else None)
+    if driver_host:
+        # Local mode, or a standalone cluster on this machine (stack.sh up --cluster): executors
+        # reach the driver on loopback; elsewhere MAILQUEUE_SPARK_DRIVER_HOST is the address the
+        # executors can reach (a pod's IP). Nothing listens on the machine's other interfaces.
+        if driver_host == "127.0.0.1":
+            os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+            builder = builder.config("spark.driver.bindAddress", "127.0.0.1")
+        builder = builder.config("spark.driver.host", driver_host)
     if cassandra.local_dc:
         builder = builder.config("spark.cassandra.connection.localDC", cassandra.local_dc)
     if cassandra.username:

@@ -12,6 +12,7 @@ import grpc
 import pytest
 
 from mailqueue.v1 import admin_pb2, admin_pb2_grpc
+from services.config import CassandraSettings
 from tests.harness import ROOT, ServiceProcess, is_serving, new_keyspace, service_env, wait_until
 
 
@@ -37,14 +38,15 @@ def cluster_env() -> dict[str, str]:
 class ClusterServices:
     """enqueue, dequeue, browse and blob as separate processes on the clusters."""
 
-    def __init__(self, cluster_env: dict[str, str]) -> None:
+    def __init__(self, cluster_env: dict[str, str], **extra: str) -> None:
         self.keyspace = new_keyspace()
         # Counters gathered as in production (the other tiers write them at once to compare them).
-        base = service_env(self.keyspace, MAILQUEUE_COUNTER_FLUSH_S="1", **cluster_env)
+        base = service_env(self.keyspace, **{"MAILQUEUE_COUNTER_FLUSH_S": "1", **cluster_env, **extra})
         # The single-node stack's variables must not leak in (a developer's shell may set them).
         base.pop("MAILQUEUE_RABBITMQ_URL", None)
         self.blob = ServiceProcess("blob", base, metrics=True)
         env = {**base, "MAILQUEUE_BLOB_TARGET": self.blob.target}
+        self.env = env
         self.enqueue = ServiceProcess("enqueue", env, metrics=True)
         self.dequeue = ServiceProcess("dequeue", env, metrics=True)
         self.browse = ServiceProcess("browse", env, metrics=True)
@@ -65,13 +67,22 @@ class ClusterServices:
             assert p.proc.poll() is None and p.proc.pid == self.pids[name], f"{name}_svc died or was restarted"
         return time.monotonic() - start
 
-    def stop(self) -> None:
+    def stop(self, drop: bool = False) -> None:
         for p in self.all.values():
             p.stop()
+        if drop:
+            from cassandra.cluster import Cluster
+
+            settings = CassandraSettings.from_env(self.env)
+            cluster = Cluster(list(settings.hosts), port=settings.port, protocol_version=5)
+            try:
+                cluster.connect().execute(f"DROP KEYSPACE IF EXISTS {self.keyspace}", timeout=120)
+            finally:
+                cluster.shutdown()
 
 
 @pytest.fixture(scope="module")
 def services(cluster_env: dict[str, str]) -> ClusterServices:
     s = ClusterServices(cluster_env)
     yield s
-    s.stop()
+    s.stop(drop=True)

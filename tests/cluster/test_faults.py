@@ -147,6 +147,7 @@ def test_quorum_queues_have_three_members(services):
     assert members(queue) == 3
 
 
+@pytest.mark.timeout(600)
 def test_cassandra_node_killed_and_restarted(services):
     queue = services.new_queue()
     load = start_load(services, queue)
@@ -158,6 +159,7 @@ def test_cassandra_node_killed_and_restarted(services):
     finish(services, load, "SIGKILL cassandra2, restart", fault_at, healed_at, restart_s=round(healed_at - fault_at - 10, 1))
 
 
+@pytest.mark.timeout(600)
 def test_rabbitmq_leader_killed_and_restarted(services):
     queue = services.new_queue()
     load = start_load(services, queue)
@@ -173,6 +175,7 @@ def test_rabbitmq_leader_killed_and_restarted(services):
 
 
 @pytest.mark.parametrize("name", ["cassandra3", "rabbitmq-leader"])
+@pytest.mark.timeout(600)
 def test_node_hung_for_30s(services, name):
     queue = services.new_queue()
     load = start_load(services, queue)
@@ -188,6 +191,7 @@ def test_node_hung_for_30s(services, name):
     finish(services, load, f"SIGSTOP {name} 30 s, SIGCONT", fault_at, healed_at)
 
 
+@pytest.mark.timeout(900)
 def test_two_of_three_cassandra_nodes_down(services):
     """Quorum lost: enqueues answer UNAVAILABLE quickly and write nothing that survives; the
     queue recovers by itself once one node is back."""

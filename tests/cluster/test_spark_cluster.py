@@ -1,0 +1,74 @@
+"""The retention sweep on a Spark standalone cluster (a master and two workers, started by
+stack/stack.sh up --cluster from what the pyspark package ships) against the 3-node Cassandra:
+the same summary as local mode on the same data, then a real run that does what it said."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+
+import grpc
+import pytest
+
+from mailqueue.v1 import admin_pb2, admin_pb2_grpc, browse_pb2, browse_pb2_grpc, dequeue_pb2_grpc, enqueue_pb2_grpc
+from tests.cluster.conftest import ClusterServices
+from tests.harness import ROOT, wait_until
+from tests.integration.helpers import StreamConsumer, inline, simple_mail
+
+#: What depends on the run itself, not on the data.
+RUN_FIELDS = ("duration_s",)
+
+
+def sweep(env: dict[str, str], master: str, *args: str) -> dict:
+    summary = os.path.join(ROOT, ".stack", f"sweep-{uuid.uuid4().hex[:8]}.json")
+    started = time.monotonic()
+    p = subprocess.run(
+        [sys.executable, "-m", "spark.sweep", "--master", master, "--grace", "0s", "--blob-grace", "0s",
+         "--summary-file", summary, *args],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert p.returncode == 0, f"rc={p.returncode}\n{p.stdout}\n{p.stderr[-3000:]}"
+    with open(summary, encoding="utf-8") as f:
+        result = json.load(f)
+    os.unlink(summary)
+    print(f"\n[cluster] sweep on {master} {' '.join(args)}: {time.monotonic() - started:.1f} s wall, {result}")
+    return {k: v for k, v in result.items() if k not in RUN_FIELDS}
+
+
+@pytest.mark.timeout(900)
+def test_sweep_on_a_standalone_cluster_matches_local_mode(cluster_env):
+    bucket = f"mq-cluster-sweep-{uuid.uuid4().hex[:8]}"
+    s = ClusterServices(cluster_env, MAILQUEUE_SLICE_WINDOW_S="1", MAILQUEUE_BROWSE_START_PACE="1000000",
+                        MAILQUEUE_S3_BUCKET=bucket, MAILQUEUE_S3_TOUCH_INTERVAL_S="0", MAILQUEUE_SMALL_BLOB_BYTES="0")
+    try:
+        queue = s.new_queue()
+        enqueue = enqueue_pb2_grpc.EnqueueServiceStub(grpc.insecure_channel(s.enqueue.target))
+        for i in range(30):  # spread over a few 1-second slices, each with its own blob
+            enqueue.Enqueue(inline(queue, simple_mail(f"m{i}"), f"Subject: {i}\r\n\r\nbody {i}".encode()), timeout=30)
+            time.sleep(0.1)  # the mails' spread in time is the data itself
+        consumer = StreamConsumer(dequeue_pb2_grpc.DequeueServiceStub(grpc.insecure_channel(s.dequeue.target)), queue, 30)
+        consumer.answer_all(consumer.take(30))
+        consumer.close()
+        browse = browse_pb2_grpc.BrowseServiceStub(grpc.insecure_channel(s.browse.target))
+        wait_until(lambda: browse.GetSize(browse_pb2.GetSizeRequest(queue=queue, exact=True), timeout=30).size == 0, 60,
+                   what="every mail settled")
+        # Browse start moves past the settled slices once they are a slice window old.
+        last = time.time()
+        admin = admin_pb2_grpc.AdminServiceStub(grpc.insecure_channel(s.browse.target))
+        wait_until(lambda: admin.UpdateBrowseStart(admin_pb2.UpdateBrowseStartRequest(queue=queue), timeout=30)
+                   .browse_start.seconds > last, 30, interval=0.5, what="browse start past the mails")
+        env = dict(s.env)
+        local = sweep(env, "local[2]", "--dry-run", "--queue", queue)
+        standalone = sweep(env, cluster_env["MAILQUEUE_SPARK_MASTER"], "--dry-run", "--queue", queue)
+        assert standalone == local
+        assert local["rows"] == 30 and local["blobs"] >= 30, local
+        done = sweep(env, cluster_env["MAILQUEUE_SPARK_MASTER"], "--queue", queue)
+        assert {k: v for k, v in done.items() if k != "dry_run"} == {k: v for k, v in local.items() if k != "dry_run"}
+        again = sweep(env, cluster_env["MAILQUEUE_SPARK_MASTER"], "--dry-run", "--queue", queue)
+        assert again["rows"] == 0 and again["blobs"] == 0, again
+    finally:
+        s.stop(drop=True)
