@@ -197,12 +197,17 @@ async def load(
 
 
 def stack_pids() -> dict[str, int]:
-    """The local stack's servers (stack/stack.sh writes .stack/<name>.pid); missing ones are left out."""
+    """The local stack's servers (stack/stack.sh writes .stack/<name>.pid); missing ones are left
+    out. MAILQUEUE_BENCH_STACK=cluster: the clusters' nodes instead (stack.sh up --cluster)."""
+    if os.environ.get("MAILQUEUE_BENCH_STACK") == "cluster":
+        names = [f"cluster/{e}{i}" for e in ("cassandra", "rabbitmq") for i in (1, 2, 3)] + ["minio"]
+    else:
+        names = ["cassandra", "rabbitmq", "minio"]
     pids = {}
-    for name in ("cassandra", "rabbitmq", "minio"):
+    for name in names:
         try:
             with open(os.path.join(ROOT, ".stack", f"{name}.pid")) as f:
-                pids[name] = int(f.read())
+                pids[name.removeprefix("cluster/")] = int(f.read())
         except (OSError, ValueError):
             pass
     return pids

@@ -173,21 +173,24 @@ cassandra_start() {
 }
 
 # ---------------------------------------------------------------- RabbitMQ
+# rabbit_env [NODE PORT DIST_PORT DATA_DIR LOG_DIR]: the environment of one RabbitMQ node (default:
+# the single node). The Erlang cookie lives with the machine's cache, so every checkout on this
+# machine can talk to the local nodes (their data stays in this checkout's .stack/).
 rabbit_env() {
-  # The Erlang cookie lives with the machine's cache, so every checkout on this machine can talk
-  # to the one local node (its data stays in this checkout's .stack/).
+  local node=${1:-$RABBITMQ_NODE} port=${2:-$RABBITMQ_PORT} dist=${3:-$RABBITMQ_DIST_PORT}
+  local dir=${4:-$STACK_DIR/rabbitmq} logs=${5:-$LOG_DIR/rabbitmq}
   export HOME="$CACHE_DIR/rabbitmq-home"
   mkdir -p "$HOME"
-  export RABBITMQ_NODENAME="$RABBITMQ_NODE"
+  export RABBITMQ_NODENAME="$node"
   export RABBITMQ_NODE_IP_ADDRESS=127.0.0.1
-  export RABBITMQ_NODE_PORT="$RABBITMQ_PORT"
-  export RABBITMQ_DIST_PORT="$RABBITMQ_DIST_PORT"
-  export RABBITMQ_MNESIA_BASE="$STACK_DIR/rabbitmq/mnesia"
-  export RABBITMQ_LOG_BASE="$LOG_DIR/rabbitmq"
-  export RABBITMQ_PID_FILE="$STACK_DIR/rabbitmq.pid"
-  export RABBITMQ_CONFIG_FILE="$STACK_DIR/rabbitmq/rabbitmq"
-  export RABBITMQ_ADVANCED_CONFIG_FILE="$STACK_DIR/rabbitmq/advanced.config"
-  export RABBITMQ_ENABLED_PLUGINS_FILE="$STACK_DIR/rabbitmq/enabled_plugins"
+  export RABBITMQ_NODE_PORT="$port"
+  export RABBITMQ_DIST_PORT="$dist"
+  export RABBITMQ_MNESIA_BASE="$dir/mnesia"
+  export RABBITMQ_LOG_BASE="$logs"
+  export RABBITMQ_PID_FILE="$dir.pid"
+  export RABBITMQ_CONFIG_FILE="$dir/rabbitmq"
+  export RABBITMQ_ADVANCED_CONFIG_FILE="$dir/advanced.config"
+  export RABBITMQ_ENABLED_PLUGINS_FILE="$dir/enabled_plugins"
   export ERL_EPMD_ADDRESS=127.0.0.1
   # Erlang distribution (the node's $RABBITMQ_DIST_PORT and the CLI tools' own nodes) on loopback too.
   export RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1}"
@@ -291,17 +294,8 @@ cluster_rabbit_port() { echo $((CLUSTER_RABBITMQ_BASE_PORT + $1)); }
 
 # rabbit_env_node N: the environment of cluster node N (its own data, logs, ports and config).
 rabbit_env_node() {
-  local i=$1 dir="$CLUSTER_DIR/rabbitmq$1"
-  rabbit_env
-  export RABBITMQ_NODENAME; RABBITMQ_NODENAME="$(cluster_rabbit_node "$i")"
-  export RABBITMQ_NODE_PORT; RABBITMQ_NODE_PORT="$(cluster_rabbit_port "$i")"
-  export RABBITMQ_DIST_PORT=$((25700 + i))
-  export RABBITMQ_MNESIA_BASE="$dir/mnesia"
-  export RABBITMQ_LOG_BASE="$LOG_DIR/cluster/rabbitmq$i"
-  export RABBITMQ_PID_FILE="$CLUSTER_DIR/rabbitmq$i.pid"
-  export RABBITMQ_CONFIG_FILE="$dir/rabbitmq"
-  export RABBITMQ_ADVANCED_CONFIG_FILE="$dir/advanced.config"
-  export RABBITMQ_ENABLED_PLUGINS_FILE="$dir/enabled_plugins"
+  rabbit_env "$(cluster_rabbit_node "$1")" "$(cluster_rabbit_port "$1")" $((25700 + $1)) "$CLUSTER_DIR/rabbitmq$1" \
+    "$LOG_DIR/cluster/rabbitmq$1"
   # A hung node is declared down after 10 s instead of 60 s: until then every cluster-wide change
   # (a queue or binding declared) waits for it (measured: tests/cluster/test_faults.py).
   export RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="$RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS -kernel net_ticktime 10"

@@ -51,13 +51,16 @@ def aio_loop() -> LoopThread:
     loop.stop()
 
 
-def drop_keyspace(name: str) -> None:
-    """Test keyspaces are dropped afterwards: piles of tables slow Cassandra's schema changes."""
+def drop_keyspace(name: str, env: dict[str, str] | None = None) -> None:
+    """Test keyspaces are dropped afterwards: piles of tables slow Cassandra's schema changes.
+    ``env``: the environment naming the Cassandra (default: this process's)."""
+    import os
+
     from cassandra.cluster import Cluster
 
     from services.config import CassandraSettings
 
-    settings = CassandraSettings.from_env()
+    settings = CassandraSettings.from_env(os.environ if env is None else env)
     cluster = Cluster(list(settings.hosts), port=settings.port, protocol_version=5)
     try:
         cluster.connect().execute(f"DROP KEYSPACE IF EXISTS {name}", timeout=120)

@@ -12,7 +12,7 @@ import grpc
 import pytest
 
 from mailqueue.v1 import admin_pb2, admin_pb2_grpc
-from services.config import CassandraSettings
+from tests.conftest import drop_keyspace
 from tests.harness import ROOT, ServiceProcess, is_serving, new_keyspace, service_env, wait_until
 
 
@@ -71,14 +71,7 @@ class ClusterServices:
         for p in self.all.values():
             p.stop()
         if drop:
-            from cassandra.cluster import Cluster
-
-            settings = CassandraSettings.from_env(self.env)
-            cluster = Cluster(list(settings.hosts), port=settings.port, protocol_version=5)
-            try:
-                cluster.connect().execute(f"DROP KEYSPACE IF EXISTS {self.keyspace}", timeout=120)
-            finally:
-                cluster.shutdown()
+            drop_keyspace(self.keyspace, self.env)
 
 
 @pytest.fixture(scope="module")

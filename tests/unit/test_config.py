@@ -1,3 +1,5 @@
+import re
+
 import pytest
 
 from services.config import LimitSettings, Settings
@@ -54,3 +56,31 @@ def test_only_a_small_mails_whole_content_travels_in_its_message():
     assert limits.carried(b"x" * 4, 10) is None  # not the whole content
     assert limits.carried(None, 4) is None
     assert LimitSettings(small_blob_bytes=0).carried(b"", 0) == b""
+
+
+def test_several_broker_nodes_in_order_and_one_url_still_works():
+    urls = "amqp://u:p@rabbit-0:5672/%2F, amqp://u:p@rabbit-1:5672/%2F,amqps://u:p@rabbit-2:5671/%2F"
+    s = Settings.from_env("enqueue", env={"MAILQUEUE_RABBITMQ_URLS": urls})
+    assert s.rabbitmq.urls == ("amqp://u:p@rabbit-0:5672/%2F", "amqp://u:p@rabbit-1:5672/%2F", "amqps://u:p@rabbit-2:5671/%2F")
+    assert s.rabbitmq.url == "amqp://u:p@rabbit-0:5672/%2F"
+    one = Settings.from_env("enqueue", env={"MAILQUEUE_RABBITMQ_URL": "amqp://u:p@solo:5672/%2F"})
+    assert one.rabbitmq.urls == ("amqp://u:p@solo:5672/%2F",)
+    assert Settings.from_env("enqueue", env={}).rabbitmq.urls == ("amqp://guest:guest@127.0.0.1:5672/%2F",)
+
+
+@pytest.mark.parametrize(
+    "env, message",
+    [
+        ({"MAILQUEUE_RABBITMQ_URLS": "amqp://a/,amqp://b/", "MAILQUEUE_RABBITMQ_URL": "amqp://a/"},
+         "set MAILQUEUE_RABBITMQ_URLS or MAILQUEUE_RABBITMQ_URL, not both"),
+        # A comma inside a password splits the list: the error names the piece, not the password.
+        ({"MAILQUEUE_RABBITMQ_URLS": "amqp://u:pa,ss@rabbit-0:5672/%2F"}, "'rabbit-0:5672/%2F' is not an amqp://"),
+        ({"MAILQUEUE_RABBITMQ_URLS": " , "}, "MAILQUEUE_RABBITMQ_URLS is empty"),
+        ({"MAILQUEUE_RABBITMQ_HEARTBEAT_S": "0"}, "MAILQUEUE_RABBITMQ_HEARTBEAT_S=0 must be >= 1"),
+        ({"MAILQUEUE_RABBITMQ_CONFIRM_TIMEOUT_S": "0"}, "MAILQUEUE_RABBITMQ_CONFIRM_TIMEOUT_S=0 must be a finite number >= 0.1"),
+    ],
+)
+def test_broker_addresses_refused_with_the_rule(env, message):
+    with pytest.raises(ConfigurationError, match=re.escape(message)) as e:
+        Settings.from_env("enqueue", env=env)
+    assert "pa,ss" not in str(e.value) and "u:pa" not in str(e.value)
