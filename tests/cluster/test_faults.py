@@ -92,6 +92,10 @@ def finish(services, load: Load, name: str, fault_at: float, healed_at: float, *
     figures.update(first_delivery_after_heal_s=_round(load.first_delivery(healed_at)), acked=len(load.acked),
                    lost=len(missing), confirmed=len(load.confirmed), codes=dict(load.codes(fault_at)))
     figures["errors"] = load.error_details()
+    # Deliveries of an enqueue the client saw fail (its undo not yet written when it was
+    # delivered): at-least-once duplicates of a mail the client enqueued again. Reported.
+    acked_ids = set(load.acked.values())
+    figures["delivered_not_acked"] = sum(1 for i in list(load.deliveries) if i not in acked_ids)
     if missing:  # what the broker and dequeue_svc say of them
         figures["broker"] = _queue_counts(load.queue)
         figures["skipped"] = {r: services.dequeue.metric("mailqueue_skipped_total", queue=load.queue, reason=r)
