@@ -220,9 +220,11 @@ class Enqueuer:
     async def _claim(self, queue: str, key: str, enqueue_id: uuid.UUID) -> model.EnqueueResult | uuid.UUID:
         """Claim the idempotency key: the enqueue id to use, or the earlier enqueue's result.
 
-        A claim abandoned by a crashed enqueuer is taken over with its enqueue id: if that
-        enqueuer had already published, both copies carry one id, and the first SUCCESS marks
-        the id deleted, so the mail is processed once.
+        A claim left uncommitted for ABANDONED_CLAIM belongs to an attempt that crashed, or that
+        failed with its undo still pending (a quorum lost). It is taken over: the abandoned
+        enqueue id is marked deleted (a copy it may have published is then skipped), and this
+        attempt enqueues under its own id. Keeping the old id would let the failed attempt's undo,
+        landing late, delete the mail this attempt acknowledges.
         """
         now = model.utcnow()
         held = await self._view.idempotency.claim(queue, key, enqueue_id, now)
@@ -230,7 +232,10 @@ class Enqueuer:
             return enqueue_id
         if held.result is not None:
             return held.result
-        if now - held.claimed_at > ABANDONED_CLAIM and await self._view.idempotency.take_over(queue, key, now, held.claimed_at):
-            log.warning("took over an abandoned idempotency claim", extra={"queue": queue, "key": key})
-            return held.enqueue_id
+        if now - held.claimed_at > ABANDONED_CLAIM:
+            await self._view.mails.mark(queue, held.enqueue_id, "enqueue abandoned: its idempotency key was taken over")
+            if await self._view.idempotency.take_over(queue, key, now, held.claimed_at, enqueue_id):
+                log.warning("took over an abandoned idempotency claim",
+                            extra={"queue": queue, "key": key, "abandoned": str(held.enqueue_id), "enqueue_id": str(enqueue_id)})
+                return enqueue_id
         raise Aborted(f"an enqueue with idempotency key {validation.shown(key)} is in progress; retry in a few seconds")

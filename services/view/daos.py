@@ -354,7 +354,7 @@ class IdempotencyDAO:
             "VALUES (?, ?, ?, ?, false) IF NOT EXISTS"
         )
         self._take_over = session.prepare(
-            f"UPDATE {t} SET claimed_at = ? WHERE queue_name = ? AND idempotency_key = ? "
+            f"UPDATE {t} SET claimed_at = ?, enqueue_id = ? WHERE queue_name = ? AND idempotency_key = ? "
             "IF committed = false AND claimed_at = ?"
         )
         self._commit = session.prepare(
@@ -376,9 +376,9 @@ class IdempotencyDAO:
             result = model.EnqueueResult(r.enqueue_id, _utc(r.enqueued_at), tuple(r.blob_ids or ()), r.size or 0, duplicate=True)
         return model.IdempotencyClaim(r.enqueue_id, _utc(r.claimed_at), result)
 
-    async def take_over(self, queue: str, key: str, now: dt.datetime, seen: dt.datetime) -> bool:
-        """Take over an abandoned, uncommitted claim (its enqueuer crashed), keeping its enqueue id."""
-        rows = await execute(self._session, self._take_over, (now, queue, key, seen))
+    async def take_over(self, queue: str, key: str, now: dt.datetime, seen: dt.datetime, enqueue_id: uuid.UUID) -> bool:
+        """Take over an abandoned, uncommitted claim (its enqueuer crashed or failed) for ``enqueue_id``."""
+        rows = await execute(self._session, self._take_over, (now, enqueue_id, queue, key, seen))
         return bool(rows[0].applied)
 
     async def commit(self, queue: str, key: str, q: model.QueuedMail) -> None:

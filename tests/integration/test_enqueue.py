@@ -102,6 +102,31 @@ def test_an_idempotency_key_returns_the_first_enqueue(suite):
     assert other.enqueue_id != first.enqueue_id and message_count(queue) == 2
 
 
+def test_an_abandoned_idempotency_claim_is_taken_over_under_a_new_id(suite):
+    """An attempt that claimed a key and never committed (crashed, or failed during a quorum loss
+    with its undo still pending) leaves the claim; after 30 s a retry takes it over. The retry's
+    mail must survive the abandoned attempt's undo landing late (found on the 3-node cluster:
+    the undo used to mark the very id the retry acknowledged)."""
+    import datetime as dt
+    import uuid
+
+    queue = suite.new_queue()
+    abandoned = uuid.uuid4()
+    # What the abandoned attempt left: its claim, 40 s old (the state a crash leaves in the view).
+    long_ago = dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=40)
+    assert suite.run(suite.view.idempotency.claim(queue, "order-7", abandoned, long_ago)) is None
+    receipt = suite.enqueue_stub.Enqueue(inline(queue, simple_mail("retry"), key="order-7")).receipt
+    assert receipt.enqueue_id != str(abandoned) and not receipt.duplicate
+    assert "abandoned" in (suite.run(suite.view.mails.reason(queue, abandoned)) or "")
+    # The abandoned attempt's undo lands now: it names its own id, not the acknowledged one.
+    suite.run(suite.view.mails.mark(queue, abandoned, "enqueue failed: view write"))
+    again = suite.enqueue_stub.Enqueue(inline(queue, simple_mail("retry"), key="order-7")).receipt
+    assert (again.enqueue_id, again.duplicate) == (receipt.enqueue_id, True)
+    consumer = StreamConsumer(suite.dequeue_stub, queue)
+    assert consumer.next().mail.enqueue_id == receipt.enqueue_id
+    consumer.close()
+
+
 def test_equal_content_of_two_mails_is_stored_once(suite):
     queue = suite.new_queue()
     a = suite.enqueue_stub.Enqueue(inline(queue, simple_mail("a"), b"same content")).receipt
