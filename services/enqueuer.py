@@ -61,6 +61,9 @@ class Enqueuer:
         self._limits = limits
         self._state = state
         self._compensations: set[asyncio.Task[None]] = set()
+        #: (queue, key, enqueue id) of claims whose attempt failed here, release still pending:
+        #: a retry that meets one takes it over at once instead of waiting ABANDONED_CLAIM.
+        self._failed_claims: set[tuple[str, str, uuid.UUID]] = set()
 
     # ------------------------------------------------------------------ the three content forms
     async def enqueue_inline(
@@ -140,7 +143,7 @@ class Enqueuer:
             except BackendUnavailable:
                 # The claim may have landed though it timed out: release it (if it is ours), or
                 # the client's retry would find it in progress until it is abandoned.
-                await self._eventually(lambda: self._view.idempotency.release(queue, key, enqueue_id), "release idempotency key")
+                await self._release(queue, key, enqueue_id)
                 raise
             if isinstance(earlier, model.EnqueueResult):
                 return earlier
@@ -150,7 +153,7 @@ class Enqueuer:
         except BaseException:
             ENQUEUE_FAILED.labels(queue).inc()
             if key:
-                await self._eventually(lambda: self._view.idempotency.release(queue, key, enqueue_id), "release idempotency key")
+                await self._release(queue, key, enqueue_id)
             raise
         if key:
             await self._eventually(lambda: self._view.idempotency.commit(queue, key, result), "commit idempotency key")
@@ -190,6 +193,17 @@ class Enqueuer:
             await self._eventually(lambda: counters.mark(self._view, queued, "enqueue failed: publish", now), "mark deleted after publish")
             raise
         return queued
+
+    async def _release(self, queue: str, key: str, enqueue_id: uuid.UUID) -> None:
+        """Release a failed attempt's claim (eventually); until then this process knows it failed."""
+        claim = (queue, key, enqueue_id)
+        self._failed_claims.add(claim)
+
+        async def release() -> None:
+            await self._view.idempotency.release(queue, key, enqueue_id)
+            self._failed_claims.discard(claim)
+
+        await self._eventually(release, "release idempotency key")
 
     async def _compensate(self, q: model.QueuedMail, reason: str) -> None:
         await self._eventually(lambda: self._view.mails.mark(q.queue, q.enqueue_id, reason), f"mark deleted after {reason}")
@@ -232,7 +246,7 @@ class Enqueuer:
             return enqueue_id
         if held.result is not None:
             return held.result
-        if now - held.claimed_at > ABANDONED_CLAIM:
+        if now - held.claimed_at > ABANDONED_CLAIM or (queue, key, held.enqueue_id) in self._failed_claims:
             await self._view.mails.mark(queue, held.enqueue_id, "enqueue abandoned: its idempotency key was taken over")
             if await self._view.idempotency.take_over(queue, key, now, held.claimed_at, enqueue_id):
                 log.warning("took over an abandoned idempotency claim",

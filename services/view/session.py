@@ -13,6 +13,7 @@ from typing import Any
 from cassandra import ConsistencyLevel, DriverException
 from cassandra.auth import PlainTextAuthProvider
 from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, NoHostAvailable, Session
+from cassandra.protocol import ErrorMessage
 from cassandra.policies import DCAwareRoundRobinPolicy, ExponentialReconnectionPolicy, TokenAwarePolicy
 from cassandra.query import named_tuple_factory
 
@@ -23,6 +24,14 @@ log = logging.getLogger(__name__)
 
 #: Driver failures that mean "Cassandra did not answer" rather than "the query is wrong".
 UNAVAILABLE_ERRORS: tuple[type[BaseException], ...] = (DriverException, NoHostAvailable, OSError, TimeoutError)
+#: Server errors the driver has no class for but that mean the same: overloaded, bootstrapping,
+#: CDC write failure, and a lightweight transaction whose result is unknown (accepted by fewer
+#: replicas than a quorum: seen on the 3-node cluster with two nodes down).
+UNAVAILABLE_CODES = frozenset({0x1001, 0x1002, 0x1600, 0x1700})
+
+
+def unavailable(e: BaseException) -> bool:
+    return isinstance(e, UNAVAILABLE_ERRORS) or (isinstance(e, ErrorMessage) and getattr(e, "code", None) in UNAVAILABLE_CODES)
 
 
 _ROW_CLASSES: dict[tuple[str, ...], Any] = {}
@@ -104,8 +113,10 @@ async def execute(session: Session, statement: Any, params: Any = None) -> list[
         raise BackendUnavailable("cassandra", str(e)) from e
     try:
         return await fut
-    except UNAVAILABLE_ERRORS as e:
-        raise BackendUnavailable("cassandra", f"{type(e).__name__}: {e}") from e
+    except Exception as e:
+        if unavailable(e):
+            raise BackendUnavailable("cassandra", f"{type(e).__name__}: {e}") from e
+        raise
 
 
 async def execute_all(session: Session, statement: Any, params: Any = None) -> list[Any]:
@@ -116,8 +127,10 @@ async def execute_all(session: Session, statement: Any, params: Any = None) -> l
 
     try:
         return await asyncio.to_thread(run)
-    except UNAVAILABLE_ERRORS as e:
-        raise BackendUnavailable("cassandra", f"{type(e).__name__}: {e}") from e
+    except Exception as e:
+        if unavailable(e):
+            raise BackendUnavailable("cassandra", f"{type(e).__name__}: {e}") from e
+        raise
 
 
 def _resolve(fut: asyncio.Future[Any], value: Any, exc: BaseException | None) -> None:

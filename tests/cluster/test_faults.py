@@ -105,8 +105,9 @@ def finish(services, load: Load, name: str, fault_at: float, healed_at: float, *
     figures["errors"] = load.error_details()
     # Deliveries of an enqueue the client saw fail (its undo not yet written when it was
     # delivered): at-least-once duplicates of a mail the client enqueued again. Reported.
-    acked_ids = set(load.acked.values())
-    figures["delivered_not_acked"] = sum(1 for i in list(load.deliveries) if i not in acked_ids)
+    with load.lock:
+        acked_ids = set(load.acked.values())
+        figures["delivered_not_acked"] = sum(1 for i in load.deliveries if i not in acked_ids)
     if missing:  # what the broker and dequeue_svc say of them
         figures["broker_after"] = _queue_counts(load.queue)
         figures["skipped"] = {r: services.dequeue.metric("mailqueue_skipped_total", queue=load.queue, reason=r)
@@ -128,7 +129,8 @@ def _queue_counts(queue: str) -> dict:
 
 
 def _delivery_gap(load: Load, since: float, until: float) -> float:
-    times = sorted(t for ts in load.deliveries.values() for t in ts if since <= t <= until)
+    with load.lock:  # the consumers go on appending
+        times = sorted(t for ts in load.deliveries.values() for t in ts if since <= t <= until)
     marks = [since, *times, until]
     return max(b - a for a, b in zip(marks, marks[1:]))
 
@@ -152,8 +154,9 @@ def _no_live_rows(services, load: Load, queue: str) -> None:
         wait_until(lambda: size() == 0, 90, interval=0.5, what=f"no live row left in {queue}")
     except AssertionError:
         left = list(browse.Browse(browse_pb2.BrowseRequest(queue=queue, limit=20), timeout=30))
-        facts = [(r.mail.mail.name, r.mail.enqueue_id, load.acked.get(r.mail.mail.name),
-                  len(load.deliveries.get(r.mail.enqueue_id, [])), r.mail.enqueue_id in load.confirmed) for r in left]
+        with load.lock:
+            facts = [(r.mail.mail.name, r.mail.enqueue_id, load.acked.get(r.mail.mail.name),
+                      len(load.deliveries.get(r.mail.enqueue_id, [])), r.mail.enqueue_id in load.confirmed) for r in left]
         raise AssertionError(f"live rows left (name, id, acked, deliveries, confirmed): {facts}") from None
 
 
