@@ -49,11 +49,13 @@ def is_held(q: model.QueuedMail | model.MailState) -> bool:
     return q.held_by is not None and q.held_by != NOT_HELD
 
 
-async def mark(view: View, q: model.QueuedMail, reason: str, now: dt.datetime | None = None) -> None:
+async def mark(
+    view: View, q: model.QueuedMail, reason: str, now: dt.datetime | None = None, written_at: dt.datetime | None = None,
+) -> None:
     """Mark a live mail gone, with its counters. A mail still waiting for its delay (per its view
     row) also leaves the delayed (and held) counts: its message will be skipped, not counted, when
-    it arrives."""
-    await view.mails.mark(q.queue, q.enqueue_id, reason)
+    it arrives. ``written_at``: see DeletedMailsDAO.mark."""
+    await view.mails.mark(q.queue, q.enqueue_id, reason, written_at)
     waiting = q.due() > (now or model.utcnow())
     await bump(view, q, gone=1, delayed=-1 if waiting else 0, held=-1 if waiting and is_held(q) else 0)
 

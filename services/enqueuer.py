@@ -53,6 +53,18 @@ ContentWriter = Callable[[], Awaitable[tuple[tuple[str, ...], int]]]
 Schedule = tuple[dt.datetime | None, dt.timedelta | None]
 
 
+_MICROSECOND = dt.timedelta(microseconds=1)
+
+
+def _to_millis(t: dt.datetime) -> dt.datetime:
+    return t.replace(microsecond=t.microsecond // 1000 * 1000)
+
+
+def _undo_time(started: dt.datetime) -> dt.datetime:
+    """The write time of an attempt's undo marks: right after its start (see Enqueuer._claim)."""
+    return started + _MICROSECOND
+
+
 class Enqueuer:
     def __init__(self, view: View, broker: Broker, blobs: BlobStore, limits: LimitSettings, state: QueueState) -> None:
         self._view = view
@@ -137,23 +149,26 @@ class Enqueuer:
             raise InvalidArgument("idempotency_key is longer than 256 characters")
         await self._state.require_queue(queue)
         enqueue_id = uuid.uuid4()
+        # This attempt's instant (to the millisecond, as Cassandra keeps the claim's): its claim
+        # time, and the write time of its undo marks (see _claim).
+        started = _to_millis(model.utcnow())
         if key:
             try:
-                earlier = await self._claim(queue, key, enqueue_id)
+                earlier = await self._claim(queue, key, enqueue_id, started)
             except BackendUnavailable:
                 # The claim may have landed though it timed out: release it (if it is ours), or
                 # the client's retry would find it in progress until it is abandoned.
-                await self._release(queue, key, enqueue_id)
+                await self._release(queue, key, enqueue_id, started)
                 raise
             if isinstance(earlier, model.EnqueueResult):
                 return earlier
             enqueue_id = earlier
         try:
-            result = await self._store(queue, mail, enqueue_id, write_content, when, priority, carried)
+            result = await self._store(queue, mail, enqueue_id, write_content, when, priority, carried, started)
         except BaseException:
             ENQUEUE_FAILED.labels(queue).inc()
             if key:
-                await self._release(queue, key, enqueue_id)
+                await self._release(queue, key, enqueue_id, started)
             raise
         if key:
             await self._eventually(lambda: self._view.idempotency.commit(queue, key, result), "commit idempotency key")
@@ -162,7 +177,7 @@ class Enqueuer:
 
     async def _store(
         self, queue: str, mail: model.Mail, enqueue_id: uuid.UUID, write_content: ContentWriter, when: Schedule,
-        priority: str, carried: bytes | None,
+        priority: str, carried: bytes | None, started: dt.datetime,
     ) -> model.QueuedMail:
         blob_ids, size = await write_content()
         config = await self._state.config()
@@ -184,29 +199,31 @@ class Enqueuer:
             await self._view.mails.store(queued)
         except BaseException:
             # The write may have landed although it failed (a timeout): make sure it never shows.
-            await self._compensate(queued, "enqueue failed: view write")
+            await self._compensate(queued, "enqueue failed: view write", started)
             raise
         await counters.bump(self._view, queued, enqueued=1, delayed=1 if deliver_at is not None else 0)
         try:
             await self._broker.publish(queued, deliver_at - now if deliver_at is not None else dt.timedelta(0), content=carried)
         except BaseException:
-            await self._eventually(lambda: counters.mark(self._view, queued, "enqueue failed: publish", now), "mark deleted after publish")
+            await self._eventually(lambda: counters.mark(self._view, queued, "enqueue failed: publish", now, _undo_time(started)),
+                                   "mark deleted after publish")
             raise
         return queued
 
-    async def _release(self, queue: str, key: str, enqueue_id: uuid.UUID) -> None:
+    async def _release(self, queue: str, key: str, enqueue_id: uuid.UUID, claimed_at: dt.datetime) -> None:
         """Release a failed attempt's claim (eventually); until then this process knows it failed."""
         claim = (queue, key, enqueue_id)
         self._failed_claims.add(claim)
 
         async def release() -> None:
-            await self._view.idempotency.release(queue, key, enqueue_id)
+            await self._view.idempotency.release(queue, key, enqueue_id, claimed_at)
             self._failed_claims.discard(claim)
 
         await self._eventually(release, "release idempotency key")
 
-    async def _compensate(self, q: model.QueuedMail, reason: str) -> None:
-        await self._eventually(lambda: self._view.mails.mark(q.queue, q.enqueue_id, reason), f"mark deleted after {reason}")
+    async def _compensate(self, q: model.QueuedMail, reason: str, started: dt.datetime) -> None:
+        await self._eventually(lambda: self._view.mails.mark(q.queue, q.enqueue_id, reason, _undo_time(started)),
+                               f"mark deleted after {reason}")
 
     async def _eventually(self, op: Callable[[], Awaitable[None]], what: str) -> None:
         """Run a compensating (or bookkeeping) write; if the backend does not answer, keep retrying
@@ -231,25 +248,32 @@ class Enqueuer:
 
         task.add_done_callback(done)
 
-    async def _claim(self, queue: str, key: str, enqueue_id: uuid.UUID) -> model.EnqueueResult | uuid.UUID:
+    async def _claim(self, queue: str, key: str, enqueue_id: uuid.UUID, started: dt.datetime) -> model.EnqueueResult | uuid.UUID:
         """Claim the idempotency key: the enqueue id to use, or the earlier enqueue's result.
 
         A claim left uncommitted for ABANDONED_CLAIM belongs to an attempt that crashed, or that
-        failed with its undo still pending (a quorum lost). It is taken over: the abandoned
-        enqueue id is marked deleted (a copy it may have published is then skipped), and this
-        attempt enqueues under its own id. Keeping the old id would let the failed attempt's undo,
-        landing late, delete the mail this attempt acknowledges.
+        failed with its undo still pending (a quorum lost); one this process saw fail is not
+        waited for. It is taken over with its enqueue id: if the abandoned attempt published, both
+        copies are one mail, processed once. Its undo marks are written at its start time plus
+        1 µs; the take-over removes marks written up to that start plus 2 µs (last write wins in
+        Cassandra), so an undo landing late cannot delete the mail this attempt acknowledges,
+        while a consumer's later SUCCESS mark stays.
         """
-        now = model.utcnow()
-        held = await self._view.idempotency.claim(queue, key, enqueue_id, now)
+        held = await self._view.idempotency.claim(queue, key, enqueue_id, started)
         if held is None:
             return enqueue_id
         if held.result is not None:
             return held.result
-        if now - held.claimed_at > ABANDONED_CLAIM or (queue, key, held.enqueue_id) in self._failed_claims:
-            await self._view.mails.mark(queue, held.enqueue_id, "enqueue abandoned: its idempotency key was taken over")
-            if await self._view.idempotency.take_over(queue, key, now, held.claimed_at, enqueue_id):
+        abandoned = (queue, key, held.enqueue_id)
+        if started - held.claimed_at > ABANDONED_CLAIM or abandoned in self._failed_claims:
+            if await self._view.idempotency.take_over(queue, key, started, held.claimed_at):
+                try:
+                    await self._view.mails.unmark(queue, held.enqueue_id, _undo_time(held.claimed_at) + _MICROSECOND)
+                except BackendUnavailable:
+                    await self._release(queue, key, held.enqueue_id, started)
+                    raise
+                self._failed_claims.discard(abandoned)
                 log.warning("took over an abandoned idempotency claim",
-                            extra={"queue": queue, "key": key, "abandoned": str(held.enqueue_id), "enqueue_id": str(enqueue_id)})
-                return enqueue_id
+                            extra={"queue": queue, "key": key, "enqueue_id": str(held.enqueue_id)})
+                return held.enqueue_id
         raise Aborted(f"an enqueue with idempotency key {validation.shown(key)} is in progress; retry in a few seconds")

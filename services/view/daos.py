@@ -35,6 +35,11 @@ def _from_ms(ms: int | None) -> dt.datetime | None:
     return None if ms is None else _EPOCH + dt.timedelta(milliseconds=ms)
 
 
+def _micros(at: dt.datetime) -> int:
+    """A Cassandra write timestamp (microseconds since the epoch)."""
+    return (at - _EPOCH) // dt.timedelta(microseconds=1)
+
+
 def _utc(value: dt.datetime | None) -> dt.datetime | None:
     return value.replace(tzinfo=_UTC) if value is not None else None
 
@@ -142,6 +147,12 @@ class DeletedMailsDAO:
         self._mark = session.prepare(
             f"INSERT INTO {t} (queue_name, enqueue_id, reason, deleted_at) VALUES (?, ?, ?, ?)"
         )
+        self._mark_at = session.prepare(
+            f"INSERT INTO {t} (queue_name, enqueue_id, reason, deleted_at) VALUES (?, ?, ?, ?) USING TIMESTAMP ?"
+        )
+        self._unmark = session.prepare(
+            f"DELETE reason, deleted_at FROM {t} USING TIMESTAMP ? WHERE queue_name = ? AND enqueue_id = ?"
+        )
         self._schedule = session.prepare(
             f"UPDATE {t} SET generation = ?, deliver_at = ?, attempts = ?, last_error = ?, held_by = ? "
             "WHERE queue_name = ? AND enqueue_id = ?"
@@ -152,8 +163,17 @@ class DeletedMailsDAO:
         )
         self._reads = GroupRead(self._fetch)
 
-    async def mark(self, queue: str, enqueue_id: uuid.UUID, reason: str) -> None:
-        await execute(self._session, self._mark, (queue, enqueue_id, reason, model.utcnow()))
+    async def mark(self, queue: str, enqueue_id: uuid.UUID, reason: str, written_at: dt.datetime | None = None) -> None:
+        """Mark the mail gone. ``written_at``: the mark's write time in Cassandra (last write
+        wins), for an undo that must lose against a later ``unmark`` even when it lands later."""
+        if written_at is None:
+            await execute(self._session, self._mark, (queue, enqueue_id, reason, model.utcnow()))
+        else:
+            await execute(self._session, self._mark_at, (queue, enqueue_id, reason, written_at, _micros(written_at)))
+
+    async def unmark(self, queue: str, enqueue_id: uuid.UUID, at: dt.datetime) -> None:
+        """Remove a mark written before ``at`` (one written after it stays)."""
+        await execute(self._session, self._unmark, (_micros(at), queue, enqueue_id))
 
     async def schedule(self, q: model.QueuedMail) -> None:
         """Record the mail's new schedule (generation, deliver_at, attempts, last error)."""
@@ -354,7 +374,7 @@ class IdempotencyDAO:
             "VALUES (?, ?, ?, ?, false) IF NOT EXISTS"
         )
         self._take_over = session.prepare(
-            f"UPDATE {t} SET claimed_at = ?, enqueue_id = ? WHERE queue_name = ? AND idempotency_key = ? "
+            f"UPDATE {t} SET claimed_at = ? WHERE queue_name = ? AND idempotency_key = ? "
             "IF committed = false AND claimed_at = ?"
         )
         self._commit = session.prepare(
@@ -362,7 +382,7 @@ class IdempotencyDAO:
             "WHERE queue_name = ? AND idempotency_key = ?"
         )
         self._release = session.prepare(
-            f"DELETE FROM {t} WHERE queue_name = ? AND idempotency_key = ? IF enqueue_id = ?"
+            f"DELETE FROM {t} WHERE queue_name = ? AND idempotency_key = ? IF enqueue_id = ? AND claimed_at = ?"
         )
 
     async def claim(self, queue: str, key: str, enqueue_id: uuid.UUID, now: dt.datetime) -> model.IdempotencyClaim | None:
@@ -376,13 +396,15 @@ class IdempotencyDAO:
             result = model.EnqueueResult(r.enqueue_id, _utc(r.enqueued_at), tuple(r.blob_ids or ()), r.size or 0, duplicate=True)
         return model.IdempotencyClaim(r.enqueue_id, _utc(r.claimed_at), result)
 
-    async def take_over(self, queue: str, key: str, now: dt.datetime, seen: dt.datetime, enqueue_id: uuid.UUID) -> bool:
-        """Take over an abandoned, uncommitted claim (its enqueuer crashed or failed) for ``enqueue_id``."""
-        rows = await execute(self._session, self._take_over, (now, enqueue_id, queue, key, seen))
+    async def take_over(self, queue: str, key: str, now: dt.datetime, seen: dt.datetime) -> bool:
+        """Take over an abandoned, uncommitted claim (its enqueuer crashed or failed), keeping its
+        enqueue id: a copy the abandoned attempt published is then the same mail."""
+        rows = await execute(self._session, self._take_over, (now, queue, key, seen))
         return bool(rows[0].applied)
 
     async def commit(self, queue: str, key: str, q: model.QueuedMail) -> None:
         await execute(self._session, self._commit, (q.enqueued_at, _unset_if_empty(list(q.blob_ids)), q.size, queue, key))
 
-    async def release(self, queue: str, key: str, enqueue_id: uuid.UUID) -> None:
-        await execute(self._session, self._release, (queue, key, enqueue_id))
+    async def release(self, queue: str, key: str, enqueue_id: uuid.UUID, claimed_at: dt.datetime) -> None:
+        """Release the claim this attempt made (a claim taken over since then is left alone)."""
+        await execute(self._session, self._release, (queue, key, enqueue_id, claimed_at))

@@ -32,8 +32,13 @@ class MailQueueView(abc.ABC):
         """Write the mail's row (it becomes browsable; its message is published after)."""
 
     @abc.abstractmethod
-    async def mark(self, queue: str, enqueue_id: uuid.UUID, reason: str) -> None:
-        """The mail is gone (dequeued, deleted, dead-lettered, expired): browse and dequeue skip it."""
+    async def mark(self, queue: str, enqueue_id: uuid.UUID, reason: str, written_at: dt.datetime | None = None) -> None:
+        """The mail is gone (dequeued, deleted, dead-lettered, expired): browse and dequeue skip it.
+        ``written_at``: the mark's write time (last write wins), for an enqueue's undo."""
+
+    @abc.abstractmethod
+    async def unmark(self, queue: str, enqueue_id: uuid.UUID, at: dt.datetime) -> None:
+        """Remove a mark written before ``at``; one written after it stays."""
 
     @abc.abstractmethod
     async def state(self, queue: str, enqueue_id: uuid.UUID) -> model.MailState | None:
@@ -68,8 +73,11 @@ class CassandraMailQueueView(MailQueueView):
     async def store(self, mail: model.QueuedMail) -> None:
         await self._enqueued.insert(mail)
 
-    async def mark(self, queue: str, enqueue_id: uuid.UUID, reason: str) -> None:
-        await self._deleted.mark(queue, enqueue_id, reason)
+    async def mark(self, queue: str, enqueue_id: uuid.UUID, reason: str, written_at: dt.datetime | None = None) -> None:
+        await self._deleted.mark(queue, enqueue_id, reason, written_at)
+
+    async def unmark(self, queue: str, enqueue_id: uuid.UUID, at: dt.datetime) -> None:
+        await self._deleted.unmark(queue, enqueue_id, at)
 
     async def state(self, queue: str, enqueue_id: uuid.UUID) -> model.MailState | None:
         return await self._deleted.state(queue, enqueue_id)

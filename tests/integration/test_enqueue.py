@@ -8,6 +8,7 @@ import pytest
 
 from mailqueue.v1 import blob_pb2, enqueue_pb2, mail_pb2
 from services import serde
+from tests.harness import wait_until
 from tests.mails import FULL_MAIL
 from tests.integration.helpers import StreamConsumer, inline, message_count, peek_messages, simple_mail, view_rows
 
@@ -102,29 +103,38 @@ def test_an_idempotency_key_returns_the_first_enqueue(suite):
     assert other.enqueue_id != first.enqueue_id and message_count(queue) == 2
 
 
-def test_an_abandoned_idempotency_claim_is_taken_over_under_a_new_id(suite):
+def test_an_abandoned_idempotency_claim_is_taken_over_and_a_late_undo_cannot_delete_it(suite):
     """An attempt that claimed a key and never committed (crashed, or failed during a quorum loss
-    with its undo still pending) leaves the claim; after 30 s a retry takes it over. The retry's
-    mail must survive the abandoned attempt's undo landing late (found on the 3-node cluster:
-    the undo used to mark the very id the retry acknowledged)."""
+    with its undo still pending) leaves the claim; after 30 s a retry takes it over with the same
+    enqueue id. The abandoned attempt's undo landing late must not delete the acknowledged mail
+    (found on the 3-node cluster: 1 acked mail lost with two of three nodes down)."""
     import datetime as dt
     import uuid
 
     queue = suite.new_queue()
     abandoned = uuid.uuid4()
-    # What the abandoned attempt left: its claim, 40 s old (the state a crash leaves in the view).
-    long_ago = dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=40)
-    assert suite.run(suite.view.idempotency.claim(queue, "order-7", abandoned, long_ago)) is None
+    # What the abandoned attempt left: its claim, 40 s old (the state a crash leaves in the view)...
+    started = dt.datetime.now(dt.timezone.utc).replace(microsecond=0) - dt.timedelta(seconds=40)
+    assert suite.run(suite.view.idempotency.claim(queue, "order-7", abandoned, started)) is None
+    # ...and its undo, written as the enqueuer writes it: at its start time plus 1 µs.
+    undo_at = started + dt.timedelta(microseconds=1)
+    suite.run(suite.view.mails.mark(queue, abandoned, "enqueue failed: view write", undo_at))
     receipt = suite.enqueue_stub.Enqueue(inline(queue, simple_mail("retry"), key="order-7")).receipt
-    assert receipt.enqueue_id != str(abandoned) and not receipt.duplicate
-    assert "abandoned" in (suite.run(suite.view.mails.reason(queue, abandoned)) or "")
-    # The abandoned attempt's undo lands now: it names its own id, not the acknowledged one.
-    suite.run(suite.view.mails.mark(queue, abandoned, "enqueue failed: view write"))
+    assert (receipt.enqueue_id, receipt.duplicate) == (str(abandoned), False)
+    # The undo is retried and lands once more, after the take-over: it loses (last write wins).
+    suite.run(suite.view.mails.mark(queue, abandoned, "enqueue failed: view write", undo_at))
+    assert suite.run(suite.view.mails.reason(queue, abandoned)) is None
     again = suite.enqueue_stub.Enqueue(inline(queue, simple_mail("retry"), key="order-7")).receipt
-    assert (again.enqueue_id, again.duplicate) == (receipt.enqueue_id, True)
+    assert (again.enqueue_id, again.duplicate) == (str(abandoned), True)
     consumer = StreamConsumer(suite.dequeue_stub, queue)
-    assert consumer.next().mail.enqueue_id == receipt.enqueue_id
+    d = consumer.next()
+    assert d.mail.enqueue_id == str(abandoned)
+    consumer.answer(d)
     consumer.close()
+    # A consumer's SUCCESS is written now, after every undo: a later take-over would not revive it.
+    wait_until(lambda: suite.run(suite.view.mails.reason(queue, abandoned)) == "dequeued", 10, what="the SUCCESS mark")
+    suite.run(suite.view.mails.unmark(queue, abandoned, undo_at + dt.timedelta(microseconds=1)))
+    assert suite.run(suite.view.mails.reason(queue, abandoned)) == "dequeued"
 
 
 def test_equal_content_of_two_mails_is_stored_once(suite):
