@@ -260,7 +260,9 @@ class Enqueuer:
         while a consumer's later SUCCESS mark stays.
         """
         held = await self._view.idempotency.claim(queue, key, enqueue_id, started)
-        if held is None:
+        if held is None or held.enqueue_id == enqueue_id:
+            # Ours: the driver may retry the claim on another node after a node died with it in
+            # flight, and the retry finds the row the first try wrote.
             return enqueue_id
         if held.result is not None:
             return held.result

@@ -400,7 +400,9 @@ class IdempotencyDAO:
         """Take over an abandoned, uncommitted claim (its enqueuer crashed or failed), keeping its
         enqueue id: a copy the abandoned attempt published is then the same mail."""
         rows = await execute(self._session, self._take_over, (now, queue, key, seen))
-        return bool(rows[0].applied)
+        r = rows[0]
+        # Not applied, but to our time: a retry by the driver of a take-over that had applied.
+        return bool(r.applied) or _utc(getattr(r, "claimed_at", None)) == now
 
     async def commit(self, queue: str, key: str, q: model.QueuedMail) -> None:
         await execute(self._session, self._commit, (q.enqueued_at, _unset_if_empty(list(q.blob_ids)), q.size, queue, key))
