@@ -13,6 +13,7 @@ when it breaks: a stream that silently stops receiving after a failover shows up
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import queue as q
 import threading
@@ -21,6 +22,7 @@ import time
 import grpc
 
 from mailqueue.v1 import dequeue_pb2, dequeue_pb2_grpc, enqueue_pb2, enqueue_pb2_grpc, mail_pb2
+from tests.harness import wait_until
 
 #: A client's deadline: longer than any server-side timeout, so the server answers first.
 DEADLINE_S = 30.0
@@ -100,7 +102,7 @@ class Load:
                     reply = stub.Enqueue(request, timeout=DEADLINE_S)
                 except grpc.RpcError as e:
                     self.record("enqueue", e.code(), e.details() or "")
-                    time.sleep(0.2)
+                    self.stopping.wait(0.2)  # a client's pause before it retries
                     continue
                 self.record("enqueue", grpc.StatusCode.OK)
                 with self.lock:
@@ -108,7 +110,7 @@ class Load:
                     self.acked_at[name] = time.monotonic()
                 break
             n += 1
-            time.sleep(self.pause)
+            self.stopping.wait(self.pause)  # the producer's pace
 
     # ------------------------------------------------------------------ consumers
     def _consume(self, label: str) -> None:
@@ -161,7 +163,7 @@ class Load:
                     self.confirmed.setdefault(enqueue_id, now)
         except grpc.RpcError as e:
             self.record("dequeue", e.code(), e.details() or "")
-            time.sleep(0.2)
+            self.stopping.wait(0.2)  # a client's pause before it subscribes again
         finally:
             timer.cancel()
             half_close()
@@ -216,7 +218,6 @@ class Load:
     def wait_delivered(self, timeout: float) -> list[str]:
         """Poll until every acked mail was delivered at least once (consumers keep running); the
         ones still missing."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and self.lost():
-            time.sleep(0.5)
+        with contextlib.suppress(AssertionError):
+            wait_until(lambda: not self.lost(), timeout, interval=0.5, what="every acked mail delivered")
         return self.lost()

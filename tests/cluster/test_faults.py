@@ -24,8 +24,8 @@ from tests.cluster.conftest import stack
 from tests.cluster.load import Load
 from tests.harness import ROOT, wait_until
 
-#: Load before a fault, so the fault hits traffic in flight.
-WARM_UP_S = 5.0
+#: Mails acknowledged before a fault, so that it hits traffic in flight.
+WARM_UP_MAILS = 150
 REPORT = os.path.join(ROOT, ".stack", "cluster-faults.jsonl")
 
 
@@ -57,8 +57,8 @@ def members(queue: str) -> int:
 
 def start_load(services, queue: str) -> Load:
     load = Load(services.enqueue.target, services.dequeue.target, queue).start()
-    wait_until(lambda: load.confirmed, 60, interval=0.2, what="the first confirmed deliveries")
-    time.sleep(WARM_UP_S)  # load in flight when the fault comes (not a wait for state)
+    wait_until(lambda: load.confirmed and len(load.acked) >= WARM_UP_MAILS, 60, interval=0.1,
+               what=f"{WARM_UP_MAILS} mails acknowledged and the first deliveries confirmed")
     return load
 
 
@@ -184,7 +184,7 @@ def test_rabbitmq_leader_killed_and_restarted(services):
     leader = work_queue_leader(queue)
     fault_at = time.monotonic()
     node("kill", leader)
-    time.sleep(10)
+    time.sleep(10)  # the fault's length: 10 s of traffic without the node
     node("start", leader)
     healed_at = time.monotonic()
     finish(services, load, f"SIGKILL {leader} (work queue leader), restart", fault_at, healed_at,

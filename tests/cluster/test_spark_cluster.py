@@ -18,6 +18,7 @@ from mailqueue.v1 import admin_pb2, admin_pb2_grpc, browse_pb2, browse_pb2_grpc,
 from tests.cluster.conftest import ClusterServices
 from tests.harness import ROOT, wait_until
 from tests.integration.helpers import StreamConsumer, inline, simple_mail
+from tests.integration.test_browse_admin import next_slice
 
 #: What depends on the run itself, not on the data.
 RUN_FIELDS = ("duration_s",)
@@ -47,9 +48,10 @@ def test_sweep_on_a_standalone_cluster_matches_local_mode(cluster_env):
     try:
         queue = s.new_queue()
         enqueue = enqueue_pb2_grpc.EnqueueServiceStub(grpc.insecure_channel(s.enqueue.target))
-        for i in range(30):  # spread over a few 1-second slices, each with its own blob
+        for i in range(30):  # 6 per 1-second slice (5 slices), each mail with a blob of its own
+            if i and i % 6 == 0:
+                next_slice()
             enqueue.Enqueue(inline(queue, simple_mail(f"m{i}"), f"Subject: {i}\r\n\r\nbody {i}".encode()), timeout=30)
-            time.sleep(0.1)  # the mails' spread in time is the data itself
         consumer = StreamConsumer(dequeue_pb2_grpc.DequeueServiceStub(grpc.insecure_channel(s.dequeue.target)), queue, 30)
         consumer.answer_all(consumer.take(30))
         consumer.close()
