@@ -4,6 +4,9 @@ Every service is an :class:`App`: it lists its servicers, connects its backends 
 The runtime serves health and reflection, exposes Prometheus metrics, and keeps the health
 status honest: NOT_SERVING until the backends answer (the process does not crash while they are
 down), SERVING once they do, NOT_SERVING again when a check fails and first thing on shutdown.
+That is readiness (the overall "" service and each service name). Liveness is its own name,
+``liveness``: SERVING while the process answers at all, whatever its backends do, so that a
+backend outage takes pods out of load balancing without restarting them.
 
 Crash-only: nothing here is needed for correctness. SIGTERM drains for nicer rolling updates;
 SIGKILL at any instant loses nothing, and start-up is recovery.
@@ -36,6 +39,8 @@ log = logging.getLogger(__name__)
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+#: The health service name of the liveness probe (Kubernetes: ``grpc: {port, service: liveness}``).
+LIVENESS = "liveness"
 #: Seconds between backend checks once serving, and between connection attempts before.
 CHECK_INTERVAL_S = 5.0
 RETRY_INTERVAL_S = 2.0
@@ -117,6 +122,7 @@ def create_server(app: App, host: str | None = None, port: int | None = None) ->
 
 async def supervise(app: App, served: Served) -> None:
     """Connect, then keep the health status in line with the backends, forever."""
+    await served.health.set(LIVENESS, SERVING)
     await served.set_health(NOT_SERVING)
     serving = False
     attempt = 0

@@ -52,7 +52,8 @@ def start_process(module: str, env: dict[str, str]) -> subprocess.Popen:
 
 
 def test_a_service_process_is_not_serving_until_its_backends_answer(keyspace):
-    # Given Cassandra unreachable (a closed port), the process listens and says NOT_SERVING, without crashing.
+    # Given Cassandra unreachable (a closed port), the process listens and says NOT_SERVING, without crashing:
+    # readiness fails (the "" service, the service's own name), liveness ("liveness") does not.
     port, metrics, dead = free_port(), free_port(), free_port()
     env = service_env(keyspace, MAILQUEUE_PORT=str(port), MAILQUEUE_METRICS_PORT=str(metrics),
                       MAILQUEUE_CASSANDRA_PORT=str(dead), MAILQUEUE_CASSANDRA_TIMEOUT_S="1")
@@ -60,6 +61,8 @@ def test_a_service_process_is_not_serving_until_its_backends_answer(keyspace):
     try:
         target = f"127.0.0.1:{port}"
         wait_until(lambda: health(target) == health_pb2.HealthCheckResponse.NOT_SERVING, 30, what="NOT_SERVING")
+        assert health(target, "mailqueue.v1.EnqueueService") == health_pb2.HealthCheckResponse.NOT_SERVING
+        assert health(target, "liveness") == health_pb2.HealthCheckResponse.SERVING
         assert proc.poll() is None
         body = urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=5).read().decode()
         assert "mailqueue_serving 0.0" in body
@@ -75,6 +78,7 @@ def test_a_service_process_serves_once_the_stack_is_up(keyspace, running_stack):
     try:
         target = f"127.0.0.1:{port}"
         wait_until(lambda: health(target) == health_pb2.HealthCheckResponse.SERVING, 60, what="SERVING")
+        assert health(target, "liveness") == health_pb2.HealthCheckResponse.SERVING
         assert "mailqueue.v1.BlobService" in listed_services(target)
         body = urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=5).read().decode()
         assert "mailqueue_serving 1.0" in body and "mailqueue_rpc_total" in body

@@ -61,6 +61,9 @@ def test_every_deployment_is_probed_limited_and_hardened(rendered):
             port = c["ports"][0]["containerPort"]
             for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
                 assert c[probe]["grpc"]["port"] == port, (d["metadata"]["name"], probe)
+            # A backend outage fails readiness only: liveness and start-up ask the "liveness" name.
+            assert "service" not in c["readinessProbe"]["grpc"]
+            assert c["livenessProbe"]["grpc"]["service"] == c["startupProbe"]["grpc"]["service"] == "liveness"
             assert c["resources"]["requests"] and c["resources"]["limits"]
             sc = c["securityContext"]
             assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True
