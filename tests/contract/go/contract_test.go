@@ -1,7 +1,9 @@
 // The contract scenarios of ../scenarios.json from Go: stubs generated from protos/ with
 // protoc-gen-go and protoc-gen-go-grpc, real services on loopback. The Node client runs the same
 // file (../node/contract.test.mjs); each step kind is described in the file itself.
-// Targets: MAILQUEUE_ENQUEUE_TARGET, MAILQUEUE_DEQUEUE_TARGET, MAILQUEUE_BROWSE_TARGET.
+// Targets: MAILQUEUE_ENQUEUE_TARGET, MAILQUEUE_DEQUEUE_TARGET, MAILQUEUE_BROWSE_TARGET (gRPC target
+// strings: "host:port", or "ipv4:127.0.0.1:50051,127.0.0.1:50151" balanced round robin).
+// MAILQUEUE_TOKEN, when set, is sent on every call as "authorization: Bearer <token>".
 package contract
 
 import (
@@ -21,6 +23,9 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/resolver"
+	"google.golang.org/grpc/resolver/manual"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -31,8 +36,30 @@ func dial(t *testing.T, env, fallback string) *grpc.ClientConn {
 	if target == "" {
 		target = fallback
 	}
-	conn, err := grpc.NewClient(target, grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(16<<20)))
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(16 << 20)),
+		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig": [{"round_robin": {}}]}`)}
+	if token := os.Getenv("MAILQUEUE_TOKEN"); token != "" {
+		opts = append(opts, grpc.WithUnaryInterceptor(
+			func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, o ...grpc.CallOption) error {
+				return invoker(metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+token), method, req, reply, cc, o...)
+			}), grpc.WithStreamInterceptor(
+			func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, o ...grpc.CallOption) (grpc.ClientStream, error) {
+				return streamer(metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+token), desc, cc, method, o...)
+			}))
+	}
+	if list := strings.TrimPrefix(target, "ipv4:"); strings.Contains(list, ",") {
+		// Several addresses (the replicas of a headless Service): a manual resolver, round robin.
+		r := manual.NewBuilderWithScheme("replicas")
+		var addresses []resolver.Address
+		for _, a := range strings.Split(list, ",") {
+			addresses = append(addresses, resolver.Address{Addr: a})
+		}
+		r.InitialState(resolver.State{Addresses: addresses})
+		opts = append(opts, grpc.WithResolvers(r))
+		target = "replicas:///" + env
+	}
+	conn, err := grpc.NewClient(target, opts...)
 	if err != nil {
 		t.Fatalf("dial %s: %v", target, err)
 	}

@@ -39,8 +39,10 @@ class Call:
 
 class Load:
     def __init__(self, enqueue_target: str, dequeue_target: str, queue: str, producers: int = 3, consumers: int = 2,
-                 batch: int = 20, rate_per_producer: float = 40.0) -> None:
+                 batch: int = 20, rate_per_producer: float = 40.0, token: str | None = None) -> None:
         self.queue = queue
+        #: Sent as "authorization: Bearer <token>" on every call, when the services check tokens.
+        self.metadata = (("authorization", f"Bearer {token}"),) if token else None
         self.enqueue_target, self.dequeue_target = enqueue_target, dequeue_target
         self.producers, self.consumers, self.batch = producers, consumers, batch
         self.pause = 1.0 / rate_per_producer
@@ -83,13 +85,18 @@ class Load:
         for t in self.threads:
             t.join(DEADLINE_S + 10)
 
+    @staticmethod
+    def channel(target: str) -> grpc.Channel:
+        """A target of several addresses ("ipv4:127.0.0.1:50051,127.0.0.1:50151") is balanced round robin."""
+        return grpc.insecure_channel(target, options=[("grpc.lb_policy_name", "round_robin")])
+
     def record(self, kind: str, code: grpc.StatusCode, detail: str = "") -> None:
         with self.lock:
             self.calls.append(Call(time.monotonic(), kind, code.name, detail[:300]))
 
     # ------------------------------------------------------------------ producers
     def _produce(self, label: str) -> None:
-        stub = enqueue_pb2_grpc.EnqueueServiceStub(grpc.insecure_channel(self.enqueue_target))
+        stub = enqueue_pb2_grpc.EnqueueServiceStub(self.channel(self.enqueue_target))
         n = 0
         while self.producing.is_set():
             name = f"{label}-{n}-{time.monotonic_ns()}"
@@ -99,7 +106,7 @@ class Load:
             )
             while not self.stopping.is_set():  # the same mail until it is OK
                 try:
-                    reply = stub.Enqueue(request, timeout=DEADLINE_S)
+                    reply = stub.Enqueue(request, timeout=DEADLINE_S, metadata=self.metadata)
                 except grpc.RpcError as e:
                     self.record("enqueue", e.code(), e.details() or "")
                     self.stopping.wait(0.2)  # a client's pause before it retries
@@ -114,14 +121,14 @@ class Load:
 
     # ------------------------------------------------------------------ consumers
     def _consume(self, label: str) -> None:
-        stub = dequeue_pb2_grpc.DequeueServiceStub(grpc.insecure_channel(self.dequeue_target))
+        stub = dequeue_pb2_grpc.DequeueServiceStub(self.channel(self.dequeue_target))
         while not self.stopping.is_set():
             self._one_stream(stub, long=label == "long")
 
     def _one_stream(self, stub, long: bool = False) -> None:
         requests: q.Queue = q.Queue()
         requests.put(dequeue_pb2.DequeueRequest(subscribe=dequeue_pb2.Subscribe(queue=self.queue, prefetch=self.batch)))
-        call = stub.Dequeue(iter(requests.get, None), timeout=None if long else DEADLINE_S)
+        call = stub.Dequeue(iter(requests.get, None), timeout=None if long else DEADLINE_S, metadata=self.metadata)
         answered: list[str] = []
         closed = threading.Event()
         send = threading.Lock()
