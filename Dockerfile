@@ -1,7 +1,8 @@
-# Two images from one file, built by CI/CD elsewhere (no Docker engine on the dev machines):
-#   docker build --target services -t mailqueue .        four entry points: python -m enqueue_svc |
+# Two images from one file; `make image` builds both with podman (stack/image.sh), and CI runs them
+# in `make test-deploy`:
+#   podman build --target services -t mailqueue .        four entry points: python -m enqueue_svc |
 #                                                        dequeue_svc | browse_svc | blob_svc
-#   docker build --target sweep -t mailqueue-sweep .     the retention sweep: python -m spark.sweep
+#   podman build --target sweep -t mailqueue-sweep .     the retention sweep: python -m spark.sweep
 #                                                        (adds a Java 17 runtime, pyspark and the
 #                                                        Spark Cassandra Connector jars)
 FROM python:3.11-slim AS build

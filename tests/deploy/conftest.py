@@ -78,7 +78,7 @@ def deployed(running_stack: None) -> Deployed:
         print("[deploy] stopping the local services (stack/services.sh stop): the pods publish their ports")
         subprocess.run([services, "stop"], check=True, capture_output=True)
     rendered = pods.render(pods.kustomize("dev"), replicas=REPLICAS)
-    pods.down(rendered)  # what an earlier, interrupted run left
+    pods.down()  # what an earlier, interrupted run left
     start = time.monotonic()
     pods.up(rendered)
     played = time.monotonic() - start
@@ -96,12 +96,12 @@ def deployed(running_stack: None) -> Deployed:
     except AssertionError:
         logs = {p: pods.podman("logs", "--tail", "20", pods.container(p), check=False).stdout[-1500:]
                 for ps in rendered.pods.values() for p in ps}
-        pods.down(rendered)
+        pods.down()
         pytest.fail(f"pods not SERVING within {START_DEADLINE_S} s: {start_s}\n{json.dumps(logs, indent=1)}")
     sizes = {i: int(pods.podman("image", "inspect", "--format", "{{.Size}}", i).stdout) for i in ("mailqueue:latest", "mailqueue-sweep:latest")}
     report = {"kube_play_s": round(played, 2), "serving_s": start_s, "image_bytes": sizes, "not_run": rendered.not_run}
     yield Deployed(rendered, start_s, report)
-    pods.down(rendered)
+    pods.down()
     os.makedirs(pods.WORK, exist_ok=True)
     with open(REPORT, "w", encoding="utf-8") as f:
         json.dump(report, f, indent=1)

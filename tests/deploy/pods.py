@@ -197,18 +197,17 @@ def play_sweep(rendered: Rendered) -> str:
     return f"{rendered.sweep['metadata']['name']}-{rendered.sweep['spec']['containers'][0]['name']}"
 
 
-def down(rendered: Rendered) -> None:
-    for name in ("play.yaml", "sweep.yaml"):
-        path = os.path.join(WORK, name)
-        if os.path.exists(path):
-            podman("kube", "down", path, check=False, timeout=120)
-    for name in rendered.secrets:
-        podman("secret", "rm", name, check=False)
-    volumes = [v["name"] for d in rendered.play if d["kind"] == "Deployment" for v in d["spec"]["template"]["spec"].get("volumes", [])]
-    if rendered.sweep:
-        volumes += [v["name"] for v in rendered.sweep["spec"].get("volumes", [])]
-    if volumes:
-        podman("volume", "rm", "--force", *volumes, check=False)
+def down() -> None:
+    """Remove what :func:`up` and :func:`play_sweep` made (pods by their labels, then the Secrets
+    and volumes named mailqueue-*): works without the rendered overlay, after an interrupted run."""
+    for name in ("mailqueue", "mailqueue-sweep"):
+        ids = podman("pod", "ls", "-q", "--filter", f"label=app.kubernetes.io/name={name}").stdout.split()
+        if ids:
+            podman("pod", "rm", "--force", "--time", "2", *ids, check=False, timeout=120)
+    for kind in ("secret", "volume"):
+        names = [n for n in podman(kind, "ls", "--format", "{{.Name}}").stdout.split() if n.startswith("mailqueue-")]
+        if names:
+            podman(kind, "rm", *(["--force"] if kind == "volume" else []), *names, check=False)
 
 
 def container(pod: str) -> str:
@@ -224,15 +223,15 @@ def inspect(name: str) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    overlay = os.environ.get("MAILQUEUE_OVERLAY", "dev")
-    rendered = render(kustomize(overlay))
+    if argv[:1] == ["down"]:
+        down()
+        return 0
+    rendered = render(kustomize(os.environ.get("MAILQUEUE_OVERLAY", "dev")))
     if argv[:1] == ["render"]:
         yaml.safe_dump_all(rendered.play + ([rendered.sweep] if rendered.sweep else []), sys.stdout, sort_keys=False)
     elif argv[:1] == ["up"]:
         up(rendered)
         print(json.dumps({"grpc": rendered.targets, "metrics": rendered.metrics, "not run": rendered.not_run}, indent=1))
-    elif argv[:1] == ["down"]:
-        down(rendered)
     else:
         print("usage: python -m tests.deploy.pods render|up|down", file=sys.stderr)
         return 2
