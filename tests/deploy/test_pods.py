@@ -108,11 +108,11 @@ def _new_queue(deployed: Deployed) -> str:
     return queue
 
 
-def _run_load(deployed: Deployed, fault, min_acked_after: int = 100) -> Load:
+def _run_load(deployed: Deployed, fault, min_acked_after: int = 100, producers: int = 2) -> Load:
     """Load through the pods; ``fault()`` once 100 mails are acked; the load goes on until
     ``min_acked_after`` more are acked, then drains. The load, stopped."""
     load = Load(deployed.target("enqueue"), deployed.target("dequeue"), _new_queue(deployed),
-                producers=2, consumers=1, token=deployed.token("admin")).start()
+                producers=producers, consumers=1, token=deployed.token("admin")).start()
     try:
         wait_until(lambda: len(load.acked) >= 100, 60, interval=0.1, what="100 mails acked before the fault")
         fault()
@@ -141,9 +141,11 @@ def test_a_killed_enqueue_pod_leaves_its_peer_serving_and_no_acked_mail_lost(dep
         pods.podman("pod", "kill", victim)
         killed_at.append(time.monotonic())
 
-    load = _run_load(deployed, kill)
+    # Four producers: a producer whose mail was in flight in the victim waits for its claim (30 s);
+    # the others go on through the peer.
+    load = _run_load(deployed, kill, producers=4)
     assert load.lost() == []
-    # The peer answered while the victim was gone: no second without an OK enqueue after the kill.
+    # The peer answered while the victim was gone: no 5 s without an OK enqueue after the kill.
     assert load.longest_gap("enqueue", killed_at[0], killed_at[0] + 5) < 5
     # What the ReplicaSet controller does: a pod in its place, SERVING again.
     pods.podman("pod", "start", victim)
