@@ -144,8 +144,10 @@ $(KUSTOMIZE):
 
 kustomize: $(KUSTOMIZE)
 
-# buf lint, and buf breaking against the previous commit (a change that breaks clients fails).
-lint: $(BUF)
+# The layers of services/ (no import circle, no import up a layer), buf lint, and buf breaking
+# against the previous commit (a change that breaks clients fails).
+lint: $(BUF) install
+	$(PY) -m tests.layers
 	cd protos && $(BUF) lint
 	if git rev-parse -q --verify HEAD~1 >/dev/null && git cat-file -e HEAD~1:protos/buf.yaml 2>/dev/null; then \
 	  $(BUF) breaking protos --against '.git#ref=HEAD~1,subdir=protos'; \

@@ -1,4 +1,4 @@
-"""The broker client: our pika adapter (services/brokers/) vs. aio-pika, on the same messages.
+"""The broker client: our pika adapter (services/adapters/rabbitmq/) vs. aio-pika, on the same messages.
 
     .venv/bin/pip install -c constraints.txt '.[compare]'     # aio-pika, only for this comparison
     .venv/bin/python -m bench.broker_bench [--messages 20000] [--concurrency 128] [--size 10240]
@@ -20,11 +20,11 @@ import uuid
 from typing import Any
 
 from bench.common import CpuMeter, bench_queue, run
-from services import model, names
-from services.brokers.channels import CONTENT_HEADER, DELAYED_HEADER, GENERATION_HEADER
-from services.brokers.rabbitmq import RabbitMQBroker
-from services.config import RabbitMQSettings
-from services.serde import queued_mail_to_bytes
+from services.domain import model, names
+from services.adapters.rabbitmq.channels import CONTENT_HEADER, DELAYED_HEADER, GENERATION_HEADER
+from services.adapters.rabbitmq.broker import RabbitMQBroker
+from services.domain.config import RabbitMQSettings
+from services.contract.serde import queued_mail_to_bytes
 
 PREFETCH = 128
 

@@ -104,8 +104,8 @@ def run(main: Callable[[], None]) -> None:
 
 
 def drop_keyspace(name: str) -> None:
-    from services.config import CassandraSettings
-    from services.view.session import connect
+    from services.domain.config import CassandraSettings
+    from services.adapters.cassandra.session import connect
 
     cluster, session = connect(CassandraSettings.from_env())
     try:
@@ -117,8 +117,8 @@ def drop_keyspace(name: str) -> None:
 def drop_bucket(bucket: str) -> None:
     import dataclasses
 
-    from services.blobstores import s3client
-    from services.config import S3Settings
+    from services.adapters.s3 import client as s3client
+    from services.domain.config import S3Settings
 
     c = s3client.store(dataclasses.replace(S3Settings.from_env(), bucket=bucket))
     if not s3client.bucket_exists(c):
@@ -130,8 +130,8 @@ def drop_bucket(bucket: str) -> None:
 def drop_queues(queues: list[str]) -> None:
     import pika
 
-    from services import names
-    from services.config import RabbitMQSettings
+    from services.domain import names
+    from services.domain.config import RabbitMQSettings
 
     if not queues:
         return
@@ -241,8 +241,8 @@ def report(name: str, r: dict[str, float]) -> str:
 
 async def blob_store(settings: Any, view: Any) -> Any:
     """The services' blob layout from this process: small content in Cassandra, larger in S3."""
-    from services.backends import tiered
-    from services.blobstores.s3 import S3BlobStore
+    from services.runtime.backends import tiered
+    from services.adapters.s3.store import S3BlobStore
 
     s3 = S3BlobStore(settings.s3, settings.limits.max_blob_bytes)
     await s3.ensure_bucket()
@@ -255,10 +255,11 @@ async def write_backlog(settings: Any, queue: str, n: int, content: bytes, delay
     this process for speed. Returns the seconds it took."""
     import datetime as dt
 
-    from services import counters, model
-    from services.brokers.rabbitmq import RabbitMQBroker
-    from services.slices import bucket_of, slice_start
-    from services.view.view import View
+    from services.app import counters
+    from services.domain import model
+    from services.adapters.rabbitmq.broker import RabbitMQBroker
+    from services.domain.slices import bucket_of, slice_start
+    from services.adapters.cassandra.view import View
 
     view = await View.open(settings.cassandra)
     broker = RabbitMQBroker(settings.rabbitmq, settings.cassandra.keyspace)

@@ -6,7 +6,7 @@ Every path does the same work per mail: consume the RabbitMQ message, check the 
 Cassandra, take the content (carried by a small mail's message; read from Cassandra or MinIO
 otherwise), mark the mail deleted, ack. ``grpc`` answers each delivery alone; ``grpc-batch``
 subscribes with max_batch and answers each Deliveries message with one Outcomes message. The
-direct path runs the same domain code (services/dequeuer.py, services/subscription.py) in one
+direct path runs the same domain code (services/app/dequeuer.py, services/app/subscription.py) in one
 process with no gRPC. Mails are enqueued first (not timed); the first --warmup-mails of each
 phase are not timed either. Needs the stack up (stack/stack.sh up).
 """
@@ -25,14 +25,14 @@ import grpc
 from bench.common import PORTS, CpuMeter, bench_queue, blob_store, new_keyspace, run, start_services, stop
 from bench.enqueue_bench import content
 from mailqueue.v1 import admin_pb2, admin_pb2_grpc, dequeue_pb2, dequeue_pb2_grpc
-from services import model
-from services.brokers.rabbitmq import RabbitMQBroker
-from services.config import Settings
-from services.dequeuer import Dequeuer
-from services.subscription import Outcome
-from services.enqueuer import Enqueuer
-from services.queue_state import QueueState
-from services.view.view import View
+from services.domain import model
+from services.adapters.rabbitmq.broker import RabbitMQBroker
+from services.domain.config import Settings
+from services.app.dequeuer import Dequeuer
+from services.app.subscription import Outcome
+from services.app.enqueuer import Enqueuer
+from services.app.queue_state import QueueState
+from services.adapters.cassandra.view import View
 
 
 async def fill(settings: Settings, queue: str, n: int, size: int) -> None:

@@ -24,12 +24,12 @@ import grpc
 
 from bench.common import PORTS, blob_store, bench_queue, load, new_keyspace, report, run, start_services, stop
 from mailqueue.v1 import admin_pb2, admin_pb2_grpc, enqueue_pb2, enqueue_pb2_grpc, mail_pb2
-from services import model
-from services.brokers.rabbitmq import RabbitMQBroker
-from services.config import Settings
-from services.queues import create_queue
-from services.slices import bucket_of, slice_start
-from services.view.view import View
+from services.domain import model
+from services.adapters.rabbitmq.broker import RabbitMQBroker
+from services.domain.config import Settings
+from services.app.queues import create_queue
+from services.domain.slices import bucket_of, slice_start
+from services.adapters.cassandra.view import View
 
 
 def content(i: int, size: int) -> bytes:

@@ -2,7 +2,7 @@
 one Python process with the Cassandra driver (concurrent requests) and obstore.
 
 It walks each queue's slices × buckets from content start instead of scanning the table, and
-uses the same rules (services/retention.py). Not used in production.
+uses the same rules (services/domain/retention.py). Not used in production.
 """
 
 from __future__ import annotations
@@ -12,14 +12,14 @@ import concurrent.futures
 import datetime as dt
 from collections.abc import Iterable
 
-from services import names, retention, slices
+from services.domain import names, retention, slices
 import obstore
 
-from services.blobstores import s3client
-from services.config import CassandraSettings, S3Settings
-from services.view import bulk
-from services.view.session import connect
-from services.view.view import View
+from services.adapters.s3 import client as s3client
+from services.domain.config import CassandraSettings, S3Settings
+from services.adapters.cassandra import bulk
+from services.adapters.cassandra.session import connect
+from services.adapters.cassandra.view import View
 
 CONCURRENCY = 32
 

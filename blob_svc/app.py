@@ -6,11 +6,11 @@ from typing import Any
 
 from blob_svc.servicer import BlobServicer
 from mailqueue.v1 import blob_pb2_grpc
-from services.backends import tiered
-from services.blobstore import BlobStore
-from services.blobstores.s3 import S3BlobStore
+from services.runtime.backends import tiered
+from services.ports.blobstore import BlobStore
+from services.adapters.s3.store import S3BlobStore
 from services.runtime.server import App
-from services.view.view import View
+from services.adapters.cassandra.view import View
 
 
 class BlobApp(App):

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Callable
 import grpc
 
 from mailqueue.v1 import blob_pb2, blob_pb2_grpc
-from services.blobstore import BlobStore
+from services.ports.blobstore import BlobStore
 
 
 class BlobServicer(blob_pb2_grpc.BlobServiceServicer):

@@ -7,10 +7,10 @@ from typing import Any
 
 from browse_svc.servicer import AdminServicer, BrowseServicer
 from mailqueue.v1 import admin_pb2_grpc, browse_pb2_grpc
-from services import gauges
-from services.backends import Backends
-from services.browser import Browser
-from services.queue_app import QueueApp
+from services.app import gauges
+from services.runtime.backends import Backends
+from services.app.browser import Browser
+from services.runtime.queue_app import QueueApp
 
 
 class BrowseApp(QueueApp[Browser]):

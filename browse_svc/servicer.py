@@ -1,4 +1,4 @@
-"""BrowseService and AdminService: protobuf <-> domain only; the work is in services/browser.py."""
+"""BrowseService and AdminService: protobuf <-> domain only; the work is in services/app/browser.py."""
 
 from __future__ import annotations
 
@@ -7,11 +7,13 @@ from collections.abc import AsyncIterator, Callable
 import grpc
 
 from mailqueue.v1 import admin_pb2, admin_pb2_grpc, browse_pb2, browse_pb2_grpc
-from services import browse_start, model, rule_admin, rules, schedule, serde, validation
-from services.backends import Backends
-from services.browser import Browser, BrowseFilter, Progress, delete_condition, flush_condition
-from services.errors import InvalidArgument
-from services.queues import create_queue
+from services.app import browse_start, rule_admin
+from services.domain import model, rules, schedule, validation
+from services.contract import serde
+from services.runtime.backends import Backends
+from services.app.browser import Browser, BrowseFilter, Progress, delete_condition, flush_condition
+from services.domain.errors import InvalidArgument
+from services.app.queues import create_queue
 
 
 async def _existing_queue(b: Backends, queue: str) -> str:

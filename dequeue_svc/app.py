@@ -7,10 +7,10 @@ from typing import Any
 
 from dequeue_svc.servicer import DequeueServicer
 from mailqueue.v1 import dequeue_pb2_grpc
-from services import dead_letters
-from services.backends import Backends
-from services.dequeuer import Dequeuer
-from services.queue_app import QueueApp
+from services.app import dead_letters
+from services.runtime.backends import Backends
+from services.app.dequeuer import Dequeuer
+from services.runtime.queue_app import QueueApp
 
 
 class DequeueApp(QueueApp[Dequeuer]):

@@ -1,4 +1,4 @@
-"""DequeueService: protobuf <-> domain only; the work is in services/subscription.py.
+"""DequeueService: protobuf <-> domain only; the work is in services/app/subscription.py.
 
 One stream = one subscription. Outcomes are read concurrently with the deliveries being sent;
 when the client half-closes, the server stops delivering and ends the stream, and whatever was
@@ -14,10 +14,10 @@ from collections.abc import AsyncIterator, Callable
 import grpc
 
 from mailqueue.v1 import dequeue_pb2, dequeue_pb2_grpc
-from services import serde
-from services.dequeuer import Dequeuer
-from services.subscription import DEFAULT_PREFETCH, Delivery, Outcome, Subscription
-from services.errors import InvalidArgument
+from services.contract import serde
+from services.app.dequeuer import Dequeuer
+from services.app.subscription import DEFAULT_PREFETCH, Delivery, Outcome, Subscription
+from services.domain.errors import InvalidArgument
 
 _OUTCOMES = {
     dequeue_pb2.OUTCOME_KIND_SUCCESS: Outcome.SUCCESS,

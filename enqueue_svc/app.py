@@ -6,9 +6,9 @@ from typing import Any
 
 from enqueue_svc.servicer import EnqueueServicer
 from mailqueue.v1 import enqueue_pb2_grpc
-from services.backends import Backends
-from services.enqueuer import Enqueuer
-from services.queue_app import QueueApp
+from services.runtime.backends import Backends
+from services.app.enqueuer import Enqueuer
+from services.runtime.queue_app import QueueApp
 
 
 class EnqueueApp(QueueApp[Enqueuer]):

@@ -1,4 +1,4 @@
-"""EnqueueService: protobuf <-> domain only; the work is in services/enqueuer.py."""
+"""EnqueueService: protobuf <-> domain only; the work is in services/app/enqueuer.py."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ from collections.abc import AsyncIterator, Callable
 import grpc
 
 from mailqueue.v1 import enqueue_pb2, enqueue_pb2_grpc
-from services import model, pipeline, serde
-from services.enqueuer import Enqueuer
-from services.errors import InvalidArgument, MailQueueError
+from services.domain import model, pipeline
+from services.contract import serde
+from services.app.enqueuer import Enqueuer
+from services.domain.errors import InvalidArgument, MailQueueError
 from services.runtime.status import number_of
 
 log = logging.getLogger(__name__)

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import obstore
 
-from services.blobstores import s3client, s3errors
-from services.config import S3Settings
-from services.errors import BackendUnavailable
+from services.adapters.s3 import client as s3client, errors as s3errors
+from services.domain.config import S3Settings
+from services.domain.errors import BackendUnavailable
 
 OWNER_KEY = "mailqueue-owner"
 #: Text in a Spark failure that means a backend, not the job, is at fault.

@@ -1,5 +1,5 @@
 """What runs inside Spark tasks: deletes through the Python Cassandra driver, blob listing and
-collection through obstore (services/blobstores/s3client.py; the connector has no DataFrame delete).
+collection through obstore (services/adapters/s3/client.py; the connector has no DataFrame delete).
 
 Each factory returns a function for ``foreachPartition`` / ``mapPartitions``; it opens its own
 connections (they cannot be pickled), works in batches and counts with accumulators.
@@ -12,10 +12,10 @@ import datetime as dt
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from services import names, retention
-from services.config import CassandraSettings, S3Settings
-from services.slices import from_ms
-from services.view import schema
+from services.domain import names, retention
+from services.domain.config import CassandraSettings, S3Settings
+from services.domain.slices import from_ms
+from services.adapters.cassandra import schema
 
 BATCH = 2000
 CONCURRENCY = 32
@@ -23,8 +23,8 @@ BLOB_THREADS = 16
 
 
 def _execute(cassandra: CassandraSettings, cql: str, params: Iterable[tuple[Any, ...]], counter: Any) -> None:
-    from services.view import bulk
-    from services.view.session import connect
+    from services.adapters.cassandra import bulk
+    from services.adapters.cassandra.session import connect
 
     cluster, session = connect(cassandra)
     try:
@@ -73,7 +73,7 @@ def list_blobs(s3: S3Settings, started: dt.datetime, grace: dt.timedelta) -> Cal
     """Key prefixes in, (blob_id, size, last_modified_ms) out for blobs old enough to collect."""
 
     def run(prefixes: Iterator[str]) -> Iterator[tuple[str, int, int]]:
-        from services.blobstores import s3client
+        from services.adapters.s3 import client as s3client
 
         c = s3client.store(s3)
         for prefix in prefixes:
@@ -91,7 +91,7 @@ def delete_blobs(s3: S3Settings, started: dt.datetime, grace: dt.timedelta, coun
     def run(rows: Iterator[Any]) -> None:
         import obstore
 
-        from services.blobstores import s3client, s3errors
+        from services.adapters.s3 import client as s3client, errors as s3errors
 
         c = s3client.store(s3)
 
@@ -123,8 +123,8 @@ def delete_small_blobs(cassandra: CassandraSettings, keyspace: str, cutoff: dt.d
     cql = f"DELETE FROM {keyspace}.{schema.BLOBS} WHERE blob_id = ? IF written_at < ?"
 
     def run(rows: Iterator[Any]) -> None:
-        from services.view import bulk
-        from services.view.session import connect
+        from services.adapters.cassandra import bulk
+        from services.adapters.cassandra.session import connect
 
         cluster, session = connect(cassandra)
         try:

@@ -5,7 +5,7 @@
 For every queue, slices strictly before ``browse_start - grace`` are dropped (deleted marks,
 then rows) after content start has been advanced past them; then blobs that no remaining
 row references and that are older than the blob grace are collected. The rules are in
-services/retention.py; this module reads with Spark (the Cassandra connector scans the tables
+services/domain/retention.py; this module reads with Spark (the Cassandra connector scans the tables
 by token range) and deletes from Spark tasks with the Python driver and obstore.
 
 Idempotent and resumable: every step is a delete or a forward-only move, so a run killed at any
@@ -27,13 +27,13 @@ import sys
 import time
 from typing import Any
 
-from services import retention, slices
-from services.config import CassandraSettings, ConfigurationError, S3Settings
-from services.durations import parse_duration
-from services.errors import BackendUnavailable
+from services.domain import retention, slices
+from services.domain.config import CassandraSettings, ConfigurationError, S3Settings
+from services.domain.durations import parse_duration
+from services.domain.errors import BackendUnavailable
 from services.runtime import logs
-from services.view import schema
-from services.view.view import View
+from services.adapters.cassandra import schema
+from services.adapters.cassandra.view import View
 from spark import buckets, executors, session
 
 log = logging.getLogger("spark.sweep")

@@ -63,7 +63,7 @@ def drop_keyspace(name: str, env: dict[str, str] | None = None) -> None:
 
     from cassandra.cluster import Cluster
 
-    from services.config import CassandraSettings
+    from services.domain.config import CassandraSettings
 
     settings = CassandraSettings.from_env(os.environ if env is None else env)
     cluster = Cluster(list(settings.hosts), port=settings.port, protocol_version=5)
@@ -109,8 +109,8 @@ def _drop_created_queues():
         return
     import pika
 
-    from services import model, names
-    from services.config import RabbitMQSettings
+    from services.domain import model, names
+    from services.domain.config import RabbitMQSettings
 
     try:
         with pika.BlockingConnection(pika.URLParameters(RabbitMQSettings.from_env().url)) as conn:
@@ -206,8 +206,8 @@ class ProcessSuite(BaseSuite):
     kind = "processes"
 
     def __init__(self, loop: LoopThread, keyspace: str) -> None:
-        from services.config import CassandraSettings
-        from services.view.view import View
+        from services.domain.config import CassandraSettings
+        from services.adapters.cassandra.view import View
 
         self.loop = loop
         self.keyspace = keyspace

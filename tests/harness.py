@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from services.config import Settings
+from services.domain.config import Settings
 from services.runtime.server import SERVING, App, Served, create_server
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -2,7 +2,7 @@
 
 import datetime as dt
 
-from services import model
+from services.domain import model
 
 FULL_MAIL = model.Mail(
     name="mail-full",

@@ -1,1 +1,1 @@
-"""The server runtime shared by the four services: app lifecycle, health, reflection, metrics, errors."""
+"""Wiring and serving, shared by the four services: the backends a service holds, app lifecycle, health, reflection, metrics, errors, auth, logs."""

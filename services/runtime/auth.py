@@ -15,11 +15,10 @@ from typing import Any
 
 import grpc
 
-from services.errors import ConfigurationError
+from services.domain.errors import ConfigurationError
 
 log = logging.getLogger(__name__)
 
-ROLES = ("producer", "consumer", "reader", "admin")
 
 #: Who may call what (admin may call everything). Longest matching prefix wins.
 PERMISSIONS: dict[str, frozenset[str]] = {
@@ -33,20 +32,6 @@ PERMISSIONS: dict[str, frozenset[str]] = {
     "/mailqueue.v1.BlobService/Delete": frozenset(),
 }
 PUBLIC = ("/grpc.health.v1.Health/", "/grpc.reflection.")
-
-
-def parse_tokens(spec: str) -> dict[str, str]:
-    """``"admin:s3cret,producer:abc"`` -> {token: role}. Raises ConfigurationError."""
-    tokens: dict[str, str] = {}
-    for item in filter(None, (part.strip() for part in spec.replace("\n", ",").split(","))):
-        role, sep, token = item.partition(":")
-        if not sep or role not in ROLES or len(token) < 16:
-            raise ConfigurationError(
-                f"MAILQUEUE_TOKENS entry {role!r}: use role:token with a role of {', '.join(ROLES)} "
-                "and a token of at least 16 characters"
-            )
-        tokens[token] = role
-    return tokens
 
 
 def allowed(method: str, role: str) -> bool:

@@ -14,7 +14,7 @@ from typing import Any
 import grpc
 from prometheus_client import Counter, Histogram
 
-from services.errors import InvalidArgument, MailQueueError
+from services.domain.errors import InvalidArgument, MailQueueError
 from services.runtime.status import status_of
 
 log = logging.getLogger(__name__)

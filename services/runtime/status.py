@@ -1,10 +1,10 @@
-"""Domain errors to gRPC statuses: the one table (services/errors.py names each class's status)."""
+"""Domain errors to gRPC statuses: the one table (services/domain/errors.py names each class's status)."""
 
 from __future__ import annotations
 
 import grpc
 
-from services.errors import MailQueueError
+from services.domain.errors import MailQueueError
 
 
 def status_of(e: MailQueueError) -> grpc.StatusCode:

@@ -19,7 +19,7 @@ import pytest
 from google.protobuf import duration_pb2
 
 from mailqueue.v1 import admin_pb2, browse_pb2, browse_pb2_grpc, enqueue_pb2, enqueue_pb2_grpc, mail_pb2
-from services import names
+from services.domain import names
 from tests.cluster.conftest import stack
 from tests.load import Load
 from tests.harness import ROOT, wait_until

@@ -8,10 +8,11 @@ import grpc
 import pika
 
 from mailqueue.v1 import enqueue_pb2, mail_pb2
-from services import model, names, serde
-from services.brokers.channels import CONTENT_HEADER, split_content
-from services.config import RabbitMQSettings
-from services.slices import slices_between
+from services.domain import model, names
+from services.contract import serde
+from services.adapters.rabbitmq.channels import CONTENT_HEADER, split_content
+from services.domain.config import RabbitMQSettings
+from services.domain.slices import slices_between
 
 
 def view_rows(suite, queue: str) -> list[model.QueuedMail]:

@@ -7,7 +7,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from mailqueue.v1 import admin_pb2, admin_pb2_grpc, browse_pb2, browse_pb2_grpc, dequeue_pb2, dequeue_pb2_grpc, enqueue_pb2_grpc
-from services.runtime.channels import blocking_channel
+from services.adapters.grpc_channels import blocking_channel
 from tests.integration.helpers import code_of, inline, simple_mail
 
 TOKENS = {role: role[0] * 24 for role in ("admin", "producer", "consumer", "reader")}
@@ -74,7 +74,7 @@ def test_health_needs_no_token(secured):
 
 def test_a_service_token_blob_svc_refuses_turns_the_service_not_serving_and_says_what_to_fix(secured):
     from enqueue_svc.app import EnqueueApp
-    from services.errors import BackendUnavailable
+    from services.domain.errors import BackendUnavailable
     from tests.harness import RunningApp
 
     _, _, admin, _ = stubs(secured, TOKENS["admin"])

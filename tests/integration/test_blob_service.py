@@ -14,7 +14,7 @@ import pytest
 from blob_svc.app import BlobApp
 from blob_svc.servicer import BlobServicer
 from mailqueue.v1 import blob_pb2, blob_pb2_grpc
-from services.config import Settings
+from services.domain.config import Settings
 from tests.harness import service_env
 
 CHUNK = 256 * 1024
@@ -158,9 +158,9 @@ def test_delete_is_idempotent(grpc_stub, size):
 
 @pytest.mark.parametrize("size", SIZES)
 def test_content_lives_in_cassandra_up_to_the_small_limit_and_in_s3_above(grpc_stub, blob_app, aio_loop, keyspace, size):
-    from services.blobstores import s3client
-    from services.view import schema
-    from services.view.session import execute
+    from services.adapters.s3 import client as s3client
+    from services.adapters.cassandra import schema
+    from services.adapters.cassandra.session import execute
 
     r = put(grpc_stub, os.urandom(size))
     tiered = blob_app.settings.limits.small_blob_bytes > 0
@@ -177,7 +177,7 @@ def test_a_put_that_deduplicates_refreshes_the_objects_age_once_per_interval(grp
 
     import obstore
 
-    from services.blobstores import s3client
+    from services.adapters.s3 import client as s3client
     from tests.harness import wait_until
 
     data = os.urandom(100_000)  # over the small-blob limit: an S3 object in both stores

@@ -11,10 +11,11 @@ import pytest
 from google.protobuf import duration_pb2
 
 from mailqueue.v1 import admin_pb2, browse_pb2
-from services import model, serde
+from services.domain import model
+from services.contract import serde
 from tests.harness import stack, wait_until
 from tests.integration.helpers import StreamConsumer, delivered, enqueue_names, inline, message_count, simple_mail, view_rows
-from services import names
+from services.domain import names
 
 
 @pytest.fixture

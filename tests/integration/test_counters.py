@@ -3,7 +3,7 @@
 import datetime as dt
 
 from mailqueue.v1 import admin_pb2, browse_pb2
-from services import counters
+from services.domain import counts
 from tests.harness import ServiceProcess, service_env, wait_until
 from tests.integration.helpers import StreamConsumer, enqueue_names, inline, simple_mail
 
@@ -83,9 +83,9 @@ def test_counts_summarize_from_browse_start_only():
     t0 = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
     h = dt.timedelta(hours=1)
     raw = {"enqueued": {t0: 5, t0 + h: 4}, "gone": {t0: 5, t0 + h: 1}, "delayed": {t0 + h: 2}}
-    c = counters.summarize(raw, t0)
+    c = counts.summarize(raw, t0)
     assert (c.size, c.delayed, c.ready, c.oldest_slice, c.oldest_ready_slice) == (3, 2, 1, t0 + h, t0 + h)
-    assert counters.summarize(raw, t0 + 2 * h).size == 0
+    assert counts.summarize(raw, t0 + 2 * h).size == 0
 
 
 def test_shape_prints_recipient_domains_by_age(suite, tmp_path):

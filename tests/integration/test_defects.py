@@ -11,9 +11,9 @@ import pytest
 from google.protobuf import duration_pb2, timestamp_pb2
 
 from mailqueue.v1 import admin_pb2, browse_pb2, enqueue_pb2
-from services import names
-from services.config import RabbitMQSettings
-from services.subscription import SKIPPED
+from services.domain import names
+from services.domain.config import RabbitMQSettings
+from services.app.subscription import SKIPPED
 from tests.harness import ROOT, wait_until
 from tests.integration.helpers import (
     StreamConsumer, code_of, dead_letter_count, deleted_reason, delivered, enqueue_names, inline, message_count, simple_mail,
@@ -87,7 +87,7 @@ def test_rows_with_timestamps_python_cannot_hold_are_skipped_and_the_queue_stays
     assert suite.browse_stub.GetSize(browse_pb2.GetSizeRequest(queue=queue, exact=True)).size == 1  # reads the rows
     assert [b.mail.enqueue_id for b in suite.browse_stub.Browse(browse_pb2.BrowseRequest(queue=queue))] == [good]
     assert code_of(lambda: list(suite.admin_stub.ClearQueue(admin_pb2.ClearQueueRequest(queue=queue)))) == grpc.StatusCode.OK
-    from services.view.daos import UNDECODABLE
+    from services.adapters.cassandra.daos import UNDECODABLE
 
     assert UNDECODABLE.labels(queue)._value.get() >= 3  # skipped, logged and counted at each read
 

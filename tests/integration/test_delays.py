@@ -14,8 +14,8 @@ import pytest
 from google.protobuf import duration_pb2, timestamp_pb2
 
 from mailqueue.v1 import admin_pb2, browse_pb2, enqueue_pb2
-from services import model
-from services.config import RabbitMQSettings
+from services.domain import model
+from services.domain.config import RabbitMQSettings
 from tests.harness import wait_until
 from tests.integration.helpers import (
     StreamConsumer, dead_letter_count, deleted_reason, delivered, inline, message_count, simple_mail, view_rows,

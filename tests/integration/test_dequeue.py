@@ -10,8 +10,8 @@ import pika
 import pytest
 
 from mailqueue.v1 import blob_pb2, dequeue_pb2, mail_pb2
-from services import names
-from services.config import RabbitMQSettings
+from services.domain import names
+from services.domain.config import RabbitMQSettings
 from tests.harness import wait_until
 from tests.integration.helpers import (
     StreamConsumer, consumer_count, dead_letter_count, deleted_reason, delivered, enqueue_names, inline, message_count,

@@ -21,9 +21,9 @@ import pytest
 from prometheus_client import REGISTRY
 
 from mailqueue.v1 import admin_pb2, blob_pb2, browse_pb2
-from services import model, slices
-from services.view import schema
-from services.view.session import execute
+from services.domain import model, slices
+from services.adapters.cassandra import schema
+from services.adapters.cassandra.session import execute
 from tests.conftest import Suite
 from tests.harness import ROOT, new_keyspace, wait_until
 from tests.integration.helpers import (

@@ -1,7 +1,8 @@
 import pytest
 
-from services.errors import ConfigurationError
-from services.runtime.auth import allowed, check_exposure, parse_tokens, role_of
+from services.domain.errors import ConfigurationError
+from services.domain.config import parse_tokens
+from services.runtime.auth import allowed, check_exposure, role_of
 
 TOKENS = parse_tokens("admin:aaaaaaaaaaaaaaaa, producer:pppppppppppppppp,consumer:cccccccccccccccc,reader:rrrrrrrrrrrrrrrr")
 

@@ -3,9 +3,9 @@ import uuid
 
 import pytest
 
-from services import model
-from services.browser import BrowseFilter, delete_condition
-from services.errors import InvalidArgument
+from services.domain import model
+from services.app.browser import BrowseFilter, delete_condition
+from services.domain.errors import InvalidArgument
 
 UTC = dt.timezone.utc
 T0 = dt.datetime(2026, 1, 1, tzinfo=UTC)

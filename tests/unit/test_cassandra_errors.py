@@ -4,7 +4,7 @@ import pytest
 from cassandra import OperationTimedOut, Unavailable
 from cassandra.protocol import ErrorMessage
 
-from services.view.session import unavailable
+from services.adapters.cassandra.session import unavailable
 
 
 def server_error(code: int) -> ErrorMessage:

@@ -2,8 +2,8 @@ import re
 
 import pytest
 
-from services.config import LimitSettings, Settings
-from services.errors import ConfigurationError
+from services.domain.config import LimitSettings, Settings
+from services.domain.errors import ConfigurationError
 
 
 def test_defaults_are_local_and_safe():
@@ -45,7 +45,7 @@ def test_the_domain_errors_and_the_sweep_need_no_grpc():
     import subprocess
     import sys
 
-    code = "import sys, services.errors, spark.sweep; sys.exit('grpc' in sys.modules)"
+    code = "import sys, services.domain.errors, spark.sweep; sys.exit('grpc' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
 

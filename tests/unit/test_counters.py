@@ -1,4 +1,4 @@
-"""Counter arithmetic (services/counters.py), qshape's table (mailq), the dashboard's metrics."""
+"""Counter arithmetic (services/domain/counts.py), qshape's table (mailq), the dashboard's metrics."""
 
 import datetime as dt
 import json
@@ -7,7 +7,8 @@ import re
 import uuid
 
 from mailq.cli import shape_table
-from services import counters, model
+from services.domain import counts
+from services.domain import model
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
 H = dt.timedelta(hours=1)
@@ -21,20 +22,20 @@ def mail(slice_start, due=None, held=False) -> model.QueuedMail:
 def test_exact_deltas_move_every_counter_to_the_live_mails():
     raw = {"enqueued": {T0: 10, T0 + H: 3}, "gone": {T0: 6, T0 + H: 3}, "delayed": {T0: 2}, "held": {T0: 1}}
     live = [mail(T0), mail(T0, due=T0 + 9 * H), mail(T0 + H, due=T0 + 9 * H, held=True)]
-    deltas = counters.exact_deltas(raw, live, T0, T0 + 2 * H)
+    deltas = counts.exact_deltas(raw, live, T0, T0 + 2 * H)
     assert sorted(deltas) == sorted([(T0, "gone", 2), (T0, "delayed", -1), (T0, "held", -1),
                                      (T0 + H, "gone", -1), (T0 + H, "delayed", 1), (T0 + H, "held", 1)])
     healed = {k: dict(v) for k, v in raw.items()}
     for s, kind, delta in deltas:
         healed.setdefault(kind, {})[s] = healed.get(kind, {}).get(s, 0) + delta
-    c = counters.summarize(healed, T0)
+    c = counts.summarize(healed, T0)
     assert (c.size, c.delayed, c.held) == (3, 2, 1)
 
 
 def test_slices_before_browse_start_are_ignored():
     raw = {"enqueued": {T0 - H: 7}}
-    assert counters.exact_deltas(raw, [], T0, T0) == []
-    assert counters.summarize(raw, T0).size == 0
+    assert counts.exact_deltas(raw, [], T0, T0) == []
+    assert counts.summarize(raw, T0).size == 0
 
 
 def test_shape_counts_recipients_by_domain_and_geometric_age():
@@ -57,7 +58,7 @@ def test_the_dashboard_uses_only_metrics_the_services_export():
 def test_counter_updates_are_gathered_and_written_once_per_key():
     import asyncio
 
-    from services.view.counter_buffer import CounterBuffer
+    from services.adapters.cassandra.counter_buffer import CounterBuffer
 
     class Recorder:  # stands in for the DAO: only what the buffer asks it to write is checked
         def __init__(self) -> None:

@@ -1,11 +1,11 @@
-"""The delay ladder's routing (services/delays.py): every delay waits exactly its units, never less."""
+"""The delay ladder's routing (services/domain/delays.py): every delay waits exactly its units, never less."""
 
 import datetime as dt
 import re
 
 import pytest
 
-from services import delays
+from services.domain import delays
 
 
 def topic_matches(binding: str, key: str) -> bool:

@@ -1,8 +1,8 @@
-"""When a RETRY must become a dead letter (services/subscription.py:retries_exhausted)."""
+"""When a RETRY must become a dead letter (services/app/subscription.py:retries_exhausted)."""
 
 import pytest
 
-from services.subscription import retries_exhausted
+from services.app.subscription import retries_exhausted
 
 
 @pytest.mark.parametrize(("count", "limit", "exhausted"), [

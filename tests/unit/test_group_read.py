@@ -1,11 +1,11 @@
-"""Grouped point reads (services/view/group_read.py): who gets what, in how many requests."""
+"""Grouped point reads (services/adapters/cassandra/group_read.py): who gets what, in how many requests."""
 
 import asyncio
 import uuid
 
 import pytest
 
-from services.view.group_read import MAX_KEYS, GroupRead
+from services.adapters.cassandra.group_read import MAX_KEYS, GroupRead
 from tests.unit.aio import run
 
 

@@ -1,11 +1,11 @@
-"""The sweep's rules (services/retention.py): what may be dropped, where content start moves."""
+"""The sweep's rules (services/domain/retention.py): what may be dropped, where content start moves."""
 
 import datetime as dt
 
 import pytest
 
-from services import retention
-from services.durations import parse_duration
+from services.domain import retention
+from services.domain.durations import parse_duration
 
 T = dt.datetime(2026, 11, 22, 10, 0, tzinfo=dt.timezone.utc)
 HOUR = dt.timedelta(hours=1)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from services.retry import Backoff, retrying
+from services.domain.retry import Backoff, retrying
 from tests.unit.aio import run
 
 

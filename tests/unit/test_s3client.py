@@ -1,9 +1,9 @@
-"""How the S3 client is configured from the settings (services/blobstores/s3client.py; no network)."""
+"""How the S3 client is configured from the settings (services/adapters/s3/client.py; no network)."""
 
 import dataclasses
 
-from services.blobstores import s3client
-from services.config import S3Settings
+from services.adapters.s3 import client as s3client
+from services.domain.config import S3Settings
 
 
 def test_plain_http_signs_the_payload_and_tls_leaves_it_to_the_transport():

@@ -1,9 +1,9 @@
-"""What an S3 client error means to the mail queue (services/blobstores/s3errors.py)."""
+"""What an S3 client error means to the mail queue (services/adapters/s3/errors.py)."""
 
 import obstore.exceptions
 
-from services.blobstores import s3errors
-from services.errors import BackendUnavailable, NotFound
+from services.adapters.s3 import errors as s3errors
+from services.domain.errors import BackendUnavailable, NotFound
 
 
 def test_a_missing_object_is_not_found():

@@ -1,13 +1,13 @@
-"""Retry backoff and expiry (services/schedule.py)."""
+"""Retry backoff and expiry (services/domain/schedule.py)."""
 
 import dataclasses
 import datetime as dt
 
 import pytest
 
-from services import schedule
-from services.errors import InvalidArgument
-from services.model import RetryPolicy
+from services.domain import schedule
+from services.domain.errors import InvalidArgument
+from services.domain.model import RetryPolicy
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
 S = dt.timedelta(seconds=1)

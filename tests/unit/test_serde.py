@@ -4,8 +4,9 @@ import uuid
 
 import pytest
 
-from services import model, serde
-from services.errors import InvalidArgument
+from services.domain import model
+from services.contract import serde
+from services.domain.errors import InvalidArgument
 from tests.mails import FULL_MAIL
 
 UTC = dt.timezone.utc
@@ -33,7 +34,7 @@ def test_queued_mail_round_trips_through_bytes():
 
 
 def test_a_broker_message_carries_the_mail_with_its_header_generation():
-    from services.broker import Message
+    from services.ports.broker import Message
 
     q = model.QueuedMail(
         queue="spool", enqueue_id=uuid.uuid4(), enqueued_at=dt.datetime(2026, 1, 1, tzinfo=UTC), mail=FULL,
@@ -95,7 +96,7 @@ def test_a_negative_retry_after_means_now():
 
 
 def test_a_message_body_splits_into_the_mail_and_the_content_it_carries():
-    from services.brokers.channels import split_content
+    from services.adapters.rabbitmq.channels import split_content
 
     assert split_content(b"MAILcontent", 7) == (b"MAIL", b"content")
     assert split_content(b"MAIL", 0) == (b"MAIL", b"")

@@ -2,7 +2,7 @@ import datetime as dt
 
 import pytest
 
-from services.slices import bucket_of, is_divisor, slice_start, slices_between
+from services.domain.slices import bucket_of, is_divisor, slice_start, slices_between
 
 UTC = dt.timezone.utc
 HOUR = dt.timedelta(hours=1)

@@ -2,9 +2,9 @@ import datetime as dt
 
 import pytest
 
-from services.errors import FailedPrecondition, InvalidArgument
-from services.model import ViewConfig
-from services.view_config import check_change, check_values, merge
+from services.domain.errors import FailedPrecondition, InvalidArgument
+from services.domain.model import ViewConfig
+from services.domain.view_config import check_change, check_values, merge
 
 H = dt.timedelta(hours=1)
 

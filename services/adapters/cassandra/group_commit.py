@@ -1,0 +1,105 @@
+"""Group commit: writes to one partition that meet in time go to Cassandra as one batch.
+
+Under load, many enqueues write a row into the same (queue, slice, bucket) partition at about
+the same moment. Each request costs the driver ~0.1 ms of CPU in the service and Cassandra a
+mutation of its own; a single-partition UNLOGGED batch is one request and one mutation, applied
+atomically (Cassandra checks batch sizes only for batches that span partitions).
+
+Per partition, at most ``IN_FLIGHT`` batches are outstanding; writes that arrive meanwhile wait
+and leave together with the next batch (up to ``MAX_STATEMENTS``). Without load a write leaves
+at the next event-loop turn, alone, so latency only grows when batching pays for it. Every
+caller gets its batch's outcome: success, or the batch's error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Hashable
+from typing import Any
+
+from cassandra.cluster import Session
+from cassandra.query import BatchStatement, BatchType
+from prometheus_client import Histogram
+
+from services.adapters.cassandra.session import execute
+
+MAX_STATEMENTS = 64
+IN_FLIGHT = 2
+
+BATCH_SIZE = Histogram(
+    "mailqueue_view_group_commit_statements", "Statements per group-committed Cassandra request",
+    buckets=(1, 2, 4, 8, 16, 32, 64),
+)
+
+_Write = tuple[Any, Any, "asyncio.Future[None]"]
+
+
+class GroupCommit:
+    def __init__(self, session: Session) -> None:
+        self._session = session
+        self._waiting: dict[Hashable, list[_Write]] = {}
+        self._in_flight: dict[Hashable, int] = {}
+        self._scheduled: set[Hashable] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def execute(self, partition: Hashable, statement: Any, params: Any) -> None:
+        """Run ``statement`` with ``params`` (a write to ``partition``), maybe with others."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+        done.add_done_callback(_retrieved)  # a cancelled caller's error is not "never retrieved"
+        self._waiting.setdefault(partition, []).append((statement, params, done))
+        if partition not in self._scheduled:
+            self._scheduled.add(partition)
+            loop.call_soon(self._send, partition)
+        await asyncio.shield(done)  # a cancelled caller does not cancel the others' batch
+
+    def _send(self, partition: Hashable) -> None:
+        self._scheduled.discard(partition)
+        waiting = self._waiting.get(partition)
+        while waiting and self._in_flight.get(partition, 0) < IN_FLIGHT:
+            group, rest = waiting[:MAX_STATEMENTS], waiting[MAX_STATEMENTS:]
+            if rest:
+                self._waiting[partition] = waiting = rest
+            else:
+                del self._waiting[partition]
+                waiting = None
+            self._in_flight[partition] = self._in_flight.get(partition, 0) + 1
+            task = asyncio.get_running_loop().create_task(self._write(partition, group))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _write(self, partition: Hashable, group: list[_Write]) -> None:
+        try:
+            BATCH_SIZE.observe(len(group))
+            if len(group) == 1:
+                statement, params, _ = group[0]
+                request: Any = statement.bind(params)
+            else:
+                request = BatchStatement(batch_type=BatchType.UNLOGGED)
+                for statement, params, _ in group:
+                    request.add(statement, params)
+            try:
+                await execute(self._session, request)
+            except BaseException as e:  # noqa: BLE001 - every caller gets the batch's error
+                for _, _, done in group:
+                    if not done.done():
+                        done.set_exception(e)
+                if not isinstance(e, Exception):
+                    raise
+            else:
+                for _, _, done in group:
+                    if not done.done():
+                        done.set_result(None)
+        finally:
+            left = self._in_flight[partition] - 1
+            if left:
+                self._in_flight[partition] = left
+            else:
+                del self._in_flight[partition]
+            if partition in self._waiting:
+                self._send(partition)
+
+
+def _retrieved(done: asyncio.Future[None]) -> None:
+    if not done.cancelled():
+        done.exception()

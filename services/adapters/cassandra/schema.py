@@ -1,0 +1,100 @@
+"""The whole Cassandra schema of the view, in one place (ADR-31, DESIGN §3).
+
+Created idempotently at start-up (``IF NOT EXISTS``); a new layout gets new versioned tables.
+Rows are written without null cells: absent values are left unset (nulls are tombstones).
+"""
+
+from __future__ import annotations
+
+from cassandra.cluster import Session
+
+from services.domain.names import table
+
+ENQUEUED_MAILS = table("enqueued_mails")
+DELETED_MAILS = table("deleted_mails")
+BROWSE_START = table("browse_start")
+CONTENT_START = table("content_start")
+QUEUES = table("queues")
+CONFIG_EVENTS = table("queue_view_config_events")
+IDEMPOTENCY = table("enqueue_idempotency")
+RETRY_POLICIES = table("retry_policies")
+RULES = table("rules")
+COUNTERS = table("queue_counters")
+BLOBS = table("blobs")
+
+#: Idempotency keys are remembered this long.
+IDEMPOTENCY_TTL_S = 24 * 3600
+
+TABLES = [
+    f"""CREATE TABLE IF NOT EXISTS {{ks}}.{ENQUEUED_MAILS} (
+        queue_name text, slice_start timestamp, bucket int,
+        enqueued_at timestamp, enqueue_id uuid,
+        name text, sender text, recipients list<text>,
+        state text, error_message text, remote_host text, remote_addr text, last_updated timestamp,
+        attributes map<text, text>,
+        per_recipient_headers list<frozen<tuple<text, text, text>>>,
+        blob_ids list<text>, size bigint, deliver_at timestamp, priority text,
+        PRIMARY KEY ((queue_name, slice_start, bucket), enqueued_at, enqueue_id)
+    ) WITH comment = 'Time series of every mail ever enqueued, by (queue, slice, bucket). Never updated; dropped slice by slice by the retention sweep once before browse_start.'""",
+    f"""CREATE TABLE IF NOT EXISTS {{ks}}.{DELETED_MAILS} (
+        queue_name text, enqueue_id uuid, reason text, deleted_at timestamp,
+        generation int, deliver_at timestamp, attempts int, last_error text, held_by uuid,
+        PRIMARY KEY ((queue_name, enqueue_id))
+    ) WITH comment = 'Per mail: gone (reason and deleted_at set: dequeued, deleted or dead-lettered; browse and dequeue skip it), or its schedule once a RETRY or a Flush changed it (generation, deliver_at, attempts, last_error).'""",
+    f"""CREATE TABLE IF NOT EXISTS {{ks}}.{BROWSE_START} (
+        queue_name text PRIMARY KEY, browse_start timestamp
+    ) WITH comment = 'Every slice before browse_start holds only deleted mails. Only moves forward.'""",
+    f"""CREATE TABLE IF NOT EXISTS {{ks}}.{CONTENT_START} (
+        queue_name text PRIMARY KEY, content_start timestamp
+    ) WITH comment = 'Every slice before content_start has been swept: its rows no longer exist.'""",
+    f"""CREATE TABLE IF NOT EXISTS {{ks}}.{QUEUES} (
+        queue_name text PRIMARY KEY, created_at timestamp
+    ) WITH comment = 'Every queue that exists (CreateQueue).'""",
+    f"""CREATE TABLE IF NOT EXISTS {{ks}}.{CONFIG_EVENTS} (
+        aggregate_id text, event_id int,
+        slice_window_ms bigint, bucket_count int, update_browse_start_pace int, recorded_at timestamp,
+        PRIMARY KEY (aggregate_id, event_id)
+    ) WITH CLUSTERING ORDER BY (event_id DESC)
+      AND comment = 'Event-sourced view configuration; each event appended with a lightweight transaction.'""",
+    f"""CREATE TABLE IF NOT EXISTS {{ks}}.{IDEMPOTENCY} (
+        queue_name text, idempotency_key text,
+        enqueue_id uuid, claimed_at timestamp, committed boolean,
+        enqueued_at timestamp, blob_ids list<text>, size bigint,
+        PRIMARY KEY ((queue_name, idempotency_key))
+    ) WITH default_time_to_live = {IDEMPOTENCY_TTL_S}
+      AND comment = 'Client idempotency keys: a retried enqueue gets the first enqueue id back.'""",
+    f"""CREATE TABLE IF NOT EXISTS {{ks}}.{RETRY_POLICIES} (
+        queue_name text PRIMARY KEY,
+        initial_backoff_ms bigint, multiplier double, max_backoff_ms bigint, max_attempts int, max_age_ms bigint
+    ) WITH comment = 'Per queue: how RETRYs are spaced and when a mail expires (no row: the defaults).'""",
+    f"""CREATE TABLE IF NOT EXISTS {{ks}}.{RULES} (
+        scope text, rule_id uuid, kind text, queue_name text, recipient_domain text, sender text, name text,
+        reason text, created_at timestamp, expires_at timestamp,
+        PRIMARY KEY (scope, rule_id)
+    ) WITH comment = 'Operator hold and bounce rules: one small partition, each row with a TTL to its expiry.'""",
+    f"""CREATE TABLE IF NOT EXISTS {{ks}}.{COUNTERS} (
+        queue_name text, kind text, slice_start timestamp, count counter,
+        PRIMARY KEY ((queue_name), kind, slice_start)
+    ) WITH comment = 'Approximate per-slice counts (enqueued, gone, delayed, held, dead_lettered) for cheap size and gauges; healed by ReconcileCounters.'""",
+    f"""CREATE TABLE IF NOT EXISTS {{ks}}.{BLOBS} (
+        blob_id text PRIMARY KEY, content blob, size bigint, written_at timestamp
+    ) WITH comment = 'Mail content up to MAILQUEUE_SMALL_BLOB_BYTES, content-addressed (id = SHA-256 hex); larger content is in S3. written_at is refreshed when a put reuses the blob; the retention sweep collects blobs no row references.'""",
+]
+
+#: Columns added to tables that existed before them (idempotent: ADD IF NOT EXISTS).
+MIGRATIONS = [
+    f"ALTER TABLE {{ks}}.{ENQUEUED_MAILS} ADD IF NOT EXISTS deliver_at timestamp",
+    f"ALTER TABLE {{ks}}.{ENQUEUED_MAILS} ADD IF NOT EXISTS priority text",
+    *(f"ALTER TABLE {{ks}}.{DELETED_MAILS} ADD IF NOT EXISTS {column}"
+      for column in ("generation int", "deliver_at timestamp", "attempts int", "last_error text", "held_by uuid")),
+]
+
+
+def create(session: Session, keyspace: str, replication: str) -> None:
+    """Create the keyspace and every table if missing (blocking; idempotent).
+
+    Statements name tables with their keyspace (no ``USE``): the session serves one keyspace.
+    """
+    session.execute(f"CREATE KEYSPACE IF NOT EXISTS {keyspace} WITH replication = {replication}", timeout=60)
+    for ddl in [*TABLES, *MIGRATIONS]:
+        session.execute(ddl.format(ks=keyspace), timeout=60)

@@ -1,0 +1,61 @@
+"""The view facade: one Cassandra session, the schema, a DAO per table, and the mail queue view
+over them (``mails``, services/adapters/cassandra/mail_queue_view.py) that the domain goes through."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from cassandra.cluster import Cluster, Session
+
+from services.domain.config import CassandraSettings
+from services.domain.errors import BackendUnavailable
+from services.adapters.cassandra import schema
+from services.adapters.cassandra.config_store import ConfigStore
+from services.adapters.cassandra.counter_buffer import CounterBuffer
+from services.adapters.cassandra.mail_queue_view import CassandraMailQueueView, MailQueueView
+from services.adapters.cassandra.daos import (
+    CountersDAO, DeletedMailsDAO, EnqueuedMailsDAO, IdempotencyDAO, QueuesDAO, RetryPoliciesDAO, RulesDAO, StartsDAO,
+)
+from services.adapters.cassandra.session import UNAVAILABLE_ERRORS, connect, execute
+
+log = logging.getLogger(__name__)
+
+
+class View:
+    def __init__(self, cluster: Cluster, session: Session, keyspace: str, counter_flush_s: float = 0.0) -> None:
+        self._cluster = cluster
+        self.session = session
+        self.enqueued = EnqueuedMailsDAO(session, keyspace)
+        self.deleted = DeletedMailsDAO(session, keyspace)
+        self.starts = StartsDAO(session, keyspace)
+        self.queues = QueuesDAO(session, keyspace)
+        self.idempotency = IdempotencyDAO(session, keyspace)
+        self.retry_policies = RetryPoliciesDAO(session, keyspace)
+        self.rules = RulesDAO(session, keyspace)
+        self.counters = CountersDAO(session, keyspace)
+        self.counter_buffer = CounterBuffer(self.counters, counter_flush_s)
+        self.config = ConfigStore(session, keyspace)
+        #: What the domain uses: the mail rows, their marks and schedules, and the size.
+        self.mails: MailQueueView = CassandraMailQueueView(self.enqueued, self.deleted, self.starts, self.counters)
+
+    @classmethod
+    async def open(cls, settings: CassandraSettings) -> View:
+        """Connect, create the schema if missing, prepare statements. Raises BackendUnavailable."""
+
+        def blocking() -> View:
+            cluster, session = connect(settings)
+            try:
+                schema.create(session, settings.keyspace, settings.replication)
+                return cls(cluster, session, settings.keyspace, settings.counter_flush_s)
+            except UNAVAILABLE_ERRORS as e:
+                cluster.shutdown()
+                raise BackendUnavailable("cassandra", f"schema set-up failed ({e})") from e
+
+        return await asyncio.to_thread(blocking)
+
+    async def ping(self) -> None:
+        await execute(self.session, "SELECT release_version FROM system.local")
+
+    def close(self) -> None:
+        self._cluster.shutdown()

@@ -1,0 +1,1 @@
+"""The broker on RabbitMQ: topology, publisher confirms, consumers, failover across nodes."""

@@ -1,0 +1,347 @@
+"""RabbitMQ broker on pika's asyncio adapter: one connection per process, confirms pipelined.
+
+Topology per mail queue (names from services/domain/names.py): a durable direct exchange, a work queue
+(quorum by default, with a delivery limit so a poison message cannot loop forever) whose dead
+letters go to a fanout dead-letter exchange and its durable queue.
+
+Publishing is mandatory and confirmed: ``publish`` resolves when the broker acked the message and
+did not return it as unroutable (for a quorum queue, once a majority of its members has it).
+Hundreds of publishes can wait for their confirms at once.
+
+Several nodes (a cluster): the broker connects to the first that answers, and when that node dies
+(its connection closes, its heartbeats stop, or a confirm does not come within
+``confirm_timeout_s``) the next call connects to the next node of the list. Calls in flight on the
+lost connection fail with BackendUnavailable (the client sees UNAVAILABLE and retries).
+
+Delays go through the ladder of services/domain/delays.py: shared wait queues with a queue-level TTL
+that dead-letter from level to level and finally to the delivery exchange, which routes to the
+work queue by name. Quorum wait queues dead-letter at-least-once (RabbitMQ 3.10+), so a broker
+restart mid-ladder loses nothing. Every queue's dead-letter exchange also feeds one shared queue
+(names.dead_letter_marks_queue) that dequeue_svc reads to mark what the broker dead-lettered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import functools
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import pika
+from pika.adapters.asyncio_connection import AsyncioConnection
+from pika.channel import Channel
+
+from services.domain import delays, model, names
+from services.contract import serde
+from services.ports.broker import Broker
+from services.adapters.rabbitmq.channels import Publisher, RabbitMQConsumer, Waiters, resolver, unavailable
+from services.domain.config import RabbitMQSettings
+from services.domain.errors import BackendUnavailable
+
+log = logging.getLogger(__name__)
+
+class RabbitMQBroker(Broker):
+    def __init__(self, settings: RabbitMQSettings, keyspace: str = "mailqueue") -> None:
+        self._settings = settings
+        #: The view this broker's queues belong to (names the dead-letter marks queue).
+        self._marks_queue = names.dead_letter_marks_queue(keyspace)
+        self._nodes = [self._parameters(url, settings) for url in settings.urls]
+        #: The node to try first: the one connected last, or the one after a node that failed.
+        self._node = 0
+        self._conn: AsyncioConnection | None = None
+        self._lock = asyncio.Lock()
+        self._publisher_lock = asyncio.Lock()
+        self._publisher: Publisher | None = None
+        self._declared: set[str] = set()
+        self._ladder_declared = False
+        self.delivery_limit = settings.delivery_limit if settings.queue_type == "quorum" else None
+
+    # ------------------------------------------------------------------ connection and channels
+    @staticmethod
+    def _parameters(url: str, settings: RabbitMQSettings) -> pika.URLParameters:
+        params = pika.URLParameters(url)
+        params.connection_attempts = 1
+        params.socket_timeout = settings.connect_timeout_s
+        params.heartbeat = settings.heartbeat_s
+        return params
+
+    async def _connection(self) -> AsyncioConnection:
+        if self._conn is not None and self._conn.is_open:
+            return self._conn
+        async with self._lock:
+            if self._conn is not None and self._conn.is_open:
+                return self._conn
+            failures = []
+            for attempt in range(len(self._nodes)):
+                i = (self._node + attempt) % len(self._nodes)
+                params = self._nodes[i]
+                try:
+                    conn = await self._open(params)
+                except BackendUnavailable as e:
+                    failures.append(f"{params.host}:{params.port}: {e.detail}")
+                    continue
+                self._node, self._conn, self._publisher = i, conn, None
+                log.info("connected to rabbitmq", extra={"host": params.host, "port": params.port})
+                return conn
+            self._node = (self._node + 1) % len(self._nodes)
+            raise unavailable(f"no RabbitMQ node answered ({'; '.join(failures)})")
+
+    async def _open(self, params: pika.URLParameters) -> AsyncioConnection:
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[AsyncioConnection] = loop.create_future()
+
+        def on_error(_c: Any, err: Any) -> None:
+            if not fut.done():
+                fut.set_exception(unavailable(f"cannot connect ({err})"))
+
+        conn = AsyncioConnection(
+            params,
+            on_open_callback=resolver(fut),
+            on_open_error_callback=on_error,
+            on_close_callback=self._on_connection_closed,
+            custom_ioloop=loop,
+        )
+        try:
+            await asyncio.wait_for(fut, self._settings.connect_timeout_s)
+        except asyncio.TimeoutError:
+            self._abandon(conn)
+            raise unavailable(f"no answer within {self._settings.connect_timeout_s}s") from None
+        return conn
+
+    def _on_connection_closed(self, conn: AsyncioConnection, reason: Any) -> None:
+        if conn is self._conn:
+            log.warning("rabbitmq connection closed", extra={"reason": str(reason)})
+            self._leave(conn)
+
+    def _leave(self, conn: AsyncioConnection) -> None:
+        """Stop using ``conn``: the next call connects to the next node."""
+        if conn is self._conn:
+            self._conn, self._publisher = None, None
+            self._node = (self._node + 1) % len(self._nodes)
+
+    @staticmethod
+    def _abandon(conn: AsyncioConnection) -> None:
+        """Close a connection whose node may not answer (the close then ends with its heartbeat)."""
+        try:
+            if not (conn.is_closed or conn.is_closing):
+                conn.close()
+        except Exception as e:  # noqa: BLE001 - pika's state errors on a connection already going
+            log.debug("closing an abandoned rabbitmq connection: %s", e)
+
+    async def _channel(self) -> tuple[Channel, Waiters]:
+        conn = await self._connection()
+        fut: asyncio.Future[Channel] = asyncio.get_running_loop().create_future()
+        try:
+            conn.channel(on_open_callback=resolver(fut))
+        except Exception as e:  # pika raises its own connection-state errors here
+            raise unavailable(e) from e
+        try:
+            channel = await asyncio.wait_for(fut, self._settings.connect_timeout_s)
+        except asyncio.TimeoutError:
+            # A node that cannot open a channel in seconds is gone (its connection may not know yet).
+            self._leave(conn)
+            self._abandon(conn)
+            raise unavailable(f"no channel opened within {self._settings.connect_timeout_s}s") from None
+        return channel, Waiters(channel)
+
+    async def _answer(self, fut: asyncio.Future[Any], what: str) -> Any:
+        """The broker's answer to a channel call; BackendUnavailable when none comes in time."""
+        try:
+            return await asyncio.wait_for(fut, self._settings.connect_timeout_s)
+        except asyncio.TimeoutError:
+            raise unavailable(f"no answer to {what} within {self._settings.connect_timeout_s}s") from None
+
+    async def _call(self, waiters: Waiters, method: Callable[..., Any], **kwargs: Any) -> Any:
+        fut = waiters.new()
+        method(callback=resolver(fut), **kwargs)
+        return await self._answer(fut, getattr(method, "__name__", "a channel call"))
+
+    def _usable(self, publisher: Publisher | None) -> bool:
+        return publisher is not None and publisher.channel.is_open and not publisher.retired
+
+    async def _publisher_channel(self) -> Publisher:
+        if self._usable(self._publisher):
+            return self._publisher
+        async with self._publisher_lock:
+            if self._usable(self._publisher):
+                return self._publisher
+            channel, waiters = await self._channel()
+            publisher = Publisher(channel, waiters)
+            fut = waiters.new()
+            channel.confirm_delivery(publisher.on_confirm, callback=resolver(fut))
+            await self._answer(fut, "confirm.select")
+            self._publisher = publisher
+            return publisher
+
+    # ------------------------------------------------------------------ Broker
+    def work_queue_arguments(self, queue: str) -> dict[str, Any]:
+        args: dict[str, Any] = {"x-dead-letter-exchange": names.dead_letter_exchange(queue)}
+        if self._settings.queue_type == "quorum":
+            args["x-queue-type"] = "quorum"
+            args["x-delivery-limit"] = self._settings.delivery_limit
+        return args
+
+    def _queue_type(self) -> dict[str, Any]:
+        return {"x-queue-type": "quorum"} if self._settings.queue_type == "quorum" else {}
+
+    def ladder_queue_arguments(self, level: int) -> dict[str, Any]:
+        target = names.delay_exchange(level - 1) if level > 0 else names.delay_delivery_exchange()
+        args: dict[str, Any] = {**self._queue_type(), "x-message-ttl": delays.ttl_ms(level), "x-dead-letter-exchange": target}
+        if self._settings.queue_type == "quorum":
+            # At-least-once dead-lettering (3.10+): a message moves to the next level only once
+            # the next level confirmed it, so a broker crash mid-ladder cannot lose it.
+            args["x-dead-letter-strategy"] = "at-least-once"
+            args["x-overflow"] = "reject-publish"
+        return args
+
+    async def _declare_ladder(self) -> None:
+        """The delay ladder and the dead-letter marks queue, shared by every queue (idempotent)."""
+        if self._ladder_declared:
+            return
+        await self._declare_unroutable()
+        channel, w = await self._channel()
+        try:
+            deliver, lost = names.delay_delivery_exchange(), names.delay_unroutable()
+            await self._call(w, channel.exchange_declare, exchange=deliver, exchange_type="topic", durable=True,
+                             arguments={"alternate-exchange": lost})
+            for level in range(delays.LEVELS):
+                x = names.delay_exchange(level)
+                await self._call(w, channel.exchange_declare, exchange=x, exchange_type="topic", durable=True)
+                await self._call(w, channel.queue_declare, queue=names.delay_queue(level), durable=True,
+                                 arguments=self.ladder_queue_arguments(level))
+                await self._call(w, channel.queue_bind, queue=names.delay_queue(level), exchange=x,
+                                 routing_key=delays.level_binding(level, "1"))
+                lower = names.delay_exchange(level - 1) if level > 0 else deliver
+                await self._call(w, channel.exchange_bind, destination=lower, source=x,
+                                 routing_key=delays.level_binding(level, "0"))
+            await self._call(w, channel.queue_declare, queue=self._marks_queue, durable=True,
+                             arguments=self._queue_type())
+        finally:
+            if channel.is_open:
+                channel.close()
+        self._ladder_declared = True
+
+    async def _declare_unroutable(self) -> None:
+        """Where the ladder puts a delayed mail whose queue is gone. Replicated like every other
+        queue: a classic queue lives on one node, and while that node is down its declaration
+        fails (404, home node down), which would stop every publish that re-declares the ladder.
+        A classic one left by an older version is kept (and said once in the log)."""
+        lost = names.delay_unroutable()
+        channel, w = await self._channel()
+        try:
+            await self._call(w, channel.exchange_declare, exchange=lost, exchange_type="fanout", durable=True)
+            await self._call(w, channel.queue_declare, queue=lost, durable=True, arguments={
+                **self._queue_type(), "x-message-ttl": 7 * 24 * 3600 * 1000, "x-max-length": 100_000, "x-overflow": "drop-head"})
+            await self._call(w, channel.queue_bind, queue=lost, exchange=lost, routing_key="")
+        except BackendUnavailable as e:
+            if "PRECONDITION_FAILED" not in str(e):
+                raise
+            log.warning("queue %s exists with other arguments (an older, unreplicated version): kept; delete it "
+                        "(rabbitmqctl delete_queue %s) to have it declared replicated", lost, lost)
+        finally:
+            if channel.is_open:
+                channel.close()
+
+    async def declare_queue(self, queue: str) -> None:
+        if queue in self._declared:
+            return
+        await self._declare_ladder()
+        channel, w = await self._channel()
+        try:
+            dlx, dlq = names.dead_letter_exchange(queue), names.dead_letter_queue(queue)
+            await self._call(w, channel.exchange_declare, exchange=dlx, exchange_type="fanout", durable=True)
+            await self._call(w, channel.queue_declare, queue=dlq, durable=True, arguments=self._queue_type())
+            await self._call(w, channel.queue_bind, queue=dlq, exchange=dlx, routing_key="")
+            await self._call(w, channel.queue_bind, queue=self._marks_queue, exchange=dlx, routing_key="")
+            await self._call(w, channel.exchange_declare, exchange=names.exchange(queue), exchange_type="direct", durable=True)
+            for priority in model.PRIORITIES:  # one work queue per delivery class
+                work = names.work_queue(queue, priority)
+                await self._call(w, channel.queue_declare, queue=work, durable=True, arguments=self.work_queue_arguments(queue))
+                await self._call(w, channel.queue_bind, queue=work, exchange=names.exchange(queue),
+                                 routing_key=names.priority_key(priority))
+                await self._call(w, channel.queue_bind, queue=work, exchange=names.delay_delivery_exchange(),
+                                 routing_key=delays.delivery_binding(queue, priority))
+        finally:
+            if channel.is_open:
+                channel.close()
+        self._declared.add(queue)
+
+    async def publish(
+        self, mail: model.QueuedMail, delay: dt.timedelta = dt.timedelta(0), counted: bool | None = None,
+        content: bytes | None = None,
+    ) -> None:
+        queue = mail.queue
+        await self.declare_queue(queue)
+        publisher = await self._publisher_channel()
+        body = serde.queued_mail_to_bytes(mail)
+        n = delays.units(delay)
+        if n:
+            exchange, key = names.delay_exchange(delays.entry_level(n)), delays.routing_key(n, queue, mail.priority)
+        else:
+            exchange, key = names.exchange(queue), names.priority_key(mail.priority)
+        try:
+            confirmed = publisher.publish(exchange, str(mail.enqueue_id), body, key, mail.generation,
+                                          delayed=bool(n) if counted is None else counted, content=content)
+            try:
+                await asyncio.wait_for(confirmed, self._settings.confirm_timeout_s)
+            except asyncio.TimeoutError:
+                # A node that takes this long is hung or cut off from its quorum: use another one.
+                conn = self._conn
+                if conn is not None and publisher is self._publisher:
+                    log.warning("publish not confirmed; leaving this rabbitmq node",
+                                extra={"timeout_s": self._settings.confirm_timeout_s})
+                    self._leave(conn)
+                    self._abandon(conn)
+                raise unavailable(f"publish not confirmed within {self._settings.confirm_timeout_s}s") from None
+        except BackendUnavailable as e:
+            if "NOT_FOUND" in str(e) or "unroutable" in str(e):
+                # The topology was removed (an operator, a broker reset): declare it again next time.
+                # Not after other failures: a declaration is a cluster-wide change that waits for
+                # every node, so while one node hangs it would hold up the publishes it precedes.
+                self._declared.discard(queue)
+                self._ladder_declared = False
+            raise
+
+    async def consume(self, queue: str, prefetch: int) -> RabbitMQConsumer:
+        await self.declare_queue(queue)
+        return await self._consume({p: names.work_queue(queue, p) for p in model.PRIORITIES}, prefetch)
+
+    async def consume_dead_letters(self, prefetch: int) -> RabbitMQConsumer:
+        await self._declare_ladder()
+        return await self._consume({"normal": self._marks_queue}, prefetch)
+
+    async def _consume(self, rabbit_queues: dict[str, str], prefetch: int) -> RabbitMQConsumer:
+        """One channel, one consumer per queue, each with ``prefetch`` (per-consumer QoS): delivery
+        tags stay unique on the channel, and a busy class never takes another's credit."""
+        channel, w = await self._channel()
+        consumer = RabbitMQConsumer(channel, w)
+        await self._call(w, channel.basic_qos, prefetch_count=prefetch)
+        for priority, rabbit_queue in rabbit_queues.items():
+            fut = w.new()
+            channel.basic_consume(rabbit_queue, functools.partial(consumer.on_message, priority), auto_ack=False,
+                                  callback=resolver(fut))
+            await self._answer(fut, "basic.consume")
+        return consumer
+
+    async def dead_lettered(self, queue: str) -> int:
+        """0 when the dead-letter queue does not exist (its topology was removed)."""
+        channel, w = await self._channel()
+        try:
+            frame = await self._call(w, channel.queue_declare, queue=names.dead_letter_queue(queue), passive=True)
+            return int(frame.method.message_count)
+        except BackendUnavailable as e:
+            if "NOT_FOUND" in str(e):
+                return 0
+            raise
+        finally:
+            if channel.is_open:
+                channel.close()
+
+    async def ping(self) -> None:
+        await self._connection()
+
+    async def close(self) -> None:
+        if self._conn is not None and self._conn.is_open:
+            self._conn.close()

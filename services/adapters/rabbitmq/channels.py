@@ -1,0 +1,200 @@
+"""pika plumbing under the RabbitMQ broker: futures for channel calls and publisher confirms,
+and the consumer that turns deliveries into ``Message`` objects.
+
+Every future a channel call or a publish waits on fails with BackendUnavailable when its channel
+closes, so nothing above waits for an answer that can no longer come.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import pika
+from pika.channel import Channel
+
+from services.ports.broker import Consumer, Message
+from services.domain.errors import BackendUnavailable
+
+log = logging.getLogger(__name__)
+
+PERSISTENT = 2
+_CLOSED = object()
+#: The message headers that carry QueuedMail.generation, and that a message went through the ladder.
+GENERATION_HEADER = "mailqueue-generation"
+DELAYED_HEADER = "mailqueue-delayed"
+#: Set when the body ends with the mail's content: its length in bytes (the QueuedMail comes first).
+CONTENT_HEADER = "mailqueue-content-bytes"
+
+
+def unavailable(detail: Any) -> BackendUnavailable:
+    return BackendUnavailable("rabbitmq", str(detail) or type(detail).__name__)
+
+
+class Waiters:
+    """Futures waiting on one channel: all fail together when the channel closes."""
+
+    def __init__(self, channel: Channel) -> None:
+        self.futures: set[asyncio.Future[Any]] = set()
+        self.closed_reason: Any = None
+        channel.add_on_close_callback(self._on_close)
+
+    def new(self) -> asyncio.Future[Any]:
+        fut = asyncio.get_running_loop().create_future()
+        if self.closed_reason is not None:
+            fut.set_exception(unavailable(self.closed_reason))
+            return fut
+        self.futures.add(fut)
+        fut.add_done_callback(self.futures.discard)
+        return fut
+
+    def _on_close(self, _channel: Channel, reason: Any) -> None:
+        self.closed_reason = reason
+        for fut in list(self.futures):
+            if not fut.done():
+                fut.set_exception(unavailable(reason))
+
+
+def resolver(fut: asyncio.Future[Any]) -> Callable[..., None]:
+    def done(*args: Any) -> None:
+        if not fut.done():
+            fut.set_result(args[0] if args else None)
+
+    return done
+
+
+class Publisher:
+    """One confirm-mode channel; maps delivery tags to the futures of waiting publishers.
+
+    A channel that got a nack is retired: on RabbitMQ 3.10, once a quorum queue's leader died
+    under a channel, that channel nacks every later publish to the queue even after a new leader
+    was elected, while a new channel publishes within a second. The broker opens a new channel
+    for the next publish, and the retired one is closed once its last confirm came.
+    """
+
+    def __init__(self, channel: Channel, waiters: Waiters) -> None:
+        self.channel = channel
+        self.waiters = waiters
+        self.next_tag = 1
+        self.pending: dict[int, tuple[asyncio.Future[None], str]] = {}
+        self.returned: set[str] = set()
+        self.retired = False
+        channel.add_on_return_callback(self._on_return)
+        channel.add_on_close_callback(self._on_close)
+
+    def publish(
+        self, exchange: str, message_id: str, body: bytes, routing_key: str = "", generation: int = 0, delayed: bool = False,
+        content: bytes | None = None,
+    ) -> asyncio.Future[None]:
+        headers = {GENERATION_HEADER: generation} if generation else {}
+        if delayed:
+            headers[DELAYED_HEADER] = 1
+        if content is not None:
+            headers[CONTENT_HEADER] = len(content)
+            body += content
+        props = pika.BasicProperties(
+            delivery_mode=PERSISTENT, message_id=message_id, content_type="application/x-protobuf",
+            type="mailqueue.v1.QueuedMail", headers=headers or None,
+        )
+        fut = self.waiters.new()
+        if fut.done():
+            return fut
+        self.channel.basic_publish(exchange, routing_key, body, props, mandatory=True)
+        self.pending[self.next_tag] = (fut, message_id)
+        self.next_tag += 1
+        return fut
+
+    def on_confirm(self, frame: Any) -> None:
+        method = frame.method
+        ack = isinstance(method, pika.spec.Basic.Ack)
+        tags = [t for t in self.pending if t <= method.delivery_tag] if method.multiple else [method.delivery_tag]
+        for tag in tags:
+            entry = self.pending.pop(tag, None)
+            if entry is None:
+                continue
+            fut, message_id = entry
+            if fut.done():
+                continue
+            if message_id in self.returned:
+                self.returned.discard(message_id)
+                fut.set_exception(unavailable("message unroutable: the work queue does not exist"))
+            elif ack:
+                fut.set_result(None)
+            else:
+                self.retired = True
+                fut.set_exception(unavailable("broker refused the message (nack)"))
+        if self.retired and not self.pending and self.channel.is_open:
+            self.channel.close()
+
+    def _on_return(self, _ch: Channel, _method: Any, props: Any, _body: bytes) -> None:
+        self.returned.add(props.message_id)
+
+    def _on_close(self, _ch: Channel, reason: Any) -> None:
+        for fut, _ in self.pending.values():
+            if not fut.done():
+                fut.set_exception(unavailable(reason))
+        self.pending.clear()
+
+
+def split_content(body: bytes, length: Any) -> tuple[bytes, bytes | None]:
+    """(QueuedMail bytes, carried content or None) of a message body; a header that does not fit
+    the body leaves the body whole (then it does not decode, and is dead-lettered as poison)."""
+    if not isinstance(length, int) or isinstance(length, bool) or not 0 <= length <= len(body):
+        return body, None
+    cut = len(body) - length
+    return body[:cut], body[cut:]
+
+
+class RabbitMQConsumer(Consumer):
+    def __init__(self, channel: Channel, waiters: Waiters) -> None:
+        self._channel = channel
+        self._waiters = waiters
+        self._inbox: asyncio.Queue[Any] = asyncio.Queue()
+        channel.add_on_close_callback(lambda _ch, reason: self._inbox.put_nowait(_CLOSED))
+
+    def on_message(self, priority: str, _ch: Channel, method: Any, props: Any, body: bytes) -> None:
+        headers = props.headers or {}
+        count, generation = headers.get("x-delivery-count", 0), headers.get(GENERATION_HEADER, 0)
+        deaths = headers.get("x-death")
+        death = deaths[0].get("reason") if isinstance(deaths, list) and deaths and isinstance(deaths[0], dict) else None
+        body, content = split_content(body, headers.get(CONTENT_HEADER))
+        self._inbox.put_nowait(Message(
+            method.delivery_tag, body, bool(method.redelivered), props.message_id,
+            count if isinstance(count, int) else 0, generation if isinstance(generation, int) else 0,
+            death.decode() if isinstance(death, bytes) else death, priority, bool(headers.get(DELAYED_HEADER)), content,
+        ))
+
+    def drain(self) -> list[Message]:
+        items = []
+        while not self._inbox.empty():
+            item = self._inbox.get_nowait()
+            if item is _CLOSED:
+                self._inbox.put_nowait(_CLOSED)
+                break
+            items.append(item)
+        return items
+
+    async def get(self) -> Message:
+        item = await self._inbox.get()
+        if item is _CLOSED:
+            self._inbox.put_nowait(_CLOSED)  # every later get fails too
+            raise unavailable(self._waiters.closed_reason or "consumer channel closed")
+        return item
+
+    def _ensure_open(self) -> None:
+        if not self._channel.is_open:
+            raise unavailable(self._waiters.closed_reason or "consumer channel closed")
+
+    async def ack(self, delivery_tag: int) -> None:
+        self._ensure_open()
+        self._channel.basic_ack(delivery_tag)
+
+    async def dead_letter(self, delivery_tag: int) -> None:
+        self._ensure_open()
+        self._channel.basic_nack(delivery_tag, requeue=False)
+
+    async def close(self) -> None:
+        if self._channel.is_open:
+            self._channel.close()

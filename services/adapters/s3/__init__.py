@@ -1,0 +1,1 @@
+"""Mail content on S3 (MinIO): a small signing client, its error mapping, the blob store."""

@@ -1,0 +1,84 @@
+"""Two blob stores as one: small blobs in Cassandra, the rest in the large store (S3 or blob_svc).
+
+Ids are the same content hash in both, so readers look in the small store first (a point read;
+a miss costs a bloom-filter check) and then in the large one. A put is routed by its size: the
+first ``small.max_bytes + 1`` bytes are buffered, and a stream that ends within them goes to
+Cassandra, anything longer streams on to the large store.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from services.ports.blobstore import BlobStore, chunked
+from services.adapters.cassandra.blobs import CassandraBlobStore
+from services.domain.errors import NotFound
+from services.domain.model import BlobInfo
+
+
+class TieredBlobStore(BlobStore):
+    def __init__(self, small: CassandraBlobStore, large: BlobStore) -> None:
+        self.small = small
+        self.large = large
+
+    async def put(self, chunks: AsyncIterator[bytes], expected_id: str | None = None) -> BlobInfo:
+        stream = aiter(chunks)
+        head = bytearray()
+        async for chunk in stream:
+            head += chunk
+            if len(head) > self.small.max_bytes:
+                break
+        else:
+            return await self.small.put_bytes(bytes(head), expected_id)
+
+        async def rest() -> AsyncIterator[bytes]:
+            yield bytes(head)
+            async for chunk in stream:
+                yield chunk
+
+        return await self.large.put(rest(), expected_id)
+
+    async def put_bytes(self, data: bytes, expected_id: str | None = None) -> BlobInfo:
+        if len(data) <= self.small.max_bytes:
+            return await self.small.put_bytes(data, expected_id)
+        return await self.large.put_bytes(data, expected_id)
+
+    async def store(self, data: bytes) -> BlobInfo:
+        if len(data) <= self.small.max_bytes:
+            return await self.small.store(data)
+        return await self.large.put_bytes(data)
+
+    async def get(self, blob_id: str) -> AsyncIterator[bytes]:
+        content = await self.small.lookup(blob_id)
+        if content is not None:
+            for chunk in chunked(content):
+                yield chunk
+            return
+        async for chunk in self.large.get(blob_id):
+            yield chunk
+
+    async def read(self, blob_ids: tuple[str, ...] | list[str]) -> bytes:
+        parts = []
+        for blob_id in blob_ids:
+            content = await self.small.lookup(blob_id)
+            parts.append(content if content is not None else await self.large.read([blob_id]))
+        return b"".join(parts)
+
+    async def stat(self, blob_id: str) -> BlobInfo:
+        try:
+            return await self.small.stat(blob_id)
+        except NotFound:
+            return await self.large.stat(blob_id)
+
+    async def delete(self, blob_id: str) -> bool:
+        in_small = await self.small.delete(blob_id)
+        in_large = await self.large.delete(blob_id)
+        return in_small or in_large
+
+    async def ping(self) -> None:
+        await self.small.ping()
+        await self.large.ping()
+
+    async def close(self) -> None:
+        await self.small.close()
+        await self.large.close()

@@ -1,0 +1,32 @@
+"""Counter updates as the use-cases make them: a mail's slice counters bumped, a live mail marked
+gone with its counters (the counter model and its pure rules: services/domain/counts.py)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import TYPE_CHECKING
+
+from services.domain import model
+from services.domain.counts import is_held
+
+if TYPE_CHECKING:
+    from services.adapters.cassandra.view import View
+
+
+async def bump(view: View, q: model.QueuedMail, **deltas: int) -> None:
+    """Add ``deltas`` (kind=delta) to the mail's slice counters; best effort, gathered in the
+    process for a moment (services/adapters/cassandra/counter_buffer.py)."""
+    for kind, delta in deltas.items():
+        if delta:
+            await view.counter_buffer.add(q.queue, kind, q.slice_start, delta)
+
+
+async def mark(
+    view: View, q: model.QueuedMail, reason: str, now: dt.datetime | None = None, written_at: dt.datetime | None = None,
+) -> None:
+    """Mark a live mail gone, with its counters. A mail still waiting for its delay (per its view
+    row) also leaves the delayed (and held) counts: its message will be skipped, not counted, when
+    it arrives. ``written_at``: see DeletedMailsDAO.mark."""
+    await view.mails.mark(q.queue, q.enqueue_id, reason, written_at)
+    waiting = q.due() > (now or model.utcnow())
+    await bump(view, q, gone=1, delayed=-1 if waiting else 0, held=-1 if waiting and is_held(q) else 0)

@@ -1,0 +1,65 @@
+"""Marks in the view every mail the broker dead-lettered on its own (DESIGN §5: a dead letter
+is never shown as a queued mail).
+
+dequeue_svc marks what it dead-letters (REJECT, expiry, poison, the last allowed delivery) before
+routing it. The broker also dead-letters by itself: a quorum queue's delivery limit reached by
+deliveries that consumers left unanswered when they were killed. Every queue's dead-letter
+exchange feeds one shared queue (names.dead_letter_marks_queue); each dequeue_svc replica
+consumes it, marks the mails that have no mark yet, and acks. The operators' dead-letter queues
+keep their copies.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from prometheus_client import Counter
+
+from services.app import counters
+from services.ports.broker import Broker
+from services.domain.errors import BackendUnavailable
+from services.domain.retry import Backoff, retrying
+from services.adapters.cassandra.view import View
+
+log = logging.getLogger(__name__)
+
+MARKED = Counter(
+    "mailqueue_broker_dead_letters_marked_total", "Mails the broker dead-lettered by itself, marked in the view", ["queue", "reason"],
+)
+PREFETCH = 32
+#: After a backend error, marking resumes on a new consumer after this.
+BACKOFF = Backoff("dead-letter marking", initial_s=2.0, multiplier=1.0, max_s=2.0)
+
+
+def reason_for(death_reason: str | None, delivery_limit: int | None) -> str:
+    if death_reason == "delivery_limit":
+        return f"dead-lettered by the broker: delivery limit of {delivery_limit} reached (deliveries left unanswered)"
+    return f"dead-lettered by the broker: {death_reason or 'unknown reason'}"
+
+
+async def mark_forever(view: View, broker: Broker) -> None:
+    """Consume the dead-letter copies and mark their mails, until cancelled; survives outages."""
+    await retrying(lambda: _mark(view, broker), BACKOFF, (BackendUnavailable,), log)
+
+
+async def _mark(view: View, broker: Broker) -> None:
+    """Mark until the broker or Cassandra fails (BackendUnavailable)."""
+    consumer = await broker.consume_dead_letters(PREFETCH)
+    try:
+        while True:
+            message = await consumer.get()
+            try:
+                mail = message.mail()
+            except Exception:  # noqa: BLE001 - nothing to mark
+                await consumer.ack(message.delivery_tag)
+                continue
+            state = await view.mails.state(mail.queue, mail.enqueue_id)
+            if state is None or not state.deleted:
+                reason = reason_for(message.death_reason, broker.delivery_limit)
+                await counters.mark(view, mail, reason)
+                MARKED.labels(mail.queue, message.death_reason or "unknown").inc()
+                log.warning("marked a mail the broker dead-lettered",
+                            extra={"queue": mail.queue, "enqueue_id": str(mail.enqueue_id), "reason": reason})
+            await consumer.ack(message.delivery_tag)
+    finally:
+        await consumer.close()

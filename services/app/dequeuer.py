@@ -1,0 +1,68 @@
+"""The dequeue side of one process (DESIGN §4): subscriptions (services/app/subscription.py), the
+mails in flight here, the operator rules as this process sees them, and mark-deleted with its
+1/pace browse-start die.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from services.app import browse_start, counters
+from services.domain import model, rules, validation
+from services.ports.blobstore import BlobStore
+from services.ports.broker import Broker
+from services.domain.config import LimitSettings
+from services.domain.errors import BackendUnavailable, InvalidArgument
+from services.app.queue_state import QueueState
+from services.app.subscription import DEFAULT_PREFETCH, Subscription
+from services.adapters.cassandra.view import View
+
+log = logging.getLogger(__name__)
+
+
+class Dequeuer:
+    def __init__(self, view: View, broker: Broker, blobs: BlobStore, limits: LimitSettings, state: QueueState) -> None:
+        self.view = view
+        self.broker = broker
+        self.blobs = blobs
+        self.limits = limits
+        self.state = state
+        self._background: set[asyncio.Task[None]] = set()
+        self._updating: set[str] = set()  # queues whose browse start update is running here
+        #: (queue, enqueue id) of every mail being prepared or handed out by this process.
+        self.in_flight: set[tuple[str, object]] = set()
+        self.rules = rules.RuleBook(view)
+
+    async def subscribe(self, queue: str, prefetch: int, max_batch: int = 1) -> Subscription:
+        """A subscription to ``queue``: ``prefetch`` unanswered deliveries at most (0: the default),
+        handed out up to ``max_batch`` at a time (0 or 1: one by one)."""
+        validation.queue_name(queue)
+        if prefetch > self.limits.max_prefetch:
+            raise InvalidArgument(f"prefetch {prefetch} is over the maximum of {self.limits.max_prefetch}")
+        if max_batch > self.limits.max_prefetch:
+            raise InvalidArgument(f"max_batch {max_batch} is over the maximum of {self.limits.max_prefetch}")
+        await self.state.require_queue(queue)
+        consumer = await self.broker.consume(queue, prefetch or DEFAULT_PREFETCH)
+        return Subscription(self, queue, consumer, prefetch or DEFAULT_PREFETCH, max(max_batch, 1))
+
+    def carry(self, mail: model.QueuedMail, content: bytes | None) -> bytes | None:
+        """The content to carry in a message published again: small mail's only."""
+        return self.limits.carried(content, mail.size)
+
+    async def mark_deleted(self, mail: model.QueuedMail, reason: str) -> None:
+        await counters.mark(self.view, mail, reason)
+        config = await self.state.config()
+        if mail.queue not in self._updating and browse_start.should_update(config.update_browse_start_pace):
+            self._updating.add(mail.queue)
+            task = asyncio.create_task(self._update_browse_start(mail.queue))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+
+    async def _update_browse_start(self, queue: str) -> None:
+        try:
+            await browse_start.update(self.view, queue)
+        except BackendUnavailable as e:
+            log.warning("browse start update skipped: %s", e, extra={"queue": queue})
+        finally:
+            self._updating.discard(queue)

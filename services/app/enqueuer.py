@@ -1,0 +1,282 @@
+"""Enqueue (DESIGN §4): validate -> content -> view row -> confirmed publish -> reply.
+
+Small inline content (up to ``MAILQUEUE_SMALL_BLOB_BYTES``) also travels in the message, so
+that its delivery reads no blob; the blob stays the content of record (browse, requeue, repair).
+
+A mail is acknowledged only after its blob, its view row and its confirmed RabbitMQ message all
+exist. On any failure after the row was written, the mail is marked deleted (compensation, right
+next to the write it undoes) and the caller gets BackendUnavailable: nothing half-enqueued is
+ever delivered or browsed. A compensation that fails too (the outage that failed the enqueue, a
+quorum lost with a write already on one replica) is retried in the background until it lands,
+so the half-written row never surfaces once the backend is back. Blobs are content-addressed and
+shared, so a failed enqueue leaves its blob for the retention sweep instead of deleting what
+another mail may reference.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+from prometheus_client import Counter, Gauge
+
+from services.app import counters
+from services.domain import model, schedule, validation
+from services.ports.blobstore import BlobStore
+from services.ports.broker import Broker
+from services.domain.config import LimitSettings
+from services.domain.errors import Aborted, BackendUnavailable, InvalidArgument, NotFound, ResourceExhausted
+from services.app.queue_state import QueueState
+from services.domain.retry import Backoff, retrying
+from services.domain.slices import bucket_of, slice_start
+from services.adapters.cassandra.view import View
+
+log = logging.getLogger(__name__)
+
+ENQUEUED = Counter("mailqueue_enqueued_total", "Mails acknowledged to producers", ["queue"])
+ENQUEUE_FAILED = Counter("mailqueue_enqueue_failed_total", "Enqueues answered with a retryable error", ["queue"])
+COMPENSATIONS_PENDING = Gauge(
+    "mailqueue_enqueue_compensations_pending", "Undo writes of failed enqueues waiting for Cassandra to answer",
+)
+#: Undo writes that failed are retried in the background with this policy, until they land.
+COMPENSATION_BACKOFF = Backoff("enqueue compensation", initial_s=0.5, multiplier=2.0, max_s=10.0)
+#: Past this many pending undo writes, new ones are only logged (an outage of hours under load).
+MAX_PENDING_COMPENSATIONS = 100_000
+
+#: An uncommitted idempotency claim older than this belongs to a crashed enqueuer: take it over.
+ABANDONED_CLAIM = dt.timedelta(seconds=30)
+
+ContentWriter = Callable[[], Awaitable[tuple[tuple[str, ...], int]]]
+#: A producer's (deliver_at, delay), at most one set (services/domain/schedule.py).
+Schedule = tuple[dt.datetime | None, dt.timedelta | None]
+
+
+_MICROSECOND = dt.timedelta(microseconds=1)
+
+
+def _to_millis(t: dt.datetime) -> dt.datetime:
+    return t.replace(microsecond=t.microsecond // 1000 * 1000)
+
+
+def _undo_time(started: dt.datetime) -> dt.datetime:
+    """The write time of an attempt's undo marks: right after its start (see Enqueuer._claim)."""
+    return started + _MICROSECOND
+
+
+class Enqueuer:
+    def __init__(self, view: View, broker: Broker, blobs: BlobStore, limits: LimitSettings, state: QueueState) -> None:
+        self._view = view
+        self._broker = broker
+        self._blobs = blobs
+        self._limits = limits
+        self._state = state
+        self._compensations: set[asyncio.Task[None]] = set()
+        #: (queue, key, enqueue id) of claims whose attempt failed here, release still pending:
+        #: a retry that meets one takes it over at once instead of waiting ABANDONED_CLAIM.
+        self._failed_claims: set[tuple[str, str, uuid.UUID]] = set()
+
+    # ------------------------------------------------------------------ the three content forms
+    async def enqueue_inline(
+        self, queue: str, mail: model.Mail, content: bytes, key: str = "", when: Schedule = (None, None),
+        priority: str = "normal",
+    ) -> model.EnqueueResult:
+        if len(content) > self._limits.max_inline_bytes:
+            raise ResourceExhausted(
+                f"inline content is {len(content)} bytes, over the limit of {self._limits.max_inline_bytes}: "
+                "use EnqueueStream or put the content with BlobService.Put first"
+            )
+
+        async def write() -> tuple[tuple[str, ...], int]:
+            info = await self._blobs.store(content)
+            return (info.blob_id,), info.size
+
+        carried = self._limits.carried(content, len(content))
+        return await self._enqueue(queue, mail, write, key, when, priority, carried)
+
+    async def enqueue_refs(
+        self, queue: str, mail: model.Mail, blob_ids: list[str], key: str = "", when: Schedule = (None, None),
+        priority: str = "normal",
+    ) -> model.EnqueueResult:
+        if not blob_ids:
+            raise InvalidArgument("blob_refs must name at least one blob")
+        for b in blob_ids:
+            validation.blob_id(b)
+
+        async def write() -> tuple[tuple[str, ...], int]:
+            size = 0
+            for b in blob_ids:
+                try:
+                    size += (await self._blobs.stat(b)).size
+                except NotFound:
+                    raise NotFound(f"blob {b} not found: put the content with BlobService.Put first") from None
+            self._check_mail_size(size)
+            return tuple(blob_ids), size
+
+        return await self._enqueue(queue, mail, write, key, when, priority)
+
+    async def enqueue_stream(
+        self, queue: str, mail: model.Mail, chunks: AsyncIterator[bytes], key: str = "", when: Schedule = (None, None),
+        priority: str = "normal",
+    ) -> model.EnqueueResult:
+        async def limited() -> AsyncIterator[bytes]:
+            total = 0
+            async for chunk in chunks:
+                total += len(chunk)
+                self._check_mail_size(total)
+                yield chunk
+
+        async def write() -> tuple[tuple[str, ...], int]:
+            info = await self._blobs.put(limited())
+            return (info.blob_id,), info.size
+
+        return await self._enqueue(queue, mail, write, key, when, priority)
+
+    def _check_mail_size(self, size: int) -> None:
+        if size > self._limits.max_mail_bytes:
+            raise ResourceExhausted(f"mail content exceeds the limit of {self._limits.max_mail_bytes} bytes")
+
+    # ------------------------------------------------------------------ the common path
+    async def _enqueue(
+        self, queue: str, mail: model.Mail, write_content: ContentWriter, key: str, when: Schedule, priority: str,
+        carried: bytes | None = None,
+    ) -> model.EnqueueResult:
+        validation.queue_name(queue)
+        validation.mail(mail, self._limits)
+        schedule.deliver_at(model.utcnow(), *when)  # refused before anything is written
+        if len(key) > 256:
+            raise InvalidArgument("idempotency_key is longer than 256 characters")
+        await self._state.require_queue(queue)
+        enqueue_id = uuid.uuid4()
+        # This attempt's instant (to the millisecond, as Cassandra keeps the claim's): its claim
+        # time, and the write time of its undo marks (see _claim).
+        started = _to_millis(model.utcnow())
+        if key:
+            try:
+                earlier = await self._claim(queue, key, enqueue_id, started)
+            except BackendUnavailable:
+                # The claim may have landed though it timed out: release it (if it is ours), or
+                # the client's retry would find it in progress until it is abandoned.
+                await self._release(queue, key, enqueue_id, started)
+                raise
+            if isinstance(earlier, model.EnqueueResult):
+                return earlier
+            enqueue_id = earlier
+        try:
+            result = await self._store(queue, mail, enqueue_id, write_content, when, priority, carried, started)
+        except BaseException:
+            ENQUEUE_FAILED.labels(queue).inc()
+            if key:
+                await self._release(queue, key, enqueue_id, started)
+            raise
+        if key:
+            await self._eventually(lambda: self._view.idempotency.commit(queue, key, result), "commit idempotency key")
+        ENQUEUED.labels(queue).inc()
+        return model.EnqueueResult.of(result)
+
+    async def _store(
+        self, queue: str, mail: model.Mail, enqueue_id: uuid.UUID, write_content: ContentWriter, when: Schedule,
+        priority: str, carried: bytes | None, started: dt.datetime,
+    ) -> model.QueuedMail:
+        blob_ids, size = await write_content()
+        config = await self._state.config()
+        now = model.utcnow()
+        deliver_at = schedule.deliver_at(now, *when)
+        start = slice_start(now, config.slice_window)
+        browse_start = await self._state.browse_start(queue)
+        if browse_start is not None and start < browse_start:
+            # A node whose clock lags must not write behind browse start: the sweep may drop it.
+            log.warning("clock behind browse start; writing into the browse start slice",
+                        extra={"queue": queue, "slice": start.isoformat(), "browse_start": browse_start.isoformat()})
+            start = browse_start
+        queued = model.QueuedMail(
+            queue=queue, enqueue_id=enqueue_id, enqueued_at=now, mail=mail, blob_ids=blob_ids, size=size,
+            slice_start=start, bucket=bucket_of(mail.name, str(enqueue_id), config.bucket_count),
+            deliver_at=deliver_at, priority=priority,
+        )
+        try:
+            await self._view.mails.store(queued)
+        except BaseException:
+            # The write may have landed although it failed (a timeout): make sure it never shows.
+            await self._compensate(queued, "enqueue failed: view write", started)
+            raise
+        await counters.bump(self._view, queued, enqueued=1, delayed=1 if deliver_at is not None else 0)
+        try:
+            await self._broker.publish(queued, deliver_at - now if deliver_at is not None else dt.timedelta(0), content=carried)
+        except BaseException:
+            await self._eventually(lambda: counters.mark(self._view, queued, "enqueue failed: publish", now, _undo_time(started)),
+                                   "mark deleted after publish")
+            raise
+        return queued
+
+    async def _release(self, queue: str, key: str, enqueue_id: uuid.UUID, claimed_at: dt.datetime) -> None:
+        """Release a failed attempt's claim (eventually); until then this process knows it failed."""
+        claim = (queue, key, enqueue_id)
+        self._failed_claims.add(claim)
+
+        async def release() -> None:
+            await self._view.idempotency.release(queue, key, enqueue_id, claimed_at)
+            self._failed_claims.discard(claim)
+
+        await self._eventually(release, "release idempotency key")
+
+    async def _compensate(self, q: model.QueuedMail, reason: str, started: dt.datetime) -> None:
+        await self._eventually(lambda: self._view.mails.mark(q.queue, q.enqueue_id, reason, _undo_time(started)),
+                               f"mark deleted after {reason}")
+
+    async def _eventually(self, op: Callable[[], Awaitable[None]], what: str) -> None:
+        """Run a compensating (or bookkeeping) write; if the backend does not answer, keep retrying
+        it in the background (the caller's answer is not delayed by the outage that caused it)."""
+        try:
+            await op()
+            return
+        except BackendUnavailable as e:
+            log.warning("could not %s, retrying in the background: %s", what, e)
+        if len(self._compensations) >= MAX_PENDING_COMPENSATIONS:
+            log.error("could not %s and %d undo writes are pending already: given up", what, len(self._compensations))
+            return
+        task = asyncio.ensure_future(retrying(op, COMPENSATION_BACKOFF, (BackendUnavailable,), log))
+        self._compensations.add(task)
+        COMPENSATIONS_PENDING.inc()
+
+        def done(t: asyncio.Task[None]) -> None:
+            self._compensations.discard(t)
+            COMPENSATIONS_PENDING.dec()
+            if not t.cancelled() and t.exception() is not None:
+                log.error("could not %s: %s", what, t.exception())
+
+        task.add_done_callback(done)
+
+    async def _claim(self, queue: str, key: str, enqueue_id: uuid.UUID, started: dt.datetime) -> model.EnqueueResult | uuid.UUID:
+        """Claim the idempotency key: the enqueue id to use, or the earlier enqueue's result.
+
+        A claim left uncommitted for ABANDONED_CLAIM belongs to an attempt that crashed, or that
+        failed with its undo still pending (a quorum lost); one this process saw fail is not
+        waited for. It is taken over with its enqueue id: if the abandoned attempt published, both
+        copies are one mail, processed once. Its undo marks are written at its start time plus
+        1 µs; the take-over removes marks written up to that start plus 2 µs (last write wins in
+        Cassandra), so an undo landing late cannot delete the mail this attempt acknowledges,
+        while a consumer's later SUCCESS mark stays.
+        """
+        held = await self._view.idempotency.claim(queue, key, enqueue_id, started)
+        if held is None or held.enqueue_id == enqueue_id:
+            # Ours: the driver may retry the claim on another node after a node died with it in
+            # flight, and the retry finds the row the first try wrote.
+            return enqueue_id
+        if held.result is not None:
+            return held.result
+        abandoned = (queue, key, held.enqueue_id)
+        if started - held.claimed_at > ABANDONED_CLAIM or abandoned in self._failed_claims:
+            if await self._view.idempotency.take_over(queue, key, started, held.claimed_at):
+                try:
+                    await self._view.mails.unmark(queue, held.enqueue_id, _undo_time(held.claimed_at) + _MICROSECOND)
+                except BackendUnavailable:
+                    await self._release(queue, key, held.enqueue_id, started)
+                    raise
+                self._failed_claims.discard(abandoned)
+                log.warning("took over an abandoned idempotency claim",
+                            extra={"queue": queue, "key": key, "enqueue_id": str(held.enqueue_id)})
+                return held.enqueue_id
+        raise Aborted(f"an enqueue with idempotency key {validation.shown(key)} is in progress; retry in a few seconds")

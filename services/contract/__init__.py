@@ -1,0 +1,1 @@
+"""The protobuf contract on the domain side: serde translates messages to and from domain objects (the API and the broker message body)."""

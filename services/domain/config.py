@@ -1,0 +1,326 @@
+"""Configuration: one typed object per component, built from the environment.
+
+Every variable, its default and its meaning is listed here and in the README's table; nothing
+else in the code reads ``os.environ``. Defaults are the safe local ones (loopback, one replica).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+
+from services.domain.errors import ConfigurationError
+
+KiB = 1024
+MiB = 1024 * KiB
+
+
+def _get(env: Mapping[str, str], name: str, default: str) -> str:
+    return env.get(f"MAILQUEUE_{name}", default)
+
+
+def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0, maximum: int | None = None) -> int:
+    raw = _get(env, name, str(default))
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigurationError(f"MAILQUEUE_{name}={raw!r} is not an integer") from None
+    if value < minimum:
+        raise ConfigurationError(f"MAILQUEUE_{name}={value} must be >= {minimum}")
+    if maximum is not None and value > maximum:
+        raise ConfigurationError(f"MAILQUEUE_{name}={value} must be <= {maximum}")
+    return value
+
+
+def _float(env: Mapping[str, str], name: str, default: float, minimum: float = 0.0) -> float:
+    raw = _get(env, name, str(default))
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigurationError(f"MAILQUEUE_{name}={raw!r} is not a number (seconds)") from None
+    if not value >= minimum or value == float("inf"):
+        raise ConfigurationError(f"MAILQUEUE_{name}={raw} must be a finite number >= {minimum}")
+    return value
+
+
+def _optional_int(env: Mapping[str, str], name: str, minimum: int = 1) -> int | None:
+    return _int(env, name, 0, minimum) if f"MAILQUEUE_{name}" in env else None
+
+
+def _bool(env: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = _get(env, name, "true" if default else "false").strip().lower()
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    if raw in ("0", "false", "no", "off"):
+        return False
+    raise ConfigurationError(f"MAILQUEUE_{name}={raw!r} is not a boolean (true/false)")
+
+
+@dataclasses.dataclass(frozen=True)
+class CassandraSettings:
+    hosts: tuple[str, ...] = ("127.0.0.1",)
+    port: int = 9042
+    keyspace: str = "mailqueue"
+    #: CQL replication map for the keyspace, e.g. {'class': 'NetworkTopologyStrategy', 'dc1': 3}.
+    replication: str = "{'class': 'SimpleStrategy', 'replication_factor': 1}"
+    local_dc: str | None = None
+    username: str | None = None
+    password: str | None = None
+    request_timeout_s: float = 5.0
+    #: Seconds queue counter updates are gathered in the process before they are written (0: at once).
+    counter_flush_s: float = 1.0
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> CassandraSettings:
+        return cls(
+            hosts=tuple(h.strip() for h in _get(env, "CASSANDRA_HOSTS", "127.0.0.1").split(",") if h.strip()),
+            port=_int(env, "CASSANDRA_PORT", 9042, 1),
+            keyspace=_get(env, "CASSANDRA_KEYSPACE", "mailqueue"),
+            replication=_get(env, "CASSANDRA_REPLICATION", cls.replication),
+            local_dc=env.get("MAILQUEUE_CASSANDRA_LOCAL_DC") or None,
+            username=env.get("MAILQUEUE_CASSANDRA_USERNAME") or None,
+            password=env.get("MAILQUEUE_CASSANDRA_PASSWORD") or None,
+            request_timeout_s=_float(env, "CASSANDRA_TIMEOUT_S", 5.0, 0.001),
+            counter_flush_s=_float(env, "COUNTER_FLUSH_S", 1.0),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class RabbitMQSettings:
+    #: The broker's nodes: a service connects to the first that answers and, when its node dies,
+    #: to the next (MAILQUEUE_RABBITMQ_URLS, comma separated; or one MAILQUEUE_RABBITMQ_URL).
+    urls: tuple[str, ...] = ("amqp://guest:guest@127.0.0.1:5672/%2F",)
+    #: "quorum" (replicated, default) or "classic".
+    queue_type: str = "quorum"
+    #: Deliveries of one message before a quorum queue dead-letters it (poison messages).
+    delivery_limit: int = 20
+    connect_timeout_s: float = 5.0
+    #: AMQP heartbeat: a node that stops answering (hung, partitioned) is left after about twice this.
+    heartbeat_s: int = 5
+    #: A publish not confirmed within this is UNAVAILABLE, and the connection is dropped for another node.
+    confirm_timeout_s: float = 10.0
+
+    @property
+    def url(self) -> str:
+        """The first node's URL (tools that talk to one node)."""
+        return self.urls[0]
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> RabbitMQSettings:
+        queue_type = _get(env, "RABBITMQ_QUEUE_TYPE", "quorum")
+        if queue_type not in ("quorum", "classic"):
+            raise ConfigurationError(f"MAILQUEUE_RABBITMQ_QUEUE_TYPE={queue_type!r}: use quorum or classic")
+        return cls(
+            urls=broker_urls(env),
+            queue_type=queue_type,
+            delivery_limit=_int(env, "RABBITMQ_DELIVERY_LIMIT", 20, 1),
+            connect_timeout_s=_float(env, "RABBITMQ_CONNECT_TIMEOUT_S", 5.0, 0.001),
+            heartbeat_s=_int(env, "RABBITMQ_HEARTBEAT_S", 5, 1, 600),
+            confirm_timeout_s=_float(env, "RABBITMQ_CONFIRM_TIMEOUT_S", 10.0, 0.1),
+        )
+
+
+def broker_urls(env: Mapping[str, str]) -> tuple[str, ...]:
+    """MAILQUEUE_RABBITMQ_URLS (several nodes, comma separated) or MAILQUEUE_RABBITMQ_URL (one)."""
+    many, one = env.get("MAILQUEUE_RABBITMQ_URLS"), env.get("MAILQUEUE_RABBITMQ_URL")
+    if many and one:
+        raise ConfigurationError("set MAILQUEUE_RABBITMQ_URLS or MAILQUEUE_RABBITMQ_URL, not both")
+    if not many:
+        return (one or RabbitMQSettings.urls[0],)
+    urls = tuple(u.strip() for u in many.split(",") if u.strip())
+    for u in urls:
+        if not u.startswith(("amqp://", "amqps://")):
+            raise ConfigurationError(
+                f"MAILQUEUE_RABBITMQ_URLS: {u.split('@')[-1]!r} is not an amqp:// or amqps:// URL "
+                "(separate URLs with commas; a comma inside a password is written %2C)"
+            )
+    if not urls:
+        raise ConfigurationError("MAILQUEUE_RABBITMQ_URLS is empty")
+    return urls
+
+
+@dataclasses.dataclass(frozen=True)
+class S3Settings:
+    endpoint: str = "127.0.0.1:9000"
+    access_key: str = "minioadmin"
+    secret_key: str = "minioadmin"
+    bucket: str = "mailqueue-blobs"
+    secure: bool = False
+    region: str | None = None
+    #: HTTP connections kept to S3 (and threads that call S3: one per connection).
+    pool_size: int = 64
+    #: Folder where streamed puts are spooled while their hash is computed.
+    spool_dir: str | None = None
+    #: A blob that a put deduplicates onto gets its modification time refreshed at most this
+    #: often (seconds), so the retention sweep sees it as young; keep it well below the sweep's
+    #: blob grace.
+    touch_interval_s: int = 60
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> S3Settings:
+        return cls(
+            endpoint=_get(env, "S3_ENDPOINT", cls.endpoint),
+            access_key=_get(env, "S3_ACCESS_KEY", cls.access_key),
+            secret_key=_get(env, "S3_SECRET_KEY", cls.secret_key),
+            bucket=_get(env, "S3_BUCKET", cls.bucket),
+            secure=_bool(env, "S3_SECURE", False),
+            region=env.get("MAILQUEUE_S3_REGION") or None,
+            pool_size=_int(env, "S3_POOL_SIZE", 64, 1),
+            spool_dir=env.get("MAILQUEUE_SPOOL_DIR") or None,
+            touch_interval_s=_int(env, "S3_TOUCH_INTERVAL_S", 60),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class LimitSettings:
+    """Input limits: a request beyond any of them is refused and writes nothing."""
+
+    max_inline_bytes: int = 3 * MiB
+    max_mail_bytes: int = 100 * MiB
+    max_blob_bytes: int = 1024 * MiB
+    max_recipients: int = 1000
+    max_attributes: int = 128
+    max_attribute_bytes: int = 64 * KiB
+    max_metadata_bytes: int = 512 * KiB
+    #: Deliveries up to this size carry their content inline; larger ones are read from blob_svc.
+    dequeue_inline_bytes: int = 1 * MiB
+    #: A delivery, content and metadata, must fit one 16 MiB gRPC message.
+    DEQUEUE_INLINE_MAX = 15 * MiB
+    max_prefetch: int = 512
+    #: Blobs up to this size live in Cassandra (no S3 object, no blob_svc hop); 0 puts every blob in S3.
+    small_blob_bytes: int = 64 * KiB
+    SMALL_BLOB_MAX = 1 * MiB
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> LimitSettings:
+        return cls(
+            max_inline_bytes=_int(env, "MAX_INLINE_BYTES", cls.max_inline_bytes, 1),
+            max_mail_bytes=_int(env, "MAX_MAIL_BYTES", cls.max_mail_bytes, 1),
+            max_blob_bytes=_int(env, "MAX_BLOB_BYTES", cls.max_blob_bytes, 1),
+            max_recipients=_int(env, "MAX_RECIPIENTS", cls.max_recipients, 1),
+            max_attributes=_int(env, "MAX_ATTRIBUTES", cls.max_attributes, 0),
+            max_attribute_bytes=_int(env, "MAX_ATTRIBUTE_BYTES", cls.max_attribute_bytes, 1),
+            max_metadata_bytes=_int(env, "MAX_METADATA_BYTES", cls.max_metadata_bytes, 1),
+            dequeue_inline_bytes=_int(env, "DEQUEUE_INLINE_BYTES", cls.dequeue_inline_bytes, 0, cls.DEQUEUE_INLINE_MAX),
+            max_prefetch=_int(env, "MAX_PREFETCH", cls.max_prefetch, 1),
+            small_blob_bytes=_int(env, "SMALL_BLOB_BYTES", cls.small_blob_bytes, 0, cls.SMALL_BLOB_MAX),
+        )
+
+    def carried(self, content: bytes | None, size: int) -> bytes | None:
+        """The content a mail's RabbitMQ message carries (None: the delivery reads the blob
+        store): a small mail's whole content, ``size`` bytes of it."""
+        return content if content is not None and len(content) == size <= self.small_blob_bytes else None
+
+
+@dataclasses.dataclass(frozen=True)
+class ViewSettings:
+    """The wanted view configuration; unset fields keep what is stored (or the defaults)."""
+
+    slice_window_s: int | None = None
+    bucket_count: int | None = None
+    update_browse_start_pace: int | None = None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> ViewSettings:
+        return cls(
+            slice_window_s=_optional_int(env, "SLICE_WINDOW_S"),
+            bucket_count=_optional_int(env, "BUCKET_COUNT"),
+            update_browse_start_pace=_optional_int(env, "BROWSE_START_PACE"),
+        )
+
+
+#: The roles a token can have (services/runtime/auth.py says who may call what).
+ROLES = ("producer", "consumer", "reader", "admin")
+
+
+def parse_tokens(spec: str) -> dict[str, str]:
+    """``"admin:s3cret,producer:abc"`` -> {token: role}. Raises ConfigurationError."""
+    tokens: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in spec.replace("\n", ",").split(","))):
+        role, sep, token = item.partition(":")
+        if not sep or role not in ROLES or len(token) < 16:
+            raise ConfigurationError(
+                f"MAILQUEUE_TOKENS entry {role!r}: use role:token with a role of {', '.join(ROLES)} "
+                "and a token of at least 16 characters"
+            )
+        tokens[token] = role
+    return tokens
+
+
+def _tokens(env: Mapping[str, str]) -> dict[str, str]:
+    spec = env.get("MAILQUEUE_TOKENS", "")
+    path = env.get("MAILQUEUE_TOKENS_FILE")
+    if path:
+        try:
+            with open(path) as f:
+                spec = f"{spec},{f.read()}"
+        except OSError as e:
+            raise ConfigurationError(f"MAILQUEUE_TOKENS_FILE={path}: {e.strerror}") from e
+    return parse_tokens(spec)
+
+
+#: Default gRPC and metrics ports per service (DESIGN §7).
+DEFAULT_PORTS = {"enqueue": 50051, "dequeue": 50052, "browse": 50053, "blob": 50054}
+METRICS_PORT_OFFSET = 1000  # enqueue metrics on 51051, and so on
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerSettings:
+    service: str
+    host: str = "127.0.0.1"
+    port: int = 0
+    metrics_port: int = 0
+    #: Seconds a connection lives before the server asks the client to reconnect (re-resolve).
+    max_connection_age_s: int = 300
+    #: Seconds SIGTERM waits for in-flight RPCs.
+    shutdown_grace_s: float = 10.0
+    #: Target of blob_svc for enqueue and dequeue ("" = talk to S3 directly).
+    blob_target: str = "127.0.0.1:50054"
+    log_level: str = "INFO"
+    #: Bearer tokens accepted by this server, token -> role (empty: no access control).
+    tokens: dict[str, str] = dataclasses.field(default_factory=dict)
+    #: Token this service presents to other services (enqueue/dequeue -> blob_svc).
+    service_token: str = ""
+    #: browse_svc: seconds between refreshes of the per-queue gauges (0: off).
+    gauge_interval_s: float = 15.0
+
+    @classmethod
+    def from_env(cls, service: str, env: Mapping[str, str] = os.environ) -> ServerSettings:
+        port = _int(env, "PORT", DEFAULT_PORTS[service], 0)
+        return cls(
+            service=service,
+            host=_get(env, "HOST", "127.0.0.1"),
+            port=port,
+            metrics_port=_int(env, "METRICS_PORT", port + METRICS_PORT_OFFSET if port else 0, 0),
+            max_connection_age_s=_int(env, "MAX_CONNECTION_AGE_S", 300, 1),
+            shutdown_grace_s=_float(env, "SHUTDOWN_GRACE_S", 10.0),
+            blob_target=_get(env, "BLOB_TARGET", "127.0.0.1:50054"),
+            log_level=_get(env, "LOG_LEVEL", "INFO").upper(),
+            tokens=_tokens(env),
+            service_token=_get(env, "SERVICE_TOKEN", ""),
+            gauge_interval_s=_float(env, "GAUGE_INTERVAL_S", 15.0),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """Everything one service process needs."""
+
+    server: ServerSettings
+    cassandra: CassandraSettings
+    rabbitmq: RabbitMQSettings
+    s3: S3Settings
+    limits: LimitSettings
+    view: ViewSettings
+
+    @classmethod
+    def from_env(cls, service: str, env: Mapping[str, str] = os.environ) -> Settings:
+        return cls(
+            server=ServerSettings.from_env(service, env),
+            cassandra=CassandraSettings.from_env(env),
+            rabbitmq=RabbitMQSettings.from_env(env),
+            s3=S3Settings.from_env(env),
+            limits=LimitSettings.from_env(env),
+            view=ViewSettings.from_env(env),
+        )

@@ -1,0 +1,92 @@
+"""One way to retry: named backoff policies, jitter, and ``[n/N]`` in every retry's log line,
+run by tenacity.
+
+Used where a backend error is waited out instead of returned: a delivery being prepared
+(subscription.py) and the dead-letter marker (dead_letters.py). S3's client retries its own
+requests (services/adapters/s3/client.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import random
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import tenacity
+
+T = TypeVar("T")
+_log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class Backoff:
+    """Wait ``initial_s`` after the first failure, ``multiplier`` times longer after each next
+    one, at most ``max_s``; each wait varies by ±``jitter`` (a fraction) so that the processes
+    an outage hit at once do not retry in step. ``attempts`` None: retry until it succeeds."""
+
+    name: str
+    initial_s: float
+    multiplier: float = 2.0
+    max_s: float = 15.0
+    attempts: int | None = None
+    jitter: float = 0.2
+
+    def __post_init__(self) -> None:
+        if self.initial_s < 0 or self.multiplier < 1 or self.max_s < self.initial_s or not 0 <= self.jitter < 1:
+            raise ValueError(f"backoff {self.name!r}: need 0 <= initial_s <= max_s, multiplier >= 1, 0 <= jitter < 1")
+        if self.attempts is not None and self.attempts < 1:
+            raise ValueError(f"backoff {self.name!r}: attempts must be >= 1")
+
+    def delay(self, failures: int, rand: Callable[[], float] = random.random) -> float:
+        """Seconds to wait after the ``failures``-th failure in a row (1 = the first)."""
+        base = min(self.initial_s * self.multiplier ** (failures - 1), self.max_s)
+        return base * (1 + self.jitter * (2 * rand() - 1))
+
+
+async def retrying(
+    op: Callable[[], Awaitable[T]], policy: Backoff, on: tuple[type[BaseException], ...],
+    log: logging.Logger = _log, extra: dict[str, Any] | None = None,
+    on_retry: Callable[[BaseException], None] | None = None,
+) -> T:
+    """``await op()`` until it returns; an exception in ``on`` is retried after the policy's
+    delay (and re-raised once ``policy.attempts`` is spent), any other goes up at once.
+
+    The first attempt is a plain await: a call that succeeds (nearly all of them, on the
+    delivery path) pays nothing for the retry machinery, which costs ~50 us per call. From the
+    first failure on, tenacity runs the attempts, waits and log lines.
+    """
+    try:
+        return await op()
+    except on as e:
+        first = e
+    if policy.attempts == 1:
+        raise first
+
+    def before_sleep(state: tenacity.RetryCallState) -> None:
+        assert state.outcome is not None and state.next_action is not None
+        error = state.outcome.exception()
+        assert error is not None
+        log.warning("%s failed [%d/%s], retried in %.1f s: %s", policy.name, state.attempt_number,
+                    policy.attempts or "unlimited", state.next_action.sleep, error, extra=extra)
+        if on_retry is not None:
+            on_retry(error)
+
+    failed_once = True  # the plain attempt above: tenacity's first "attempt" replays its outcome
+
+    async def attempt() -> T:
+        nonlocal failed_once
+        if failed_once:
+            failed_once = False
+            raise first
+        return await op()
+
+    retry = tenacity.AsyncRetrying(
+        retry=tenacity.retry_if_exception_type(on),
+        stop=tenacity.stop_after_attempt(policy.attempts) if policy.attempts else tenacity.stop_never,
+        wait=lambda state: policy.delay(state.attempt_number),
+        before_sleep=before_sleep,
+        reraise=True,
+    )
+    return await retry(attempt)

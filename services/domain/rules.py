@@ -1,0 +1,121 @@
+"""Operator rules: hold or bounce the mails matching a condition (KumoMTA-style suspend/bounce).
+
+A rule applies to mails already queued and to mails enqueued while it lives, because it is
+checked where every mail passes: dequeue, just before a delivery is handed out.
+- hold: the delivery is re-scheduled (new generation, through the delay ladder) until the rule
+  expires, or for ``HOLD_RECHECK`` at most, and recorded as held by the rule. Lifting the rule
+  makes its held mails deliverable at once, in enqueue order. Held mails are never spun.
+- bounce: the mail is marked ``bounced: <reason> (rule <id>)`` and dead-lettered. Adding a bounce
+  rule also marks the queued mails it matches at once (browse and size stop counting them); their
+  messages are dead-lettered when they come up.
+
+Rules live in one small Cassandra partition, with a TTL to their expiry. Each process re-reads
+it at most every ``REFRESH_S`` seconds when it needs it, so a rule reaches every replica within
+that time.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+import uuid
+
+from services.domain import model
+from services.domain.errors import InvalidArgument, NotFound
+from services.domain.validation import queue_name, shown
+
+#: Longest a rule may live.
+MAX_LIFETIME = dt.timedelta(days=30)
+DEFAULT_LIFETIME = dt.timedelta(days=1)
+#: A held mail comes back this often at most, to see whether its rule still holds it.
+HOLD_RECHECK = dt.timedelta(minutes=10)
+REFRESH_S = 2.0
+KINDS = ("hold", "bounce")
+
+
+def matches(rule: model.Rule, q: model.QueuedMail) -> bool:
+    m = q.mail
+    if rule.queue and q.queue != rule.queue:
+        return False
+    if rule.sender and m.sender != ("" if rule.sender == "<>" else rule.sender):
+        return False
+    if rule.name and m.name != rule.name:
+        return False
+    if rule.recipient_domain and not any(r.rsplit("@", 1)[-1].lower() == rule.recipient_domain for r in m.recipients):
+        return False
+    return True
+
+
+def validate(rule: model.Rule, now: dt.datetime) -> model.Rule:
+    """The rule as it is stored (domain lower-cased), or InvalidArgument naming the field."""
+    if rule.kind not in KINDS:
+        raise InvalidArgument("rule.kind must be HOLD or BOUNCE")
+    if not (rule.queue or rule.recipient_domain or rule.sender or rule.name):
+        raise InvalidArgument("a rule needs a condition: queue, recipient_domain, sender or name")
+    if rule.queue:
+        queue_name(rule.queue)
+    domain = rule.recipient_domain.lower()
+    if domain and ("@" in domain or len(domain) > 255 or not domain.strip(".")):
+        raise InvalidArgument(f"rule.recipient_domain {shown(rule.recipient_domain)} is not a domain name")
+    for field in ("sender", "name", "reason"):
+        if len(getattr(rule, field)) > 1000:
+            raise InvalidArgument(f"rule.{field} is longer than 1000 characters")
+    if rule.expires_at <= now:
+        raise InvalidArgument("rule.expires_at is in the past")
+    if rule.expires_at - now > MAX_LIFETIME:
+        raise InvalidArgument("rule.expires_at is more than 30 days ahead")
+    return model.Rule(rule.rule_id, rule.kind, rule.expires_at, rule.created_at, rule.queue, domain,
+                      rule.sender, rule.name, rule.reason)
+
+
+def bounce_reason(rule: model.Rule) -> str:
+    return f"bounced: {rule.reason or 'by an operator rule'} (rule {rule.rule_id})"
+
+
+def is_bounce(reason: str) -> bool:
+    return reason.startswith("bounced: ")
+
+
+def hold_until(rule: model.Rule, now: dt.datetime) -> dt.datetime:
+    return min(rule.expires_at, now + HOLD_RECHECK)
+
+
+class RuleBook:
+    """The rules in force, as this process last read them (at most ``REFRESH_S`` old)."""
+
+    def __init__(self, view: object, refresh_s: float = REFRESH_S) -> None:
+        self._view = view
+        self._refresh_s = refresh_s
+        self._read_at = -1e9
+        self._rules: list[model.Rule] = []
+
+    async def current(self) -> list[model.Rule]:
+        if time.monotonic() - self._read_at > self._refresh_s:
+            self._rules = await self._view.rules.all()  # type: ignore[attr-defined]
+            self._read_at = time.monotonic()
+        now = model.utcnow()
+        return [r for r in self._rules if r.expires_at > now]
+
+    async def first_match(self, q: model.QueuedMail) -> model.Rule | None:
+        """The bounce rule matching the mail, else the hold rule matching it, else None.
+
+        A cached rule that matches is read again before it is applied: a rule lifted a moment
+        ago (whose released mails are on their way) never holds or bounces anything.
+        """
+        for _ in range(2):
+            matching = [r for r in await self.current() if matches(r, q)]
+            found = next((r for kind in ("bounce", "hold") for r in matching if r.kind == kind), None)
+            if found is None or await self._view.rules.get(found.rule_id) is not None:  # type: ignore[attr-defined]
+                return found
+            self.forget()  # lifted since this process read it
+        return None
+
+    def forget(self) -> None:
+        self._read_at = -1e9
+
+
+def parse_id(value: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        raise NotFound(f"rule {shown(value)} does not exist (ids are UUIDs: mailq rules lists them)") from None

@@ -1,0 +1,94 @@
+"""Input rules, checked before anything is written (pure functions, unit-tested).
+
+Each rule raises InvalidArgument or ResourceExhausted with a message that names the field and
+the limit, so a producer knows what to fix.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+
+from services.domain.config import LimitSettings
+from services.domain.errors import InvalidArgument, ResourceExhausted
+from services.domain.model import NULL_SENDER, Mail
+
+QUEUE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+_ATOM = r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+"
+_LOCAL = rf"(?:{_ATOM}(?:\.{_ATOM})*|\"(?:[^\"\\\r\n]|\\.)+\")"
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_DOMAIN = rf"(?:{_LABEL}(?:\.{_LABEL})*|\[[0-9A-Fa-f:.]+\]|\[IPv6:[0-9A-Fa-f:.]+\])"
+ADDRESS = re.compile(rf"{_LOCAL}@{_DOMAIN}")
+BLOB_ID = re.compile(r"[0-9a-f]{64}")
+#: Longest piece of a client's value echoed in an error message (gRPC metadata is limited to 8 KiB).
+SHOWN_CHARS = 80
+
+
+def shown(value: object) -> str:
+    """``repr`` of a client's value for an error message, truncated: never echo unbounded input."""
+    text = repr(value)
+    return text if len(text) <= SHOWN_CHARS else f"{text[:SHOWN_CHARS]}...({len(text)} characters)"
+
+
+def queue_name(name: str) -> str:
+    if not QUEUE_NAME.fullmatch(name or ""):
+        raise InvalidArgument(
+            f"queue name {shown(name)} is invalid: 1 to 100 characters of A-Z a-z 0-9 . _ -, starting with a letter or digit"
+        )
+    return name
+
+
+def address(value: str, field: str) -> str:
+    if len(value) > 320 or not ADDRESS.fullmatch(value) or len(value.rsplit("@", 1)[0]) > 64:
+        raise InvalidArgument(f"{field} {shown(value)} is not a valid mail address (local@domain, at most 320 characters)")
+    return value
+
+
+def blob_id(value: str) -> str:
+    if not BLOB_ID.fullmatch(value or ""):
+        raise InvalidArgument(f"blob id {shown(value)} is invalid: expected 64 lowercase hex characters (SHA-256)")
+    return value
+
+
+def enqueue_id(value: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(value)
+    except (ValueError, TypeError):
+        raise InvalidArgument(f"enqueue id {shown(value)} is not a UUID") from None
+
+
+def mail(m: Mail, limits: LimitSettings) -> Mail:
+    """Check a producer's mail against the rules and limits; return it unchanged."""
+    if m.sender != NULL_SENDER:
+        address(m.sender, "sender")
+    if not m.recipients:
+        raise InvalidArgument("a mail needs at least one recipient")
+    if len(m.recipients) > limits.max_recipients:
+        raise ResourceExhausted(f"{len(m.recipients)} recipients exceed the limit of {limits.max_recipients}")
+    for i, r in enumerate(m.recipients):
+        address(r, f"recipients[{i}]")
+    if len(m.attributes) > limits.max_attributes:
+        raise ResourceExhausted(f"{len(m.attributes)} attributes exceed the limit of {limits.max_attributes}")
+    for k, v in m.attributes.items():
+        if not k:
+            raise InvalidArgument("attribute names must not be empty")
+        size = len(k.encode()) + len(v.encode())
+        if size > limits.max_attribute_bytes:
+            raise ResourceExhausted(
+                f"attribute {shown(k)} is {size} bytes, over the limit of {limits.max_attribute_bytes}"
+            )
+    recipients = set(m.recipients)
+    for prh in m.per_recipient_headers:
+        if prh.recipient not in recipients:
+            raise InvalidArgument(f"per-recipient headers name {shown(prh.recipient)}, which is not a recipient")
+        for h in prh.headers:
+            if not h.name or any(c in h.name for c in ":\r\n "):
+                raise InvalidArgument(f"header name {shown(h.name)} is invalid")
+            if "\r" in h.value or "\n" in h.value:
+                raise InvalidArgument(f"header {shown(h.name)} has a line break in its value (send it unfolded)")
+    metadata = sum(len(s.encode()) for s in (m.name, m.state, m.error_message, m.remote_host, m.remote_addr))
+    metadata += sum(len(k) + len(v) for k, v in m.attributes.items())
+    metadata += sum(len(h.name) + len(h.value) for p in m.per_recipient_headers for h in p.headers)
+    if metadata > limits.max_metadata_bytes:
+        raise ResourceExhausted(f"mail metadata is {metadata} bytes, over the limit of {limits.max_metadata_bytes}")
+    return m

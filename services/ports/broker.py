@@ -1,0 +1,105 @@
+"""The message broker interface: what the domain needs from RabbitMQ (see brokers/rabbitmq.py).
+
+Contracts:
+- ``publish`` returns only once the broker confirmed the message is durably routed to the
+  queue's work queue; otherwise it raises BackendUnavailable. Many publishes may be in flight
+  at once (confirms are pipelined).
+- A consumer's unacknowledged deliveries return to the queue when it is closed or its
+  connection dies.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import datetime as dt
+
+from services.domain import model
+
+
+@dataclasses.dataclass(frozen=True)
+class Message:
+    delivery_tag: int
+    body: bytes
+    redelivered: bool
+    message_id: str | None
+    #: Earlier deliveries that were returned to the queue (quorum queues' x-delivery-count).
+    delivery_count: int = 0
+    #: The schedule generation the message was published with (QueuedMail.generation).
+    generation: int = 0
+    #: Why the broker dead-lettered the message last, if it did ("delivery_limit", "rejected", ...).
+    death_reason: str | None = None
+    #: The delivery class of the work queue it came from.
+    priority: str = "normal"
+    #: Published with a delay (it went through the delay ladder): its arrival ends the delay.
+    delayed: bool = False
+    #: The mail's content when the message carries it (small mail, see ``Broker.publish``), else None.
+    content: bytes | None = None
+
+    def mail(self) -> model.QueuedMail:
+        """The mail it carries, with its generation. Raises on an undecodable body."""
+        from services.contract import serde
+
+        return serde.queued_mail_from_bytes(self.body, self.generation)
+
+
+class Consumer(abc.ABC):
+    @abc.abstractmethod
+    async def get(self) -> Message:
+        """The next delivery (waits). Raises BackendUnavailable when the channel died."""
+
+    @abc.abstractmethod
+    async def ack(self, delivery_tag: int) -> None: ...
+
+    @abc.abstractmethod
+    async def dead_letter(self, delivery_tag: int) -> None:
+        """Route the message to the queue's dead-letter queue."""
+
+    @abc.abstractmethod
+    def drain(self) -> list[Message]:
+        """The deliveries received but not yet taken with ``get`` (no wait)."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Stop consuming; unacknowledged deliveries go back to the queue."""
+
+
+class Broker(abc.ABC):
+    #: Deliveries returned to the queue after which the broker dead-letters a message by itself
+    #: (None: no limit).
+    delivery_limit: int | None = None
+
+    @abc.abstractmethod
+    async def declare_queue(self, queue: str) -> None:
+        """Declare (idempotently) a mail queue's exchange, work queue and dead-letter queue."""
+
+    @abc.abstractmethod
+    async def publish(
+        self, mail: model.QueuedMail, delay: dt.timedelta = dt.timedelta(0), counted: bool | None = None,
+        content: bytes | None = None,
+    ) -> None:
+        """Publish ``mail`` to its queue, deliverable after ``delay`` (services/domain/delays.py), with
+        its generation. ``counted``: the message's arrival ends a delay the queue counters count
+        (default: when ``delay`` is not zero). ``content``: the mail's content, carried in the
+        message so that its delivery reads no blob (callers pass it for small mail only; a
+        message without it is delivered all the same, its content read from the blob store).
+        Returns once the broker confirmed it; raises BackendUnavailable."""
+
+    @abc.abstractmethod
+    async def consume(self, queue: str, prefetch: int) -> Consumer:
+        """Consume every delivery class of ``queue``, each with ``prefetch`` unacknowledged at most."""
+
+    @abc.abstractmethod
+    async def consume_dead_letters(self, prefetch: int) -> Consumer:
+        """Consume the copies of every queue's dead letters (names.dead_letter_marks_queue)."""
+
+    @abc.abstractmethod
+    async def dead_lettered(self, queue: str) -> int:
+        """Messages waiting in the queue's dead-letter queue."""
+
+    @abc.abstractmethod
+    async def ping(self) -> None:
+        """Raise BackendUnavailable unless the broker answers."""
+
+    @abc.abstractmethod
+    async def close(self) -> None: ...

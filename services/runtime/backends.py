@@ -1,0 +1,90 @@
+"""The backends a queue service holds: the Cassandra view, the broker and the blob store."""
+
+from __future__ import annotations
+
+import logging
+
+from services.ports.blobstore import BlobStore
+from services.adapters.cassandra.blobs import CassandraBlobStore
+from services.adapters.blob_service import RemoteBlobStore
+from services.adapters.s3.store import S3BlobStore
+from services.adapters.tiered import TieredBlobStore
+from services.ports.broker import Broker
+from services.adapters.rabbitmq.broker import RabbitMQBroker
+from services.domain.config import Settings
+from services.domain.errors import ConfigurationError, FailedPrecondition, InvalidArgument
+from services.app.queue_state import QueueState
+from services.adapters.cassandra.view import View
+from services.domain.view_config import merge
+
+log = logging.getLogger(__name__)
+
+
+def blob_store(settings: Settings, view: View) -> BlobStore:
+    """Small blobs in the view's Cassandra; larger ones through blob_svc when a target is
+    configured (the default), in S3 directly otherwise."""
+    large: BlobStore
+    if settings.server.blob_target:
+        large = RemoteBlobStore(settings.server.blob_target, settings.server.service_token)
+    else:
+        large = S3BlobStore(settings.s3, settings.limits.max_blob_bytes)
+    return tiered(settings, view, large)
+
+
+def tiered(settings: Settings, view: View, large: BlobStore) -> BlobStore:
+    """``large`` behind the small-blob table, unless MAILQUEUE_SMALL_BLOB_BYTES is 0."""
+    if settings.limits.small_blob_bytes == 0:
+        return large
+    small = CassandraBlobStore(
+        view.session, settings.cassandra.keyspace, settings.limits.small_blob_bytes, settings.s3.touch_interval_s
+    )
+    return TieredBlobStore(small, large)
+
+
+class Backends:
+    def __init__(self, view: View, broker: Broker, blobs: BlobStore) -> None:
+        self.view = view
+        self.broker = broker
+        self.blobs = blobs
+        self.state = QueueState(view)
+
+    @classmethod
+    async def open(cls, settings: Settings) -> Backends:
+        """Connect all three; apply the view configuration from the environment, if any.
+
+        Raises BackendUnavailable (retried by the runtime) or ConfigurationError (start-up refused).
+        """
+        view = await View.open(settings.cassandra)
+        try:
+            await apply_view_settings(view, settings)
+            broker = RabbitMQBroker(settings.rabbitmq, settings.cassandra.keyspace)
+            await broker.ping()
+        except BaseException:
+            view.close()
+            raise
+        return cls(view, broker, blob_store(settings, view))
+
+    async def check(self) -> None:
+        await self.view.ping()
+        await self.broker.ping()
+        await self.blobs.ping()
+
+    async def close(self) -> None:
+        await self.view.counter_buffer.flush()  # a drain (SIGTERM) keeps the gathered counts
+        await self.broker.close()
+        await self.blobs.close()
+        self.view.close()
+
+
+async def apply_view_settings(view: View, settings: Settings) -> None:
+    v = settings.view
+    if v.slice_window_s is None and v.bucket_count is None and v.update_browse_start_pace is None:
+        return
+    wanted = merge(await view.config.current(), v.slice_window_s, v.bucket_count, v.update_browse_start_pace)
+    try:
+        await view.config.apply(wanted)
+    except (FailedPrecondition, InvalidArgument) as e:
+        raise ConfigurationError(
+            f"the view configuration from the environment is refused: {e}. Fix MAILQUEUE_SLICE_WINDOW_S / "
+            "MAILQUEUE_BUCKET_COUNT / MAILQUEUE_BROWSE_START_PACE or unset them to keep the stored configuration"
+        ) from e
