@@ -21,10 +21,9 @@ from typing import Any
 
 from bench.common import CpuMeter, bench_queue, run
 from services.domain import model, names
-from services.adapters.rabbitmq.channels import CONTENT_HEADER, DELAYED_HEADER, GENERATION_HEADER
+from services.adapters.rabbitmq import message_format
 from services.adapters.rabbitmq.broker import RabbitMQBroker
 from services.domain.config import RabbitMQSettings
-from services.contract.serde import queued_mail_to_bytes
 
 PREFETCH = 128
 
@@ -77,11 +76,10 @@ async def aio_pika_phases(settings: RabbitMQSettings, queue: str, batch: list[mo
 
     async def publish(i: int) -> None:
         q = batch[i]
-        headers = {GENERATION_HEADER: q.generation} if q.generation else {}
-        headers[CONTENT_HEADER] = len(content)
+        m = message_format.encode(q, content)  # the services' message, published by aio-pika
         await exchange.publish(aio_pika.Message(
-            queued_mail_to_bytes(q) + content, delivery_mode=aio_pika.DeliveryMode.PERSISTENT, message_id=str(q.enqueue_id),
-            content_type="application/x-protobuf", type="mailqueue.v1.QueuedMail", headers=headers,
+            m.body, delivery_mode=aio_pika.DeliveryMode(m.delivery_mode), message_id=m.message_id,
+            content_type=m.content_type, type=m.type, headers=m.headers,
         ), routing_key="", mandatory=True)
 
     meter = CpuMeter({})
@@ -93,7 +91,7 @@ async def aio_pika_phases(settings: RabbitMQSettings, queue: str, batch: list[mo
     meter, start, got = CpuMeter({}), time.monotonic(), 0
     async with work.iterator() as it:
         async for message in it:
-            message.headers.get(DELAYED_HEADER)  # as our consumer reads them
+            message_format.decode(message.headers, message.body)  # as our consumer reads them
             await message.ack()
             got += 1
             if got == len(batch):

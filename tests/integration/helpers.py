@@ -10,7 +10,7 @@ import pika
 from mailqueue.v1 import enqueue_pb2, mail_pb2
 from services.domain import model, names
 from services.contract import serde
-from services.adapters.rabbitmq.channels import CONTENT_HEADER, split_content
+from services.adapters.rabbitmq import message_format
 from services.domain.config import RabbitMQSettings
 from services.domain.slices import slices_between
 
@@ -51,8 +51,8 @@ def peek_contents(queue: str, priority: str = "normal") -> list[tuple[model.Queu
             method, props, body = ch.basic_get(names.work_queue(queue, priority), auto_ack=False)
             if method is None:
                 break
-            body, content = split_content(body, (props.headers or {}).get(CONTENT_HEADER))
-            out.append((serde.queued_mail_from_proto(mail_pb2.QueuedMail.FromString(body)), content))
+            d = message_format.decode(props.headers, body)
+            out.append((serde.queued_mail_from_bytes(d.mail_bytes), d.content))
         return out
     finally:
         conn.close()  # unacknowledged messages go back to the queue

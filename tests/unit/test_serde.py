@@ -96,7 +96,7 @@ def test_a_negative_retry_after_means_now():
 
 
 def test_a_message_body_splits_into_the_mail_and_the_content_it_carries():
-    from services.adapters.rabbitmq.channels import split_content
+    from services.adapters.rabbitmq.message_format import split_content
 
     assert split_content(b"MAILcontent", 7) == (b"MAIL", b"content")
     assert split_content(b"MAIL", 0) == (b"MAIL", b"")

@@ -34,8 +34,8 @@ from pika.adapters.asyncio_connection import AsyncioConnection
 from pika.channel import Channel
 
 from services.domain import delays, model, names
-from services.contract import serde
 from services.ports.broker import Broker
+from services.adapters.rabbitmq import message_format
 from services.adapters.rabbitmq.channels import Publisher, RabbitMQConsumer, Waiters, resolver, unavailable
 from services.domain.config import RabbitMQSettings
 from services.domain.errors import BackendUnavailable
@@ -275,15 +275,14 @@ class RabbitMQBroker(Broker):
         queue = mail.queue
         await self.declare_queue(queue)
         publisher = await self._publisher_channel()
-        body = serde.queued_mail_to_bytes(mail)
         n = delays.units(delay)
+        message = message_format.encode(mail, content, delayed=bool(n) if counted is None else counted)
         if n:
             exchange, key = names.delay_exchange(delays.entry_level(n)), delays.routing_key(n, queue, mail.priority)
         else:
             exchange, key = names.exchange(queue), names.priority_key(mail.priority)
         try:
-            confirmed = publisher.publish(exchange, str(mail.enqueue_id), body, key, mail.generation,
-                                          delayed=bool(n) if counted is None else counted, content=content)
+            confirmed = publisher.publish(exchange, key, message)
             try:
                 await asyncio.wait_for(confirmed, self._settings.confirm_timeout_s)
             except asyncio.TimeoutError:

@@ -15,18 +15,13 @@ from typing import Any
 import pika
 from pika.channel import Channel
 
+from services.adapters.rabbitmq import message_format
 from services.ports.broker import Consumer, Message
 from services.domain.errors import BackendUnavailable
 
 log = logging.getLogger(__name__)
 
-PERSISTENT = 2
 _CLOSED = object()
-#: The message headers that carry QueuedMail.generation, and that a message went through the ladder.
-GENERATION_HEADER = "mailqueue-generation"
-DELAYED_HEADER = "mailqueue-delayed"
-#: Set when the body ends with the mail's content: its length in bytes (the QueuedMail comes first).
-CONTENT_HEADER = "mailqueue-content-bytes"
 
 
 def unavailable(detail: Any) -> BackendUnavailable:
@@ -84,24 +79,16 @@ class Publisher:
         channel.add_on_return_callback(self._on_return)
         channel.add_on_close_callback(self._on_close)
 
-    def publish(
-        self, exchange: str, message_id: str, body: bytes, routing_key: str = "", generation: int = 0, delayed: bool = False,
-        content: bytes | None = None,
-    ) -> asyncio.Future[None]:
-        headers = {GENERATION_HEADER: generation} if generation else {}
-        if delayed:
-            headers[DELAYED_HEADER] = 1
-        if content is not None:
-            headers[CONTENT_HEADER] = len(content)
-            body += content
+    def publish(self, exchange: str, routing_key: str, message: message_format.Encoded) -> asyncio.Future[None]:
+        message_id = message.message_id
         props = pika.BasicProperties(
-            delivery_mode=PERSISTENT, message_id=message_id, content_type="application/x-protobuf",
-            type="mailqueue.v1.QueuedMail", headers=headers or None,
+            delivery_mode=message.delivery_mode, message_id=message_id, content_type=message.content_type,
+            type=message.type, headers=message.headers or None,
         )
         fut = self.waiters.new()
         if fut.done():
             return fut
-        self.channel.basic_publish(exchange, routing_key, body, props, mandatory=True)
+        self.channel.basic_publish(exchange, routing_key, message.body, props, mandatory=True)
         self.pending[self.next_tag] = (fut, message_id)
         self.next_tag += 1
         return fut
@@ -138,15 +125,6 @@ class Publisher:
         self.pending.clear()
 
 
-def split_content(body: bytes, length: Any) -> tuple[bytes, bytes | None]:
-    """(QueuedMail bytes, carried content or None) of a message body; a header that does not fit
-    the body leaves the body whole (then it does not decode, and is dead-lettered as poison)."""
-    if not isinstance(length, int) or isinstance(length, bool) or not 0 <= length <= len(body):
-        return body, None
-    cut = len(body) - length
-    return body[:cut], body[cut:]
-
-
 class RabbitMQConsumer(Consumer):
     def __init__(self, channel: Channel, waiters: Waiters) -> None:
         self._channel = channel
@@ -155,15 +133,10 @@ class RabbitMQConsumer(Consumer):
         channel.add_on_close_callback(lambda _ch, reason: self._inbox.put_nowait(_CLOSED))
 
     def on_message(self, priority: str, _ch: Channel, method: Any, props: Any, body: bytes) -> None:
-        headers = props.headers or {}
-        count, generation = headers.get("x-delivery-count", 0), headers.get(GENERATION_HEADER, 0)
-        deaths = headers.get("x-death")
-        death = deaths[0].get("reason") if isinstance(deaths, list) and deaths and isinstance(deaths[0], dict) else None
-        body, content = split_content(body, headers.get(CONTENT_HEADER))
+        d = message_format.decode(props.headers, body)
         self._inbox.put_nowait(Message(
-            method.delivery_tag, body, bool(method.redelivered), props.message_id,
-            count if isinstance(count, int) else 0, generation if isinstance(generation, int) else 0,
-            death.decode() if isinstance(death, bytes) else death, priority, bool(headers.get(DELAYED_HEADER)), content,
+            method.delivery_tag, d.mail_bytes, bool(method.redelivered), props.message_id, d.delivery_count,
+            d.generation, d.death_reason, priority, d.delayed, d.content,
         ))
 
     def drain(self) -> list[Message]:

@@ -1,0 +1,94 @@
+"""The broker message format, in one place: what a RabbitMQ message of a mail carries.
+
+* body: the ``mailqueue.v1.QueuedMail`` protobuf (services/contract/serde.py), followed by the
+  mail's content when the message carries it (small mail);
+* headers: ``mailqueue-generation`` (QueuedMail.generation, when not 0), ``mailqueue-delayed``
+  (1: it went through the delay ladder), ``mailqueue-content-bytes`` (the length of the content at
+  the end of the body); RabbitMQ adds ``x-delivery-count`` (quorum queues) and ``x-death``;
+* properties: persistent, ``message_id`` = the enqueue id, content type and type of the body.
+
+Publishers (services/adapters/rabbitmq/channels.py, the broker bench) build with :func:`encode`,
+consumers read with :func:`decode`; nothing else knows a header name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from services.contract import serde
+from services.domain import model
+
+PERSISTENT = 2
+CONTENT_TYPE = "application/x-protobuf"
+TYPE = "mailqueue.v1.QueuedMail"
+GENERATION_HEADER = "mailqueue-generation"
+DELAYED_HEADER = "mailqueue-delayed"
+CONTENT_HEADER = "mailqueue-content-bytes"
+
+
+@dataclasses.dataclass(frozen=True)
+class Encoded:
+    body: bytes
+    headers: dict[str, int]
+    #: The AMQP properties besides the headers (pika.BasicProperties and aio_pika.Message take them).
+    message_id: str
+    delivery_mode: int = PERSISTENT
+    content_type: str = CONTENT_TYPE
+    type: str = TYPE
+
+
+def encode(mail: model.QueuedMail, content: bytes | None = None, delayed: bool = False) -> Encoded:
+    return encode_body(serde.queued_mail_to_bytes(mail), str(mail.enqueue_id), mail.generation, delayed, content)
+
+
+def encode_body(body: bytes, message_id: str, generation: int = 0, delayed: bool = False,
+                content: bytes | None = None) -> Encoded:
+    """A message of an already serialized QueuedMail (a publish retried reuses its bytes)."""
+    headers = {GENERATION_HEADER: generation} if generation else {}
+    if delayed:
+        headers[DELAYED_HEADER] = 1
+    if content is not None:
+        headers[CONTENT_HEADER] = len(content)
+        body += content
+    return Encoded(body, headers, message_id)
+
+
+@dataclasses.dataclass(frozen=True)
+class Decoded:
+    #: The QueuedMail bytes (decoded by ``Message.mail()``), and the content if the body carries it.
+    mail_bytes: bytes
+    content: bytes | None
+    generation: int
+    delayed: bool
+    delivery_count: int
+    #: Why the broker dead-lettered the message last, if it did ("delivery_limit", "rejected", ...).
+    death_reason: str | None
+
+
+def decode(headers: Mapping[str, Any] | None, body: bytes) -> Decoded:
+    """What a delivered message carries; headers of the wrong type read as absent (a message from
+    elsewhere is then poison at ``Message.mail()``, never a crash here)."""
+    headers = headers or {}
+    count, generation = headers.get("x-delivery-count", 0), headers.get(GENERATION_HEADER, 0)
+    deaths = headers.get("x-death")
+    death = deaths[0].get("reason") if isinstance(deaths, list) and deaths and isinstance(deaths[0], dict) else None
+    mail_bytes, content = split_content(body, headers.get(CONTENT_HEADER))
+    return Decoded(
+        mail_bytes, content, generation if _int(generation) else 0, bool(headers.get(DELAYED_HEADER)),
+        count if _int(count) else 0, death.decode() if isinstance(death, bytes) else death,
+    )
+
+
+def _int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def split_content(body: bytes, length: Any) -> tuple[bytes, bytes | None]:
+    """(QueuedMail bytes, carried content or None) of a message body; a header that does not fit
+    the body leaves the body whole (then it does not decode, and is dead-lettered as poison)."""
+    if not _int(length) or not 0 <= length <= len(body):
+        return body, None
+    cut = len(body) - length
+    return body[:cut], body[cut:]
