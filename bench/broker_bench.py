@@ -20,9 +20,9 @@ import uuid
 from typing import Any
 
 from bench.common import CpuMeter, bench_queue, run
-from services.domain import model, names
 from services.adapters.rabbitmq import message_format
 from services.adapters.rabbitmq.broker import RabbitMQBroker
+from services.domain import model, names
 from services.domain.config import RabbitMQSettings
 
 PREFETCH = 128

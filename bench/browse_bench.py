@@ -23,16 +23,16 @@ import grpc
 from bench.common import PORTS, bench_queue, blob_store, env, new_keyspace, run, serving
 from bench.enqueue_bench import content
 from mailqueue.v1 import admin_pb2, admin_pb2_grpc, browse_pb2, browse_pb2_grpc
-from services.domain import model
-from services.runtime.backends import apply_view_settings
+from services.adapters.cassandra.view import View
 from services.adapters.rabbitmq.broker import RabbitMQBroker
-from services.domain.config import Settings
 from services.app.dequeuer import Dequeuer
-from services.app.subscription import Outcome
 from services.app.enqueuer import Enqueuer
 from services.app.queue_state import QueueState
 from services.app.queues import create_queue
-from services.adapters.cassandra.view import View
+from services.app.subscription import Outcome
+from services.domain import model
+from services.domain.config import Settings
+from services.runtime.backends import apply_view_settings
 
 QUEUE = bench_queue("bench-browse")
 METRICS_PORT = 56153

@@ -104,8 +104,8 @@ def run(main: Callable[[], None]) -> None:
 
 
 def drop_keyspace(name: str) -> None:
-    from services.domain.config import CassandraSettings
     from services.adapters.cassandra.session import connect
+    from services.domain.config import CassandraSettings
 
     cluster, session = connect(CassandraSettings.from_env())
     try:
@@ -241,8 +241,8 @@ def report(name: str, r: dict[str, float]) -> str:
 
 async def blob_store(settings: Any, view: Any) -> Any:
     """The services' blob layout from this process: small content in Cassandra, larger in S3."""
-    from services.runtime.backends import tiered
     from services.adapters.s3.store import S3BlobStore
+    from services.runtime.backends import tiered
 
     s3 = S3BlobStore(settings.s3, settings.limits.max_blob_bytes)
     await s3.ensure_bucket()
@@ -255,11 +255,11 @@ async def write_backlog(settings: Any, queue: str, n: int, content: bytes, delay
     this process for speed. Returns the seconds it took."""
     import datetime as dt
 
+    from services.adapters.cassandra.view import View
+    from services.adapters.rabbitmq.broker import RabbitMQBroker
     from services.app import counters
     from services.domain import model
-    from services.adapters.rabbitmq.broker import RabbitMQBroker
     from services.domain.slices import bucket_of, slice_start
-    from services.adapters.cassandra.view import View
 
     view = await View.open(settings.cassandra)
     broker = RabbitMQBroker(settings.rabbitmq, settings.cassandra.keyspace)

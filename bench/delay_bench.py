@@ -31,7 +31,17 @@ import uuid
 import grpc
 
 from bench.common import (
-    PORTS, ROOT, TAG, CpuMeter, cpu_seconds, new_keyspace, run, stack_pids, start_services, stop, write_backlog,
+    PORTS,
+    ROOT,
+    TAG,
+    CpuMeter,
+    cpu_seconds,
+    new_keyspace,
+    run,
+    stack_pids,
+    start_services,
+    stop,
+    write_backlog,
 )
 from mailqueue.v1 import admin_pb2, admin_pb2_grpc, dequeue_pb2, dequeue_pb2_grpc, enqueue_pb2, enqueue_pb2_grpc, mail_pb2
 from services.domain.config import Settings

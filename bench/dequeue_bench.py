@@ -25,14 +25,14 @@ import grpc
 from bench.common import PORTS, CpuMeter, bench_queue, blob_store, new_keyspace, run, start_services, stop
 from bench.enqueue_bench import content
 from mailqueue.v1 import admin_pb2, admin_pb2_grpc, dequeue_pb2, dequeue_pb2_grpc
-from services.domain import model
+from services.adapters.cassandra.view import View
 from services.adapters.rabbitmq.broker import RabbitMQBroker
-from services.domain.config import Settings
 from services.app.dequeuer import Dequeuer
-from services.app.subscription import Outcome
 from services.app.enqueuer import Enqueuer
 from services.app.queue_state import QueueState
-from services.adapters.cassandra.view import View
+from services.app.subscription import Outcome
+from services.domain import model
+from services.domain.config import Settings
 
 
 async def fill(settings: Settings, queue: str, n: int, size: int) -> None:

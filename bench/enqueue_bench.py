@@ -22,14 +22,14 @@ from typing import Any
 
 import grpc
 
-from bench.common import PORTS, blob_store, bench_queue, load, new_keyspace, report, run, start_services, stop
+from bench.common import PORTS, bench_queue, blob_store, load, new_keyspace, report, run, start_services, stop
 from mailqueue.v1 import admin_pb2, admin_pb2_grpc, enqueue_pb2, enqueue_pb2_grpc, mail_pb2
-from services.domain import model
-from services.adapters.rabbitmq.broker import RabbitMQBroker
-from services.domain.config import Settings
-from services.app.queues import create_queue
-from services.domain.slices import bucket_of, slice_start
 from services.adapters.cassandra.view import View
+from services.adapters.rabbitmq.broker import RabbitMQBroker
+from services.app.queues import create_queue
+from services.domain import model
+from services.domain.config import Settings
+from services.domain.slices import bucket_of, slice_start
 
 
 def content(i: int, size: int) -> bytes:

@@ -12,14 +12,14 @@ import concurrent.futures
 import datetime as dt
 from collections.abc import Iterable
 
-from services.domain import names, retention, slices
 import obstore
 
-from services.adapters.s3 import client as s3client
-from services.domain.config import CassandraSettings, S3Settings
 from services.adapters.cassandra import bulk
 from services.adapters.cassandra.session import connect
 from services.adapters.cassandra.view import View
+from services.adapters.s3 import client as s3client
+from services.domain import names, retention, slices
+from services.domain.config import CassandraSettings, S3Settings
 
 CONCURRENCY = 32
 

@@ -29,10 +29,10 @@ from cassandra.concurrent import execute_concurrent_with_args
 
 from bench.common import PORTS, ROOT, bench_queue, cpu_seconds, env, new_keyspace, run, serving, start_services, stop
 from mailqueue.v1 import admin_pb2, admin_pb2_grpc, browse_pb2, browse_pb2_grpc, enqueue_pb2, enqueue_pb2_grpc, mail_pb2
-from services.domain.config import CassandraSettings
-from services.domain.slices import slice_start
 from services.adapters.cassandra import schema
 from services.adapters.cassandra.session import connect
+from services.domain.config import CassandraSettings
+from services.domain.slices import slice_start
 
 METRICS_PORT = 56153
 

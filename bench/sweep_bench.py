@@ -28,11 +28,11 @@ from cassandra.query import BatchStatement, BatchType
 
 from bench import plain_sweep
 from bench.common import ROOT
-from services.domain import model, slices
-from services.adapters.s3 import client as s3client
-from services.domain.config import CassandraSettings, S3Settings
 from services.adapters.cassandra.session import connect
 from services.adapters.cassandra.view import View
+from services.adapters.s3 import client as s3client
+from services.domain import model, slices
+from services.domain.config import CassandraSettings, S3Settings
 
 WINDOW = dt.timedelta(minutes=1)
 BUCKETS = 10

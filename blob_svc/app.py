@@ -6,11 +6,11 @@ from typing import Any
 
 from blob_svc.servicer import BlobServicer
 from mailqueue.v1 import blob_pb2_grpc
-from services.runtime.backends import tiered
-from services.ports.blobstore import BlobStore
-from services.adapters.s3.store import S3BlobStore
-from services.runtime.server import App
 from services.adapters.cassandra.view import View
+from services.adapters.s3.store import S3BlobStore
+from services.ports.blobstore import BlobStore
+from services.runtime.backends import tiered
+from services.runtime.server import App
 
 
 class BlobApp(App):

@@ -8,8 +8,8 @@ from typing import Any
 from browse_svc.servicer import AdminServicer, BrowseServicer
 from mailqueue.v1 import admin_pb2_grpc, browse_pb2_grpc
 from services.app import gauges
-from services.runtime.backends import Backends
 from services.app.browser import Browser
+from services.runtime.backends import Backends
 from services.runtime.queue_app import QueueApp
 
 
@@ -18,7 +18,8 @@ class BrowseApp(QueueApp[Browser]):
 
     def servicers(self) -> list[tuple[Any, Any, str]]:
         return [
-            (browse_pb2_grpc.add_BrowseServiceServicer_to_server, BrowseServicer(self.backends, self.service, self.settings.limits.dequeue_inline_bytes), "mailqueue.v1.BrowseService"),
+            (browse_pb2_grpc.add_BrowseServiceServicer_to_server,
+             BrowseServicer(self.backends, self.service, self.settings.limits.dequeue_inline_bytes), "mailqueue.v1.BrowseService"),
             (admin_pb2_grpc.add_AdminServiceServicer_to_server, AdminServicer(self.backends, self.service), "mailqueue.v1.AdminService"),
         ]
 

@@ -8,12 +8,12 @@ import grpc
 
 from mailqueue.v1 import admin_pb2, admin_pb2_grpc, browse_pb2, browse_pb2_grpc
 from services.app import browse_start, rule_admin
-from services.domain import model, rules, schedule, validation
-from services.contract import serde
-from services.runtime.backends import Backends
-from services.app.browser import Browser, BrowseFilter, Progress, delete_condition, flush_condition
-from services.domain.errors import InvalidArgument
+from services.app.browser import BrowseFilter, Browser, Progress, delete_condition, flush_condition
 from services.app.queues import create_queue
+from services.contract import serde
+from services.domain import model, rules, schedule, validation
+from services.domain.errors import InvalidArgument
+from services.runtime.backends import Backends
 
 
 async def _existing_queue(b: Backends, queue: str) -> str:

@@ -8,8 +8,8 @@ from typing import Any
 from dequeue_svc.servicer import DequeueServicer
 from mailqueue.v1 import dequeue_pb2_grpc
 from services.app import dead_letters
-from services.runtime.backends import Backends
 from services.app.dequeuer import Dequeuer
+from services.runtime.backends import Backends
 from services.runtime.queue_app import QueueApp
 
 

@@ -14,9 +14,9 @@ from collections.abc import AsyncIterator, Callable
 import grpc
 
 from mailqueue.v1 import dequeue_pb2, dequeue_pb2_grpc
-from services.contract import serde
 from services.app.dequeuer import Dequeuer
 from services.app.subscription import DEFAULT_PREFETCH, Delivery, Outcome, Subscription
+from services.contract import serde
 from services.domain.errors import InvalidArgument
 
 _OUTCOMES = {

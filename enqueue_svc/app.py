@@ -6,8 +6,8 @@ from typing import Any
 
 from enqueue_svc.servicer import EnqueueServicer
 from mailqueue.v1 import enqueue_pb2_grpc
-from services.runtime.backends import Backends
 from services.app.enqueuer import Enqueuer
+from services.runtime.backends import Backends
 from services.runtime.queue_app import QueueApp
 
 

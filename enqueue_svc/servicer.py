@@ -8,9 +8,9 @@ from collections.abc import AsyncIterator, Callable
 import grpc
 
 from mailqueue.v1 import enqueue_pb2, enqueue_pb2_grpc
-from services.domain import model, pipeline
-from services.contract import serde
 from services.app.enqueuer import Enqueuer
+from services.contract import serde
+from services.domain import model, pipeline
 from services.domain.errors import InvalidArgument, MailQueueError
 from services.runtime.status import number_of
 

@@ -38,12 +38,21 @@ import grpc
 from google.protobuf import duration_pb2, json_format, timestamp_pb2
 
 from mailqueue.v1 import (
-    admin_pb2, admin_pb2_grpc, blob_pb2, blob_pb2_grpc, browse_pb2, browse_pb2_grpc, dequeue_pb2, dequeue_pb2_grpc,
-    enqueue_pb2, enqueue_pb2_grpc, mail_pb2,
+    admin_pb2,
+    admin_pb2_grpc,
+    blob_pb2,
+    blob_pb2_grpc,
+    browse_pb2,
+    browse_pb2_grpc,
+    dequeue_pb2,
+    dequeue_pb2_grpc,
+    enqueue_pb2,
+    enqueue_pb2_grpc,
+    mail_pb2,
 )
+from services.adapters.grpc_channels import blocking_channel
 from services.domain.config import DEFAULT_PORTS
 from services.domain.durations import human, parse_duration
-from services.adapters.grpc_channels import blocking_channel
 
 CHUNK = 1024 * 1024
 HINTS = {

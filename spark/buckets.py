@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import obstore
 
-from services.adapters.s3 import client as s3client, errors as s3errors
+from services.adapters.s3 import client as s3client
+from services.adapters.s3 import errors as s3errors
 from services.domain.config import S3Settings
 from services.domain.errors import BackendUnavailable
 

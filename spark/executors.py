@@ -12,10 +12,10 @@ import datetime as dt
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from services.adapters.cassandra import schema
 from services.domain import names, retention
 from services.domain.config import CassandraSettings, S3Settings
 from services.domain.slices import from_ms
-from services.adapters.cassandra import schema
 
 BATCH = 2000
 CONCURRENCY = 32
@@ -91,7 +91,8 @@ def delete_blobs(s3: S3Settings, started: dt.datetime, grace: dt.timedelta, coun
     def run(rows: Iterator[Any]) -> None:
         import obstore
 
-        from services.adapters.s3 import client as s3client, errors as s3errors
+        from services.adapters.s3 import client as s3client
+        from services.adapters.s3 import errors as s3errors
 
         c = s3client.store(s3)
 

@@ -27,13 +27,13 @@ import sys
 import time
 from typing import Any
 
+from services.adapters.cassandra import schema
+from services.adapters.cassandra.view import View
 from services.domain import retention, slices
 from services.domain.config import CassandraSettings, ConfigurationError, S3Settings
 from services.domain.durations import parse_duration
 from services.domain.errors import BackendUnavailable
 from services.runtime import logs
-from services.adapters.cassandra import schema
-from services.adapters.cassandra.view import View
 from spark import buckets, executors, session
 
 log = logging.getLogger("spark.sweep")

@@ -12,7 +12,7 @@ import pytest
 
 from mailqueue.v1 import admin_pb2, admin_pb2_grpc, blob_pb2_grpc, browse_pb2_grpc, dequeue_pb2_grpc, enqueue_pb2_grpc
 from services.runtime.interceptors import ErrorsAndMetrics
-from tests.harness import LoopThread, RunningApp, ServiceProcess, new_keyspace, stack, service_env
+from tests.harness import LoopThread, RunningApp, ServiceProcess, new_keyspace, service_env, stack
 
 INTEGRATION = pathlib.Path(__file__).parent / "integration"
 CONTRACT = pathlib.Path(__file__).parent / "contract"
@@ -206,8 +206,8 @@ class ProcessSuite(BaseSuite):
     kind = "processes"
 
     def __init__(self, loop: LoopThread, keyspace: str) -> None:
-        from services.domain.config import CassandraSettings
         from services.adapters.cassandra.view import View
+        from services.domain.config import CassandraSettings
 
         self.loop = loop
         self.keyspace = keyspace

@@ -11,10 +11,10 @@ from collections.abc import AsyncIterator
 import grpc
 
 from mailqueue.v1 import blob_pb2, blob_pb2_grpc
-from services.ports.blobstore import BlobStore
+from services.adapters.grpc_channels import bearer, client_channel
 from services.domain.errors import BackendUnavailable, InvalidArgument, MailQueueError, NotFound, ResourceExhausted
 from services.domain.model import BlobInfo
-from services.adapters.grpc_channels import bearer, client_channel
+from services.ports.blobstore import BlobStore
 
 _BY_CODE: dict[grpc.StatusCode, type[MailQueueError]] = {
     grpc.StatusCode.NOT_FOUND: NotFound,

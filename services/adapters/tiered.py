@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-from services.ports.blobstore import BlobStore, chunked
 from services.adapters.cassandra.blobs import CassandraBlobStore
 from services.domain.errors import NotFound
 from services.domain.model import BlobInfo
+from services.ports.blobstore import BlobStore, chunked
 
 
 class TieredBlobStore(BlobStore):

@@ -15,7 +15,7 @@ from prometheus_client import Counter
 
 from services.domain import model
 from services.domain.slices import slice_start, slices_between
-from services.adapters.cassandra.view import View
+from services.ports.view import View
 
 log = logging.getLogger(__name__)
 

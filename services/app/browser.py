@@ -13,15 +13,14 @@ import datetime as dt
 import uuid
 from collections.abc import AsyncIterator
 
-
 from services.app import counters
-from services.domain import counts
-from services.domain import model, rules
-from services.domain.model import QueueInfo, Summary
-from services.ports.broker import Broker
+from services.domain import counts, model
 from services.domain.errors import InvalidArgument
+from services.domain.model import QueueInfo, Summary
 from services.domain.slices import slice_start, slices_between
-from services.adapters.cassandra.view import View
+from services.ports.broker import Broker
+from services.ports.view import View
+
 
 @dataclasses.dataclass(frozen=True)
 class BrowseFilter:
@@ -96,7 +95,6 @@ class Browser:
     def __init__(self, view: View, broker: Broker) -> None:
         self._view = view
         self._broker = broker
-        self.rules = rules.RuleBook(view)
 
     async def live_mails(self, queue: str, op: str = "browse", until: dt.datetime | None = None) -> AsyncIterator[model.QueuedMail]:
         """Every live mail of the queue, in enqueue order (``until``: only mails enqueued before it)."""

@@ -10,7 +10,7 @@ from services.domain import model
 from services.domain.counts import is_held
 
 if TYPE_CHECKING:
-    from services.adapters.cassandra.view import View
+    from services.ports.view import View
 
 
 async def bump(view: View, q: model.QueuedMail, **deltas: int) -> None:

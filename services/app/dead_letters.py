@@ -16,10 +16,10 @@ import logging
 from prometheus_client import Counter
 
 from services.app import counters
-from services.ports.broker import Broker
 from services.domain.errors import BackendUnavailable
 from services.domain.retry import Backoff, retrying
-from services.adapters.cassandra.view import View
+from services.ports.broker import Broker
+from services.ports.view import View
 
 log = logging.getLogger(__name__)
 

@@ -9,14 +9,15 @@ import asyncio
 import logging
 
 from services.app import browse_start, counters
-from services.domain import model, rules, validation
-from services.ports.blobstore import BlobStore
-from services.ports.broker import Broker
+from services.app.queue_state import QueueState
+from services.app.rule_book import RuleBook
+from services.app.subscription import DEFAULT_PREFETCH, Subscription
+from services.domain import model, validation
 from services.domain.config import LimitSettings
 from services.domain.errors import BackendUnavailable, InvalidArgument
-from services.app.queue_state import QueueState
-from services.app.subscription import DEFAULT_PREFETCH, Subscription
-from services.adapters.cassandra.view import View
+from services.ports.blobstore import BlobStore
+from services.ports.broker import Broker
+from services.ports.view import View
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +33,7 @@ class Dequeuer:
         self._updating: set[str] = set()  # queues whose browse start update is running here
         #: (queue, enqueue id) of every mail being prepared or handed out by this process.
         self.in_flight: set[tuple[str, object]] = set()
-        self.rules = rules.RuleBook(view)
+        self.rules = RuleBook(view.rules)
 
     async def subscribe(self, queue: str, prefetch: int, max_batch: int = 1) -> Subscription:
         """A subscription to ``queue``: ``prefetch`` unanswered deliveries at most (0: the default),

@@ -24,15 +24,15 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from prometheus_client import Counter, Gauge
 
 from services.app import counters
+from services.app.queue_state import QueueState
 from services.domain import model, schedule, validation
-from services.ports.blobstore import BlobStore
-from services.ports.broker import Broker
 from services.domain.config import LimitSettings
 from services.domain.errors import Aborted, BackendUnavailable, InvalidArgument, NotFound, ResourceExhausted
-from services.app.queue_state import QueueState
 from services.domain.retry import Backoff, retrying
 from services.domain.slices import bucket_of, slice_start
-from services.adapters.cassandra.view import View
+from services.ports.blobstore import BlobStore
+from services.ports.broker import Broker
+from services.ports.view import View
 
 log = logging.getLogger(__name__)
 

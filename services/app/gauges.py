@@ -16,9 +16,9 @@ import time
 from prometheus_client import Gauge
 
 from services.domain import model
-from services.ports.broker import Broker
 from services.domain.errors import BackendUnavailable
-from services.adapters.cassandra.view import View
+from services.ports.broker import Broker
+from services.ports.view import View
 
 log = logging.getLogger(__name__)
 

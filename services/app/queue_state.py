@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 
 from services.domain import model
 from services.domain.errors import NotFound
-from services.adapters.cassandra.view import View
+from services.ports.view import View
 
 
 class QueueState:

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 from services.domain import schedule, validation
-from services.domain.model import RetryPolicy
-from services.ports.broker import Broker
-from services.domain.model import utcnow
+from services.domain.model import RetryPolicy, utcnow
 from services.domain.slices import slice_start
-from services.adapters.cassandra.view import View
+from services.ports.broker import Broker
+from services.ports.view import View
 
 
 async def create_queue(view: View, broker: Broker, queue: str, policy: RetryPolicy | None = None) -> bool:

@@ -6,10 +6,10 @@ import dataclasses
 import uuid
 
 from services.app import counters
-from services.domain import model, rules
 from services.app.browser import BrowseFilter, Browser
+from services.domain import model, rules
 from services.domain.errors import NotFound
-from services.adapters.cassandra.view import View
+from services.ports.view import View
 
 
 async def add(view: View, browser: Browser, rule: model.Rule) -> tuple[model.Rule, int]:
@@ -19,7 +19,6 @@ async def add(view: View, browser: Browser, rule: model.Rule) -> tuple[model.Rul
     if rule.queue and not await view.queues.exists(rule.queue):
         raise NotFound(f"queue {rule.queue!r} does not exist: create it with AdminService.CreateQueue")
     await view.rules.add(rule)
-    browser.rules.forget()
     applied = 0
     if rule.kind == "bounce":
         for queue in [rule.queue] if rule.queue else await view.queues.all():
@@ -36,7 +35,6 @@ async def lift(view: View, browser: Browser, rule_id: uuid.UUID) -> int:
     if rule is None:
         raise NotFound(f"rule {rule_id} does not exist or has expired (mailq rules lists the rules in force)")
     await view.rules.lift(rule_id)
-    browser.rules.forget()
     if rule.kind != "hold":
         return 0
     released = 0

@@ -36,16 +36,17 @@ from prometheus_client import Counter
 
 from services.app import counters
 from services.domain import counts, delays, model, rules, schedule
-from services.ports.broker import Consumer, Message
-from services.domain.retry import Backoff, retrying
 from services.domain.errors import BackendUnavailable, InvalidArgument, NotFound
+from services.domain.retry import Backoff, retrying
+from services.ports.broker import Consumer, Message
 
 if TYPE_CHECKING:
-    from services.adapters.cassandra.view import View
     from services.app.queue_state import QueueState
+    from services.app.rule_book import RuleBook
     from services.domain.config import LimitSettings
     from services.ports.blobstore import BlobStore
     from services.ports.broker import Broker
+    from services.ports.view import View
 
 
 class DequeueSide(Protocol):
@@ -56,7 +57,7 @@ class DequeueSide(Protocol):
     blobs: BlobStore
     limits: LimitSettings
     state: QueueState
-    rules: rules.RuleBook
+    rules: RuleBook
     #: (queue, enqueue id) of every mail being prepared or handed out by this process.
     in_flight: set[tuple[str, object]]
 

@@ -12,8 +12,9 @@ slices from browse start: one partition read, whatever the history. Counters are
 design: an update that timed out may or may not have applied and is not retried (a retry could
 count twice), and a crash between a mark and its counter update loses the update. Every update is
 best effort (a failure is logged and counted, never fails the operation: the mail is durable
-already), and gathered in the process for ``MAILQUEUE_COUNTER_FLUSH_S`` (one update per key). ``reconcile`` rewrites them from an exact pass; ``exact = true`` on GetSize/GetQueue
-keeps the scanning count.
+already), and gathered in the process for ``MAILQUEUE_COUNTER_FLUSH_S`` (one update per key).
+``reconcile`` rewrites them from an exact pass; ``exact = true`` on GetSize/GetQueue keeps the
+scanning count.
 """
 
 from __future__ import annotations

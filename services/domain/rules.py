@@ -17,7 +17,6 @@ that time.
 from __future__ import annotations
 
 import datetime as dt
-import time
 import uuid
 
 from services.domain import model
@@ -78,40 +77,6 @@ def is_bounce(reason: str) -> bool:
 
 def hold_until(rule: model.Rule, now: dt.datetime) -> dt.datetime:
     return min(rule.expires_at, now + HOLD_RECHECK)
-
-
-class RuleBook:
-    """The rules in force, as this process last read them (at most ``REFRESH_S`` old)."""
-
-    def __init__(self, view: object, refresh_s: float = REFRESH_S) -> None:
-        self._view = view
-        self._refresh_s = refresh_s
-        self._read_at = -1e9
-        self._rules: list[model.Rule] = []
-
-    async def current(self) -> list[model.Rule]:
-        if time.monotonic() - self._read_at > self._refresh_s:
-            self._rules = await self._view.rules.all()  # type: ignore[attr-defined]
-            self._read_at = time.monotonic()
-        now = model.utcnow()
-        return [r for r in self._rules if r.expires_at > now]
-
-    async def first_match(self, q: model.QueuedMail) -> model.Rule | None:
-        """The bounce rule matching the mail, else the hold rule matching it, else None.
-
-        A cached rule that matches is read again before it is applied: a rule lifted a moment
-        ago (whose released mails are on their way) never holds or bounces anything.
-        """
-        for _ in range(2):
-            matching = [r for r in await self.current() if matches(r, q)]
-            found = next((r for kind in ("bounce", "hold") for r in matching if r.kind == kind), None)
-            if found is None or await self._view.rules.get(found.rule_id) is not None:  # type: ignore[attr-defined]
-                return found
-            self.forget()  # lifted since this process read it
-        return None
-
-    def forget(self) -> None:
-        self._read_at = -1e9
 
 
 def parse_id(value: str) -> uuid.UUID:

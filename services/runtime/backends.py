@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import logging
 
-from services.ports.blobstore import BlobStore
-from services.adapters.cassandra.blobs import CassandraBlobStore
 from services.adapters.blob_service import RemoteBlobStore
+from services.adapters.cassandra.blobs import CassandraBlobStore
+from services.adapters.cassandra.view import View
+from services.adapters.rabbitmq.broker import RabbitMQBroker
 from services.adapters.s3.store import S3BlobStore
 from services.adapters.tiered import TieredBlobStore
-from services.ports.broker import Broker
-from services.adapters.rabbitmq.broker import RabbitMQBroker
+from services.app.queue_state import QueueState
 from services.domain.config import Settings
 from services.domain.errors import ConfigurationError, FailedPrecondition, InvalidArgument
-from services.app.queue_state import QueueState
-from services.adapters.cassandra.view import View
 from services.domain.view_config import merge
+from services.ports.blobstore import BlobStore
+from services.ports.broker import Broker
 
 log = logging.getLogger(__name__)
 

@@ -11,8 +11,8 @@ import asyncio
 from collections.abc import Coroutine
 from typing import Any, Generic, TypeVar
 
-from services.runtime.backends import Backends
 from services.domain.config import Settings
+from services.runtime.backends import Backends
 from services.runtime.server import App
 
 S = TypeVar("S")

@@ -28,10 +28,10 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import Gauge, start_http_server
 
+from services.adapters.grpc_channels import MAX_MESSAGE
 from services.domain.config import Settings
 from services.domain.errors import BackendUnavailable, ConfigurationError
 from services.runtime import logs
-from services.adapters.grpc_channels import MAX_MESSAGE
 from services.runtime.auth import TokenAuth, check_exposure
 from services.runtime.interceptors import ErrorsAndMetrics
 

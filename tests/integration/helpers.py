@@ -8,9 +8,9 @@ import grpc
 import pika
 
 from mailqueue.v1 import enqueue_pb2, mail_pb2
-from services.domain import model, names
-from services.contract import serde
 from services.adapters.rabbitmq import message_format
+from services.contract import serde
+from services.domain import model, names
 from services.domain.config import RabbitMQSettings
 from services.domain.slices import slices_between
 

@@ -158,9 +158,9 @@ def test_delete_is_idempotent(grpc_stub, size):
 
 @pytest.mark.parametrize("size", SIZES)
 def test_content_lives_in_cassandra_up_to_the_small_limit_and_in_s3_above(grpc_stub, blob_app, aio_loop, keyspace, size):
-    from services.adapters.s3 import client as s3client
     from services.adapters.cassandra import schema
     from services.adapters.cassandra.session import execute
+    from services.adapters.s3 import client as s3client
 
     r = put(grpc_stub, os.urandom(size))
     tiered = blob_app.settings.limits.small_blob_bytes > 0

@@ -11,11 +11,10 @@ import pytest
 from google.protobuf import duration_pb2
 
 from mailqueue.v1 import admin_pb2, browse_pb2
-from services.domain import model
 from services.contract import serde
+from services.domain import model, names
 from tests.harness import stack, wait_until
 from tests.integration.helpers import StreamConsumer, delivered, enqueue_names, inline, message_count, simple_mail, view_rows
-from services.domain import names
 
 
 @pytest.fixture

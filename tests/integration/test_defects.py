@@ -11,12 +11,20 @@ import pytest
 from google.protobuf import duration_pb2, timestamp_pb2
 
 from mailqueue.v1 import admin_pb2, browse_pb2, enqueue_pb2
+from services.app.subscription import SKIPPED
 from services.domain import names
 from services.domain.config import RabbitMQSettings
-from services.app.subscription import SKIPPED
 from tests.harness import ROOT, wait_until
 from tests.integration.helpers import (
-    StreamConsumer, code_of, dead_letter_count, deleted_reason, delivered, enqueue_names, inline, message_count, simple_mail,
+    StreamConsumer,
+    code_of,
+    dead_letter_count,
+    deleted_reason,
+    delivered,
+    enqueue_names,
+    inline,
+    message_count,
+    simple_mail,
     view_rows,
 )
 

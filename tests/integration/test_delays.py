@@ -18,7 +18,14 @@ from services.domain import model
 from services.domain.config import RabbitMQSettings
 from tests.harness import wait_until
 from tests.integration.helpers import (
-    StreamConsumer, dead_letter_count, deleted_reason, delivered, inline, message_count, simple_mail, view_rows,
+    StreamConsumer,
+    dead_letter_count,
+    deleted_reason,
+    delivered,
+    inline,
+    message_count,
+    simple_mail,
+    view_rows,
 )
 
 

@@ -14,8 +14,16 @@ from services.domain import names
 from services.domain.config import RabbitMQSettings
 from tests.harness import wait_until
 from tests.integration.helpers import (
-    StreamConsumer, consumer_count, dead_letter_count, deleted_reason, delivered, enqueue_names, inline, message_count,
-    peek_contents, simple_mail,
+    StreamConsumer,
+    consumer_count,
+    dead_letter_count,
+    deleted_reason,
+    delivered,
+    enqueue_names,
+    inline,
+    message_count,
+    peek_contents,
+    simple_mail,
 )
 
 

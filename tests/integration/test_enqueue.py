@@ -9,9 +9,8 @@ import pytest
 from mailqueue.v1 import blob_pb2, enqueue_pb2, mail_pb2
 from services.contract import serde
 from tests.harness import wait_until
-from tests.mails import FULL_MAIL
 from tests.integration.helpers import StreamConsumer, inline, message_count, peek_messages, simple_mail, view_rows
-
+from tests.mails import FULL_MAIL
 
 
 @pytest.fixture

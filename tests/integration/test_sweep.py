@@ -9,9 +9,9 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import queue as queue_mod
 import subprocess
 import sys
-import queue as queue_mod
 import threading
 import time
 import uuid
@@ -21,13 +21,17 @@ import pytest
 from prometheus_client import REGISTRY
 
 from mailqueue.v1 import admin_pb2, blob_pb2, browse_pb2
-from services.domain import model, slices
 from services.adapters.cassandra import schema
 from services.adapters.cassandra.session import execute
+from services.domain import model, slices
 from tests.conftest import Suite
 from tests.harness import ROOT, new_keyspace, wait_until
 from tests.integration.helpers import (
-    StreamConsumer, enqueue_names, inline, message_count, simple_mail,
+    StreamConsumer,
+    enqueue_names,
+    inline,
+    message_count,
+    simple_mail,
 )
 from tests.integration.test_browse_admin import browse_names, next_slice
 

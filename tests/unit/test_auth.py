@@ -1,7 +1,7 @@
 import pytest
 
-from services.domain.errors import ConfigurationError
 from services.domain.config import parse_tokens
+from services.domain.errors import ConfigurationError
 from services.runtime.auth import allowed, check_exposure, role_of
 
 TOKENS = parse_tokens("admin:aaaaaaaaaaaaaaaa, producer:pppppppppppppppp,consumer:cccccccccccccccc,reader:rrrrrrrrrrrrrrrr")

@@ -3,8 +3,8 @@ import uuid
 
 import pytest
 
-from services.domain import model
 from services.app.browser import BrowseFilter, delete_condition
+from services.domain import model
 from services.domain.errors import InvalidArgument
 
 UTC = dt.timezone.utc

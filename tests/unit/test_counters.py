@@ -7,8 +7,7 @@ import re
 import uuid
 
 from mailq.cli import shape_table
-from services.domain import counts
-from services.domain import model
+from services.domain import counts, model
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
 H = dt.timedelta(hours=1)

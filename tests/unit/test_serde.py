@@ -4,8 +4,8 @@ import uuid
 
 import pytest
 
-from services.domain import model
 from services.contract import serde
+from services.domain import model
 from services.domain.errors import InvalidArgument
 from tests.mails import FULL_MAIL
 

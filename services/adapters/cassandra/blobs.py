@@ -21,13 +21,13 @@ from collections.abc import AsyncIterator
 
 from cassandra.cluster import Session
 
+from services.adapters.cassandra import schema
+from services.adapters.cassandra.session import execute
 from services.domain import model
-from services.ports.blobstore import BlobStore, chunked
 from services.domain.errors import InvalidArgument, NotFound, ResourceExhausted
 from services.domain.model import BlobInfo
 from services.domain.validation import blob_id as check_blob_id
-from services.adapters.cassandra import schema
-from services.adapters.cassandra.session import execute
+from services.ports.blobstore import BlobStore, chunked
 
 _TOUCHED_MAX = 10_000
 

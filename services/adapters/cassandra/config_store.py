@@ -12,10 +12,10 @@ import logging
 
 from cassandra.cluster import Session
 
-from services.domain import model
-from services.domain.errors import Aborted
 from services.adapters.cassandra import schema
 from services.adapters.cassandra.session import execute
+from services.domain import model
+from services.domain.errors import Aborted
 from services.domain.view_config import check_change, check_values
 
 log = logging.getLogger(__name__)

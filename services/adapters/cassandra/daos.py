@@ -4,21 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import logging
 import uuid
 from typing import Any
-
-import logging
 
 from cassandra.cluster import Session
 from cassandra.query import UNSET_VALUE
 from prometheus_client import Counter
 
-from services.domain import model
 from services.adapters.cassandra import schema
 from services.adapters.cassandra.group_commit import GroupCommit
 from services.adapters.cassandra.group_read import GroupRead
 from services.adapters.cassandra.session import execute, execute_all
-
+from services.domain import model
 
 log = logging.getLogger(__name__)
 

@@ -13,8 +13,8 @@ from typing import Any
 from cassandra import ConsistencyLevel, DriverException
 from cassandra.auth import PlainTextAuthProvider
 from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, NoHostAvailable, Session
-from cassandra.protocol import ErrorMessage
 from cassandra.policies import DCAwareRoundRobinPolicy, ExponentialReconnectionPolicy, TokenAwarePolicy
+from cassandra.protocol import ErrorMessage
 from cassandra.query import named_tuple_factory
 
 from services.domain.config import CassandraSettings

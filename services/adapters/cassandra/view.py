@@ -8,16 +8,24 @@ import logging
 
 from cassandra.cluster import Cluster, Session
 
-from services.domain.config import CassandraSettings
-from services.domain.errors import BackendUnavailable
 from services.adapters.cassandra import schema
 from services.adapters.cassandra.config_store import ConfigStore
 from services.adapters.cassandra.counter_buffer import CounterBuffer
-from services.adapters.cassandra.mail_queue_view import CassandraMailQueueView, MailQueueView
 from services.adapters.cassandra.daos import (
-    CountersDAO, DeletedMailsDAO, EnqueuedMailsDAO, IdempotencyDAO, QueuesDAO, RetryPoliciesDAO, RulesDAO, StartsDAO,
+    CountersDAO,
+    DeletedMailsDAO,
+    EnqueuedMailsDAO,
+    IdempotencyDAO,
+    QueuesDAO,
+    RetryPoliciesDAO,
+    RulesDAO,
+    StartsDAO,
 )
+from services.adapters.cassandra.mail_queue_view import CassandraMailQueueView
 from services.adapters.cassandra.session import UNAVAILABLE_ERRORS, connect, execute
+from services.domain.config import CassandraSettings
+from services.domain.errors import BackendUnavailable
+from services.ports.view import MailQueueView
 
 log = logging.getLogger(__name__)
 

@@ -33,12 +33,12 @@ import pika
 from pika.adapters.asyncio_connection import AsyncioConnection
 from pika.channel import Channel
 
-from services.domain import delays, model, names
-from services.ports.broker import Broker
 from services.adapters.rabbitmq import message_format
 from services.adapters.rabbitmq.channels import Publisher, RabbitMQConsumer, Waiters, resolver, unavailable
+from services.domain import delays, model, names
 from services.domain.config import RabbitMQSettings
 from services.domain.errors import BackendUnavailable
+from services.ports.broker import Broker
 
 log = logging.getLogger(__name__)
 

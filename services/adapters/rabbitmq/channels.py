@@ -16,8 +16,8 @@ import pika
 from pika.channel import Channel
 
 from services.adapters.rabbitmq import message_format
-from services.ports.broker import Consumer, Message
 from services.domain.errors import BackendUnavailable
+from services.ports.broker import Consumer, Message
 
 log = logging.getLogger(__name__)
 

@@ -21,13 +21,14 @@ from typing import Any, TypeVar
 
 import obstore
 
+from services.adapters.s3 import client as s3client
+from services.adapters.s3 import errors as s3errors
 from services.domain import names
-from services.ports.blobstore import CHUNK, BlobStore
-from services.adapters.s3 import client as s3client, errors as s3errors
 from services.domain.config import S3Settings
 from services.domain.errors import BackendUnavailable, InvalidArgument, NotFound, ResourceExhausted
 from services.domain.model import BlobInfo
 from services.domain.validation import blob_id as check_blob_id
+from services.ports.blobstore import CHUNK, BlobStore
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,43 @@
+"""The operator rules in force as this process sees them: read at most every ``REFRESH_S``, a
+matching rule read again before it is applied (the rules themselves: services/domain/rules.py)."""
+
+from __future__ import annotations
+
+import time
+
+from services.domain import model, rules
+from services.ports.view import Rules
+
+
+class RuleBook:
+    """The rules in force, as this process last read them (at most ``REFRESH_S`` old)."""
+
+    def __init__(self, rules: Rules, refresh_s: float = rules.REFRESH_S) -> None:
+        self._store = rules
+        self._refresh_s = refresh_s
+        self._read_at = -1e9
+        self._rules: list[model.Rule] = []
+
+    async def current(self) -> list[model.Rule]:
+        if time.monotonic() - self._read_at > self._refresh_s:
+            self._rules = await self._store.all()
+            self._read_at = time.monotonic()
+        now = model.utcnow()
+        return [r for r in self._rules if r.expires_at > now]
+
+    async def first_match(self, q: model.QueuedMail) -> model.Rule | None:
+        """The bounce rule matching the mail, else the hold rule matching it, else None.
+
+        A cached rule that matches is read again before it is applied: a rule lifted a moment
+        ago (whose released mails are on their way) never holds or bounces anything.
+        """
+        for _ in range(2):
+            matching = [r for r in await self.current() if rules.matches(r, q)]
+            found = next((r for kind in ("bounce", "hold") for r in matching if r.kind == kind), None)
+            if found is None or await self._store.get(found.rule_id) is not None:
+                return found
+            self.forget()  # lifted since this process read it
+        return None
+
+    def forget(self) -> None:
+        self._read_at = -1e9

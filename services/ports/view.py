@@ -1,0 +1,130 @@
+"""The view as the use-cases see it: the time-series view of the queues (DESIGN §2-§4) and the
+small stores beside it. The use-cases (services/app/) depend on these interfaces only; the
+Cassandra adapter (services/adapters/cassandra/view.py) implements them with one DAO per table.
+
+``MailQueueView`` is shaped like James's: store a mail, mark it gone, ask why it is gone (or its
+current schedule), read the live mails, tell the size; it gives domain objects back.
+"""
+
+from __future__ import annotations
+
+import abc
+import datetime as dt
+import uuid
+from typing import Protocol
+
+from services.domain import counts, model
+
+
+class MailQueueView(abc.ABC):
+    @abc.abstractmethod
+    async def store(self, mail: model.QueuedMail) -> None:
+        """Write the mail's row (it becomes browsable; its message is published after)."""
+
+    @abc.abstractmethod
+    async def mark(self, queue: str, enqueue_id: uuid.UUID, reason: str, written_at: dt.datetime | None = None) -> None:
+        """The mail is gone (dequeued, deleted, dead-lettered, expired): browse and dequeue skip it.
+        ``written_at``: the mark's write time (last write wins), for an enqueue's undo."""
+
+    @abc.abstractmethod
+    async def unmark(self, queue: str, enqueue_id: uuid.UUID, at: dt.datetime) -> None:
+        """Remove a mark written before ``at``; one written after it stays."""
+
+    @abc.abstractmethod
+    async def state(self, queue: str, enqueue_id: uuid.UUID) -> model.MailState | None:
+        """Its mark or its current schedule; None for a live mail as enqueued."""
+
+    async def reason(self, queue: str, enqueue_id: uuid.UUID) -> str | None:
+        """Why the mail is gone, or None while it is live."""
+        s = await self.state(queue, enqueue_id)
+        return s.reason if s is not None else None
+
+    @abc.abstractmethod
+    async def reschedule(self, mail: model.QueuedMail) -> None:
+        """Record the mail's new schedule (generation, deliver_at, attempts, last error, hold)."""
+
+    @abc.abstractmethod
+    async def live_mails(self, queue: str, slice_start: dt.datetime, buckets: int, op: str) -> list[model.QueuedMail]:
+        """The live mails of one slice, every bucket merged in enqueue order, each with its current
+        schedule. ``op`` labels the read in the metrics (browse, size, delete, ...)."""
+
+    @abc.abstractmethod
+    async def size(self, queue: str) -> counts.Counts:
+        """Live, delayed and held mails from browse start, from the slice counters."""
+
+
+class Starts(Protocol):
+    """Browse start and content start of each queue (DESIGN §4)."""
+
+    async def initialise(self, queue: str, start: dt.datetime) -> None: ...
+    async def browse_start(self, queue: str) -> dt.datetime | None: ...
+    async def content_start(self, queue: str) -> dt.datetime | None: ...
+    async def set_browse_start(self, queue: str, start: dt.datetime) -> None: ...
+    async def advance_content_start(self, queue: str, start: dt.datetime) -> dt.datetime: ...
+
+
+class Queues(Protocol):
+    async def create(self, queue: str) -> bool: ...
+    async def exists(self, queue: str) -> bool: ...
+    async def all(self) -> list[str]: ...
+
+
+class RetryPolicies(Protocol):
+    async def set(self, queue: str, p: model.RetryPolicy) -> None: ...
+    async def get(self, queue: str) -> model.RetryPolicy: ...
+
+
+class Rules(Protocol):
+    """The operator rules (hold, bounce) in force."""
+
+    async def add(self, r: model.Rule) -> None: ...
+    async def all(self) -> list[model.Rule]: ...
+    async def get(self, rule_id: uuid.UUID) -> model.Rule | None: ...
+    async def lift(self, rule_id: uuid.UUID) -> None: ...
+
+
+class Counters(Protocol):
+    """The slice counters (services/domain/counts.py)."""
+
+    async def add(self, queue: str, kind: str, slice_start: dt.datetime, delta: int) -> None: ...
+    async def read(self, queue: str, kinds: tuple[str, ...], since: dt.datetime) -> dict[str, dict[dt.datetime, int]]: ...
+
+
+class CounterBuffer(Protocol):
+    """Counter updates gathered in the process for a moment, one update per key."""
+
+    async def add(self, queue: str, kind: str, slice_start: dt.datetime, delta: int) -> None: ...
+    async def flush(self) -> None: ...
+
+
+class Idempotency(Protocol):
+    """Idempotency keys: a claim per (queue, key), committed with its mail or released."""
+
+    async def claim(self, queue: str, key: str, enqueue_id: uuid.UUID, now: dt.datetime) -> model.IdempotencyClaim | None: ...
+    async def take_over(self, queue: str, key: str, now: dt.datetime, seen: dt.datetime) -> bool: ...
+    async def commit(self, queue: str, key: str, q: model.QueuedMail) -> None: ...
+    async def release(self, queue: str, key: str, enqueue_id: uuid.UUID, claimed_at: dt.datetime) -> None: ...
+
+
+class ViewConfiguration(Protocol):
+    """The view configuration (slice window, buckets, browse start pace): services/domain/view_config.py."""
+
+    async def current(self) -> model.ViewConfig: ...
+    async def apply(self, wanted: model.ViewConfig) -> model.ViewConfig: ...
+
+
+class View(Protocol):
+    """Everything the use-cases read and write besides the broker and the blobs."""
+
+    mails: MailQueueView
+    starts: Starts
+    queues: Queues
+    retry_policies: RetryPolicies
+    rules: Rules
+    counters: Counters
+    counter_buffer: CounterBuffer
+    idempotency: Idempotency
+    config: ViewConfiguration
+
+    async def ping(self) -> None: ...
+    def close(self) -> None: ...
