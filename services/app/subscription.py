@@ -34,9 +34,10 @@ from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client import Counter
 
-from services.app import counters
+from services.app import counters, verdict
+from services.app.verdict import Action
 from services.domain import counts, delays, model, rules, schedule
-from services.domain.errors import BackendUnavailable, InvalidArgument, NotFound
+from services.domain.errors import BackendUnavailable, InvalidArgument
 from services.domain.retry import Backoff, retrying
 from services.ports.broker import Consumer, Message
 
@@ -96,12 +97,6 @@ PREPARE_BACKOFF = Backoff("delivery preparation", initial_s=0.5, multiplier=2, m
 def retries_exhausted(delivery_count: int, limit: int | None) -> bool:
     """True when a requeue would make the broker dead-letter the message (its delivery limit)."""
     return limit is not None and delivery_count >= limit
-
-
-def carried(message: Message, mail: model.QueuedMail) -> bytes | None:
-    """The content the message carries, if it carries all of it."""
-    content = message.content
-    return content if content is not None and len(content) == mail.size else None
 
 
 class Outcome(enum.Enum):
@@ -237,75 +232,60 @@ class Subscription:
 
         Raises BackendUnavailable when Cassandra or the blob store does not answer.
         """
-        try:
-            state = await self._d.view.mails.state(self.queue, mail.enqueue_id)
-            if state is not None and state.deleted and rules.is_bounce(state.reason or ""):
-                self._unsent.pop(message.delivery_tag, None)
-                await self._consumer.dead_letter(message.delivery_tag)  # bounced while queued
-                SKIPPED.labels(self.queue, "bounced").inc()
-                return None
-            if state is not None and state.deleted:
-                await self._skip(message, "deleted")
-                return None
-            if state is not None and mail.generation < state.generation:
-                await self._skip(message, "superseded")  # a RETRY or a Flush published a newer copy
-                return None
-            early = mail.due() - model.utcnow()
-            if early > dt.timedelta(0):
-                # Only a clock behind the publisher's (or a rounding) gets here: wait the rest.
-                await self._d.broker.publish(mail, early, counted=message.delayed, content=carried(message, mail))
-                await self._skip(message, "early")
-                return None
-            # Its delay (or hold) ends now. A redelivered message (returned by a stream that ended)
-            # was counted on its first arrival; one a killed process never prepared was not: drift
-            # that ReconcileCounters heals.
-            if message.delayed and not message.redelivered and message.delivery_tag not in self._arrived:
-                self._arrived.add(message.delivery_tag)
-                was_held = state is not None and counts.is_held(state)
-                await counters.bump(self._d.view, mail, delayed=-1, held=-1 if was_held else 0)
-                if was_held:  # no longer held, whether or not a rule holds it again below
-                    await self._d.view.mails.reschedule(dataclasses.replace(mail, held_by=counts.NOT_HELD))
-            rule = await self._d.rules.first_match(mail)
-            if rule is not None:
-                await self._apply(rule, message, mail)
-                return None
-            if await self._d.state.is_swept(self.queue, mail.slice_start):
-                await self._skip(message, "swept")
-                return None
-            content = None
-            if mail.size <= self._d.limits.dequeue_inline_bytes:
-                content, source = carried(message, mail), "message"
-                if content is None:
-                    content, source = await self._d.blobs.read(mail.blob_ids), "blob_store"
-                INLINE_CONTENT.labels(self.queue, source).inc()
-            else:
-                for blob_id in mail.blob_ids:
-                    await self._d.blobs.stat(blob_id)
-        except NotFound:
-            log.error("mail content missing: dead-lettered", extra={"queue": self.queue, "enqueue_id": str(mail.enqueue_id)})
-            await counters.mark(self._d.view, mail, "dead-lettered: content missing")
-            self._unsent.pop(message.delivery_tag, None)
-            await self._consumer.dead_letter(message.delivery_tag)
-            SKIPPED.labels(self.queue, "content-missing").inc()
-            return None
-        # A retried mail comes back in a new message: it was delivered before all the same.
-        return Delivery(message.delivery_tag, mail, content, message.redelivered or mail.attempts > 0, message.delivery_count)
+        d = self._d
+        v = await verdict.judge(d.view.mails, d.rules, d.state, d.blobs, d.limits.dequeue_inline_bytes, self.queue, message, mail)
+        if v.arrived:
+            await self._end_delay(message, mail, v.state)
+        if v.action is Action.DELIVER:
+            if v.source:
+                INLINE_CONTENT.labels(self.queue, v.source).inc()
+            # A retried mail comes back in a new message: it was delivered before all the same.
+            return Delivery(message.delivery_tag, mail, v.content, message.redelivered or mail.attempts > 0, message.delivery_count)
+        if v.action is Action.SKIP:
+            await self._skip(message, v.reason)
+        elif v.action is Action.WAIT:  # only a clock behind the publisher's (or a rounding) gets here
+            await d.broker.publish(mail, v.early, counted=message.delayed, content=verdict.carried(message, mail))
+            await self._skip(message, v.reason)
+        elif v.action is Action.DEAD_LETTER:
+            if v.mark is not None:
+                log.error("mail content missing: dead-lettered", extra={"queue": self.queue, "enqueue_id": str(mail.enqueue_id)})
+                await counters.mark(d.view, mail, v.mark)
+            await self._dead_letter(message, v.reason)
+        else:
+            assert v.rule is not None
+            await self._apply(v.rule, message, mail)
+        return None
+
+    async def _end_delay(self, message: Message, mail: model.QueuedMail, state: model.MailState | None) -> None:
+        """Its delay (or hold) ends now. A redelivered message (returned by a stream that ended)
+        was counted on its first arrival; one a killed process never prepared was not: drift
+        that ReconcileCounters heals."""
+        if not message.delayed or message.redelivered or message.delivery_tag in self._arrived:
+            return
+        self._arrived.add(message.delivery_tag)
+        was_held = state is not None and counts.is_held(state)
+        await counters.bump(self._d.view, mail, delayed=-1, held=-1 if was_held else 0)
+        if was_held:  # no longer held, whether or not a rule holds it again
+            await self._d.view.mails.reschedule(dataclasses.replace(mail, held_by=counts.NOT_HELD))
 
     async def _apply(self, rule: model.Rule, message: Message, mail: model.QueuedMail) -> None:
         """Bounce (mark, dead-letter) or hold (re-schedule, record, ack) a delivery a rule matches."""
         if rule.kind == "bounce":
             await self._d.mark_deleted(mail, rules.bounce_reason(rule)[:1000])
-            self._unsent.pop(message.delivery_tag, None)
-            await self._consumer.dead_letter(message.delivery_tag)
-            SKIPPED.labels(self.queue, "bounced").inc()
+            await self._dead_letter(message, "bounced")
             return
         now = model.utcnow()
         held = dataclasses.replace(mail, deliver_at=rules.hold_until(rule, now), generation=mail.generation + 1,
                                    held_by=rule.rule_id)
-        await self._d.broker.publish(held, held.due() - now, content=carried(message, mail))
+        await self._d.broker.publish(held, held.due() - now, content=verdict.carried(message, mail))
         await self._d.view.mails.reschedule(held)
         await counters.bump(self._d.view, held, delayed=1, held=1)
         await self._skip(message, "held")
+
+    async def _dead_letter(self, message: Message, reason: str) -> None:
+        self._unsent.pop(message.delivery_tag, None)
+        await self._consumer.dead_letter(message.delivery_tag)
+        SKIPPED.labels(self.queue, reason).inc()
 
     async def _skip(self, message: Message, reason: str) -> None:
         self._unsent.pop(message.delivery_tag, None)
@@ -406,7 +386,7 @@ class Subscription:
             self._d.in_flight.discard((self.queue, mail.enqueue_id))
             # Its delay stays counted until the copy arrives, unless this arrival counted it already.
             await self._d.broker.publish(mail, counted=message.delayed and tag not in self._arrived,
-                                         content=carried(message, mail))
+                                         content=verdict.carried(message, mail))
             await self._consumer.ack(tag)
             RETURNED_UNSENT.labels(self.queue).inc()
 
