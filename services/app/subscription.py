@@ -271,7 +271,7 @@ class Subscription:
     async def _apply(self, rule: model.Rule, message: Message, mail: model.QueuedMail) -> None:
         """Bounce (mark, dead-letter) or hold (re-schedule, record, ack) a delivery a rule matches."""
         if rule.kind == "bounce":
-            await self._d.mark_deleted(mail, rules.bounce_reason(rule)[:1000])
+            await self._d.mark_deleted(mail, model.truncated(rules.bounce_reason(rule)))
             await self._dead_letter(message, "bounced")
             return
         now = model.utcnow()
@@ -306,10 +306,10 @@ class Subscription:
                 await self._d.mark_deleted(mail, "dequeued")
                 await self._consumer.ack(tag)
             elif outcome is Outcome.RETRY:
-                await self._retry(delivery, error_message[:1000], retry_after)
+                await self._retry(delivery, model.truncated(error_message), retry_after)
             else:
                 reason = f"dead-lettered: {error_message}" if error_message else "dead-lettered"
-                await self._d.mark_deleted(mail, reason[:1000])
+                await self._d.mark_deleted(mail, model.truncated(reason))
                 await self._consumer.dead_letter(tag)
         finally:
             self._d.in_flight.discard((self.queue, mail.enqueue_id))
@@ -327,7 +327,7 @@ class Subscription:
         if isinstance(verdict, schedule.Expired):
             log.info("mail expired", extra={"queue": self.queue, "enqueue_id": str(mail.enqueue_id), "reason": verdict.reason})
             reason = f"{verdict.reason}: {error}" if error else verdict.reason
-            await self._d.mark_deleted(mail, reason[:1000])
+            await self._d.mark_deleted(mail, model.truncated(reason))
             await self._consumer.dead_letter(d.tag)
             EXPIRED.labels(self.queue).inc()
             return
@@ -394,5 +394,5 @@ class Subscription:
         """Mark and dead-letter a delivery that the broker would dead-letter unmarked if it came back."""
         log.warning("delivery limit reached: dead-lettered", extra={"queue": self.queue, "enqueue_id": str(d.mail.enqueue_id)})
         reason = f"dead-lettered: delivery limit of {self._d.broker.delivery_limit} reached{detail}"
-        await self._d.mark_deleted(d.mail, reason[:1000])
+        await self._d.mark_deleted(d.mail, model.truncated(reason))
         await self._consumer.dead_letter(d.tag)

@@ -12,8 +12,8 @@ from typing import Any
 
 from google.protobuf import duration_pb2, timestamp_pb2
 
-from mailqueue.v1 import browse_pb2, mail_pb2
-from services.domain import model
+from mailqueue.v1 import admin_pb2, browse_pb2, mail_pb2
+from services.domain import counts, filters, model
 from services.domain.errors import InvalidArgument
 
 _UTC = dt.timezone.utc
@@ -120,12 +120,10 @@ def retry_policy_from_proto(pb: browse_pb2.RetryPolicy, base: model.RetryPolicy)
     return dataclasses.replace(base, **changes)
 
 
-_RULE_KINDS = {"hold": 1, "bounce": 2}  # admin_pb2.RuleKind values
+_RULE_KINDS = {"hold": admin_pb2.RULE_KIND_HOLD, "bounce": admin_pb2.RULE_KIND_BOUNCE}
 
 
-def rule_to_proto(r: model.Rule):  # -> admin_pb2.Rule
-    from mailqueue.v1 import admin_pb2
-
+def rule_to_proto(r: model.Rule) -> admin_pb2.Rule:
     return admin_pb2.Rule(
         rule_id=str(r.rule_id), kind=_RULE_KINDS[r.kind], queue=r.queue, recipient_domain=r.recipient_domain,
         sender=r.sender, name=r.name, reason=r.reason,
@@ -261,4 +259,30 @@ def view_config_from_proto(pb: browse_pb2.ViewConfiguration) -> model.ViewConfig
         slice_window=duration_from_proto(pb.slice_window, "configuration.slice_window", dt.timedelta(days=7)),
         bucket_count=pb.bucket_count,
         update_browse_start_pace=pb.update_browse_start_pace,
+    )
+
+
+_SCHEDULES = {browse_pb2.SCHEDULE_FILTER_READY: "ready", browse_pb2.SCHEDULE_FILTER_DELAYED: "delayed"}
+
+
+def browse_filter_from_proto(pb: browse_pb2.BrowseRequest, now: dt.datetime) -> filters.BrowseFilter:
+    if pb.schedule not in _SCHEDULES and pb.schedule != browse_pb2.SCHEDULE_FILTER_UNSPECIFIED:
+        raise InvalidArgument(f"schedule filter {pb.schedule} is unknown: use READY or DELAYED")
+    return filters.BrowseFilter(
+        sender=pb.sender or None, recipient=pb.recipient or None, name=pb.name or None,
+        enqueued_after=timestamp_from_proto(pb.enqueued_after, "enqueued_after") if pb.HasField("enqueued_after") else None,
+        enqueued_before=timestamp_from_proto(pb.enqueued_before, "enqueued_before") if pb.HasField("enqueued_before") else None,
+        schedule=_SCHEDULES.get(pb.schedule), now=now,
+    )
+
+
+def progress_to_proto(p: Any) -> admin_pb2.DeleteProgress:
+    """A delete's progress (services/app/admin.py: Progress)."""
+    return admin_pb2.DeleteProgress(scanned=p.scanned, deleted=p.deleted, done=p.done)
+
+
+def reconcile_to_proto(before: counts.Counts, after: counts.Counts) -> admin_pb2.ReconcileCountersResponse:
+    return admin_pb2.ReconcileCountersResponse(
+        size_before=before.size, delayed_before=before.delayed, held_before=before.held,
+        size_after=after.size, delayed_after=after.delayed, held_after=after.held,
     )

@@ -197,3 +197,12 @@ class QueueInfo:
     dead_lettered: int
     browse_start: dt.datetime | None
     content_start: dt.datetime | None
+
+
+#: A reason (why a mail is gone) or a consumer's error message is stored at most this long.
+MAX_REASON = 1000
+
+
+def truncated(text: str) -> str:
+    """``text`` as a reason or error message is stored (at most MAX_REASON characters)."""
+    return text[:MAX_REASON]

@@ -19,7 +19,7 @@ from __future__ import annotations
 import datetime as dt
 import uuid
 
-from services.domain import model
+from services.domain import filters, model
 from services.domain.errors import InvalidArgument, NotFound
 from services.domain.validation import queue_name, shown
 
@@ -36,11 +36,11 @@ def matches(rule: model.Rule, q: model.QueuedMail) -> bool:
     m = q.mail
     if rule.queue and q.queue != rule.queue:
         return False
-    if rule.sender and m.sender != ("" if rule.sender == "<>" else rule.sender):
+    if rule.sender and not filters.sender_is(rule.sender, m.sender):
         return False
     if rule.name and m.name != rule.name:
         return False
-    if rule.recipient_domain and not any(r.rsplit("@", 1)[-1].lower() == rule.recipient_domain for r in m.recipients):
+    if rule.recipient_domain and not filters.in_domain(m.recipients, rule.recipient_domain):
         return False
     return True
 

@@ -3,9 +3,9 @@ import uuid
 
 import pytest
 
-from services.app.browser import BrowseFilter, delete_condition
 from services.domain import model
 from services.domain.errors import InvalidArgument
+from services.domain.filters import BrowseFilter, delete_condition
 
 UTC = dt.timezone.utc
 T0 = dt.datetime(2026, 1, 1, tzinfo=UTC)

@@ -1,0 +1,156 @@
+"""The admin operations of browse_svc (AdminService): queues, deletes, flushes, republishing,
+counters, browse start, the view configuration, retry policies and operator rules. The read side
+is services/app/browser.py; delete and clear mark mails deleted (RabbitMQ is not purged: dequeue
+skips them) and only touch mails that existed when the call started.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import uuid
+from collections.abc import AsyncIterator, Callable
+
+from services.app import browse_start, counters
+from services.app.browser import Browser
+from services.app.queue_state import QueueState
+from services.app.queues import create_queue
+from services.domain import counts, model, rules, schedule
+from services.domain.errors import InvalidArgument, NotFound
+from services.domain.filters import BrowseFilter
+from services.domain.model import truncated
+from services.ports.broker import Broker
+from services.ports.view import View
+
+
+@dataclasses.dataclass
+class Progress:
+    scanned: int = 0
+    deleted: int = 0
+    done: bool = False
+
+
+class Admin:
+    def __init__(self, view: View, broker: Broker, state: QueueState, browser: Browser) -> None:
+        self._view = view
+        self._broker = broker
+        self._state = state
+        self._browser = browser
+        self.live_mails = browser.live_mails
+
+    async def create_queue(self, queue: str, policy: model.RetryPolicy | None = None) -> bool:
+        return await create_queue(self._view, self._broker, queue, policy)
+
+    async def flush(self, queue: str, f: BrowseFilter) -> int:
+        """Make every delayed mail matching ``f`` deliverable now, in enqueue order.
+
+        Each gets a new generation: published to the work queue, then recorded, so the copy still
+        waiting in the delay ladder is skipped when it arrives (the mail is delivered once).
+        """
+        queue = await self._browser.existing(queue)
+        f = dataclasses.replace(f, schedule="delayed", now=model.utcnow() + dt.timedelta(milliseconds=1))
+        count = 0
+        async for q in self.live_mails(queue, "flush"):
+            if not f.matches(q):
+                continue
+            now = model.utcnow()
+            flushed = dataclasses.replace(q, deliver_at=now, generation=q.generation + 1,
+                                          held_by=counts.NOT_HELD if q.held_by is not None else None)
+            await self._broker.publish(flushed)
+            await self._view.mails.reschedule(flushed)
+            await counters.bump(self._view, q, delayed=-1, held=-1 if counts.is_held(q) else 0)
+            count += 1
+        return count
+
+    async def delete(self, queue: str, f: BrowseFilter, every: int = 100) -> AsyncIterator[Progress]:
+        """Mark deleted every live mail matching ``f`` that existed when the call started."""
+        queue = await self._browser.existing(queue)
+        started = model.utcnow()
+        p = Progress()
+        async for q in self.live_mails(queue, "delete", until=started + dt.timedelta(milliseconds=1)):
+            p.scanned += 1
+            if f.matches(q):
+                await counters.mark(self._view, q, "deleted by admin")
+                p.deleted += 1
+            if p.scanned % every == 0:
+                yield dataclasses.replace(p)
+        p.done = True
+        yield p
+
+    async def reconcile(self, queue: str) -> tuple[counts.Counts, counts.Counts]:
+        """Rewrite the queue's counters from an exact pass; (before, after)."""
+        queue = await self._browser.existing(queue)
+        before = await self._view.mails.size(queue)
+        start = await self._view.starts.browse_start(queue)
+        if start is None:
+            return before, before
+        now = model.utcnow()
+        live = [q async for q in self.live_mails(queue, "reconcile")]
+        raw = await self._view.counters.read(queue, counts.KINDS, start)
+        for s, kind, delta in counts.exact_deltas(raw, live, start, now):
+            await self._view.counters.add(queue, kind, s, delta)
+        return before, await self._view.mails.size(queue)
+
+    async def republish(self, queue: str, older_than: dt.timedelta) -> int:
+        """Publish again every live mail enqueued before ``now - older_than`` (heals a lossy broker)."""
+        if older_than < dt.timedelta(0):
+            raise InvalidArgument("older_than must not be negative")
+        queue = await self._browser.existing(queue)
+        cutoff = model.utcnow() - older_than
+        count = 0
+        async for q in self.live_mails(queue, "republish", until=cutoff):
+            await self._broker.publish(q, max(q.due() - model.utcnow(), dt.timedelta(0)))
+            count += 1
+        return count
+
+    async def update_browse_start(self, queue: str) -> dt.datetime | None:
+        return await browse_start.update(self._view, await self._browser.existing(queue))
+
+    async def configuration(self) -> model.ViewConfig:
+        return await self._view.config.current()
+
+    async def update_configuration(self, wanted: model.ViewConfig) -> model.ViewConfig:
+        """Apply a configuration change (services/domain/view_config.py says which are allowed)."""
+        config = await self._view.config.apply(wanted)
+        self._state.forget_config()
+        return config
+
+    async def update_retry_policy(self, queue: str, change: Callable[[model.RetryPolicy], model.RetryPolicy]) -> model.RetryPolicy:
+        """The queue's retry policy changed by ``change`` (given the current one), validated and stored."""
+        queue = await self._browser.existing(queue)
+        policy = schedule.validate(change(await self._view.retry_policies.get(queue)))
+        await self._view.retry_policies.set(queue, policy)
+        self._state.forget_retry_policy(queue)
+        return policy
+
+    async def rules(self) -> list[model.Rule]:
+        return await self._view.rules.all()
+
+    async def add_rule(self, rule: model.Rule) -> tuple[model.Rule, int]:
+        """Store the rule; a bounce rule also marks the queued mails it matches. (rule, mails marked)."""
+        now = model.utcnow()
+        rule = rules.validate(dataclasses.replace(rule, rule_id=uuid.uuid4(), created_at=now), now)
+        if rule.queue and not await self._view.queues.exists(rule.queue):
+            raise NotFound(f"queue {rule.queue!r} does not exist: create it with AdminService.CreateQueue")
+        await self._view.rules.add(rule)
+        applied = 0
+        if rule.kind == "bounce":
+            for queue in [rule.queue] if rule.queue else await self._view.queues.all():
+                async for q in self.live_mails(queue, "rule"):
+                    if rules.matches(rule, q):
+                        await counters.mark(self._view, q, truncated(rules.bounce_reason(rule)))
+                        applied += 1
+        return rule, applied
+
+    async def lift_rule(self, rule_id: uuid.UUID) -> int:
+        """End the rule now; a hold rule's held mails become deliverable, in enqueue order."""
+        rule = await self._view.rules.get(rule_id)
+        if rule is None:
+            raise NotFound(f"rule {rule_id} does not exist or has expired (mailq rules lists the rules in force)")
+        await self._view.rules.lift(rule_id)
+        if rule.kind != "hold":
+            return 0
+        released = 0
+        for queue in [rule.queue] if rule.queue else await self._view.queues.all():
+            released += await self.flush(queue, BrowseFilter(held_by=rule_id))
+        return released
