@@ -26,6 +26,7 @@ Targets: --target/--host (default localhost, services on their default ports) or
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import os
 import queue as q
@@ -53,6 +54,7 @@ from mailqueue.v1 import (
 from services.adapters.grpc_channels import blocking_channel
 from services.domain.config import DEFAULT_PORTS
 from services.domain.durations import human, parse_duration
+from services.domain.errors import InvalidArgument
 
 CHUNK = 1024 * 1024
 HINTS = {
@@ -78,6 +80,14 @@ class Client:
         self.admin = admin_pb2_grpc.AdminServiceStub(browse_channel)
         self.blob = blob_pb2_grpc.BlobServiceStub(blocking_channel(target("blob"), token))
 
+
+
+def duration_arg(text: str) -> dt.timedelta:
+    """parse_duration for argparse: its message on a bad value."""
+    try:
+        return parse_duration(text)
+    except InvalidArgument as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 def mail_row(m: mail_pb2.QueuedMail) -> dict[str, Any]:
     return json_format.MessageToDict(m, preserving_proto_field_name=True)
@@ -382,24 +392,24 @@ def parser() -> argparse.ArgumentParser:
             which.add_argument("--ready", action="store_true", help="only mails deliverable now")
             which.add_argument("--delayed", action="store_true", help="only mails waiting for their deliver_at")
         if name in ("create", "retry-policy"):
-            s.add_argument("--initial-backoff", type=parse_duration)
+            s.add_argument("--initial-backoff", type=duration_arg)
             s.add_argument("--multiplier", type=float)
-            s.add_argument("--max-backoff", type=parse_duration)
+            s.add_argument("--max-backoff", type=duration_arg)
             s.add_argument("--max-attempts", type=int)
-            s.add_argument("--max-age", type=parse_duration)
+            s.add_argument("--max-age", type=duration_arg)
         if name == "republish":
-            s.add_argument("--older-than", type=parse_duration, required=True)
+            s.add_argument("--older-than", type=duration_arg, required=True)
         if name == "enqueue":
             s.add_argument("file")
             s.add_argument("--from", dest="sender", default="", help="envelope sender (default: <>)")
             s.add_argument("--to", action="append", required=True, help="recipient (repeat for several)")
             s.add_argument("--name")
-            s.add_argument("--delay", type=parse_duration, help="deliver no earlier than this from now (e.g. 10m)")
+            s.add_argument("--delay", type=duration_arg, help="deliver no earlier than this from now (e.g. 10m)")
             s.add_argument("--priority", choices=("high", "normal", "low"), default="normal")
         if name == "dequeue":
             s.add_argument("-n", type=int, default=1, help="how many mails (default 1)")
             s.add_argument("--ack", choices=("success", "retry", "reject"), default="success")
-            s.add_argument("--retry-after", type=parse_duration, help="with --ack retry: deliver again after this")
+            s.add_argument("--retry-after", type=duration_arg, help="with --ack retry: deliver again after this")
             s.add_argument("--out", help="write each mail's content to DIR/<id>.eml")
             s.add_argument("--wait", type=float, default=10, help="give up after this many seconds (default 10)")
     for kind in ("hold", "bounce"):
@@ -408,7 +418,7 @@ def parser() -> argparse.ArgumentParser:
         r.add_argument("--domain", help="recipient domain")
         r.add_argument("--sender")
         r.add_argument("--name")
-        r.add_argument("--for", dest="lifetime", type=parse_duration, default=parse_duration("1d"),
+        r.add_argument("--for", dest="lifetime", type=duration_arg, default=parse_duration("1d"),
                        help="how long the rule lives (default 1d, at most 30d)")
         r.add_argument("--reason")
         r.set_defaults(fn=cmd_rule)
@@ -418,7 +428,7 @@ def parser() -> argparse.ArgumentParser:
     r.set_defaults(fn=cmd_release)
     c = sub.add_parser("config")
     c.add_argument("action", choices=("get", "set"))
-    c.add_argument("--slice-window", type=parse_duration)
+    c.add_argument("--slice-window", type=duration_arg)
     c.add_argument("--buckets", type=int)
     c.add_argument("--pace", type=int)
     c.set_defaults(fn=cmd_config)

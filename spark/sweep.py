@@ -32,7 +32,7 @@ from services.adapters.cassandra.view import View
 from services.domain import retention, slices
 from services.domain.config import CassandraSettings, ConfigurationError, S3Settings
 from services.domain.durations import parse_duration
-from services.domain.errors import BackendUnavailable
+from services.domain.errors import BackendUnavailable, InvalidArgument
 from services.runtime import logs
 from spark import buckets, executors, session
 
@@ -44,13 +44,21 @@ FAILPOINT_ENV = "MAILQUEUE_SWEEP_FAILPOINT"
 EXIT_FAILED, EXIT_USAGE, EXIT_UNAVAILABLE = 1, 2, 3
 
 
+
+def duration_arg(text: str) -> dt.timedelta:
+    """parse_duration for argparse: its message on a bad value."""
+    try:
+        return parse_duration(text)
+    except InvalidArgument as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
 def parser() -> argparse.ArgumentParser:
     env = os.environ.get
     p = argparse.ArgumentParser(prog="python -m spark.sweep", description=__doc__.split("\n\n")[0])
     p.add_argument("--dry-run", action="store_true", help="change nothing; report what would be deleted")
-    p.add_argument("--grace", type=parse_duration, default=env("MAILQUEUE_SWEEP_GRACE", "1h"),
+    p.add_argument("--grace", type=duration_arg, default=env("MAILQUEUE_SWEEP_GRACE", "1h"),
                    help="keep slices this long before browse start (default 1h)")
-    p.add_argument("--blob-grace", type=parse_duration, default=env("MAILQUEUE_SWEEP_BLOB_GRACE", "1h"),
+    p.add_argument("--blob-grace", type=duration_arg, default=env("MAILQUEUE_SWEEP_BLOB_GRACE", "1h"),
                    help="never collect a blob written or reused more recently (default 1h; must exceed the longest enqueue)")
     p.add_argument("--queue", action="append", dest="queues", metavar="NAME", help="sweep only this queue (repeatable)")
     p.add_argument("--no-blobs", action="store_true", help="skip blob collection")

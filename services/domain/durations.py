@@ -1,16 +1,17 @@
-"""Human durations for command lines: ``90s``, ``15m``, ``1h``, ``2d``."""
+"""Human durations: ``90s``, ``15m``, ``1h``, ``2d`` (command lines and settings)."""
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import re
+
+from services.domain.errors import InvalidArgument
 
 
 def parse_duration(text: str) -> dt.timedelta:
     m = re.fullmatch(r"(\d+)([smhd])", text.strip())
     if not m:
-        raise argparse.ArgumentTypeError(f"{text!r}: use a number and a unit, e.g. 90s, 15m, 1h, 2d")
+        raise InvalidArgument(f"{text!r}: use a number and a unit, e.g. 90s, 15m, 1h, 2d")
     return dt.timedelta(seconds=int(m.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)])
 
 

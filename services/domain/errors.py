@@ -27,10 +27,6 @@ class NotFound(MailQueueError):
     status = "NOT_FOUND"
 
 
-class AlreadyExists(MailQueueError):
-    status = "ALREADY_EXISTS"
-
-
 class FailedPrecondition(MailQueueError):
     """The system is not in a state the request needs (e.g. a configuration rule)."""
 
@@ -47,14 +43,6 @@ class Aborted(MailQueueError):
     """A concurrent operation conflicts (e.g. the same idempotency key in flight): retry later."""
 
     status = "ABORTED"
-
-
-class Unauthenticated(MailQueueError):
-    status = "UNAUTHENTICATED"
-
-
-class PermissionDenied(MailQueueError):
-    status = "PERMISSION_DENIED"
 
 
 class BackendUnavailable(MailQueueError):

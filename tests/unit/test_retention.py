@@ -6,6 +6,7 @@ import pytest
 
 from services.domain import retention
 from services.domain.durations import parse_duration
+from services.domain.errors import InvalidArgument
 
 T = dt.datetime(2026, 11, 22, 10, 0, tzinfo=dt.timezone.utc)
 HOUR = dt.timedelta(hours=1)
@@ -62,7 +63,6 @@ def test_durations(text, seconds):
 
 
 def test_bad_duration_says_how_to_write_one():
-    import argparse
 
-    with pytest.raises(argparse.ArgumentTypeError, match="e.g. 90s"):
+    with pytest.raises(InvalidArgument, match="e.g. 90s"):
         parse_duration("1 hour")
