@@ -11,7 +11,6 @@ import pytest
 from google.protobuf import duration_pb2, timestamp_pb2
 
 from mailqueue.v1 import admin_pb2, browse_pb2, enqueue_pb2
-from services.app.subscription import SKIPPED
 from services.domain import names
 from services.domain.config import RabbitMQSettings
 from tests.harness import ROOT, wait_until
@@ -95,9 +94,7 @@ def test_rows_with_timestamps_python_cannot_hold_are_skipped_and_the_queue_stays
     assert suite.browse_stub.GetSize(browse_pb2.GetSizeRequest(queue=queue, exact=True)).size == 1  # reads the rows
     assert [b.mail.enqueue_id for b in suite.browse_stub.Browse(browse_pb2.BrowseRequest(queue=queue))] == [good]
     assert code_of(lambda: list(suite.admin_stub.ClearQueue(admin_pb2.ClearQueueRequest(queue=queue)))) == grpc.StatusCode.OK
-    from services.adapters.cassandra.daos import UNDECODABLE
-
-    assert UNDECODABLE.labels(queue)._value.get() >= 3  # skipped, logged and counted at each read
+    assert suite.metric("browse", "mailqueue_view_rows_undecodable_total", queue=queue) >= 3  # skipped, logged, counted at each read
 
 
 # ---------------------------------------------------------------- 3. precise statuses
@@ -192,7 +189,7 @@ def test_republish_while_the_first_copies_are_queued_delivers_each_mail_once(sui
     for d in got:
         c.answer(d)
     # Each second copy was dropped (in flight, or already dequeued), not delivered.
-    dropped = lambda: SKIPPED.labels(queue, "in-flight")._value.get() + SKIPPED.labels(queue, "deleted")._value.get()  # noqa: E731
+    dropped = lambda: sum(suite.metric("dequeue", "mailqueue_skipped_total", queue=queue, reason=r) for r in ("in-flight", "deleted"))  # noqa: E731
     wait_until(lambda: dropped() == 5, what="the five second copies dropped")
     assert message_count(queue) == 0 and delivered(suite, queue) == 5  # each mail handed out once
     c.close()

@@ -101,7 +101,7 @@ def test_a_transient_cassandra_error_requeues_the_delivery_instead_of_losing_it(
     try:
         holder.cancel()  # the mail goes back to the queue and reaches c while Cassandra is frozen
         # The deleted-mark check times out: the delivery is retried, not handed out.
-        wait_until(lambda: _retried_on_error(queue) >= 1, 60, interval=0.2, what="a retry after the backend error")
+        wait_until(lambda: _retried_on_error(suite, queue) >= 1, 60, interval=0.2, what="a retry after the backend error")
     finally:
         os.kill(pid, signal.SIGCONT)
     d = c.next(timeout=60)
@@ -111,11 +111,8 @@ def test_a_transient_cassandra_error_requeues_the_delivery_instead_of_losing_it(
     assert dead_letter_count(queue) == 0
 
 
-def _retried_on_error(queue: str) -> float:
-    """dequeue_svc's own counter (the in-process services share this process's metrics registry)."""
-    from prometheus_client import REGISTRY
-
-    return REGISTRY.get_sample_value("mailqueue_delivery_retries_on_error_total", {"queue": queue}) or 0.0
+def _retried_on_error(suite, queue: str) -> float:
+    return suite.metric("dequeue", "mailqueue_delivery_retries_on_error_total", queue=queue)
 
 
 def test_minio_down_for_longer_than_the_delivery_limit_allows_requeues_dead_letters_nothing(suite):
@@ -130,7 +127,7 @@ def test_minio_down_for_longer_than_the_delivery_limit_allows_requeues_dead_lett
     os.kill(stack_pid("minio"), signal.SIGKILL)
     try:
         c = StreamConsumer(suite.dequeue_stub, queue, prefetch=1)
-        wait_until(lambda: _retried_on_error(queue) >= 5, 60, interval=0.2, what="5 retries (0.5+1+2+4+8 s) after S3 errors")
+        wait_until(lambda: _retried_on_error(suite, queue) >= 5, 60, interval=0.2, what="5 retries (0.5+1+2+4+8 s) after S3 errors")
     finally:
         stack("up")
     d = c.next(timeout=60)

@@ -8,7 +8,6 @@ import grpc
 import pytest
 
 from mailqueue.v1 import admin_pb2, browse_pb2
-from services.app.subscription import SKIPPED
 from services.domain import model
 from tests.harness import wait_until
 from tests.integration.helpers import StreamConsumer, dead_letter_count, deleted_reason, inline, simple_mail
@@ -46,7 +45,7 @@ def test_hold_keeps_matching_mails_queued_and_new_ones_too_until_lifted_then_the
     d = c.next(timeout=5)
     assert d.mail.enqueue_id == other
     c.answer(d)
-    wait_until(lambda: SKIPPED.labels(queue, "held")._value.get() == 2, what="both matching mails held")
+    wait_until(lambda: suite.metric("dequeue", "mailqueue_skipped_total", queue=queue, reason="held") == 2, what="both matching mails held")
     with pytest.raises(q.Empty):
         c.next(timeout=0.5)
     i = info(suite, queue)

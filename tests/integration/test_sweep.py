@@ -18,7 +18,6 @@ import uuid
 
 import grpc
 import pytest
-from prometheus_client import REGISTRY
 
 from mailqueue.v1 import admin_pb2, blob_pb2, browse_pb2
 from services.adapters.cassandra import schema
@@ -198,12 +197,12 @@ def test_sweep_drops_dead_slices_marks_and_blobs_and_keeps_live_mails(sweep_suit
     assert {k: again[k] for k in ("rows", "marks", "blobs", "slices")} == {"rows": 0, "marks": 0, "blobs": 0, "slices": 0}
 
     # The operator-deleted mails lost their marks with their slice: dequeue skips them as swept.
-    swept_before = REGISTRY.get_sample_value("mailqueue_skipped_total", {"queue": stale, "reason": "swept"}) or 0
+    swept_before = s.metric("dequeue", "mailqueue_skipped_total", queue=stale, reason="swept")
     assert message_count(stale) == len(stale_ids)
     c = StreamConsumer(s.dequeue_stub, stale)
 
     def swept() -> float:
-        return (REGISTRY.get_sample_value("mailqueue_skipped_total", {"queue": stale, "reason": "swept"}) or 0) - swept_before
+        return s.metric("dequeue", "mailqueue_skipped_total", queue=stale, reason="swept") - swept_before
 
     wait_until(lambda: swept() >= 3, what="the stale messages to be skipped as swept")
     assert swept() == 3 and message_count(stale) == 0
