@@ -86,6 +86,10 @@ class Context:
         return self.loop.run_until_complete(coro)
 
 
+#: The key of a mail in the view's tables.
+KEYS = ["queue_name", "enqueue_id"]
+
+
 def _failpoint(step: str) -> None:
     if os.environ.get(FAILPOINT_ENV) == step:
         log.warning("failpoint reached: exiting like a kill", extra={"step": step})
@@ -114,65 +118,85 @@ def load_plans(ctx: Context) -> list[retention.QueuePlan]:
 
 
 def sweep(ctx: Context, spark: Any) -> retention.Summary:
+    """The four steps, in the order that keeps a crash at any instant harmless (rerun converges)."""
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
-    a, ks = ctx.args, ctx.cassandra.keyspace
-    summary = retention.Summary(dry_run=a.dry_run)
+    summary = retention.Summary(dry_run=ctx.args.dry_run)
     plans = load_plans(ctx)
     summary.queues = len(plans)
-    log.info("plans loaded", extra={"queues": len(plans), "grace_s": a.grace.total_seconds()})
-
-    def table(name: str, **options: str) -> Any:
-        return spark.read.format("org.apache.spark.sql.cassandra").options(keyspace=ks, table=name, **options).load()
-
-    keys = ["queue_name", "enqueue_id"]
-    rows = table(schema.ENQUEUED_MAILS).select(
+    log.info("plans loaded", extra={"queues": len(plans), "grace_s": ctx.args.grace.total_seconds()})
+    rows = _table(spark, ctx, schema.ENQUEUED_MAILS).select(
         "queue_name", F.unix_millis("slice_start").alias("slice_ms"), "bucket", "enqueue_id", "blob_ids",
     ).persist(StorageLevel.MEMORY_AND_DISK)
+    log.info("view scanned", extra={"rows": rows.count()})
+    checked, first_live = _find_live(ctx, spark, rows, plans)
+    new_starts = _move_content_starts(ctx, plans, first_live, summary)
+    _failpoint("after-content-start")
+    starts_df = spark.createDataFrame([(q, _ms(s)) for q, s in new_starts.items()], "queue_name string, cs_ms long")
+    _drop_dead_slices(ctx, spark, rows, checked, starts_df, summary)
+    if not ctx.args.no_blobs:
+        _collect_blobs(ctx, spark, rows, starts_df, summary)
+    return summary
+
+
+def _table(spark: Any, ctx: Context, name: str, **options: str) -> Any:
+    return spark.read.format("org.apache.spark.sql.cassandra").options(keyspace=ctx.cassandra.keyspace, table=name, **options).load()
+
+
+def _find_live(ctx: Context, spark: Any, rows: Any, plans: list[retention.QueuePlan]) -> tuple[Any, dict[str, dt.datetime]]:
+    """1. Every row before its queue's drop point with whether its mail has a mark (``checked``),
+    and each queue's first slice with a live mail there: it holds that slice and every later one."""
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
     # Marks are looked up by key (the connector's direct join: point reads), never scanned: the
     # table is mostly tombstones once sweeps have run, and a scan would cost its whole history.
-    marks = table(schema.DELETED_MAILS, directJoinSetting="on").select(*keys, "deleted_at")
-    log.info("view scanned", extra={"rows": rows.count()})
-
-    # 1. Live mails in slices the plan would drop hold that slice and every later one.
+    marks = _table(spark, ctx, schema.DELETED_MAILS, directJoinSetting="on").select(*KEYS, "deleted_at")
     plan_df = spark.createDataFrame(
         [(p.queue, _ms(p.content_start) if p.content_start else NEVER_MS, _ms(p.drop_before)) for p in plans],
         "queue_name string, old_ms long, drop_ms long",
     )
-    # Every row before its queue's drop point, and whether its mail has a mark (one point read each).
     checked = (
         rows.join(F.broadcast(plan_df), "queue_name").where(F.col("slice_ms") < F.col("drop_ms"))
-        .select(*keys, "slice_ms", "old_ms").join(marks, keys, "left")
-        .select(*keys, "slice_ms", "old_ms", F.col("deleted_at").isNotNull().alias("marked"))
+        .select(*KEYS, "slice_ms", "old_ms").join(marks, KEYS, "left")
+        .select(*KEYS, "slice_ms", "old_ms", F.col("deleted_at").isNotNull().alias("marked"))
         .persist(StorageLevel.MEMORY_AND_DISK)
     )
     live = (
         checked.where(~F.col("marked") & (F.col("slice_ms") >= F.col("old_ms")))
         .groupBy("queue_name").agg(F.min("slice_ms").alias("first_ms"))
     )
-    first_live = {r.queue_name: slices.from_ms(r.first_ms) for r in live.collect()}
+    return checked, {r.queue_name: slices.from_ms(r.first_ms) for r in live.collect()}
 
-    # 2. Content start moves first: from now on dequeue treats those slices as gone.
+
+def _move_content_starts(ctx: Context, plans: list[retention.QueuePlan], first_live: dict[str, dt.datetime],
+                         summary: retention.Summary) -> dict[str, dt.datetime]:
+    """2. Content start moves first: from now on dequeue treats those slices as gone."""
     new_starts: dict[str, dt.datetime] = {}
     for p in plans:
         target = retention.new_content_start(p, first_live.get(p.queue))
         if p.queue in first_live and first_live[p.queue] < p.drop_before:
-            summary.live_slices_held.append({"queue": p.queue, "slice_start": first_live[p.queue].isoformat()})
-            log.warning("live mail in a slice before browse start - grace: kept", extra={"queue": p.queue, "slice_start": first_live[p.queue].isoformat()})
-        if not a.dry_run and (p.content_start is None or target > p.content_start):
+            held = first_live[p.queue].isoformat()
+            summary.live_slices_held.append({"queue": p.queue, "slice_start": held})
+            log.warning("live mail in a slice before browse start - grace: kept", extra={"queue": p.queue, "slice_start": held})
+        if not ctx.args.dry_run and (p.content_start is None or target > p.content_start):
             target = ctx.run(ctx.view.starts.advance_content_start(p.queue, target))
         new_starts[p.queue] = target
         summary.content_starts[p.queue] = target.isoformat()
-    _failpoint("after-content-start")
+    return new_starts
 
-    # 3. Rows before the new content start: their marks, then their partitions.
-    starts_df = spark.createDataFrame([(q, _ms(s)) for q, s in new_starts.items()], "queue_name string, cs_ms long")
+
+def _drop_dead_slices(ctx: Context, spark: Any, rows: Any, checked: Any, starts_df: Any, summary: retention.Summary) -> None:
+    """3. Rows before the new content start: their marks, then their partitions."""
+    from pyspark.sql import functions as F
+
+    a, ks = ctx.args, ctx.cassandra.keyspace
     dead = rows.join(F.broadcast(starts_df), "queue_name").where(F.col("slice_ms") < F.col("cs_ms"))
     partitions = dead.select("queue_name", "slice_ms", "bucket").distinct().persist()
     doomed_marks = (
         checked.where(F.col("marked")).join(F.broadcast(starts_df), "queue_name")
-        .where(F.col("slice_ms") < F.col("cs_ms")).select(*keys).persist()
+        .where(F.col("slice_ms") < F.col("cs_ms")).select(*KEYS).persist()
     )
     summary.rows = dead.count()
     summary.partitions = partitions.count()
@@ -180,28 +204,34 @@ def sweep(ctx: Context, spark: Any) -> retention.Summary:
     summary.marks = doomed_marks.count()
     if a.orphan_marks:
         # Marks whose row never landed (an enqueue that failed after writing nothing): a full scan.
-        every_mark = table(schema.DELETED_MAILS).select(*keys, F.unix_millis("deleted_at").alias("deleted_ms"))
+        every_mark = _table(spark, ctx, schema.DELETED_MAILS).select(*KEYS, F.unix_millis("deleted_at").alias("deleted_ms"))
         orphans = (
             every_mark.join(F.broadcast(starts_df), "queue_name").where(F.col("deleted_ms") < F.col("cs_ms"))
-            .select(*keys).join(rows.select(*keys), keys, "left_anti").persist()
+            .select(*KEYS).join(rows.select(*KEYS), KEYS, "left_anti").persist()
         )
         summary.orphan_marks = orphans.count()
         summary.marks += summary.orphan_marks
         doomed_marks = doomed_marks.union(orphans)
-    log.info("dead slices found", extra={"slices": summary.slices, "partitions": summary.partitions, "rows": summary.rows, "marks": summary.marks})
-    if not a.dry_run:
-        done = spark.sparkContext.accumulator(0)
-        doomed_marks.coalesce(a.parallelism).foreachPartition(executors.delete_marks(ctx.cassandra, ks, done))
-        log.info("deleted marks dropped", extra={"marks": done.value})
-        _failpoint("after-marks")
-        done = spark.sparkContext.accumulator(0)
-        partitions.coalesce(a.parallelism).foreachPartition(executors.delete_partitions(ctx.cassandra, ks, done))
-        log.info("partitions deleted", extra={"partitions": done.value})
-        _failpoint("after-partitions")
+    log.info("dead slices found", extra={"slices": summary.slices, "partitions": summary.partitions, "rows": summary.rows,
+                                         "marks": summary.marks})
+    if a.dry_run:
+        return
+    done = spark.sparkContext.accumulator(0)
+    doomed_marks.coalesce(a.parallelism).foreachPartition(executors.delete_marks(ctx.cassandra, ks, done))
+    log.info("deleted marks dropped", extra={"marks": done.value})
+    _failpoint("after-marks")
+    done = spark.sparkContext.accumulator(0)
+    partitions.coalesce(a.parallelism).foreachPartition(executors.delete_partitions(ctx.cassandra, ks, done))
+    log.info("partitions deleted", extra={"partitions": done.value})
+    _failpoint("after-partitions")
 
-    # 4. Blobs no remaining row references, older than the blob grace: in Cassandra, then in S3.
-    if a.no_blobs:
-        return summary
+
+def _collect_blobs(ctx: Context, spark: Any, rows: Any, starts_df: Any, summary: retention.Summary) -> None:
+    """4. Blobs no remaining row references, older than the blob grace: in Cassandra, then in S3."""
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
+    a, ks = ctx.args, ctx.cassandra.keyspace
     referenced = (
         rows.join(F.broadcast(starts_df), "queue_name", "left")
         .where(F.col("cs_ms").isNull() | (F.col("slice_ms") >= F.col("cs_ms")))
@@ -209,7 +239,7 @@ def sweep(ctx: Context, spark: Any) -> retention.Summary:
     ).persist(StorageLevel.MEMORY_AND_DISK)
     cutoff = ctx.started - a.blob_grace
     small = (
-        table(schema.BLOBS).select("blob_id", "size", "written_at")
+        _table(spark, ctx, schema.BLOBS).select("blob_id", "size", "written_at")
         .where(F.col("written_at") < F.lit(cutoff)).join(referenced, "blob_id", "left_anti").persist()
     )
     found = small.agg(F.count("*").alias("n"), F.sum("size").alias("bytes")).first()
@@ -219,23 +249,23 @@ def sweep(ctx: Context, spark: Any) -> retention.Summary:
         count, size = spark.sparkContext.accumulator(0), spark.sparkContext.accumulator(0)
         small.coalesce(a.parallelism).foreachPartition(executors.delete_small_blobs(ctx.cassandra, ks, cutoff, count, size))
         summary.blobs, summary.bytes_reclaimed = count.value, size.value
-    if buckets.usable(ctx.s3, ks, claim=not a.dry_run):
-        prefixes = executors.blob_prefixes()
-        listed = spark.sparkContext.parallelize(prefixes, min(len(prefixes), 4 * a.parallelism)).mapPartitions(
-            executors.list_blobs(ctx.s3, ctx.started, a.blob_grace)
-        ).toDF("blob_id string, size long, modified_ms long")
-        garbage = listed.join(referenced, "blob_id", "left_anti").persist()
-        found = garbage.agg(F.count("*").alias("n"), F.sum("size").alias("bytes")).first()
-        blobs, reclaimed = int(found.n or 0), int(found.bytes or 0)
-        log.info("unreferenced S3 blobs found", extra={"blobs": blobs, "bytes": reclaimed})
-        if not a.dry_run and blobs:
-            count, size = spark.sparkContext.accumulator(0), spark.sparkContext.accumulator(0)
-            garbage.coalesce(a.parallelism).foreachPartition(executors.delete_blobs(ctx.s3, ctx.started, a.blob_grace, count, size))
-            # Blobs reused since the listing were kept: report what was really deleted.
-            blobs, reclaimed = count.value, size.value
-        summary.blobs += blobs
-        summary.bytes_reclaimed += reclaimed
-    return summary
+    if not buckets.usable(ctx.s3, ks, claim=not a.dry_run):
+        return
+    prefixes = executors.blob_prefixes()
+    listed = spark.sparkContext.parallelize(prefixes, min(len(prefixes), 4 * a.parallelism)).mapPartitions(
+        executors.list_blobs(ctx.s3, ctx.started, a.blob_grace)
+    ).toDF("blob_id string, size long, modified_ms long")
+    garbage = listed.join(referenced, "blob_id", "left_anti").persist()
+    found = garbage.agg(F.count("*").alias("n"), F.sum("size").alias("bytes")).first()
+    blobs, reclaimed = int(found.n or 0), int(found.bytes or 0)
+    log.info("unreferenced S3 blobs found", extra={"blobs": blobs, "bytes": reclaimed})
+    if not a.dry_run and blobs:
+        count, size = spark.sparkContext.accumulator(0), spark.sparkContext.accumulator(0)
+        garbage.coalesce(a.parallelism).foreachPartition(executors.delete_blobs(ctx.s3, ctx.started, a.blob_grace, count, size))
+        # Blobs reused since the listing were kept: report what was really deleted.
+        blobs, reclaimed = count.value, size.value
+    summary.blobs += blobs
+    summary.bytes_reclaimed += reclaimed
 
 
 def _report(summary: retention.Summary, path: str) -> None:
