@@ -144,9 +144,11 @@ $(KUSTOMIZE):
 
 kustomize: $(KUSTOMIZE)
 
-# The layers of services/ (no import circle, no import up a layer), buf lint, and buf breaking
+# ruff (pyflakes, pycodestyle, sorted imports: pyproject.toml), the layers of services/ (no
+# import circle, no import up a layer), buf lint, and buf breaking
 # against the previous commit (a change that breaks clients fails).
 lint: $(BUF) install
+	.venv/bin/ruff check .
 	$(PY) -m tests.layers
 	cd protos && $(BUF) lint
 	if git rev-parse -q --verify HEAD~1 >/dev/null && git cat-file -e HEAD~1:protos/buf.yaml 2>/dev/null; then \
