@@ -110,15 +110,32 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def is_serving(target: str) -> bool:
+def health(target: str, service: str = "") -> int:
+    """The gRPC health status of ``service`` ("": the server's overall one, readiness; "liveness"),
+    -1 when the server does not answer."""
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
     with grpc.insecure_channel(target) as ch:
         try:
-            r = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=2)
+            return health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=service), timeout=2).status
         except grpc.RpcError:
-            return False
-    return r.status == health_pb2.HealthCheckResponse.SERVING
+            return -1
+
+
+def is_serving(target: str) -> bool:
+    from grpc_health.v1 import health_pb2
+
+    return health(target) == health_pb2.HealthCheckResponse.SERVING
+
+
+def listed_services(target: str) -> set[str]:
+    """The services the server's reflection lists."""
+    from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+    with grpc.insecure_channel(target) as ch:
+        stub = reflection_pb2_grpc.ServerReflectionStub(ch)
+        responses = stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]))
+        return {s.name for r in responses for s in r.list_services_response.service}
 
 
 class ServiceProcess:

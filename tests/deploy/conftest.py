@@ -13,28 +13,17 @@ import shutil
 import subprocess
 import time
 
-import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 
 from tests.deploy import pods
-from tests.harness import ROOT, wait_until
+from tests.harness import ROOT, health, wait_until
 
 #: The dev overlay runs one replica of each; enqueue gets two here (its HPA's floor in base), so
 #: that a killed pod has a peer.
 REPLICAS = {"enqueue": 2}
 START_DEADLINE_S = 120
 REPORT = os.path.join(pods.WORK, "report.json")
-
-
-def health(target: str, service: str = "") -> int:
-    with grpc.insecure_channel(target) as ch:
-        try:
-            return health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=service), timeout=2).status
-        except grpc.RpcError:
-            return -1
-
-
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 

@@ -11,12 +11,11 @@ import uuid
 
 import grpc
 import pytest
-from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from mailqueue.v1 import admin_pb2, admin_pb2_grpc, enqueue_pb2, enqueue_pb2_grpc, mail_pb2
 from tests.deploy import pods
-from tests.deploy.conftest import NOT_SERVING, SERVING, Deployed, health
-from tests.harness import ROOT, stack, wait_until
+from tests.deploy.conftest import NOT_SERVING, SERVING, Deployed
+from tests.harness import ROOT, health, listed_services, stack, wait_until
 from tests.load import Load
 
 SERVICE_NAMES = {
@@ -28,11 +27,6 @@ SERVICE_NAMES = {
 GO = os.path.join(ROOT, "tests", "contract", "go")
 
 
-def listed_services(target: str) -> set[str]:
-    with grpc.insecure_channel(target) as ch:
-        stub = reflection_pb2_grpc.ServerReflectionStub(ch)
-        responses = stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]))
-        return {s.name for r in responses for s in r.list_services_response.service}
 
 
 def test_every_pod_serves_health_reflection_and_metrics(deployed: Deployed):

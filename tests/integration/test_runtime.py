@@ -5,12 +5,10 @@ import subprocess
 import sys
 import urllib.request
 
-import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from grpc_health.v1 import health_pb2
 
-from tests.harness import ROOT, free_port, service_env, wait_until
+from tests.harness import ROOT, free_port, health, listed_services, service_env, wait_until
 
 EXPECTED = {
     "enqueue": "mailqueue.v1.EnqueueService",
@@ -20,19 +18,8 @@ EXPECTED = {
 }
 
 
-def health(target: str, service: str = "") -> int:
-    with grpc.insecure_channel(target) as ch:
-        try:
-            return health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=service), timeout=2).status
-        except grpc.RpcError:
-            return -1
 
 
-def listed_services(target: str) -> set[str]:
-    with grpc.insecure_channel(target) as ch:
-        stub = reflection_pb2_grpc.ServerReflectionStub(ch)
-        responses = stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]))
-        return {s.name for r in responses for s in r.list_services_response.service}
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
