@@ -106,6 +106,7 @@ bases() {
 build() {
   engine
   bases
+  mkdir -p "$WORK"
   local target tag start
   for target in services sweep; do
     tag=$IMAGE; [[ $target == sweep ]] && tag=$SWEEP_IMAGE
