@@ -17,7 +17,7 @@ COPY blob_svc blob_svc
 COPY mailq mailq
 COPY spark spark
 RUN pip install --no-cache-dir -c constraints.txt grpcio-tools \
- && python -m services.codegen --tree \
+ && python -m services.contract.codegen --tree \
  && pip wheel --no-cache-dir -c constraints.txt --wheel-dir /wheels .
 
 # The connector and its dependencies from Maven Central (the 3.5.x assembly jar is not published there).

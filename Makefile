@@ -30,7 +30,7 @@ install: .venv/.installed
 
 # Every language's stubs from protos/ with one template (buf.gen.yaml): Python for the services,
 # Go and Node for the contract clients. Generated, never committed: protos/ is the only source.
-$(STUBS): $(PROTOS) buf.gen.yaml services/codegen.py .venv/.python $(BUF) $(GO_TOOLS)/protoc-gen-go $(GO_TOOLS)/protoc-gen-go-grpc $(NODE_MODULES)
+$(STUBS): $(PROTOS) buf.gen.yaml services/contract/codegen.py .venv/.python $(BUF) $(GO_TOOLS)/protoc-gen-go $(GO_TOOLS)/protoc-gen-go-grpc $(NODE_MODULES)
 	rm -rf mailqueue tests/contract/go/mailqueue tests/contract/node/gen
 	PATH="$(GO_TOOLS):$(CURDIR)/tests/contract/node/node_modules/.bin:$$PATH" $(BUF) generate
 	touch $@

@@ -222,6 +222,17 @@ class Load:
         marks = [since, *times, until]
         return max(b - a for a, b in zip(marks, marks[1:]))
 
+    def ran_past(self, instant: float) -> bool:
+        """A call ended at or after ``instant``: the load was running through until then."""
+        with self.lock:
+            return any(c.at >= instant for c in self.calls)
+
+    def run_through_fault(self, start: float, seconds: float) -> None:
+        """Hold a fault for ``seconds`` of traffic: until a call of the load ends that late (a load
+        that stalled completely holds it longer, never shorter)."""
+        wait_until(lambda: self.ran_past(start + seconds), seconds + 60, interval=0.2,
+                   what=f"{seconds:.0f} s of traffic through the fault")
+
     def wait_delivered(self, timeout: float) -> list[str]:
         """Poll until every acked mail was delivered at least once (consumers keep running); the
         ones still missing."""

@@ -170,7 +170,7 @@ def test_cassandra_node_killed_and_restarted(services):
     load = start_load(services, queue)
     fault_at = time.monotonic()
     node("kill", "cassandra2")
-    time.sleep(10)  # the node stays dead for 10 s of traffic (the fault's length, not a wait for state)
+    load.run_through_fault(fault_at, 10)  # the node stays dead for 10 s of traffic
     node("start", "cassandra2")
     healed_at = time.monotonic()
     finish(services, load, "SIGKILL cassandra2, restart", fault_at, healed_at, restart_s=round(healed_at - fault_at - 10, 1))
@@ -183,7 +183,7 @@ def test_rabbitmq_leader_killed_and_restarted(services):
     leader = work_queue_leader(queue)
     fault_at = time.monotonic()
     node("kill", leader)
-    time.sleep(10)  # the fault's length: 10 s of traffic without the node
+    load.run_through_fault(fault_at, 10)  # 10 s of traffic without the node
     node("start", leader)
     healed_at = time.monotonic()
     finish(services, load, f"SIGKILL {leader} (work queue leader), restart", fault_at, healed_at,
@@ -201,7 +201,7 @@ def test_node_hung_for_30s(services, name):
     fault_at = time.monotonic()
     node("stop", name)
     try:
-        time.sleep(30)  # SIGSTOP for 30 s: the hung node the issue asks for
+        load.run_through_fault(fault_at, 30)  # SIGSTOP for 30 s of traffic: the hung node the issue asks for
     finally:
         node("cont", name)
     healed_at = time.monotonic()
@@ -242,7 +242,7 @@ def test_two_of_three_cassandra_nodes_down(services):
         refusals.append(latencies[-1])
     assert all(code == "UNAVAILABLE" for _, code, _ in refusals), refusals
     assert max(lat for _, _, lat in refusals) < 0.5, refusals
-    time.sleep(10)  # 10 s more without a quorum
+    load.run_through_fault(time.monotonic(), 10)  # 10 s more of traffic without a quorum
     node("start", "cassandra2")
     healed_at = time.monotonic()
     first_ok = wait_until(lambda: load.first_ok("enqueue", healed_at), 120, interval=0.2, what="an enqueue OK again")

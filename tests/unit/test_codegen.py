@@ -1,4 +1,4 @@
-"""The buf plugin bridge (services/codegen.py) writes what `--tree` writes from the same protos."""
+"""The buf plugin bridge (services/contract/codegen.py) writes what `--tree` writes from the same protos."""
 
 import pathlib
 
@@ -6,7 +6,7 @@ from google.protobuf import descriptor_pb2, duration_pb2, timestamp_pb2
 from google.protobuf.compiler import plugin_pb2
 
 from mailqueue.v1 import mail_pb2
-from services import codegen
+from services.contract import codegen
 
 
 def proto_of(module) -> descriptor_pb2.FileDescriptorProto:

@@ -1,5 +1,5 @@
 """The Python stubs of protos/: a protoc plugin for ``buf generate`` (buf.gen.yaml), and the same
-generation without buf (``python -m services.codegen --tree``, for the container image).
+generation without buf (``python -m services.contract.codegen --tree``, for the container image).
 
 Generated code is not committed: protos/mailqueue/v1 is the only source of truth, and every
 language generates from it with one template (buf.gen.yaml: Python here, Go and Node for the
