@@ -22,7 +22,7 @@ from google.protobuf import descriptor_pb2
 from google.protobuf.compiler import plugin_pb2
 from grpc_tools import protoc
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]  # services/contract/codegen.py -> the repository
 PROTO_DIR = ROOT / "protos"
 OUTPUTS = ("--python_out", "--pyi_out", "--grpc_python_out")
 
