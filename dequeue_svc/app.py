@@ -1,4 +1,5 @@
-"""dequeue_svc: a Dequeuer over the view, the broker and the blob store, and the dead-letter marker."""
+"""dequeue_svc: a Dequeuer over the view, the broker and the blob store, the dead-letter marker and
+the traffic shaping refresh."""
 
 from __future__ import annotations
 
@@ -20,7 +21,9 @@ class DequeueApp(QueueApp[Dequeuer]):
         return [(dequeue_pb2_grpc.add_DequeueServiceServicer_to_server, DequeueServicer(self.service), "mailqueue.v1.DequeueService")]
 
     def build(self, b: Backends) -> Dequeuer:
-        return Dequeuer(b.view, b.broker, b.blobs, self.settings.limits, b.state)
+        self._dequeuer = Dequeuer(b.view, b.broker, b.blobs, self.settings.limits, b.state)
+        return self._dequeuer
 
     def background(self, b: Backends) -> list[Coroutine[Any, Any, None]]:
-        return [dead_letters.mark_forever(b.view, b.broker)]
+        # The dead-letter marker, and the shaping state read (and heartbeat) every second.
+        return [dead_letters.mark_forever(b.view, b.broker), self._dequeuer.shaper.run_forever()]

@@ -11,6 +11,7 @@ import logging
 from services.app import browse_start, counters
 from services.app.queue_state import QueueState
 from services.app.rule_book import RuleBook
+from services.app.shaper import Shaper
 from services.app.subscription import DEFAULT_PREFETCH, Subscription
 from services.domain import model, validation
 from services.domain.config import LimitSettings
@@ -34,6 +35,8 @@ class Dequeuer:
         #: (queue, enqueue id) of every mail being prepared or handed out by this process.
         self.in_flight: set[tuple[str, object]] = set()
         self.rules = RuleBook(view.rules)
+        #: Traffic shaping per destination, shared with the other consuming replicas.
+        self.shaper = Shaper(view.shaping)
 
     async def subscribe(self, queue: str, prefetch: int, max_batch: int = 1) -> Subscription:
         """A subscription to ``queue``: ``prefetch`` unanswered deliveries at most (0: the default),
@@ -45,6 +48,7 @@ class Dequeuer:
             raise InvalidArgument(f"max_batch {max_batch} is over the maximum of {self.limits.max_prefetch}")
         await self.state.require_queue(queue)
         consumer = await self.broker.consume(queue, prefetch or DEFAULT_PREFETCH)
+        self.shaper.consuming(+1)
         return Subscription(self, queue, consumer, prefetch or DEFAULT_PREFETCH, max(max_batch, 1))
 
     def carry(self, mail: model.QueuedMail, content: bytes | None) -> bytes | None:

@@ -16,6 +16,8 @@
   an undecodable message or a missing blob is dead-lettered too.
 - A transient Cassandra or blob store error keeps the delivery with its consumer, retried with a
   growing pause (never lost, never dead-lettered: a requeue would count towards the delivery limit).
+- A mail whose destination has no room (services/app/shaper.py) is published again to wait for
+  its slot and acked, before its content is read: no attempt or delivery count spent.
 - Closing a subscription (stream ended, client gone) publishes again the deliveries it received
   but never handed to the client, then acks them: a client that subscribes and leaves spends no
   delivery attempt. Handed-out, unanswered deliveries go back to the queue (one attempt each).
@@ -35,6 +37,7 @@ from typing import TYPE_CHECKING, Protocol
 from prometheus_client import Counter
 
 from services.app import counters, verdict
+from services.app.shaper import Wait
 from services.app.verdict import Action
 from services.domain import counts, delays, model, rules, schedule
 from services.domain.errors import BackendUnavailable, InvalidArgument
@@ -44,6 +47,7 @@ from services.ports.broker import Consumer, Message
 if TYPE_CHECKING:
     from services.app.queue_state import QueueState
     from services.app.rule_book import RuleBook
+    from services.app.shaper import Shaper
     from services.domain.config import LimitSettings
     from services.ports.blobstore import BlobStore
     from services.ports.broker import Broker
@@ -59,6 +63,7 @@ class DequeueSide(Protocol):
     limits: LimitSettings
     state: QueueState
     rules: RuleBook
+    shaper: Shaper
     #: (queue, enqueue id) of every mail being prepared or handed out by this process.
     in_flight: set[tuple[str, object]]
 
@@ -112,6 +117,8 @@ class Delivery:
     content: bytes | None  # None when the mail is larger than the inline threshold
     redelivered: bool
     delivery_count: int = 0
+    #: Room taken at a shaped destination (given back when answered).
+    ticket: object = None
 
 
 class Subscription:
@@ -237,10 +244,17 @@ class Subscription:
         if v.arrived:
             await self._end_delay(message, mail, v.state)
         if v.action is Action.DELIVER:
+            admission = d.shaper.admit(self.queue, mail, message.reservation, model.utcnow())
+            if isinstance(admission, Wait):
+                content = d.carry(mail, v.content) or verdict.carried(message, mail)
+                await d.broker.publish(mail, admission.delay, counted=False, content=content, reservation=admission.reservation)
+                await self._skip(message, "shaped")
+                return None
             if v.source:
                 INLINE_CONTENT.labels(self.queue, v.source).inc()
             # A retried mail comes back in a new message: it was delivered before all the same.
-            return Delivery(message.delivery_tag, mail, v.content, message.redelivered or mail.attempts > 0, message.delivery_count)
+            return Delivery(message.delivery_tag, mail, v.content, message.redelivered or mail.attempts > 0,
+                            message.delivery_count, admission)
         if v.action is Action.SKIP:
             await self._skip(message, v.reason)
         elif v.action is Action.WAIT:  # only a clock behind the publisher's (or a rounding) gets here
@@ -313,6 +327,9 @@ class Subscription:
                 await self._consumer.dead_letter(tag)
         finally:
             self._d.in_flight.discard((self.queue, mail.enqueue_id))
+            self._d.shaper.release(delivery.ticket)  # type: ignore[arg-type]
+        if outcome is Outcome.RETRY:
+            self._d.shaper.observe_retry(mail, error_message)
         OUTCOMES.labels(self.queue, outcome.name).inc()
 
     async def _retry(self, d: Delivery, error: str, retry_after: dt.timedelta | None) -> None:
@@ -353,6 +370,11 @@ class Subscription:
         for task in preparing:
             task.cancel()
         await asyncio.gather(*preparing, return_exceptions=True)  # let them unwind before counting
+        for tasks in self._classes.values():  # prepared, never handed out: their room is free again
+            for task in tasks:
+                if task.done() and not task.cancelled() and task.exception() is None and task.result() is not None:
+                    self._d.shaper.release(task.result().ticket)  # type: ignore[union-attr,arg-type]
+        self._d.shaper.consuming(-1)
         for message in self._consumer.drain():
             self._unsent[message.delivery_tag] = message
         # None of them is in flight in this process any more, whether or not they can be returned
@@ -363,6 +385,7 @@ class Subscription:
                 self._d.in_flight.discard((self.queue, message.mail().enqueue_id))
         for d in self._pending.values():
             self._d.in_flight.discard((self.queue, d.mail.enqueue_id))
+            self._d.shaper.release(d.ticket)  # type: ignore[arg-type]
             if retries_exhausted(d.delivery_count, self._d.broker.delivery_limit):
                 try:
                     await self._dead_letter_at_limit(d, ", last delivery unanswered")

@@ -35,6 +35,9 @@ class Message:
     delayed: bool = False
     #: The mail's content when the message carries it (small mail, see ``Broker.publish``), else None.
     content: bytes | None = None
+    #: A mail that waited for room at its destination: (its slot in ms since the epoch, the stamp
+    #: it was reserved under), services/app/shaper.py.
+    reservation: tuple[int, int] | None = None
 
     def mail(self) -> model.QueuedMail:
         """The mail it carries, with its generation. Raises on an undecodable body."""
@@ -76,13 +79,14 @@ class Broker(abc.ABC):
     @abc.abstractmethod
     async def publish(
         self, mail: model.QueuedMail, delay: dt.timedelta = dt.timedelta(0), counted: bool | None = None,
-        content: bytes | None = None,
+        content: bytes | None = None, reservation: tuple[int, int] | None = None,
     ) -> None:
         """Publish ``mail`` to its queue, deliverable after ``delay`` (services/domain/delays.py), with
         its generation. ``counted``: the message's arrival ends a delay the queue counters count
         (default: when ``delay`` is not zero). ``content``: the mail's content, carried in the
         message so that its delivery reads no blob (callers pass it for small mail only; a
         message without it is delivered all the same, its content read from the blob store).
+        ``reservation``: carried to the consumer (a slot reserved at the mail's destination).
         Returns once the broker confirmed it; raises BackendUnavailable."""
 
     @abc.abstractmethod

@@ -14,6 +14,7 @@ import uuid
 from typing import Protocol
 
 from services.domain import counts, model
+from services.ports.shaping import ShapingStore
 
 
 class MailQueueView(abc.ABC):
@@ -125,6 +126,7 @@ class View(Protocol):
     counter_buffer: CounterBuffer
     idempotency: Idempotency
     config: ViewConfiguration
+    shaping: ShapingStore
 
     async def ping(self) -> None: ...
     def close(self) -> None: ...

@@ -21,6 +21,8 @@ RETRY_POLICIES = table("retry_policies")
 RULES = table("rules")
 COUNTERS = table("queue_counters")
 BLOBS = table("blobs")
+SHAPING = table("traffic_shaping")
+SHAPING_FAILURES = table("shaping_failures")
 
 #: Idempotency keys are remembered this long.
 IDEMPOTENCY_TTL_S = 24 * 3600
@@ -79,6 +81,16 @@ TABLES = [
     f"""CREATE TABLE IF NOT EXISTS {{ks}}.{BLOBS} (
         blob_id text PRIMARY KEY, content blob, size bigint, written_at timestamp
     ) WITH comment = 'Mail content up to MAILQUEUE_SMALL_BLOB_BYTES, content-addressed (id = SHA-256 hex); larger content is in S3. written_at is refreshed when a put reuses the blob; the retention sweep collects blobs no row references.'""",
+    f"""CREATE TABLE IF NOT EXISTS {{ks}}.{SHAPING} (
+        part int, kind text, name text, body text,
+        PRIMARY KEY (part, kind, name)
+    ) WITH gc_grace_seconds = 3600
+      AND comment = 'Traffic shaping, one small partition read by every dequeue member each second: throttles, sites, automatic rules, effects (TTL to their end) and the consuming members (TTL: their heartbeat). body is JSON.'""",
+    f"""CREATE TABLE IF NOT EXISTS {{ks}}.{SHAPING_FAILURES} (
+        destination text, rule_id text, at timeuuid,
+        PRIMARY KEY ((destination, rule_id), at)
+    ) WITH default_time_to_live = 86400 AND gc_grace_seconds = 3600
+      AND comment = 'RETRY errors matching an automatic shaping rule, counted within the rule window (each row TTL: the window).'""",
 ]
 
 #: Columns added to tables that existed before them (idempotent: ADD IF NOT EXISTS).

@@ -270,13 +270,13 @@ class RabbitMQBroker(Broker):
 
     async def publish(
         self, mail: model.QueuedMail, delay: dt.timedelta = dt.timedelta(0), counted: bool | None = None,
-        content: bytes | None = None,
+        content: bytes | None = None, reservation: tuple[int, int] | None = None,
     ) -> None:
         queue = mail.queue
         await self.declare_queue(queue)
         publisher = await self._publisher_channel()
         n = delays.units(delay)
-        message = message_format.encode(mail, content, delayed=bool(n) if counted is None else counted)
+        message = message_format.encode(mail, content, delayed=bool(n) if counted is None else counted, reservation=reservation)
         if n:
             exchange, key = names.delay_exchange(delays.entry_level(n)), delays.routing_key(n, queue, mail.priority)
         else:

@@ -136,7 +136,7 @@ class RabbitMQConsumer(Consumer):
         d = message_format.decode(props.headers, body)
         self._inbox.put_nowait(Message(
             method.delivery_tag, d.mail_bytes, bool(method.redelivered), props.message_id, d.delivery_count,
-            d.generation, d.death_reason, priority, d.delayed, d.content,
+            d.generation, d.death_reason, priority, d.delayed, d.content, d.reservation,
         ))
 
     def drain(self) -> list[Message]:

@@ -4,7 +4,9 @@
   mail's content when the message carries it (small mail);
 * headers: ``mailqueue-generation`` (QueuedMail.generation, when not 0), ``mailqueue-delayed``
   (1: it went through the delay ladder), ``mailqueue-content-bytes`` (the length of the content at
-  the end of the body); RabbitMQ adds ``x-delivery-count`` (quorum queues) and ``x-death``;
+  the end of the body), ``mailqueue-shaped-slot`` and ``mailqueue-shaped-stamp`` (a mail waiting
+  for room at its destination: the slot it reserved, in ms since the epoch, and what it was
+  reserved under, services/domain/shaping.py); RabbitMQ adds ``x-delivery-count`` (quorum queues) and ``x-death``;
 * properties: persistent, ``message_id`` = the enqueue id, content type and type of the body.
 
 Publishers (services/adapters/rabbitmq/channels.py, the broker bench) build with :func:`encode`,
@@ -26,6 +28,8 @@ TYPE = "mailqueue.v1.QueuedMail"
 GENERATION_HEADER = "mailqueue-generation"
 DELAYED_HEADER = "mailqueue-delayed"
 CONTENT_HEADER = "mailqueue-content-bytes"
+SLOT_HEADER = "mailqueue-shaped-slot"
+STAMP_HEADER = "mailqueue-shaped-stamp"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,16 +43,19 @@ class Encoded:
     type: str = TYPE
 
 
-def encode(mail: model.QueuedMail, content: bytes | None = None, delayed: bool = False) -> Encoded:
-    return encode_body(serde.queued_mail_to_bytes(mail), str(mail.enqueue_id), mail.generation, delayed, content)
+def encode(mail: model.QueuedMail, content: bytes | None = None, delayed: bool = False,
+           reservation: tuple[int, int] | None = None) -> Encoded:
+    return encode_body(serde.queued_mail_to_bytes(mail), str(mail.enqueue_id), mail.generation, delayed, content, reservation)
 
 
 def encode_body(body: bytes, message_id: str, generation: int = 0, delayed: bool = False,
-                content: bytes | None = None) -> Encoded:
+                content: bytes | None = None, reservation: tuple[int, int] | None = None) -> Encoded:
     """A message of an already serialized QueuedMail (a publish retried reuses its bytes)."""
     headers = {GENERATION_HEADER: generation} if generation else {}
     if delayed:
         headers[DELAYED_HEADER] = 1
+    if reservation is not None:
+        headers[SLOT_HEADER], headers[STAMP_HEADER] = reservation
     if content is not None:
         headers[CONTENT_HEADER] = len(content)
         body += content
@@ -65,6 +72,8 @@ class Decoded:
     delivery_count: int
     #: Why the broker dead-lettered the message last, if it did ("delivery_limit", "rejected", ...).
     death_reason: str | None
+    #: (slot in ms since the epoch, stamp) of a mail that waited for room at its destination.
+    reservation: tuple[int, int] | None = None
 
 
 def decode(headers: Mapping[str, Any] | None, body: bytes) -> Decoded:
@@ -75,9 +84,11 @@ def decode(headers: Mapping[str, Any] | None, body: bytes) -> Decoded:
     deaths = headers.get("x-death")
     death = deaths[0].get("reason") if isinstance(deaths, list) and deaths and isinstance(deaths[0], dict) else None
     mail_bytes, content = split_content(body, headers.get(CONTENT_HEADER))
+    slot, stamp = headers.get(SLOT_HEADER), headers.get(STAMP_HEADER)
     return Decoded(
         mail_bytes, content, generation if _int(generation) else 0, bool(headers.get(DELAYED_HEADER)),
         count if _int(count) else 0, death.decode() if isinstance(death, bytes) else death,
+        (slot, stamp) if _int(slot) and _int(stamp) else None,
     )
 
 
