@@ -12,6 +12,7 @@ from mailqueue.v1 import admin_pb2_grpc, browse_pb2_grpc
 from services.app import gauges
 from services.app.admin import Admin
 from services.app.browser import Browser
+from services.app.shaping_admin import ShapingAdmin
 from services.runtime.backends import Backends
 from services.runtime.queue_app import QueueApp
 
@@ -20,6 +21,7 @@ from services.runtime.queue_app import QueueApp
 class BrowseSide:
     browser: Browser
     admin: Admin
+    shaping: ShapingAdmin
 
 
 class BrowseApp(QueueApp[BrowseSide]):
@@ -29,12 +31,13 @@ class BrowseApp(QueueApp[BrowseSide]):
         return [
             (browse_pb2_grpc.add_BrowseServiceServicer_to_server, BrowseServicer(lambda: self.service().browser),
              "mailqueue.v1.BrowseService"),
-            (admin_pb2_grpc.add_AdminServiceServicer_to_server, AdminServicer(lambda: self.service().admin), "mailqueue.v1.AdminService"),
+            (admin_pb2_grpc.add_AdminServiceServicer_to_server,
+             AdminServicer(lambda: self.service().admin, lambda: self.service().shaping), "mailqueue.v1.AdminService"),
         ]
 
     def build(self, b: Backends) -> BrowseSide:
         browser = Browser(b.view, b.broker, b.blobs, b.state, self.settings.limits.dequeue_inline_bytes)
-        return BrowseSide(browser, Admin(b.view, b.broker, b.state, browser))
+        return BrowseSide(browser, Admin(b.view, b.broker, b.state, browser), ShapingAdmin(b.view.shaping, b.state))
 
     def background(self, b: Backends) -> list[Coroutine[Any, Any, None]]:
         interval = self.settings.server.gauge_interval_s

@@ -7,10 +7,12 @@ from collections.abc import AsyncIterator, Callable
 
 import grpc
 
+from browse_svc.shaping import ShapingServicer
 from mailqueue.v1 import admin_pb2, admin_pb2_grpc, browse_pb2, browse_pb2_grpc
 from services.app.admin import Admin
 from services.app.browser import Browser
-from services.contract import serde
+from services.app.shaping_admin import ShapingAdmin
+from services.contract import serde, shaping_serde
 from services.domain import model, rules
 from services.domain.errors import InvalidArgument
 from services.domain.filters import BrowseFilter, delete_condition, flush_condition
@@ -26,7 +28,9 @@ class BrowseServicer(browse_pb2_grpc.BrowseServiceServicer):
     async def GetQueue(self, request: browse_pb2.GetQueueRequest, context: grpc.aio.ServicerContext) -> browse_pb2.GetQueueResponse:
         browser = self._browser()
         info = await browser.info(await browser.existing(request.queue), request.exact)
-        return browse_pb2.GetQueueResponse(queue_info=serde.queue_info_to_proto(info))
+        pb = serde.queue_info_to_proto(info)
+        pb.throttles.extend(shaping_serde.throttle_to_proto(t) for t in info.throttles)
+        return browse_pb2.GetQueueResponse(queue_info=pb)
 
     async def Browse(
         self, request: browse_pb2.BrowseRequest, context: grpc.aio.ServicerContext,
@@ -45,9 +49,10 @@ class BrowseServicer(browse_pb2_grpc.BrowseServiceServicer):
         return browse_pb2.GetSizeResponse(size=size)
 
 
-class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
-    def __init__(self, admin: Callable[[], Admin]) -> None:
+class AdminServicer(ShapingServicer, admin_pb2_grpc.AdminServiceServicer):
+    def __init__(self, admin: Callable[[], Admin], shaping: Callable[[], ShapingAdmin]) -> None:
         self._admin = admin  # raises UNAVAILABLE while the service connects
+        self._shaping = shaping
 
     async def CreateQueue(self, request: admin_pb2.CreateQueueRequest, context: grpc.aio.ServicerContext) -> admin_pb2.CreateQueueResponse:
         policy = serde.retry_policy_from_proto(request.retry_policy, model.RetryPolicy()) if request.HasField("retry_policy") else None

@@ -4,7 +4,8 @@
     mailq show Q                         size (ready, delayed), oldest mail, retry policy, configuration
     mailq browse Q [--sender S] [--recipient R] [--name N] [--ready | --delayed] [--limit N] [--json]
     mailq size Q [--exact]               from the queue's counters (cheap) or by reading every live mail
-    mailq shape Q [--top 20]             Postfix qshape: recipient domain x age buckets (minutes)
+    mailq shape Q [--top 20]             Postfix qshape: recipient domain x age buckets (minutes), then
+                                         each shaped destination: in flight, delivered/s, waiting, limits
     mailq reconcile Q                    rewrite the queue's counters from an exact count
     mailq create Q [--initial-backoff 1m] [--multiplier 2] [--max-backoff 1h] [--max-attempts 20] [--max-age 5d]
     mailq retry-policy Q [--initial-backoff 1m] [--multiplier 2] [--max-backoff 1h] [--max-attempts 20] [--max-age 5d]
@@ -16,6 +17,10 @@
     mailq hold|bounce [--queue Q] [--domain D] [--sender S] [--name N] [--for 1d] [--reason R]
     mailq rules                          the hold and bounce rules in force
     mailq release RULE_ID                lift a rule (held mails go out now, in order)
+    mailq throttle set DEST [--queue Q] [--rate 20/s] [--concurrency 5]   limit a destination (domain or site)
+    mailq throttle clear DEST [--queue Q] | list [--queue Q] | resume DEST
+    mailq throttle site NAME DOMAIN... | drop-site NAME
+    mailq throttle rule ID --pattern RE --threshold 3 --window 5m (--suspend | --slow 1/s) --for 10m | drop-rule ID
     mailq enqueue Q FILE.eml --from A --to B [--to C] [--name N] [--delay 10m] [--priority high|normal|low]
     mailq dequeue Q [-n N] [--ack success|retry|reject] [--retry-after 5m] [--out DIR]
 
@@ -26,7 +31,6 @@ Targets: --target/--host (default localhost, services on their default ports) or
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
 import queue as q
@@ -36,8 +40,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import grpc
-from google.protobuf import duration_pb2, json_format, timestamp_pb2
+from google.protobuf import json_format, timestamp_pb2
 
+from mailq import throttle
+from mailq.common import duration, duration_arg, print_table
 from mailqueue.v1 import (
     admin_pb2,
     admin_pb2_grpc,
@@ -54,7 +60,6 @@ from mailqueue.v1 import (
 from services.adapters.grpc_channels import blocking_channel
 from services.domain.config import DEFAULT_PORTS
 from services.domain.durations import human, parse_duration
-from services.domain.errors import InvalidArgument
 
 CHUNK = 1024 * 1024
 HINTS = {
@@ -82,21 +87,8 @@ class Client:
 
 
 
-def duration_arg(text: str) -> dt.timedelta:
-    """parse_duration for argparse: its message on a bad value."""
-    try:
-        return parse_duration(text)
-    except InvalidArgument as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
 def mail_row(m: mail_pb2.QueuedMail) -> dict[str, Any]:
     return json_format.MessageToDict(m, preserving_proto_field_name=True)
-
-
-def print_table(rows: list[list[str]], header: list[str]) -> None:
-    widths = [max(len(str(c)) for c in col) for col in zip(header, *rows)]
-    for row in [header, *rows]:
-        print("  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip())
 
 
 def progress_stream(stream: Iterator[Any], what: str) -> int:
@@ -112,12 +104,6 @@ def progress_stream(stream: Iterator[Any], what: str) -> int:
 def cmd_queues(c: Client, a: argparse.Namespace) -> None:
     for name in c.browse.ListQueues(browse_pb2.ListQueuesRequest()).queues:
         print(name)
-
-
-def duration(value: Any) -> duration_pb2.Duration:
-    d = duration_pb2.Duration()
-    d.FromTimedelta(value)
-    return d
 
 
 def retry_policy(a: argparse.Namespace) -> browse_pb2.RetryPolicy | None:
@@ -208,6 +194,10 @@ def cmd_shape(c: Client, a: argparse.Namespace) -> None:
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
     for row in [header, *rows]:
         print(" ".join(str(x).rjust(w) for x, w in zip(row, widths)))
+    shaped = c.admin.ListThrottles(admin_pb2.ListThrottlesRequest(queue=a.queue))
+    if shaped.throttles or shaped.effects or shaped.destinations:
+        print()
+        throttle.print_status(shaped)
 
 
 def cmd_reconcile(c: Client, a: argparse.Namespace) -> None:
@@ -432,6 +422,7 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--buckets", type=int)
     c.add_argument("--pace", type=int)
     c.set_defaults(fn=cmd_config)
+    throttle.register(sub)
     return p
 
 

@@ -11,7 +11,7 @@ import datetime as dt
 from collections.abc import AsyncIterator
 
 from services.app.queue_state import QueueState
-from services.domain import counts, model, validation
+from services.domain import counts, model, shaping, validation
 from services.domain.filters import BrowseFilter
 from services.domain.model import QueueInfo, Summary
 from services.domain.slices import slice_start, slices_between
@@ -105,6 +105,7 @@ class Browser:
             queue, summary, not exact, await self._view.config.current(), await self._view.retry_policies.get(queue),
             await self._broker.dead_lettered(queue), await self._view.starts.browse_start(queue),
             await self._view.starts.content_start(queue),
+            tuple(shaping.applying_to((await self._view.shaping.snapshot()).throttles, queue)),
         )
 
     async def approximate_summary(self, queue: str) -> Summary:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import uuid
+from typing import Any
 
 #: The null sender "<>" (bounces) is the empty string in every layer.
 NULL_SENDER = ""
@@ -197,6 +198,8 @@ class QueueInfo:
     dead_lettered: int
     browse_start: dt.datetime | None
     content_start: dt.datetime | None
+    #: The traffic shaping throttles its mails are held to (services/domain/shaping.py Throttle).
+    throttles: tuple[Any, ...] = ()
 
 
 #: A reason (why a mail is gone) or a consumer's error message is stored at most this long.

@@ -110,6 +110,32 @@ class Snapshot:
     members: dict[str, dict[str, dict[str, float]]] = dataclasses.field(default_factory=dict)
 
 
+@dataclasses.dataclass(frozen=True)
+class DestinationStatus:
+    """One destination as the members report it (summed)."""
+
+    destination: str
+    in_flight: float = 0
+    delivered_per_s: float = 0.0
+    waiting: float = 0
+
+
+def status(members: dict[str, dict[str, dict[str, float]]]) -> list[DestinationStatus]:
+    """The members' heartbeat statistics summed per destination."""
+    sums: dict[str, dict[str, float]] = {}
+    for stats in members.values():
+        for dest, entry in stats.items():
+            total = sums.setdefault(dest, {"in_flight": 0, "delivered_per_s": 0.0, "waiting": 0})
+            for k in total:
+                total[k] += float(entry.get(k, 0))
+    return [DestinationStatus(d, v["in_flight"], round(v["delivered_per_s"], 3), v["waiting"]) for d, v in sorted(sums.items())]
+
+
+def applying_to(throttles: Iterable[Throttle], queue: str) -> list[Throttle]:
+    """The throttles a queue's mails are held to (its own and every queue's), by destination."""
+    return sorted((t for t in throttles if t.queue in ("", queue)), key=lambda t: (t.destination, t.queue))
+
+
 # --- parsing and validation ------------------------------------------------------------------
 
 
