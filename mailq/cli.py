@@ -137,6 +137,9 @@ def cmd_show(c: Client, a: argparse.Namespace) -> None:
     cfg = info.configuration
     print(f"slice window     {human(cfg.slice_window.ToTimedelta())}, buckets {cfg.bucket_count}, "
           f"browse start pace {cfg.update_browse_start_pace}")
+    for t in info.throttles:
+        print(f"throttle         {t.destination} ({t.queue or 'every queue'}): rate {throttle.rate_text(t.rate)}, "
+              f"concurrency {t.concurrency or '-'}")
 
 
 def cmd_browse(c: Client, a: argparse.Namespace) -> None:

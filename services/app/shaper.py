@@ -52,6 +52,9 @@ HONOUR_S = 5.0
 EARLY_S = 0.01
 #: A member not yet sharing (joining) sends its mails of limited destinations to wait this long.
 JOIN_WAIT = dt.timedelta(seconds=1)
+#: A member whose last subscription closed stays one this long (a consumer that reconnects does
+#: not join again, which costs JOIN_AFTER_S of waiting).
+LINGER_S = 30.0
 #: Stats window for the delivered rate in heartbeats.
 RATE_WINDOW_S = 10.0
 
@@ -92,6 +95,7 @@ class Shaper:
         #: True when any throttle or effect exists: otherwise admit() costs one attribute read.
         self.active = False
         self._consumers = 0
+        self._last_consumer_left = -1e9
         self._seen_since: float | None = None  # when this member's heartbeat was first read back
         self._grids: dict[tuple[str, tuple[str, str]], tuple[int, shaping.Grid]] = {}
         self.in_flight: collections.Counter[tuple[str, str]] = collections.Counter()
@@ -107,11 +111,14 @@ class Shaper:
     def consuming(self, delta: int) -> None:
         """A subscription opened (+1) or closed (-1) in this process."""
         before, self._consumers = self._consumers, self._consumers + delta
-        if before == 0 and self._consumers > 0:
+        if before == 0 and self._consumers > 0 and not self._member():
             self._spawn(self._heartbeat())
         elif before > 0 and self._consumers == 0:
-            self._seen_since = None
-            self._spawn(self._store.leave(self.member))
+            self._last_consumer_left = time.monotonic()
+
+    def _member(self) -> bool:
+        """Consuming, or did within LINGER_S."""
+        return self._consumers > 0 or time.monotonic() - self._last_consumer_left < LINGER_S
 
     async def run_forever(self) -> None:
         while True:
@@ -119,11 +126,15 @@ class Shaper:
                 await self.refresh()
             except BackendUnavailable as e:
                 log.warning("shaping state not refreshed: %s", e)
+            except Exception:  # a bug must not stop shaping for the life of the process
+                log.exception("shaping state not refreshed")
             await asyncio.sleep(shaping.REFRESH_S)
 
     async def refresh(self) -> None:
-        if self._consumers > 0:
+        if self._member():
             await self._heartbeat()
+        elif self.member in self.snapshot.members:
+            await self._store.leave(self.member)
         self.apply(await self._store.snapshot())
 
     async def _heartbeat(self) -> None:
@@ -140,7 +151,7 @@ class Shaper:
         for t in snap.throttles:
             self._throttles[t.destination].append(t)
         self.active = bool(snap.throttles or snap.effects)
-        if self.member in snap.members and self._consumers > 0:
+        if self.member in snap.members and self._member():
             self._seen_since = self._seen_since or time.monotonic()
         else:
             self._seen_since = None
@@ -284,8 +295,9 @@ class Shaper:
                 if any(e.destination == dest and e.rule_id == rule.rule_id for e in self.snapshot.effects):
                     continue
                 effect = shaping.Effect(dest, rule.rule_id, rule.action, now, now + rule.duration, rule.floor)
-                await self._store.put_effect(effect)
                 self._fired[(dest, rule.rule_id)] = effect.ends_at
+                if not await self._store.put_effect(effect):
+                    continue  # another replica fired it first
                 FIRED.labels(dest, rule.rule_id, rule.action).inc()
                 log.warning("shaping rule fired", extra={
                     "destination": dest, "rule": rule.rule_id, "action": rule.action, "failures": count,
@@ -299,6 +311,8 @@ class Shaper:
                 await coro  # type: ignore[misc]
             except BackendUnavailable as e:
                 log.warning("shaping write failed: %s", e)
+            except Exception:
+                log.exception("shaping write failed")
 
         task = asyncio.ensure_future(guarded())
         self._tasks.add(task)

@@ -21,8 +21,9 @@ class ShapingStore(Protocol):
     async def set_rule(self, r: shaping.AutoRule) -> None: ...
     async def delete_rule(self, rule_id: str) -> bool: ...
 
-    async def put_effect(self, e: shaping.Effect) -> None:
-        """In force until ``e.ends_at`` (then gone by itself)."""
+    async def put_effect(self, e: shaping.Effect) -> bool:
+        """In force until ``e.ends_at`` (then gone by itself); False (nothing written) when an
+        effect is in force on the destination already."""
 
     async def lift_effect(self, destination: str) -> bool: ...
 

@@ -46,6 +46,8 @@ class ShapingStore:
         self._all = session.prepare(f"SELECT kind, name, body FROM {t} WHERE part = ?")
         self._put = session.prepare(f"INSERT INTO {t} (part, kind, name, body) VALUES (?, ?, ?, ?)")
         self._put_ttl = session.prepare(f"INSERT INTO {t} (part, kind, name, body) VALUES (?, ?, ?, ?) USING TTL ?")
+        self._put_new = session.prepare(
+            f"INSERT INTO {t} (part, kind, name, body) VALUES (?, ?, ?, ?) IF NOT EXISTS USING TTL ?")
         self._get = session.prepare(f"SELECT body FROM {t} WHERE part = ? AND kind = ? AND name = ?")
         self._delete = session.prepare(f"DELETE FROM {t} WHERE part = ? AND kind = ? AND name = ?")
         self._fail = session.prepare(f"INSERT INTO {f} (destination, rule_id, at) VALUES (?, ?, ?) USING TTL ?")
@@ -99,11 +101,14 @@ class ShapingStore:
     async def delete_rule(self, rule_id: str) -> bool:
         return await self._remove("rule", rule_id)
 
-    async def put_effect(self, e: shaping.Effect) -> None:
+    async def put_effect(self, e: shaping.Effect) -> bool:
+        """False when an effect is already in force on the destination (a lightweight transaction:
+        replicas that reach a threshold together fire it once)."""
         ttl = max(1, math.ceil((e.ends_at - dt.datetime.now(dt.timezone.utc)).total_seconds()))
         body = {"rule_id": e.rule_id, "action": e.action, "started_at": _ts(e.started_at), "ends_at": _ts(e.ends_at),
                 "floor": _rate(e.floor)}
-        await execute(self._session, self._put_ttl, (PART, "effect", e.destination, json.dumps(body), ttl))
+        rows = await execute(self._session, self._put_new, (PART, "effect", e.destination, json.dumps(body), ttl))
+        return bool(rows and rows[0][0])
 
     async def lift_effect(self, destination: str) -> bool:
         return await self._remove("effect", destination)
