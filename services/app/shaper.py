@@ -55,6 +55,8 @@ JOIN_WAIT = dt.timedelta(seconds=1)
 #: A member whose last subscription closed stays one this long (a consumer that reconnects does
 #: not join again, which costs JOIN_AFTER_S of waiting).
 LINGER_S = 30.0
+#: The answer time assumed for a destination until one is seen (paces its concurrency waits).
+DEFAULT_LATENCY_S = 0.1
 #: Stats window for the delivered rate in heartbeats.
 RATE_WINDOW_S = 10.0
 
@@ -237,7 +239,7 @@ class Shaper:
         """A slot paced by the answer time: my part frees one place every latency / part."""
         assert lim.concurrency is not None
         part = max(shaping.concurrency_share(lim.concurrency, index, count), 1)
-        spacing = max(self._latency.get(lim.key, 1.0), 0.01) / part
+        spacing = max(self._latency.get(lim.key, DEFAULT_LATENCY_S), 0.01) / part
         slot = self._grid("concurrency", lim.key, round(spacing, 2)).reserve(now)
         return max(dt.timedelta(seconds=slot - now), delays.UNIT)
 
