@@ -27,7 +27,6 @@ from services.domain.errors import InvalidArgument
 from services.domain.validation import queue_name, shown
 
 PERIODS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-PERIOD_NAMES = {"s": "second", "m": "minute", "h": "hour", "d": "day"}
 ACTIONS = ("suspend", "slow")
 #: Slow effects ramp back up in this many steps (each step is a new rate the members agree on).
 RAMP_STEPS = 5
