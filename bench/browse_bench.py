@@ -13,14 +13,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import re
 import sys
 import time
-import urllib.request
 
 import grpc
 
 from bench.common import PORTS, bench_queue, blob_store, env, new_keyspace, run, serving
+from bench.common import metric as common_metric
 from bench.enqueue_bench import content
 from mailqueue.v1 import admin_pb2, admin_pb2_grpc, browse_pb2, browse_pb2_grpc
 from services.adapters.cassandra.view import View
@@ -80,8 +79,7 @@ async def write_history(settings: Settings, history: int, live: int) -> None:
 
 
 def metric(name: str) -> float:
-    body = urllib.request.urlopen(f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=5).read().decode()
-    return sum(float(v) for v in re.findall(rf"^{name}{{[^}}]*}} ([0-9.e+]+)$", body, re.M))
+    return common_metric(METRICS_PORT, name)
 
 
 def main() -> None:

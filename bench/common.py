@@ -19,24 +19,26 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PORTS = {"blob": 56054, "enqueue": 56051, "dequeue": 56052, "browse": 56053}
 
 
-def env(keyspace: str, name: str) -> dict[str, str]:
+def env(keyspace: str, name: str, metrics_port: int = 0) -> dict[str, str]:
     """A service's environment; MAILQUEUE_BLOB_TARGET="" in the caller's environment keeps S3 direct."""
     e = dict(os.environ)
     e.update({
-        "MAILQUEUE_CASSANDRA_KEYSPACE": keyspace, "MAILQUEUE_PORT": str(PORTS[name]), "MAILQUEUE_METRICS_PORT": "0",
+        "MAILQUEUE_CASSANDRA_KEYSPACE": keyspace, "MAILQUEUE_PORT": str(PORTS[name]), "MAILQUEUE_METRICS_PORT": str(metrics_port),
         "MAILQUEUE_BLOB_TARGET": os.environ.get("MAILQUEUE_BLOB_TARGET", f"127.0.0.1:{PORTS['blob']}"),
         "MAILQUEUE_LOG_LEVEL": "WARNING",
     })
     return e
 
 
-def start_services(keyspace: str, names: list[str]) -> list[subprocess.Popen]:
+def start_services(keyspace: str, names: list[str], metrics: dict[str, int] | None = None) -> list[subprocess.Popen]:
+    """``names`` started on the bench ports; ``metrics``: name -> a Prometheus port to serve."""
     taken = [n for n in names if serving(f"127.0.0.1:{PORTS[n]}")]
     if taken:
         # Left by a killed benchmark: this run's calls would reach them, and their keyspace.
         raise SystemExit(f"ports of {', '.join(taken)} ({', '.join(str(PORTS[n]) for n in taken)}) already answer: "
                          "stop those processes first (pkill -f 'python -m <name>_svc')")
-    procs = [subprocess.Popen([sys.executable, "-m", f"{n}_svc"], cwd=ROOT, env=env(keyspace, n)) for n in names]
+    procs = [subprocess.Popen([sys.executable, "-m", f"{n}_svc"], cwd=ROOT, env=env(keyspace, n, (metrics or {}).get(n, 0)))
+             for n in names]
     deadline = time.monotonic() + 90
     for n in names:
         while not serving(f"127.0.0.1:{PORTS[n]}"):
@@ -288,3 +290,17 @@ async def write_backlog(settings: Any, queue: str, n: int, content: bytes, delay
         await blobs.close()
         view.close()
     return time.monotonic() - began
+
+
+def metric(port: int, name: str, **labels: str) -> float:
+    """Sum of a Prometheus sample's values served on ``port``, over the samples whose labels include ``labels``."""
+    import re
+    import urllib.request
+
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    total = 0.0
+    for sample_labels, value in re.findall(rf"^{name}(?:{{([^}}]*)}})? (\S+)$", body, re.M):
+        found = dict(re.findall(r'(\w+)="([^"]*)"', sample_labels))
+        if all(found.get(k) == v for k, v in labels.items()):
+            total += float(value)
+    return total

@@ -16,18 +16,17 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import os
-import re
 import statistics
 import subprocess
 import sys
 import time
-import urllib.request
 import uuid
 
 import grpc
 from cassandra.concurrent import execute_concurrent_with_args
 
 from bench.common import PORTS, ROOT, bench_queue, cpu_seconds, env, new_keyspace, run, serving, start_services, stop
+from bench.common import metric as common_metric
 from mailqueue.v1 import admin_pb2, admin_pb2_grpc, browse_pb2, browse_pb2_grpc, enqueue_pb2, enqueue_pb2_grpc, mail_pb2
 from services.adapters.cassandra import schema
 from services.adapters.cassandra.session import connect
@@ -71,8 +70,7 @@ def write_history(keyspace: str, queue: str, history: int, slices: int, window: 
 
 
 def metric(name: str) -> float:
-    body = urllib.request.urlopen(f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=5).read().decode()
-    return sum(float(v) for v in re.findall(rf"^{name}(?:{{[^}}]*}})? ([0-9.e+]+)$", body, re.M))
+    return common_metric(METRICS_PORT, name)
 
 
 def browse_process(keyspace: str, gauge_interval: float) -> subprocess.Popen:

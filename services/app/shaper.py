@@ -30,7 +30,7 @@ import logging
 import time
 import uuid
 
-from prometheus_client import Counter, Gauge
+from prometheus_client import Counter, Gauge, Histogram
 
 from services.domain import delays, model, shaping
 from services.domain.errors import BackendUnavailable
@@ -45,11 +45,15 @@ WAITS = Counter("mailqueue_shaping_waits_total", "Mails sent to wait for room at
 WAITING = Gauge("mailqueue_shaping_waiting", "Mails this process sent to wait whose slot has not come yet", ["destination"])
 FIRED = Counter("mailqueue_shaping_rule_fired_total", "Automatic shaping rules fired", ["destination", "rule", "action"])
 MEMBERS = Gauge("mailqueue_shaping_members", "Dequeue processes sharing the limits, as this process last read them")
+LATENESS = Histogram("mailqueue_shaping_slot_lateness_seconds", "How long after its reserved slot a waiting mail was handed out",
+                     ["destination"], buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0))
 
 #: A reservation is honoured this long after its slot (the ladder rounds up; a busy broker is late).
 HONOUR_S = 5.0
 #: A slot this close ahead is handed out now.
 EARLY_S = 0.01
+#: The longest single wait: a slot further ahead is waited for in parts, keeping its reservation.
+MAX_WAIT = delays.MAX_DELAY
 #: A member not yet sharing (joining) sends its mails of limited destinations to wait this long.
 JOIN_WAIT = dt.timedelta(seconds=1)
 #: A member whose last subscription closed stays one this long (a consumer that reconnects does
@@ -211,8 +215,13 @@ class Shaper:
         rated = [(lim.key, lim.rate_per_s) for lim in limits if lim.rate_per_s]
         if rated:
             st = shaping.stamp(self.snapshot.members, rated)
-            honoured = reservation is not None and reservation[1] == st and t - HONOUR_S <= reservation[0] / 1000 <= t + EARLY_S
-            if not honoured:
+            mine = reservation is not None and reservation[1] == st
+            if mine and reservation[0] / 1000 > t + EARLY_S:  # back before its slot: a wait taken in parts
+                return self._wait(dt.timedelta(seconds=reservation[0] / 1000 - t), "rate", dests, reservation)
+            if mine and t - HONOUR_S <= reservation[0] / 1000:
+                for dest in dests:
+                    LATENESS.labels(dest).observe(t - reservation[0] / 1000)
+            else:
                 slot = max(self._grid("rate", key, count / rate).reserve(t) for key, rate in rated)
                 if slot > t + EARLY_S:
                     return self._wait(dt.timedelta(seconds=slot - t), "rate", dests, (int(slot * 1000), st))
@@ -245,19 +254,23 @@ class Shaper:
 
     def _wait(self, delay: dt.timedelta, reason: str, dests: tuple[str, ...],
               reservation: tuple[int, int] | None = None) -> Wait:
+        delay = min(delay, MAX_WAIT)
         end = time.time() + delay.total_seconds()
         for dest in dests:
             WAITS.labels(dest, reason).inc()
             heapq.heappush(self._waiting[dest], end)
         return Wait(delay, reason, dests, reservation)
 
-    def release(self, ticket: Ticket | None) -> None:
-        """The delivery was answered (or returned): its room is free again."""
+    def release(self, ticket: Ticket | None, handed_out: bool = True) -> None:
+        """The delivery was answered or returned (or, ``handed_out`` False, the mail turned out
+        not to be delivered): its room is free again."""
         if ticket is None:
             return
         took = time.monotonic() - ticket.taken_at
         for key in ticket.keys:
             self.in_flight[key] -= 1
+            if not handed_out:
+                continue
             previous = self._latency.get(key)
             self._latency[key] = took if previous is None else 0.8 * previous + 0.2 * took
         for dest in ticket.destinations:

@@ -240,16 +240,26 @@ class Subscription:
         Raises BackendUnavailable when Cassandra or the blob store does not answer.
         """
         d = self._d
-        v = await verdict.judge(d.view.mails, d.rules, d.state, d.blobs, d.limits.dequeue_inline_bytes, self.queue, message, mail)
+        # Shaped before any backend read (a mail that waits costs one publish and one ack), except
+        # a counted delay's arrival: the verdict's state ends it in the counters first.
+        early = d.shaper.active and not message.delayed
+        admission = d.shaper.admit(self.queue, mail, message.reservation, model.utcnow()) if early else None
+        if isinstance(admission, Wait):
+            return await self._wait_for_room(message, mail, admission, verdict.carried(message, mail))
+        try:
+            v = await verdict.judge(d.view.mails, d.rules, d.state, d.blobs, d.limits.dequeue_inline_bytes, self.queue, message, mail)
+        except BaseException:
+            d.shaper.release(admission, handed_out=False)  # retried or cancelled: admitted again next time
+            raise
+        if v.action is not Action.DELIVER:
+            d.shaper.release(admission, handed_out=False)
         if v.arrived:
             await self._end_delay(message, mail, v.state)
         if v.action is Action.DELIVER:
-            admission = d.shaper.admit(self.queue, mail, message.reservation, model.utcnow())
-            if isinstance(admission, Wait):
-                content = d.carry(mail, v.content) or verdict.carried(message, mail)
-                await d.broker.publish(mail, admission.delay, counted=False, content=content, reservation=admission.reservation)
-                await self._skip(message, "shaped")
-                return None
+            if not early:
+                admission = d.shaper.admit(self.queue, mail, message.reservation, model.utcnow())
+                if isinstance(admission, Wait):
+                    return await self._wait_for_room(message, mail, admission, d.carry(mail, v.content) or verdict.carried(message, mail))
             if v.source:
                 INLINE_CONTENT.labels(self.queue, v.source).inc()
             # A retried mail comes back in a new message: it was delivered before all the same.
@@ -269,6 +279,11 @@ class Subscription:
             assert v.rule is not None
             await self._apply(v.rule, message, mail)
         return None
+
+    async def _wait_for_room(self, message: Message, mail: model.QueuedMail, wait: Wait, content: bytes | None) -> None:
+        """Not handed out now: the mail waits in the delay ladder for room at its destination."""
+        await self._d.broker.publish(mail, wait.delay, counted=False, content=content, reservation=wait.reservation)
+        await self._skip(message, "shaped")
 
     async def _end_delay(self, message: Message, mail: model.QueuedMail, state: model.MailState | None) -> None:
         """Its delay (or hold) ends now. A redelivered message (returned by a stream that ended)

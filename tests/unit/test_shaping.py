@@ -177,3 +177,17 @@ def test_suspended_destination_waits_to_the_end_of_the_effect():
     s = joined(shaping.Snapshot(effects=(e,), members=members("m1")))
     w = s.admit("q", mail("a@x.com", "b@y.com"), None, NOW)
     assert isinstance(w, Wait) and w.reason == "suspended" and w.delay == dt.timedelta(seconds=30)
+
+
+def test_a_wait_beyond_the_ladder_is_taken_in_parts_keeping_its_slot():
+    snap = shaping.Snapshot(throttles=(shaping.Throttle("x.com", rate=shaping.Rate(1, "d")),), members=members("m1"))
+    s = joined(snap)
+    waits = [s.admit("q", mail("a@x.com"), None, NOW) for _ in range(400)]
+    last = waits[-1]
+    assert isinstance(last, Wait) and last.delay == shaper_mod.MAX_WAIT  # its slot is 399 days ahead
+    slot = dt.datetime.fromtimestamp(last.reservation[0] / 1000, dt.timezone.utc)
+    assert slot - NOW == dt.timedelta(days=399)
+    back = s.admit("q", mail("a@x.com"), last.reservation, NOW + shaper_mod.MAX_WAIT)
+    assert isinstance(back, Wait) and back.reservation == last.reservation  # not reserved again
+    assert back.delay == dt.timedelta(days=399) - shaper_mod.MAX_WAIT
+    assert isinstance(s.admit("q", mail("a@x.com"), last.reservation, slot), Ticket)
