@@ -16,6 +16,7 @@ another mail may reference.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime as dt
 import logging
 import uuid
@@ -46,8 +47,6 @@ COMPENSATION_BACKOFF = Backoff("enqueue compensation", initial_s=0.5, multiplier
 #: Past this many pending undo writes, new ones are only logged (an outage of hours under load).
 MAX_PENDING_COMPENSATIONS = 100_000
 
-#: An uncommitted idempotency claim older than this belongs to a crashed enqueuer: take it over.
-ABANDONED_CLAIM = dt.timedelta(seconds=30)
 
 ContentWriter = Callable[[], Awaitable[tuple[tuple[str, ...], int]]]
 #: A producer's (deliver_at, delay), at most one set (services/domain/schedule.py).
@@ -66,6 +65,14 @@ def _undo_time(started: dt.datetime) -> dt.datetime:
     return started + _MICROSECOND
 
 
+@dataclasses.dataclass
+class _Attempt:
+    """How far a failed attempt got: what its undo has to cover."""
+
+    written: model.QueuedMail | None = None  # its view row may exist
+    counted: bool = False  # and its counters were bumped
+
+
 class Enqueuer:
     def __init__(self, view: View, broker: Broker, blobs: BlobStore, limits: LimitSettings, state: QueueState) -> None:
         self._view = view
@@ -75,7 +82,7 @@ class Enqueuer:
         self._state = state
         self._compensations: set[asyncio.Task[None]] = set()
         #: (queue, key, enqueue id) of claims whose attempt failed here, release still pending:
-        #: a retry that meets one takes it over at once instead of waiting ABANDONED_CLAIM.
+        #: a retry that meets one takes it over at once instead of waiting for it to be abandoned.
         self._failed_claims: set[tuple[str, str, uuid.UUID]] = set()
 
     # ------------------------------------------------------------------ the three content forms
@@ -159,17 +166,17 @@ class Enqueuer:
             except BackendUnavailable:
                 # The claim may have landed though it timed out: release it (if it is ours), or
                 # the client's retry would find it in progress until it is abandoned.
-                await self._release(queue, key, enqueue_id, started)
+                await self._undo(queue, key, enqueue_id, started, _Attempt())
                 raise
             if isinstance(earlier, model.EnqueueResult):
                 return earlier
             enqueue_id = earlier
+        attempt = _Attempt()
         try:
-            result = await self._store(queue, mail, enqueue_id, write_content, when, priority, carried, started)
+            result = await self._store(queue, mail, enqueue_id, write_content, when, priority, carried, started, attempt)
         except BaseException:
             ENQUEUE_FAILED.labels(queue).inc()
-            if key:
-                await self._release(queue, key, enqueue_id, started)
+            await self._undo(queue, key, enqueue_id, started, attempt)
             raise
         if key:
             await self._eventually(lambda: self._view.idempotency.commit(queue, key, result), "commit idempotency key")
@@ -178,8 +185,9 @@ class Enqueuer:
 
     async def _store(
         self, queue: str, mail: model.Mail, enqueue_id: uuid.UUID, write_content: ContentWriter, when: Schedule,
-        priority: str, carried: bytes | None, started: dt.datetime,
+        priority: str, carried: bytes | None, started: dt.datetime, attempt: _Attempt,
     ) -> model.QueuedMail:
+        """Content, view row, counters, message; ``attempt`` says how far it got."""
         blob_ids, size = await write_content()
         config = await self._state.config()
         now = model.utcnow()
@@ -196,35 +204,42 @@ class Enqueuer:
             slice_start=start, bucket=bucket_of(mail.name, str(enqueue_id), config.bucket_count),
             deliver_at=deliver_at, priority=priority,
         )
-        try:
-            await self._view.mails.store(queued)
-        except BaseException:
-            # The write may have landed although it failed (a timeout): make sure it never shows.
-            await self._compensate(queued, "enqueue failed: view write", started)
-            raise
+        # The write may land although it fails (a timeout): from here on, a failure is undone.
+        attempt.written = queued
+        await self._view.mails.store(queued)
         await counters.bump(self._view, queued, enqueued=1, delayed=1 if deliver_at is not None else 0)
-        try:
-            await self._broker.publish(queued, deliver_at - now if deliver_at is not None else dt.timedelta(0), content=carried)
-        except BaseException:
-            await self._eventually(lambda: counters.mark(self._view, queued, "enqueue failed: publish", now, _undo_time(started)),
-                                   "mark deleted after publish")
-            raise
+        attempt.counted = True
+        await self._broker.publish(queued, deliver_at - now if deliver_at is not None else dt.timedelta(0), content=carried)
         return queued
 
-    async def _release(self, queue: str, key: str, enqueue_id: uuid.UUID, claimed_at: dt.datetime) -> None:
-        """Release a failed attempt's claim (eventually); until then this process knows it failed."""
+    async def _undo(self, queue: str, key: str, enqueue_id: uuid.UUID, started: dt.datetime, attempt: _Attempt) -> None:
+        """Undo a failed attempt (eventually): its mail marked deleted if its row may exist (a
+        message it may have published is then skipped), **then** its idempotency claim released.
+
+        In that order: while the mark has not landed, the claim stays, so a retry with the key
+        takes over this enqueue id (one mail, whatever was written) and never makes a second
+        mail beside a live one. Until the release lands, this process knows the claim failed
+        and a retry here takes it over at once.
+        """
         claim = (queue, key, enqueue_id)
-        self._failed_claims.add(claim)
+        if key:
+            self._failed_claims.add(claim)
 
-        async def release() -> None:
-            await self._view.idempotency.release(queue, key, enqueue_id, claimed_at)
-            self._failed_claims.discard(claim)
+        written = attempt.written
 
-        await self._eventually(release, "release idempotency key")
+        async def undo() -> None:  # retried until it lands; the mark (and its counters) once
+            nonlocal written
+            if written is not None and attempt.counted:
+                await counters.mark(self._view, written, "enqueue failed", written_at=_undo_time(started))
+            elif written is not None:
+                await self._view.mails.mark(queue, enqueue_id, "enqueue failed", _undo_time(started))
+            written = None
+            if key:
+                await self._view.idempotency.release(queue, key, enqueue_id, started)
+                self._failed_claims.discard(claim)
 
-    async def _compensate(self, q: model.QueuedMail, reason: str, started: dt.datetime) -> None:
-        await self._eventually(lambda: self._view.mails.mark(q.queue, q.enqueue_id, reason, _undo_time(started)),
-                               f"mark deleted after {reason}")
+        if written is not None or key:
+            await self._eventually(undo, "undo a failed enqueue")
 
     async def _eventually(self, op: Callable[[], Awaitable[None]], what: str) -> None:
         """Run a compensating (or bookkeeping) write; if the backend does not answer, keep retrying
@@ -252,7 +267,7 @@ class Enqueuer:
     async def _claim(self, queue: str, key: str, enqueue_id: uuid.UUID, started: dt.datetime) -> model.EnqueueResult | uuid.UUID:
         """Claim the idempotency key: the enqueue id to use, or the earlier enqueue's result.
 
-        A claim left uncommitted for ABANDONED_CLAIM belongs to an attempt that crashed, or that
+        A claim left uncommitted for ``limits.abandoned_claim_s`` belongs to an attempt that crashed, or that
         failed with its undo still pending (a quorum lost); one this process saw fail is not
         waited for. It is taken over with its enqueue id: if the abandoned attempt published, both
         copies are one mail, processed once. Its undo marks are written at its start time plus
@@ -268,12 +283,14 @@ class Enqueuer:
         if held.result is not None:
             return held.result
         abandoned = (queue, key, held.enqueue_id)
-        if started - held.claimed_at > ABANDONED_CLAIM or abandoned in self._failed_claims:
+        if (started - held.claimed_at).total_seconds() > self._limits.abandoned_claim_s or abandoned in self._failed_claims:
             if await self._view.idempotency.take_over(queue, key, started, held.claimed_at):
                 try:
                     await self._view.mails.unmark(queue, held.enqueue_id, _undo_time(held.claimed_at) + _MICROSECOND)
                 except BackendUnavailable:
-                    await self._release(queue, key, held.enqueue_id, started)
+                    # Not released: the abandoned attempt may have written and published this
+                    # enqueue id. The claim stays (now ours), and a retry here takes it over again.
+                    self._failed_claims.add((queue, key, held.enqueue_id))
                     raise
                 self._failed_claims.discard(abandoned)
                 log.warning("took over an abandoned idempotency claim",

@@ -191,6 +191,9 @@ class LimitSettings:
     #: Blobs up to this size live in Cassandra (no S3 object, no blob_svc hop); 0 puts every blob in S3.
     small_blob_bytes: int = 64 * KiB
     SMALL_BLOB_MAX = 1 * MiB
+    #: An idempotency claim left uncommitted this long belongs to a crashed enqueuer: a retry with
+    #: the key takes it over (with its enqueue id). Longer than any enqueue takes.
+    abandoned_claim_s: float = 30.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> LimitSettings:
@@ -205,6 +208,7 @@ class LimitSettings:
             dequeue_inline_bytes=_int(env, "DEQUEUE_INLINE_BYTES", cls.dequeue_inline_bytes, 0, cls.DEQUEUE_INLINE_MAX),
             max_prefetch=_int(env, "MAX_PREFETCH", cls.max_prefetch, 1),
             small_blob_bytes=_int(env, "SMALL_BLOB_BYTES", cls.small_blob_bytes, 0, cls.SMALL_BLOB_MAX),
+            abandoned_claim_s=_float(env, "ABANDONED_CLAIM_S", cls.abandoned_claim_s, 1.0),
         )
 
     def carried(self, content: bytes | None, size: int) -> bytes | None:

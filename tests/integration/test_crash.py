@@ -10,6 +10,7 @@ import collections
 import concurrent.futures
 import queue as q
 import threading
+import time
 import uuid
 
 import grpc
@@ -165,6 +166,78 @@ def test_kill_9_of_enqueue_svc_mid_load_loses_no_acknowledged_mail(suite, keyspa
         assert duplicates == 0
         assert len(extra) <= 8  # at most one in-flight enqueue per producer completed without its reply
         heal_counters(suite, queue)
+    finally:
+        stop.set()
+        e1.stop()
+
+
+def test_kill_9_between_claim_and_completion_gives_each_key_one_mail(suite, keyspace):
+    """Idempotency across a crash: 20 SIGKILLs of enqueue_svc at random instants under load, each
+    producer retrying its key until OK (a claim the killed process left is taken over after
+    MAILQUEUE_ABANDONED_CLAIM_S, here 2 s). Every key maps to one enqueue id, delivered once, and
+    no other mail is delivered."""
+    import random
+
+    env = service_env(keyspace, MAILQUEUE_BLOB_TARGET=suite.blob.target, MAILQUEUE_ABANDONED_CLAIM_S="2")
+    e1 = ServiceProcess("enqueue", env)
+    queue = suite.new_queue()
+    ids: dict[str, set[str]] = collections.defaultdict(set)
+    lock = threading.Lock()
+    stop = threading.Event()
+    aborted = 0
+
+    def enqueue_until_ok(stub, key: str) -> str:
+        nonlocal aborted
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                return stub.Enqueue(inline(queue, simple_mail(key), key=key), timeout=10).receipt.enqueue_id
+            except grpc.RpcError as e:
+                if time.monotonic() > deadline:
+                    raise
+                if e.code() == grpc.StatusCode.ABORTED:
+                    with lock:
+                        aborted += 1
+                threading.Event().wait(0.05)  # the client's pause before its retry
+
+    def produce(p: int) -> None:
+        stub = enqueue_pb2_grpc.EnqueueServiceStub(grpc.insecure_channel(e1.target))
+        i = 0
+        while not stop.is_set():
+            key = f"p{p}-{i}"
+            first = enqueue_until_ok(stub, key)  # a key once started is retried until OK, even after stop
+            again = enqueue_until_ok(stub, key) if i % 4 == 0 else first  # a client whose answer was lost
+            with lock:
+                ids[key].update((first, again))
+            i += 1
+
+    producers = [threading.Thread(target=produce, args=(p,), daemon=True) for p in range(8)]
+    try:
+        for t in producers:
+            t.start()
+        rng = random.Random(7)
+        for _ in range(20):
+            target = len(ids) + rng.randint(2, 25)
+            wait_until(lambda: len(ids) >= target, 120, interval=0.01, what="load under way")
+            e1.kill9()
+            e1.start()
+        stop.set()
+        for t in producers:
+            t.join(120)
+        assert not any(t.is_alive() for t in producers)
+        two = {k: v for k, v in ids.items() if len(v) != 1}
+        assert not two, f"keys with two enqueue ids: {two}"
+        acked = {next(iter(v)) for v in ids.values()}
+        drain = Drain()
+        drain.run(suite.dequeue.target, queue, "consumer")
+        wait_until(lambda: set(drain.deliveries) >= acked, 120, interval=0.2, what="every key's mail delivered")
+        wait_until(lambda: message_count(queue) == 0, 60, what="queue empty")
+        drain.join()
+        extra = set(drain.deliveries) - acked
+        duplicates = sum(n - 1 for n in drain.deliveries.values())
+        print(f"\nidempotency across 20 kill -9: {len(ids)} keys, one enqueue id each; {aborted} retries answered ABORTED "
+              f"(claim in progress); {len(extra)} other mails delivered; {duplicates} duplicates")
+        assert not extra and duplicates == 0
     finally:
         stop.set()
         e1.stop()
