@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import statistics
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from tests.harness import scrape as metric  # noqa: F401 - the benches' reading of a service's metrics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PORTS = {"blob": 56054, "enqueue": 56051, "dequeue": 56052, "browse": 56053}
@@ -292,15 +295,20 @@ async def write_backlog(settings: Any, queue: str, n: int, content: bytes, delay
     return time.monotonic() - began
 
 
-def metric(port: int, name: str, **labels: str) -> float:
-    """Sum of a Prometheus sample's values served on ``port``, over the samples whose labels include ``labels``."""
-    import re
-    import urllib.request
 
-    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    total = 0.0
-    for sample_labels, value in re.findall(rf"^{name}(?:{{([^}}]*)}})? (\S+)$", body, re.M):
-        found = dict(re.findall(r'(\w+)="([^"]*)"', sample_labels))
-        if all(found.get(k) == v for k, v in labels.items()):
-            total += float(value)
-    return total
+def rabbitmqctl(*args: str) -> None:
+    subprocess.run([os.path.join(ROOT, "stack", "stack.sh"), "rabbitmqctl", *args], check=True, capture_output=True)
+
+
+@contextlib.contextmanager
+def own_vhost() -> Iterator[str]:
+    """A RabbitMQ vhost for this run (MAILQUEUE_RABBITMQ_URL points at it), deleted at the end
+    with everything in it (the delay ladder's waiting messages too)."""
+    vhost = f"mq-bench-{TAG}"
+    rabbitmqctl("add_vhost", vhost)
+    rabbitmqctl("set_permissions", "-p", vhost, "guest", ".*", ".*", ".*")
+    os.environ["MAILQUEUE_RABBITMQ_URL"] = f"amqp://guest:guest@127.0.0.1:5672/{vhost}"
+    try:
+        yield vhost
+    finally:
+        rabbitmqctl("delete_vhost", vhost)

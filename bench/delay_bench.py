@@ -23,7 +23,6 @@ import datetime as dt
 import os
 import random
 import statistics
-import subprocess
 import sys
 import time
 import uuid
@@ -32,11 +31,11 @@ import grpc
 
 from bench.common import (
     PORTS,
-    ROOT,
     TAG,
     CpuMeter,
     cpu_seconds,
     new_keyspace,
+    own_vhost,
     run,
     stack_pids,
     start_services,
@@ -47,10 +46,6 @@ from mailqueue.v1 import admin_pb2, admin_pb2_grpc, dequeue_pb2, dequeue_pb2_grp
 from services.domain.config import Settings
 
 SIZE = 10 * 1024
-
-
-def rabbitmqctl(*args: str) -> None:
-    subprocess.run([os.path.join(ROOT, "stack", "stack.sh"), "rabbitmqctl", *args], check=True, capture_output=True)
 
 
 def content(i: int) -> bytes:
@@ -129,32 +124,28 @@ def main() -> None:
     p.add_argument("--backlog", type=int, default=100000)
     p.add_argument("--idle", type=float, default=30, help="seconds of each idle measurement")
     a = p.parse_args()
-    vhost = f"mq-bench-{TAG}"
-    rabbitmqctl("add_vhost", vhost)
-    rabbitmqctl("set_permissions", "-p", vhost, "guest", ".*", ".*", ".*")
-    os.environ["MAILQUEUE_RABBITMQ_URL"] = f"amqp://guest:guest@127.0.0.1:5672/{vhost}"
-    keyspace = new_keyspace()
-    procs = start_services(keyspace, ["blob", "enqueue", "dequeue", "browse"])
-    try:
-        pids = {f"{n}_svc": proc.pid for n, proc in zip(["blob", "enqueue", "dequeue", "browse"], procs)}
-        admin = admin_pb2_grpc.AdminServiceStub(grpc.insecure_channel(f"127.0.0.1:{PORTS['browse']}"))
-        # Not bench_queue(): deleting the vhost removes them (and the ladder with its waiting messages).
-        now_q, later_q, backlog_q = (f"bench-{what}-{TAG}" for what in ("now", "later", "backlog"))
-        for q in (now_q, later_q, backlog_q):
-            admin.CreateQueue(admin_pb2.CreateQueueRequest(queue=q))
-        print("[1/3] immediate", file=sys.stderr)
-        now = asyncio.run(enqueue_and_drain(now_q, a.mails, 0, pids))
-        print("[2/3] delayed", file=sys.stderr)
-        later = asyncio.run(enqueue_and_drain(later_q, a.mails, a.max_delay, pids))
-        print("[3/3] idle, empty then with the backlog", file=sys.stderr)
-        every = {**pids, **stack_pids()}
-        empty = idle_cpu(every, a.idle)
-        settings = Settings.from_env("enqueue", {**os.environ, "MAILQUEUE_CASSANDRA_KEYSPACE": keyspace})
-        took = asyncio.run(write_backlog(settings, backlog_q, a.backlog, content(-1), dt.timedelta(hours=1)))
-        full = idle_cpu(every, a.idle)
-    finally:
-        stop(procs)
-        rabbitmqctl("delete_vhost", vhost)
+    with own_vhost():
+        keyspace = new_keyspace()
+        procs = start_services(keyspace, ["blob", "enqueue", "dequeue", "browse"])
+        try:
+            pids = {f"{n}_svc": proc.pid for n, proc in zip(["blob", "enqueue", "dequeue", "browse"], procs)}
+            admin = admin_pb2_grpc.AdminServiceStub(grpc.insecure_channel(f"127.0.0.1:{PORTS['browse']}"))
+            # Not bench_queue(): deleting the vhost removes them (and the ladder with its waiting messages).
+            now_q, later_q, backlog_q = (f"bench-{what}-{TAG}" for what in ("now", "later", "backlog"))
+            for q in (now_q, later_q, backlog_q):
+                admin.CreateQueue(admin_pb2.CreateQueueRequest(queue=q))
+            print("[1/3] immediate", file=sys.stderr)
+            now = asyncio.run(enqueue_and_drain(now_q, a.mails, 0, pids))
+            print("[2/3] delayed", file=sys.stderr)
+            later = asyncio.run(enqueue_and_drain(later_q, a.mails, a.max_delay, pids))
+            print("[3/3] idle, empty then with the backlog", file=sys.stderr)
+            every = {**pids, **stack_pids()}
+            empty = idle_cpu(every, a.idle)
+            settings = Settings.from_env("enqueue", {**os.environ, "MAILQUEUE_CASSANDRA_KEYSPACE": keyspace})
+            took = asyncio.run(write_backlog(settings, backlog_q, a.backlog, content(-1), dt.timedelta(hours=1)))
+            full = idle_cpu(every, a.idle)
+        finally:
+            stop(procs)
     print(f"\n{a.mails} mails of {SIZE} B through gRPC (16 producers, 1 consumer at prefetch 64), keyspace {keyspace}")
     print(f"immediate  enqueue {now['enqueued_per_s']:.0f}/s; lateness p50 {now['p50']:.3f} s p99 {now['p99']:.3f} s")
     print(f"           {now['cpu']}")

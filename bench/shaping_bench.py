@@ -34,8 +34,8 @@ import time
 
 import grpc
 
-from bench.common import PORTS, TAG, CpuMeter, metric, new_keyspace, run, stack_pids, start_services, stop, write_backlog
-from bench.delay_bench import content, idle_cpu, rabbitmqctl
+from bench.common import PORTS, TAG, CpuMeter, metric, new_keyspace, own_vhost, run, stack_pids, start_services, stop, write_backlog
+from bench.delay_bench import content, idle_cpu
 from mailqueue.v1 import admin_pb2, admin_pb2_grpc, dequeue_pb2, dequeue_pb2_grpc, shaping_pb2
 from services.domain.config import Settings
 
@@ -202,15 +202,9 @@ def main() -> None:
     p.add_argument("--backlog", type=int, default=100000)
     p.add_argument("--idle", type=float, default=30, help="seconds of each idle measurement")
     a = p.parse_args()
-    vhost = f"mq-bench-{TAG}"
-    rabbitmqctl("add_vhost", vhost)
-    rabbitmqctl("set_permissions", "-p", vhost, "guest", ".*", ".*", ".*")
-    os.environ["MAILQUEUE_RABBITMQ_URL"] = f"amqp://guest:guest@127.0.0.1:5672/{vhost}"
-    keyspace = new_keyspace()
-    try:
+    with own_vhost():
+        keyspace = new_keyspace()
         lines = asyncio.run(amain(a, keyspace))
-    finally:
-        rabbitmqctl("delete_vhost", vhost)
     print("\n".join(lines))
 
 

@@ -176,13 +176,18 @@ class ServiceProcess:
 
     def metric(self, name: str, **labels: str) -> float:
         """Sum of a Prometheus sample's values, over the samples whose labels include ``labels``."""
-        import re
-        import urllib.request
+        return scrape(self.metrics_port, name, **labels)
 
-        body = urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).read().decode()
-        total = 0.0
-        for sample_labels, value in re.findall(rf"^{name}(?:{{([^}}]*)}})? (\S+)$", body, re.M):
-            found = dict(re.findall(r'(\w+)="([^"]*)"', sample_labels))
-            if all(found.get(k) == v for k, v in labels.items()):
-                total += float(value)
-        return total
+
+def scrape(port: int, name: str, **labels: str) -> float:
+    """Sum of a Prometheus sample's values served on ``port``, over the samples whose labels include ``labels``."""
+    import re
+    import urllib.request
+
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    total = 0.0
+    for sample_labels, value in re.findall(rf"^{name}(?:{{([^}}]*)}})? (\S+)$", body, re.M):
+        found = dict(re.findall(r'(\w+)="([^"]*)"', sample_labels))
+        if all(found.get(k) == v for k, v in labels.items()):
+            total += float(value)
+    return total
