@@ -58,6 +58,12 @@ class AdminServicer(ShapingServicer, admin_pb2_grpc.AdminServiceServicer):
         policy = serde.retry_policy_from_proto(request.retry_policy, model.RetryPolicy()) if request.HasField("retry_policy") else None
         return admin_pb2.CreateQueueResponse(created=await self._admin().create_queue(request.queue, policy))
 
+    async def DeleteQueue(
+        self, request: admin_pb2.DeleteQueueRequest, context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[admin_pb2.DeleteQueueResponse]:
+        async for p in self._admin().drop_queue(request.queue, request.force):
+            yield admin_pb2.DeleteQueueResponse(phase=p.phase, mails_deleted=p.deleted, done=p.done)
+
     async def DeleteMails(
         self, request: admin_pb2.DeleteMailsRequest, context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[admin_pb2.DeleteMailsResponse]:

@@ -236,6 +236,17 @@ def cmd_clear(c: Client, a: argparse.Namespace) -> None:
     print(f"{n} mail(s) deleted")
 
 
+def cmd_drop(c: Client, a: argparse.Namespace) -> None:
+    last = None
+    for r in c.admin.DeleteQueue(admin_pb2.DeleteQueueRequest(queue=a.queue, force=a.force)):
+        last = r
+        print(f"\rdeleting queue {a.queue}: {r.phase}, {r.mails_deleted} mail(s) deleted", end="", file=sys.stderr, flush=True)
+    print(file=sys.stderr)
+    if last is None or not last.done:
+        raise SystemExit(f"mailq drop: the delete of {a.queue} did not finish: run it again to complete it")
+    print(f"queue {a.queue} deleted ({last.mails_deleted} live mail(s) deleted with it)")
+
+
 def cmd_flush(c: Client, a: argparse.Namespace) -> None:
     condition = {k: v for k, v in (("sender", a.sender), ("recipient", a.recipient), ("recipient_domain", a.domain),
                                    ("name", a.name)) if v is not None}
@@ -363,7 +374,7 @@ def parser() -> argparse.ArgumentParser:
     for name, fn in (("show", cmd_show), ("browse", cmd_browse), ("size", cmd_size), ("create", cmd_create),
                      ("delete", cmd_delete), ("clear", cmd_clear), ("flush", cmd_flush), ("republish", cmd_republish),
                      ("enqueue", cmd_enqueue), ("dequeue", cmd_dequeue), ("retry-policy", cmd_retry_policy),
-                     ("shape", cmd_shape), ("reconcile", cmd_reconcile)):
+                     ("shape", cmd_shape), ("reconcile", cmd_reconcile), ("drop", cmd_drop)):
         s = sub.add_parser(name)
         s.add_argument("queue")
         s.set_defaults(fn=fn)
@@ -390,6 +401,8 @@ def parser() -> argparse.ArgumentParser:
             s.add_argument("--max-backoff", type=duration_arg)
             s.add_argument("--max-attempts", type=int)
             s.add_argument("--max-age", type=duration_arg)
+        if name == "drop":
+            s.add_argument("--force", action="store_true", help="delete its live mails with it")
         if name == "republish":
             s.add_argument("--older-than", type=duration_arg, required=True)
         if name == "enqueue":

@@ -103,7 +103,8 @@ def _ms(instant: dt.datetime) -> int:
 
 def load_plans(ctx: Context) -> list[retention.QueuePlan]:
     window = ctx.run(ctx.view.config.current()).slice_window
-    queues = ctx.args.queues or ctx.run(ctx.view.queues.all())
+    # Dropped queues too (DeleteQueue): their content is left to this sweep.
+    queues = ctx.args.queues or sorted({*ctx.run(ctx.view.queues.all()), *ctx.run(ctx.view.queues.all_dropped())})
     plans = []
     for queue in sorted(queues):
         p = retention.plan(

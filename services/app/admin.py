@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Callable
 from services.app import browse_start, counters
 from services.app.browser import Browser
 from services.app.queue_state import QueueState
-from services.app.queues import create_queue
+from services.app.queues import DropProgress, create_queue, drop_queue
 from services.domain import counts, model, rules, schedule
 from services.domain.errors import InvalidArgument, NotFound
 from services.domain.filters import BrowseFilter
@@ -40,6 +40,9 @@ class Admin:
 
     async def create_queue(self, queue: str, policy: model.RetryPolicy | None = None) -> bool:
         return await create_queue(self._view, self._broker, queue, policy)
+
+    def drop_queue(self, queue: str, force: bool) -> AsyncIterator[DropProgress]:
+        return drop_queue(self._view, self._broker, self._state, self.live_mails, queue, force)
 
     async def flush(self, queue: str, f: BrowseFilter) -> int:
         """Make every delayed mail matching ``f`` deliverable now, in enqueue order.

@@ -1,6 +1,8 @@
 """Per-process caches of what rarely changes: queue existence, view configuration, browse start.
 
-Only positive facts are cached (a queue created a moment ago is found at once). Browse start is
+Only positive facts are cached (a queue created a moment ago is found at once), for
+``config_ttl_s``: a deleted queue stops accepting mail on every replica within it (DeleteQueue
+waits that long before it removes the queue's RabbitMQ topology). Browse start is
 cached for at most ``browse_start_ttl_s``: it never moves past ``now - slice_window``, so a short
 staleness cannot make a node write behind it.
 """
@@ -21,18 +23,29 @@ class QueueState:
         self._view = view
         self._config_ttl = config_ttl_s
         self._browse_ttl = browse_start_ttl_s
-        self._known: set[str] = set()
+        self._known: dict[str, float] = {}
         self._config: tuple[float, model.ViewConfig] | None = None
         self._browse: dict[str, tuple[float, dt.datetime | None]] = {}
         self._content: dict[str, tuple[float, dt.datetime | None]] = {}
         self._policies: dict[str, tuple[float, model.RetryPolicy]] = {}
 
+    @property
+    def ttl_s(self) -> float:
+        """How long a replica may still act on a cached fact (a queue's existence, its policy)."""
+        return self._config_ttl
+
     async def require_queue(self, queue: str) -> None:
-        if queue in self._known:
+        now = time.monotonic()
+        if now - self._known.get(queue, -1e18) <= self._config_ttl:
             return
         if not await self._view.queues.exists(queue):
+            self._known.pop(queue, None)
             raise NotFound(f"queue {queue!r} does not exist: create it with AdminService.CreateQueue (mailq create {queue})")  # queue is validated: short
-        self._known.add(queue)
+        self._known[queue] = now
+
+    def forget_queue(self, queue: str) -> None:
+        self._known.pop(queue, None)
+        self._policies.pop(queue, None)
 
     async def config(self) -> model.ViewConfig:
         now = time.monotonic()

@@ -1,12 +1,23 @@
-"""Queue lifecycle: creating a queue sets up its view rows and its broker topology."""
+"""Queue lifecycle: creating a queue sets up its view rows and its broker topology; deleting it
+removes them (its content is left to the retention sweep)."""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+import logging
+from collections.abc import AsyncIterator, Callable
+
+from services.app import counters
+from services.app.queue_state import QueueState
 from services.domain import schedule, validation
-from services.domain.model import RetryPolicy, utcnow
+from services.domain.errors import FailedPrecondition, NotFound
+from services.domain.model import QueuedMail, RetryPolicy, utcnow
 from services.domain.slices import slice_start
 from services.ports.broker import Broker
 from services.ports.view import View
+
+log = logging.getLogger(__name__)
 
 
 async def create_queue(view: View, broker: Broker, queue: str, policy: RetryPolicy | None = None) -> bool:
@@ -25,3 +36,67 @@ async def create_queue(view: View, broker: Broker, queue: str, policy: RetryPoli
     config = await view.config.current()
     await view.starts.initialise(queue, slice_start(utcnow(), config.slice_window))
     return await view.queues.create(queue)
+
+
+@dataclasses.dataclass
+class DropProgress:
+    """A running DeleteQueue: ``phase`` is stopping (new mail refused everywhere), deleting
+    (``force``: live mails marked deleted), removing (RabbitMQ topology, configuration) or done."""
+
+    phase: str
+    deleted: int = 0
+    done: bool = False
+
+
+async def drop_queue(
+    view: View, broker: Broker, state: QueueState, live_mails: Callable[[str], AsyncIterator[QueuedMail]],
+    queue: str, force: bool = False, every: int = 100,
+) -> AsyncIterator[DropProgress]:
+    """Delete ``queue``: refused while it holds live mails unless ``force`` (they are marked
+    deleted); its RabbitMQ queues and exchanges (its dead letters with them), retry policy and
+    queue throttles removed; its content left to the retention sweep (the queue stays known to
+    it as dropped).
+
+    Order: the queue stops being listed and accepting mail, then this waits ``state.ttl_s``
+    (every replica's cache of the queue has expired: no Enqueue still in flight can publish to
+    it afterwards), then checks again for live mails (an Enqueue that raced the check), and only
+    then removes the topology. Interrupted, a retry completes it; a queue already dropped is
+    dropped again (idempotent).
+    """
+    validation.queue_name(queue)
+    if not await view.queues.exists(queue) and not await view.queues.dropped(queue):
+        raise NotFound(f"queue {queue!r} does not exist")
+    if not force:
+        await _refuse_if_live(live_mails, queue)
+    await view.queues.drop(queue)
+    state.forget_queue(queue)
+    yield DropProgress("stopping")
+    await asyncio.sleep(state.ttl_s)  # not polling: the other replicas' caches expire by the clock
+    if not force:
+        try:
+            await _refuse_if_live(live_mails, queue)
+        except FailedPrecondition:
+            await view.queues.restore(queue)
+            raise
+    p = DropProgress("deleting")
+    async for q in live_mails(queue):
+        await counters.mark(view, q, "queue deleted")
+        p.deleted += 1
+        if p.deleted % every == 0:
+            yield dataclasses.replace(p)
+    p.phase = "removing"
+    yield dataclasses.replace(p)
+    await broker.delete_queue(queue)
+    await view.retry_policies.delete(queue)
+    for t in (await view.shaping.snapshot()).throttles:
+        if t.queue == queue:
+            await view.shaping.clear_throttle(queue, t.destination)
+    log.warning("queue deleted", extra={"queue": queue, "force": force, "mails_deleted": p.deleted})
+    yield DropProgress("done", p.deleted, True)
+
+
+async def _refuse_if_live(live_mails: Callable[[str], AsyncIterator[QueuedMail]], queue: str) -> None:
+    async for _ in live_mails(queue):
+        raise FailedPrecondition(
+            f"queue {queue!r} holds live mails: deliver, move or delete them first (mailq clear {queue}), "
+            f"or delete the queue with force (mailq drop {queue} --force) to delete them with it")

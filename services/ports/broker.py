@@ -98,6 +98,12 @@ class Broker(abc.ABC):
         """Consume the copies of every queue's dead letters (names.dead_letter_marks_queue)."""
 
     @abc.abstractmethod
+    async def delete_queue(self, queue: str) -> None:
+        """Remove a mail queue's exchanges, work queues and dead-letter queue (idempotently).
+        Their consumers are cancelled; messages still in the delay ladder for it are dropped
+        when they arrive."""
+
+    @abc.abstractmethod
     async def dead_lettered(self, queue: str) -> int:
         """Messages waiting in the queue's dead-letter queue."""
 

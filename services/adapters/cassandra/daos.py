@@ -254,6 +254,12 @@ class QueuesDAO:
         self._create = session.prepare(f"INSERT INTO {t} (queue_name, created_at) VALUES (?, ?) IF NOT EXISTS")
         self._exists = session.prepare(f"SELECT queue_name FROM {t} WHERE queue_name = ?")
         self._all = f"SELECT queue_name FROM {t}"
+        self._delete = session.prepare(f"DELETE FROM {t} WHERE queue_name = ? IF EXISTS")
+        dropped = f"{keyspace}.{schema.DROPPED_QUEUES}"
+        self._drop = session.prepare(f"INSERT INTO {dropped} (queue_name, dropped_at) VALUES (?, ?)")
+        self._undrop = session.prepare(f"DELETE FROM {dropped} WHERE queue_name = ?")
+        self._is_dropped = session.prepare(f"SELECT queue_name FROM {dropped} WHERE queue_name = ?")
+        self._all_dropped = f"SELECT queue_name FROM {dropped}"
 
     async def create(self, queue: str) -> bool:
         """True when the queue is new."""
@@ -265,6 +271,22 @@ class QueuesDAO:
 
     async def all(self) -> list[str]:
         return sorted(r.queue_name for r in await execute_all(self._session, self._all))
+
+    async def drop(self, queue: str) -> None:
+        """Recorded as dropped (for the retention sweep), then no longer listed nor accepting mail."""
+        await execute(self._session, self._drop, (queue, model.utcnow()))
+        await execute(self._session, self._delete, (queue,))
+
+    async def restore(self, queue: str) -> None:
+        """Undo ``drop`` (a delete refused after it)."""
+        await execute(self._session, self._create, (queue, model.utcnow()))
+        await execute(self._session, self._undrop, (queue,))
+
+    async def dropped(self, queue: str) -> bool:
+        return bool(await execute(self._session, self._is_dropped, (queue,)))
+
+    async def all_dropped(self) -> list[str]:
+        return sorted(r.queue_name for r in await execute_all(self._session, self._all_dropped))
 
 
 class RetryPoliciesDAO:
@@ -280,12 +302,16 @@ class RetryPoliciesDAO:
         self._get = session.prepare(
             f"SELECT initial_backoff_ms, multiplier, max_backoff_ms, max_attempts, max_age_ms FROM {t} WHERE queue_name = ?"
         )
+        self._delete = session.prepare(f"DELETE FROM {t} WHERE queue_name = ?")
 
     async def set(self, queue: str, p: model.RetryPolicy) -> None:
         ms = lambda d: int(d / dt.timedelta(milliseconds=1))  # noqa: E731
         await execute(self._session, self._set, (
             queue, ms(p.initial_backoff), p.multiplier, ms(p.max_backoff), p.max_attempts, ms(p.max_age),
         ))
+
+    async def delete(self, queue: str) -> None:
+        await execute(self._session, self._delete, (queue,))
 
     async def get(self, queue: str) -> model.RetryPolicy:
         rows = await execute(self._session, self._get, (queue,))

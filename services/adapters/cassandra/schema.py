@@ -15,6 +15,7 @@ DELETED_MAILS = table("deleted_mails")
 BROWSE_START = table("browse_start")
 CONTENT_START = table("content_start")
 QUEUES = table("queues")
+DROPPED_QUEUES = table("dropped_queues")
 CONFIG_EVENTS = table("queue_view_config_events")
 IDEMPOTENCY = table("enqueue_idempotency")
 RETRY_POLICIES = table("retry_policies")
@@ -52,6 +53,9 @@ TABLES = [
     f"""CREATE TABLE IF NOT EXISTS {{ks}}.{QUEUES} (
         queue_name text PRIMARY KEY, created_at timestamp
     ) WITH comment = 'Every queue that exists (CreateQueue).'""",
+    f"""CREATE TABLE IF NOT EXISTS {{ks}}.{DROPPED_QUEUES} (
+        queue_name text PRIMARY KEY, dropped_at timestamp
+    ) WITH comment = 'Queues deleted (DeleteQueue): no longer listed or accepting mail; the retention sweep still sweeps their content.'""",
     f"""CREATE TABLE IF NOT EXISTS {{ks}}.{CONFIG_EVENTS} (
         aggregate_id text, event_id int,
         slice_window_ms bigint, bucket_count int, update_browse_start_pace int, recorded_at timestamp,

@@ -305,7 +305,12 @@ class RabbitMQBroker(Broker):
 
     async def consume(self, queue: str, prefetch: int) -> RabbitMQConsumer:
         await self.declare_queue(queue)
-        return await self._consume({p: names.work_queue(queue, p) for p in model.PRIORITIES}, prefetch)
+        try:
+            return await self._consume({p: names.work_queue(queue, p) for p in model.PRIORITIES}, prefetch)
+        except BackendUnavailable as e:
+            if "NOT_FOUND" in str(e):
+                self._declared.discard(queue)  # removed since it was declared here: declared again next time
+            raise
 
     async def consume_dead_letters(self, prefetch: int) -> RabbitMQConsumer:
         await self._declare_ladder()
@@ -323,6 +328,20 @@ class RabbitMQBroker(Broker):
                                   callback=resolver(fut))
             await self._answer(fut, "basic.consume")
         return consumer
+
+    async def delete_queue(self, queue: str) -> None:
+        self._declared.discard(queue)
+        channel, w = await self._channel()
+        try:
+            for priority in model.PRIORITIES:
+                await self._call(w, channel.queue_delete, queue=names.work_queue(queue, priority))
+            await self._call(w, channel.queue_delete, queue=names.dead_letter_queue(queue))
+            await self._call(w, channel.exchange_delete, exchange=names.exchange(queue))
+            await self._call(w, channel.exchange_delete, exchange=names.dead_letter_exchange(queue))
+        finally:
+            if channel.is_open:
+                channel.close()
+        self._declared.discard(queue)
 
     async def dead_lettered(self, queue: str) -> int:
         """0 when the dead-letter queue does not exist (its topology was removed)."""

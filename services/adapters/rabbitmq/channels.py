@@ -130,7 +130,14 @@ class RabbitMQConsumer(Consumer):
         self._channel = channel
         self._waiters = waiters
         self._inbox: asyncio.Queue[Any] = asyncio.Queue()
+        self._cancelled: str | None = None
         channel.add_on_close_callback(lambda _ch, reason: self._inbox.put_nowait(_CLOSED))
+        # The broker cancels a consumer whose queue was deleted (DeleteQueue): end like a closed channel.
+        channel.add_on_cancel_callback(lambda _frame: self._on_cancel())
+
+    def _on_cancel(self) -> None:
+        self._cancelled = "consumer cancelled by the broker: its queue was deleted"
+        self._inbox.put_nowait(_CLOSED)
 
     def on_message(self, priority: str, _ch: Channel, method: Any, props: Any, body: bytes) -> None:
         d = message_format.decode(props.headers, body)
@@ -153,7 +160,7 @@ class RabbitMQConsumer(Consumer):
         item = await self._inbox.get()
         if item is _CLOSED:
             self._inbox.put_nowait(_CLOSED)  # every later get fails too
-            raise unavailable(self._waiters.closed_reason or "consumer channel closed")
+            raise unavailable(self._cancelled or self._waiters.closed_reason or "consumer channel closed")
         return item
 
     def _ensure_open(self) -> None:

@@ -1,0 +1,113 @@
+"""DeleteQueue (mailq drop) through gRPC and the installed CLI: refused while live mails remain,
+forced with them, its RabbitMQ topology gone, its consumers ended, a name that can be used again."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import grpc
+import pika
+import pytest
+
+from mailqueue.v1 import admin_pb2, browse_pb2
+from services.domain import names
+from services.domain.config import RabbitMQSettings
+from tests.harness import wait_until
+from tests.integration.helpers import StreamConsumer, inline, simple_mail
+from tests.integration.test_cli import mailq
+
+
+def amqp_exists(amqp_queue: str) -> bool:
+    conn = pika.BlockingConnection(pika.URLParameters(RabbitMQSettings.from_env().url))
+    try:
+        conn.channel().queue_declare(amqp_queue, passive=True)
+        return True
+    except pika.exceptions.ChannelClosedByBroker as e:
+        assert e.reply_code == 404
+        return False
+    finally:
+        if conn.is_open:
+            conn.close()
+
+
+def drop(suite, queue: str, force: bool = False) -> list[admin_pb2.DeleteQueueResponse]:
+    return list(suite.admin_stub.DeleteQueue(admin_pb2.DeleteQueueRequest(queue=queue, force=force), timeout=120))
+
+
+def listed(suite) -> list[str]:
+    return list(suite.browse_stub.ListQueues(browse_pb2.ListQueuesRequest()).queues)
+
+
+@pytest.mark.parametrize("queue,code", [("", "INVALID_ARGUMENT"), ("bad name!", "INVALID_ARGUMENT"), ("x" * 300, "INVALID_ARGUMENT"),
+                                        ("no-such-queue-7f3a", "NOT_FOUND")])
+def test_bad_input_is_refused_and_deletes_nothing(suite, queue, code):
+    before = listed(suite)
+    with pytest.raises(grpc.RpcError) as e:
+        drop(suite, queue, force=True)
+    assert e.value.code().name == code, e.value.details()
+    assert listed(suite) == before
+
+
+def test_a_queue_with_live_mails_is_refused_and_keeps_working(suite):
+    queue = suite.new_queue()
+    suite.enqueue_stub.Enqueue(inline(queue, simple_mail("kept")))
+    with pytest.raises(grpc.RpcError) as e:
+        drop(suite, queue)
+    assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "--force" in e.value.details()
+    assert queue in listed(suite) and amqp_exists(names.work_queue(queue))
+    suite.enqueue_stub.Enqueue(inline(queue, simple_mail("after")))
+    consumer = StreamConsumer(suite.dequeue_stub, queue)
+    got = sorted(consumer.next().mail.mail.name for _ in range(2))
+    consumer.close()
+    assert got == ["after", "kept"]
+
+
+def test_a_forced_delete_takes_its_mails_topology_and_consumers_and_the_name_can_be_reused(suite):
+    queue = suite.new_queue()
+    for i in range(4):
+        suite.enqueue_stub.Enqueue(inline(queue, simple_mail(f"ready{i}")))
+    later = inline(queue, simple_mail("delayed"))
+    later.delay.FromTimedelta(dt.timedelta(hours=1))
+    suite.enqueue_stub.Enqueue(later)
+    idle = StreamConsumer(suite.dequeue_stub, queue, prefetch=1)
+    held = idle.next()  # one delivery left unanswered when the queue goes
+
+    progress = drop(suite, queue, force=True)
+    phases = [p.phase for p in progress]
+    print(f"\nDeleteQueue --force: phases {phases}, {progress[-1].mails_deleted} live mails deleted")
+    assert phases[0] == "stopping" and phases[-1] == "done" and progress[-1].done
+    assert progress[-1].mails_deleted == 5  # the one in flight too: its answer will find it gone
+    assert queue not in listed(suite)
+    for amqp_queue in [names.work_queue(queue, p) for p in ("high", "normal", "low")] + [names.dead_letter_queue(queue)]:
+        assert not amqp_exists(amqp_queue), amqp_queue
+    # Its consumer's stream ends (UNAVAILABLE: the client reconnects), and a new one is refused.
+    wait_until(lambda: idle.call.done(), 30, what="the subscribed stream ended")
+    assert idle.call.code() == grpc.StatusCode.UNAVAILABLE, idle.call.details()
+    assert held.mail.mail.name.startswith("ready")
+    with pytest.raises(grpc.RpcError) as e:
+        StreamConsumer(suite.dequeue_stub, queue)
+    assert e.value.code() == grpc.StatusCode.NOT_FOUND
+    for call in (lambda: suite.enqueue_stub.Enqueue(inline(queue, simple_mail("late"))),
+                 lambda: suite.browse_stub.GetQueue(browse_pb2.GetQueueRequest(queue=queue))):
+        with pytest.raises(grpc.RpcError) as e:
+            call()
+        assert e.value.code() == grpc.StatusCode.NOT_FOUND
+
+    # The name again: a new, empty queue (the old mails stay deleted).
+    assert suite.admin_stub.CreateQueue(admin_pb2.CreateQueueRequest(queue=queue)).created
+    assert list(suite.browse_stub.Browse(browse_pb2.BrowseRequest(queue=queue))) == []
+    suite.enqueue_stub.Enqueue(inline(queue, simple_mail("new")))
+    consumer = StreamConsumer(suite.dequeue_stub, queue)
+    assert consumer.next().mail.mail.name == "new"
+    consumer.close()
+
+
+def test_mailq_drop_from_another_directory(suite):
+    queue = suite.new_queue()
+    suite.enqueue_stub.Enqueue(inline(queue, simple_mail("m")))
+    refused = mailq(suite, "drop", queue, ok=False)
+    assert "--force" in refused.stderr
+    out = mailq(suite, "drop", queue, "--force").stdout
+    assert f"queue {queue} deleted (1 live mail(s)" in out
+    assert queue not in mailq(suite, "queues").stdout.split()
