@@ -64,6 +64,15 @@ class AdminServicer(ShapingServicer, admin_pb2_grpc.AdminServiceServicer):
         async for p in self._admin().drop_queue(request.queue, request.force):
             yield admin_pb2.DeleteQueueResponse(phase=p.phase, mails_deleted=p.deleted, done=p.done)
 
+    async def MoveMails(
+        self, request: admin_pb2.MoveMailsRequest, context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[admin_pb2.MoveMailsResponse]:
+        selection = browse_pb2.BrowseRequest(sender=request.sender, recipient=request.recipient, name=request.name,
+                                             schedule=request.schedule)
+        f = serde.browse_filter_from_proto(selection, model.utcnow())
+        async for p in self._admin().move(request.queue, request.to_queue, f, request.limit):
+            yield admin_pb2.MoveMailsResponse(scanned=p.scanned, moved=p.moved, resumed=p.resumed, done=p.done)
+
     async def DeleteMails(
         self, request: admin_pb2.DeleteMailsRequest, context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[admin_pb2.DeleteMailsResponse]:

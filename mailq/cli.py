@@ -247,6 +247,22 @@ def cmd_drop(c: Client, a: argparse.Namespace) -> None:
     print(f"queue {a.queue} deleted ({last.mails_deleted} live mail(s) deleted with it)")
 
 
+def cmd_move(c: Client, a: argparse.Namespace) -> None:
+    schedule = (browse_pb2.SCHEDULE_FILTER_READY if a.ready else browse_pb2.SCHEDULE_FILTER_DELAYED if a.delayed
+                else browse_pb2.SCHEDULE_FILTER_UNSPECIFIED)
+    request = admin_pb2.MoveMailsRequest(queue=a.queue, to_queue=a.to_queue, sender=a.sender or "", recipient=a.recipient or "",
+                                         name=a.name or "", schedule=schedule, limit=a.limit)
+    last = None
+    for r in c.admin.MoveMails(request):
+        last = r
+        print(f"\rmoving to {a.to_queue}: {r.scanned} scanned, {r.moved} moved", end="", file=sys.stderr, flush=True)
+    print(file=sys.stderr)
+    if last is None or not last.done:
+        raise SystemExit("mailq move: interrupted: run it again (it completes the moves begun first)")
+    resumed = f" (and {last.resumed} interrupted move(s) completed)" if last.resumed else ""
+    print(f"{last.moved} mail(s) moved to {a.to_queue}{resumed}")
+
+
 def cmd_flush(c: Client, a: argparse.Namespace) -> None:
     condition = {k: v for k, v in (("sender", a.sender), ("recipient", a.recipient), ("recipient_domain", a.domain),
                                    ("name", a.name)) if v is not None}
@@ -374,7 +390,7 @@ def parser() -> argparse.ArgumentParser:
     for name, fn in (("show", cmd_show), ("browse", cmd_browse), ("size", cmd_size), ("create", cmd_create),
                      ("delete", cmd_delete), ("clear", cmd_clear), ("flush", cmd_flush), ("republish", cmd_republish),
                      ("enqueue", cmd_enqueue), ("dequeue", cmd_dequeue), ("retry-policy", cmd_retry_policy),
-                     ("shape", cmd_shape), ("reconcile", cmd_reconcile), ("drop", cmd_drop)):
+                     ("shape", cmd_shape), ("reconcile", cmd_reconcile), ("drop", cmd_drop), ("move", cmd_move)):
         s = sub.add_parser(name)
         s.add_argument("queue")
         s.set_defaults(fn=fn)
@@ -384,7 +400,7 @@ def parser() -> argparse.ArgumentParser:
             s.add_argument("--exact", action="store_true", help="read every live mail instead of the counters")
         if name == "shape":
             s.add_argument("--top", type=int, default=20, help="domains shown (default 20)")
-        if name in ("browse", "delete", "flush"):
+        if name in ("browse", "delete", "flush", "move"):
             s.add_argument("--sender")
             s.add_argument("--recipient")
             s.add_argument("--name")
@@ -401,6 +417,12 @@ def parser() -> argparse.ArgumentParser:
             s.add_argument("--max-backoff", type=duration_arg)
             s.add_argument("--max-attempts", type=int)
             s.add_argument("--max-age", type=duration_arg)
+        if name == "move":
+            s.add_argument("to_queue", metavar="TO")
+            s.add_argument("--limit", type=int, default=0, help="at most this many mails")
+            which = s.add_mutually_exclusive_group()
+            which.add_argument("--ready", action="store_true", help="only mails deliverable now")
+            which.add_argument("--delayed", action="store_true", help="only delayed or held mails")
         if name == "drop":
             s.add_argument("--force", action="store_true", help="delete its live mails with it")
         if name == "republish":

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Callable
 
 from services.app import browse_start, counters
 from services.app.browser import Browser
+from services.app.moves import MoveProgress, Mover
 from services.app.queue_state import QueueState
 from services.app.queues import DropProgress, create_queue, drop_queue
 from services.domain import counts, model, rules, schedule
@@ -37,9 +38,13 @@ class Admin:
         self._state = state
         self._browser = browser
         self.live_mails = browser.live_mails
+        self._mover = Mover(view, broker, state, browser.live_mails)
 
     async def create_queue(self, queue: str, policy: model.RetryPolicy | None = None) -> bool:
         return await create_queue(self._view, self._broker, queue, policy)
+
+    def move(self, queue: str, target: str, f: BrowseFilter, limit: int = 0) -> AsyncIterator[MoveProgress]:
+        return self._mover.move(queue, target, f, limit)
 
     def drop_queue(self, queue: str, force: bool) -> AsyncIterator[DropProgress]:
         return drop_queue(self._view, self._broker, self._state, self.live_mails, queue, force)

@@ -112,6 +112,14 @@ class Idempotency(Protocol):
     async def release(self, queue: str, key: str, enqueue_id: uuid.UUID, claimed_at: dt.datetime) -> None: ...
 
 
+class Moves(Protocol):
+    """The journal of MoveMails (services/app/moves.py): a move begun and not yet done, per source queue."""
+
+    async def begin(self, mail: model.QueuedMail, moved: model.QueuedMail) -> None: ...
+    async def pending(self, source: str) -> list[tuple[model.QueuedMail, model.QueuedMail]]: ...
+    async def done(self, mail: model.QueuedMail) -> None: ...
+
+
 class ViewConfiguration(Protocol):
     """The view configuration (slice window, buckets, browse start pace): services/domain/view_config.py."""
 
@@ -132,6 +140,7 @@ class View(Protocol):
     idempotency: Idempotency
     config: ViewConfiguration
     shaping: ShapingStore
+    moves: Moves
 
     async def ping(self) -> None: ...
     def close(self) -> None: ...

@@ -120,6 +120,7 @@ RPCS = [
     ("browse", "/mailqueue.v1.AdminService/CreateQueue", "unary"),
     ("browse", "/mailqueue.v1.AdminService/DeleteMails", "server-stream"),
     ("browse", "/mailqueue.v1.AdminService/DeleteQueue", "server-stream"),
+    ("browse", "/mailqueue.v1.AdminService/MoveMails", "server-stream"),
     ("browse", "/mailqueue.v1.AdminService/Flush", "unary"),
     ("browse", "/mailqueue.v1.AdminService/UpdateRetryPolicy", "unary"),
     ("blob", "/mailqueue.v1.BlobService/Put", "client-stream"),

@@ -16,6 +16,7 @@ BROWSE_START = table("browse_start")
 CONTENT_START = table("content_start")
 QUEUES = table("queues")
 DROPPED_QUEUES = table("dropped_queues")
+MOVES = table("moves")
 CONFIG_EVENTS = table("queue_view_config_events")
 IDEMPOTENCY = table("enqueue_idempotency")
 RETRY_POLICIES = table("retry_policies")
@@ -53,6 +54,10 @@ TABLES = [
     f"""CREATE TABLE IF NOT EXISTS {{ks}}.{QUEUES} (
         queue_name text PRIMARY KEY, created_at timestamp
     ) WITH comment = 'Every queue that exists (CreateQueue).'""",
+    f"""CREATE TABLE IF NOT EXISTS {{ks}}.{MOVES} (
+        queue_name text, enqueue_id uuid, target text, body blob, source_body blob,
+        PRIMARY KEY ((queue_name), enqueue_id)
+    ) WITH comment = 'MoveMails in progress, per source queue: the mail as it lands in the target (body) and as it was in the source (source_body), both QueuedMail. Removed once the target copy is published.'""",
     f"""CREATE TABLE IF NOT EXISTS {{ks}}.{DROPPED_QUEUES} (
         queue_name text PRIMARY KEY, dropped_at timestamp
     ) WITH comment = 'Queues deleted (DeleteQueue): no longer listed or accepting mail; the retention sweep still sweeps their content.'""",

@@ -22,6 +22,7 @@ from services.adapters.cassandra.daos import (
     StartsDAO,
 )
 from services.adapters.cassandra.mail_queue_view import CassandraMailQueueView
+from services.adapters.cassandra.moves_store import MovesStore
 from services.adapters.cassandra.session import UNAVAILABLE_ERRORS, connect, execute
 from services.adapters.cassandra.shaping_store import ShapingStore
 from services.domain.config import CassandraSettings
@@ -46,6 +47,7 @@ class View:
         self.counter_buffer = CounterBuffer(self.counters, counter_flush_s)
         self.config = ConfigStore(session, keyspace)
         self.shaping = ShapingStore(session, keyspace)
+        self.moves = MovesStore(session, keyspace)
         #: What the domain uses: the mail rows, their marks and schedules, and the size.
         self.mails: MailQueueView = CassandraMailQueueView(self.enqueued, self.deleted, self.starts, self.counters)
 

@@ -1,0 +1,121 @@
+"""MoveMails: live mails (ready, delayed or held) of one queue move to another existing queue with
+their schedule, attempts and content (the content is shared: blobs are content-addressed).
+
+Each mail moves in four steps, so that a move interrupted anywhere (a SIGKILL of browse_svc, a
+backend outage) leaves the mail in exactly one queue, or in the journal:
+
+1. the move is journaled (``moves_v1``): the mail as it was, and as it lands in the target with a
+   new enqueue id;
+2. the source copy is marked ``moved to <target>`` (its message is skipped from now on);
+3. the target copy is stored, counted, and published;
+4. the journal entry is removed.
+
+The next MoveMails from the same queue first completes what the journal holds. Completing again a
+move whose step 3 had happened publishes the target copy twice: one enqueue id, delivered once. A
+source mail gone meanwhile (delivered, deleted) is not moved. What it cannot prevent: a mail a
+consumer of the source was handed just before its move is delivered from both queues (stop the
+source's consumers to move mail they could be holding).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import logging
+import uuid
+from collections.abc import AsyncIterator
+
+from services.app import counters
+from services.app.queue_state import QueueState
+from services.domain import model, validation
+from services.domain.errors import InvalidArgument
+from services.domain.filters import BrowseFilter
+from services.domain.slices import bucket_of, slice_start
+from services.ports.broker import Broker
+from services.ports.view import View
+
+log = logging.getLogger(__name__)
+
+MOVED = "moved to "
+
+
+@dataclasses.dataclass
+class MoveProgress:
+    scanned: int = 0
+    moved: int = 0
+    #: Moves an earlier, interrupted MoveMails had begun, completed by this one.
+    resumed: int = 0
+    done: bool = False
+
+
+class Mover:
+    def __init__(self, view: View, broker: Broker, state: QueueState, live_mails) -> None:  # noqa: ANN001 - Browser.live_mails
+        self._view = view
+        self._broker = broker
+        self._state = state
+        self._live_mails = live_mails
+
+    async def move(self, source: str, target: str, f: BrowseFilter, limit: int = 0, every: int = 100) -> AsyncIterator[MoveProgress]:
+        validation.queue_name(source)
+        validation.queue_name(target)
+        if source == target:
+            raise InvalidArgument("a move needs two different queues")
+        await self._state.require_queue(source)
+        await self._state.require_queue(target)
+        p = MoveProgress()
+        for mail, moved in await self._view.moves.pending(source):
+            await self._complete(mail, moved)
+            p.resumed += 1
+        if p.resumed:
+            log.warning("interrupted moves completed", extra={"queue": source, "moves": p.resumed})
+        yield dataclasses.replace(p)
+        started = model.utcnow()
+        async for q in self._live_mails(source, "move", until=started + dt.timedelta(milliseconds=1)):
+            p.scanned += 1
+            if not f.matches(q):
+                continue
+            moved = await self._landing(q, target)
+            await self._view.moves.begin(q, moved)
+            if await self._complete(q, moved):
+                p.moved += 1
+            if limit and p.moved >= limit:
+                break
+            if p.scanned % every == 0:
+                yield dataclasses.replace(p)
+        p.done = True
+        log.info("mails moved", extra={"queue": source, "target": target, "moved": p.moved, "resumed": p.resumed})
+        yield p
+
+    async def _landing(self, q: model.QueuedMail, target: str) -> model.QueuedMail:
+        """The mail as it lands in ``target``: a new enqueue id in the current slice, the same
+        enqueue time (its age), schedule, attempts, priority and content."""
+        config = await self._state.config()
+        start = slice_start(model.utcnow(), config.slice_window)
+        browse_start = await self._state.browse_start(target)
+        if browse_start is not None and start < browse_start:
+            start = browse_start
+        enqueue_id = uuid.uuid4()
+        due = q.due()
+        return dataclasses.replace(
+            q, queue=target, enqueue_id=enqueue_id, slice_start=start, bucket=bucket_of(q.mail.name, str(enqueue_id), config.bucket_count),
+            # A retried mail's attempts live in its schedule record, read only for a generation above 0.
+            generation=1 if q.attempts or q.last_error else 0, held_by=None, deliver_at=due if due > q.enqueued_at else None,
+        )
+
+    async def _complete(self, mail: model.QueuedMail, moved: model.QueuedMail) -> bool:
+        """Steps 2 to 4 for one journaled move; False when the source mail was gone already."""
+        state = await self._view.mails.state(mail.queue, mail.enqueue_id)
+        if state is not None and state.deleted and not (state.reason or "").startswith(MOVED):
+            await self._view.moves.done(mail)  # delivered or deleted meanwhile: nothing to move
+            return False
+        if state is None or not state.deleted:
+            await counters.mark(self._view, mail, model.truncated(MOVED + moved.queue))
+        now = model.utcnow()
+        await self._view.mails.store(moved)
+        if moved.generation:
+            await self._view.mails.reschedule(moved)
+        waiting = moved.due() > now
+        await counters.bump(self._view, moved, enqueued=1, delayed=1 if waiting else 0)
+        await self._broker.publish(moved, moved.due() - now if waiting else dt.timedelta(0))
+        await self._view.moves.done(mail)
+        return True

@@ -1,0 +1,142 @@
+"""MoveMails (mailq move) through gRPC and the installed CLI: mails keep their age, schedule,
+attempts and content; bad input moves nothing; a SIGKILL of browse_svc mid-move loses nothing and
+delivers nothing from both queues once a second MoveMails completed the journal."""
+
+from __future__ import annotations
+
+import collections
+import datetime as dt
+import queue as q
+import random
+import threading
+
+import grpc
+import pytest
+
+from mailqueue.v1 import admin_pb2, admin_pb2_grpc, browse_pb2
+from tests.harness import ServiceProcess, service_env, wait_until
+from tests.integration.helpers import StreamConsumer, inline, simple_mail
+from tests.integration.test_cli import mailq
+
+
+def move(stub, source: str, target: str, **conditions) -> list[admin_pb2.MoveMailsResponse]:
+    return list(stub.MoveMails(admin_pb2.MoveMailsRequest(queue=source, to_queue=target, **conditions), timeout=120))
+
+
+def browse(suite, queue: str) -> dict[str, browse_pb2.BrowseResponse]:
+    return {r.mail.mail.name: r.mail for r in suite.browse_stub.Browse(browse_pb2.BrowseRequest(queue=queue))}
+
+
+@pytest.mark.parametrize("source,target,extra,code", [
+    ("same", "same", {}, "INVALID_ARGUMENT"),
+    ("src", "bad name!", {}, "INVALID_ARGUMENT"),
+    ("src", "no-such-queue-5c1e", {}, "NOT_FOUND"),
+    ("no-such-queue-5c1e", "dst", {}, "NOT_FOUND"),
+    ("src", "dst", {"schedule": 99}, "INVALID_ARGUMENT"),
+])
+def test_bad_input_is_refused_and_moves_nothing(suite, source, target, extra, code):
+    src, dst = suite.new_queue(), suite.new_queue()
+    names = {"same": src, "src": src, "dst": dst}
+    suite.enqueue_stub.Enqueue(inline(src, simple_mail("stays")))
+    with pytest.raises(grpc.RpcError) as e:
+        move(suite.admin_stub, names.get(source, source), names.get(target, target), **extra)
+    assert e.value.code().name == code, e.value.details()
+    assert list(browse(suite, src)) == ["stays"] and browse(suite, dst) == {}
+
+
+def test_a_move_keeps_age_schedule_attempts_and_content(suite):
+    src, dst = suite.new_queue(), suite.new_queue()
+    suite.enqueue_stub.Enqueue(inline(src, simple_mail("ready", recipients=["x@example.net"]), b"Subject: ready\r\n\r\nbody one"))
+    later = inline(src, simple_mail("later", recipients=["x@example.net"]))
+    later.delay.FromTimedelta(dt.timedelta(hours=1))
+    suite.enqueue_stub.Enqueue(later)
+    suite.enqueue_stub.Enqueue(inline(src, simple_mail("retried", recipients=["x@example.net"])))
+    suite.enqueue_stub.Enqueue(inline(src, simple_mail("other", recipients=["y@example.org"])))
+    # "retried" gets one RETRY an hour away (the others are handed back unanswered).
+    c = StreamConsumer(suite.dequeue_stub, src)
+    for d in c.take(3):
+        if d.mail.mail.name == "retried":
+            c.answer(d, "RETRY", "451 4.3.0 try later", retry_after=3600)
+    c.close()
+    wait_until(lambda: browse(suite, src)["retried"].attempts == 1, 10, what="the RETRY recorded")
+    before = browse(suite, src)
+
+    progress = move(suite.admin_stub, src, dst, recipient="x@example.net")
+    assert progress[-1].done and progress[-1].moved == 3 and progress[-1].resumed == 0
+    assert set(browse(suite, src)) == {"other"}
+    after = browse(suite, dst)
+    assert set(after) == {"ready", "later", "retried"}
+    for name, m in after.items():
+        assert m.enqueue_id != before[name].enqueue_id and m.queue == dst
+        assert m.enqueued_at == before[name].enqueued_at  # its age
+        assert m.deliver_at == before[name].deliver_at and m.attempts == before[name].attempts
+    assert after["retried"].attempts == 1 and after["retried"].last_error == "451 4.3.0 try later"
+    assert after["later"].deliver_at.ToDatetime() > dt.datetime.utcnow() + dt.timedelta(minutes=50)
+    # Delivered from the target with its content; the source hands out only what stayed.
+    c = StreamConsumer(suite.dequeue_stub, dst)
+    d = c.next()
+    assert (d.mail.mail.name, d.content) == ("ready", b"Subject: ready\r\n\r\nbody one")
+    c.answer(d)
+    with pytest.raises(q.Empty):
+        c.next(timeout=2)
+    c.close()
+    c = StreamConsumer(suite.dequeue_stub, src)
+    assert c.next().mail.mail.name == "other"
+    c.close()
+
+
+def test_kill_9_of_browse_svc_mid_move_loses_nothing_and_delivers_nothing_twice(suite, keyspace):
+    browse_proc = ServiceProcess("browse", service_env(keyspace, MAILQUEUE_BLOB_TARGET=suite.blob.target))
+    src, dst = suite.new_queue(), suite.new_queue()
+    names = [f"m{i}" for i in range(1500)]
+    for request in (inline(src, simple_mail(n)) for n in names):
+        suite.enqueue_stub.Enqueue(request)
+    try:
+        stub = admin_pb2_grpc.AdminServiceStub(browse_proc.channel())
+        stream = stub.MoveMails(admin_pb2.MoveMailsRequest(queue=src, to_queue=dst), timeout=120)
+        with pytest.raises(grpc.RpcError):
+            for p in stream:
+                if p.moved >= 300:  # killed at a random instant while it goes on moving
+                    threading.Event().wait(random.uniform(0.005, 0.1))  # choosing the instant, not waiting for a state
+                    browse_proc.kill9()
+        browse_proc.start()
+        stub = admin_pb2_grpc.AdminServiceStub(browse_proc.channel())
+        final = move(stub, src, dst)[-1]
+    finally:
+        browse_proc.stop()
+    print(f"\nMoveMails killed after >= 300 moved; the second run moved {final.moved} and completed {final.resumed} "
+          f"interrupted move(s)")
+    assert 0 < final.moved <= 1200 and final.resumed <= 1
+    assert final.done
+    delivered: collections.Counter[str] = collections.Counter()
+    by_queue = collections.defaultdict(set)
+    consumers = {queue: StreamConsumer(suite.dequeue_stub, queue, prefetch=64) for queue in (src, dst)}
+
+    def drain() -> bool:
+        for queue, c in consumers.items():
+            while True:
+                try:
+                    d = c.next(timeout=0.05)
+                except q.Empty:
+                    break
+                delivered[d.mail.mail.name] += 1
+                by_queue[queue].add(d.mail.mail.name)
+                c.answer(d)
+        return len(delivered) == len(names)
+
+    wait_until(drain, 120, interval=0.01, what="every mail delivered")
+    for c in consumers.values():
+        c.close()
+    twice = [n for n, k in delivered.items() if k > 1]
+    print(f"delivered: {len(by_queue[dst])} from the target, {len(by_queue[src])} from the source, {len(twice)} twice")
+    assert not twice and not (by_queue[src] & by_queue[dst])
+    assert by_queue[dst] == set(names)  # the second run moved the rest
+
+
+def test_mailq_move_from_another_directory(suite):
+    src, dst = suite.new_queue(), suite.new_queue()
+    for n in ("a", "b"):
+        suite.enqueue_stub.Enqueue(inline(src, simple_mail(n)))
+    out = mailq(suite, "move", src, dst, "--name", "a").stdout
+    assert f"1 mail(s) moved to {dst}" in out
+    assert set(browse(suite, dst)) == {"a"} and set(browse(suite, src)) == {"b"}
