@@ -1,5 +1,5 @@
 """browse_svc: the read side (a Browser) and the admin side (an Admin) over the view and the
-broker, and the queue gauges."""
+broker, the queue gauges and the healer."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from mailqueue.v1 import admin_pb2_grpc, browse_pb2_grpc
 from services.app import gauges
 from services.app.admin import Admin
 from services.app.browser import Browser
+from services.app.healer import Healer
 from services.app.shaping_admin import ShapingAdmin
 from services.runtime.backends import Backends
 from services.runtime.queue_app import QueueApp
@@ -40,5 +41,11 @@ class BrowseApp(QueueApp[BrowseSide]):
         return BrowseSide(browser, Admin(b.view, b.broker, b.state, browser), ShapingAdmin(b.view.shaping, b.state))
 
     def background(self, b: Backends) -> list[Coroutine[Any, Any, None]]:
-        interval = self.settings.server.gauge_interval_s
-        return [gauges.refresh_forever(b.view, b.broker, interval)] if interval else []
+        server = self.settings.server
+        tasks = [gauges.refresh_forever(b.view, b.broker, server.gauge_interval_s)] if server.gauge_interval_s else []
+        if server.heal_interval_s:
+            side = self._service  # built just before (service() answers only once connected)
+            assert side is not None
+            healer = Healer(b.view, b.broker, side.browser.live_mails, side.admin.mover, server.heal_interval_s, server.heal_grace_s)
+            tasks.append(healer.run_forever())
+        return tasks

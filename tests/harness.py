@@ -59,11 +59,11 @@ def stack(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
 
 def service_env(keyspace: str, **extra: str) -> dict[str, str]:
     env = dict(os.environ)
-    # Gauges off: a test keyspace holds hundreds of queues (tests that need them turn them on).
+    # Gauges and the healer off: a test keyspace holds hundreds of queues (tests that need them turn them on).
     # Counter updates written at once: tests compare counters with exact counts right away (the
     # gathering has a test of its own).
     env.update({"MAILQUEUE_CASSANDRA_KEYSPACE": keyspace, "MAILQUEUE_PORT": "0", "MAILQUEUE_METRICS_PORT": "0",
-                "MAILQUEUE_GAUGE_INTERVAL_S": "0", "MAILQUEUE_COUNTER_FLUSH_S": "0"})
+                "MAILQUEUE_GAUGE_INTERVAL_S": "0", "MAILQUEUE_COUNTER_FLUSH_S": "0", "MAILQUEUE_HEAL_INTERVAL_S": "0"})
     env.update(extra)
     return env
 

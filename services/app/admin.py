@@ -38,13 +38,13 @@ class Admin:
         self._state = state
         self._browser = browser
         self.live_mails = browser.live_mails
-        self._mover = Mover(view, broker, state, browser.live_mails)
+        self.mover = Mover(view, broker, state, browser.live_mails)
 
     async def create_queue(self, queue: str, policy: model.RetryPolicy | None = None) -> bool:
         return await create_queue(self._view, self._broker, queue, policy)
 
     def move(self, queue: str, target: str, f: BrowseFilter, limit: int = 0) -> AsyncIterator[MoveProgress]:
-        return self._mover.move(queue, target, f, limit)
+        return self.mover.move(queue, target, f, limit)
 
     def drop_queue(self, queue: str, force: bool) -> AsyncIterator[DropProgress]:
         return drop_queue(self._view, self._broker, self._state, self.live_mails, queue, force)

@@ -10,7 +10,8 @@ backend outage) leaves the mail in exactly one queue, or in the journal:
 3. the target copy is stored, counted, and published;
 4. the journal entry is removed.
 
-The next MoveMails from the same queue first completes what the journal holds. Completing again a
+The next MoveMails from the same queue first completes what the journal holds, and so does the
+healer (services/app/healer.py) for moves begun longer than its grace ago. Completing again a
 move whose step 3 had happened publishes the target copy twice: one enqueue id, delivered once. A
 source mail gone meanwhile (delivered, deleted) is not moved. What it cannot prevent: a mail a
 consumer of the source was handed just before its move is delivered from both queues (stop the
@@ -63,8 +64,8 @@ class Mover:
         await self._state.require_queue(source)
         await self._state.require_queue(target)
         p = MoveProgress()
-        for mail, moved in await self._view.moves.pending(source):
-            await self._complete(mail, moved)
+        for mail, moved, _begun in await self._view.moves.pending(source):
+            await self.complete(mail, moved)
             p.resumed += 1
         if p.resumed:
             log.warning("interrupted moves completed", extra={"queue": source, "moves": p.resumed})
@@ -76,7 +77,7 @@ class Mover:
                 continue
             moved = await self._landing(q, target)
             await self._view.moves.begin(q, moved)
-            if await self._complete(q, moved):
+            if await self.complete(q, moved):
                 p.moved += 1
             if limit and p.moved >= limit:
                 break
@@ -102,7 +103,7 @@ class Mover:
             generation=1 if q.attempts or q.last_error else 0, held_by=None, deliver_at=due if due > q.enqueued_at else None,
         )
 
-    async def _complete(self, mail: model.QueuedMail, moved: model.QueuedMail) -> bool:
+    async def complete(self, mail: model.QueuedMail, moved: model.QueuedMail) -> bool:
         """Steps 2 to 4 for one journaled move; False when the source mail was gone already."""
         state = await self._view.mails.state(mail.queue, mail.enqueue_id)
         if state is not None and state.deleted and not (state.reason or "").startswith(MOVED):

@@ -288,6 +288,9 @@ class ServerSettings:
     service_token: str = ""
     #: browse_svc: seconds between refreshes of the per-queue gauges (0: off).
     gauge_interval_s: float = 15.0
+    #: browse_svc's healer: a round every this many seconds (0: off), over mails older than the grace.
+    heal_interval_s: float = 300.0
+    heal_grace_s: float = 900.0
 
     @classmethod
     def from_env(cls, service: str, env: Mapping[str, str] = os.environ) -> ServerSettings:
@@ -304,6 +307,8 @@ class ServerSettings:
             tokens=_tokens(env),
             service_token=_get(env, "SERVICE_TOKEN", ""),
             gauge_interval_s=_float(env, "GAUGE_INTERVAL_S", 15.0),
+            heal_interval_s=_float(env, "HEAL_INTERVAL_S", 300.0),
+            heal_grace_s=_float(env, "HEAL_GRACE_S", 900.0, 1.0),
         )
 
 

@@ -104,6 +104,10 @@ class Broker(abc.ABC):
         when they arrive."""
 
     @abc.abstractmethod
+    async def ready_messages(self, queue: str) -> int:
+        """Messages waiting in the queue's work queues (not those handed out, nor in the delay ladder)."""
+
+    @abc.abstractmethod
     async def dead_lettered(self, queue: str) -> int:
         """Messages waiting in the queue's dead-letter queue."""
 

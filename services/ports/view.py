@@ -116,8 +116,15 @@ class Moves(Protocol):
     """The journal of MoveMails (services/app/moves.py): a move begun and not yet done, per source queue."""
 
     async def begin(self, mail: model.QueuedMail, moved: model.QueuedMail) -> None: ...
-    async def pending(self, source: str) -> list[tuple[model.QueuedMail, model.QueuedMail]]: ...
+    async def pending(self, source: str) -> list[tuple[model.QueuedMail, model.QueuedMail, dt.datetime]]:
+        """(the mail, the mail as it lands in the target, when the move was begun)."""
     async def done(self, mail: model.QueuedMail) -> None: ...
+
+
+class Leases(Protocol):
+    """Background work one replica does at a time."""
+
+    async def hold(self, name: str, holder: str, ttl_s: int) -> bool: ...
 
 
 class ViewConfiguration(Protocol):
@@ -141,6 +148,7 @@ class View(Protocol):
     config: ViewConfiguration
     shaping: ShapingStore
     moves: Moves
+    leases: Leases
 
     async def ping(self) -> None: ...
     def close(self) -> None: ...

@@ -17,6 +17,7 @@ CONTENT_START = table("content_start")
 QUEUES = table("queues")
 DROPPED_QUEUES = table("dropped_queues")
 MOVES = table("moves")
+LEASES = table("leases")
 CONFIG_EVENTS = table("queue_view_config_events")
 IDEMPOTENCY = table("enqueue_idempotency")
 RETRY_POLICIES = table("retry_policies")
@@ -54,6 +55,9 @@ TABLES = [
     f"""CREATE TABLE IF NOT EXISTS {{ks}}.{QUEUES} (
         queue_name text PRIMARY KEY, created_at timestamp
     ) WITH comment = 'Every queue that exists (CreateQueue).'""",
+    f"""CREATE TABLE IF NOT EXISTS {{ks}}.{LEASES} (
+        name text PRIMARY KEY, holder text
+    ) WITH comment = 'Background work one replica does at a time (the healer): its holder, the row TTL ending the lease.'""",
     f"""CREATE TABLE IF NOT EXISTS {{ks}}.{MOVES} (
         queue_name text, enqueue_id uuid, target text, body blob, source_body blob,
         PRIMARY KEY ((queue_name), enqueue_id)

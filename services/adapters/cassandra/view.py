@@ -21,6 +21,7 @@ from services.adapters.cassandra.daos import (
     RulesDAO,
     StartsDAO,
 )
+from services.adapters.cassandra.leases_store import LeasesStore
 from services.adapters.cassandra.mail_queue_view import CassandraMailQueueView
 from services.adapters.cassandra.moves_store import MovesStore
 from services.adapters.cassandra.session import UNAVAILABLE_ERRORS, connect, execute
@@ -48,6 +49,7 @@ class View:
         self.config = ConfigStore(session, keyspace)
         self.shaping = ShapingStore(session, keyspace)
         self.moves = MovesStore(session, keyspace)
+        self.leases = LeasesStore(session, keyspace)
         #: What the domain uses: the mail rows, their marks and schedules, and the size.
         self.mails: MailQueueView = CassandraMailQueueView(self.enqueued, self.deleted, self.starts, self.counters)
 
