@@ -66,6 +66,7 @@ class Load:
     def start(self) -> Load:
         for i in range(self.producers):
             self._thread(self._produce, f"p{i}")
+        self.producer_threads = self.threads[:self.producers]
         for i in range(self.consumers):
             self._thread(self._consume, f"c{i}")
         self._thread(self._consume, "long")
@@ -77,7 +78,11 @@ class Load:
         self.threads.append(t)
 
     def stop_producing(self) -> None:
+        """No new mail; returns once each producer has its last mail acked (a mail being retried
+        when this is called is acked after it: waiting for deliveries before that missed it)."""
         self.producing.clear()
+        for t in self.producer_threads:
+            t.join(2 * DEADLINE_S + 10)
 
     def stop(self) -> None:
         self.stopping.set()

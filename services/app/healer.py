@@ -6,6 +6,7 @@ Two holders overlapping (a lease lost mid-round) do no harm: every repair is ide
 
 Each round, for every queue:
 
+0. A deleted queue's browse start moves on (its content is the retention sweep's).
 1. **Interrupted moves**: a MoveMails journal entry begun more than the grace ago is completed
    (services/app/moves.py).
 2. **One exact pass** over the queue's live mails (what ReconcileCounters reads).
@@ -35,6 +36,7 @@ import uuid
 
 from prometheus_client import Counter
 
+from services.app import browse_start
 from services.app.moves import Mover
 from services.domain import counts, model
 from services.domain.errors import BackendUnavailable, NotFound
@@ -81,11 +83,14 @@ class Healer:
                 log.exception("healer round failed")
 
     async def heal_all(self) -> None:
-        for queue in await self._view.queues.all():
+        queues = await self._view.queues.all()
+        for queue in queues:
             try:
                 await self.heal(queue)
             except NotFound:
                 continue  # deleted meanwhile
+        for queue in set(await self._view.queues.all_dropped()) - set(queues):
+            await browse_start.update(self._view, queue)  # its slices become the sweep's
 
     async def heal(self, queue: str) -> Healed:
         h = Healed()

@@ -8,7 +8,7 @@ import dataclasses
 import logging
 from collections.abc import AsyncIterator, Callable
 
-from services.app import counters
+from services.app import browse_start, counters
 from services.app.queue_state import QueueState
 from services.domain import schedule, validation
 from services.domain.errors import FailedPrecondition, NotFound
@@ -91,6 +91,9 @@ async def drop_queue(
     for t in (await view.shaping.snapshot()).throttles:
         if t.queue == queue:
             await view.shaping.clear_throttle(queue, t.destination)
+    # Every mail of it is gone: its browse start moves on, so the retention sweep can drop its
+    # slices (the healer keeps moving it for the slices still too recent now).
+    await browse_start.update(view, queue)
     log.warning("queue deleted", extra={"queue": queue, "force": force, "mails_deleted": p.deleted})
     yield DropProgress("done", p.deleted, True)
 
