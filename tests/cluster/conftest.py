@@ -35,6 +35,23 @@ def cluster_env() -> dict[str, str]:
     return env
 
 
+def create_schema(env: dict[str, str]) -> None:
+    """The keyspace's tables, created before the services start: after the fault tests a node
+    that restarted may lag on schema agreement, and each table then costs the driver's 10 s wait
+    for it, which would hold a service's start-up past its 60 s. Tables that exist are no change
+    (no wait) when the services create them again."""
+    from services.adapters.cassandra import schema
+    from services.adapters.cassandra.session import connect
+    from services.domain.config import CassandraSettings
+
+    settings = CassandraSettings.from_env(env)
+    cluster, session = connect(settings)
+    try:
+        schema.create(session, settings.keyspace, settings.replication)
+    finally:
+        cluster.shutdown()
+
+
 class ClusterServices:
     """enqueue, dequeue, browse and blob as separate processes on the clusters."""
 
@@ -44,6 +61,7 @@ class ClusterServices:
         base = service_env(self.keyspace, **{"MAILQUEUE_COUNTER_FLUSH_S": "1", **cluster_env, **extra})
         # The single-node stack's variables must not leak in (a developer's shell may set them).
         base.pop("MAILQUEUE_RABBITMQ_URL", None)
+        create_schema(base)
         self.blob = ServiceProcess("blob", base, metrics=True)
         env = {**base, "MAILQUEUE_BLOB_TARGET": self.blob.target}
         self.env = env
