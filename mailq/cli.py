@@ -21,6 +21,10 @@
     mailq throttle clear DEST [--queue Q] | list [--queue Q] | resume DEST
     mailq throttle site NAME DOMAIN... | drop-site NAME
     mailq throttle rule ID --pattern RE --threshold 3 --window 5m (--suspend | --slow 1/s) --for 10m | drop-rule ID
+    mailq dead list Q [--reason expired ...] [--sender S] [--recipient R] [--name N] [--limit N] [--json]
+    mailq dead count Q [--exact]         dead letters by reason
+    mailq dead redrive Q [--to T] [--rate 100] [--keep-attempts] [--limit N] [filters]   back to a queue, N/s
+    mailq dead purge Q (--older-than 7d | filters | --all)
     mailq enqueue Q FILE.eml --from A --to B [--to C] [--name N] [--delay 10m] [--priority high|normal|low]
     mailq dequeue Q [-n N] [--ack success|retry|reject] [--retry-after 5m] [--out DIR]
 
@@ -42,7 +46,7 @@ from typing import Any
 import grpc
 from google.protobuf import json_format, timestamp_pb2
 
-from mailq import throttle
+from mailq import dead, throttle
 from mailq.common import duration, duration_arg, print_table
 from mailqueue.v1 import (
     admin_pb2,
@@ -461,6 +465,7 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--pace", type=int)
     c.set_defaults(fn=cmd_config)
     throttle.register(sub)
+    dead.register(sub)
     return p
 
 

@@ -228,15 +228,18 @@ def _drop_dead_slices(ctx: Context, spark: Any, rows: Any, checked: Any, starts_
 
 
 def _collect_blobs(ctx: Context, spark: Any, rows: Any, starts_df: Any, summary: retention.Summary) -> None:
-    """4. Blobs no remaining row references, older than the blob grace: in Cassandra, then in S3."""
+    """4. Blobs no remaining row and no dead letter references, older than the blob grace: in
+    Cassandra, then in S3."""
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
     a, ks = ctx.args, ctx.cassandra.keyspace
+    # Dead letters keep their content until they are redriven or purged (their rows may be gone).
+    dead_letters = _table(spark, ctx, schema.DEAD_LETTERS).select(F.explode("blob_ids").alias("blob_id"))
     referenced = (
         rows.join(F.broadcast(starts_df), "queue_name", "left")
         .where(F.col("cs_ms").isNull() | (F.col("slice_ms") >= F.col("cs_ms")))
-        .select(F.explode("blob_ids").alias("blob_id")).distinct()
+        .select(F.explode("blob_ids").alias("blob_id")).union(dead_letters).distinct()
     ).persist(StorageLevel.MEMORY_AND_DISK)
     cutoff = ctx.started - a.blob_grace
     small = (

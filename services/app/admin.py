@@ -68,6 +68,7 @@ class Admin:
             await self._view.mails.reschedule(flushed)
             await counters.bump(self._view, q, delayed=-1, held=-1 if counts.is_held(q) else 0)
             count += 1
+        await self._view.counter_buffer.flush()  # a GetSize here after the answer reflects it
         return count
 
     async def delete(self, queue: str, f: BrowseFilter, every: int = 100) -> AsyncIterator[Progress]:
@@ -82,6 +83,7 @@ class Admin:
                 p.deleted += 1
             if p.scanned % every == 0:
                 yield dataclasses.replace(p)
+        await self._view.counter_buffer.flush()  # a GetSize here after the answer reflects it
         p.done = True
         yield p
 

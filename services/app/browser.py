@@ -99,11 +99,12 @@ class Browser:
 
     async def info(self, queue: str, exact: bool) -> QueueInfo:
         """The queue's counts (a view scan when ``exact``, else its counters), configuration,
-        retry policy, dead-letter count and starts."""
+        retry policy, dead-letter count (the repository's) and starts."""
         summary = await self.summary(queue) if exact else await self.approximate_summary(queue)
         return QueueInfo(
             queue, summary, not exact, await self._view.config.current(), await self._view.retry_policies.get(queue),
-            await self._broker.dead_lettered(queue), await self._view.starts.browse_start(queue),
+            sum((await (self._view.dead_letters.exact_counts(queue) if exact else self._view.dead_letters.counts(queue))).values()),
+            await self._view.starts.browse_start(queue),
             await self._view.starts.content_start(queue),
             tuple(shaping.applying_to((await self._view.shaping.snapshot()).throttles, queue)),
         )

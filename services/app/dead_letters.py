@@ -1,12 +1,14 @@
-"""Marks in the view every mail the broker dead-lettered on its own (DESIGN §5: a dead letter
-is never shown as a queued mail).
+"""Keeps every dead letter in the repository (services/domain/dead_letters.py), and marks in the
+view every mail the broker dead-lettered on its own (DESIGN §5: a dead letter is never shown as a
+queued mail).
 
 dequeue_svc marks what it dead-letters (REJECT, expiry, poison, the last allowed delivery) before
 routing it. The broker also dead-letters by itself: a quorum queue's delivery limit reached by
 deliveries that consumers left unanswered when they were killed. Every queue's dead-letter
 exchange feeds one shared queue (names.dead_letter_marks_queue); each dequeue_svc replica
-consumes it, marks the mails that have no mark yet, and acks. The operators' dead-letter queues
-keep their copies.
+consumes it, marks the mails that have no mark yet, records each dead letter with its kind and
+reason (once: a redelivered copy finds its record), and acks. The broker's per-queue dead-letter
+queues keep their copies too.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import logging
 from prometheus_client import Counter
 
 from services.app import counters
+from services.domain import dead_letters, model
 from services.domain.errors import BackendUnavailable
 from services.domain.retry import Backoff, retrying
 from services.ports.broker import Broker
@@ -26,6 +29,7 @@ log = logging.getLogger(__name__)
 MARKED = Counter(
     "mailqueue_broker_dead_letters_marked_total", "Mails the broker dead-lettered by itself, marked in the view", ["queue", "reason"],
 )
+RECORDED = Counter("mailqueue_dead_letters_recorded_total", "Dead letters kept in the repository, by kind", ["queue", "kind"])
 PREFETCH = 32
 #: After a backend error, marking resumes on a new consumer after this.
 BACKOFF = Backoff("dead-letter marking", initial_s=2.0, multiplier=1.0, max_s=2.0)
@@ -53,13 +57,29 @@ async def _mark(view: View, broker: Broker) -> None:
             except Exception:  # noqa: BLE001 - nothing to mark
                 await consumer.ack(message.delivery_tag)
                 continue
-            state = await view.mails.state(mail.queue, mail.enqueue_id)
-            if state is None or not state.deleted:
-                reason = reason_for(message.death_reason, broker.delivery_limit)
-                await counters.mark(view, mail, reason)
-                MARKED.labels(mail.queue, message.death_reason or "unknown").inc()
-                log.warning("marked a mail the broker dead-lettered",
-                            extra={"queue": mail.queue, "enqueue_id": str(mail.enqueue_id), "reason": reason})
+            await _record(view, broker, mail, message.death_reason)
             await consumer.ack(message.delivery_tag)
     finally:
         await consumer.close()
+
+
+async def _record(view: View, broker: Broker, mail: model.QueuedMail, death_reason: str | None) -> None:
+    """Mark the mail if the broker dead-lettered it by itself, then keep it in the repository
+    when its mark says it died (a copy of a mail dequeued, deleted or moved meanwhile is not kept)."""
+    state = await view.mails.state(mail.queue, mail.enqueue_id)
+    if state is not None and not state.deleted and state.generation > mail.generation:
+        return  # a superseded copy: the mail lives on in its newer message
+    if state is None or not state.deleted:
+        reason = reason_for(death_reason, broker.delivery_limit)
+        await counters.mark(view, mail, reason)
+        MARKED.labels(mail.queue, death_reason or "unknown").inc()
+        log.warning("marked a mail the broker dead-lettered",
+                    extra={"queue": mail.queue, "enqueue_id": str(mail.enqueue_id), "reason": reason})
+    else:
+        reason = state.reason or ""
+    kind = dead_letters.kind_of(reason)
+    if kind is None:
+        return
+    current = state.applied_to(mail) if state is not None else mail
+    if await view.dead_letters.record(dead_letters.DeadLetter(current, kind, reason, model.utcnow())):
+        RECORDED.labels(mail.queue, kind).inc()

@@ -1,7 +1,7 @@
 """Per-queue Prometheus gauges from the counters, refreshed in the background by browse_svc.
 
-No mail row is read: each refresh reads the queue list, each queue's counter partition and its
-dead-letter queue's length (a passive declare). Exported: ``mailqueue_queue_mails{queue,state}``
+No mail row is read: each refresh reads the queue list and each queue's counter partition (the
+dead-letter counts are in it too). Exported: ``mailqueue_queue_mails{queue,state}``
 (state: ready, delayed, held, dead_lettered) and ``mailqueue_queue_oldest_deliverable_age_seconds``
 (SQS's ApproximateAgeOfOldestMessage: the start of the oldest slice with a ready mail, so rounded
 up to the slice window).
@@ -17,7 +17,6 @@ from prometheus_client import Gauge
 
 from services.domain import model
 from services.domain.errors import BackendUnavailable
-from services.ports.broker import Broker
 from services.ports.view import View
 
 log = logging.getLogger(__name__)
@@ -28,7 +27,7 @@ OLDEST = Gauge("mailqueue_queue_oldest_deliverable_age_seconds",
 REFRESH_SECONDS = Gauge("mailqueue_queue_gauges_refresh_seconds", "Time the last refresh of the queue gauges took")
 
 
-async def refresh(view: View, broker: Broker) -> int:
+async def refresh(view: View) -> int:
     """Set every queue's gauges once; the number of queues."""
     began = time.perf_counter()
     queues = await view.queues.all()
@@ -36,7 +35,7 @@ async def refresh(view: View, broker: Broker) -> int:
     for queue in queues:
         try:
             c = await view.mails.size(queue)
-            dead = await broker.dead_lettered(queue)
+            dead = sum((await view.dead_letters.counts(queue)).values())
         except BackendUnavailable as e:  # one queue's trouble leaves the others' gauges fresh
             log.warning("gauges of a queue not refreshed: %s", e, extra={"queue": queue})
             continue
@@ -49,10 +48,10 @@ async def refresh(view: View, broker: Broker) -> int:
     return len(queues)
 
 
-async def refresh_forever(view: View, broker: Broker, interval_s: float) -> None:
+async def refresh_forever(view: View, interval_s: float) -> None:
     while True:
         try:
-            await refresh(view, broker)
+            await refresh(view)
         except BackendUnavailable as e:
             log.warning("queue gauges not refreshed: %s", e)
         await asyncio.sleep(interval_s)

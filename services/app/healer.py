@@ -7,8 +7,8 @@ Two holders overlapping (a lease lost mid-round) do no harm: every repair is ide
 Each round, for every queue:
 
 0. A deleted queue's browse start moves on (its content is the retention sweep's).
-1. **Interrupted moves**: a MoveMails journal entry begun more than the grace ago is completed
-   (services/app/moves.py).
+1. **Interrupted moves and redrives**: a MoveMails or RedriveDeadLetters journal entry begun more
+   than the grace ago is completed (services/app/moves.py, services/app/dead_letter_book.py).
 2. **One exact pass** over the queue's live mails (what ReconcileCounters reads).
 3. **Counters**: the drift of the queue's size between its counters and that pass is corrected
    when the same drift is seen in two rounds in a row (a drift seen once may be updates in flight between the pass
@@ -21,7 +21,7 @@ Each round, for every queue:
    once. While the queue has a backlog this waits: the mail may just be behind it.
 
 Cost per queue and round: the pass reads every live mail from the browse start (one read per
-slice and bucket, plus the rows), the counters partition once, the journal partition once, and
+slice and bucket, plus the rows), the counters partition once, the two journal partitions once, and
 three passive queue declarations. At the default interval of 300 s that is 12 passes an hour per
 queue.
 """
@@ -37,6 +37,7 @@ import uuid
 from prometheus_client import Counter
 
 from services.app import browse_start
+from services.app.dead_letter_book import DeadLetterBook
 from services.app.moves import Mover
 from services.domain import counts, model
 from services.domain.errors import BackendUnavailable, NotFound
@@ -54,14 +55,16 @@ LEASE = "healer"
 @dataclasses.dataclass
 class Healed:
     moves: int = 0
+    redrives: int = 0
     counters: int = 0
     republished: int = 0
 
 
 class Healer:
     def __init__(self, view: View, broker: Broker, live_mails, mover: Mover,  # noqa: ANN001 - Browser.live_mails
-                 interval_s: float, grace_s: float) -> None:
+                 book: DeadLetterBook, interval_s: float, grace_s: float) -> None:
         self._view = view
+        self._book = book
         self._broker = broker
         self._live_mails = live_mails
         self._mover = mover
@@ -99,6 +102,7 @@ class Healer:
             if now - begun > self.grace:
                 await self._mover.complete(mail, moved)
                 h.moves += 1
+        h.redrives = await self._book.complete_interrupted(queue, self.grace)
         start = await self._view.starts.browse_start(queue)
         if start is None:
             return h
@@ -112,10 +116,10 @@ class Healer:
                 await self._broker.publish(again)
                 await self._view.mails.reschedule(again)
                 h.republished += 1
-        for kind, n in (("move", h.moves), ("counter", h.counters), ("republish", h.republished)):
+        for kind, n in (("move", h.moves), ("redrive", h.redrives), ("counter", h.counters), ("republish", h.republished)):
             if n:
                 HEALED.labels(queue, kind).inc(n)
-        if h.moves or h.counters or h.republished:
+        if h.moves or h.redrives or h.counters or h.republished:
             log.warning("healed", extra={"queue": queue, **dataclasses.asdict(h)})
         return h
 

@@ -75,7 +75,7 @@ class Mover:
             p.scanned += 1
             if not f.matches(q):
                 continue
-            moved = await self._landing(q, target)
+            moved = await self.landing(q, target)
             await self._view.moves.begin(q, moved)
             if await self.complete(q, moved):
                 p.moved += 1
@@ -83,11 +83,12 @@ class Mover:
                 break
             if p.scanned % every == 0:
                 yield dataclasses.replace(p)
+        await self._view.counter_buffer.flush()  # a GetSize here after the answer reflects it
         p.done = True
         log.info("mails moved", extra={"queue": source, "target": target, "moved": p.moved, "resumed": p.resumed})
         yield p
 
-    async def _landing(self, q: model.QueuedMail, target: str) -> model.QueuedMail:
+    async def landing(self, q: model.QueuedMail, target: str) -> model.QueuedMail:
         """The mail as it lands in ``target``: a new enqueue id in the current slice, the same
         enqueue time (its age), schedule, attempts, priority and content."""
         config = await self._state.config()
@@ -111,12 +112,21 @@ class Mover:
             return False
         if state is None or not state.deleted:
             await counters.mark(self._view, mail, model.truncated(MOVED + moved.queue))
-        now = model.utcnow()
-        await self._view.mails.store(moved)
-        if moved.generation:
-            await self._view.mails.reschedule(moved)
-        waiting = moved.due() > now
-        await counters.bump(self._view, moved, enqueued=1, delayed=1 if waiting else 0)
-        await self._broker.publish(moved, moved.due() - now if waiting else dt.timedelta(0))
+        await land(self._view, self._broker, moved)
         await self._view.moves.done(mail)
         return True
+
+
+async def land(view: View, broker: Broker, q: model.QueuedMail) -> None:
+    """Store, count and publish a mail that arrives in its queue whole (a move's target copy, a
+    redriven dead letter). Doing it twice stores the same row and publishes one enqueue id twice:
+    delivered once. A mail with attempts keeps them in its schedule record (generation 1)."""
+    now = model.utcnow()
+    if q.attempts or q.last_error:
+        q = dataclasses.replace(q, generation=max(q.generation, 1))
+    await view.mails.store(q)
+    if q.generation:
+        await view.mails.reschedule(q)
+    waiting = q.due() > now
+    await counters.bump(view, q, enqueued=1, delayed=1 if waiting else 0)
+    await broker.publish(q, q.due() - now if waiting else dt.timedelta(0))

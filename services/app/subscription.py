@@ -360,6 +360,9 @@ class Subscription:
             log.info("mail expired", extra={"queue": self.queue, "enqueue_id": str(mail.enqueue_id), "reason": verdict.reason})
             reason = f"{verdict.reason}: {error}" if error else verdict.reason
             await self._d.mark_deleted(mail, model.truncated(reason))
+            # Its last attempt recorded too: the dead letter shows it (services/app/dead_letters.py).
+            await self._d.view.mails.reschedule(
+                dataclasses.replace(mail, attempts=attempts, last_error=error, generation=mail.generation + 1))
             await self._consumer.dead_letter(d.tag)
             EXPIRED.labels(self.queue).inc()
             return

@@ -108,10 +108,6 @@ class Broker(abc.ABC):
         """Messages waiting in the queue's work queues (not those handed out, nor in the delay ladder)."""
 
     @abc.abstractmethod
-    async def dead_lettered(self, queue: str) -> int:
-        """Messages waiting in the queue's dead-letter queue."""
-
-    @abc.abstractmethod
     async def ping(self) -> None:
         """Raise BackendUnavailable unless the broker answers."""
 

@@ -11,9 +11,10 @@ from __future__ import annotations
 import abc
 import datetime as dt
 import uuid
+from collections.abc import AsyncIterator
 from typing import Protocol
 
-from services.domain import counts, model
+from services.domain import counts, dead_letters, model
 from services.ports.shaping import ShapingStore
 
 
@@ -121,6 +122,17 @@ class Moves(Protocol):
     async def done(self, mail: model.QueuedMail) -> None: ...
 
 
+class DeadLetters(Protocol):
+    """The dead-letter repository (services/adapters/cassandra/dead_letters_store.py)."""
+
+    async def record(self, d: dead_letters.DeadLetter) -> bool: ...
+    def scan(self, queue: str) -> AsyncIterator[dead_letters.DeadLetter]: ...
+    async def remove(self, q: model.QueuedMail) -> bool: ...
+    async def counts(self, queue: str) -> dict[str, int]: ...
+    async def exact_counts(self, queue: str) -> dict[str, int]: ...
+    async def correct(self, queue: str, kind: str, delta: int) -> None: ...
+
+
 class Leases(Protocol):
     """Background work one replica does at a time."""
 
@@ -149,6 +161,7 @@ class View(Protocol):
     shaping: ShapingStore
     moves: Moves
     leases: Leases
+    dead_letters: DeadLetters
 
     async def ping(self) -> None: ...
     def close(self) -> None: ...

@@ -405,3 +405,39 @@ def test_a_deleted_queues_content_is_swept(sweep_suite):
     assert rows_before(s, queue, began, now) == []
     assert [mark(s, queue, r.enqueue_id) for r in receipts] == [None] * 3
     assert [blob_exists(s, b) for b in dead_blob_ids(receipts)] == [False] * 3
+
+
+def test_dead_letters_keep_their_content_until_purged(sweep_suite):
+    """The sweep drops a dead letter's row with its slice, never its content: a redrive after the
+    sweep delivers it whole; once the dead letter is purged, the next sweep takes the content."""
+    s = sweep_suite
+    queue = s.new_queue()
+    began = dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=1)
+    small = enqueue(s, queue, "small", f"small {uuid.uuid4()}".encode())
+    large_content = os.urandom(LARGE)
+    large = enqueue(s, queue, "large", large_content)
+    c = StreamConsumer(s.dequeue_stub, queue)
+    for d in c.take(2):
+        c.answer(d, "REJECT", "550 no such user")
+    c.close()
+
+    def dead_names():
+        request = browse_pb2.BrowseDeadLettersRequest(queue=queue)
+        return sorted(d.mail.mail.name for d in s.browse_stub.BrowseDeadLetters(request))
+
+    wait_until(lambda: dead_names() == ["large", "small"], 30, what="both mails dead letters")
+    advance_browse_start(s, queue)
+    now = dt.datetime.now(dt.timezone.utc)
+    sweep(s, "--queue", queue)
+    assert rows_before(s, queue, began, now) == []  # their rows are swept...
+    assert blob_exists(s, small.blob_ids[0]) and blob_exists(s, large.blob_ids[0])  # ...their content is not
+    assert not in_small_table(s, large.blob_ids[0])  # the large one is an S3 object
+    final = list(s.admin_stub.RedriveDeadLetters(admin_pb2.RedriveDeadLettersRequest(
+        queue=queue, filter=browse_pb2.DeadLetterFilter(name="large"))))[-1]
+    assert final.redriven == 1
+    assert drain(s, queue, 1) == {"large": large_content}
+    purged = list(s.admin_stub.PurgeDeadLetters(admin_pb2.PurgeDeadLettersRequest(queue=queue, all=True)))[-1]
+    assert purged.purged == 1 and dead_names() == []
+    advance_browse_start(s, queue)
+    sweep(s, "--queue", queue)
+    assert not blob_exists(s, small.blob_ids[0]) and not blob_exists(s, large.blob_ids[0])

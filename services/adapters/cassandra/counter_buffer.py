@@ -49,10 +49,13 @@ class CounterBuffer:
         task.add_done_callback(self._flushing.discard)
 
     async def flush(self) -> None:
-        """Write what is gathered now (one update per key)."""
+        """Write what is gathered now (one update per key), and wait for the writes of flushes
+        already under way: once it returns, a read sees every update made before the call (an
+        admin operation reads its own writes)."""
         self._scheduled = False
         deltas, self._deltas = self._deltas, collections.Counter()
-        await asyncio.gather(*(self._write(key, d) for key, d in deltas.items() if d))
+        earlier = [t for t in self._flushing if t is not asyncio.current_task()]
+        await asyncio.gather(*(self._write(key, d) for key, d in deltas.items() if d), *earlier)
 
     async def _write(self, key: Key, delta: int) -> None:
         queue, kind, slice_start = key

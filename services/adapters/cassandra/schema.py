@@ -17,6 +17,8 @@ CONTENT_START = table("content_start")
 QUEUES = table("queues")
 DROPPED_QUEUES = table("dropped_queues")
 MOVES = table("moves")
+DEAD_LETTERS = table("dead_letters")
+DEAD_LETTER_HOURS = table("dead_letter_hours")
 LEASES = table("leases")
 CONFIG_EVENTS = table("queue_view_config_events")
 IDEMPOTENCY = table("enqueue_idempotency")
@@ -62,6 +64,15 @@ TABLES = [
         queue_name text, enqueue_id uuid, target text, body blob, source_body blob,
         PRIMARY KEY ((queue_name), enqueue_id)
     ) WITH comment = 'MoveMails in progress, per source queue: the mail as it lands in the target (body) and as it was in the source (source_body), both QueuedMail. Removed once the target copy is published.'""",
+    f"""CREATE TABLE IF NOT EXISTS {{ks}}.{DEAD_LETTERS} (
+        queue_name text, hour int, enqueued_at timestamp, enqueue_id uuid,
+        kind text, reason text, dead_at timestamp, blob_ids list<text>, body blob,
+        PRIMARY KEY ((queue_name, hour), enqueued_at, enqueue_id)
+    ) WITH comment = 'Dead letters, per queue and hour of enqueue (hours since the epoch): the mail (body: QueuedMail with its attempts and last error), why it died (kind, reason) and when. blob_ids keep its content from the retention sweep. Removed by a redrive or a purge.'""",
+    f"""CREATE TABLE IF NOT EXISTS {{ks}}.{DEAD_LETTER_HOURS} (
+        queue_name text, hour int,
+        PRIMARY KEY ((queue_name), hour)
+    ) WITH comment = 'The hours of dead_letters_v1 that have held a dead letter, per queue (what a browse, count, redrive or purge reads).'""",
     f"""CREATE TABLE IF NOT EXISTS {{ks}}.{DROPPED_QUEUES} (
         queue_name text PRIMARY KEY, dropped_at timestamp
     ) WITH comment = 'Queues deleted (DeleteQueue): no longer listed or accepting mail; the retention sweep still sweeps their content.'""",

@@ -21,6 +21,7 @@ from services.adapters.cassandra.daos import (
     RulesDAO,
     StartsDAO,
 )
+from services.adapters.cassandra.dead_letters_store import DeadLettersStore
 from services.adapters.cassandra.leases_store import LeasesStore
 from services.adapters.cassandra.mail_queue_view import CassandraMailQueueView
 from services.adapters.cassandra.moves_store import MovesStore
@@ -50,6 +51,7 @@ class View:
         self.shaping = ShapingStore(session, keyspace)
         self.moves = MovesStore(session, keyspace)
         self.leases = LeasesStore(session, keyspace)
+        self.dead_letters = DeadLettersStore(session, keyspace)
         #: What the domain uses: the mail rows, their marks and schedules, and the size.
         self.mails: MailQueueView = CassandraMailQueueView(self.enqueued, self.deleted, self.starts, self.counters)
 

@@ -346,10 +346,6 @@ class RabbitMQBroker(Broker):
     async def ready_messages(self, queue: str) -> int:
         return sum([await self._message_count(names.work_queue(queue, p)) for p in model.PRIORITIES])
 
-    async def dead_lettered(self, queue: str) -> int:
-        """0 when the dead-letter queue does not exist (its topology was removed)."""
-        return await self._message_count(names.dead_letter_queue(queue))
-
     async def _message_count(self, rabbit_queue: str) -> int:
         """Ready messages of one RabbitMQ queue; 0 when it does not exist."""
         channel, w = await self._channel()

@@ -1,0 +1,110 @@
+"""mailq dead: a queue's dead letters (BrowseService's BrowseDeadLetters and CountDeadLetters,
+AdminService's RedriveDeadLetters and PurgeDeadLetters).
+
+    mailq dead list Q [--reason expired ...] [--sender S] [--recipient R] [--name N] [--limit N] [--json]
+    mailq dead count Q [--exact]
+    mailq dead redrive Q [--to T] [--rate 100] [--keep-attempts] [--limit N] [filters]
+    mailq dead purge Q (--older-than 7d | filters | --all)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from google.protobuf import json_format
+
+from mailq.common import duration, duration_arg, print_table
+from mailqueue.v1 import admin_pb2, browse_pb2
+
+REASONS = ("expired", "rejected", "bounced", "delivery_limit", "content_missing", "other")
+
+
+def _reason_pb(name: str) -> int:
+    return browse_pb2.DeadLetterReason.Value("DEAD_LETTER_REASON_" + name.upper())
+
+
+def _reason_name(value: int) -> str:
+    return browse_pb2.DeadLetterReason.Name(value).removeprefix("DEAD_LETTER_REASON_").lower()
+
+
+def _filter(a: argparse.Namespace) -> browse_pb2.DeadLetterFilter:
+    return browse_pb2.DeadLetterFilter(sender=a.sender or "", recipient=a.recipient or "", name=a.name or "",
+                                       reasons=[_reason_pb(r) for r in a.reason or ()])
+
+
+def cmd_list(c: Any, a: argparse.Namespace) -> None:
+    request = browse_pb2.BrowseDeadLettersRequest(queue=a.queue, filter=_filter(a), limit=a.limit)
+    rows = []
+    for r in c.browse.BrowseDeadLetters(request):
+        if a.json:
+            print(json.dumps(json_format.MessageToDict(r), sort_keys=True))
+            continue
+        m = r.mail
+        rows.append([m.enqueue_id, r.dead_lettered_at.ToDatetime().strftime("%Y-%m-%d %H:%M:%S"), _reason_name(r.reason),
+                     str(m.attempts), m.mail.sender or "<>", ",".join(m.mail.recipients), r.reason_text[:80]])
+    if not a.json:
+        print_table(rows, ["ENQUEUE_ID", "DEAD_LETTERED", "REASON", "ATTEMPTS", "SENDER", "RECIPIENTS", "WHY"])
+
+
+def cmd_count(c: Any, a: argparse.Namespace) -> None:
+    r = c.browse.CountDeadLetters(browse_pb2.CountDeadLettersRequest(queue=a.queue, exact=a.exact))
+    print_table([[_reason_name(n.reason), str(n.count)] for n in r.counts] + [["total", str(r.total)]], ["REASON", "COUNT"])
+
+
+def cmd_redrive(c: Any, a: argparse.Namespace) -> None:
+    request = admin_pb2.RedriveDeadLettersRequest(queue=a.queue, filter=_filter(a), to_queue=a.to or "", per_second=a.rate,
+                                                  keep_attempts=a.keep_attempts, limit=a.limit)
+    last = None
+    for r in c.admin.RedriveDeadLetters(request):
+        last = r
+        print(f"\rredriving: {r.scanned} scanned, {r.redriven} redriven", end="", file=sys.stderr, flush=True)
+    print(file=sys.stderr)
+    if last is None or not last.done:
+        raise SystemExit("mailq dead redrive: interrupted: run it again (it completes the redrives begun first)")
+    resumed = f" (and {last.resumed} interrupted redrive(s) completed)" if last.resumed else ""
+    print(f"{last.redriven} mail(s) redriven to {a.to or a.queue}{resumed}")
+
+
+def cmd_purge(c: Any, a: argparse.Namespace) -> None:
+    request = admin_pb2.PurgeDeadLettersRequest(queue=a.queue, filter=_filter(a), all=a.all)
+    if a.older_than is not None:
+        request.older_than.CopyFrom(duration(a.older_than))
+    last = None
+    for r in c.admin.PurgeDeadLetters(request):
+        last = r
+        print(f"\rpurging: {r.scanned} scanned, {r.purged} purged", end="", file=sys.stderr, flush=True)
+    print(file=sys.stderr)
+    if last is None or not last.done:
+        raise SystemExit("mailq dead purge: interrupted: run it again")
+    print(f"{last.purged} dead letter(s) purged")
+
+
+def register(sub: Any) -> None:
+    d = sub.add_parser("dead", help="a queue's dead letters: list, count, redrive, purge").add_subparsers(
+        dest="action", required=True)
+    for action, fn in (("list", cmd_list), ("count", cmd_count), ("redrive", cmd_redrive), ("purge", cmd_purge)):
+        s = d.add_parser(action)
+        s.add_argument("queue")
+        s.set_defaults(fn=fn)
+        if action == "count":
+            s.add_argument("--exact", action="store_true", help="read every dead letter instead of the counters")
+            continue
+        s.add_argument("--reason", action="append", choices=REASONS, help="only this reason (repeat for several)")
+        s.add_argument("--sender")
+        s.add_argument("--recipient")
+        s.add_argument("--name")
+        if action == "list":
+            s.add_argument("--limit", type=int, default=0)
+            s.add_argument("--json", action="store_true", help="machine-readable output")
+        if action == "redrive":
+            s.add_argument("--to", help="another existing queue (default: back to the queue)")
+            s.add_argument("--rate", type=int, default=0, help="mails per second at most (default 100)")
+            s.add_argument("--keep-attempts", action="store_true",
+                           help="keep attempts, last error and enqueue time (default: start over)")
+            s.add_argument("--limit", type=int, default=0, help="at most this many mails")
+        if action == "purge":
+            s.add_argument("--older-than", type=duration_arg, help="only those dead-lettered longer ago than this")
+            s.add_argument("--all", action="store_true", help="every dead letter of the queue (no condition given)")

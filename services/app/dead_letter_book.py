@@ -1,0 +1,176 @@
+"""Dead letters an operator works with: browse them with why they died, count them by kind,
+redrive them (back to their queue or to another, at most N per second, attempts reset or kept),
+purge them. The repository is written by dequeue_svc (services/app/dead_letters.py).
+
+A redrive takes each dead letter in four steps, so that one interrupted anywhere (a SIGKILL of
+browse_svc, a backend outage) loses nothing and delivers each mail once:
+
+1. it is journaled (``moves_v1``, partition ``dead-letters/<queue>``: no queue has such a name):
+   the dead letter and the mail as it lands, with a new enqueue id;
+2. the dead letter leaves the repository (it is no longer listed or counted);
+3. the mail lands: stored, counted, published (services/app/moves.py ``land``);
+4. the journal entry is removed.
+
+The next redrive of the queue first completes what the journal holds, and so does the healer for
+entries older than its grace. Steps 2 and 3 done twice remove nothing more and publish one
+enqueue id twice: delivered once.
+
+A purge removes dead letters from the repository; their content is then the retention sweep's
+(blobs no row and no dead letter references).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import datetime as dt
+import logging
+import time
+from collections.abc import AsyncIterator
+
+from services.app.moves import Mover, land
+from services.app.queue_state import QueueState
+from services.domain import dead_letters, model, validation
+from services.domain.dead_letters import DeadLetter, DeadLetterFilter
+from services.domain.errors import InvalidArgument
+from services.ports.broker import Broker
+from services.ports.view import View
+
+log = logging.getLogger(__name__)
+
+#: Progress is streamed at least this often (seconds) while a redrive or a purge runs.
+PROGRESS_S = 1.0
+
+
+def journal(queue: str) -> str:
+    """The redrive journal's partition for a queue's dead letters."""
+    return f"dead-letters/{queue}"
+
+
+@dataclasses.dataclass
+class RedriveProgress:
+    scanned: int = 0
+    redriven: int = 0
+    #: Redrives an interrupted one had begun, completed by this one.
+    resumed: int = 0
+    done: bool = False
+
+
+@dataclasses.dataclass
+class PurgeProgress:
+    scanned: int = 0
+    purged: int = 0
+    done: bool = False
+
+
+class DeadLetterBook:
+    def __init__(self, view: View, broker: Broker, state: QueueState, mover: Mover) -> None:
+        self._view = view
+        self._broker = broker
+        self._state = state
+        self._mover = mover
+
+    async def browse(self, queue: str, f: DeadLetterFilter, limit: int = 0) -> AsyncIterator[DeadLetter]:
+        await self._existing(queue)
+        sent = 0
+        async for d in self._view.dead_letters.scan(queue):
+            if f.matches(d):
+                yield d
+                sent += 1
+                if limit and sent >= limit:
+                    return
+
+    async def counts(self, queue: str, exact: bool) -> dict[str, int]:
+        """Dead letters by kind: from counters (one read), or read from the repository when ``exact``."""
+        await self._existing(queue)
+        if exact:
+            return await self._view.dead_letters.exact_counts(queue)
+        return await self._view.dead_letters.counts(queue)
+
+    async def reconcile(self, queue: str) -> dict[str, int]:
+        """Rewrite the queue's dead-letter counters from the repository (ReconcileCounters)."""
+        exact, counted = await self._view.dead_letters.exact_counts(queue), await self._view.dead_letters.counts(queue)
+        for kind, n in exact.items():
+            if n != counted.get(kind, 0):
+                await self._view.dead_letters.correct(queue, kind, n - counted.get(kind, 0))
+        return exact
+
+    async def redrive(
+        self, queue: str, f: DeadLetterFilter, target: str, per_second: int, keep_attempts: bool, limit: int = 0,
+    ) -> AsyncIterator[RedriveProgress]:
+        await self._existing(queue)
+        target = target or queue
+        validation.queue_name(target)
+        await self._state.require_queue(target)
+        pacer = dead_letters.Pacer(dead_letters.redrive_rate(per_second), time.monotonic())
+        p = RedriveProgress()
+        p.resumed = await self.complete_interrupted(queue, dt.timedelta(0))
+        yield dataclasses.replace(p)
+        shown = time.monotonic()
+        async for d in self._view.dead_letters.scan(queue):
+            p.scanned += 1
+            if f.matches(d):
+                await asyncio.sleep(pacer.delay(time.monotonic()))
+                await self._redrive_one(d, await self._landing(d, target, keep_attempts))
+                p.redriven += 1
+                if limit and p.redriven >= limit:
+                    break
+            if time.monotonic() - shown >= PROGRESS_S:
+                shown = time.monotonic()
+                yield dataclasses.replace(p)
+        await self._view.counter_buffer.flush()
+        p.done = True
+        log.info("dead letters redriven", extra={"queue": queue, "target": target, "redriven": p.redriven, "resumed": p.resumed})
+        yield p
+
+    async def purge(self, queue: str, f: DeadLetterFilter, everything: bool) -> AsyncIterator[PurgeProgress]:
+        if f.empty and not everything:
+            raise InvalidArgument("a purge needs a condition (sender, recipient, name, reasons, dead-lettered before/after, "
+                                  "older_than) or all = true")
+        await self._existing(queue)
+        p = PurgeProgress()
+        shown = time.monotonic()
+        async for d in self._view.dead_letters.scan(queue):
+            p.scanned += 1
+            if f.matches(d) and await self._view.dead_letters.remove(d.mail):
+                p.purged += 1
+            if time.monotonic() - shown >= PROGRESS_S:
+                shown = time.monotonic()
+                yield dataclasses.replace(p)
+        p.done = True
+        log.warning("dead letters purged", extra={"queue": queue, "purged": p.purged})
+        yield p
+
+    async def complete_interrupted(self, queue: str, older_than: dt.timedelta) -> int:
+        """Steps 2 to 4 for the redrives journaled more than ``older_than`` ago; how many."""
+        done, now = 0, model.utcnow()
+        for dead, landed, begun in await self._view.moves.pending(journal(queue)):
+            if now - begun >= older_than:
+                await self._complete(dead, landed)
+                done += 1
+        if done:
+            log.warning("interrupted redrives completed", extra={"queue": queue, "redrives": done})
+        return done
+
+    async def _redrive_one(self, d: DeadLetter, landed: model.QueuedMail) -> None:
+        dead = dataclasses.replace(d.mail, queue=journal(d.mail.queue))
+        await self._view.moves.begin(dead, landed)
+        await self._complete(dead, landed)
+
+    async def _complete(self, dead: model.QueuedMail, landed: model.QueuedMail) -> None:
+        await self._view.dead_letters.remove(dataclasses.replace(dead, queue=dead.queue.removeprefix("dead-letters/")))
+        await land(self._view, self._broker, landed)
+        await self._view.moves.done(dead)
+
+    async def _landing(self, d: DeadLetter, target: str, keep_attempts: bool) -> model.QueuedMail:
+        """The mail as it lands: a new enqueue id, deliverable now; with its attempts, last error
+        and enqueue time (the retry policy goes on from there), or starting over (enqueued now)."""
+        q = dataclasses.replace(d.mail, deliver_at=None, held_by=None, generation=0)
+        landed = await self._mover.landing(q, target)
+        if keep_attempts:
+            return dataclasses.replace(landed, deliver_at=None)
+        return dataclasses.replace(landed, enqueued_at=model.utcnow(), deliver_at=None, attempts=0, last_error="", generation=0)
+
+    async def _existing(self, queue: str) -> None:
+        validation.queue_name(queue)
+        await self._state.require_queue(queue)

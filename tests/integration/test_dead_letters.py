@@ -1,0 +1,291 @@
+"""Dead letters as a repository, through gRPC and the installed CLI: each is listed with why it
+died and counted by reason; a redrive sends them back at a rate with attempts reset or kept, and
+a SIGKILL of browse_svc mid-redrive loses nothing and delivers nothing twice; a purge forgets
+them by filter or age; bad input changes nothing."""
+
+from __future__ import annotations
+
+import collections
+import datetime as dt
+import queue as q
+import random
+import re
+import threading
+import time
+
+import grpc
+import pytest
+
+from mailqueue.v1 import admin_pb2, admin_pb2_grpc, browse_pb2, browse_pb2_grpc
+from tests.harness import ServiceProcess, service_env, wait_until
+from tests.integration.helpers import StreamConsumer, inline, simple_mail
+from tests.integration.test_cli import mailq
+
+R = browse_pb2
+
+
+def dead(suite, queue: str, **f) -> list[browse_pb2.BrowseDeadLettersResponse]:
+    request = browse_pb2.BrowseDeadLettersRequest(queue=queue, filter=browse_pb2.DeadLetterFilter(**f))
+    return list(suite.browse_stub.BrowseDeadLetters(request, timeout=30))
+
+
+def counts(stub, queue: str, exact: bool = False) -> dict[str, int]:
+    r = stub.CountDeadLetters(browse_pb2.CountDeadLettersRequest(queue=queue, exact=exact), timeout=30)
+    found = {R.DeadLetterReason.Name(c.reason).removeprefix("DEAD_LETTER_REASON_").lower(): c.count for c in r.counts if c.count}
+    assert r.total == sum(found.values())
+    return found
+
+
+def redrive(stub, queue: str, **request) -> list[admin_pb2.RedriveDeadLettersResponse]:
+    return list(stub.RedriveDeadLetters(admin_pb2.RedriveDeadLettersRequest(queue=queue, **request), timeout=120))
+
+
+def purge(stub, queue: str, **request) -> admin_pb2.PurgeDeadLettersResponse:
+    return list(stub.PurgeDeadLetters(admin_pb2.PurgeDeadLettersRequest(queue=queue, **request), timeout=60))[-1]
+
+
+def reject_all(suite, queue: str, names: list[str], error: str = "550 5.1.1 no such user") -> None:
+    """Enqueue ``names`` and answer each delivery REJECT; wait until each is a dead letter."""
+    for n in names:
+        suite.enqueue_stub.Enqueue(inline(queue, simple_mail(n)))
+    c = StreamConsumer(suite.dequeue_stub, queue, prefetch=64)
+    for _ in names:
+        c.answer(c.next(), "REJECT", error)
+    wait_until(lambda: len(dead(suite, queue)) == len(names), 60, what="every rejected mail in the repository")
+    c.close()
+
+
+def test_each_reason_is_listed_with_its_kind_and_counted(suite):
+    queue = suite.new_queue(max_attempts=1)
+    rule = admin_pb2.Rule(kind=admin_pb2.RULE_KIND_BOUNCE, queue=queue, recipient_domain="bounce.example", reason="spam run")
+    suite.admin_stub.AddRule(admin_pb2.AddRuleRequest(rule=rule))
+    suite.enqueue_stub.Enqueue(inline(queue, simple_mail("bounced", recipients=["x@bounce.example"])))
+    for n in ("rejected", "expired", "delivered"):
+        suite.enqueue_stub.Enqueue(inline(queue, simple_mail(n)))
+    c = StreamConsumer(suite.dequeue_stub, queue)
+    for d in c.take(3):
+        kind, error = {"rejected": ("REJECT", "550 5.1.1 no such user"), "expired": ("RETRY", "451 4.7.1 greylisted"),
+                       "delivered": ("SUCCESS", "")}[d.mail.mail.name]
+        c.answer(d, kind, error)
+    before = dt.datetime.now(dt.timezone.utc)
+    wait_until(lambda: len(dead(suite, queue)) == 3, 30, what="three dead letters")
+    c.close()
+    listed = {d.mail.mail.name: d for d in dead(suite, queue)}
+    assert set(listed) == {"bounced", "rejected", "expired"}
+    assert listed["rejected"].reason == R.DEAD_LETTER_REASON_REJECTED
+    assert listed["rejected"].reason_text == "dead-lettered: 550 5.1.1 no such user"
+    assert listed["expired"].reason == R.DEAD_LETTER_REASON_EXPIRED
+    assert listed["expired"].reason_text.startswith("expired: 1 attempts over") and "451 4.7.1 greylisted" in listed["expired"].reason_text
+    assert listed["bounced"].reason == R.DEAD_LETTER_REASON_BOUNCED and "spam run" in listed["bounced"].reason_text
+    for d in listed.values():
+        assert d.mail.queue == queue and d.mail.mail.recipients
+        assert abs(d.dead_lettered_at.ToDatetime(dt.timezone.utc) - before) < dt.timedelta(seconds=30)
+    assert counts(suite.browse_stub, queue) == counts(suite.browse_stub, queue, exact=True) == {
+        "rejected": 1, "expired": 1, "bounced": 1}
+    info = suite.browse_stub.GetQueue(browse_pb2.GetQueueRequest(queue=queue)).queue_info
+    assert info.dead_lettered == 3 and info.size == 0
+    # Filters: by reason(s), by recipient, by time.
+    assert [d.mail.mail.name for d in dead(suite, queue, reasons=[R.DEAD_LETTER_REASON_REJECTED])] == ["rejected"]
+    assert {d.mail.mail.name for d in dead(suite, queue, reasons=[R.DEAD_LETTER_REASON_REJECTED, R.DEAD_LETTER_REASON_BOUNCED])} \
+        == {"rejected", "bounced"}
+    assert [d.mail.mail.name for d in dead(suite, queue, recipient="x@bounce.example")] == ["bounced"]
+    f = browse_pb2.DeadLetterFilter()
+    f.dead_lettered_before.FromDatetime(before - dt.timedelta(minutes=1))
+    assert list(suite.browse_stub.BrowseDeadLetters(browse_pb2.BrowseDeadLettersRequest(queue=queue, filter=f))) == []
+    assert len(list(suite.browse_stub.BrowseDeadLetters(browse_pb2.BrowseDeadLettersRequest(queue=queue, limit=2)))) == 2
+
+
+def _bad_requests(queue: str, other: str):
+    ts = browse_pb2.DeadLetterFilter()
+    ts.dead_lettered_after.seconds = -10**12
+    negative = admin_pb2.PurgeDeadLettersRequest(queue=queue)
+    negative.older_than.seconds = -5
+    return [
+        ("BrowseDeadLetters", browse_pb2.BrowseDeadLettersRequest(queue="no-such-queue-9f1a"), "NOT_FOUND"),
+        ("BrowseDeadLetters", browse_pb2.BrowseDeadLettersRequest(queue="bad name!"), "INVALID_ARGUMENT"),
+        ("BrowseDeadLetters", browse_pb2.BrowseDeadLettersRequest(queue=queue, filter=browse_pb2.DeadLetterFilter(reasons=[99])),
+         "INVALID_ARGUMENT"),
+        ("BrowseDeadLetters", browse_pb2.BrowseDeadLettersRequest(queue=queue, filter=ts), "INVALID_ARGUMENT"),
+        ("CountDeadLetters", browse_pb2.CountDeadLettersRequest(queue="no-such-queue-9f1a"), "NOT_FOUND"),
+        ("CountDeadLetters", browse_pb2.CountDeadLettersRequest(queue=""), "INVALID_ARGUMENT"),
+        ("RedriveDeadLetters", admin_pb2.RedriveDeadLettersRequest(queue=queue, per_second=100_001), "INVALID_ARGUMENT"),
+        ("RedriveDeadLetters", admin_pb2.RedriveDeadLettersRequest(queue=queue, to_queue="no-such-queue-9f1a"), "NOT_FOUND"),
+        ("RedriveDeadLetters", admin_pb2.RedriveDeadLettersRequest(queue=queue, to_queue="bad name!"), "INVALID_ARGUMENT"),
+        ("RedriveDeadLetters", admin_pb2.RedriveDeadLettersRequest(queue="no-such-queue-9f1a", to_queue=other), "NOT_FOUND"),
+        ("RedriveDeadLetters", admin_pb2.RedriveDeadLettersRequest(
+            queue=queue, filter=browse_pb2.DeadLetterFilter(reasons=[R.DEAD_LETTER_REASON_UNSPECIFIED])), "INVALID_ARGUMENT"),
+        ("PurgeDeadLetters", admin_pb2.PurgeDeadLettersRequest(queue=queue), "INVALID_ARGUMENT"),  # no condition, no all
+        ("PurgeDeadLetters", negative, "INVALID_ARGUMENT"),
+        ("PurgeDeadLetters", admin_pb2.PurgeDeadLettersRequest(queue="no-such-queue-9f1a", all=True), "NOT_FOUND"),
+    ]
+
+
+def test_bad_input_gets_a_precise_status_and_changes_nothing(suite):
+    queue, other = suite.new_queue(), suite.new_queue()
+    reject_all(suite, queue, ["a", "b"])
+    for method, request, code in _bad_requests(queue, other):
+        stub = suite.browse_stub if method in ("BrowseDeadLetters", "CountDeadLetters") else suite.admin_stub
+        with pytest.raises(grpc.RpcError) as e:
+            result = getattr(stub, method)(request, timeout=30)
+            if not hasattr(result, "ListFields"):
+                list(result)
+        assert e.value.code().name == code, f"{method}: {e.value.details()}"
+        assert e.value.details()
+    assert counts(suite.browse_stub, queue, exact=True) == {"rejected": 2}
+    assert suite.browse_stub.GetSize(browse_pb2.GetSizeRequest(queue=queue, exact=True)).size == 0
+    assert suite.browse_stub.GetSize(browse_pb2.GetSizeRequest(queue=other, exact=True)).size == 0
+
+
+def test_a_redrive_goes_at_its_rate_and_resets_or_keeps_attempts(suite):
+    queue, elsewhere = suite.new_queue(max_attempts=1), suite.new_queue()
+    names = [f"r{i}" for i in range(30)]
+    reject_all(suite, queue, names)
+    suite.enqueue_stub.Enqueue(inline(queue, simple_mail("expired"), b"Subject: kept\r\n\r\ncontent"))
+    c = StreamConsumer(suite.dequeue_stub, queue)
+    c.answer(c.next(), "RETRY", "451 4.7.1 greylisted")
+    wait_until(lambda: len(dead(suite, queue)) == 31, 30, what="the expired mail dead-lettered")
+    c.close()
+
+    began = time.monotonic()
+    progress = redrive(suite.admin_stub, queue, filter=browse_pb2.DeadLetterFilter(reasons=[R.DEAD_LETTER_REASON_REJECTED]),
+                       per_second=20)
+    took = time.monotonic() - began
+    assert progress[-1].done and progress[-1].redriven == 30 and progress[-1].scanned == 31
+    assert took >= 29 / 20, f"30 mails at 20/s took {took:.2f} s"
+    print(f"\n30 dead letters redriven at 20/s in {took:.2f} s")
+    # Read your own writes: the same browse_svc counts them at once.
+    assert suite.browse_stub.GetSize(browse_pb2.GetSizeRequest(queue=queue)).size == 30
+    assert [d.mail.mail.name for d in dead(suite, queue)] == ["expired"]
+    assert counts(suite.browse_stub, queue) == {"expired": 1}
+    c = StreamConsumer(suite.dequeue_stub, queue, prefetch=64)
+    got = c.take(30)
+    assert sorted(d.mail.mail.name for d in got) == sorted(names)
+    assert all(d.mail.attempts == 0 and d.mail.last_error == "" for d in got)  # started over
+    c.answer_all(got)
+    c.close()
+    # The expired one, to another queue, attempts kept.
+    final = redrive(suite.admin_stub, queue, to_queue=elsewhere, keep_attempts=True)[-1]
+    assert final.redriven == 1 and dead(suite, queue) == []
+    c = StreamConsumer(suite.dequeue_stub, elsewhere)
+    d = c.next()
+    assert (d.mail.mail.name, d.mail.attempts, d.mail.last_error, d.content) == (
+        "expired", 1, "451 4.7.1 greylisted", b"Subject: kept\r\n\r\ncontent")
+    c.answer(d)
+    c.close()
+
+
+def test_kill_9_of_browse_svc_mid_redrive_loses_nothing_and_delivers_nothing_twice(suite, keyspace):
+    queue = suite.new_queue()
+    names = [f"k{i}" for i in range(600)]
+    reject_all(suite, queue, names)
+    browse_proc = ServiceProcess("browse", service_env(keyspace, MAILQUEUE_BLOB_TARGET=suite.blob.target))
+    try:
+        stub = admin_pb2_grpc.AdminServiceStub(browse_proc.channel())
+        stream = stub.RedriveDeadLetters(admin_pb2.RedriveDeadLettersRequest(queue=queue, per_second=1000), timeout=120)
+        with pytest.raises(grpc.RpcError):
+            for p in stream:
+                if p.redriven >= 100:  # killed at a random instant while it goes on redriving
+                    threading.Event().wait(random.uniform(0.005, 0.1))  # choosing the instant, not waiting for a state
+                    browse_proc.kill9()
+        browse_proc.start()
+        stub = admin_pb2_grpc.AdminServiceStub(browse_proc.channel())
+        left = browse_pb2_grpc.BrowseServiceStub(browse_proc.channel())
+        final = redrive(stub, queue, per_second=1000)[-1]
+        after = counts(left, queue, exact=True)
+    finally:
+        browse_proc.stop()
+    print(f"\nRedrive killed after >= 100 redriven; the second run redrove {final.redriven} and completed "
+          f"{final.resumed} interrupted redrive(s)")
+    assert final.done and 0 < final.redriven <= 500 and final.resumed <= 1
+    assert after == {}
+    delivered: collections.Counter[str] = collections.Counter()
+    c = StreamConsumer(suite.dequeue_stub, queue, prefetch=64)
+
+    def drain() -> bool:
+        while True:
+            try:
+                d = c.next(timeout=0.05)
+            except q.Empty:
+                break
+            delivered[d.mail.mail.name] += 1
+            c.answer(d)
+        return len(delivered) == len(names)
+
+    wait_until(drain, 120, interval=0.01, what="every redriven mail delivered")
+    with pytest.raises(q.Empty):
+        c.next(timeout=2)
+    c.close()
+    twice = [n for n, k in delivered.items() if k > 1]
+    print(f"delivered: {sum(delivered.values())} for {len(names)} dead letters, {len(twice)} twice")
+    assert set(delivered) == set(names) and not twice
+
+
+def test_purge_by_filter_or_age_needs_a_condition(suite):
+    queue = suite.new_queue()
+    reject_all(suite, queue, ["a1", "a2", "b1"])
+    with pytest.raises(grpc.RpcError) as e:
+        purge(suite.admin_stub, queue)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "all" in e.value.details()
+    assert purge(suite.admin_stub, queue, filter=browse_pb2.DeadLetterFilter(name="b1")).purged == 1
+    hour = admin_pb2.PurgeDeadLettersRequest().older_than
+    hour.FromTimedelta(dt.timedelta(hours=1))
+    p = purge(suite.admin_stub, queue, older_than=hour)
+    assert (p.scanned, p.purged, p.done) == (2, 0, True)  # none is an hour old
+    assert counts(suite.browse_stub, queue) == {"rejected": 2}
+    assert purge(suite.admin_stub, queue, all=True).purged == 2
+    assert dead(suite, queue) == [] and counts(suite.browse_stub, queue, exact=True) == {}
+    assert suite.browse_stub.GetQueue(browse_pb2.GetQueueRequest(queue=queue)).queue_info.dead_lettered == 0
+
+
+def test_mailq_dead_from_another_directory(suite):
+    queue, other = suite.new_queue(), suite.new_queue()
+    reject_all(suite, queue, ["c1", "c2", "c3"], error="550 mailbox unavailable")
+    out = mailq(suite, "dead", "count", queue).stdout
+    assert re.search(r"^rejected\s+3$", out, re.M) and re.search(r"^total\s+3$", out, re.M)
+    listing = mailq(suite, "dead", "list", queue, "--reason", "rejected").stdout
+    assert listing.count("550 mailbox unavailable") == 3
+    assert "1 mail(s) redriven to " + other in mailq(suite, "dead", "redrive", queue, "--to", other, "--name", "c1").stdout
+    assert "2 dead letter(s) purged" in mailq(suite, "dead", "purge", queue, "--all").stdout
+    assert mailq(suite, "dead", "purge", queue, ok=False).returncode == 1
+    assert [r.mail.mail.name for r in suite.browse_stub.Browse(browse_pb2.BrowseRequest(queue=other))] == ["c1"]
+
+
+def test_admin_operations_read_their_own_writes(suite, keyspace):
+    """Counter updates gathered for 30 s in this browse_svc: each operation's GetSize, right after
+    its answer, counts what it did."""
+    browse_proc = ServiceProcess("browse", service_env(keyspace, MAILQUEUE_BLOB_TARGET=suite.blob.target,
+                                                       MAILQUEUE_COUNTER_FLUSH_S="30"))
+    queue, other = suite.new_queue(), suite.new_queue()
+    try:
+        admin = admin_pb2_grpc.AdminServiceStub(browse_proc.channel())
+        browse = browse_pb2_grpc.BrowseServiceStub(browse_proc.channel())
+
+        def size(q: str) -> tuple[int, int]:
+            info = browse.GetQueue(browse_pb2.GetQueueRequest(queue=q)).queue_info
+            return info.size, info.delayed
+
+        for n in ("a", "b", "c", "d"):
+            suite.enqueue_stub.Enqueue(inline(queue, simple_mail(n)))
+        later = inline(queue, simple_mail("later"))
+        later.delay.FromTimedelta(dt.timedelta(hours=1))
+        suite.enqueue_stub.Enqueue(later)
+        assert size(queue) == (5, 1)
+        assert admin.Flush(admin_pb2.FlushRequest(queue=queue)).flushed == 1
+        assert size(queue) == (5, 0)
+        list(admin.DeleteMails(admin_pb2.DeleteMailsRequest(queue=queue, name="a")))
+        assert size(queue) == (4, 0)
+        list(admin.MoveMails(admin_pb2.MoveMailsRequest(queue=queue, to_queue=other, name="b")))
+        assert size(queue) == (3, 0) and size(other) == (1, 0)
+        list(admin.ClearQueue(admin_pb2.ClearQueueRequest(queue=other)))
+        assert size(other) == (0, 0)
+        c = StreamConsumer(suite.dequeue_stub, queue)
+        for d in c.take(3):
+            c.answer(d, "REJECT", "550 no")
+        wait_until(lambda: counts(browse, queue, exact=True) == {"rejected": 3}, 30, what="three dead letters")
+        c.close()
+        assert size(queue) == (0, 0)
+        assert redrive(admin, queue, per_second=1000)[-1].redriven == 3
+        assert size(queue) == (3, 0) and counts(browse, queue) == {}
+        assert purge(admin, queue, all=True).purged == 0
+    finally:
+        browse_proc.stop()
