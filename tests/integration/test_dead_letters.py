@@ -57,9 +57,9 @@ def reject_all(suite, queue: str, names: list[str], error: str = "550 5.1.1 no s
 
 def test_each_reason_is_listed_with_its_kind_and_counted(suite):
     queue = suite.new_queue(max_attempts=1)
-    rule = admin_pb2.Rule(kind=admin_pb2.RULE_KIND_BOUNCE, queue=queue, recipient_domain="bounce.example", reason="spam run")
-    suite.admin_stub.AddRule(admin_pb2.AddRuleRequest(rule=rule))
     suite.enqueue_stub.Enqueue(inline(queue, simple_mail("bounced", recipients=["x@bounce.example"])))
+    rule = admin_pb2.Rule(kind=admin_pb2.RULE_KIND_BOUNCE, queue=queue, recipient_domain="bounce.example", reason="spam run")
+    assert suite.admin_stub.AddRule(admin_pb2.AddRuleRequest(rule=rule)).applied == 1  # the queued mail bounced
     for n in ("rejected", "expired", "delivered"):
         suite.enqueue_stub.Enqueue(inline(queue, simple_mail(n)))
     c = StreamConsumer(suite.dequeue_stub, queue)
