@@ -125,11 +125,11 @@ def drop_bucket(bucket: str) -> None:
     from services.adapters.s3 import client as s3client
     from services.domain.config import S3Settings
 
-    c = s3client.store(dataclasses.replace(S3Settings.from_env(), bucket=bucket))
-    if not s3client.bucket_exists(c):
+    b = s3client.Bucket(dataclasses.replace(S3Settings.from_env(), bucket=bucket))
+    if not b.exists():
         return
     print(f"removing bucket {bucket}", file=sys.stderr)
-    s3client.delete_bucket(c)
+    b.drop()
 
 
 def drop_queues(queues: list[str]) -> None:

@@ -8,8 +8,6 @@ a sweep of another keyspace then refuses to collect from it.
 
 from __future__ import annotations
 
-import obstore
-
 from services.adapters.s3 import client as s3client
 from services.adapters.s3 import errors as s3errors
 from services.domain.config import S3Settings
@@ -26,23 +24,23 @@ class BucketOwnedElsewhere(RuntimeError):
 
 def ping(s3: S3Settings) -> None:
     try:
-        s3client.bucket_exists(s3client.store(s3))
+        s3client.Bucket(s3).exists()
     except s3errors.ERRORS as e:
         raise BackendUnavailable("s3", f"cannot reach {s3.endpoint} ({type(e).__name__}: {e})") from e
 
 
 def usable(s3: S3Settings, keyspace: str, claim: bool) -> bool:
     """True when blobs may be collected from the bucket (False: there is no bucket yet)."""
-    c = s3client.store(s3)
-    if not s3client.bucket_exists(c):
+    bucket = s3client.Bucket(s3)
+    if not bucket.exists():
         return False
     try:
-        owner = bytes(obstore.get(c, OWNER_KEY).bytes()).decode().strip()
+        owner = bucket.read(OWNER_KEY, 1000).decode().strip()
     except s3errors.ERRORS as e:
         if not s3errors.is_missing(e):
             raise
         if claim:
-            obstore.put(c, OWNER_KEY, keyspace.encode())
+            bucket.put(OWNER_KEY, keyspace.encode())
         return True
     if owner != keyspace:
         raise BucketOwnedElsewhere(

@@ -1,5 +1,5 @@
 """What runs inside Spark tasks: deletes through the Python Cassandra driver, blob listing and
-collection through obstore (services/adapters/s3/client.py; the connector has no DataFrame delete).
+collection through the minio SDK (services/adapters/s3/client.py; the connector has no DataFrame delete).
 
 Each factory returns a function for ``foreachPartition`` / ``mapPartitions``; it opens its own
 connections (they cannot be pickled), works in batches and counts with accumulators.
@@ -75,11 +75,11 @@ def list_blobs(s3: S3Settings, started: dt.datetime, grace: dt.timedelta) -> Cal
     def run(prefixes: Iterator[str]) -> Iterator[tuple[str, int, int]]:
         from services.adapters.s3 import client as s3client
 
-        c = s3client.store(s3)
+        bucket = s3client.Bucket(s3)
         for prefix in prefixes:
-            for o in s3client.objects(c, prefix):
-                if retention.blob_collectable(o["last_modified"], started, grace):
-                    yield o["path"].rsplit("/", 1)[-1], int(o["size"]), _ms(o["last_modified"])
+            for o in bucket.objects(prefix):
+                if retention.blob_collectable(o.last_modified, started, grace):
+                    yield o.key.rsplit("/", 1)[-1], o.size, _ms(o.last_modified)
 
     return run
 
@@ -89,26 +89,24 @@ def delete_blobs(s3: S3Settings, started: dt.datetime, grace: dt.timedelta, coun
     was written (or touched by an enqueue deduplicating onto it) since the listing."""
 
     def run(rows: Iterator[Any]) -> None:
-        import obstore
-
         from services.adapters.s3 import client as s3client
         from services.adapters.s3 import errors as s3errors
 
-        c = s3client.store(s3)
+        bucket = s3client.Bucket(s3)
 
         def collect(blob_id: str) -> None:
             key = names.blob_key(blob_id)
             try:
-                st = obstore.head(c, key)
+                st = bucket.head(key)
             except s3errors.ERRORS as e:
                 if s3errors.is_missing(e):
                     return
                 raise
-            if not retention.blob_collectable(st["last_modified"], started, grace):
+            if not retention.blob_collectable(st.last_modified, started, grace):
                 return
-            obstore.delete(c, key)
+            bucket.remove(key)
             count.add(1)
-            size.add(int(st["size"]))
+            size.add(st.size)
 
         with concurrent.futures.ThreadPoolExecutor(BLOB_THREADS) as pool:
             for f in [pool.submit(collect, r.blob_id) for r in rows]:

@@ -54,7 +54,7 @@ def _loopback_master(master: str) -> bool:
 def build(master: str, jars: list[str], cassandra: CassandraSettings, shuffle_partitions: int) -> object:
     """A SparkSession reading Cassandra at LOCAL_QUORUM (the consistency the services write at:
     a row or a mark missed by a weaker read could make a live mail's blob look unreferenced)."""
-    # Python workers must be this interpreter: it has the Cassandra driver and obstore installed.
+    # Python workers must be this interpreter: it has the Cassandra driver and the minio SDK installed.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession

@@ -64,6 +64,12 @@ class TieredBlobStore(BlobStore):
             parts.append(content if content is not None else await self.large.read([blob_id]))
         return b"".join(parts)
 
+    async def read_content(self, blob_ids: tuple[str, ...] | list[str], size: int) -> bytes:
+        """One blob over the small limit can only be in the large store: no Cassandra lookup."""
+        if len(blob_ids) == 1 and size > self.small.max_bytes:
+            return await self.large.read(blob_ids)
+        return await self.read(blob_ids)
+
     async def stat(self, blob_id: str) -> BlobInfo:
         try:
             return await self.small.stat(blob_id)

@@ -73,7 +73,7 @@ class Browser:
     ) -> AsyncIterator[tuple[model.QueuedMail, bytes | None]]:
         """Browse, each mail with its content when asked and the mail is small enough."""
         async for q in self.browse(await self.existing(queue), f, limit):
-            content = await self._blobs.read(q.blob_ids) if include_content and q.size <= self._inline_limit else None
+            content = await self._blobs.read_content(q.blob_ids, q.size) if include_content and q.size <= self._inline_limit else None
             yield q, content
 
     async def size(self, queue: str) -> int:

@@ -92,7 +92,7 @@ async def judge(
         if mail.size <= inline_bytes:
             content, source = carried(message, mail), "message"
             if content is None:
-                content, source = await blobs.read(mail.blob_ids), "blob_store"
+                content, source = await blobs.read_content(mail.blob_ids, mail.size), "blob_store"
             return Verdict(Action.DELIVER, content=content, source=source, **arrived)
         for blob_id in mail.blob_ids:
             await blobs.stat(blob_id)

@@ -52,6 +52,10 @@ class BlobStore(abc.ABC):
                 parts.append(chunk)
         return b"".join(parts)
 
+    async def read_content(self, blob_ids: tuple[str, ...] | list[str], size: int) -> bytes:
+        """``read`` of a mail's content whose total ``size`` is known (a store may then skip a lookup)."""
+        return await self.read(blob_ids)
+
     @abc.abstractmethod
     async def stat(self, blob_id: str) -> BlobInfo: ...
 

@@ -1,131 +1,155 @@
-"""The one S3 client of the project: obstore (Rust object_store) for blob_svc, the sweep and the benches.
+"""The one S3 client of the project: the ``minio`` SDK, for blob_svc, the sweep, the benches and tests.
 
-It signs, pools HTTP connections, retries 5xx answers and dropped connections with jittered
-backoff, and does conditional puts and multipart uploads. blob_svc awaits its asyncio calls on
-the event loop (s3.py); the sweep's Spark tasks and the benches use its blocking calls.
+``Bucket`` is the bucket as every caller uses it, with blocking calls (blob_svc runs them on its
+own thread pool, services/adapters/s3/store.py; the sweep's Spark tasks and the benches call
+them directly). What it decides once for everyone:
 
-One workaround: obstore completes an asyncio future from a tokio thread with
-``call_soon_threadsafe``, which releases the GIL while it wakes the loop. When the program ends
-right then, the thread takes the GIL back during interpreter shutdown and Python 3.11 aborts the
-process (SIGABRT at exit in 8 of 60 runs of a script that saw two S3 errors; gdb: a tokio worker
-in ``sock_send`` -> ``take_gil`` -> ``PyThread_exit_thread``). ``_let_threads_leave`` gives such a
-thread 50 ms at exit to leave Python first (0 of 60, then 0 of 100 runs, with it).
-
-Object store has no bucket API: ``create_bucket`` sends the one CreateBucket request, signed by
-obstore (a presigned PUT on the bucket's root).
+- **Connections**: one urllib3 pool per client, ``pool_size`` connections kept per host (the
+  thread pool that calls it has as many threads, so no call waits for a connection).
+- **Retries**: urllib3's, in one place: a 5xx answer, a refused or reset connection or a read
+  timeout is retried twice with a growing pause (0.1 s, 0.2 s), for the idempotent requests
+  (GET, HEAD, PUT, DELETE; never the POST that completes a multipart upload); then the error
+  reaches the caller, which maps it (services/adapters/s3/errors.py). An S3 outage is reported
+  in seconds: connect timeout 3 s, read timeout 30 s.
+- **Region**: given (default ``us-east-1``), so no request asks S3 for the bucket's location.
+- **Payload signing**: over plain HTTP the signature covers the payload's SHA-256 (S3 refuses a
+  body damaged on the way); over TLS the transport does that (the SDK sends UNSIGNED-PAYLOAD).
+- **Whole reads** are one ranged GET; **puts of content already in memory** are one PUT, with
+  ``If-None-Match: *`` when the caller needs to know whether it existed (no HEAD first).
 """
 
 from __future__ import annotations
 
-import atexit
+import dataclasses
 import datetime as dt
-import time
-import urllib.error
-import urllib.request
+import io
+import os
 from collections.abc import Iterator
-from typing import Any
 
-import obstore
-from obstore.store import S3Store
+import certifi
+import urllib3
+from minio import Minio
+from minio.commonconfig import REPLACE, CopySource
+from minio.deleteobjects import DeleteObject
+from minio.error import S3Error
 
 from services.domain.config import S3Settings
 
-#: Retries of a failed request (5xx, reset connection, timeout of a read-only request), and the
-#: time after which none is tried: an S3 outage is reported in seconds, not minutes.
+#: Retries of a failed idempotent request, and the pause before the first (doubling).
 RETRIES = 2
-RETRY_WITHIN = dt.timedelta(seconds=5)
-CONNECT_TIMEOUT = dt.timedelta(seconds=3)
-REQUEST_TIMEOUT = dt.timedelta(seconds=30)
-#: Text of obstore's error when the bucket itself is missing (a list answers 404 NoSuchBucket).
-NO_SUCH_BUCKET = "NoSuchBucket"
-#: What a tokio thread gets at exit to leave ``call_soon_threadsafe`` (see above).
-EXIT_GRACE_S = 0.05
+BACKOFF_S = 0.1
+CONNECT_TIMEOUT_S = 3.0
+READ_TIMEOUT_S = 30.0
+#: Multipart part size (the S3 minimum): parts are read and sent one at a time, what bounds the
+#: memory of a large upload.
+UPLOAD_PART = 5 * 1024 * 1024
 
 
-@atexit.register
-def _let_threads_leave() -> None:
-    time.sleep(EXIT_GRACE_S)
+@dataclasses.dataclass(frozen=True)
+class Object:
+    key: str
+    size: int
+    last_modified: dt.datetime
 
 
-def store(settings: S3Settings) -> S3Store:
-    """A client of the settings' bucket (path-style requests, as MinIO serves them)."""
-    scheme = "https" if settings.secure else "http"
-    return S3Store(
-        settings.bucket,
-        endpoint=f"{scheme}://{settings.endpoint}",
-        access_key_id=settings.access_key,
-        secret_access_key=settings.secret_key,
-        region=settings.region or "us-east-1",
-        virtual_hosted_style_request=False,
-        # Over plain HTTP the signature covers the payload's SHA-256, so S3 refuses a body damaged
-        # on the way; over TLS the transport does that and the second hash is skipped (as botocore).
-        unsigned_payload=settings.secure,
-        client_options={
-            "allow_http": not settings.secure,
-            "connect_timeout": CONNECT_TIMEOUT,
-            "timeout": REQUEST_TIMEOUT,
-            "pool_max_idle_per_host": str(settings.pool_size),
-        },
-        retry_config={
-            "max_retries": RETRIES,
-            "retry_timeout": RETRY_WITHIN,
-            "backoff": {"init_backoff": dt.timedelta(milliseconds=100), "max_backoff": dt.timedelta(seconds=1), "base": 2},
-        },
+def http_client(settings: S3Settings) -> urllib3.PoolManager:
+    return urllib3.PoolManager(
+        maxsize=settings.pool_size,
+        timeout=urllib3.Timeout(connect=CONNECT_TIMEOUT_S, read=READ_TIMEOUT_S),
+        retries=urllib3.Retry(
+            total=RETRIES, backoff_factor=BACKOFF_S, status_forcelist=(500, 502, 503, 504), raise_on_status=False,
+        ),
+        cert_reqs="CERT_REQUIRED" if settings.secure else "CERT_NONE",
+        ca_certs=os.environ.get("SSL_CERT_FILE") or certifi.where(),
     )
 
 
-def bucket_exists(client: S3Store) -> bool:
-    """True when the bucket answers a one-key listing; False when S3 says it does not exist."""
-    try:
-        for _ in obstore.list(client, prefix="mailqueue-owner", chunk_size=1):
-            break
-    except obstore.exceptions.BaseError as e:
-        if NO_SUCH_BUCKET in str(e):
-            return False
-        raise
-    return True
+class Bucket:
+    """The settings' bucket (path-style requests, as MinIO serves them)."""
 
+    def __init__(self, settings: S3Settings) -> None:
+        self.name = settings.bucket
+        self.region = settings.region or "us-east-1"
+        self.client = Minio(settings.endpoint, access_key=settings.access_key, secret_key=settings.secret_key,
+                            secure=settings.secure, region=self.region, http_client=http_client(settings))
 
-def objects(client: S3Store, prefix: str) -> Iterator[dict[str, Any]]:
-    """Every object whose key starts with ``prefix`` (and is longer than it): dicts with ``path``,
-    ``size`` and ``last_modified``, in key order.
+    # The bucket itself.
 
-    object_store matches prefixes by whole path segments (``blobs/0a`` would mean ``blobs/0a/``),
-    so this lists the prefix's folder from the prefix on (S3's start-after) and stops at the first
-    key past it: a listing of ``blobs/0a`` reads only the keys that start with it.
-    """
-    folder = prefix.rpartition("/")[0] or None
-    for chunk in obstore.list(client, prefix=folder, offset=prefix or None, chunk_size=1000):
-        for o in chunk:
-            if not o["path"].startswith(prefix):
-                return
-            yield o
+    def exists(self) -> bool:
+        return self.client.bucket_exists(self.name)
 
+    def create(self) -> None:
+        """CreateBucket; a bucket created meanwhile (another replica) is not an error."""
+        try:
+            self.client.make_bucket(self.name, location=self.region)
+        except S3Error as e:
+            if e.code != "BucketAlreadyOwnedByYou":
+                raise
 
-def create_bucket(client: S3Store, settings: S3Settings) -> None:
-    """CreateBucket; a bucket created meanwhile (another replica) is not an error."""
-    url = obstore.sign(client, "PUT", "", dt.timedelta(minutes=1))
-    region = settings.region or "us-east-1"
-    body = None if region == "us-east-1" else (
-        "<CreateBucketConfiguration><LocationConstraint>"
-        f"{region}</LocationConstraint></CreateBucketConfiguration>"
-    ).encode()
-    request = urllib.request.Request(url, data=body, method="PUT")
-    try:
-        with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT.total_seconds()):
-            return
-    except urllib.error.HTTPError as e:
-        answer = e.read().decode(errors="replace")
-        if e.code == 409 and "BucketAlreadyOwnedByYou" in answer:
-            return
-        raise OSError(f"CreateBucket {settings.bucket} answered HTTP {e.code}: {answer[:300]}") from e
+    def drop(self) -> None:
+        """Every object, then the bucket (benches and tests clean up with it)."""
+        keys = [DeleteObject(o.key) for o in self.objects("")]
+        for error in self.client.remove_objects(self.name, keys):
+            raise OSError(f"could not delete {error.name}: {error.message}")
+        self.client.remove_bucket(self.name)
 
+    # Objects.
 
-def delete_bucket(client: S3Store) -> None:
-    """Every object, then the bucket itself (benches and tests clean up with it)."""
-    keys = [o["path"] for o in objects(client, "")]
-    for i in range(0, len(keys), 1000):
-        obstore.delete(client, keys[i:i + 1000])
-    request = urllib.request.Request(obstore.sign(client, "DELETE", "", dt.timedelta(minutes=1)), method="DELETE")
-    with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT.total_seconds()):
-        pass
+    def objects(self, prefix: str) -> Iterator[Object]:
+        """Every object whose key starts with ``prefix``, in key order (paged by the SDK)."""
+        for o in self.client.list_objects(self.name, prefix=prefix or None, recursive=True):
+            yield Object(o.object_name, int(o.size or 0), o.last_modified)
+
+    def head(self, key: str) -> Object:
+        st = self.client.stat_object(self.name, key)
+        return Object(key, int(st.size or 0), st.last_modified)
+
+    def put(self, key: str, data: bytes) -> None:
+        self.client.put_object(self.name, key, io.BytesIO(data), len(data))
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        """One conditional PUT: True when created, False when the key existed.
+
+        The SDK's put_object turns every extra header into user metadata, so the conditional
+        header goes through its PutObject call itself (minio is pinned in constraints.txt;
+        tests/unit/test_s3client.py checks the call is there)."""
+        try:
+            self.client._put_object(self.name, key, data, headers={"If-None-Match": "*"})  # noqa: SLF001
+            return True
+        except S3Error as e:
+            if e.code == "PreconditionFailed" or e.response.status == 412:
+                return False
+            raise
+
+    def upload(self, key: str, path: str, size: int) -> None:
+        """A file as one object: parts of UPLOAD_PART, one at a time."""
+        with open(path, "rb") as f:
+            self.client.put_object(self.name, key, f, size, part_size=UPLOAD_PART, num_parallel_uploads=1)
+
+    def touch(self, key: str) -> None:
+        """A new modification time for an existing object, without sending its bytes again (a
+        server-side copy onto itself that replaces its metadata)."""
+        now = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        self.client.copy_object(self.name, key, CopySource(self.name, key), metadata={"x-amz-meta-touched": now},
+                                metadata_directive=REPLACE)
+
+    def read(self, key: str, limit: int) -> bytes:
+        """Up to ``limit`` bytes from the start, in one ranged GET (an empty object: one plain GET)."""
+        try:
+            response = self.client.get_object(self.name, key, offset=0, length=limit)
+        except S3Error as e:
+            if e.code != "InvalidRange":
+                raise
+            response = self.client.get_object(self.name, key)
+        try:
+            return response.read()
+        finally:
+            response.close()
+            response.release_conn()
+
+    def open(self, key: str) -> urllib3.BaseHTTPResponse:
+        """The object's body as a stream: read it, then ``close`` and ``release_conn``."""
+        return self.client.get_object(self.name, key)
+
+    def remove(self, key: str) -> None:
+        self.client.remove_object(self.name, key)
