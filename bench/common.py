@@ -23,13 +23,15 @@ PORTS = {"blob": 56054, "enqueue": 56051, "dequeue": 56052, "browse": 56053}
 
 
 def env(keyspace: str, name: str, metrics_port: int = 0) -> dict[str, str]:
-    """A service's environment; MAILQUEUE_BLOB_TARGET="" in the caller's environment keeps S3 direct."""
+    """A service's environment: S3 directly, the default (MAILQUEUE_BLOB_TARGET=blob in the
+    caller's environment measures the blob_svc hop instead)."""
     e = dict(os.environ)
     e.update({
         "MAILQUEUE_CASSANDRA_KEYSPACE": keyspace, "MAILQUEUE_PORT": str(PORTS[name]), "MAILQUEUE_METRICS_PORT": str(metrics_port),
-        "MAILQUEUE_BLOB_TARGET": os.environ.get("MAILQUEUE_BLOB_TARGET", f"127.0.0.1:{PORTS['blob']}"),
         "MAILQUEUE_LOG_LEVEL": "WARNING",
     })
+    if os.environ.get("MAILQUEUE_BLOB_TARGET") == "blob":
+        e["MAILQUEUE_BLOB_TARGET"] = f"127.0.0.1:{PORTS['blob']}"
     return e
 
 

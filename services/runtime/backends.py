@@ -20,14 +20,16 @@ from services.ports.broker import Broker
 log = logging.getLogger(__name__)
 
 
-def blob_store(settings: Settings, view: View) -> BlobStore:
-    """Small blobs in the view's Cassandra; larger ones through blob_svc when a target is
-    configured (the default), in S3 directly otherwise."""
+async def blob_store(settings: Settings, view: View) -> BlobStore:
+    """Small blobs in the view's Cassandra; larger ones in S3 directly (the default: created if
+    missing), or through blob_svc when MAILQUEUE_BLOB_TARGET names it."""
     large: BlobStore
     if settings.server.blob_target:
         large = RemoteBlobStore(settings.server.blob_target, settings.server.service_token)
     else:
-        large = S3BlobStore(settings.s3, settings.limits.max_blob_bytes)
+        s3 = S3BlobStore(settings.s3, settings.limits.max_blob_bytes)
+        await s3.ensure_bucket()
+        large = s3
     return tiered(settings, view, large)
 
 
@@ -59,10 +61,11 @@ class Backends:
             await apply_view_settings(view, settings)
             broker = RabbitMQBroker(settings.rabbitmq, settings.cassandra.keyspace)
             await broker.ping()
+            blobs = await blob_store(settings, view)
         except BaseException:
             view.close()
             raise
-        return cls(view, broker, blob_store(settings, view))
+        return cls(view, broker, blobs)
 
     async def check(self) -> None:
         await self.view.ping()

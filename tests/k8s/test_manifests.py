@@ -116,8 +116,16 @@ def test_the_admin_service_is_reachable_only_where_the_overlay_says(rendered):
         assert sources == [{"podSelector": {}}]
 
 
-def test_internal_clients_balance_over_every_blob_replica(rendered):
+def test_enqueue_and_dequeue_reach_s3_themselves_and_connections_are_rebalanced(rendered):
+    """No blob_svc hop for mail content (the default, MAILQUEUE_BLOB_TARGET unset): every service
+    gets the S3 endpoint and keys; clients reconnect (and re-resolve) as connections age out."""
     _, _, docs = rendered
     [config] = [c for c in of_kind(docs, "ConfigMap") if c["metadata"]["name"].startswith("mailqueue-config")]
-    assert config["data"]["MAILQUEUE_BLOB_TARGET"].startswith("dns:///mailqueue-blob.")
+    assert "MAILQUEUE_BLOB_TARGET" not in config["data"] and config["data"]["MAILQUEUE_S3_ENDPOINT"]
+    for d in of_kind(docs, "Deployment"):
+        if d["metadata"]["name"].endswith(("enqueue", "dequeue")):
+            [container] = d["spec"]["template"]["spec"]["containers"]
+            refs = [r.get("secretRef", r.get("configMapRef", {})).get("name", "") for r in container["envFrom"]]
+            for wanted in ("mailqueue-config", "mailqueue-backends"):  # the S3 endpoint; its keys
+                assert any(ref.startswith(wanted) for ref in refs), (d["metadata"]["name"], wanted)
     assert int(config["data"]["MAILQUEUE_MAX_CONNECTION_AGE_S"]) > 0
