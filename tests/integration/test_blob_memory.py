@@ -57,3 +57,52 @@ def test_200_mib_round_trip_keeps_peak_rss_growth_under_64_mib(keyspace, running
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_96_mib_mail_streams_through_enqueue_svc_to_s3_in_less_memory_than_itself(suite, keyspace):
+    """enqueue_svc writes large content to S3 itself (the default): EnqueueStream hashes and spools
+    it, then uploads it in parts; the process never holds the mail. Delivered by reference and
+    read back whole through blob_svc's Get."""
+    from mailqueue.v1 import enqueue_pb2, enqueue_pb2_grpc, mail_pb2
+    from tests.harness import ServiceProcess
+    from tests.integration.helpers import StreamConsumer
+
+    queue = suite.new_queue()
+    enqueue_proc = ServiceProcess("enqueue", service_env(keyspace))
+    try:
+        stub = enqueue_pb2_grpc.EnqueueServiceStub(enqueue_proc.channel())
+        warm = enqueue_pb2.EnqueueRequest(queue=queue, mail=mail_pb2.Mail(name="warm-up", recipients=["b@example.org"]),
+                                          inline_content=os.urandom(100_000))  # an S3 put once: every code path loaded
+        stub.Enqueue(warm)
+        baseline = _status_kib(enqueue_proc.proc.pid, "VmRSS")
+        seed, digest = os.urandom(MiB), hashlib.sha256()
+
+        def requests():
+            yield enqueue_pb2.EnqueueStreamRequest(header=enqueue_pb2.EnqueueHeader(
+                queue=queue, mail=mail_pb2.Mail(name="large", recipients=["b@example.org"])))
+            for i in range(96):
+                chunk = seed[i:] + seed[:i]
+                digest.update(chunk)
+                yield enqueue_pb2.EnqueueStreamRequest(chunk=chunk)
+
+        receipt = stub.EnqueueStream(requests(), timeout=300).receipt
+        peak = _status_kib(enqueue_proc.proc.pid, "VmHWM")
+    finally:
+        enqueue_proc.stop()
+    growth_mib = (peak - baseline) / 1024
+    print(f"\nenqueue_svc RSS: baseline {baseline / 1024:.1f} MiB, peak {peak / 1024:.1f} MiB, growth {growth_mib:.1f} MiB")
+    assert growth_mib < 96
+    assert receipt.size == 96 * MiB and list(receipt.blob_ids) == [digest.hexdigest()]
+    c = StreamConsumer(suite.dequeue_stub, queue)
+    names = {}
+    for d in c.take(2):
+        names[d.mail.mail.name] = d
+        c.answer(d)
+    c.close()
+    d = names["large"]
+    assert not d.content_inline and d.content == b""
+    back, size = hashlib.sha256(), 0
+    for part in suite.blob_stub.Get(blob_pb2.GetRequest(blob_id=d.mail.blob_ids[0]), timeout=300):
+        back.update(part.chunk)
+        size += len(part.chunk)
+    assert (size, back.hexdigest()) == (96 * MiB, digest.hexdigest())
