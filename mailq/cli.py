@@ -47,7 +47,7 @@ import grpc
 from google.protobuf import json_format, timestamp_pb2
 
 from mailq import dead, throttle
-from mailq.common import duration, duration_arg, print_table
+from mailq.common import duration, duration_arg, follow, print_table
 from mailqueue.v1 import (
     admin_pb2,
     admin_pb2_grpc,
@@ -241,13 +241,9 @@ def cmd_clear(c: Client, a: argparse.Namespace) -> None:
 
 
 def cmd_drop(c: Client, a: argparse.Namespace) -> None:
-    last = None
-    for r in c.admin.DeleteQueue(admin_pb2.DeleteQueueRequest(queue=a.queue, force=a.force)):
-        last = r
-        print(f"\rdeleting queue {a.queue}: {r.phase}, {r.mails_deleted} mail(s) deleted", end="", file=sys.stderr, flush=True)
-    print(file=sys.stderr)
-    if last is None or not last.done:
-        raise SystemExit(f"mailq drop: the delete of {a.queue} did not finish: run it again to complete it")
+    last = follow(c.admin.DeleteQueue(admin_pb2.DeleteQueueRequest(queue=a.queue, force=a.force)),
+                  lambda r: f"deleting queue {a.queue}: {r.phase}, {r.mails_deleted} mail(s) deleted",
+                  f"mailq drop: the delete of {a.queue} did not finish: run it again to complete it")
     print(f"queue {a.queue} deleted ({last.mails_deleted} live mail(s) deleted with it)")
 
 
@@ -256,13 +252,8 @@ def cmd_move(c: Client, a: argparse.Namespace) -> None:
                 else browse_pb2.SCHEDULE_FILTER_UNSPECIFIED)
     request = admin_pb2.MoveMailsRequest(queue=a.queue, to_queue=a.to_queue, sender=a.sender or "", recipient=a.recipient or "",
                                          name=a.name or "", schedule=schedule, limit=a.limit)
-    last = None
-    for r in c.admin.MoveMails(request):
-        last = r
-        print(f"\rmoving to {a.to_queue}: {r.scanned} scanned, {r.moved} moved", end="", file=sys.stderr, flush=True)
-    print(file=sys.stderr)
-    if last is None or not last.done:
-        raise SystemExit("mailq move: interrupted: run it again (it completes the moves begun first)")
+    last = follow(c.admin.MoveMails(request), lambda r: f"moving to {a.to_queue}: {r.scanned} scanned, {r.moved} moved",
+                  "mailq move: interrupted: run it again (it completes the moves begun first)")
     resumed = f" (and {last.resumed} interrupted move(s) completed)" if last.resumed else ""
     print(f"{last.moved} mail(s) moved to {a.to_queue}{resumed}")
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import sys
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from google.protobuf import duration_pb2
@@ -30,3 +32,15 @@ def print_table(rows: list[list[str]], header: list[str]) -> None:
     widths = [max(len(str(c)) for c in col) for col in zip(header, *rows)]
     for row in [header, *rows]:
         print("  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip())
+
+
+def follow(stream: Iterable[Any], progress: Callable[[Any], str], interrupted: str) -> Any:
+    """Show a streamed operation's progress on one stderr line; its last message, which must be done."""
+    last = None
+    for r in stream:
+        last = r
+        print(f"\r{progress(r)}", end="", file=sys.stderr, flush=True)
+    print(file=sys.stderr)
+    if last is None or not last.done:
+        raise SystemExit(interrupted)
+    return last

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from typing import Any
 
 from google.protobuf import json_format
 
-from mailq.common import duration, duration_arg, print_table
+from mailq.common import duration, duration_arg, follow, print_table
 from mailqueue.v1 import admin_pb2, browse_pb2
 
 REASONS = ("expired", "rejected", "bounced", "delivery_limit", "content_missing", "other")
@@ -57,13 +56,8 @@ def cmd_count(c: Any, a: argparse.Namespace) -> None:
 def cmd_redrive(c: Any, a: argparse.Namespace) -> None:
     request = admin_pb2.RedriveDeadLettersRequest(queue=a.queue, filter=_filter(a), to_queue=a.to or "", per_second=a.rate,
                                                   keep_attempts=a.keep_attempts, limit=a.limit)
-    last = None
-    for r in c.admin.RedriveDeadLetters(request):
-        last = r
-        print(f"\rredriving: {r.scanned} scanned, {r.redriven} redriven", end="", file=sys.stderr, flush=True)
-    print(file=sys.stderr)
-    if last is None or not last.done:
-        raise SystemExit("mailq dead redrive: interrupted: run it again (it completes the redrives begun first)")
+    last = follow(c.admin.RedriveDeadLetters(request), lambda r: f"redriving: {r.scanned} scanned, {r.redriven} redriven",
+                  "mailq dead redrive: interrupted: run it again (it completes the redrives begun first)")
     resumed = f" (and {last.resumed} interrupted redrive(s) completed)" if last.resumed else ""
     print(f"{last.redriven} mail(s) redriven to {a.to or a.queue}{resumed}")
 
@@ -72,13 +66,8 @@ def cmd_purge(c: Any, a: argparse.Namespace) -> None:
     request = admin_pb2.PurgeDeadLettersRequest(queue=a.queue, filter=_filter(a), all=a.all)
     if a.older_than is not None:
         request.older_than.CopyFrom(duration(a.older_than))
-    last = None
-    for r in c.admin.PurgeDeadLetters(request):
-        last = r
-        print(f"\rpurging: {r.scanned} scanned, {r.purged} purged", end="", file=sys.stderr, flush=True)
-    print(file=sys.stderr)
-    if last is None or not last.done:
-        raise SystemExit("mailq dead purge: interrupted: run it again")
+    last = follow(c.admin.PurgeDeadLetters(request), lambda r: f"purging: {r.scanned} scanned, {r.purged} purged",
+                  "mailq dead purge: interrupted: run it again")
     print(f"{last.purged} dead letter(s) purged")
 
 

@@ -196,3 +196,19 @@ def heal_counters(suite, queue: str) -> int:
     assert r.size_after == exact == suite.browse_stub.GetSize(browse_pb2.GetSizeRequest(queue=queue)).size
     print(f"counter drift: size {r.size_before - exact:+d} (counters {r.size_before}, exact {exact}), healed")
     return r.size_before - exact
+
+
+def kill_9_mid_stream(stream, process, begun) -> None:
+    """Read a streamed admin operation's progress and SIGKILL ``process`` at a random instant once
+    ``begun(progress)`` holds, while it goes on; the stream must then end with an error."""
+    import random
+    import threading
+
+    try:
+        for p in stream:
+            if begun(p):
+                threading.Event().wait(random.uniform(0.005, 0.1))  # choosing the instant, not waiting for a state
+                process.kill9()
+    except grpc.RpcError:
+        return
+    raise AssertionError("the stream ended normally: the process was not killed mid-operation")

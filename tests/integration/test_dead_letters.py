@@ -8,9 +8,7 @@ from __future__ import annotations
 import collections
 import datetime as dt
 import queue as q
-import random
 import re
-import threading
 import time
 
 import grpc
@@ -18,7 +16,7 @@ import pytest
 
 from mailqueue.v1 import admin_pb2, admin_pb2_grpc, browse_pb2, browse_pb2_grpc
 from tests.harness import ServiceProcess, service_env, wait_until
-from tests.integration.helpers import StreamConsumer, inline, simple_mail
+from tests.integration.helpers import StreamConsumer, inline, kill_9_mid_stream, simple_mail
 from tests.integration.test_cli import mailq
 
 R = browse_pb2
@@ -182,11 +180,7 @@ def test_kill_9_of_browse_svc_mid_redrive_loses_nothing_and_delivers_nothing_twi
     try:
         stub = admin_pb2_grpc.AdminServiceStub(browse_proc.channel())
         stream = stub.RedriveDeadLetters(admin_pb2.RedriveDeadLettersRequest(queue=queue, per_second=1000), timeout=120)
-        with pytest.raises(grpc.RpcError):
-            for p in stream:
-                if p.redriven >= 100:  # killed at a random instant while it goes on redriving
-                    threading.Event().wait(random.uniform(0.005, 0.1))  # choosing the instant, not waiting for a state
-                    browse_proc.kill9()
+        kill_9_mid_stream(stream, browse_proc, lambda p: p.redriven >= 100)
         browse_proc.start()
         stub = admin_pb2_grpc.AdminServiceStub(browse_proc.channel())
         left = browse_pb2_grpc.BrowseServiceStub(browse_proc.channel())

@@ -7,15 +7,13 @@ from __future__ import annotations
 import collections
 import datetime as dt
 import queue as q
-import random
-import threading
 
 import grpc
 import pytest
 
 from mailqueue.v1 import admin_pb2, admin_pb2_grpc, browse_pb2
 from tests.harness import ServiceProcess, service_env, wait_until
-from tests.integration.helpers import StreamConsumer, inline, simple_mail
+from tests.integration.helpers import StreamConsumer, inline, kill_9_mid_stream, simple_mail
 from tests.integration.test_cli import mailq
 
 
@@ -94,11 +92,7 @@ def test_kill_9_of_browse_svc_mid_move_loses_nothing_and_delivers_nothing_twice(
     try:
         stub = admin_pb2_grpc.AdminServiceStub(browse_proc.channel())
         stream = stub.MoveMails(admin_pb2.MoveMailsRequest(queue=src, to_queue=dst), timeout=120)
-        with pytest.raises(grpc.RpcError):
-            for p in stream:
-                if p.moved >= 300:  # killed at a random instant while it goes on moving
-                    threading.Event().wait(random.uniform(0.005, 0.1))  # choosing the instant, not waiting for a state
-                    browse_proc.kill9()
+        kill_9_mid_stream(stream, browse_proc, lambda p: p.moved >= 300)
         browse_proc.start()
         stub = admin_pb2_grpc.AdminServiceStub(browse_proc.channel())
         final = move(stub, src, dst)[-1]
