@@ -129,3 +129,59 @@ def test_with_no_admin_call_every_row_gets_delivered_once_and_counters_heal(heal
         stop.set()
         consumer_done.set()
         consumer.close()
+
+
+def test_a_redrive_killed_mid_way_is_completed_by_the_healer(healed):
+    """browse_svc SIGKILLed while it redrives dead letters, with a redrive journaled but not
+    finished; no admin call afterwards: a healing replica completes it after its grace. Every mail
+    is then either delivered once or still a dead letter, never both, never lost."""
+    from mailqueue.v1 import admin_pb2, admin_pb2_grpc
+    from tests.integration.helpers import kill_9_mid_stream
+    from tests.integration.test_dead_letters import dead, reject_all
+
+    s = healed
+    queue = s.new_queue()
+    names = [f"d{i}" for i in range(400)]
+    reject_all(s, queue, names)
+    redriver = ServiceProcess("browse", {k: v for k, v in s.browse.env.items() if k not in PORTS})
+
+    def journal() -> list:
+        return s.run(s.view.moves.pending(f"dead-letters/{queue}"))
+
+    try:
+        for _ in range(5):  # until the kill lands inside a redrive (most instants do)
+            stub = admin_pb2_grpc.AdminServiceStub(redriver.channel())
+            stream = stub.RedriveDeadLetters(admin_pb2.RedriveDeadLettersRequest(queue=queue, per_second=1000), timeout=120)
+            kill_9_mid_stream(stream, redriver, lambda p: p.redriven >= 20)
+            interrupted = {landed.mail.name for _dead, landed, _begun in journal()}
+            if interrupted:
+                break
+            redriver.start()
+        assert interrupted, "no kill landed inside a redrive in 5 tries"
+    finally:
+        redriver.stop()
+    wait_until(lambda: not journal(), 30, what="the healer completing the interrupted redrive")
+    still_dead = {d.mail.mail.name for d in dead(s, queue)}
+    delivered: collections.Counter[str] = collections.Counter()
+    c = StreamConsumer(s.dequeue_stub, queue, prefetch=64)
+
+    def drain() -> bool:
+        while True:
+            try:
+                d = c.next(timeout=0.05)
+            except q.Empty:
+                break
+            delivered[d.mail.mail.name] += 1
+            c.answer(d)
+        return len(delivered) + len(still_dead) >= len(names)
+
+    wait_until(drain, 60, interval=0.01, what="every redriven mail delivered")
+    with pytest.raises(q.Empty):
+        c.next(timeout=2)
+    c.close()
+    print(f"\ninterrupted redrive(s) {sorted(interrupted)} completed by the healer; {len(delivered)} delivered, "
+          f"{len(still_dead)} still dead")
+    assert interrupted <= set(delivered)
+    assert not set(delivered) & still_dead and set(delivered) | still_dead == set(names)
+    assert all(n == 1 for n in delivered.values())
+    assert sum(s.healers[i].metric("mailqueue_healer_repairs_total", queue=queue, kind="redrive") for i in range(2)) == len(interrupted)
