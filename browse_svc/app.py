@@ -42,7 +42,7 @@ class BrowseApp(QueueApp[BrowseSide]):
     def build(self, b: Backends) -> BrowseSide:
         browser = Browser(b.view, b.broker, b.blobs, b.state, self.settings.limits.dequeue_inline_bytes)
         admin = Admin(b.view, b.broker, b.state, browser)
-        return BrowseSide(browser, admin, ShapingAdmin(b.view.shaping, b.state), DeadLetterBook(b.view, b.broker, b.state, admin.mover))
+        return BrowseSide(browser, admin, ShapingAdmin(b.view.shaping, b.state), DeadLetterBook(b.view, b.broker, browser, admin.mover))
 
     def background(self, b: Backends) -> list[Coroutine[Any, Any, None]]:
         server = self.settings.server

@@ -28,9 +28,9 @@ import logging
 import time
 from collections.abc import AsyncIterator
 
+from services.app.browser import Browser
 from services.app.moves import Mover, land
-from services.app.queue_state import QueueState
-from services.domain import dead_letters, model, validation
+from services.domain import dead_letters, model
 from services.domain.dead_letters import DeadLetter, DeadLetterFilter
 from services.domain.errors import InvalidArgument
 from services.ports.broker import Broker
@@ -64,10 +64,10 @@ class PurgeProgress:
 
 
 class DeadLetterBook:
-    def __init__(self, view: View, broker: Broker, state: QueueState, mover: Mover) -> None:
+    def __init__(self, view: View, broker: Broker, browser: Browser, mover: Mover) -> None:
         self._view = view
         self._broker = broker
-        self._state = state
+        self._existing = browser.existing
         self._mover = mover
 
     async def browse(self, queue: str, f: DeadLetterFilter, limit: int = 0) -> AsyncIterator[DeadLetter]:
@@ -99,9 +99,7 @@ class DeadLetterBook:
         self, queue: str, f: DeadLetterFilter, target: str, per_second: int, keep_attempts: bool, limit: int = 0,
     ) -> AsyncIterator[RedriveProgress]:
         await self._existing(queue)
-        target = target or queue
-        validation.queue_name(target)
-        await self._state.require_queue(target)
+        target = await self._existing(target or queue)
         pacer = dead_letters.Pacer(dead_letters.redrive_rate(per_second), time.monotonic())
         p = RedriveProgress()
         p.resumed = await self.complete_interrupted(queue, dt.timedelta(0))
@@ -170,7 +168,3 @@ class DeadLetterBook:
         if keep_attempts:
             return dataclasses.replace(landed, deliver_at=None)
         return dataclasses.replace(landed, enqueued_at=model.utcnow(), deliver_at=None, attempts=0, last_error="", generation=0)
-
-    async def _existing(self, queue: str) -> None:
-        validation.queue_name(queue)
-        await self._state.require_queue(queue)
