@@ -242,6 +242,35 @@ class CpuMeter:
         return f"CPU ms per op: {parts}; total {total:.2f} (at most {cores * 1000 / total:.0f}/s on {cores} cores)"
 
 
+#: The stack counts as idle below this share of one core, over SETTLE_WINDOW_S.
+SETTLE_IDLE_CORE = 0.10
+SETTLE_WINDOW_S = 2.0
+
+
+def settle(label: str, deadline_s: float = 180.0) -> float:
+    """Wait until the stack's servers are idle again, and return the seconds it took.
+
+    A phase that writes at full speed leaves Cassandra compacting (and flushing) for up to a
+    minute after it; measured then, the next phase pays for the phase before it. Each phase
+    starts once the servers' CPU over ``SETTLE_WINDOW_S`` is below ``SETTLE_IDLE_CORE`` of a
+    core (they idle at about 0.01 here). Past ``deadline_s`` it goes on, and says so.
+    """
+    pids = stack_pids()
+    began = time.monotonic()
+    while True:
+        before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+        time.sleep(SETTLE_WINDOW_S)
+        busy = sum(cpu_seconds(pid) - before[name] for name, pid in pids.items()) / SETTLE_WINDOW_S
+        waited = time.monotonic() - began
+        if busy < SETTLE_IDLE_CORE:
+            print(f"  [{label}] stack idle ({busy:.2f} of a core) after {waited:.0f} s", file=sys.stderr)
+            return waited
+        if waited > deadline_s:
+            print(f"  [{label}] stack still busy ({busy:.2f} of a core) after {waited:.0f} s: measuring anyway",
+                  file=sys.stderr)
+            return waited
+
+
 def report(name: str, r: dict[str, float]) -> str:
     return f"{name:<10} {r['ops']:>7.0f} ops  {r['per_s']:>8.1f}/s  p50 {r['p50_ms']:>7.1f} ms  p99 {r['p99_ms']:>7.1f} ms"
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import grpc
 
-from bench.common import PORTS, CpuMeter, bench_queue, blob_store, new_keyspace, run, start_services, stop
+from bench.common import PORTS, CpuMeter, bench_queue, blob_store, new_keyspace, run, settle, start_services, stop
 from bench.enqueue_bench import content
 from mailqueue.v1 import admin_pb2, admin_pb2_grpc, dequeue_pb2, dequeue_pb2_grpc
 from services.adapters.cassandra.view import View
@@ -148,10 +148,16 @@ def main() -> None:
         for q in queues:
             asyncio.run(fill(settings, q, a.warmup_mails + a.mails, a.size))
         services = {"blob_svc": procs[0].pid, "dequeue_svc": procs[1].pid}
+        # Every phase starts on an idle stack: the filling (and the phase before) leave Cassandra compacting.
+        settle("grpc")
         g = asyncio.run(via_grpc(grpc_queue, a.mails, a.prefetch, a.warmup_mails, services))
-        b = asyncio.run(via_grpc(batch_queue, a.mails, a.prefetch, a.warmup_mails, services, a.batch)) if a.batch > 1 else None
+        b = None
+        if a.batch > 1:
+            settle("grpc-batch")
+            b = asyncio.run(via_grpc(batch_queue, a.mails, a.prefetch, a.warmup_mails, services, a.batch))
     finally:
         stop(procs)
+    settle("direct")
     d = asyncio.run(direct(settings, direct_queue, a.mails, a.prefetch, a.warmup_mails))
     print(f"\ndequeue + SUCCESS of {a.size} B mails, prefetch {a.prefetch}, one stream, {a.mails} timed after {a.warmup_mails} of warm-up, keyspace {keyspace}")
     print(f"grpc      {g['per_s']:8.1f} mails/s ({g['n']} in {g['seconds']:.2f} s)")

@@ -22,7 +22,7 @@ from typing import Any
 
 import grpc
 
-from bench.common import PORTS, bench_queue, blob_store, load, new_keyspace, report, run, start_services, stop
+from bench.common import PORTS, bench_queue, blob_store, load, new_keyspace, report, run, settle, start_services, stop
 from mailqueue.v1 import admin_pb2, admin_pb2_grpc, enqueue_pb2, enqueue_pb2_grpc, mail_pb2
 from services.adapters.cassandra.view import View
 from services.adapters.rabbitmq.broker import RabbitMQBroker
@@ -166,19 +166,29 @@ def main() -> None:
             admin.CreateQueue(admin_pb2.CreateQueueRequest(queue=name))
         services = {"blob_svc": procs[0].pid, "enqueue_svc": procs[1].pid}
         # The paced phase first: after a saturated one, Cassandra is still compacting what it wrote.
-        paced = asyncio.run(via_grpc(grpc_queue, a.seconds, a.concurrency, a.size, a.warmup, services, a.rate)) if a.rate else None
+        # And every phase starts on an idle stack (settle), the direct one too.
+        paced = None
+        if a.rate:
+            settle("grpc paced")
+            paced = asyncio.run(via_grpc(grpc_queue, a.seconds, a.concurrency, a.size, a.warmup, services, a.rate))
         if a.rate_only:
             print(f"\nenqueue of {a.size} B mails paced at {a.rate:.0f}/s, {a.seconds:.0f} s after {a.warmup:.0f} s of warm-up")
             print(report(f"grpc@{a.rate:.0f}/s", paced))
             print(f"           {paced['cpu']}")
             return
+        settle("grpc")
         g = asyncio.run(via_grpc(grpc_queue, a.seconds, a.concurrency, a.size, a.warmup, services))
-        m = asyncio.run(via_grpc_many(many_queue, a.seconds, a.concurrency, a.size, a.warmup, services)) if a.many else None
-        b = asyncio.run(via_grpc_many(batch_queue, a.seconds, a.concurrency, a.size, a.warmup, services, a.batch)) \
-            if a.batch > 1 else None
+        m = b = None
+        if a.many:
+            settle("grpc-many")
+            m = asyncio.run(via_grpc_many(many_queue, a.seconds, a.concurrency, a.size, a.warmup, services))
+        if a.batch > 1:
+            settle("grpc-batch")
+            b = asyncio.run(via_grpc_many(batch_queue, a.seconds, a.concurrency, a.size, a.warmup, services, a.batch))
     finally:
         stop(procs)
     settings = Settings.from_env("enqueue", {**os.environ, "MAILQUEUE_CASSANDRA_KEYSPACE": keyspace})
+    settle("direct")
     d = asyncio.run(direct(settings, direct_queue, a.seconds, a.concurrency, a.size, a.warmup))
     print(f"\nenqueue of {a.size} B mails, concurrency {a.concurrency}, {a.seconds:.0f} s each after {a.warmup:.0f} s of warm-up, keyspace {keyspace}")
     print(report("grpc", g))
