@@ -100,6 +100,10 @@ class RabbitMQSettings:
     heartbeat_s: int = 5
     #: A publish not confirmed within this is UNAVAILABLE, and the connection is dropped for another node.
     confirm_timeout_s: float = 10.0
+    #: The broker's copies of a queue's dead letters (``mailqueue.<q>.dead-letter``) are bounded:
+    #: past this many, or this age, the oldest go (the repository keeps every dead letter).
+    dead_letter_max: int = 100_000
+    dead_letter_keep_s: int = 7 * 24 * 3600
 
     @property
     def url(self) -> str:
@@ -118,6 +122,8 @@ class RabbitMQSettings:
             connect_timeout_s=_float(env, "RABBITMQ_CONNECT_TIMEOUT_S", 5.0, 0.001),
             heartbeat_s=_int(env, "RABBITMQ_HEARTBEAT_S", 5, 1, 600),
             confirm_timeout_s=_float(env, "RABBITMQ_CONFIRM_TIMEOUT_S", 10.0, 0.1),
+            dead_letter_max=_int(env, "RABBITMQ_DEAD_LETTER_MAX", cls.dead_letter_max, 1),
+            dead_letter_keep_s=_int(env, "RABBITMQ_DEAD_LETTER_KEEP_S", cls.dead_letter_keep_s, 1, 10 * 365 * 24 * 3600),
         )
 
 

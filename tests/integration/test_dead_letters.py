@@ -10,13 +10,14 @@ import datetime as dt
 import queue as q
 import re
 import time
+import uuid
 
 import grpc
 import pytest
 
 from mailqueue.v1 import admin_pb2, admin_pb2_grpc, browse_pb2, browse_pb2_grpc
 from tests.harness import ServiceProcess, service_env, wait_until
-from tests.integration.helpers import StreamConsumer, inline, kill_9_mid_stream, simple_mail
+from tests.integration.helpers import StreamConsumer, dead_letter_count, inline, kill_9_mid_stream, simple_mail
 from tests.integration.test_cli import mailq
 
 R = browse_pb2
@@ -277,3 +278,24 @@ def test_admin_operations_read_their_own_writes(suite, keyspace):
         assert purge(admin, queue, all=True).purged == 0
     finally:
         browse_proc.stop()
+
+
+def test_the_brokers_copies_are_bounded_and_the_repository_keeps_every_dead_letter(suite, keyspace):
+    """A queue created by a browse_svc with MAILQUEUE_RABBITMQ_DEAD_LETTER_MAX=3 keeps at most 3
+    broker copies (the oldest go), while the repository lists all 5. The suite's services, with
+    the default bound, find the queue declared otherwise: they keep it and still enqueue and
+    dead-letter (their declaration's mismatch is only logged)."""
+    bounded = ServiceProcess("browse", service_env(keyspace, MAILQUEUE_BLOB_TARGET=suite.blob.target,
+                                                   MAILQUEUE_RABBITMQ_DEAD_LETTER_MAX="3"))
+    try:
+        queue = f"q-{uuid.uuid4().hex[:10]}"
+        admin = admin_pb2_grpc.AdminServiceStub(bounded.channel())
+        assert admin.CreateQueue(admin_pb2.CreateQueueRequest(queue=queue)).created
+        names = [f"b{i}" for i in range(5)]
+        reject_all(suite, queue, names)
+        wait_until(lambda: dead_letter_count(queue) == 3, what="the broker's copies at their bound")
+        assert dead_letter_count(queue) == 3
+        assert {d.mail.mail.name for d in dead(suite, queue)} == set(names)
+        assert counts(browse_pb2_grpc.BrowseServiceStub(bounded.channel()), queue, exact=True) == {"rejected": 5}
+    finally:
+        bounded.stop()

@@ -244,16 +244,49 @@ class RabbitMQBroker(Broker):
             if channel.is_open:
                 channel.close()
 
+    def dead_letter_queue_arguments(self) -> dict[str, Any]:
+        """The per-queue dead-letter queue keeps the broker's copy of each dead letter (the
+        repository, dead_letters_v1, is what operators read; an undecodable message has only this
+        copy), bounded: the oldest copies go first past ``dead_letter_max`` or ``dead_letter_keep_s``,
+        so a queue that dead-letters for weeks cannot fill the broker's disk and block publishers."""
+        s = self._settings
+        return {**self._queue_type(), "x-max-length": s.dead_letter_max, "x-overflow": "drop-head",
+                "x-message-ttl": s.dead_letter_keep_s * 1000}
+
+    async def _declare_dead_letter_queue(self, queue: str, dlx: str) -> None:
+        """The queue's dead-letter exchange and its bounded queue. One left by an older version
+        (unbounded, or with other bounds) is kept, and the log says how to bound it."""
+        dlq = names.dead_letter_queue(queue)
+        channel, w = await self._channel()
+        try:
+            await self._call(w, channel.exchange_declare, exchange=dlx, exchange_type="fanout", durable=True)
+            await self._call(w, channel.queue_declare, queue=dlq, durable=True, arguments=self.dead_letter_queue_arguments())
+        except BackendUnavailable as e:
+            if "PRECONDITION_FAILED" not in str(e):
+                raise
+            s = self._settings
+            log.warning("dead-letter queue %s exists with other arguments (an older version: unbounded): kept; bound it "
+                        "with a policy: rabbitmqctl set_policy --apply-to queues mailqueue-dead-letters "
+                        "'^mailqueue\\..*\\.dead-letter$' '{\"max-length\":%d,\"overflow\":\"drop-head\",\"message-ttl\":%d}'",
+                        dlq, s.dead_letter_max, s.dead_letter_keep_s * 1000, extra={"queue": queue})
+        finally:
+            if channel.is_open:
+                channel.close()
+        channel, w = await self._channel()
+        try:
+            await self._call(w, channel.queue_bind, queue=dlq, exchange=dlx, routing_key="")
+        finally:
+            if channel.is_open:
+                channel.close()
+
     async def declare_queue(self, queue: str) -> None:
         if queue in self._declared:
             return
         await self._declare_ladder()
+        dlx = names.dead_letter_exchange(queue)
+        await self._declare_dead_letter_queue(queue, dlx)
         channel, w = await self._channel()
         try:
-            dlx, dlq = names.dead_letter_exchange(queue), names.dead_letter_queue(queue)
-            await self._call(w, channel.exchange_declare, exchange=dlx, exchange_type="fanout", durable=True)
-            await self._call(w, channel.queue_declare, queue=dlq, durable=True, arguments=self._queue_type())
-            await self._call(w, channel.queue_bind, queue=dlq, exchange=dlx, routing_key="")
             await self._call(w, channel.queue_bind, queue=self._marks_queue, exchange=dlx, routing_key="")
             await self._call(w, channel.exchange_declare, exchange=names.exchange(queue), exchange_type="direct", durable=True)
             for priority in model.PRIORITIES:  # one work queue per delivery class
