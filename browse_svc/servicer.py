@@ -66,7 +66,8 @@ class AdminServicer(ShapingServicer, DeadLetterAdmin, admin_pb2_grpc.AdminServic
         self, request: admin_pb2.DeleteQueueRequest, context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[admin_pb2.DeleteQueueResponse]:
         async for p in self._admin().drop_queue(request.queue, request.force):
-            yield admin_pb2.DeleteQueueResponse(phase=p.phase, mails_deleted=p.deleted, done=p.done)
+            yield admin_pb2.DeleteQueueResponse(phase=p.phase, mails_deleted=p.deleted, done=p.done,
+                                                 dead_letters_purged=p.dead_letters_purged)
 
     async def MoveMails(
         self, request: admin_pb2.MoveMailsRequest, context: grpc.aio.ServicerContext,

@@ -242,9 +242,11 @@ def cmd_clear(c: Client, a: argparse.Namespace) -> None:
 
 def cmd_drop(c: Client, a: argparse.Namespace) -> None:
     last = follow(c.admin.DeleteQueue(admin_pb2.DeleteQueueRequest(queue=a.queue, force=a.force)),
-                  lambda r: f"deleting queue {a.queue}: {r.phase}, {r.mails_deleted} mail(s) deleted",
+                  lambda r: f"deleting queue {a.queue}: {r.phase}, {r.mails_deleted} mail(s) deleted, "
+                            f"{r.dead_letters_purged} dead letter(s) purged",
                   f"mailq drop: the delete of {a.queue} did not finish: run it again to complete it")
-    print(f"queue {a.queue} deleted ({last.mails_deleted} live mail(s) deleted with it)")
+    print(f"queue {a.queue} deleted ({last.mails_deleted} live mail(s) deleted and {last.dead_letters_purged} dead "
+          "letter(s) purged with it)")
 
 
 def cmd_move(c: Client, a: argparse.Namespace) -> None:

@@ -46,16 +46,17 @@ class DropProgress:
     phase: str
     deleted: int = 0
     done: bool = False
+    dead_letters_purged: int = 0
 
 
 async def drop_queue(
     view: View, broker: Broker, state: QueueState, live_mails: Callable[[str], AsyncIterator[QueuedMail]],
     queue: str, force: bool = False, every: int = 100,
 ) -> AsyncIterator[DropProgress]:
-    """Delete ``queue``: refused while it holds live mails unless ``force`` (they are marked
-    deleted); its RabbitMQ queues and exchanges (its dead letters with them), retry policy and
-    queue throttles removed; its content left to the retention sweep (the queue stays known to
-    it as dropped).
+    """Delete ``queue``: refused while it holds live mails or dead letters unless ``force`` (the
+    mails are marked deleted, the dead letters purged, so a queue made again under the name starts
+    empty); its RabbitMQ queues and exchanges, retry policy and queue throttles removed; its
+    content left to the retention sweep (the queue stays known to it as dropped).
 
     Order: the queue stops being listed and accepting mail, then this waits ``state.ttl_s``
     (every replica's cache of the queue has expired: no Enqueue still in flight can publish to
@@ -68,6 +69,7 @@ async def drop_queue(
         raise NotFound(f"queue {queue!r} does not exist")
     if not force:
         await _refuse_if_live(live_mails, queue)
+        await _refuse_if_dead_letters(view, queue)
     await view.queues.drop(queue)
     state.forget_queue(queue)
     yield DropProgress("stopping")
@@ -84,6 +86,11 @@ async def drop_queue(
         p.deleted += 1
         if p.deleted % every == 0:
             yield dataclasses.replace(p)
+    async for d in view.dead_letters.scan(queue):
+        if await view.dead_letters.remove(d.mail):
+            p.dead_letters_purged += 1
+            if p.dead_letters_purged % every == 0:
+                yield dataclasses.replace(p)
     p.phase = "removing"
     yield dataclasses.replace(p)
     await broker.delete_queue(queue)
@@ -94,8 +101,9 @@ async def drop_queue(
     # Every mail of it is gone: its browse start moves on, so the retention sweep can drop its
     # slices (the healer keeps moving it for the slices still too recent now).
     await browse_start.update(view, queue)
-    log.warning("queue deleted", extra={"queue": queue, "force": force, "mails_deleted": p.deleted})
-    yield DropProgress("done", p.deleted, True)
+    log.warning("queue deleted", extra={"queue": queue, "force": force, "mails_deleted": p.deleted,
+                                        "dead_letters_purged": p.dead_letters_purged})
+    yield DropProgress("done", p.deleted, True, p.dead_letters_purged)
 
 
 async def _refuse_if_live(live_mails: Callable[[str], AsyncIterator[QueuedMail]], queue: str) -> None:
@@ -103,3 +111,10 @@ async def _refuse_if_live(live_mails: Callable[[str], AsyncIterator[QueuedMail]]
         raise FailedPrecondition(
             f"queue {queue!r} holds live mails: deliver, move or delete them first (mailq clear {queue}), "
             f"or delete the queue with force (mailq drop {queue} --force) to delete them with it")
+
+
+async def _refuse_if_dead_letters(view: View, queue: str) -> None:
+    async for _ in view.dead_letters.scan(queue):
+        raise FailedPrecondition(
+            f"queue {queue!r} holds dead letters: redrive or purge them first (mailq dead purge {queue} --all), "
+            f"or delete the queue with force (mailq drop {queue} --force) to purge them with it")

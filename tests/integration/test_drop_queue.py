@@ -111,3 +111,26 @@ def test_mailq_drop_from_another_directory(suite):
     out = mailq(suite, "drop", queue, "--force").stdout
     assert f"queue {queue} deleted (1 live mail(s)" in out
     assert queue not in mailq(suite, "queues").stdout.split()
+
+
+def test_dead_letters_refuse_a_plain_delete_and_a_forced_one_purges_them(suite):
+    from tests.integration.test_dead_letters import counts, dead, reject_all
+
+    queue = suite.new_queue()
+    reject_all(suite, queue, ["dead1", "dead2"])
+    with pytest.raises(grpc.RpcError) as e:
+        drop(suite, queue)
+    assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "dead letters" in e.value.details() and f"mailq dead purge {queue} --all" in e.value.details()
+    assert queue in listed(suite) and len(dead(suite, queue)) == 2
+
+    progress = drop(suite, queue, force=True)
+    print(f"\nDeleteQueue --force: {progress[-1].mails_deleted} live mails deleted, "
+          f"{progress[-1].dead_letters_purged} dead letters purged")
+    assert progress[-1].done and progress[-1].mails_deleted == 0 and progress[-1].dead_letters_purged == 2
+    # The name made again starts empty: no dead letter of the queue before it is listed or counted.
+    assert suite.admin_stub.CreateQueue(admin_pb2.CreateQueueRequest(queue=queue)).created
+    assert dead(suite, queue) == []
+    assert counts(suite.browse_stub, queue) == {} and counts(suite.browse_stub, queue, exact=True) == {}
+    info = suite.browse_stub.GetQueue(browse_pb2.GetQueueRequest(queue=queue)).queue_info
+    assert info.dead_lettered == 0
