@@ -111,8 +111,9 @@ def test_put_bytes_stores_whole_content_and_get_bytes_returns_it(grpc_stub, size
     assert get(grpc_stub, first.blob_id) == data
 
 
-def test_put_bytes_with_a_stated_id_that_does_not_match_stores_nothing(grpc_stub):
-    data = os.urandom(1000)
+@pytest.mark.parametrize("size", [1000, 100_000])  # the small-blob table, S3
+def test_put_bytes_with_a_stated_id_that_does_not_match_stores_nothing(grpc_stub, size):
+    data = os.urandom(size)
     with pytest.raises(grpc.RpcError) as e:
         grpc_stub.PutBytes(blob_pb2.PutBytesRequest(content=data, expected_blob_id="0" * 64))
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
