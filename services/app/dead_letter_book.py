@@ -130,7 +130,7 @@ class DeadLetterBook:
         shown = time.monotonic()
         async for d in self._view.dead_letters.scan(queue):
             p.scanned += 1
-            if f.matches(d) and await self._view.dead_letters.remove(d.mail):
+            if f.matches(d) and await self._purge_one(d.mail):
                 p.purged += 1
             if time.monotonic() - shown >= PROGRESS_S:
                 shown = time.monotonic()
@@ -156,9 +156,17 @@ class DeadLetterBook:
         await self._complete(dead, landed)
 
     async def _complete(self, dead: model.QueuedMail, landed: model.QueuedMail) -> None:
-        await self._view.dead_letters.remove(dataclasses.replace(dead, queue=dead.queue.removeprefix("dead-letters/")))
+        mail = dataclasses.replace(dead, queue=dead.queue.removeprefix("dead-letters/"))
+        # Marked first: a late broker copy of the dead mail then finds it redriven, not dead.
+        await self._view.mails.mark(mail.queue, mail.enqueue_id,
+                                    dead_letters.redriven_reason(landed.queue, str(landed.enqueue_id)))
+        await self._view.dead_letters.remove(mail)
         await land(self._view, self._broker, landed)
         await self._view.moves.done(dead)
+
+    async def _purge_one(self, mail: model.QueuedMail) -> bool:
+        await self._view.mails.mark(mail.queue, mail.enqueue_id, dead_letters.PURGED_REASON)
+        return await self._view.dead_letters.remove(mail)
 
     async def _landing(self, d: DeadLetter, target: str, keep_attempts: bool) -> model.QueuedMail:
         """The mail as it lands: a new enqueue id, deliverable now; with its attempts, last error

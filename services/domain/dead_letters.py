@@ -32,6 +32,16 @@ BY_THE_BROKER = "dead-lettered by the broker: "
 CONTENT_MISSING_REASON = "dead-lettered: content missing"
 _LIMIT = re.compile(r"dead-lettered: delivery limit of \d+ reached")
 
+
+def redriven_reason(target: str, enqueue_id: str) -> str:
+    """The mark a redriven dead letter's mail is left with: not a dead letter any more, so a
+    late copy from the broker (redelivered after a consumer crash) does not list it again."""
+    return f"redriven to {target} as {enqueue_id}"
+
+
+#: The mark a purged dead letter's mail is left with (for the same late copies).
+PURGED_REASON = "dead letter purged"
+
 #: A redrive with no rate given goes at this many mails per second; the most a caller may ask.
 DEFAULT_REDRIVE_RATE = 100
 MAX_REDRIVE_RATE = 100_000

@@ -299,3 +299,42 @@ def test_the_brokers_copies_are_bounded_and_the_repository_keeps_every_dead_lett
         assert counts(browse_pb2_grpc.BrowseServiceStub(bounded.channel()), queue, exact=True) == {"rejected": 5}
     finally:
         bounded.stop()
+
+
+def _late_copy(queue: str, mail) -> None:
+    """What the broker sends again when a dequeue_svc dies between keeping a dead letter and
+    acking its copy: the mail's message, once more, through the queue's dead-letter exchange."""
+    import pika
+
+    from services.adapters.rabbitmq import message_format
+    from services.contract import serde
+    from services.domain import names
+    from services.domain.config import RabbitMQSettings
+
+    m = message_format.encode(serde.queued_mail_from_proto(mail))
+    conn = pika.BlockingConnection(pika.URLParameters(RabbitMQSettings.from_env().url))
+    try:
+        conn.channel().basic_publish(names.dead_letter_exchange(queue), "", m.body, pika.BasicProperties(
+            headers=m.headers, message_id=m.message_id, delivery_mode=m.delivery_mode, content_type=m.content_type,
+            type=m.type))
+    finally:
+        conn.close()
+
+
+def test_a_late_broker_copy_of_a_redriven_or_purged_dead_letter_does_not_list_it_again(suite):
+    queue = suite.new_queue()
+    reject_all(suite, queue, ["redriven", "purged"])
+    before = {d.mail.mail.name: d.mail for d in dead(suite, queue)}
+    assert [p.redriven for p in redrive(suite.admin_stub, queue, filter=browse_pb2.DeadLetterFilter(name="redriven"),
+                                        per_second=1000)][-1] == 1
+    assert purge(suite.admin_stub, queue, filter=browse_pb2.DeadLetterFilter(name="purged")).purged == 1
+    for name in ("redriven", "purged"):
+        _late_copy(queue, before[name])
+    # Then a copy of a live mail the broker dead-lettered by itself: kept. The marks queue is
+    # consumed in order, so once it is listed the two late copies were read before it.
+    suite.enqueue_stub.Enqueue(inline(queue, simple_mail("sentinel")))
+    [sentinel] = [m for m in suite.browse_stub.Browse(browse_pb2.BrowseRequest(queue=queue)) if m.mail.mail.name == "sentinel"]
+    _late_copy(queue, sentinel.mail)
+    wait_until(lambda: dead(suite, queue), 30, what="the sentinel kept as a dead letter")
+    assert [d.mail.mail.name for d in dead(suite, queue)] == ["sentinel"]
+    assert counts(suite.browse_stub, queue, exact=True) == {"other": 1}

@@ -34,6 +34,7 @@ def _expired() -> str:
     (dl.CONTENT_MISSING_REASON, dl.CONTENT_MISSING),
     # Marks that are not dead letters.
     ("dequeued", None), ("deleted by admin", None), ("moved to other", None), ("queue deleted", None), (None, None), ("", None),
+    (dl.redriven_reason("other", "4a1c0e0e-0000-4000-8000-000000000000"), None), (dl.PURGED_REASON, None),
     # A client's REJECT text is kept as it is, not mistaken for another kind.
     ("dead-lettered: delivery limit of the remote site", dl.REJECTED),
 ])
