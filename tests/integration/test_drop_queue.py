@@ -134,3 +134,46 @@ def test_dead_letters_refuse_a_plain_delete_and_a_forced_one_purges_them(suite):
     assert counts(suite.browse_stub, queue) == {} and counts(suite.browse_stub, queue, exact=True) == {}
     info = suite.browse_stub.GetQueue(browse_pb2.GetQueueRequest(queue=queue)).queue_info
     assert info.dead_lettered == 0
+
+
+def test_a_forced_delete_killed_mid_way_is_completed_by_running_it_again(suite, keyspace):
+    """browse_svc SIGKILLed at a random instant of a forced DeleteQueue (300 live mails, 100 dead
+    letters); run again, the delete completes: the name made again is an empty queue."""
+    from mailqueue.v1 import admin_pb2_grpc
+    from tests.harness import ServiceProcess, service_env
+    from tests.integration.helpers import kill_9_mid_stream
+    from tests.integration.test_dead_letters import counts, dead, reject_all
+
+    queue = suite.new_queue()
+    reject_all(suite, queue, [f"dead{i}" for i in range(100)])
+    many = enqueue_many(suite, queue, 300)
+    proc = ServiceProcess("browse", service_env(keyspace, MAILQUEUE_BLOB_TARGET=suite.blob.target))
+    try:
+        stream = admin_pb2_grpc.AdminServiceStub(proc.channel()).DeleteQueue(
+            admin_pb2.DeleteQueueRequest(queue=queue, force=True), timeout=120)
+        kill_9_mid_stream(stream, proc, lambda p: p.phase == "deleting")
+        assert queue not in listed(suite)  # taken off the list first, killed or not
+        proc.start()
+        final = list(admin_pb2_grpc.AdminServiceStub(proc.channel()).DeleteQueue(
+            admin_pb2.DeleteQueueRequest(queue=queue, force=True), timeout=120))[-1]
+    finally:
+        proc.stop()
+    print(f"\nforced DeleteQueue killed mid-way; run again: {final.mails_deleted} mails deleted, "
+          f"{final.dead_letters_purged} dead letters purged by the second run")
+    assert final.done and final.mails_deleted <= many and final.dead_letters_purged <= 100
+    assert not amqp_exists(names.work_queue(queue))
+    assert suite.admin_stub.CreateQueue(admin_pb2.CreateQueueRequest(queue=queue)).created
+    assert list(suite.browse_stub.Browse(browse_pb2.BrowseRequest(queue=queue))) == []
+    assert dead(suite, queue) == [] and counts(suite.browse_stub, queue, exact=True) == {}
+    exact = suite.browse_stub.GetQueue(browse_pb2.GetQueueRequest(queue=queue, exact=True)).queue_info
+    assert exact.size == 0 and exact.dead_lettered == 0
+
+
+def enqueue_many(suite, queue: str, n: int) -> int:
+    from mailqueue.v1 import enqueue_pb2
+
+    def requests():
+        for i in range(n):
+            yield enqueue_pb2.EnqueueManyRequest(sequence=i, request=inline(queue, simple_mail(f"live{i}")))
+
+    return sum(r.WhichOneof("result") == "receipt" for r in suite.enqueue_stub.EnqueueMany(requests(), timeout=120))
