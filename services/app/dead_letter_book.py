@@ -63,6 +63,13 @@ class PurgeProgress:
     done: bool = False
 
 
+async def purge_one(view: View, mail: model.QueuedMail) -> bool:
+    """Forget a dead letter (False when it was gone already). Its mail is marked purged first, so
+    a broker copy redelivered afterwards is not kept again (services/app/dead_letters.py)."""
+    await view.mails.mark(mail.queue, mail.enqueue_id, dead_letters.PURGED_REASON)
+    return await view.dead_letters.remove(mail)
+
+
 class DeadLetterBook:
     def __init__(self, view: View, broker: Broker, browser: Browser, mover: Mover) -> None:
         self._view = view
@@ -130,7 +137,7 @@ class DeadLetterBook:
         shown = time.monotonic()
         async for d in self._view.dead_letters.scan(queue):
             p.scanned += 1
-            if f.matches(d) and await self._purge_one(d.mail):
+            if f.matches(d) and await purge_one(self._view, d.mail):
                 p.purged += 1
             if time.monotonic() - shown >= PROGRESS_S:
                 shown = time.monotonic()
@@ -163,10 +170,6 @@ class DeadLetterBook:
         await self._view.dead_letters.remove(mail)
         await land(self._view, self._broker, landed)
         await self._view.moves.done(dead)
-
-    async def _purge_one(self, mail: model.QueuedMail) -> bool:
-        await self._view.mails.mark(mail.queue, mail.enqueue_id, dead_letters.PURGED_REASON)
-        return await self._view.dead_letters.remove(mail)
 
     async def _landing(self, d: DeadLetter, target: str, keep_attempts: bool) -> model.QueuedMail:
         """The mail as it lands: a new enqueue id, deliverable now; with its attempts, last error

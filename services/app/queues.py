@@ -9,8 +9,9 @@ import logging
 from collections.abc import AsyncIterator, Callable
 
 from services.app import browse_start, counters
+from services.app.dead_letter_book import purge_one
 from services.app.queue_state import QueueState
-from services.domain import dead_letters, schedule, validation
+from services.domain import schedule, validation
 from services.domain.errors import FailedPrecondition, NotFound
 from services.domain.model import QueuedMail, RetryPolicy, utcnow
 from services.domain.slices import slice_start
@@ -87,8 +88,7 @@ async def drop_queue(
         if p.deleted % every == 0:
             yield dataclasses.replace(p)
     async for d in view.dead_letters.scan(queue):
-        await view.mails.mark(queue, d.mail.enqueue_id, dead_letters.PURGED_REASON)
-        if await view.dead_letters.remove(d.mail):
+        if await purge_one(view, d.mail):
             p.dead_letters_purged += 1
             if p.dead_letters_purged % every == 0:
                 yield dataclasses.replace(p)
