@@ -12,7 +12,8 @@ Each round, for every queue:
 2. **One exact pass** over the queue's live mails (what ReconcileCounters reads).
 3. **Counters**: the drift of the queue's size between its counters and that pass is corrected
    when the same drift is seen in two rounds in a row (a drift seen once may be updates in flight between the pass
-   and the counters' read; a real one stays).
+   and the counters' read; a real one stays). The dead-letter counters likewise, against the
+   repository (a dequeue_svc killed between keeping a dead letter and counting it).
 4. **Rows without a message** (an Enqueue killed between its row and its publish): when the
    queue's work queues hold no ready message, a live mail that became deliverable more than the
    grace ago and is still there has no message waiting, so it is published again under a new
@@ -21,8 +22,8 @@ Each round, for every queue:
    once. While the queue has a backlog this waits: the mail may just be behind it.
 
 Cost per queue and round: the pass reads every live mail from the browse start (one read per
-slice and bucket, plus the rows), the counters partition once, the two journal partitions once, and
-three passive queue declarations. At the default interval of 300 s that is 12 passes an hour per
+slice and bucket, plus the rows), the counters partition once, the two journal partitions once,
+the kind column of the queue's dead letters, and three passive queue declarations. At the default interval of 300 s that is 12 passes an hour per
 queue.
 """
 
@@ -57,6 +58,7 @@ class Healed:
     moves: int = 0
     redrives: int = 0
     counters: int = 0
+    dead_letter_counters: int = 0
     republished: int = 0
 
 
@@ -72,6 +74,7 @@ class Healer:
         self.grace = dt.timedelta(seconds=grace_s)
         self.member = uuid.uuid4().hex
         self._drift: dict[str, list[tuple[dt.datetime, str, int]]] = {}
+        self._dead_drift: dict[str, list[tuple[str, int]]] = {}
 
     async def run_forever(self) -> None:
         while True:
@@ -103,6 +106,7 @@ class Healer:
                 await self._mover.complete(mail, moved)
                 h.moves += 1
         h.redrives = await self._book.complete_interrupted(queue, self.grace)
+        h.dead_letter_counters = await self._dead_letter_counters(queue)
         start = await self._view.starts.browse_start(queue)
         if start is None:
             return h
@@ -116,12 +120,27 @@ class Healer:
                 await self._broker.publish(again)
                 await self._view.mails.reschedule(again)
                 h.republished += 1
-        for kind, n in (("move", h.moves), ("redrive", h.redrives), ("counter", h.counters), ("republish", h.republished)):
+        for kind, n in (("move", h.moves), ("redrive", h.redrives), ("counter", h.counters),
+                        ("dead_letter_counter", h.dead_letter_counters), ("republish", h.republished)):
             if n:
                 HEALED.labels(queue, kind).inc(n)
-        if h.moves or h.redrives or h.counters or h.republished:
+        if any(dataclasses.astuple(h)):
             log.warning("healed", extra={"queue": queue, **dataclasses.asdict(h)})
         return h
+
+    async def _dead_letter_counters(self, queue: str) -> int:
+        """The dead-letter counters against the repository (its kind column), corrected when the
+        same drift is seen in two rounds in a row (as the size counters: a dead letter recorded
+        or removed between the two reads is not a drift); the corrections made."""
+        exact, counted = await self._view.dead_letters.exact_counts(queue), await self._view.dead_letters.counts(queue)
+        drift = sorted((kind, n - counted.get(kind, 0)) for kind, n in exact.items() if n != counted.get(kind, 0))
+        seen_before, self._dead_drift[queue] = self._dead_drift.get(queue, []), drift
+        confirmed = [d for d in drift if d in seen_before]
+        for kind, delta in confirmed:
+            await self._view.dead_letters.correct(queue, kind, delta)
+        if confirmed:
+            self._dead_drift[queue] = []
+        return len(confirmed)
 
     async def _counters(self, queue: str, live: list[model.QueuedMail], start: dt.datetime, now: dt.datetime) -> int:
         """Correct the drift seen in this round and the last; the corrections made."""
