@@ -1,10 +1,14 @@
 """Enqueue throughput: through gRPC (enqueue_svc -> backends) vs. direct backend calls.
 
-    .venv/bin/python -m bench.enqueue_bench [--seconds 30] [--concurrency 32] [--size 10240] [--warmup 5] [--many] [--batch N] [--rate R [--rate-only]]
+    .venv/bin/python -m bench.enqueue_bench [--seconds 30] [--concurrency 32] [--size 10240] [--warmup 5] [--many]
+        [--batch N [--pairs K]] [--rate R [--rate-only]]
 
 ``--many`` adds a phase with EnqueueMany: one stream, ``--concurrency`` mails in flight on it.
 ``--batch N`` adds one with EnqueueBatches: N mails per message, ``--concurrency`` in flight.
 ``--rate R`` adds a phase of single Enqueues started R per second (latency below the peak).
+``--pairs K`` then runs K batched/direct pairs back to back: the backends' own CPU per mail
+varies by half from phase to phase (flushes, compactions, quorum-queue segments), so one
+ratio of one pair says less than the median of a few.
 
 Both paths do the same writes per mail: content (SHA-256 addressed) to the small-blob table in
 Cassandra, or to MinIO above MAILQUEUE_SMALL_BLOB_BYTES, the view row in Cassandra, a persistent
@@ -17,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import statistics
 import uuid
 from typing import Any
 
@@ -153,7 +158,11 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=0, help="also measure EnqueueBatches with this many mails per message")
     p.add_argument("--rate", type=float, default=0.0, help="also measure single Enqueues paced at this many per second")
     p.add_argument("--rate-only", action="store_true", help="measure the paced phase alone (latency below the peak)")
+    p.add_argument("--pairs", type=int, default=0,
+                   help="then this many batched/direct pairs back to back, each on new queues: a ratio per pair and their median")
     a = p.parse_args()
+    if a.pairs and a.batch <= 1:
+        p.error("--pairs needs --batch N (N > 1)")
     keyspace = new_keyspace()
     direct_queue = bench_queue("bench-direct")
     procs = start_services(keyspace, ["blob", "enqueue", "browse"])
@@ -185,6 +194,7 @@ def main() -> None:
         if a.batch > 1:
             settle("grpc-batch")
             b = asyncio.run(via_grpc_many(batch_queue, a.seconds, a.concurrency, a.size, a.warmup, services, a.batch))
+        pairs = [measure_pair(a, admin, services, keyspace, i) for i in range(a.pairs)]
     finally:
         stop(procs)
     settings = Settings.from_env("enqueue", {**os.environ, "MAILQUEUE_CASSANDRA_KEYSPACE": keyspace})
@@ -207,6 +217,26 @@ def main() -> None:
     print(f"ratio grpc/direct throughput: {g['per_s'] / d['per_s']:.2f}")
     if b is not None:
         print(f"ratio grpc-batch/direct throughput: {b['per_s'] / d['per_s']:.2f}")
+    if pairs:
+        print(f"\n{len(pairs)} pairs, batched then direct, each on new queues after settle:")
+        for i, (pb, pd) in enumerate(pairs, 1):
+            print(f"pair {i}: {report(f'grpc-batch{a.batch}', pb)}\n           {pb['cpu']}")
+            print(f"        {report('direct', pd)}\n           {pd['cpu']}")
+            print(f"        ratio {pb['per_s'] / pd['per_s']:.2f}")
+        ratios = sorted(pb["per_s"] / pd["per_s"] for pb, pd in pairs)
+        print(f"ratio grpc-batch/direct, median of {len(pairs)} pairs: {statistics.median(ratios):.2f} "
+              f"(each: {', '.join(f'{r:.2f}' for r in ratios)})")
+
+
+def measure_pair(a: argparse.Namespace, admin: Any, services: dict[str, int], keyspace: str, i: int) -> tuple[dict, dict]:
+    """One batched phase and one direct phase, back to back, each on a queue of its own."""
+    batch_queue, direct_queue = bench_queue(f"bench-batch{i}"), bench_queue(f"bench-direct{i}")
+    admin.CreateQueue(admin_pb2.CreateQueueRequest(queue=batch_queue))
+    settle(f"pair {i + 1} grpc-batch")
+    b = asyncio.run(via_grpc_many(batch_queue, a.seconds, a.concurrency, a.size, a.warmup, services, a.batch))
+    settings = Settings.from_env("enqueue", {**os.environ, "MAILQUEUE_CASSANDRA_KEYSPACE": keyspace})
+    settle(f"pair {i + 1} direct")
+    return b, asyncio.run(direct(settings, direct_queue, a.seconds, a.concurrency, a.size, a.warmup))
 
 
 if __name__ == "__main__":
