@@ -133,4 +133,6 @@ class DequeueServicer(dequeue_pb2_grpc.DequeueServiceServicer):
                     task.cancel()
                     with contextlib.suppress(BaseException):
                         await task
-            await sub.close()
+            # Shielded: a second cancel (the client gone while the stream ends) must not cut the
+            # return of what the stream holds, nor leave its consumer channel open.
+            await asyncio.shield(sub.close())

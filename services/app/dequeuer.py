@@ -16,6 +16,7 @@ from services.app.subscription import DEFAULT_PREFETCH, Subscription
 from services.domain import model, validation
 from services.domain.config import LimitSettings
 from services.domain.errors import BackendUnavailable, InvalidArgument
+from services.domain.in_flight import InFlight
 from services.ports.blobstore import BlobStore
 from services.ports.broker import Broker
 from services.ports.view import View
@@ -33,7 +34,7 @@ class Dequeuer:
         self._background: set[asyncio.Task[None]] = set()
         self._updating: set[str] = set()  # queues whose browse start update is running here
         #: (queue, enqueue id) of every mail being prepared or handed out by this process.
-        self.in_flight: set[tuple[str, object]] = set()
+        self.in_flight = InFlight()
         self.rules = RuleBook(view.rules)
         #: Traffic shaping per destination, shared with the other consuming replicas.
         self.shaper = Shaper(view.shaping)

@@ -8,7 +8,8 @@
   and skipped; one that arrives before its deliver_at (a skewed clock) goes back to the delay
   ladder for the rest of its wait.
 - One mail is in flight at most once per process: a second copy (RepublishNotProcessed) that
-  arrives while the first is being prepared or is handed out is acked and skipped.
+  arrives while the first is being prepared or is handed out is acked and skipped, unless it
+  is a newer generation (services/domain/in_flight.py).
 - RETRY counts an attempt and publishes the mail again with its backoff (services/domain/schedule.py),
   then records the new schedule, then acks: it never spends the broker's delivery limit. A RETRY
   past the queue's retry policy expires the mail: marked and dead-lettered.
@@ -41,6 +42,7 @@ from services.app.shaper import Wait
 from services.app.verdict import Action
 from services.domain import counts, delays, model, rules, schedule
 from services.domain.errors import BackendUnavailable, InvalidArgument
+from services.domain.in_flight import InFlight
 from services.domain.retry import Backoff, retrying
 from services.ports.broker import Consumer, Message
 
@@ -65,7 +67,7 @@ class DequeueSide(Protocol):
     rules: RuleBook
     shaper: Shaper
     #: (queue, enqueue id) of every mail being prepared or handed out by this process.
-    in_flight: set[tuple[str, object]]
+    in_flight: InFlight
 
     def carry(self, mail: model.QueuedMail, content: bytes | None) -> bytes | None: ...
 
@@ -214,11 +216,10 @@ class Subscription:
             await self._consumer.dead_letter(message.delivery_tag)
             SKIPPED.labels(self.queue, "undecodable").inc()
             return None
-        key = (self.queue, mail.enqueue_id)
-        if key in self._d.in_flight:
-            await self._skip(message, "in-flight")  # a second copy; the first one settles the mail
+        key, generation = (self.queue, mail.enqueue_id), mail.generation
+        if not self._d.in_flight.claim(key, generation):
+            await self._skip(message, "in-flight")  # a second copy, not newer: the one held settles the mail
             return None
-        self._d.in_flight.add(key)
         try:
             # Kept, not requeued: on a quorum queue every requeue counts towards the delivery
             # limit, and an outage of a few seconds would dead-letter every mail in flight.
@@ -226,11 +227,11 @@ class Subscription:
                 lambda: self._checked(message, mail), PREPARE_BACKOFF, (BackendUnavailable,), log,
                 extra={"queue": self.queue}, on_retry=lambda _e: RETRIED_ON_ERROR.labels(self.queue).inc(),
             )
-        except asyncio.CancelledError:
-            self._d.in_flight.discard(key)
+        except BaseException:
+            self._d.in_flight.release(key, generation)
             raise
         if delivery is None:
-            self._d.in_flight.discard(key)
+            self._d.in_flight.release(key, generation)
             self._arrived.discard(message.delivery_tag)
         return delivery
 
@@ -341,7 +342,7 @@ class Subscription:
                 await self._d.mark_deleted(mail, model.truncated(reason))
                 await self._consumer.dead_letter(tag)
         finally:
-            self._d.in_flight.discard((self.queue, mail.enqueue_id))
+            self._d.in_flight.release((self.queue, mail.enqueue_id), mail.generation)
             self._d.shaper.release(delivery.ticket)  # type: ignore[arg-type]
         if outcome is Outcome.RETRY:
             self._d.shaper.observe_retry(mail, error_message)
@@ -369,7 +370,7 @@ class Subscription:
         again = dataclasses.replace(
             mail, deliver_at=verdict.deliver_at, attempts=attempts, last_error=error, generation=mail.generation + 1,
         )
-        self._d.in_flight.discard((self.queue, mail.enqueue_id))  # the new copy may come back at once
+        self._d.in_flight.release((self.queue, mail.enqueue_id), mail.generation)  # the new copy may come back at once
         await self._d.broker.publish(again, verdict.deliver_at - now, content=self._d.carry(mail, d.content))
         await self._d.view.mails.reschedule(again)
         await counters.bump(self._d.view, again, delayed=1 if delays.units(verdict.deliver_at - now) else 0)
@@ -381,7 +382,17 @@ class Subscription:
 
         Except those on the last delivery the broker allows: returned, the broker would
         dead-letter them with their view rows still live, so they are marked and dead-lettered here.
+
+        The consumer's channel is closed whatever happens on the way: left open, the messages it
+        holds unacked (and those the broker keeps sending it up to the prefetch) would stay with a
+        consumer nobody reads, live in the view and in no queue, until the process ends.
         """
+        try:
+            await self._close()
+        finally:
+            await self._consumer.close()
+
+    async def _close(self) -> None:
         if self._pump is not None:
             self._pump.cancel()
         preparing = list(self._preparing)
@@ -400,9 +411,10 @@ class Subscription:
         # mail as a second copy (a channel that died with its node fails every return).
         for message in self._unsent.values():
             with contextlib.suppress(Exception):
-                self._d.in_flight.discard((self.queue, message.mail().enqueue_id))
+                mail = message.mail()
+                self._d.in_flight.release((self.queue, mail.enqueue_id), mail.generation)
         for d in self._pending.values():
-            self._d.in_flight.discard((self.queue, d.mail.enqueue_id))
+            self._d.in_flight.release((self.queue, d.mail.enqueue_id), d.mail.generation)
             self._d.shaper.release(d.ticket)  # type: ignore[arg-type]
             if retries_exhausted(d.delivery_count, self._d.broker.delivery_limit):
                 try:
@@ -413,7 +425,6 @@ class Subscription:
             await self._return_unsent()
         except BackendUnavailable as e:  # the channel is gone: the broker returns them by itself
             log.warning("unsent deliveries left to the broker: %s", e, extra={"queue": self.queue, "unsent": len(self._unsent)})
-        await self._consumer.close()
 
     async def _return_unsent(self) -> None:
         """Publish again, then ack, every delivery the client never saw (in broker order)."""
@@ -424,7 +435,7 @@ class Subscription:
             except Exception:  # noqa: BLE001 - poison: as _prepare would
                 await self._consumer.dead_letter(tag)
                 continue
-            self._d.in_flight.discard((self.queue, mail.enqueue_id))
+            self._d.in_flight.release((self.queue, mail.enqueue_id), mail.generation)
             # Its delay stays counted until the copy arrives, unless this arrival counted it already.
             await self._d.broker.publish(mail, counted=message.delayed and tag not in self._arrived,
                                          content=verdict.carried(message, mail))

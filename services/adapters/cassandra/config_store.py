@@ -56,10 +56,12 @@ class ConfigStore:
         check_values(wanted)
         for attempt in range(1, MAX_RACES + 1):
             event_id, current = await self._read()
-            if current == wanted:
+            # Before a first event is stored every process runs on the defaults and writes rows in
+            # their slices: the defaults are the configuration in force, and the rules apply to them.
+            current = current or model.ViewConfig()
+            if current == wanted and event_id:
                 return current
-            if current is not None:
-                check_change(current, wanted)
+            check_change(current, wanted)
             rows = await execute(
                 self._session,
                 self._append,

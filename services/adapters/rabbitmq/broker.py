@@ -42,6 +42,12 @@ from services.ports.broker import Broker
 
 log = logging.getLogger(__name__)
 
+
+def _close_opened(fut: asyncio.Future[Channel]) -> None:
+    """Close a channel that opened for a caller that was cancelled meanwhile."""
+    if not fut.cancelled() and fut.exception() is None and fut.result().is_open:
+        fut.result().close()
+
 class RabbitMQBroker(Broker):
     def __init__(self, settings: RabbitMQSettings, keyspace: str = "mailqueue") -> None:
         self._settings = settings
@@ -138,8 +144,12 @@ class RabbitMQBroker(Broker):
         except Exception as e:  # pika raises its own connection-state errors here
             raise unavailable(e) from e
         try:
-            channel = await asyncio.wait_for(fut, self._settings.connect_timeout_s)
+            channel = await asyncio.wait_for(asyncio.shield(fut), self._settings.connect_timeout_s)
+        except asyncio.CancelledError:
+            fut.add_done_callback(_close_opened)  # if it opens after all, nobody owns it
+            raise
         except asyncio.TimeoutError:
+            fut.add_done_callback(_close_opened)
             # A node that cannot open a channel in seconds is gone (its connection may not know yet).
             self._leave(conn)
             self._abandon(conn)
@@ -354,12 +364,18 @@ class RabbitMQBroker(Broker):
         tags stay unique on the channel, and a busy class never takes another's credit."""
         channel, w = await self._channel()
         consumer = RabbitMQConsumer(channel, w)
-        await self._call(w, channel.basic_qos, prefetch_count=prefetch)
-        for priority, rabbit_queue in rabbit_queues.items():
-            fut = w.new()
-            channel.basic_consume(rabbit_queue, functools.partial(consumer.on_message, priority), auto_ack=False,
-                                  callback=resolver(fut))
-            await self._answer(fut, "basic.consume")
+        try:
+            await self._call(w, channel.basic_qos, prefetch_count=prefetch)
+            for priority, rabbit_queue in rabbit_queues.items():
+                fut = w.new()
+                channel.basic_consume(rabbit_queue, functools.partial(consumer.on_message, priority), auto_ack=False,
+                                      callback=resolver(fut))
+                await self._answer(fut, "basic.consume")
+        except BaseException:
+            # Failed or cancelled (a client that leaves while subscribing): a consumer nobody owns
+            # would take up to ``prefetch`` messages and hold them unacked until the process ends.
+            await consumer.close()
+            raise
         return consumer
 
     async def delete_queue(self, queue: str) -> None:
