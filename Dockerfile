@@ -1,5 +1,5 @@
 # Two images from one file; `make image` builds both with podman (stack/image.sh), and CI runs them
-# in `make test-deploy`:
+# on a real Kubernetes in `make test-kubernetes`:
 #   podman build --target services -t mailqueue .        four entry points: python -m enqueue_svc |
 #                                                        dequeue_svc | browse_svc | blob_svc
 #   podman build --target sweep -t mailqueue-sweep .     the retention sweep: python -m spark.sweep

@@ -18,7 +18,7 @@ INTEGRATION = pathlib.Path(__file__).parent / "integration"
 CONTRACT = pathlib.Path(__file__).parent / "contract"
 K8S = pathlib.Path(__file__).parent / "k8s"
 CLUSTER = pathlib.Path(__file__).parent / "cluster"
-DEPLOY = pathlib.Path(__file__).parent / "deploy"
+KUBERNETES = pathlib.Path(__file__).parent / "kubernetes"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -30,13 +30,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.k8s)
         if CLUSTER in parents:
             item.add_marker(pytest.mark.cluster)
-        if DEPLOY in parents:
-            item.add_marker(pytest.mark.deploy)
+        if KUBERNETES in parents:
+            item.add_marker(pytest.mark.kubernetes)
     # Tests that stop a backend run last, so an outage never overlaps another test; then the
-    # deploy tier (the pods publish the services' usual ports), then the cluster tier (its own
-    # nodes, faults of its own).
+    # Kubernetes tier (it stops the broker too), then the cluster tier (its own nodes, faults of
+    # its own).
     items.sort(key=lambda item: (item.get_closest_marker("cluster") is not None,
-                                 item.get_closest_marker("deploy") is not None,
+                                 item.get_closest_marker("kubernetes") is not None,
                                  item.get_closest_marker("outage") is not None))
 
 

@@ -179,12 +179,12 @@ class ServiceProcess:
         return scrape(self.metrics_port, name, **labels)
 
 
-def scrape(port: int, name: str, **labels: str) -> float:
-    """Sum of a Prometheus sample's values served on ``port``, over the samples whose labels include ``labels``."""
+def scrape(port: int, name: str, host: str = "127.0.0.1", **labels: str) -> float:
+    """Sum of a Prometheus sample's values served on ``host:port``, over the samples whose labels include ``labels``."""
     import re
     import urllib.request
 
-    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    body = urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=5).read().decode()
     total = 0.0
     for sample_labels, value in re.findall(rf"^{name}(?:{{([^}}]*)}})? (\S+)$", body, re.M):
         found = dict(re.findall(r'(\w+)="([^"]*)"', sample_labels))

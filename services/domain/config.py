@@ -285,6 +285,11 @@ class ServerSettings:
     max_connection_age_s: int = 300
     #: Seconds SIGTERM waits for in-flight RPCs.
     shutdown_grace_s: float = 10.0
+    #: Seconds a terminating server keeps serving, NOT_SERVING, before it closes its connections:
+    #: clients that balance over a headless Service's DNS answers re-resolve when a connection
+    #: closes, and an answer cached before the termination still names this pod until the cluster
+    #: DNS's TTL passes (30 s with kubeadm's Corefile). 0 (the default, outside Kubernetes): none.
+    lameduck_s: float = 0.0
     #: Target of blob_svc for enqueue and dequeue's content above the small-blob limit; "" (the
     #: default): they read and write S3 themselves, one hop less (bench figures in the README).
     blob_target: str = ""
@@ -309,6 +314,7 @@ class ServerSettings:
             metrics_port=_int(env, "METRICS_PORT", port + METRICS_PORT_OFFSET if port else 0, 0),
             max_connection_age_s=_int(env, "MAX_CONNECTION_AGE_S", 300, 1),
             shutdown_grace_s=_float(env, "SHUTDOWN_GRACE_S", 10.0),
+            lameduck_s=_float(env, "LAMEDUCK_S", 0.0),
             blob_target=_get(env, "BLOB_TARGET", ""),
             log_level=_get(env, "LOG_LEVEL", "INFO").upper(),
             tokens=_tokens(env),

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import signal
@@ -176,9 +177,14 @@ async def serve(app: App) -> None:
             await server.stop(0)
             sys.exit(2)
         raise exc  # type: ignore[misc]
-    log.info("draining", extra={"grace_s": s.shutdown_grace_s})
+    log.info("draining", extra={"grace_s": s.shutdown_grace_s, "lameduck_s": s.lameduck_s})
+    supervisor.cancel()  # it would set SERVING again
     await served.set_health(NOT_SERVING)
-    supervisor.cancel()
+    if s.lameduck_s:
+        # Still serving while DNS answers naming this pod expire (a second signal cuts it short).
+        stop.clear()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(stop.wait(), s.lameduck_s)
     await server.stop(s.shutdown_grace_s)
     await app.close()
     log.info("stopped")

@@ -109,3 +109,34 @@ def _stored_buckets(keyspace: str) -> int | None:
         return row.bucket_count if row else None
     finally:
         cluster.shutdown()
+
+
+def test_sigterm_with_a_lameduck_goes_not_serving_keeps_answering_then_exits(keyspace, running_stack):
+    """MAILQUEUE_LAMEDUCK_S (the manifests: 35 s): after SIGTERM the process says NOT_SERVING at once
+    (readiness; liveness stays SERVING), still answers RPCs for the lameduck, then drains and exits 0."""
+    import signal
+    import time
+
+    import grpc
+
+    from mailqueue.v1 import enqueue_pb2, enqueue_pb2_grpc
+
+    port = free_port()
+    env = service_env(keyspace, MAILQUEUE_PORT=str(port), MAILQUEUE_LAMEDUCK_S="3")
+    proc = start_process("enqueue_svc", env)
+    target = f"127.0.0.1:{port}"
+    try:
+        wait_until(lambda: health(target) == health_pb2.HealthCheckResponse.SERVING, 60, what="SERVING")
+        proc.send_signal(signal.SIGTERM)
+        sent = time.monotonic()
+        wait_until(lambda: health(target) == health_pb2.HealthCheckResponse.NOT_SERVING, 5, what="NOT_SERVING after SIGTERM")
+        assert health(target, "liveness") == health_pb2.HealthCheckResponse.SERVING
+        stub = enqueue_pb2_grpc.EnqueueServiceStub(grpc.insecure_channel(target))
+        with pytest.raises(grpc.RpcError) as e:  # answered (refused as bad input), not UNAVAILABLE
+            stub.Enqueue(enqueue_pb2.EnqueueRequest(queue="q"), timeout=5)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and proc.poll() is None
+        assert proc.wait(20) == 0
+        assert time.monotonic() - sent >= 2.5  # it kept serving for the lameduck
+    finally:
+        if proc.poll() is None:
+            proc.kill()

@@ -14,7 +14,7 @@ import yaml
 from tests.harness import ROOT
 
 KUBERNETES_VERSION = "1.31.0"
-OVERLAYS = ["dev", "prod"]
+OVERLAYS = ["dev", "prod", "local"]
 SERVICES = {"enqueue": 50051, "dequeue": 50052, "browse": 50053, "blob": 50054}
 
 
@@ -112,8 +112,8 @@ def test_the_admin_service_is_reachable_only_where_the_overlay_says(rendered):
     if overlay == "prod":
         assert sources == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ops"}},
                             "podSelector": {"matchLabels": {"mailqueue-admin": "true"}}}]
-    else:
-        assert sources == [{"podSelector": {}}]
+    else:  # dev and local keep base's: labelled pods of the namespace only
+        assert sources == [{"podSelector": {"matchLabels": {"mailqueue-admin": "true"}}}]
 
 
 def test_enqueue_and_dequeue_reach_s3_themselves_and_connections_are_rebalanced(rendered):

@@ -1,0 +1,3 @@
+module mailqueue.local/nettest
+
+go 1.24
