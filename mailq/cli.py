@@ -82,12 +82,35 @@ class Client:
         def target(name: str) -> str:
             return getattr(a, name) or os.environ.get(f"MAILQ_{name.upper()}") or f"{a.host}:{DEFAULT_PORTS[name]}"
 
-        self.enqueue = enqueue_pb2_grpc.EnqueueServiceStub(blocking_channel(target("enqueue"), token))
-        self.dequeue = dequeue_pb2_grpc.DequeueServiceStub(blocking_channel(target("dequeue"), token))
-        browse_channel = blocking_channel(target("browse"), token)
+        tls = tls_credentials(a)
+        self.enqueue = enqueue_pb2_grpc.EnqueueServiceStub(blocking_channel(target("enqueue"), token, tls))
+        self.dequeue = dequeue_pb2_grpc.DequeueServiceStub(blocking_channel(target("dequeue"), token, tls))
+        browse_channel = blocking_channel(target("browse"), token, tls)
         self.browse = browse_pb2_grpc.BrowseServiceStub(browse_channel)
         self.admin = admin_pb2_grpc.AdminServiceStub(browse_channel)
-        self.blob = blob_pb2_grpc.BlobServiceStub(blocking_channel(target("blob"), token))
+        self.blob = blob_pb2_grpc.BlobServiceStub(blocking_channel(target("blob"), token, tls))
+
+
+def tls_credentials(a: argparse.Namespace) -> grpc.ChannelCredentials | None:
+    """TLS when a CA is given (--tls-ca or $MAILQ_TLS_CA), with a client certificate for mutual TLS."""
+    ca = a.tls_ca or os.environ.get("MAILQ_TLS_CA", "")
+    cert = a.tls_cert or os.environ.get("MAILQ_TLS_CERT", "")
+    key = a.tls_key or os.environ.get("MAILQ_TLS_KEY", "")
+    if not ca:
+        if cert or key:
+            raise SystemExit("mailq: --tls-cert and --tls-key need --tls-ca (the CA that signed the servers)")
+        return None
+    if bool(cert) != bool(key):
+        raise SystemExit("mailq: give both --tls-cert and --tls-key, or neither")
+
+    def read(path: str) -> bytes:
+        try:
+            with open(path, "rb") as f:
+                return f.read()
+        except OSError as e:
+            raise SystemExit(f"mailq: {path}: {e.strerror}") from None
+
+    return grpc.ssl_channel_credentials(read(ca), read(key) if key else None, read(cert) if cert else None)
 
 
 
@@ -382,6 +405,9 @@ def parser() -> argparse.ArgumentParser:
     for name in DEFAULT_PORTS:
         p.add_argument(f"--{name}", metavar="HOST:PORT", help=f"{name}_svc target (default: --host:{DEFAULT_PORTS[name]})")
     p.add_argument("--token", help="bearer token (default: $MAILQ_TOKEN)")
+    p.add_argument("--tls-ca", metavar="PEM", help="connect with TLS, trusting this CA (default: $MAILQ_TLS_CA; unset: plaintext)")
+    p.add_argument("--tls-cert", metavar="PEM", help="client certificate for mutual TLS (default: $MAILQ_TLS_CERT)")
+    p.add_argument("--tls-key", metavar="PEM", help="its key (default: $MAILQ_TLS_KEY)")
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("queues").set_defaults(fn=cmd_queues)
     for name, fn in (("show", cmd_show), ("browse", cmd_browse), ("size", cmd_size), ("create", cmd_create),

@@ -110,22 +110,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def health(target: str, service: str = "") -> int:
+def health(target: str, service: str = "", credentials: grpc.ChannelCredentials | None = None) -> int:
     """The gRPC health status of ``service`` ("": the server's overall one, readiness; "liveness"),
-    -1 when the server does not answer."""
+    -1 when the server does not answer. ``credentials``: over TLS."""
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    with grpc.insecure_channel(target) as ch:
+    with (grpc.secure_channel(target, credentials) if credentials else grpc.insecure_channel(target)) as ch:
         try:
             return health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=service), timeout=2).status
         except grpc.RpcError:
             return -1
 
 
-def is_serving(target: str) -> bool:
+def is_serving(target: str, credentials: grpc.ChannelCredentials | None = None) -> bool:
     from grpc_health.v1 import health_pb2
 
-    return health(target) == health_pb2.HealthCheckResponse.SERVING
+    return health(target, credentials=credentials) == health_pb2.HealthCheckResponse.SERVING
 
 
 def listed_services(target: str) -> set[str]:
@@ -141,8 +141,10 @@ def listed_services(target: str) -> set[str]:
 class ServiceProcess:
     """A real service process (``python -m <name>_svc``) on a free loopback port."""
 
-    def __init__(self, name: str, env: dict[str, str], metrics: bool = False) -> None:
+    def __init__(self, name: str, env: dict[str, str], metrics: bool = False,
+                 credentials: grpc.ChannelCredentials | None = None) -> None:
         self.name = name
+        self.credentials = credentials  # TLS (the process serves it: MAILQUEUE_TLS_* in env)
         self.port = free_port()
         self.metrics_port = free_port() if metrics else 0
         self.env = {**env, "MAILQUEUE_PORT": str(self.port), "MAILQUEUE_METRICS_PORT": str(self.metrics_port),
@@ -159,9 +161,11 @@ class ServiceProcess:
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen([sys.executable, "-m", f"{self.name}_svc"], cwd=ROOT, env=self.env,
                                          stdout=subprocess.DEVNULL, stderr=log)
-        wait_until(lambda: is_serving(self.target), 60, interval=0.1, what=f"{self.name}_svc SERVING")
+        wait_until(lambda: is_serving(self.target, self.credentials), 60, interval=0.1, what=f"{self.name}_svc SERVING")
 
     def channel(self) -> grpc.Channel:
+        if self.credentials is not None:
+            return grpc.secure_channel(self.target, self.credentials)
         return grpc.insecure_channel(self.target)
 
     def kill9(self) -> None:

@@ -43,8 +43,8 @@ def _convert(e: grpc.aio.AioRpcError) -> MailQueueError:
 
 
 class RemoteBlobStore(BlobStore):
-    def __init__(self, target: str, token: str = "", timeout_s: float = 60.0) -> None:
-        self._channel = client_channel(target)
+    def __init__(self, target: str, token: str = "", timeout_s: float = 60.0, credentials: grpc.ChannelCredentials | None = None) -> None:
+        self._channel = client_channel(target, credentials)
         self._metadata = bearer(token)
         self._stub = blob_pb2_grpc.BlobServiceStub(self._channel)
         self._timeout = timeout_s

@@ -21,8 +21,10 @@ def channel_options() -> list[tuple[str, object]]:
     ]
 
 
-def client_channel(target: str) -> grpc.aio.Channel:
-    """An asyncio channel to ``target`` (e.g. ``dns:///blob:50054`` or ``127.0.0.1:50054``)."""
+def client_channel(target: str, credentials: grpc.ChannelCredentials | None = None) -> grpc.aio.Channel:
+    """An asyncio channel to ``target`` (e.g. ``dns:///blob:50054`` or ``127.0.0.1:50054``); TLS with ``credentials``."""
+    if credentials is not None:
+        return grpc.aio.secure_channel(target, credentials, options=channel_options())
     return grpc.aio.insecure_channel(target, options=channel_options())
 
 
@@ -31,9 +33,12 @@ def bearer(token: str) -> tuple[tuple[str, str], ...]:
     return (("authorization", f"Bearer {token}"),) if token else ()
 
 
-def blocking_channel(target: str, token: str = "") -> grpc.Channel:
+def blocking_channel(target: str, token: str = "", credentials: grpc.ChannelCredentials | None = None) -> grpc.Channel:
     """The same, for blocking clients (mailq, tests, benchmarks)."""
-    channel = grpc.insecure_channel(target, options=channel_options())
+    if credentials is not None:
+        channel = grpc.secure_channel(target, credentials, options=channel_options())
+    else:
+        channel = grpc.insecure_channel(target, options=channel_options())
     return grpc.intercept_channel(channel, _SyncBearer(token)) if token else channel
 
 

@@ -258,6 +258,59 @@ def parse_tokens(spec: str) -> dict[str, str]:
     return tokens
 
 
+def parse_identities(spec: str) -> dict[str, str]:
+    """``"spiffe://mailqueue/ops=admin,reporting=reader"`` -> {client certificate identity: role}
+    (an identity is a URI SAN or a CN). Raises ConfigurationError."""
+    identities: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        identity, sep, role = item.rpartition("=")
+        if not sep or not identity or role not in ROLES:
+            raise ConfigurationError(
+                f"MAILQUEUE_TLS_IDENTITIES entry {item!r}: use identity=role (a URI SAN or CN of the client "
+                f"certificate) with a role of {', '.join(ROLES)}"
+            )
+        identities[identity] = role
+    return identities
+
+
+@dataclasses.dataclass(frozen=True)
+class TLSSettings:
+    """gRPC over TLS. Server side: this service's certificate chain and key (PEM files, reread when
+    they change: rotation needs no restart), and with ``client_ca_file`` mutual TLS: client
+    certificates from that CA are required, and ``identities`` map theirs to roles. Client side
+    (this service's calls to blob_svc): ``ca_file`` is the CA that signs the servers it calls; it
+    presents its own certificate when it has one."""
+
+    cert_file: str = ""
+    key_file: str = ""
+    client_ca_file: str = ""
+    identities: dict[str, str] = dataclasses.field(default_factory=dict)
+    ca_file: str = ""
+
+    @property
+    def serving(self) -> bool:
+        return bool(self.cert_file)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> TLSSettings:
+        t = cls(
+            cert_file=_get(env, "TLS_CERT_FILE", ""), key_file=_get(env, "TLS_KEY_FILE", ""),
+            client_ca_file=_get(env, "TLS_CLIENT_CA_FILE", ""),
+            identities=parse_identities(_get(env, "TLS_IDENTITIES", "")), ca_file=_get(env, "TLS_CA_FILE", ""),
+        )
+        if bool(t.cert_file) != bool(t.key_file):
+            raise ConfigurationError("set both MAILQUEUE_TLS_CERT_FILE and MAILQUEUE_TLS_KEY_FILE, or neither")
+        if t.client_ca_file and not t.cert_file:
+            raise ConfigurationError("MAILQUEUE_TLS_CLIENT_CA_FILE (mutual TLS) needs MAILQUEUE_TLS_CERT_FILE and _KEY_FILE")
+        if t.identities and not t.client_ca_file:
+            raise ConfigurationError("MAILQUEUE_TLS_IDENTITIES needs MAILQUEUE_TLS_CLIENT_CA_FILE (client certificates)")
+        for name, path in (("TLS_CERT_FILE", t.cert_file), ("TLS_KEY_FILE", t.key_file),
+                           ("TLS_CLIENT_CA_FILE", t.client_ca_file), ("TLS_CA_FILE", t.ca_file)):
+            if path and not os.path.isfile(path):
+                raise ConfigurationError(f"MAILQUEUE_{name}={path}: no such file")
+        return t
+
+
 def _tokens(env: Mapping[str, str]) -> dict[str, str]:
     spec = env.get("MAILQUEUE_TOKENS", "")
     path = env.get("MAILQUEUE_TOKENS_FILE")
@@ -298,6 +351,7 @@ class ServerSettings:
     tokens: dict[str, str] = dataclasses.field(default_factory=dict)
     #: Token this service presents to other services (enqueue/dequeue -> blob_svc).
     service_token: str = ""
+    tls: TLSSettings = dataclasses.field(default_factory=TLSSettings)
     #: browse_svc: seconds between refreshes of the per-queue gauges (0: off).
     gauge_interval_s: float = 15.0
     #: browse_svc's healer: a round every this many seconds (0: off), over mails older than the grace.
@@ -319,6 +373,7 @@ class ServerSettings:
             log_level=_get(env, "LOG_LEVEL", "INFO").upper(),
             tokens=_tokens(env),
             service_token=_get(env, "SERVICE_TOKEN", ""),
+            tls=TLSSettings.from_env(env),
             gauge_interval_s=_float(env, "GAUGE_INTERVAL_S", 15.0),
             heal_interval_s=_float(env, "HEAL_INTERVAL_S", 300.0),
             heal_grace_s=_float(env, "HEAL_GRACE_S", 900.0, 1.0),

@@ -1,8 +1,10 @@
-"""Access control: bearer tokens with roles, checked once per RPC by an interceptor.
+"""Access control: bearer tokens with roles, checked once per RPC by an interceptor; with mutual
+TLS, a client certificate's identity may give the role instead (MAILQUEUE_TLS_IDENTITIES).
 
 Roles: ``producer`` (enqueue, blob put), ``consumer`` (dequeue, blob get), ``reader`` (browse,
 blob get), ``admin`` (everything). Health and reflection stay open (Kubernetes probes, grpcurl).
-Without tokens every RPC is allowed, and the server refuses to listen beyond loopback.
+A token, when presented, decides; without one, the certificate's identity does. Without tokens
+or identities every RPC is allowed, and the server refuses to listen beyond loopback.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 import grpc
 
 from services.domain.errors import ConfigurationError
+from services.runtime.tls import peer_role
 
 log = logging.getLogger(__name__)
 
@@ -55,9 +58,9 @@ def role_of(tokens: Mapping[str, str], metadata: Any) -> str | None:
     return role
 
 
-def check_exposure(host: str, tokens: Mapping[str, str]) -> None:
-    """Refuse a non-loopback listener without tokens; warn on a loopback one."""
-    if tokens:
+def check_exposure(host: str, tokens: Mapping[str, str], identities: Mapping[str, str] | None = None) -> None:
+    """Refuse a non-loopback listener without tokens or certificate identities; warn on a loopback one."""
+    if tokens or identities:
         return
     try:
         loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
@@ -95,28 +98,75 @@ def _deny_stream(code: grpc.StatusCode, message: str) -> Callable[..., AsyncIter
 
 
 class TokenAuth(grpc.aio.ServerInterceptor):
-    def __init__(self, tokens: Mapping[str, str]) -> None:
+    def __init__(self, tokens: Mapping[str, str], identities: Mapping[str, str] | None = None) -> None:
         self._tokens = dict(tokens)
+        self._identities = dict(identities or {})
 
     async def intercept_service(
         self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
         details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
         handler = await continuation(details)
-        if handler is None or not self._tokens or details.method.startswith(PUBLIC):
+        if handler is None or not (self._tokens or self._identities) or details.method.startswith(PUBLIC):
             return handler
         role = role_of(self._tokens, details.invocation_metadata)
+        if role is None and self._identities:
+            # The client certificate decides, seen only from the call's context.
+            return _checked_by_certificate(handler, details.method, self._identities)
+        denied = _denial(details.method, role)
+        return handler if denied is None else _denying(handler, *denied)
+
+
+def _denial(method: str, role: str | None) -> tuple[grpc.StatusCode, str] | None:
+    if role is None:
+        return grpc.StatusCode.UNAUTHENTICATED, "missing or unknown bearer token (metadata 'authorization: Bearer <token>')"
+    if not allowed(method, role):
+        return grpc.StatusCode.PERMISSION_DENIED, f"role {role!r} may not call {method}"
+    return None
+
+
+def _denying(handler: grpc.RpcMethodHandler, code: grpc.StatusCode, message: str) -> grpc.RpcMethodHandler:
+    encode = handler.response_serializer
+    if handler.unary_unary:
+        return grpc.unary_unary_rpc_method_handler(_deny(code, message), _ignore, encode)
+    if handler.unary_stream:
+        return grpc.unary_stream_rpc_method_handler(_deny_stream(code, message), _ignore, encode)
+    if handler.stream_unary:
+        return grpc.stream_unary_rpc_method_handler(_deny(code, message), _ignore, encode)
+    return grpc.stream_stream_rpc_method_handler(_deny_stream(code, message), _ignore, encode)
+
+
+def _checked_by_certificate(handler: grpc.RpcMethodHandler, method: str, identities: Mapping[str, str]) -> grpc.RpcMethodHandler:
+    """``handler`` behind a check of the client certificate's role, made when the call starts."""
+    def denial(context: grpc.aio.ServicerContext) -> tuple[grpc.StatusCode, str] | None:
+        role = peer_role(context, identities)
         if role is None:
-            code, message = grpc.StatusCode.UNAUTHENTICATED, "missing or unknown bearer token (metadata 'authorization: Bearer <token>')"
-        elif not allowed(details.method, role):
-            code, message = grpc.StatusCode.PERMISSION_DENIED, f"role {role!r} may not call {details.method}"
-        else:
-            return handler
-        encode = handler.response_serializer
-        if handler.unary_unary:
-            return grpc.unary_unary_rpc_method_handler(_deny(code, message), _ignore, encode)
-        if handler.unary_stream:
-            return grpc.unary_stream_rpc_method_handler(_deny_stream(code, message), _ignore, encode)
-        if handler.stream_unary:
-            return grpc.stream_unary_rpc_method_handler(_deny(code, message), _ignore, encode)
-        return grpc.stream_stream_rpc_method_handler(_deny_stream(code, message), _ignore, encode)
+            return grpc.StatusCode.UNAUTHENTICATED, ("no bearer token, and no client certificate whose identity "
+                                                     "MAILQUEUE_TLS_IDENTITIES names")
+        return _denial(method, role)
+
+    def unary(inner: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+        async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            denied = denial(context)
+            if denied is not None:
+                await context.abort(*denied)
+            return await inner(request, context)
+        return call
+
+    def streaming(inner: Callable[..., AsyncIterator[Any]]) -> Callable[..., AsyncIterator[Any]]:
+        async def call(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            denied = denial(context)
+            if denied is not None:
+                await context.abort(*denied)
+            async for response in inner(request, context):
+                yield response
+        return call
+
+    decode, encode = handler.request_deserializer, handler.response_serializer
+    if handler.unary_unary:
+        return grpc.unary_unary_rpc_method_handler(unary(handler.unary_unary), decode, encode)
+    if handler.unary_stream:
+        return grpc.unary_stream_rpc_method_handler(streaming(handler.unary_stream), decode, encode)
+    if handler.stream_unary:
+        return grpc.stream_unary_rpc_method_handler(unary(handler.stream_unary), decode, encode)
+    return grpc.stream_stream_rpc_method_handler(streaming(handler.stream_stream), decode, encode)

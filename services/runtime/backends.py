@@ -16,6 +16,7 @@ from services.domain.errors import ConfigurationError, FailedPrecondition, Inval
 from services.domain.view_config import merge
 from services.ports.blobstore import BlobStore
 from services.ports.broker import Broker
+from services.runtime.tls import channel_credentials
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +26,8 @@ async def blob_store(settings: Settings, view: View) -> BlobStore:
     missing), or through blob_svc when MAILQUEUE_BLOB_TARGET names it."""
     large: BlobStore
     if settings.server.blob_target:
-        large = RemoteBlobStore(settings.server.blob_target, settings.server.service_token)
+        large = RemoteBlobStore(settings.server.blob_target, settings.server.service_token,
+                                credentials=channel_credentials(settings.server.tls))
     else:
         s3 = S3BlobStore(settings.s3, settings.limits.max_blob_bytes)
         await s3.ensure_bucket()

@@ -35,6 +35,7 @@ from services.domain.errors import BackendUnavailable, ConfigurationError
 from services.runtime import logs
 from services.runtime.auth import TokenAuth, check_exposure
 from services.runtime.interceptors import ErrorsAndMetrics
+from services.runtime.tls import server_credentials
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +99,7 @@ def create_server(app: App, host: str | None = None, port: int | None = None) ->
     """Build the server (not started). Port 0 binds a free port; the bound port is returned."""
     s = app.settings.server
     server = grpc.aio.server(
-        interceptors=[TokenAuth(s.tokens), ErrorsAndMetrics()],
+        interceptors=[TokenAuth(s.tokens, s.tls.identities), ErrorsAndMetrics()],
         options=[
             ("grpc.max_connection_age_ms", s.max_connection_age_s * 1000),
             ("grpc.max_connection_age_grace_ms", 30_000),
@@ -117,7 +118,9 @@ def create_server(app: App, host: str | None = None, port: int | None = None) ->
     reflection.enable_server_reflection(
         [*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME], server
     )
-    bound = server.add_insecure_port(f"{host or s.host}:{s.port if port is None else port}")
+    address = f"{host or s.host}:{s.port if port is None else port}"
+    credentials = server_credentials(s.tls)
+    bound = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
     return Served(server, health_servicer, bound, names)
 
 
@@ -161,7 +164,8 @@ async def serve(app: App) -> None:
     await server.start()
     log.info(
         "listening",
-        extra={"address": f"{s.host}:{port}", "metrics": f"http://{s.host}:{s.metrics_port}/metrics" if s.metrics_port else "off"},
+        extra={"address": f"{s.host}:{port}", "metrics": f"http://{s.host}:{s.metrics_port}/metrics" if s.metrics_port else "off",
+               "tls": ("mutual" if s.tls.client_ca_file else "on") if s.tls.serving else "off"},
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -193,7 +197,7 @@ async def serve(app: App) -> None:
 def main(app_factory: Callable[[Settings], App], name: str) -> None:
     try:
         settings = Settings.from_env(name)
-        check_exposure(settings.server.host, settings.server.tokens)
+        check_exposure(settings.server.host, settings.server.tokens, settings.server.tls.identities)
     except ConfigurationError as e:
         print(f"{name}: refusing to start: {e}", file=sys.stderr)
         sys.exit(2)

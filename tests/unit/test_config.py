@@ -84,3 +84,13 @@ def test_broker_addresses_refused_with_the_rule(env, message):
     with pytest.raises(ConfigurationError, match=re.escape(message)) as e:
         Settings.from_env("enqueue", env=env)
     assert "pa,ss" not in str(e.value) and "u:pa" not in str(e.value)
+
+
+def test_tls_identities_map_a_uri_san_or_cn_to_a_role():
+    from services.domain.config import parse_identities
+
+    assert parse_identities("spiffe://mailqueue/ops=admin, reporting=reader") == {
+        "spiffe://mailqueue/ops": "admin", "reporting": "reader"}
+    for bad in ("spiffe://x=root", "=admin", "ops"):
+        with pytest.raises(ConfigurationError, match="identity=role"):
+            parse_identities(bad)

@@ -1,0 +1,177 @@
+"""gRPC over TLS (#38, its first part): a service serves TLS from certificate files, reloads them
+when they change without harming open streams, and with mutual TLS takes the role from the client
+certificate's identity (a URI SAN or the CN), beside bearer tokens. mailq connects with TLS."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import ssl
+import subprocess
+import sys
+
+import grpc
+import pytest
+
+from mailqueue.v1 import admin_pb2, admin_pb2_grpc, browse_pb2, browse_pb2_grpc, dequeue_pb2_grpc, enqueue_pb2_grpc
+from tests.harness import ROOT, ServiceProcess, service_env, wait_until
+from tests.integration.helpers import StreamConsumer, inline, simple_mail
+
+ADMIN_TOKEN = "tls-test-admin-token-0001"
+
+
+class PKI:
+    """A CA and certificates made with openssl, in a folder of the test's own."""
+
+    def __init__(self, path) -> None:
+        self.path = str(path)
+        self.ca = self._ca("ca")
+
+    def _run(self, *args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=self.path, check=True, capture_output=True)
+
+    def _ca(self, name: str) -> str:
+        self._run("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", f"{name}.key",
+                  "-out", f"{name}.crt", "-subj", f"/CN={name}", "-days", "2")
+        return os.path.join(self.path, f"{name}.crt")
+
+    def issue(self, name: str, cn: str, san: str, ca: str = "ca") -> tuple[str, str]:
+        with open(os.path.join(self.path, f"{name}.ext"), "w") as f:
+            f.write(f"subjectAltName={san}\n")
+        self._run("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", f"{name}.key",
+                  "-out", f"{name}.csr", "-subj", f"/CN={cn}")
+        self._run("x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.crt", "-CAkey", f"{ca}.key", "-CAcreateserial",
+                  "-out", f"{name}.crt", "-days", "2", "-extfile", f"{name}.ext")
+        return os.path.join(self.path, f"{name}.crt"), os.path.join(self.path, f"{name}.key")
+
+    def credentials(self, client: str | None = None) -> grpc.ChannelCredentials:
+        ca = open(self.ca, "rb").read()
+        if client is None:
+            return grpc.ssl_channel_credentials(ca)
+        base = os.path.join(self.path, client)
+        return grpc.ssl_channel_credentials(ca, open(base + ".key", "rb").read(), open(base + ".crt", "rb").read())
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory) -> PKI:
+    p = PKI(tmp_path_factory.mktemp("pki"))
+    p.issue("server", "mailqueue-browse", "IP:127.0.0.1,DNS:localhost")
+    p.issue("reporting", "reporting-client", "URI:spiffe://mailqueue/reporting")
+    p.issue("ops", "ops", "DNS:ops.example.org")
+    p.issue("stranger", "stranger", "URI:spiffe://mailqueue/nobody")
+    p._ca("other-ca")
+    p.issue("foreign", "ops", "URI:spiffe://mailqueue/reporting", ca="other-ca")
+    return p
+
+
+def tls_env(keyspace: str, pki: PKI, mutual: bool = False, **extra: str) -> dict[str, str]:
+    env = {"MAILQUEUE_TLS_CERT_FILE": os.path.join(pki.path, "server.crt"),
+           "MAILQUEUE_TLS_KEY_FILE": os.path.join(pki.path, "server.key")}
+    if mutual:
+        env.update({"MAILQUEUE_TLS_CLIENT_CA_FILE": pki.ca,
+                    "MAILQUEUE_TLS_IDENTITIES": "spiffe://mailqueue/reporting=reader,ops=admin",
+                    "MAILQUEUE_TOKENS": f"admin:{ADMIN_TOKEN}"})
+    return service_env(keyspace, **env, **extra)
+
+
+def code(fn) -> grpc.StatusCode:
+    try:
+        fn()
+    except grpc.RpcError as e:
+        return e.code()
+    return grpc.StatusCode.OK
+
+
+def test_a_service_serves_tls_and_mailq_connects_with_it(keyspace, running_stack, pki, tmp_path):
+    browse = ServiceProcess("browse", tls_env(keyspace, pki), credentials=pki.credentials())
+    try:
+        plain = browse_pb2_grpc.BrowseServiceStub(grpc.insecure_channel(browse.target))
+        assert code(lambda: plain.ListQueues(browse_pb2.ListQueuesRequest(), timeout=5)) == grpc.StatusCode.UNAVAILABLE
+        secure = browse_pb2_grpc.BrowseServiceStub(browse.channel())
+        assert code(lambda: secure.ListQueues(browse_pb2.ListQueuesRequest(), timeout=10)) == grpc.StatusCode.OK
+        # The installed entry point, from another directory, as an operator runs it.
+        mailq = shutil.which("mailq", path=os.path.dirname(sys.executable))
+        r = subprocess.run([mailq, "--browse", browse.target, "--tls-ca", pki.ca, "create", "tls-made"], cwd=tmp_path,
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        r = subprocess.run([mailq, "--browse", browse.target, "queues"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        assert r.returncode != 0 and "UNAVAILABLE" in r.stderr  # plaintext to a TLS server
+    finally:
+        browse.stop()
+
+
+def test_mutual_tls_gives_the_role_of_the_client_certificate_beside_tokens(keyspace, running_stack, pki):
+    browse = ServiceProcess("browse", tls_env(keyspace, pki, mutual=True), credentials=pki.credentials("ops"))
+    try:
+        def calls(client: str | None, token: str = ""):
+            channel = grpc.secure_channel(browse.target, pki.credentials(client))
+            md = (("authorization", f"Bearer {token}"),) if token else None
+            read = lambda: browse_pb2_grpc.BrowseServiceStub(channel).ListQueues(browse_pb2.ListQueuesRequest(), timeout=10, metadata=md)  # noqa: E731
+            write = lambda: admin_pb2_grpc.AdminServiceStub(channel).CreateQueue(  # noqa: E731
+                admin_pb2.CreateQueueRequest(queue=f"mtls-{client}"), timeout=10, metadata=md)
+            return code(read), code(write)
+
+        U, P, OK, NA = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.OK,
+                        grpc.StatusCode.UNAVAILABLE)
+        assert calls(None) == (NA, NA)  # no client certificate: no handshake
+        assert calls("foreign") == (NA, NA)  # a certificate from another CA
+        assert calls("stranger") == (U, U)  # from the CA, but no role for its identity
+        assert calls("reporting") == (OK, P)  # URI SAN spiffe://mailqueue/reporting: reader
+        assert calls("ops") == (OK, OK)  # CN ops: admin
+        assert calls("stranger", ADMIN_TOKEN) == (OK, OK)  # a token decides when presented
+    finally:
+        browse.stop()
+
+
+def _served_certificate(port: int, ca: str) -> bytes:
+    context = ssl.create_default_context(cafile=ca)
+    context.set_alpn_protocols(["h2"])
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        with context.wrap_socket(sock, server_hostname="127.0.0.1") as tls:
+            return tls.getpeercert(binary_form=True)
+
+
+def _der(path: str) -> bytes:
+    return ssl.PEM_cert_to_DER_cert(open(path).read())
+
+
+def test_renewed_certificate_files_are_served_without_a_restart_and_open_streams_go_on(keyspace, running_stack, pki):
+    env = tls_env(keyspace, pki)
+    enqueue = ServiceProcess("enqueue", env, credentials=pki.credentials())
+    dequeue = ServiceProcess("dequeue", env, credentials=pki.credentials())
+    try:
+        admin_channel = ServiceProcess("browse", env, credentials=pki.credentials())
+        try:
+            queue = "tls-rotation"
+            admin_pb2_grpc.AdminServiceStub(admin_channel.channel()).CreateQueue(admin_pb2.CreateQueueRequest(queue=queue), timeout=10)
+        finally:
+            admin_channel.stop()
+        stream = StreamConsumer(dequeue_pb2_grpc.DequeueServiceStub(dequeue.channel()), queue, prefetch=4)
+        before = _served_certificate(dequeue.port, pki.ca)
+        assert before == _der(env["MAILQUEUE_TLS_CERT_FILE"])
+        # Renewal, as cert-manager does it: a new certificate (new key) written over the files.
+        pki.issue("renewed", "mailqueue-browse-renewed", "IP:127.0.0.1,DNS:localhost")
+        shutil.copy(os.path.join(pki.path, "renewed.key"), env["MAILQUEUE_TLS_KEY_FILE"])
+        shutil.copy(os.path.join(pki.path, "renewed.crt"), env["MAILQUEUE_TLS_CERT_FILE"])
+        wait_until(lambda: _served_certificate(dequeue.port, pki.ca) == _der(env["MAILQUEUE_TLS_CERT_FILE"]), 10,
+                   what="new connections get the renewed certificate")
+        assert dequeue.proc.poll() is None  # same process
+        # The stream opened before the renewal still delivers; the enqueue goes over a new connection.
+        enqueue_pb2_grpc.EnqueueServiceStub(enqueue.channel()).Enqueue(inline(queue, simple_mail("after-renewal")), timeout=10)
+        d = stream.next(timeout=20)
+        assert d.mail.mail.name == "after-renewal"
+        stream.answer(d)
+        stream.close()
+    finally:
+        enqueue.stop()
+        dequeue.stop()
+
+
+def test_tls_settings_that_do_not_go_together_refuse_to_start(keyspace, pki):
+    for extra, words in (({"MAILQUEUE_TLS_CERT_FILE": os.path.join(pki.path, "server.crt")}, "MAILQUEUE_TLS_KEY_FILE"),
+                         ({"MAILQUEUE_TLS_IDENTITIES": "spiffe://x=root"}, "identity=role"),
+                         ({"MAILQUEUE_TLS_CA_FILE": "/no/such.pem"}, "no such file")):
+        r = subprocess.run([sys.executable, "-m", "browse_svc"], cwd=ROOT, env={**service_env(keyspace), **extra},
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2 and words in r.stderr, (extra, r.stderr[-500:])
