@@ -4,6 +4,7 @@
 // Targets: MAILQUEUE_ENQUEUE_TARGET, MAILQUEUE_DEQUEUE_TARGET, MAILQUEUE_BROWSE_TARGET (gRPC target
 // strings: "host:port", or "ipv4:127.0.0.1:50051,127.0.0.1:50151" balanced round robin).
 // MAILQUEUE_TOKEN, when set, is sent on every call as "authorization: Bearer <token>".
+// MAILQUEUE_TLS_CA, when set, is the CA file to trust: the calls go over TLS.
 package contract
 
 import (
@@ -22,6 +23,7 @@ import (
 	mq "github.com/mailqueue/mailqueue/gen/go/mailqueue/v1"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/resolver"
@@ -36,7 +38,14 @@ func dial(t *testing.T, env, fallback string) *grpc.ClientConn {
 	if target == "" {
 		target = fallback
 	}
-	opts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()),
+	transport := insecure.NewCredentials()
+	if ca := os.Getenv("MAILQUEUE_TLS_CA"); ca != "" {
+		var err error
+		if transport, err = credentials.NewClientTLSFromFile(ca, ""); err != nil {
+			t.Fatalf("MAILQUEUE_TLS_CA=%s: %v", ca, err)
+		}
+	}
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(transport),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(16 << 20)),
 		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig": [{"round_robin": {}}]}`)}
 	if token := os.Getenv("MAILQUEUE_TOKEN"); token != "" {
