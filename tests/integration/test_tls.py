@@ -177,9 +177,9 @@ def test_tls_settings_that_do_not_go_together_refuse_to_start(keyspace, pki):
         assert r.returncode == 2 and words in r.stderr, (extra, r.stderr[-500:])
 
 
-def test_the_go_client_scenarios_and_grpcurl_run_over_tls(keyspace, running_stack, pki):
-    """Clients in other languages, from the protos alone: the Go contract client (MAILQUEUE_TLS_CA)
-    and grpcurl (-cacert) against services that serve TLS."""
+def test_the_go_and_node_client_scenarios_and_grpcurl_run_over_tls(keyspace, running_stack, pki):
+    """Clients in other languages, from the protos alone: the Go and Node contract clients
+    (MAILQUEUE_TLS_CA) and grpcurl (-cacert) against services that serve TLS."""
     tools = os.path.join(os.path.expanduser("~"), ".cache", "mailqueue-stack", "go-tools")
     env = tls_env(keyspace, pki)
     processes = {name: ServiceProcess(name, env, credentials=pki.credentials()) for name in ("enqueue", "dequeue", "browse")}
@@ -188,6 +188,9 @@ def test_the_go_client_scenarios_and_grpcurl_run_over_tls(keyspace, running_stac
         r = subprocess.run(["go", "test", "-count=1", "-v", "./..."], cwd=os.path.join(ROOT, "tests", "contract", "go"),
                            env={**os.environ, **targets, "MAILQUEUE_TLS_CA": pki.ca}, capture_output=True, text=True, timeout=600)
         assert r.returncode == 0 and "--- PASS: TestScenarios/" in r.stdout, r.stdout[-3000:] + r.stderr[-2000:]
+        r = subprocess.run(["node", "--test", "contract.test.mjs"], cwd=os.path.join(ROOT, "tests", "contract", "node"),
+                           env={**os.environ, **targets, "MAILQUEUE_TLS_CA": pki.ca}, capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0 and "# fail 0" in r.stdout, r.stdout[-3000:] + r.stderr[-2000:]
         browse = processes["browse"].target
         r = subprocess.run([os.path.join(tools, "grpcurl"), "-cacert", pki.ca, browse, "list"], capture_output=True, text=True, timeout=60)
         assert r.returncode == 0 and "mailqueue.v1.BrowseService" in r.stdout, r.stderr

@@ -16,8 +16,11 @@ import { DequeueService, OutcomeKind } from './gen/mailqueue/v1/dequeue_pb.js';
 import { EnqueueService } from './gen/mailqueue/v1/enqueue_pb.js';
 import { MailSchema, QueuedMailSchema } from './gen/mailqueue/v1/mail_pb.js';
 
+// MAILQUEUE_TLS_CA, when set, is the CA file to trust: the calls go over TLS.
+const tlsCa = process.env.MAILQUEUE_TLS_CA;
 const client = (service, name, port) => createClient(service, createGrpcTransport({
-  baseUrl: `http://${process.env[`MAILQUEUE_${name}_TARGET`] || `localhost:${port}`}`,
+  baseUrl: `${tlsCa ? 'https' : 'http'}://${process.env[`MAILQUEUE_${name}_TARGET`] || `localhost:${port}`}`,
+  ...(tlsCa ? { nodeOptions: { ca: readFileSync(tlsCa) } } : {}),
 }));
 const enqueue = client(EnqueueService, 'ENQUEUE', 50051);
 const dequeue = client(DequeueService, 'DEQUEUE', 50052);
