@@ -16,7 +16,7 @@ import pytest
 
 from mailqueue.v1 import admin_pb2, admin_pb2_grpc, browse_pb2, browse_pb2_grpc, dequeue_pb2_grpc, enqueue_pb2_grpc
 from tests.harness import ROOT, ServiceProcess, service_env, wait_until
-from tests.integration.helpers import StreamConsumer, inline, simple_mail
+from tests.integration.helpers import StreamConsumer, code_of, inline, simple_mail
 
 ADMIN_TOKEN = "tls-test-admin-token-0001"
 
@@ -75,21 +75,13 @@ def tls_env(keyspace: str, pki: PKI, mutual: bool = False, **extra: str) -> dict
     return service_env(keyspace, **env, **extra)
 
 
-def code(fn) -> grpc.StatusCode:
-    try:
-        fn()
-    except grpc.RpcError as e:
-        return e.code()
-    return grpc.StatusCode.OK
-
-
 def test_a_service_serves_tls_and_mailq_connects_with_it(keyspace, running_stack, pki, tmp_path):
     browse = ServiceProcess("browse", tls_env(keyspace, pki), credentials=pki.credentials())
     try:
         plain = browse_pb2_grpc.BrowseServiceStub(grpc.insecure_channel(browse.target))
-        assert code(lambda: plain.ListQueues(browse_pb2.ListQueuesRequest(), timeout=5)) == grpc.StatusCode.UNAVAILABLE
+        assert code_of(lambda: plain.ListQueues(browse_pb2.ListQueuesRequest(), timeout=5)) == grpc.StatusCode.UNAVAILABLE
         secure = browse_pb2_grpc.BrowseServiceStub(browse.channel())
-        assert code(lambda: secure.ListQueues(browse_pb2.ListQueuesRequest(), timeout=10)) == grpc.StatusCode.OK
+        assert code_of(lambda: secure.ListQueues(browse_pb2.ListQueuesRequest(), timeout=10)) == grpc.StatusCode.OK
         # The installed entry point, from another directory, as an operator runs it.
         mailq = shutil.which("mailq", path=os.path.dirname(sys.executable))
         r = subprocess.run([mailq, "--browse", browse.target, "--tls-ca", pki.ca, "create", "tls-made"], cwd=tmp_path,
@@ -110,7 +102,7 @@ def test_mutual_tls_gives_the_role_of_the_client_certificate_beside_tokens(keysp
             read = lambda: browse_pb2_grpc.BrowseServiceStub(channel).ListQueues(browse_pb2.ListQueuesRequest(), timeout=10, metadata=md)  # noqa: E731
             write = lambda: admin_pb2_grpc.AdminServiceStub(channel).CreateQueue(  # noqa: E731
                 admin_pb2.CreateQueueRequest(queue=f"mtls-{client}"), timeout=10, metadata=md)
-            return code(read), code(write)
+            return code_of(read), code_of(write)
 
         U, P, OK, NA = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.OK,
                         grpc.StatusCode.UNAVAILABLE)
