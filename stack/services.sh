@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Start, stop or show the four services as local background processes (logs under .stack/logs).
 #   stack/services.sh start | stop | status
+# They serve gRPC over TLS (the local CA's certificate, stack/pki.sh) and reach the backends over
+# TLS, each with its own credential. A client trusts .stack/pki/ca.crt:
+#   mailq --tls-ca .stack/pki/ca.crt ...   or   export MAILQ_TLS_CA=.stack/pki/ca.crt
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 STACK_DIR="${MAILQUEUE_STACK_DIR:-$ROOT/.stack}"
@@ -17,11 +20,14 @@ alive() {
 }
 pid_of() { local f="$STACK_DIR/svc-$1.pid"; [[ -f $f ]] && alive "$(cat "$f")" "$1" && cat "$f"; }
 
-serving() {  # serving PORT: gRPC health says SERVING
-  "$PY" - "$1" <<'PYEOF' >/dev/null 2>&1
+PKI_DIR="$STACK_DIR/pki"
+
+serving() {  # serving PORT: gRPC health says SERVING (over TLS, trusting the local CA)
+  "$PY" - "$1" "$PKI_DIR/ca.crt" <<'PYEOF' >/dev/null 2>&1
 import sys, grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-with grpc.insecure_channel(f"127.0.0.1:{sys.argv[1]}") as ch:
+creds = grpc.ssl_channel_credentials(open(sys.argv[2], "rb").read())
+with grpc.secure_channel(f"127.0.0.1:{sys.argv[1]}", creds) as ch:
     r = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=2)
 sys.exit(0 if r.status == health_pb2.HealthCheckResponse.SERVING else 1)
 PYEOF
@@ -33,7 +39,11 @@ start() {
   for entry in "${SERVICES[@]}"; do
     IFS=: read -r name port <<<"$entry"
     if pid_of "$name" >/dev/null; then continue; fi
-    nohup "$PY" -m "${name}_svc" >>"$LOG_DIR/$name.log" 2>&1 &
+    # Each service with its own backend credential (stack/stack.sh env NAME), serving TLS with the
+    # local CA's certificate; blob_svc is reached over TLS too.
+    ( set -a; eval "$("$ROOT/stack/stack.sh" env "$name")"
+      MAILQUEUE_TLS_CERT_FILE="$PKI_DIR/services.crt" MAILQUEUE_TLS_KEY_FILE="$PKI_DIR/services.key"
+      exec nohup "$PY" -m "${name}_svc" ) >>"$LOG_DIR/$name.log" 2>&1 &
     echo $! >"$STACK_DIR/svc-$name.pid"
   done
   local start=$SECONDS

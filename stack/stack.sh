@@ -12,6 +12,9 @@
 #   stack/stack.sh node ACTION NAME           one cluster node: kill (SIGKILL), stop (SIGSTOP), cont
 #       (SIGCONT), start (after a kill; waits healthy), pid. NAME: cassandra1-3, rabbitmq1-3.
 #   stack/stack.sh cluster-env                the MAILQUEUE_* variables that point services at the clusters
+#   stack/stack.sh env [ROLE]                 the MAILQUEUE_* variables of ROLE (default operator) on
+#       the single node: backends over TLS, its own credential (roles: enqueue, dequeue, browse,
+#       blob, sweep, schema, operator; stack/provision.py says what each may do)
 #   stack/stack.sh rabbitmqctl --node N ARGS...   rabbitmqctl against cluster node N (1-3)
 #
 # Data and logs live under $MAILQUEUE_STACK_DIR (default: .stack/ in the project, git-ignored).
@@ -29,15 +32,19 @@ CASSANDRA_VERSION=5.0.9
 CASSANDRA_PORT="${MAILQUEUE_CASSANDRA_PORT:-9042}"
 CASSANDRA_STORAGE_PORT="${MAILQUEUE_CASSANDRA_STORAGE_PORT:-7000}"
 CASSANDRA_HEAP="${MAILQUEUE_CASSANDRA_HEAP:-1G}"
-RABBITMQ_PORT="${MAILQUEUE_RABBITMQ_PORT:-5672}"
+# AMQP over TLS only (5671, the amqps port); no plaintext listener.
+RABBITMQ_PORT="${MAILQUEUE_RABBITMQ_PORT:-5671}"
 RABBITMQ_DIST_PORT="${MAILQUEUE_RABBITMQ_DIST_PORT:-25672}"
 RABBITMQ_NODE="${MAILQUEUE_RABBITMQ_NODE:-mailqueue@localhost}"
 # MinIO has no semver tags on the module proxy: this pseudo-version is the pinned source revision.
 MINIO_VERSION=v0.0.0-20260212201848-7aac2a2c5b7c
 MINIO_PORT="${MAILQUEUE_MINIO_PORT:-9000}"
 MINIO_CONSOLE_PORT="${MAILQUEUE_MINIO_CONSOLE_PORT:-9001}"
-export MINIO_ROOT_USER="${MAILQUEUE_S3_ACCESS_KEY:-minioadmin}"
-export MINIO_ROOT_PASSWORD="${MAILQUEUE_S3_SECRET_KEY:-minioadmin}"
+# TLS and credentials (stack/pki.sh, stack/provision.py): made by `up`, once per .stack folder.
+PKI_DIR="$STACK_DIR/pki"
+CREDENTIALS_DIR="$STACK_DIR/credentials"
+# The bucket of `make run`, and the ones tests and benches make (mq-*): the roles' S3 policies name them.
+S3_BUCKETS=(mailqueue-blobs "mq-*")
 
 # The clusters (up --cluster): node i listens on 127.0.0.i (Cassandra) or port 570i (RabbitMQ).
 CLUSTER_DIR="$STACK_DIR/cluster"
@@ -73,17 +80,9 @@ pid_of() { local f="$STACK_DIR/$1.pid"; [[ -f $f ]] && kill -0 "$(cat "$f")" 2>/
 
 # ---------------------------------------------------------------- Cassandra
 # cassandra_answers ADDRESS PORT: the node at ADDRESS answers CQL itself (no other node answers for it).
+# Over TLS, as the operator role (or, before provisioning, the default superuser a new node makes).
 cassandra_answers() {
-  "$PY" - "$1" "$2" <<'EOF'
-import sys
-from cassandra.cluster import Cluster
-from cassandra.policies import WhiteListRoundRobinPolicy
-c = Cluster([sys.argv[1]], port=int(sys.argv[2]), connect_timeout=2, protocol_version=5,
-            load_balancing_policy=WhiteListRoundRobinPolicy([sys.argv[1]]))
-s = c.connect()
-print(s.execute("SELECT release_version FROM system.local", timeout=5).one()[0])
-c.shutdown()
-EOF
+  "$PY" "$ROOT/stack/provision.py" cassandra-ping "$CREDENTIALS_DIR" "$1:$2" "$PKI_DIR/ca.crt"
 }
 
 cassandra_healthy() { cassandra_answers 127.0.0.1 "$CASSANDRA_PORT"; }
@@ -116,6 +115,7 @@ cassandra_launch() {
   mkdir -p "$dir" "$(dirname "$log")"
   sed -e "s#@DIR@#$dir#g" -e "s#@PORT@#$port#g" -e "s#@STORAGE_PORT@#$storage_port#g" -e "s#@ADDRESS@#$address#g" \
     -e "s#@CLUSTER@#$cluster#g" -e "s#@SEEDS@#$seeds#g" -e "s#@AUTO_BOOTSTRAP@#$auto_bootstrap#g" \
+    -e "s#@KEYSTORE@#$PKI_DIR/backends.pem#g" \
     "$ROOT/stack/cassandra/cassandra.yaml.in" >"$dir/cassandra.yaml"
   local jamm
   jamm=$(ls "$CASSANDRA_LIB"/jamm-*.jar | head -1)
@@ -159,6 +159,7 @@ cassandra_launch() {
     -Dcassandra.skip_wait_for_gossip_to_settle=0 \
     -Dcassandra.ring_delay_ms=0 \
     -Dcassandra.consistent.rangemovement=false \
+    -Dcassandra.superuser_setup_delay_ms=0 \
     -Dlogback.configurationFile="file://$ROOT/stack/cassandra/logback.xml" \
     -Dmailqueue.cassandra.log="$log" \
     -cp "$CASSANDRA_LIB/*" org.apache.cassandra.service.CassandraDaemon \
@@ -182,8 +183,9 @@ rabbit_env() {
   export HOME="$CACHE_DIR/rabbitmq-home"
   mkdir -p "$HOME"
   export RABBITMQ_NODENAME="$node"
-  export RABBITMQ_NODE_IP_ADDRESS=127.0.0.1
-  export RABBITMQ_NODE_PORT="$port"
+  # Listeners come from rabbitmq.conf (TLS only): these would add a plaintext one.
+  unset RABBITMQ_NODE_IP_ADDRESS RABBITMQ_NODE_PORT
+  : "$port"
   export RABBITMQ_DIST_PORT="$dist"
   export RABBITMQ_MNESIA_BASE="$dir/mnesia"
   export RABBITMQ_LOG_BASE="$logs"
@@ -211,12 +213,44 @@ rabbit_install() {
   service rabbitmq-server stop >/dev/null 2>&1 || true
 }
 
+# rabbit_tls PORT: the node's listener, TLS only, with the backends' certificate.
+rabbit_tls() {
+  cat <<EOF
+loopback_users = none
+listeners.tcp = none
+listeners.ssl.default = 127.0.0.1:$1
+ssl_options.cacertfile = $PKI_DIR/ca.crt
+ssl_options.certfile = $PKI_DIR/backends.crt
+ssl_options.keyfile = $PKI_DIR/backends.key
+ssl_options.verify = verify_none
+ssl_options.fail_if_no_peer_cert = false
+ssl_options.versions.1 = tlsv1.3
+ssl_options.versions.2 = tlsv1.2
+EOF
+}
+
+# rabbit_users CTL...: one user per role (stack/provision.py says which permissions), passwords
+# read by the node from their files (never on a command line); guest is deleted.
+rabbit_users() {
+  local role user configure write read tags file
+  "$@" await_startup </dev/null >/dev/null
+  while IFS=$'\t' read -r role user configure write read tags; do
+    file="$CREDENTIALS_DIR/$role/rabbitmq-password"
+    "$@" eval "{ok, P} = file:read_file(\"$file\"), U = <<\"$user\">>, W = string:trim(P),
+      case rabbit_auth_backend_internal:lookup_user(U) of
+        {ok, _} -> rabbit_auth_backend_internal:change_password(U, W, <<\"stack\">>);
+        _ -> rabbit_auth_backend_internal:add_user(U, W, <<\"stack\">>) end." </dev/null >/dev/null
+    "$@" set_permissions -p / "$user" "$configure" "$write" "$read" </dev/null >/dev/null
+    "$@" set_user_tags "$user" $tags </dev/null >/dev/null
+  done < <("$PY" "$ROOT/stack/provision.py" rabbitmq-users "$CREDENTIALS_DIR")
+  "$@" delete_user guest >/dev/null 2>&1 || true
+}
+
 rabbit_start() {
   mkdir -p "$STACK_DIR/rabbitmq/mnesia" "$LOG_DIR/rabbitmq"
   printf '[].\n' >"$STACK_DIR/rabbitmq/enabled_plugins"
   cat >"$STACK_DIR/rabbitmq/rabbitmq.conf" <<EOF
-loopback_users.guest = true
-listeners.tcp.1 = 127.0.0.1:$RABBITMQ_PORT
+$(rabbit_tls "$RABBITMQ_PORT")
 # A small machine: never block publishers for a nearly full disk of a dev box.
 disk_free_limit.absolute = 256MB
 vm_memory_high_watermark.relative = 0.2
@@ -239,7 +273,7 @@ rabbit_stop() {
 }
 
 # ---------------------------------------------------------------- MinIO
-minio_healthy() { curl -fsS -m 2 "http://127.0.0.1:$MINIO_PORT/minio/health/live"; }
+minio_healthy() { curl -fsS -m 2 --cacert "$PKI_DIR/ca.crt" "https://127.0.0.1:$MINIO_PORT/minio/health/live"; }
 
 minio_install() {
   [[ -x $MINIO_BIN ]] && return
@@ -252,9 +286,14 @@ minio_install() {
 }
 
 minio_start() {
-  mkdir -p "$STACK_DIR/minio/data" "$LOG_DIR"
-  say "minio: starting on 127.0.0.1:$MINIO_PORT (log $LOG_DIR/minio.log)"
-  MINIO_BROWSER=off nohup "$MINIO_BIN" server "$STACK_DIR/minio/data" --quiet \
+  mkdir -p "$STACK_DIR/minio/data" "$STACK_DIR/minio/certs" "$LOG_DIR"
+  # MinIO serves TLS from certs/public.crt and private.key, and reloads them when they change.
+  ln -sf "$PKI_DIR/backends.crt" "$STACK_DIR/minio/certs/public.crt"
+  ln -sf "$PKI_DIR/backends.key" "$STACK_DIR/minio/certs/private.key"
+  say "minio: starting on https://127.0.0.1:$MINIO_PORT (log $LOG_DIR/minio.log)"
+  MINIO_ROOT_USER="$(cat "$CREDENTIALS_DIR/operator/s3-access-key")" \
+  MINIO_ROOT_PASSWORD="$(cat "$CREDENTIALS_DIR/operator/s3-secret-key")" \
+  MINIO_BROWSER=off nohup "$MINIO_BIN" server "$STACK_DIR/minio/data" --quiet --certs-dir "$STACK_DIR/minio/certs" \
     --address "127.0.0.1:$MINIO_PORT" --console-address "127.0.0.1:$MINIO_CONSOLE_PORT" \
     >"$LOG_DIR/minio.log" 2>&1 &
   echo $! >"$STACK_DIR/minio.pid"
@@ -317,8 +356,7 @@ cluster_rabbit_launch() {
   printf '[].\n' >"$dir/enabled_plugins"
   # classic_config peer discovery: a blank node joins the nodes listed (node 1 is started first).
   cat >"$dir/rabbitmq.conf" <<EOF
-loopback_users.guest = true
-listeners.tcp.1 = 127.0.0.1:$(cluster_rabbit_port "$i")
+$(rabbit_tls "$(cluster_rabbit_port "$i")")
 cluster_formation.peer_discovery_backend = classic_config
 cluster_formation.classic_config.nodes.1 = $(cluster_rabbit_node 1)
 cluster_formation.classic_config.nodes.2 = $(cluster_rabbit_node 2)
@@ -493,6 +531,20 @@ stop_pid() {
   rm -f "$STACK_DIR/$name.pid"
 }
 
+# The local CA, the certificates and one credential per role (each made once, kept in .stack/).
+secure_files() {
+  "$ROOT/stack/pki.sh" "$PKI_DIR"
+  "$PY" "$ROOT/stack/provision.py" credentials "$CREDENTIALS_DIR"
+}
+
+# provision_backends CASSANDRA_ADDRESS [REPLICATION]: roles, users and policies on the running
+# backends (idempotent), the bucket, and the schema of `make run`'s keyspace.
+provision_backends() {
+  "$PY" "$ROOT/stack/provision.py" cassandra "$CREDENTIALS_DIR" "$1" "$PKI_DIR/ca.crt" --replication "${2:-1}"
+  if [[ ${2:-1} == 1 ]]; then ( rabbit_env; rabbit_users "$RABBIT_BIN/rabbitmqctl" -q ); else ( rabbit_env_node 1; rabbit_users "$RABBIT_BIN/rabbitmqctl" -q ); fi
+  "$PY" "$ROOT/stack/provision.py" minio "$CREDENTIALS_DIR" "127.0.0.1:$MINIO_PORT" "$PKI_DIR/ca.crt" "${S3_BUCKETS[@]}"
+}
+
 up() {
   [[ -x $PY ]] || die "no Python environment at $PY: run 'make install' first"
   mkdir -p "$STACK_DIR" "$LOG_DIR"
@@ -500,10 +552,31 @@ up() {
   rabbit_install
   cassandra_install
   minio_install
+  secure_files
   minio_healthy >/dev/null 2>&1 || minio_start
   rabbit_healthy >/dev/null 2>&1 || rabbit_start
   cassandra_healthy >/dev/null 2>&1 || cassandra_start
+  provision_backends "127.0.0.1:$CASSANDRA_PORT"
+  ( set -a; eval "$(env_of schema)"; "$PY" -m services.runtime.migrate ) >>"$LOG_DIR/schema.log" 2>&1 \
+    || die "schema step failed: see $LOG_DIR/schema.log"
+  say "TLS on every backend, one credential per service (README: Security); operator variables: stack/stack.sh env"
   status
+}
+
+# env_of ROLE: the MAILQUEUE_* variables that point a component (or the operator) at the single
+# node stack with its own credential, over TLS. `make run`, the tests and the benches use them.
+env_of() {
+  cat <<EOF
+MAILQUEUE_CREDENTIALS_DIR=$CREDENTIALS_DIR/$1
+MAILQUEUE_CASSANDRA_HOSTS=127.0.0.1
+MAILQUEUE_CASSANDRA_PORT=$CASSANDRA_PORT
+MAILQUEUE_CASSANDRA_CA_FILE=$PKI_DIR/ca.crt
+MAILQUEUE_RABBITMQ_URL=amqps://127.0.0.1:$RABBITMQ_PORT/%2F
+MAILQUEUE_RABBITMQ_CA_FILE=$PKI_DIR/ca.crt
+MAILQUEUE_S3_ENDPOINT=127.0.0.1:$MINIO_PORT
+MAILQUEUE_S3_CA_FILE=$PKI_DIR/ca.crt
+MAILQUEUE_TLS_CA_FILE=$PKI_DIR/ca.crt
+EOF
 }
 
 down() {
@@ -539,7 +612,8 @@ case "${1:-} ${2:-}" in
   "status "*) status ;;
   "node "*) shift; node "$@" ;;
   "cluster-env "*) cluster_env ;;
+  "env "*) env_of "${2:-operator}" ;;
   "rabbitmqctl --node") shift 2; i=$1; shift; rabbit_env_node "$i"; exec "$RABBIT_BIN/rabbitmqctl" "$@" ;;
   "rabbitmqctl "*) shift; rabbit_env; exec "$RABBIT_BIN/rabbitmqctl" "$@" ;;
-  *) echo "usage: $0 up|down|status [--cluster] | node kill|stop|cont|start|pid NAME | cluster-env | rabbitmqctl [--node N] ARGS..." >&2; exit 2 ;;
+  *) echo "usage: $0 up|down|status [--cluster] | node kill|stop|cont|start|pid NAME | cluster-env | env [ROLE] | rabbitmqctl [--node N] ARGS..." >&2; exit 2 ;;
 esac

@@ -48,6 +48,31 @@ def _optional_int(env: Mapping[str, str], name: str, minimum: int = 1) -> int | 
     return _int(env, name, 0, minimum) if f"MAILQUEUE_{name}" in env else None
 
 
+def _file(env: Mapping[str, str], name: str) -> str:
+    """A path setting: "" when unset; a path that is not a file is refused at start-up."""
+    path = _get(env, name, "")
+    if path and not os.path.isfile(path):
+        raise ConfigurationError(f"MAILQUEUE_{name}={path}: no such file")
+    return path
+
+
+def _credential(env: Mapping[str, str], file_name: str, variable: str, default: str | None) -> str | None:
+    """A credential: the file ``file_name`` of MAILQUEUE_CREDENTIALS_DIR (a mounted Secret: one file
+    per key) when it is there, else MAILQUEUE_<variable>, else ``default``. Files keep secrets out
+    of command lines, process listings and logs."""
+    folder = env.get("MAILQUEUE_CREDENTIALS_DIR")
+    if folder:
+        path = os.path.join(folder, file_name)
+        try:
+            with open(path) as f:
+                return f.read().strip()
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            raise ConfigurationError(f"MAILQUEUE_CREDENTIALS_DIR: {path}: {e.strerror}") from e
+    return env.get(f"MAILQUEUE_{variable}") or default
+
+
 def _bool(env: Mapping[str, str], name: str, default: bool) -> bool:
     raw = _get(env, name, "true" if default else "false").strip().lower()
     if raw in ("1", "true", "yes", "on"):
@@ -67,6 +92,8 @@ class CassandraSettings:
     local_dc: str | None = None
     username: str | None = None
     password: str | None = None
+    #: CA that signs the nodes' certificates: when set, every connection is TLS (client encryption).
+    ca_file: str = ""
     request_timeout_s: float = 5.0
     #: Seconds queue counter updates are gathered in the process before they are written (0: at once).
     counter_flush_s: float = 1.0
@@ -79,8 +106,9 @@ class CassandraSettings:
             keyspace=_get(env, "CASSANDRA_KEYSPACE", "mailqueue"),
             replication=_get(env, "CASSANDRA_REPLICATION", cls.replication),
             local_dc=env.get("MAILQUEUE_CASSANDRA_LOCAL_DC") or None,
-            username=env.get("MAILQUEUE_CASSANDRA_USERNAME") or None,
-            password=env.get("MAILQUEUE_CASSANDRA_PASSWORD") or None,
+            username=_credential(env, "cassandra-username", "CASSANDRA_USERNAME", None),
+            password=_credential(env, "cassandra-password", "CASSANDRA_PASSWORD", None),
+            ca_file=_file(env, "CASSANDRA_CA_FILE"),
             request_timeout_s=_float(env, "CASSANDRA_TIMEOUT_S", 5.0, 0.001),
             counter_flush_s=_float(env, "COUNTER_FLUSH_S", 1.0),
         )
@@ -104,6 +132,8 @@ class RabbitMQSettings:
     #: past this many, or this age, the oldest go (the repository keeps every dead letter).
     dead_letter_max: int = 100_000
     dead_letter_keep_s: int = 7 * 24 * 3600
+    #: CA that signs the nodes' certificates, for amqps:// URLs.
+    ca_file: str = ""
 
     @property
     def url(self) -> str:
@@ -116,7 +146,9 @@ class RabbitMQSettings:
         if queue_type not in ("quorum", "classic"):
             raise ConfigurationError(f"MAILQUEUE_RABBITMQ_QUEUE_TYPE={queue_type!r}: use quorum or classic")
         return cls(
-            urls=broker_urls(env),
+            urls=with_credentials(broker_urls(env), _credential(env, "rabbitmq-username", "RABBITMQ_USERNAME", None),
+                                  _credential(env, "rabbitmq-password", "RABBITMQ_PASSWORD", None)),
+            ca_file=_file(env, "RABBITMQ_CA_FILE"),
             queue_type=queue_type,
             delivery_limit=_int(env, "RABBITMQ_DELIVERY_LIMIT", 20, 1),
             connect_timeout_s=_float(env, "RABBITMQ_CONNECT_TIMEOUT_S", 5.0, 0.001),
@@ -125,6 +157,22 @@ class RabbitMQSettings:
             dead_letter_max=_int(env, "RABBITMQ_DEAD_LETTER_MAX", cls.dead_letter_max, 1),
             dead_letter_keep_s=_int(env, "RABBITMQ_DEAD_LETTER_KEEP_S", cls.dead_letter_keep_s, 1, 10 * 365 * 24 * 3600),
         )
+
+
+def with_credentials(urls: tuple[str, ...], username: str | None, password: str | None) -> tuple[str, ...]:
+    """The URLs with this service's user and password (from MAILQUEUE_CREDENTIALS_DIR or
+    MAILQUEUE_RABBITMQ_USERNAME/_PASSWORD) in place of the ones they carry."""
+    if not username:
+        return urls
+    from urllib.parse import quote, urlsplit, urlunsplit
+
+    out = []
+    for u in urls:
+        parts = urlsplit(u)
+        host = parts.netloc.rpartition("@")[2]
+        userinfo = quote(username, safe="") + (":" + quote(password, safe="") if password else "")
+        out.append(urlunsplit(parts._replace(netloc=f"{userinfo}@{host}")))
+    return tuple(out)
 
 
 def broker_urls(env: Mapping[str, str]) -> tuple[str, ...]:
@@ -153,6 +201,8 @@ class S3Settings:
     secret_key: str = "minioadmin"
     bucket: str = "mailqueue-blobs"
     secure: bool = False
+    #: CA that signs S3's certificate (implies ``secure``); unset: the system's CAs.
+    ca_file: str = ""
     region: str | None = None
     #: HTTP connections kept to S3 (and threads that call S3: one per connection).
     pool_size: int = 64
@@ -167,10 +217,11 @@ class S3Settings:
     def from_env(cls, env: Mapping[str, str] = os.environ) -> S3Settings:
         return cls(
             endpoint=_get(env, "S3_ENDPOINT", cls.endpoint),
-            access_key=_get(env, "S3_ACCESS_KEY", cls.access_key),
-            secret_key=_get(env, "S3_SECRET_KEY", cls.secret_key),
+            access_key=_credential(env, "s3-access-key", "S3_ACCESS_KEY", cls.access_key) or cls.access_key,
+            secret_key=_credential(env, "s3-secret-key", "S3_SECRET_KEY", cls.secret_key) or cls.secret_key,
             bucket=_get(env, "S3_BUCKET", cls.bucket),
-            secure=_bool(env, "S3_SECURE", False),
+            secure=_bool(env, "S3_SECURE", False) or bool(_get(env, "S3_CA_FILE", "")),
+            ca_file=_file(env, "S3_CA_FILE"),
             region=env.get("MAILQUEUE_S3_REGION") or None,
             pool_size=_int(env, "S3_POOL_SIZE", 64, 1),
             spool_dir=env.get("MAILQUEUE_SPOOL_DIR") or None,
@@ -352,6 +403,12 @@ class ServerSettings:
     #: Token this service presents to other services (enqueue/dequeue -> blob_svc).
     service_token: str = ""
     tls: TLSSettings = dataclasses.field(default_factory=TLSSettings)
+    #: Serve gRPC without TLS: only by this explicit setting, and only on a loopback host
+    #: (checked when the server starts: services.runtime.server.check_transport).
+    plaintext: bool = False
+    #: A second, plaintext port that serves only grpc.health (0: none): the kubelet's gRPC probes
+    #: do not speak TLS, and this port answers them without opening the API in the clear.
+    health_port: int = 0
     #: browse_svc: seconds between refreshes of the per-queue gauges (0: off).
     gauge_interval_s: float = 15.0
     #: browse_svc's healer: a round every this many seconds (0: off), over mails older than the grace.
@@ -374,6 +431,8 @@ class ServerSettings:
             tokens=_tokens(env),
             service_token=_get(env, "SERVICE_TOKEN", ""),
             tls=TLSSettings.from_env(env),
+            plaintext=_bool(env, "PLAINTEXT", False),
+            health_port=_int(env, "HEALTH_PORT", 0, 0, 65535),
             gauge_interval_s=_float(env, "GAUGE_INTERVAL_S", 15.0),
             heal_interval_s=_float(env, "HEAL_INTERVAL_S", 300.0),
             heal_grace_s=_float(env, "HEAL_GRACE_S", 900.0, 1.0),

@@ -58,15 +58,37 @@ def role_of(tokens: Mapping[str, str], metadata: Any) -> str | None:
     return role
 
 
+def is_loopback(host: str) -> bool:
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_transport(host: str, tls_serving: bool, plaintext: bool) -> None:
+    """TLS by default: plaintext only by MAILQUEUE_PLAINTEXT=true, and only on a loopback host."""
+    if tls_serving:
+        if plaintext:
+            raise ConfigurationError("MAILQUEUE_PLAINTEXT=true and a TLS certificate are both set: choose one")
+        return
+    if not plaintext:
+        raise ConfigurationError(
+            "no TLS certificate: set MAILQUEUE_TLS_CERT_FILE and MAILQUEUE_TLS_KEY_FILE (stack/pki.sh makes a local CA "
+            "and certificates; make run uses them), or MAILQUEUE_PLAINTEXT=true to serve in the clear on loopback"
+        )
+    if not is_loopback(host):
+        raise ConfigurationError(
+            f"MAILQUEUE_PLAINTEXT=true is for loopback only, and this server listens on {host}: "
+            "serve TLS (MAILQUEUE_TLS_CERT_FILE, MAILQUEUE_TLS_KEY_FILE)"
+        )
+    log.warning("serving gRPC in the clear (MAILQUEUE_PLAINTEXT=true, loopback only)")
+
+
 def check_exposure(host: str, tokens: Mapping[str, str], identities: Mapping[str, str] | None = None) -> None:
     """Refuse a non-loopback listener without tokens or certificate identities; warn on a loopback one."""
     if tokens or identities:
         return
-    try:
-        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = False
-    if not loopback:
+    if not is_loopback(host):
         raise ConfigurationError(
             f"refusing to listen on {host} without access control: set MAILQUEUE_TOKENS "
             "(role:token,...) or listen on 127.0.0.1"

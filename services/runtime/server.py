@@ -33,7 +33,7 @@ from services.adapters.grpc_channels import MAX_MESSAGE
 from services.domain.config import Settings
 from services.domain.errors import BackendUnavailable, ConfigurationError
 from services.runtime import logs
-from services.runtime.auth import TokenAuth, check_exposure
+from services.runtime.auth import TokenAuth, check_exposure, check_transport
 from services.runtime.interceptors import ErrorsAndMetrics
 from services.runtime.tls import server_credentials
 
@@ -124,6 +124,17 @@ def create_server(app: App, host: str | None = None, port: int | None = None) ->
     return Served(server, health_servicer, bound, names)
 
 
+async def health_only_server(served: Served, host: str, port: int) -> grpc.aio.Server:
+    """The plaintext port of the kubelet's gRPC probes, which do not speak TLS: it serves the same
+    health statuses and nothing else (no API, no reflection), so the probes stay meaningful while
+    the API is served only over TLS."""
+    probes = grpc.aio.server()
+    health_pb2_grpc.add_HealthServicer_to_server(served.health, probes)
+    probes.add_insecure_port(f"{host}:{port}")
+    await probes.start()
+    return probes
+
+
 async def supervise(app: App, served: Served) -> None:
     """Connect, then keep the health status in line with the backends, forever."""
     await served.health.set(LIVENESS, SERVING)
@@ -162,10 +173,12 @@ async def serve(app: App) -> None:
     served = create_server(app)
     server, port = served.server, served.port
     await server.start()
+    probes = await health_only_server(served, s.host, s.health_port) if s.health_port else None
     log.info(
         "listening",
         extra={"address": f"{s.host}:{port}", "metrics": f"http://{s.host}:{s.metrics_port}/metrics" if s.metrics_port else "off",
-               "tls": ("mutual" if s.tls.client_ca_file else "on") if s.tls.serving else "off"},
+               "tls": ("mutual" if s.tls.client_ca_file else "on") if s.tls.serving else "off",
+               "health_port": s.health_port or "off"},
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -190,6 +203,8 @@ async def serve(app: App) -> None:
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(stop.wait(), s.lameduck_s)
     await server.stop(s.shutdown_grace_s)
+    if probes is not None:
+        await probes.stop(0)
     await app.close()
     log.info("stopped")
 
@@ -197,6 +212,7 @@ async def serve(app: App) -> None:
 def main(app_factory: Callable[[Settings], App], name: str) -> None:
     try:
         settings = Settings.from_env(name)
+        check_transport(settings.server.host, settings.server.tls.serving, settings.server.plaintext)
         check_exposure(settings.server.host, settings.server.tokens, settings.server.tls.identities)
     except ConfigurationError as e:
         print(f"{name}: refusing to start: {e}", file=sys.stderr)

@@ -6,7 +6,10 @@ Rows are written without null cells: absent values are left unset (nulls are tom
 
 from __future__ import annotations
 
-from cassandra.cluster import Session
+import re
+
+from cassandra import Unauthorized
+from cassandra.cluster import Cluster, Session
 
 from services.domain.names import table
 
@@ -130,7 +133,54 @@ def create(session: Session, keyspace: str, replication: str) -> None:
     """Create the keyspace and every table if missing (blocking; idempotent).
 
     Statements name tables with their keyspace (no ``USE``): the session serves one keyspace.
+    The role that runs it owns what it creates (Cassandra grants the creator every permission):
+    with authorization on, that is the schema role, never a service's (``migrate``).
     """
     session.execute(f"CREATE KEYSPACE IF NOT EXISTS {keyspace} WITH replication = {replication}", timeout=60)
     for ddl in [*TABLES, *MIGRATIONS]:
         session.execute(ddl.format(ks=keyspace), timeout=60)
+
+
+#: The permissions a service's role gets on the keyspace: read and write rows. Nothing else: no
+#: CREATE, ALTER, DROP or AUTHORIZE (CQL's MODIFY covers INSERT, UPDATE, DELETE and TRUNCATE).
+SERVICE_PERMISSIONS = ("SELECT", "MODIFY")
+
+
+def grant(session: Session, keyspace: str, roles: tuple[str, ...]) -> None:
+    """Give each service role SELECT and MODIFY on the keyspace (run by its owner, the schema role)."""
+    for role in roles:
+        for permission in SERVICE_PERMISSIONS:
+            session.execute(f'GRANT {permission} ON KEYSPACE {keyspace} TO "{role}"', timeout=60)
+
+
+def missing(cluster: Cluster, keyspace: str) -> list[str]:
+    """The tables and columns the keyspace lacks, from the driver's schema metadata (no statement
+    run: a service's role, which may not create, checks the schema this way)."""
+    ks = cluster.metadata.keyspaces.get(keyspace)
+    if ks is None:
+        return [f"keyspace {keyspace}"]
+    out = [name for name in re.findall(r"CREATE TABLE IF NOT EXISTS \{ks\}\.(\w+)", "\n".join(TABLES)) if name not in ks.tables]
+    for name, column in re.findall(r"ALTER TABLE \{ks\}\.(\w+) ADD IF NOT EXISTS (\w+)", "\n".join(MIGRATIONS)):
+        if name in ks.tables and column not in ks.tables[name].columns:
+            out.append(f"{name}.{column}")
+    return out
+
+
+def ensure(cluster: Cluster, session: Session, keyspace: str, replication: str) -> None:
+    """The schema as a service needs it: nothing to do when it is complete; else created, which
+    works for a role allowed to create (no authentication, or the schema role) and otherwise
+    fails naming what is missing and the step that makes it."""
+    if not missing(cluster, keyspace):
+        return
+    try:
+        create(session, keyspace, replication)
+    except Unauthorized as e:
+        raise SchemaMissing(
+            f"keyspace {keyspace} lacks {', '.join(missing(cluster, keyspace)[:3])} and this role may not create it "
+            f"({e}): run the schema step with the schema role, `python -m services.runtime.migrate` "
+            "(stack/stack.sh up and the Kubernetes Job mailqueue-schema run it)"
+        ) from e
+
+
+class SchemaMissing(Exception):
+    pass

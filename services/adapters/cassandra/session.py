@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import ssl
 from typing import Any
 
 from cassandra import ConsistencyLevel, DriverException
@@ -57,6 +58,19 @@ def named_tuple_rows(colnames: list[str], rows: list[Any]) -> list[Any]:
     return [cls(*row) for row in rows]
 
 
+def tls_context(settings: CassandraSettings) -> ssl.SSLContext | None:
+    """Client encryption when a CA is configured: the node's chain must lead to that CA. Host names
+    are not checked: the driver connects to the addresses the nodes advertise (rpc_address), which
+    behind a forwarder or a Kubernetes Service are not the names a certificate carries; the CA
+    (one for the backends, not a public one) is what authenticates the node."""
+    if not settings.ca_file:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=settings.ca_file)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_REQUIRED
+    return context
+
+
 def connect(settings: CassandraSettings) -> tuple[Cluster, Session]:
     """Connect (blocking): call it from a thread. Raises BackendUnavailable."""
     profile = ExecutionProfile(
@@ -69,6 +83,7 @@ def connect(settings: CassandraSettings) -> tuple[Cluster, Session]:
     auth = PlainTextAuthProvider(settings.username, settings.password) if settings.username else None
     cluster = Cluster(
         list(settings.hosts),
+        ssl_context=tls_context(settings),
         port=settings.port,
         protocol_version=5,
         execution_profiles={EXEC_PROFILE_DEFAULT: profile},

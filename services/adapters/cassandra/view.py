@@ -62,11 +62,14 @@ class View:
         def blocking() -> View:
             cluster, session = connect(settings)
             try:
-                schema.create(session, settings.keyspace, settings.replication)
+                schema.ensure(cluster, session, settings.keyspace, settings.replication)
                 return cls(cluster, session, settings.keyspace, settings.counter_flush_s)
             except UNAVAILABLE_ERRORS as e:
                 cluster.shutdown()
                 raise BackendUnavailable("cassandra", f"schema set-up failed ({e})") from e
+            except schema.SchemaMissing as e:
+                cluster.shutdown()
+                raise BackendUnavailable("cassandra", str(e)) from e
 
         return await asyncio.to_thread(blocking)
 

@@ -26,6 +26,7 @@ import asyncio
 import datetime as dt
 import functools
 import logging
+import ssl
 from collections.abc import Callable
 from typing import Any
 
@@ -41,6 +42,20 @@ from services.domain.errors import BackendUnavailable
 from services.ports.broker import Broker
 
 log = logging.getLogger(__name__)
+
+
+#: Seconds between checks for a queue that a user who may not declare waits for.
+TOPOLOGY_POLL_S = 0.5
+
+
+def connection_parameters(url: str, settings: RabbitMQSettings) -> pika.URLParameters:
+    """pika's parameters for one node; an amqps:// URL is TLS, verified against the settings' CA
+    (or the system's) with the URL's host name checked."""
+    params = pika.URLParameters(url)
+    if url.startswith("amqps://"):
+        context = ssl.create_default_context(cafile=settings.ca_file or None)
+        params.ssl_options = pika.SSLOptions(context, server_hostname=params.host)
+    return params
 
 
 def _close_opened(fut: asyncio.Future[Channel]) -> None:
@@ -62,12 +77,14 @@ class RabbitMQBroker(Broker):
         self._publisher: Publisher | None = None
         self._declared: set[str] = set()
         self._ladder_declared = False
+        #: False once a declaration was refused (a user without the configure permission).
+        self._may_configure = True
         self.delivery_limit = settings.delivery_limit if settings.queue_type == "quorum" else None
 
     # ------------------------------------------------------------------ connection and channels
     @staticmethod
     def _parameters(url: str, settings: RabbitMQSettings) -> pika.URLParameters:
-        params = pika.URLParameters(url)
+        params = connection_parameters(url, settings)
         params.connection_attempts = 1
         params.socket_timeout = settings.connect_timeout_s
         params.heartbeat = settings.heartbeat_s
@@ -292,6 +309,49 @@ class RabbitMQBroker(Broker):
     async def declare_queue(self, queue: str) -> None:
         if queue in self._declared:
             return
+        if not self._may_configure:
+            await self._await_declared([names.work_queue(queue, p) for p in model.PRIORITIES])
+            self._declared.add(queue)
+            return
+        try:
+            await self._declare_queue(queue)
+        except BackendUnavailable as e:
+            if not self._refused(e):
+                raise
+            await self.declare_queue(queue)
+
+    def _refused(self, e: BackendUnavailable) -> bool:
+        """A declaration refused for want of the configure permission (dequeue_svc's user has none:
+        it may not declare, so it may not delete either). From then on this broker only waits for
+        the topology that enqueue_svc declares."""
+        if "ACCESS_REFUSED" not in str(e):
+            return False
+        if self._may_configure:
+            self._may_configure = False
+            log.info("this RabbitMQ user may not declare (no configure permission): using the topology enqueue_svc declares")
+        return True
+
+    async def _await_declared(self, rabbit_queues: list[str]) -> None:
+        """Wait until each queue exists (a passive declare needs no permission): a consumer that
+        subscribes before the first mail of its queue waits for enqueue_svc to declare it."""
+        for rabbit_queue in rabbit_queues:
+            while not await self._exists(rabbit_queue):
+                await asyncio.sleep(TOPOLOGY_POLL_S)
+
+    async def _exists(self, rabbit_queue: str) -> bool:
+        channel, w = await self._channel()
+        try:
+            await self._call(w, channel.queue_declare, queue=rabbit_queue, passive=True)
+            return True
+        except BackendUnavailable as e:
+            if "NOT_FOUND" in str(e):
+                return False
+            raise
+        finally:
+            if channel.is_open:
+                channel.close()
+
+    async def _declare_queue(self, queue: str) -> None:
         await self._declare_ladder()
         dlx = names.dead_letter_exchange(queue)
         await self._declare_dead_letter_queue(queue, dlx)
@@ -356,7 +416,14 @@ class RabbitMQBroker(Broker):
             raise
 
     async def consume_dead_letters(self, prefetch: int) -> RabbitMQConsumer:
-        await self._declare_ladder()
+        if self._may_configure:
+            try:
+                await self._declare_ladder()
+            except BackendUnavailable as e:
+                if not self._refused(e):
+                    raise
+        if not self._may_configure:
+            await self._await_declared([self._marks_queue])
         return await self._consume({"normal": self._marks_queue}, prefetch)
 
     async def _consume(self, rabbit_queues: dict[str, str], prefetch: int) -> RabbitMQConsumer:

@@ -60,7 +60,7 @@ def http_client(settings: S3Settings) -> urllib3.PoolManager:
             total=RETRIES, backoff_factor=BACKOFF_S, status_forcelist=(500, 502, 503, 504), raise_on_status=False,
         ),
         cert_reqs="CERT_REQUIRED" if settings.secure else "CERT_NONE",
-        ca_certs=os.environ.get("SSL_CERT_FILE") or certifi.where(),
+        ca_certs=settings.ca_file or os.environ.get("SSL_CERT_FILE") or certifi.where(),
     )
 
 
@@ -77,6 +77,18 @@ class Bucket:
 
     def exists(self) -> bool:
         return self.client.bucket_exists(self.name)
+
+    def located(self) -> bool:
+        """GetBucketLocation: the bucket exists and these credentials are good. The check of a
+        least-privilege user, which may put or get blobs but not list the bucket (HeadBucket needs
+        s3:ListBucket; s3:GetBucketLocation reveals nothing). False when the bucket is missing."""
+        try:
+            self.client._url_open("GET", self.region, bucket_name=self.name, query_params={"location": ""})  # noqa: SLF001
+            return True
+        except S3Error as e:
+            if e.code == "NoSuchBucket":
+                return False
+            raise
 
     def create(self) -> None:
         """CreateBucket; a bucket created meanwhile (another replica) is not an error."""

@@ -58,7 +58,15 @@ class S3BlobStore(BlobStore):
 
     async def ensure_bucket(self) -> None:
         """Create the bucket when S3 says it does not exist (a first start)."""
-        if await self._call(self._bucket.exists):
+        try:
+            if await self._call(self._bucket.exists):
+                return
+        except BackendUnavailable as e:
+            if "AccessDenied" not in e.detail:
+                raise
+            # A least-privilege user (puts and gets only) may not look at the bucket: the
+            # operator's provisioning made it (stack/provision.py, the Kubernetes Secrets' user).
+            log.info("may not check the bucket (no s3:ListBucket): taken as provisioned", extra={"bucket": self._settings.bucket})
             return
         await self._call(self._bucket.create)
         log.info("created bucket", extra={"bucket": self._settings.bucket})
@@ -197,7 +205,7 @@ class S3BlobStore(BlobStore):
         return True
 
     async def ping(self) -> None:
-        if not await self._call(self._bucket.exists):
+        if not await self._call(self._bucket.located):
             raise BackendUnavailable("s3", f"bucket {self._settings.bucket} does not exist: blob_svc creates it when it starts")
 
     async def close(self) -> None:

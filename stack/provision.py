@@ -1,0 +1,243 @@
+"""One least-privilege credential per component, on every backend: made once, applied idempotently.
+
+    python stack/provision.py credentials DIR        make what is missing under DIR/<role>/
+    python stack/provision.py cassandra DIR HOST:PORT CA [--replication N]
+    python stack/provision.py minio DIR ENDPOINT CA BUCKET_PATTERN...
+    python stack/provision.py rabbitmq-users DIR     print "user<TAB>configure<TAB>write<TAB>read<TAB>tags" lines
+
+DIR/<role>/ holds one file per key, the shape of a Kubernetes Secret mounted as a folder
+(MAILQUEUE_CREDENTIALS_DIR): cassandra-username, cassandra-password, rabbitmq-username,
+rabbitmq-password, s3-access-key, s3-secret-key; only the backends the role uses. Files are 0600
+and never appear on a command line or in a log.
+
+Who may do what (README "Security"):
+
+- Cassandra: each service's role has SELECT and MODIFY on the keyspace, granted by the schema step
+  (services/runtime/migrate.py) run with the schema role, which owns the keyspace. No service may
+  create, alter or drop anything. The operator role is the superuser; the default ``cassandra``
+  superuser is dropped.
+- RabbitMQ: enqueue declares the topology and publishes, and may not consume a work queue;
+  dequeue consumes and publishes retries, and may not declare or delete anything (no configure
+  permission); browse (admin: drop, move, replay) may do all three on ``mailqueue.*``. guest is
+  deleted.
+- S3: enqueue and blob put and get blobs; dequeue and browse get them; the sweep lists the bucket
+  and deletes blobs. Nobody but the operator (MinIO's root) creates or removes a bucket.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import sys
+
+#: role -> the backends it uses.
+ROLES: dict[str, tuple[str, ...]] = {
+    "enqueue": ("cassandra", "rabbitmq", "s3"),
+    "dequeue": ("cassandra", "rabbitmq", "s3"),
+    "browse": ("cassandra", "rabbitmq", "s3"),
+    "blob": ("cassandra", "s3"),
+    "sweep": ("cassandra", "s3"),
+    "schema": ("cassandra",),
+    "operator": ("cassandra", "rabbitmq", "s3"),
+}
+#: RabbitMQ permissions (configure, write, read) on the default vhost: regular expressions over
+#: exchange and queue names. Work queues are mailqueue.<queue>.work[.high|.low].
+_ANY = r"^mailqueue\."
+_NOT_WORK = r"^mailqueue\.(?!.*\.work(\.high|\.low)?$)"
+RABBITMQ: dict[str, tuple[str, str, str, str]] = {
+    "enqueue": (_ANY, _ANY, _NOT_WORK, ""),
+    "dequeue": ("^$", _ANY, _ANY, ""),
+    "browse": (_ANY, _ANY, _ANY, ""),
+    "operator": (".*", ".*", ".*", "administrator"),
+}
+#: S3 actions per role, on the blobs of the buckets (and, for the sweep, the bucket's listing and
+#: its owner marker, spark/buckets.py).
+S3: dict[str, tuple[str, ...]] = {
+    "enqueue": ("s3:PutObject", "s3:GetObject", "s3:AbortMultipartUpload"),
+    "dequeue": ("s3:GetObject",),
+    "browse": ("s3:GetObject",),
+    "blob": ("s3:PutObject", "s3:GetObject", "s3:AbortMultipartUpload"),
+    "sweep": ("s3:DeleteObject",),
+}
+
+
+def cassandra_role(role: str) -> str:
+    return f"mailqueue_{role}"
+
+
+def user(role: str) -> str:
+    return f"mailqueue-{role}"
+
+
+def _read(folder: str, role: str, key: str) -> str:
+    with open(os.path.join(folder, role, key)) as f:
+        return f.read().strip()
+
+
+def _write(path: str, value: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(value)
+
+
+def credentials(folder: str) -> None:
+    for role, backends in ROLES.items():
+        d = os.path.join(folder, role)
+        os.makedirs(d, mode=0o700, exist_ok=True)
+        wanted = {}
+        if "cassandra" in backends:
+            wanted |= {"cassandra-username": cassandra_role(role), "cassandra-password": secrets.token_urlsafe(24)}
+        if "rabbitmq" in backends:
+            wanted |= {"rabbitmq-username": user(role), "rabbitmq-password": secrets.token_urlsafe(24)}
+        if "s3" in backends:
+            wanted |= {"s3-access-key": user(role), "s3-secret-key": secrets.token_urlsafe(24)}
+        for key, value in wanted.items():
+            path = os.path.join(d, key)
+            if not os.path.exists(path):
+                _write(path, value)
+
+
+def _cassandra_session(host: str, port: int, ca: str, username: str, password: str,  # noqa: ANN202
+                       policy: object = None, timeout: float = 10):
+    from cassandra.auth import PlainTextAuthProvider
+    from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile
+
+    from services.adapters.cassandra.session import tls_context
+    from services.domain.config import CassandraSettings
+
+    profiles = {EXEC_PROFILE_DEFAULT: ExecutionProfile(load_balancing_policy=policy)} if policy else {}
+    cluster = Cluster([host], port=port, protocol_version=5, connect_timeout=timeout, execution_profiles=profiles,
+                      ssl_context=tls_context(CassandraSettings(ca_file=ca)),
+                      auth_provider=PlainTextAuthProvider(username, password))
+    return cluster, cluster.connect()
+
+
+def cassandra(folder: str, address: str, ca: str, replication: int) -> None:
+    """The roles, their passwords, the schema role's CREATE; the default superuser dropped."""
+    from cassandra import AuthenticationFailed
+    from cassandra.cluster import NoHostAvailable
+
+    host, _, port = address.rpartition(":")
+    operator, password = cassandra_role("operator"), _read(folder, "operator", "cassandra-password")
+    try:
+        cluster, session = _cassandra_session(host, int(port), ca, operator, password)
+    except (NoHostAvailable, AuthenticationFailed):
+        # A new cluster: only the default superuser exists. Make ours with it, then leave it.
+        cluster, session = _cassandra_session(host, int(port), ca, "cassandra", "cassandra")
+        if replication > 1:
+            session.execute("ALTER KEYSPACE system_auth WITH replication = "
+                            f"{{'class': 'NetworkTopologyStrategy', 'datacenter1': {replication}}}", timeout=60)
+        session.execute(f"CREATE ROLE IF NOT EXISTS {operator} WITH SUPERUSER = true AND LOGIN = true "
+                        f"AND PASSWORD = '{password}'", timeout=60)
+        cluster.shutdown()
+        cluster, session = _cassandra_session(host, int(port), ca, operator, password)
+    try:
+        session.execute("DROP ROLE IF EXISTS cassandra", timeout=60)
+        for role, backends in ROLES.items():
+            if "cassandra" not in backends or role == "operator":
+                continue
+            name, pw = cassandra_role(role), _read(folder, role, "cassandra-password")
+            session.execute(f"CREATE ROLE IF NOT EXISTS {name} WITH LOGIN = true AND PASSWORD = '{pw}'", timeout=60)
+        # The schema role creates keyspaces (and so owns them: it grants the services theirs).
+        session.execute(f"GRANT CREATE ON ALL KEYSPACES TO {cassandra_role('schema')}", timeout=60)
+    finally:
+        cluster.shutdown()
+
+
+def cassandra_ping(folder: str, address: str, ca: str) -> None:
+    """The node answers CQL over TLS: as the operator role, or (a new node, not provisioned yet)
+    as the default superuser. Prints its version; exits non-zero when it does not answer."""
+    from cassandra.cluster import NoHostAvailable
+    from cassandra.policies import WhiteListRoundRobinPolicy
+
+    host, _, port = address.rpartition(":")
+    tries = [("cassandra", "cassandra")]
+    if os.path.exists(os.path.join(folder, "operator", "cassandra-password")):
+        tries.insert(0, (cassandra_role("operator"), _read(folder, "operator", "cassandra-password")))
+    last: Exception | None = None
+    for username, password in tries:
+        try:
+            cluster, session = _cassandra_session(host, int(port), ca, username, password,
+                                                  WhiteListRoundRobinPolicy([host]), timeout=2)
+        except NoHostAvailable as e:
+            last = e
+            continue
+        try:
+            print(session.execute("SELECT release_version FROM system.local", timeout=5).one()[0])
+            return
+        finally:
+            cluster.shutdown()
+    raise SystemExit(f"cassandra at {address} does not answer: {last}")
+
+
+def _policy(actions: tuple[str, ...], buckets: list[str], role: str) -> dict:
+    statements = [{"Effect": "Allow", "Action": list(actions),
+                   "Resource": [f"arn:aws:s3:::{b}/blobs/*" for b in buckets]},
+                  # Every role's health check (services/adapters/s3/client.py: Bucket.located).
+                  {"Effect": "Allow", "Action": ["s3:GetBucketLocation"],
+                   "Resource": [f"arn:aws:s3:::{b}" for b in buckets]}]
+    if role == "sweep":
+        statements.append({"Effect": "Allow", "Action": ["s3:ListBucket"],
+                           "Resource": [f"arn:aws:s3:::{b}" for b in buckets]})
+        statements.append({"Effect": "Allow", "Action": ["s3:GetObject", "s3:PutObject"],
+                           "Resource": [f"arn:aws:s3:::{b}/mailqueue-owner" for b in buckets]})
+    return {"Version": "2012-10-17", "Statement": statements}
+
+
+def minio(folder: str, endpoint: str, ca: str, buckets: list[str]) -> None:
+    """A user and a policy per role (MinIO's admin API); the operator is MinIO's root."""
+    import urllib3
+    from minio.credentials import StaticProvider
+    from minio.minioadmin import MinioAdmin
+
+    http = urllib3.PoolManager(cert_reqs="CERT_REQUIRED", ca_certs=ca)
+    admin = MinioAdmin(endpoint=endpoint, secure=True, http_client=http, credentials=StaticProvider(
+        _read(folder, "operator", "s3-access-key"), _read(folder, "operator", "s3-secret-key")))
+    from minio import Minio
+
+    root = Minio(endpoint, access_key=_read(folder, "operator", "s3-access-key"),
+                 secret_key=_read(folder, "operator", "s3-secret-key"), secure=True, http_client=http)
+    for bucket in buckets:
+        if "*" not in bucket and not root.bucket_exists(bucket):
+            root.make_bucket(bucket)
+    for role, actions in S3.items():
+        name = user(role)
+        admin.policy_add(name, policy=_policy(actions, buckets, role))
+        admin.user_add(name, _read(folder, role, "s3-secret-key"))
+        try:
+            admin.attach_policy([name], user=name)
+        except Exception as e:  # noqa: BLE001 - attaching a policy already attached is refused
+            if "already" not in str(e).lower():
+                raise
+
+
+def rabbitmq_users() -> None:
+    for role, (configure, write, read, tags) in RABBITMQ.items():
+        print("\t".join((role, user(role), configure, write, read, tags)))
+
+
+def main(argv: list[str]) -> int:
+    command, folder, *rest = argv
+    if command == "credentials":
+        credentials(folder)
+    elif command == "cassandra":
+        address, ca, *more = rest
+        replication = int(more[1]) if more[:1] == ["--replication"] else 1
+        cassandra(folder, address, ca, replication)
+    elif command == "minio":
+        endpoint, ca, *buckets = rest
+        minio(folder, endpoint, ca, buckets)
+    elif command == "cassandra-ping":
+        address, ca = rest
+        cassandra_ping(folder, address, ca)
+    elif command == "rabbitmq-users":
+        rabbitmq_users()
+    else:
+        print(__doc__, file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sys.exit(main(sys.argv[1:]))
