@@ -16,23 +16,36 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from tests.harness import as_service, broker_parameters, prepare, stack_env
 from tests.harness import scrape as metric  # noqa: F401 - the benches' reading of a service's metrics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PORTS = {"blob": 56054, "enqueue": 56051, "dequeue": 56052, "browse": 56053}
 
 
+def use_stack() -> None:
+    """The benches reach the backends as the operator, over TLS (stack/stack.sh env), unless the
+    caller's environment names them already (the clusters: stack/stack.sh cluster-env)."""
+    if "MAILQUEUE_CREDENTIALS_DIR" not in os.environ:
+        os.environ.update(stack_env("operator"))
+
+
 def env(keyspace: str, name: str, metrics_port: int = 0) -> dict[str, str]:
-    """A service's environment: S3 directly, the default (MAILQUEUE_BLOB_TARGET=blob in the
-    caller's environment measures the blob_svc hop instead)."""
+    """A service's environment, with its own backend credential: S3 directly, the default
+    (MAILQUEUE_BLOB_TARGET=blob in the caller's environment measures the blob_svc hop instead).
+    gRPC in the clear on loopback (MAILQUEUE_PLAINTEXT) unless the caller gives a certificate."""
+    use_stack()
     e = dict(os.environ)
     e.update({
         "MAILQUEUE_CASSANDRA_KEYSPACE": keyspace, "MAILQUEUE_PORT": str(PORTS[name]), "MAILQUEUE_METRICS_PORT": str(metrics_port),
         "MAILQUEUE_LOG_LEVEL": "WARNING",
     })
+    if not e.get("MAILQUEUE_TLS_CERT_FILE"):
+        e["MAILQUEUE_PLAINTEXT"] = "true"
     if os.environ.get("MAILQUEUE_BLOB_TARGET") == "blob":
         e["MAILQUEUE_BLOB_TARGET"] = f"127.0.0.1:{PORTS['blob']}"
-    return e
+    prepare(e)
+    return as_service(name, e)
 
 
 def start_services(keyspace: str, names: list[str], metrics: dict[str, int] | None = None) -> list[subprocess.Popen]:
@@ -100,6 +113,7 @@ def bench_queue(name: str) -> str:
 
 def run(main: Callable[[], None]) -> None:
     """A benchmark's entry point: what it created is removed however it ends."""
+    use_stack()
     try:
         main()
     finally:
@@ -138,11 +152,10 @@ def drop_queues(queues: list[str]) -> None:
     import pika
 
     from services.domain import names
-    from services.domain.config import RabbitMQSettings
 
     if not queues:
         return
-    with pika.BlockingConnection(pika.URLParameters(RabbitMQSettings.from_env().url)) as conn:
+    with pika.BlockingConnection(broker_parameters()) as conn:
         ch = conn.channel()
         for q in queues:
             ch.queue_delete(names.work_queue(q))

@@ -12,7 +12,7 @@ import pytest
 
 from mailqueue.v1 import admin_pb2, admin_pb2_grpc, blob_pb2_grpc, browse_pb2_grpc, dequeue_pb2_grpc, enqueue_pb2_grpc
 from services.runtime.interceptors import ErrorsAndMetrics
-from tests.harness import LoopThread, RunningApp, ServiceProcess, new_keyspace, service_env, stack
+from tests.harness import LoopThread, RunningApp, ServiceProcess, broker_parameters, new_keyspace, service_env, stack, stack_env
 
 INTEGRATION = pathlib.Path(__file__).parent / "integration"
 CONTRACT = pathlib.Path(__file__).parent / "contract"
@@ -47,6 +47,11 @@ def running_stack() -> None:
         result = stack("up", check=False)
         if result.returncode != 0:
             pytest.fail(f"stack/stack.sh up failed:\n{result.stderr[-3000:]}")
+    # The tests reach the backends as the operator, over TLS; each service they start runs with
+    # its own credential (harness.as_service).
+    import os
+
+    os.environ.update(stack_env("operator"))
 
 
 @pytest.fixture(scope="session")
@@ -61,14 +66,13 @@ def drop_keyspace(name: str, env: dict[str, str] | None = None) -> None:
     ``env``: the environment naming the Cassandra (default: this process's)."""
     import os
 
-    from cassandra.cluster import Cluster
-
+    from services.adapters.cassandra.session import connect
     from services.domain.config import CassandraSettings
 
     settings = CassandraSettings.from_env(os.environ if env is None else env)
-    cluster = Cluster(list(settings.hosts), port=settings.port, protocol_version=5)
+    cluster, session = connect(settings)
     try:
-        cluster.connect().execute(f"DROP KEYSPACE IF EXISTS {name}", timeout=120)
+        session.execute(f"DROP KEYSPACE IF EXISTS {name}", timeout=120)
     finally:
         cluster.shutdown()
 
@@ -110,10 +114,9 @@ def _drop_created_queues():
     import pika
 
     from services.domain import model, names
-    from services.domain.config import RabbitMQSettings
 
     try:
-        with pika.BlockingConnection(pika.URLParameters(RabbitMQSettings.from_env().url)) as conn:
+        with pika.BlockingConnection(broker_parameters()) as conn:
             ch = conn.channel()
             for queue in CREATED_QUEUES:
                 for priority in model.PRIORITIES:

@@ -57,14 +57,96 @@ def stack(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return subprocess.run([os.path.join(ROOT, "stack", "stack.sh"), *args], capture_output=True, text=True, check=check)
 
 
+def stack_env(role: str = "operator") -> dict[str, str]:
+    """The MAILQUEUE_* variables of ``role`` on the single-node stack (stack/stack.sh env ROLE):
+    backends over TLS with that role's own credential."""
+    out = {}
+    for line in stack("env", role).stdout.splitlines():
+        key, _, value = line.partition("=")
+        out[key] = value
+    return out
+
+
+def credentials_dir(role: str) -> str:
+    return os.path.join(os.environ.get("MAILQUEUE_STACK_DIR", os.path.join(ROOT, ".stack")), "credentials", role)
+
+
+def as_service(name: str, env: dict[str, str]) -> dict[str, str]:
+    """``env`` with the backend credential of service ``name`` (its own Cassandra role, RabbitMQ
+    user and S3 user) in place of the operator's, when the stack made one: services under test
+    run with exactly the rights they have in production."""
+    own = credentials_dir(name)
+    if env.get("MAILQUEUE_CREDENTIALS_DIR") == credentials_dir("operator") and os.path.isdir(own):
+        return {**env, "MAILQUEUE_CREDENTIALS_DIR": own}
+    return env
+
+
+_PREPARED: set[tuple[str, ...]] = set()
+
+
+def prepare(env: dict[str, str]) -> None:
+    """What the operator does before services use a keyspace and a bucket: the schema step with
+    the schema role (services may not create tables), and the bucket with the operator's
+    credential (services may not create buckets). Once per keyspace and bucket per process."""
+    from services.domain.config import CassandraSettings, S3Settings
+
+    if "MAILQUEUE_CREDENTIALS_DIR" not in env:
+        return  # a stack without credentials: the services create what they need
+    c = CassandraSettings.from_env(env)
+    key = ("cassandra", ",".join(c.hosts), str(c.port), c.keyspace)
+    if key not in _PREPARED:
+        from services.runtime.migrate import migrate, service_roles
+
+        from services.domain.errors import BackendUnavailable
+
+        schema_env = {**env, "MAILQUEUE_CREDENTIALS_DIR": credentials_dir("schema")}
+        try:
+            migrate(CassandraSettings.from_env(schema_env), service_roles(schema_env))
+            _PREPARED.add(key)
+        except BackendUnavailable:
+            pass  # a test of a Cassandra that does not answer: the service says so itself
+    s3 = S3Settings.from_env({**env, "MAILQUEUE_CREDENTIALS_DIR": credentials_dir("operator")})
+    key = ("s3", s3.endpoint, s3.bucket)
+    if key not in _PREPARED:
+        from services.adapters.s3.client import Bucket
+
+        from services.adapters.s3 import errors as s3errors
+
+        bucket = Bucket(s3)
+        try:
+            if not bucket.exists():
+                bucket.create()
+            _PREPARED.add(key)
+        except s3errors.ERRORS:
+            pass  # a test of an S3 that does not answer
+
+
+def broker_parameters(env: dict[str, str] | None = None):  # noqa: ANN201
+    """pika's parameters for the broker ``env`` names (default: this process's), over TLS."""
+    from services.adapters.rabbitmq.broker import connection_parameters
+    from services.domain.config import RabbitMQSettings
+
+    settings = RabbitMQSettings.from_env(os.environ if env is None else env)
+    return connection_parameters(settings.url, settings)
+
+
 def service_env(keyspace: str, **extra: str) -> dict[str, str]:
+    """A service's environment on a keyspace of the test's own: the operator's variables (the
+    backends over TLS), gRPC in the clear on loopback (explicitly: MAILQUEUE_PLAINTEXT; the TLS
+    tests serve TLS), and the keyspace prepared as the operator would (``prepare``)."""
     env = dict(os.environ)
+    env["MAILQUEUE_PLAINTEXT"] = "true"
     # Gauges and the healer off: a test keyspace holds hundreds of queues (tests that need them turn them on).
     # Counter updates written at once: tests compare counters with exact counts right away (the
     # gathering has a test of its own).
     env.update({"MAILQUEUE_CASSANDRA_KEYSPACE": keyspace, "MAILQUEUE_PORT": "0", "MAILQUEUE_METRICS_PORT": "0",
                 "MAILQUEUE_GAUGE_INTERVAL_S": "0", "MAILQUEUE_COUNTER_FLUSH_S": "0", "MAILQUEUE_HEAL_INTERVAL_S": "0"})
     env.update(extra)
+    if env.get("MAILQUEUE_TLS_CERT_FILE"):
+        env.pop("MAILQUEUE_PLAINTEXT")
+    elif "MAILQUEUE_TLS_CA_FILE" not in extra:
+        env.pop("MAILQUEUE_TLS_CA_FILE", None)  # calls to a plaintext blob_svc: in the clear too
+    prepare(env)
     return env
 
 
@@ -77,7 +159,7 @@ class RunningApp:
 
     def __init__(self, loop: LoopThread, app_cls: type[App], name: str, env: dict[str, str]) -> None:
         self.loop = loop
-        self.app = app_cls(Settings.from_env(name, env))
+        self.app = app_cls(Settings.from_env(name, as_service(name, env)))
 
         async def start() -> Served:
             await self.app.connect()
@@ -147,7 +229,7 @@ class ServiceProcess:
         self.credentials = credentials  # TLS (the process serves it: MAILQUEUE_TLS_* in env)
         self.port = free_port()
         self.metrics_port = free_port() if metrics else 0
-        self.env = {**env, "MAILQUEUE_PORT": str(self.port), "MAILQUEUE_METRICS_PORT": str(self.metrics_port),
+        self.env = {**as_service(name, env), "MAILQUEUE_PORT": str(self.port), "MAILQUEUE_METRICS_PORT": str(self.metrics_port),
                     "MAILQUEUE_LOG_LEVEL": "WARNING"}
         self.target = f"127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None

@@ -11,8 +11,8 @@ from mailqueue.v1 import enqueue_pb2, mail_pb2
 from services.adapters.rabbitmq import message_format
 from services.contract import serde
 from services.domain import model, names
-from services.domain.config import RabbitMQSettings
 from services.domain.slices import slices_between
+from tests.harness import broker_parameters
 
 
 def view_rows(suite, queue: str) -> list[model.QueuedMail]:
@@ -43,7 +43,7 @@ def peek_messages(queue: str) -> list[model.QueuedMail]:
 def peek_contents(queue: str, priority: str = "normal") -> list[tuple[model.QueuedMail, bytes | None]]:
     """(mail, the content the message carries or None) of each message waiting in the queue's
     work queue of that class (left in place)."""
-    conn = pika.BlockingConnection(pika.URLParameters(RabbitMQSettings.from_env().url))
+    conn = pika.BlockingConnection(broker_parameters())
     try:
         ch = conn.channel()
         out = []
@@ -59,7 +59,7 @@ def peek_contents(queue: str, priority: str = "normal") -> list[tuple[model.Queu
 
 
 def _declared(amqp_queue: str):
-    conn = pika.BlockingConnection(pika.URLParameters(RabbitMQSettings.from_env().url))
+    conn = pika.BlockingConnection(broker_parameters())
     try:
         return conn.channel().queue_declare(amqp_queue, passive=True).method
     finally:

@@ -16,7 +16,7 @@ import grpc
 import pytest
 
 from mailqueue.v1 import admin_pb2, admin_pb2_grpc, browse_pb2, browse_pb2_grpc
-from tests.harness import ServiceProcess, service_env, wait_until
+from tests.harness import ServiceProcess, broker_parameters, service_env, wait_until
 from tests.integration.helpers import StreamConsumer, dead_letter_count, inline, kill_9_mid_stream, simple_mail
 from tests.integration.test_cli import mailq
 
@@ -309,10 +309,9 @@ def _late_copy(queue: str, mail) -> None:
     from services.adapters.rabbitmq import message_format
     from services.contract import serde
     from services.domain import names
-    from services.domain.config import RabbitMQSettings
 
     m = message_format.encode(serde.queued_mail_from_proto(mail))
-    conn = pika.BlockingConnection(pika.URLParameters(RabbitMQSettings.from_env().url))
+    conn = pika.BlockingConnection(broker_parameters())
     try:
         conn.channel().basic_publish(names.dead_letter_exchange(queue), "", m.body, pika.BasicProperties(
             headers=m.headers, message_id=m.message_id, delivery_mode=m.delivery_mode, content_type=m.content_type,

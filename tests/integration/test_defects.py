@@ -12,8 +12,7 @@ from google.protobuf import duration_pb2, timestamp_pb2
 
 from mailqueue.v1 import admin_pb2, browse_pb2, enqueue_pb2
 from services.domain import names
-from services.domain.config import RabbitMQSettings
-from tests.harness import ROOT, wait_until
+from tests.harness import ROOT, broker_parameters, wait_until
 from tests.integration.helpers import (
     StreamConsumer,
     code_of,
@@ -50,7 +49,7 @@ def test_a_mail_the_broker_dead_letters_by_itself_is_marked(suite):
     limit = suite.dequeue.app.settings.rabbitmq.delivery_limit
     queue = suite.new_queue()
     [eid] = enqueue_names(suite, queue, ["kills-its-consumers"])
-    params = pika.URLParameters(RabbitMQSettings.from_env().url)
+    params = broker_parameters()
     for _ in range(limit + 1):
         conn = pika.BlockingConnection(params)
         ch = conn.channel()

@@ -12,7 +12,7 @@ import pytest
 from mailqueue.v1 import blob_pb2, dequeue_pb2, mail_pb2
 from services.domain import names
 from services.domain.config import RabbitMQSettings
-from tests.harness import wait_until
+from tests.harness import broker_parameters, wait_until
 from tests.integration.helpers import (
     StreamConsumer,
     consumer_count,
@@ -162,7 +162,7 @@ def test_reject_dead_letters_and_marks_the_mail(suite):
 
 def test_an_undecodable_message_is_dead_lettered(suite):
     queue = suite.new_queue()
-    conn = pika.BlockingConnection(pika.URLParameters(RabbitMQSettings.from_env().url))
+    conn = pika.BlockingConnection(broker_parameters())
     conn.channel().basic_publish(names.exchange(queue), "", b"\xff not a protobuf", pika.BasicProperties(delivery_mode=2))
     conn.close()
     [eid] = enqueue_names(suite, queue, ["fine"])

@@ -11,14 +11,13 @@ import pytest
 
 from mailqueue.v1 import admin_pb2, browse_pb2
 from services.domain import names
-from services.domain.config import RabbitMQSettings
-from tests.harness import wait_until
+from tests.harness import broker_parameters, wait_until
 from tests.integration.helpers import StreamConsumer, inline, simple_mail
 from tests.integration.test_cli import mailq
 
 
 def amqp_exists(amqp_queue: str) -> bool:
-    conn = pika.BlockingConnection(pika.URLParameters(RabbitMQSettings.from_env().url))
+    conn = pika.BlockingConnection(broker_parameters())
     try:
         conn.channel().queue_declare(amqp_queue, passive=True)
         return True

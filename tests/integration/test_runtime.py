@@ -1,6 +1,5 @@
 """Every service serves health and reflection; a real process reports NOT_SERVING, then SERVING."""
 
-import os
 import subprocess
 import sys
 import urllib.request
@@ -97,11 +96,11 @@ def test_a_violating_view_configuration_refuses_start_up(running_stack):
 
 
 def _stored_buckets(keyspace: str) -> int | None:
-    from cassandra.cluster import Cluster
+    from services.adapters.cassandra.session import connect
+    from services.domain.config import CassandraSettings
 
-    cluster = Cluster(["127.0.0.1"], port=int(os.environ.get("MAILQUEUE_CASSANDRA_PORT", "9042")), protocol_version=5)
+    cluster, session = connect(CassandraSettings.from_env())
     try:
-        session = cluster.connect()
         try:
             row = session.execute(f"SELECT bucket_count FROM {keyspace}.queue_view_config_events_v1 LIMIT 1").one()
         except Exception:  # the table does not exist yet
