@@ -51,6 +51,25 @@ def _loopback_master(master: str) -> bool:
     return master.startswith("spark://") and (host == "localhost" or host.startswith("127."))
 
 
+def truststore(ca_file: str) -> tuple[str, str]:
+    """A PKCS#12 trust store holding the CA of ``ca_file`` (keytool, from the JDK Spark runs on)."""
+    import secrets
+    import shutil
+    import subprocess
+    import tempfile
+
+    java_home = os.environ.get("JAVA_HOME")
+    keytool = os.path.join(java_home, "bin", "keytool") if java_home else shutil.which("keytool")
+    if not keytool or not os.path.exists(keytool):
+        raise MissingJars("keytool (from the JDK) is needed to trust the Cassandra CA: set JAVA_HOME")
+    folder = tempfile.mkdtemp(prefix="mailqueue-sweep-tls-")
+    path, password = os.path.join(folder, "truststore.p12"), secrets.token_urlsafe(18)
+    subprocess.run([keytool, "-importcert", "-noprompt", "-alias", "cassandra-ca", "-file", ca_file, "-keystore", path,
+                    "-storetype", "PKCS12", "-storepass:env", "MAILQUEUE_TRUSTSTORE_PASSWORD"],
+                   check=True, capture_output=True, env={**os.environ, "MAILQUEUE_TRUSTSTORE_PASSWORD": password})
+    return path, password
+
+
 def build(master: str, jars: list[str], cassandra: CassandraSettings, shuffle_partitions: int) -> object:
     """A SparkSession reading Cassandra at LOCAL_QUORUM (the consistency the services write at:
     a row or a mark missed by a weaker read could make a live mail's blob look unreferenced)."""
@@ -88,6 +107,14 @@ def build(master: str, jars: list[str], cassandra: CassandraSettings, shuffle_pa
         builder = builder.config("spark.driver.host", driver_host)
     if cassandra.local_dc:
         builder = builder.config("spark.cassandra.connection.localDC", cassandra.local_dc)
+    if cassandra.ca_file:
+        # The connector's driver (Java) reads a keystore, not a PEM file: the CA goes into a
+        # PKCS#12 trust store made with the JDK's keytool, in a private folder of this run.
+        path, password = truststore(cassandra.ca_file)
+        builder = (builder.config("spark.cassandra.connection.ssl.enabled", "true")
+                   .config("spark.cassandra.connection.ssl.trustStore.path", path)
+                   .config("spark.cassandra.connection.ssl.trustStore.password", password)
+                   .config("spark.cassandra.connection.ssl.trustStore.type", "PKCS12"))
     if cassandra.username:
         builder = builder.config("spark.cassandra.auth.username", cassandra.username)
         builder = builder.config("spark.cassandra.auth.password", cassandra.password or "")

@@ -95,9 +95,8 @@ def prepare(env: dict[str, str]) -> None:
     c = CassandraSettings.from_env(env)
     key = ("cassandra", ",".join(c.hosts), str(c.port), c.keyspace)
     if key not in _PREPARED:
-        from services.runtime.migrate import migrate, service_roles
-
         from services.domain.errors import BackendUnavailable
+        from services.runtime.migrate import migrate, service_roles
 
         schema_env = {**env, "MAILQUEUE_CREDENTIALS_DIR": credentials_dir("schema")}
         try:
@@ -108,9 +107,8 @@ def prepare(env: dict[str, str]) -> None:
     s3 = S3Settings.from_env({**env, "MAILQUEUE_CREDENTIALS_DIR": credentials_dir("operator")})
     key = ("s3", s3.endpoint, s3.bucket)
     if key not in _PREPARED:
-        from services.adapters.s3.client import Bucket
-
         from services.adapters.s3 import errors as s3errors
+        from services.adapters.s3.client import Bucket
 
         bucket = Bucket(s3)
         try:

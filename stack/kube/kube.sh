@@ -12,6 +12,11 @@
 #   stack/kube/kube.sh env            print `export KUBECONFIG=...` (eval "$(stack/kube/kube.sh env)")
 #   stack/kube/kube.sh import-images  podman's mailqueue:latest and mailqueue-sweep:latest into the
 #                                     cluster's containerd (again only when podman's image id changed)
+#   stack/kube/kube.sh secrets NS     the suite's Secrets in namespace NS from the local stack's CA and
+#                                     credentials (.stack/pki, .stack/credentials): mailqueue-tls in the
+#                                     shape cert-manager writes, mailqueue-backend-ca, and one
+#                                     mailqueue-<component>-credentials per component; applied again
+#                                     they are updated in place (rotation: pods see the new files)
 #   stack/kube/kube.sh check          a throwaway end-to-end test in namespace mailqueue-kube-check:
 #                                     cluster DNS from a pod, no default route in pods, a Service, a
 #                                     NetworkPolicy enforced, `kubectl top`; removes its namespace
@@ -20,7 +25,7 @@
 #   node IP / bridge cni0  10.244.0.1 (pods 10.244.0.0/24, no default route in pods)
 #   services               10.96.0.0/24 (API 10.96.0.1, DNS 10.96.0.10), routed onto cni0 on the host
 #   API server             https://10.244.0.1:6443 (bound to the bridge address only, not to eth0)
-#   backends for pods      10.244.0.1:9042 (Cassandra), :5672 (RabbitMQ), :9000 (MinIO): socat forwarders
+#   backends for pods      10.244.0.1:9042 (Cassandra), :5671 (RabbitMQ), :9000 (MinIO): socat forwarders
 #                          to the local stack on 127.0.0.1 (stack/stack.sh up)
 #   images                 imagePullPolicy: Never; mailqueue:latest and localhost/mailqueue:latest both
 #                          name the imported project image
@@ -65,7 +70,7 @@ METRICS_SERVER_IMAGE="localhost/mailqueue/metrics-server:$METRICS_SERVER_VERSION
 NETTEST_IMAGE=localhost/mailqueue/nettest:1
 # The local stack's ports (stack/stack.sh), forwarded from the node address for pods.
 CASSANDRA_PORT="${MAILQUEUE_CASSANDRA_PORT:-9042}"
-RABBITMQ_PORT="${MAILQUEUE_RABBITMQ_PORT:-5672}"
+RABBITMQ_PORT="${MAILQUEUE_RABBITMQ_PORT:-5671}"
 MINIO_PORT="${MAILQUEUE_MINIO_PORT:-9000}"
 FORWARDS=("cassandra:$CASSANDRA_PORT" "rabbitmq:$RABBITMQ_PORT" "minio:$MINIO_PORT")
 # The kubelet rewrites these at start: up puts the host's values back once the node is Ready.
@@ -1239,12 +1244,27 @@ status() {
   return $rc
 }
 
+# secrets NS: what cert-manager and a secrets manager would write, from the local stack's files.
+secrets() {
+  local ns=$1 stack_pki="$STACK_DIR/pki" creds="$STACK_DIR/credentials" c
+  [[ -f $stack_pki/services.crt && -d $creds ]] || die "secrets: no CA or credentials in $STACK_DIR: run 'stack/stack.sh up' first"
+  apply_secret() { kc -n "$ns" create secret generic "$@" --dry-run=client -o yaml | kc apply -f - >/dev/null; }
+  apply_secret mailqueue-tls --type kubernetes.io/tls --from-file=tls.crt="$stack_pki/services.crt" \
+    --from-file=tls.key="$stack_pki/services.key" --from-file=ca.crt="$stack_pki/ca.crt"
+  apply_secret mailqueue-backend-ca --from-file=ca.crt="$stack_pki/ca.crt"
+  for c in enqueue dequeue browse blob sweep schema; do
+    apply_secret "mailqueue-$c-credentials" --from-file="$creds/$c/"
+  done
+  say "secrets in $ns: mailqueue-tls, mailqueue-backend-ca, mailqueue-{enqueue,dequeue,browse,blob,sweep,schema}-credentials"
+}
+
 case "${1:-}" in
   up) up ;;
+  secrets) secrets "${2:?usage: kube.sh secrets NAMESPACE}" ;;
   down) down ;;
   status) status ;;
   env) echo "export KUBECONFIG=$ADMIN_KUBECONFIG" ;;
   import-images) import_images ;;
   check) check ;;
-  *) echo "usage: $0 up|down|status|env|import-images|check" >&2; exit 2 ;;
+  *) echo "usage: $0 up|down|status|env|import-images|secrets NAMESPACE|check" >&2; exit 2 ;;
 esac

@@ -58,9 +58,20 @@ def test_every_deployment_is_probed_limited_and_hardened(rendered):
         pod = d["spec"]["template"]["spec"]
         assert pod["securityContext"]["runAsNonRoot"] is True
         for c in pod["containers"]:
-            port = c["ports"][0]["containerPort"]
+            # The API serves TLS only; the probes ask the plaintext health-only port.
+            env = {e["name"]: e.get("value") for e in c["env"]}
+            ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+            assert env["MAILQUEUE_TLS_CERT_FILE"] and env["MAILQUEUE_TLS_KEY_FILE"] and "MAILQUEUE_PLAINTEXT" not in env
+            assert int(env["MAILQUEUE_HEALTH_PORT"]) == ports["health"] != ports["grpc"]
             for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
-                assert c[probe]["grpc"]["port"] == port, (d["metadata"]["name"], probe)
+                assert c[probe]["grpc"]["port"] == ports["health"], (d["metadata"]["name"], probe)
+            # Certificates and credentials: whole Secrets, read-only, no subPath (rotation).
+            secrets = {v["name"]: v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v}
+            component = d["metadata"]["name"].removeprefix("mailqueue-")
+            assert secrets["tls"].startswith("mailqueue-tls") and secrets["credentials"].startswith(f"mailqueue-{component}-credentials")
+            for m in c["volumeMounts"]:
+                if m["name"] in secrets:
+                    assert m["readOnly"] is True and "subPath" not in m, m
             # A backend outage fails readiness only: liveness and start-up ask the "liveness" name.
             assert "service" not in c["readinessProbe"]["grpc"]
             assert c["livenessProbe"]["grpc"]["service"] == c["startupProbe"]["grpc"]["service"] == "liveness"
@@ -126,6 +137,7 @@ def test_enqueue_and_dequeue_reach_s3_themselves_and_connections_are_rebalanced(
         if d["metadata"]["name"].endswith(("enqueue", "dequeue")):
             [container] = d["spec"]["template"]["spec"]["containers"]
             refs = [r.get("secretRef", r.get("configMapRef", {})).get("name", "") for r in container["envFrom"]]
-            for wanted in ("mailqueue-config", "mailqueue-backends"):  # the S3 endpoint; its keys
-                assert any(ref.startswith(wanted) for ref in refs), (d["metadata"]["name"], wanted)
+            assert any(ref.startswith("mailqueue-config") for ref in refs), d["metadata"]["name"]  # the S3 endpoint
+            env = {e["name"]: e.get("value") for e in container["env"]}
+            assert env["MAILQUEUE_CREDENTIALS_DIR"] and env["MAILQUEUE_S3_CA_FILE"]  # its own keys, over TLS
     assert int(config["data"]["MAILQUEUE_MAX_CONNECTION_AGE_S"]) > 0

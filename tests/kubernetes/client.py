@@ -56,8 +56,11 @@ class Record:
 def channel(target: str) -> grpc.Channel:
     # round_robin over the headless Service's addresses; re-resolved at most once a second (the
     # default, 30 s, leaves a client that lost every known replica in a rolling update waiting).
-    return grpc.insecure_channel(target, options=[("grpc.service_config", ROUND_ROBIN), ("grpc.enable_retries", 0),
-                                                  ("grpc.dns_min_time_between_resolutions_ms", 1000)])
+    # Over TLS, trusting the CA of the services' certificate (the pod's MAILQUEUE_TLS_CA).
+    with open(os.environ["MAILQUEUE_TLS_CA"], "rb") as f:
+        credentials = grpc.ssl_channel_credentials(f.read())
+    return grpc.secure_channel(target, credentials, options=[("grpc.service_config", ROUND_ROBIN), ("grpc.enable_retries", 0),
+                                                             ("grpc.dns_min_time_between_resolutions_ms", 1000)])
 
 
 def produce(stub, queue: str, token: str, record: Record, stopping: threading.Event, pause: float) -> None:

@@ -1,8 +1,9 @@
 """The Kubernetes tier: the local overlay applied with ``kubectl apply -k`` on the single-node
 cluster of stack/kube/kube.sh (``make kube-up``), against the local stack (``make up``).
 
-Setup, as an operator's first deployment: the namespace, the overlay's backend users (its
-RabbitMQ user, its MinIO user with the readwrite policy), ``kubectl apply -k``. The namespace of an
+Setup, as an operator's first deployment: the namespace, the Secrets (stack/kube/kube.sh secrets:
+the services' certificate in cert-manager's shape, one backend credential per component),
+``kubectl apply -k``. The namespace of an
 earlier run is deleted first, so every run starts from nothing.
 """
 
@@ -11,11 +12,10 @@ from __future__ import annotations
 import dataclasses
 import subprocess
 import time
-import urllib.parse
 
 import pytest
 
-from tests.harness import ROOT, wait_until
+from tests.harness import wait_until
 from tests.kubernetes import kube
 
 
@@ -24,34 +24,6 @@ class Applied:
     #: Seconds from `kubectl apply -k` to each Deployment Available.
     available_s: dict[str, float]
     apply_s: float
-
-
-def _provision_backends() -> None:
-    """The overlay's credentials, created in the local backends (an operator's step)."""
-    import os
-
-    from minio import MinioAdmin
-    from minio.credentials import StaticProvider
-
-    url = urllib.parse.urlparse(kube.secret("mailqueue-backends", "MAILQUEUE_RABBITMQ_URL"))
-    user, password = urllib.parse.unquote(url.username or ""), urllib.parse.unquote(url.password or "")
-    ctl = [f"{ROOT}/stack/stack.sh", "rabbitmqctl"]
-    if subprocess.run([*ctl, "authenticate_user", user, password], capture_output=True).returncode != 0:
-        subprocess.run([*ctl, "delete_user", user], capture_output=True)
-        subprocess.run([*ctl, "add_user", user, password], check=True, capture_output=True)
-    subprocess.run([*ctl, "set_permissions", "-p", "/", user, ".*", ".*", ".*"], check=True, capture_output=True)
-
-    access = kube.secret("mailqueue-backends", "MAILQUEUE_S3_ACCESS_KEY")
-    secret = kube.secret("mailqueue-backends", "MAILQUEUE_S3_SECRET_KEY")
-    root_user = os.environ.get("MAILQUEUE_S3_ACCESS_KEY", "minioadmin")
-    root_password = os.environ.get("MAILQUEUE_S3_SECRET_KEY", "minioadmin")
-    admin = MinioAdmin(endpoint="127.0.0.1:9000", credentials=StaticProvider(root_user, root_password), secure=False)
-    admin.user_add(access, secret)
-    try:
-        admin.attach_policy(["readwrite"], user=access)
-    except Exception as e:  # noqa: BLE001 - already attached: MinIO refuses the same policy twice
-        if "already" not in str(e).lower():
-            raise
 
 
 @pytest.fixture(scope="session")
@@ -72,11 +44,13 @@ def applied(cluster: None) -> Applied:
         print(f"[kubernetes] deleting the namespace {kube.NAMESPACE} of an earlier run")
         kube.kubectl("delete", "namespace", kube.NAMESPACE, "--wait=true", timeout=300)
     kube.kubectl("create", "namespace", kube.NAMESPACE)
-    # The Secrets first (the overlay makes them): the users they name exist before any pod starts.
+    # The Secrets first, as cert-manager and the operator's secrets manager would: the services'
+    # certificate and one backend credential per component (users and roles that stack/stack.sh
+    # up made in the backends).
+    subprocess.run([kube.KUBE, "secrets", kube.NAMESPACE], check=True, capture_output=True)
     start = time.monotonic()
     kube.kubectl("apply", "-k", kube.OVERLAY, timeout=180)
     apply_s = round(time.monotonic() - start, 2)
-    _provision_backends()
     kube.install_client_scripts()
     available_s: dict[str, float] = {}
 

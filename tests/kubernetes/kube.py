@@ -118,8 +118,10 @@ def client_pod(name: str, command: list[str], labels: dict[str, str] | None = No
                 {"name": "MAILQUEUE_BLOB_TARGET", "value": svc["blob"]},
                 {"name": "PRODUCER_TOKEN", **token("producer")}, {"name": "CONSUMER_TOKEN", **token("consumer")},
                 {"name": "MAILQUEUE_TOKEN", **token("admin")}, {"name": "PYTHONUNBUFFERED", "value": "1"},
+                {"name": "MAILQUEUE_TLS_CA", "value": "/ca/ca.crt"}, {"name": "MAILQ_TLS_CA", "value": "/ca/ca.crt"},
                 *({"name": k, "value": v} for k, v in (env or {}).items())],
-        "volumeMounts": [{"name": "client", "mountPath": "/client"}, {"name": "tmp", "mountPath": "/tmp"}, *(mounts or [])],
+        "volumeMounts": [{"name": "client", "mountPath": "/client"}, {"name": "tmp", "mountPath": "/tmp"},
+                         {"name": "ca", "mountPath": "/ca", "readOnly": True}, *(mounts or [])],
         "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}},
         "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]}},
     }
@@ -133,7 +135,10 @@ def client_pod(name: str, command: list[str], labels: dict[str, str] | None = No
                                      "seccompProfile": {"type": "RuntimeDefault"}},
                  "containers": [container],
                  "volumes": [{"name": "client", "configMap": {"name": "mailqueue-test-client"}},
-                             {"name": "tmp", "emptyDir": {}}, *(volumes or [])]},
+                             {"name": "tmp", "emptyDir": {}},
+                             # The CA only (not the services' key): what a client needs to trust them.
+                             {"name": "ca", "secret": {"secretName": "mailqueue-tls", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+                             *(volumes or [])]},
     }
 
 
@@ -186,9 +191,10 @@ def view_states(queue: str, enqueue_ids: list[str]) -> list[str]:
     """What the view says of these mails (keyspace of the overlay): for a failure's message."""
     import uuid
 
-    from cassandra.cluster import Cluster
+    from services.adapters.cassandra.session import connect
+    from services.domain.config import CassandraSettings
 
-    session = Cluster(["127.0.0.1"], protocol_version=5).connect("mailqueue_kube")
+    cluster, session = connect(CassandraSettings.from_env({**os.environ, "MAILQUEUE_CASSANDRA_KEYSPACE": "mailqueue_kube"}))
     try:
         out = []
         for eid in enqueue_ids[:10]:
@@ -197,7 +203,7 @@ def view_states(queue: str, enqueue_ids: list[str]) -> list[str]:
             out.append(f"{eid}: {[(r.reason, str(r.deleted_at)) for r in rows] or 'live'}")
         return out
     finally:
-        session.cluster.shutdown()
+        cluster.shutdown()
 
 
 def host_pid(pod: dict) -> int:

@@ -13,8 +13,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 split = sys.argv.index("--")
 targets, command = sys.argv[1:split], sys.argv[split + 1:]
 deadline = time.monotonic() + 60
+with open(os.environ["MAILQUEUE_TLS_CA"], "rb") as f:
+    credentials = grpc.ssl_channel_credentials(f.read())
 for target in targets:
-    stub = health_pb2_grpc.HealthStub(grpc.insecure_channel(target))
+    stub = health_pb2_grpc.HealthStub(grpc.secure_channel(target, credentials))
     while True:
         try:
             stub.Check(health_pb2.HealthCheckRequest(), timeout=2)

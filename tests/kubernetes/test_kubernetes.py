@@ -271,8 +271,9 @@ def test_evictions_leave_the_floor_of_replicas_serving(applied):
 # ---------------------------------------------------------------------------------- h. network policy
 def test_network_policies_keep_admin_and_blob_to_those_they_name(applied):
     # Asked for 15 s: a new pod's address takes a moment to reach the policy controller's ipsets.
-    probe = ("import grpc,sys,time; from grpc_health.v1 import health_pb2 as h, health_pb2_grpc as g\n"
-             "s=g.HealthStub(grpc.insecure_channel(sys.argv[1])); end=time.time()+15\n"
+    probe = ("import grpc,os,sys,time; from grpc_health.v1 import health_pb2 as h, health_pb2_grpc as g\n"
+             "c=grpc.ssl_channel_credentials(open(os.environ['MAILQUEUE_TLS_CA'],'rb').read())\n"
+             "s=g.HealthStub(grpc.secure_channel(sys.argv[1], c)); end=time.time()+15\n"
              "while time.time()<end:\n"
              "  try: print('ANSWERED', s.Check(h.HealthCheckRequest(), timeout=2).status); break\n"
              "  except grpc.RpcError as e: err=e; time.sleep(0.3)\n"
@@ -331,7 +332,8 @@ def test_pods_run_as_uid_10001_and_refuse_calls_without_the_right_token(applied)
         pod = kube.pods(c, ready_only=True)[0]["metadata"]["name"]
         assert kube.ns("exec", pod, "--", "id", "-u").stdout.strip() == "10001", c
     check = ("import grpc,os,sys; from mailqueue.v1 import enqueue_pb2 as e, enqueue_pb2_grpc as g\n"
-             "s=g.EnqueueServiceStub(grpc.insecure_channel(os.environ['MAILQUEUE_ENQUEUE_TARGET']))\n"
+             "c=grpc.ssl_channel_credentials(open(os.environ['MAILQUEUE_TLS_CA'],'rb').read())\n"
+             "s=g.EnqueueServiceStub(grpc.secure_channel(os.environ['MAILQUEUE_ENQUEUE_TARGET'], c))\n"
              "for who, md in (('none', None), ('consumer', (('authorization', 'Bearer '+os.environ['CONSUMER_TOKEN']),))):\n"
              "  try: s.Enqueue(e.EnqueueRequest(queue='q'), metadata=md, timeout=10); print(who, 'OK')\n"
              "  except grpc.RpcError as x: print(who, x.code().name)")
