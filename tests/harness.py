@@ -222,7 +222,7 @@ class ServiceProcess:
     """A real service process (``python -m <name>_svc``) on a free loopback port."""
 
     def __init__(self, name: str, env: dict[str, str], metrics: bool = False,
-                 credentials: grpc.ChannelCredentials | None = None) -> None:
+                 credentials: grpc.ChannelCredentials | None = None, wait: bool = True) -> None:
         self.name = name
         self.credentials = credentials  # TLS (the process serves it: MAILQUEUE_TLS_* in env)
         self.port = free_port()
@@ -231,9 +231,10 @@ class ServiceProcess:
                     "MAILQUEUE_LOG_LEVEL": "WARNING"}
         self.target = f"127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None
-        self.start()
+        self.start(wait)
 
-    def start(self) -> None:
+    def start(self, wait: bool = True) -> None:
+        """Start the process and (``wait``) poll until its health says SERVING."""
         import sys
 
         # Its log (WARNING and above) goes to a file, for the failure that needs it.
@@ -241,7 +242,8 @@ class ServiceProcess:
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen([sys.executable, "-m", f"{self.name}_svc"], cwd=ROOT, env=self.env,
                                          stdout=subprocess.DEVNULL, stderr=log)
-        wait_until(lambda: is_serving(self.target, self.credentials), 60, interval=0.1, what=f"{self.name}_svc SERVING")
+        if wait:
+            wait_until(lambda: is_serving(self.target, self.credentials), 60, interval=0.1, what=f"{self.name}_svc SERVING")
 
     def channel(self) -> grpc.Channel:
         if self.credentials is not None:

@@ -18,7 +18,7 @@ from typing import Any
 import grpc
 
 from services.domain.errors import ConfigurationError
-from services.runtime.tls import peer_role
+from services.runtime.tls import peer_identity, peer_role
 
 log = logging.getLogger(__name__)
 
@@ -163,6 +163,11 @@ def _checked_by_certificate(handler: grpc.RpcMethodHandler, method: str, identit
     def denial(context: grpc.aio.ServicerContext) -> tuple[grpc.StatusCode, str] | None:
         role = peer_role(context, identities)
         if role is None:
+            identity = peer_identity(context)
+            if identity is not None:
+                # Authenticated by its certificate, but given no role: known, and not allowed.
+                return grpc.StatusCode.PERMISSION_DENIED, (f"the client certificate's identity {identity!r} has no role: "
+                                                           "map it in MAILQUEUE_TLS_IDENTITIES (identity=role)")
             return grpc.StatusCode.UNAUTHENTICATED, ("no bearer token, and no client certificate whose identity "
                                                      "MAILQUEUE_TLS_IDENTITIES names")
         return _denial(method, role)

@@ -82,6 +82,15 @@ def channel_credentials(tls: TLSSettings) -> grpc.ChannelCredentials | None:
     return grpc.ssl_channel_credentials(_read(tls.ca_file))
 
 
+def peer_identity(context: grpc.aio.ServicerContext) -> str | None:
+    """The verified client certificate's identity (its first URI SAN, else its CN); None without one."""
+    auth = context.auth_context() or {}
+    for key in ("peer_uri", "x509_common_name"):
+        for value in auth.get(key, ()):
+            return value.decode(errors="replace")
+    return None
+
+
 def peer_role(context: grpc.aio.ServicerContext, identities: Mapping[str, str]) -> str | None:
     """The role of the client certificate's identity: its URI SANs first, then its CN."""
     auth = context.auth_context() or {}

@@ -45,6 +45,22 @@ class PKI:
                   "-out", f"{name}.crt", "-days", "2", "-extfile", f"{name}.ext")
         return os.path.join(self.path, f"{name}.crt"), os.path.join(self.path, f"{name}.key")
 
+    def issue_expired(self, name: str, cn: str, san: str) -> None:
+        """A certificate from the CA whose validity ended in 2020 (``openssl ca`` sets past dates)."""
+        with open(os.path.join(self.path, "ca.cnf"), "w") as f:
+            f.write("[ca]\ndefault_ca=d\n[d]\ndatabase=index.txt\nnew_certs_dir=.\nserial=serial\n"
+                    "default_md=sha256\npolicy=p\ncopy_extensions=copy\n[p]\ncommonName=supplied\n")
+        open(os.path.join(self.path, "index.txt"), "w").close()
+        with open(os.path.join(self.path, "serial"), "w") as f:
+            f.write("1000\n")
+        with open(os.path.join(self.path, f"{name}.ext"), "w") as f:
+            f.write(f"subjectAltName={san}\n")
+        self._run("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", f"{name}.key",
+                  "-out", f"{name}.csr", "-subj", f"/CN={cn}")
+        self._run("ca", "-batch", "-config", "ca.cnf", "-in", f"{name}.csr", "-out", f"{name}.crt", "-cert", "ca.crt",
+                  "-keyfile", "ca.key", "-startdate", "20200101000000Z", "-enddate", "20200102000000Z",
+                  "-extfile", f"{name}.ext", "-notext")
+
     def credentials(self, client: str | None = None) -> grpc.ChannelCredentials:
         ca = open(self.ca, "rb").read()
         if client is None:
@@ -62,6 +78,9 @@ def pki(tmp_path_factory) -> PKI:
     p.issue("stranger", "stranger", "URI:spiffe://mailqueue/nobody")
     p._ca("other-ca")
     p.issue("foreign", "ops", "URI:spiffe://mailqueue/reporting", ca="other-ca")
+    p.issue("foreign-server", "mailqueue-browse", "IP:127.0.0.1,DNS:localhost", ca="other-ca")
+    p.issue_expired("expired", "ops", "URI:spiffe://mailqueue/reporting")
+    p.issue_expired("expired-server", "mailqueue-browse", "IP:127.0.0.1,DNS:localhost")
     return p
 
 
@@ -72,7 +91,7 @@ def tls_env(keyspace: str, pki: PKI, mutual: bool = False, **extra: str) -> dict
         env.update({"MAILQUEUE_TLS_CLIENT_CA_FILE": pki.ca,
                     "MAILQUEUE_TLS_IDENTITIES": "spiffe://mailqueue/reporting=reader,ops=admin",
                     "MAILQUEUE_TOKENS": f"admin:{ADMIN_TOKEN}"})
-    return service_env(keyspace, **env, **extra)
+    return service_env(keyspace, **{**env, **extra})
 
 
 def test_a_service_serves_tls_and_mailq_connects_with_it(keyspace, running_stack, pki, tmp_path):
@@ -104,16 +123,42 @@ def test_mutual_tls_gives_the_role_of_the_client_certificate_beside_tokens(keysp
                 admin_pb2.CreateQueueRequest(queue=f"mtls-{client}"), timeout=10, metadata=md)
             return code_of(read), code_of(write)
 
-        U, P, OK, NA = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.OK,
-                        grpc.StatusCode.UNAVAILABLE)
+        P, OK, NA = grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.OK, grpc.StatusCode.UNAVAILABLE
         assert calls(None) == (NA, NA)  # no client certificate: no handshake
         assert calls("foreign") == (NA, NA)  # a certificate from another CA
-        assert calls("stranger") == (U, U)  # from the CA, but no role for its identity
+        assert calls("expired") == (NA, NA)  # from the CA, expired (2020), with an identity that has a role
+        assert calls("stranger") == (P, P)  # from the CA, authenticated, but no role for its identity
         assert calls("reporting") == (OK, P)  # URI SAN spiffe://mailqueue/reporting: reader
         assert calls("ops") == (OK, OK)  # CN ops: admin
         assert calls("stranger", ADMIN_TOKEN) == (OK, OK)  # a token decides when presented
     finally:
         browse.stop()
+
+
+def test_clients_refuse_a_server_certificate_from_another_ca_or_expired(keyspace, running_stack, pki):
+    for name in ("foreign-server", "expired-server"):
+        env = tls_env(keyspace, pki, MAILQUEUE_TLS_CERT_FILE=os.path.join(pki.path, f"{name}.crt"),
+                      MAILQUEUE_TLS_KEY_FILE=os.path.join(pki.path, f"{name}.key"))
+        browse = ServiceProcess("browse", env, wait=False)
+        try:
+            wait_until(lambda: _handshake_unverified(browse.port), 60, interval=0.2, what="the server's TLS port")
+            # A client that trusts our CA: the handshake fails, no call is made.
+            stub = browse_pb2_grpc.BrowseServiceStub(grpc.secure_channel(browse.target, pki.credentials()))
+            assert code_of(lambda: stub.ListQueues(browse_pb2.ListQueuesRequest(), timeout=5)) == grpc.StatusCode.UNAVAILABLE, name
+            with pytest.raises(ssl.SSLCertVerificationError):
+                _served_certificate(browse.port, pki.ca)
+        finally:
+            browse.stop()
+
+
+def _handshake_unverified(port: int) -> bool:
+    context = ssl.create_default_context()
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=2) as sock, context.wrap_socket(sock):
+            return True
+    except OSError:
+        return False
 
 
 def _served_certificate(port: int, ca: str) -> bytes:
