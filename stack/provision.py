@@ -97,7 +97,7 @@ def credentials(folder: str) -> None:
                 _write(path, value)
 
 
-def _cassandra_session(host: str, port: int, ca: str, username: str, password: str,  # noqa: ANN202
+def _cassandra_session(hosts: str | list[str], port: int, ca: str, username: str, password: str,  # noqa: ANN202
                        policy: object = None, timeout: float = 10):
     from cassandra.auth import PlainTextAuthProvider
     from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile
@@ -106,7 +106,7 @@ def _cassandra_session(host: str, port: int, ca: str, username: str, password: s
     from services.domain.config import CassandraSettings
 
     profiles = {EXEC_PROFILE_DEFAULT: ExecutionProfile(load_balancing_policy=policy)} if policy else {}
-    cluster = Cluster([host], port=port, protocol_version=5, connect_timeout=timeout, execution_profiles=profiles,
+    cluster = Cluster([hosts] if isinstance(hosts, str) else hosts, port=port, protocol_version=5, connect_timeout=timeout, execution_profiles=profiles,
                       ssl_context=tls_context(CassandraSettings(ca_file=ca)),
                       auth_provider=PlainTextAuthProvider(username, password))
     return cluster, cluster.connect()
@@ -144,30 +144,45 @@ def cassandra(folder: str, address: str, ca: str, replication: int) -> None:
         cluster.shutdown()
 
 
-def cassandra_ping(folder: str, address: str, ca: str) -> None:
-    """The node answers CQL over TLS: as the operator role, or (a new node, not provisioned yet)
-    as the default superuser. Prints its version; exits non-zero when it does not answer."""
+def _logged_in(folder: str, hosts: list[str], port: int, ca: str, policy: object = None):  # noqa: ANN202
+    """A session as the operator role, or (a new cluster, not provisioned yet) as the default
+    superuser; SystemExit when no node answers."""
     from cassandra.cluster import NoHostAvailable
-    from cassandra.policies import WhiteListRoundRobinPolicy
 
-    host, _, port = address.rpartition(":")
     tries = [("cassandra", "cassandra")]
     if os.path.exists(os.path.join(folder, "operator", "cassandra-password")):
         tries.insert(0, (cassandra_role("operator"), _read(folder, "operator", "cassandra-password")))
     last: Exception | None = None
     for username, password in tries:
         try:
-            cluster, session = _cassandra_session(host, int(port), ca, username, password,
-                                                  WhiteListRoundRobinPolicy([host]), timeout=2)
+            return _cassandra_session(hosts, port, ca, username, password, policy, timeout=2)
         except NoHostAvailable as e:
             last = e
-            continue
-        try:
-            print(session.execute("SELECT release_version FROM system.local", timeout=5).one()[0])
-            return
-        finally:
-            cluster.shutdown()
-    raise SystemExit(f"cassandra at {address} does not answer: {last}")
+    raise SystemExit(f"cassandra at {','.join(hosts)}:{port} does not answer: {last}")
+
+
+def cassandra_ping(folder: str, address: str, ca: str) -> None:
+    """The node itself answers CQL over TLS (no other node for it). Prints its version."""
+    from cassandra.policies import WhiteListRoundRobinPolicy
+
+    host, _, port = address.rpartition(":")
+    cluster, session = _logged_in(folder, [host], int(port), ca, WhiteListRoundRobinPolicy([host]))
+    try:
+        print(session.execute("SELECT release_version FROM system.local", timeout=5).one()[0])
+    finally:
+        cluster.shutdown()
+
+
+def cassandra_ring(folder: str, hosts: str, port: int, ca: str) -> None:
+    """Every node of the ring is up, as the driver sees it. Prints their addresses."""
+    cluster, _ = _logged_in(folder, hosts.split(","), port, ca)
+    try:
+        up = sorted(h.address for h in cluster.metadata.all_hosts() if h.is_up)
+    finally:
+        cluster.shutdown()
+    print(" ".join(up))
+    if len(up) != len(hosts.split(",")):
+        raise SystemExit(1)
 
 
 def _policy(actions: tuple[str, ...], buckets: list[str], role: str) -> dict:
@@ -230,6 +245,9 @@ def main(argv: list[str]) -> int:
     elif command == "cassandra-ping":
         address, ca = rest
         cassandra_ping(folder, address, ca)
+    elif command == "cassandra-ring":
+        hosts, port, ca = rest
+        cassandra_ring(folder, hosts, int(port), ca)
     elif command == "rabbitmq-users":
         rabbitmq_users()
     else:

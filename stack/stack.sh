@@ -307,16 +307,8 @@ cluster_cassandra_healthy() { cassandra_answers "$(cluster_cassandra_address "$1
 
 # Every node answers, and node 1 sees the three nodes UN (up, normal) in its ring.
 cluster_cassandra_ring() {
-  "$PY" - "$CLUSTER_CASSANDRA_PORT" <<'EOF'
-import sys
-from cassandra.cluster import Cluster
-c = Cluster(["127.0.0.1", "127.0.0.2", "127.0.0.3"], port=int(sys.argv[1]), connect_timeout=2, protocol_version=5)
-c.connect()
-up = sorted(h.address for h in c.metadata.all_hosts() if h.is_up)
-c.shutdown()
-print(" ".join(up))
-sys.exit(0 if len(up) == 3 else 1)
-EOF
+  "$PY" "$ROOT/stack/provision.py" cassandra-ring "$CREDENTIALS_DIR" 127.0.0.1,127.0.0.2,127.0.0.3 "$CLUSTER_CASSANDRA_PORT" \
+    "$PKI_DIR/ca.crt"
 }
 
 cluster_cassandra_launch() {
@@ -422,6 +414,7 @@ cluster_up() {
   rabbit_install
   cassandra_install
   minio_install
+  secure_files
   minio_healthy >/dev/null 2>&1 || minio_start
   # Cassandra: node 1 (the seed) first, then nodes 2 and 3 together; RabbitMQ starts meanwhile.
   local i
@@ -445,6 +438,8 @@ cluster_up() {
   wait_for cassandra1 180 cassandra1_ok "$LOG_DIR/cluster/cassandra1.log"
   for i in 2 3; do cluster_cassandra_healthy "$i" >/dev/null 2>&1 || cluster_cassandra_launch "$i"; done
   wait_for "cassandra ring (3 nodes up)" 240 cluster_cassandra_ring "$LOG_DIR/cluster/cassandra*.log"
+  # Roles (system_auth replicated on the 3 nodes: a node down does not stop logins), users, policies.
+  provision_backends 127.0.0.1:"$CLUSTER_CASSANDRA_PORT" 3
   cluster_spark_start
   cluster_status
 }
@@ -484,8 +479,9 @@ cluster_status() {
 # What a service needs to use the clusters: every contact point and every broker address.
 cluster_env() {
   local urls="" i
-  for i in 1 2 3; do urls+="${urls:+,}amqp://guest:guest@127.0.0.1:$(cluster_rabbit_port "$i")/%2F"; done
+  for i in 1 2 3; do urls+="${urls:+,}amqps://127.0.0.1:$(cluster_rabbit_port "$i")/%2F"; done
   cat <<EOF
+$(env_of operator | grep -v -e CASSANDRA_HOSTS -e CASSANDRA_PORT -e RABBITMQ_URL)
 MAILQUEUE_CASSANDRA_HOSTS=127.0.0.1,127.0.0.2,127.0.0.3
 MAILQUEUE_CASSANDRA_PORT=$CLUSTER_CASSANDRA_PORT
 MAILQUEUE_CASSANDRA_REPLICATION={'class': 'NetworkTopologyStrategy', 'datacenter1': 3}

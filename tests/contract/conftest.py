@@ -1,6 +1,7 @@
 """Contract tests drive the four services on their default ports, as a client in any language would.
 
 The services are the ones `make run` starts (stack/services.sh); they are started here when down.
+They serve TLS with the local CA's certificate (.stack/pki/ca.crt, what clients trust).
 """
 
 from __future__ import annotations
@@ -13,12 +14,20 @@ import pytest
 from tests.harness import ROOT, is_serving
 
 TARGETS = {"enqueue": "localhost:50051", "dequeue": "localhost:50052", "browse": "localhost:50053", "blob": "localhost:50054"}
+CA = os.path.join(ROOT, ".stack", "pki", "ca.crt")
 TOOLS = os.path.join(os.path.expanduser("~"), ".cache", "mailqueue-stack", "go-tools")
+
+
+def credentials():  # noqa: ANN201
+    import grpc
+
+    with open(CA, "rb") as f:
+        return grpc.ssl_channel_credentials(f.read())
 
 
 @pytest.fixture(scope="session")
 def services(running_stack: None) -> dict[str, str]:
-    if not all(is_serving(t) for t in TARGETS.values()):
+    if not all(is_serving(t, credentials()) for t in TARGETS.values()):
         r = subprocess.run([os.path.join(ROOT, "stack", "services.sh"), "start"], capture_output=True, text=True)
         if r.returncode != 0:
             pytest.fail(f"stack/services.sh start failed:\n{r.stdout}\n{r.stderr}")

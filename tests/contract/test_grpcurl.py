@@ -30,7 +30,7 @@ def test_the_readme_commands_run(services):
     grpcurl = tool("grpcurl")
     outputs = []
     for command in readme_commands():
-        r = subprocess.run(["bash", "-c", command.replace("grpcurl ", f"{grpcurl} ", 1)],
+        r = subprocess.run(["bash", "-c", command.replace("grpcurl ", f"{grpcurl} ", 1)], cwd=ROOT,
                            capture_output=True, text=True, timeout=60)
         assert r.returncode == 0, f"{command}\n{r.stdout}\n{r.stderr}"
         outputs.append(r.stdout)

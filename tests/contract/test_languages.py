@@ -4,7 +4,7 @@ import json
 import os
 import subprocess
 
-from tests.contract.conftest import tool
+from tests.contract.conftest import CA, tool
 from tests.harness import ROOT
 
 HERE = os.path.join(ROOT, "tests", "contract")
@@ -16,7 +16,9 @@ def scenario_names() -> list[str]:
 
 
 def run(args, cwd, env=None) -> subprocess.CompletedProcess:
-    r = subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=600, env={**os.environ, **(env or {})})
+    # Over TLS, trusting the local CA (the clients read MAILQUEUE_TLS_CA).
+    r = subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "MAILQUEUE_TLS_CA": CA, **(env or {})})
     print(r.stdout[-3000:], r.stderr[-3000:])
     return r
 
