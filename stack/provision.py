@@ -20,8 +20,9 @@ Who may do what (README "Security"):
   dequeue consumes and publishes retries, and may not declare or delete anything (no configure
   permission); browse (admin: drop, move, replay) may do all three on ``mailqueue.*``. guest is
   deleted.
-- S3: enqueue and blob put and get blobs; dequeue and browse get them; the sweep lists the bucket
-  and deletes blobs. Nobody but the operator (MinIO's root) creates or removes a bucket.
+- S3: enqueue and blob put and get blobs; dequeue and browse get them; every role may list the
+  bucket (S3 answers 403 instead of 404 for a missing key otherwise); only the sweep and blob_svc
+  (its BlobService.Delete, which only the admin role may call) delete blobs. Nobody but the operator (MinIO's root) creates or removes a bucket.
 """
 
 from __future__ import annotations
@@ -56,7 +57,8 @@ S3: dict[str, tuple[str, ...]] = {
     "enqueue": ("s3:PutObject", "s3:GetObject", "s3:AbortMultipartUpload"),
     "dequeue": ("s3:GetObject",),
     "browse": ("s3:GetObject",),
-    "blob": ("s3:PutObject", "s3:GetObject", "s3:AbortMultipartUpload"),
+    # BlobService.Delete (role admin only) is blob_svc's: it may delete blobs too.
+    "blob": ("s3:PutObject", "s3:GetObject", "s3:AbortMultipartUpload", "s3:DeleteObject"),
     "sweep": ("s3:DeleteObject",),
 }
 
@@ -191,9 +193,11 @@ def _policy(actions: tuple[str, ...], buckets: list[str], role: str) -> dict:
                   # Every role's health check (services/adapters/s3/client.py: Bucket.located).
                   {"Effect": "Allow", "Action": ["s3:GetBucketLocation"],
                    "Resource": [f"arn:aws:s3:::{b}" for b in buckets]}]
+    # Listing: S3 answers 403, not 404, for a missing key to a user that may not list the bucket,
+    # and a reader must tell a blob that is gone (the mail is dead-lettered) from a refusal (an
+    # outage to retry). So readers may list; still only the sweep may delete.
+    statements.append({"Effect": "Allow", "Action": ["s3:ListBucket"], "Resource": [f"arn:aws:s3:::{b}" for b in buckets]})
     if role == "sweep":
-        statements.append({"Effect": "Allow", "Action": ["s3:ListBucket"],
-                           "Resource": [f"arn:aws:s3:::{b}" for b in buckets]})
         statements.append({"Effect": "Allow", "Action": ["s3:GetObject", "s3:PutObject"],
                            "Resource": [f"arn:aws:s3:::{b}/mailqueue-owner" for b in buckets]})
     return {"Version": "2012-10-17", "Statement": statements}
