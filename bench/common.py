@@ -30,7 +30,7 @@ def use_stack() -> None:
         os.environ.update(stack_env("operator"))
 
 
-def env(keyspace: str, name: str, metrics_port: int = 0) -> dict[str, str]:
+def env(keyspace: str, name: str, metrics_port: int = 0, extra: dict[str, str] | None = None) -> dict[str, str]:
     """A service's environment, with its own backend credential: S3 directly, the default
     (MAILQUEUE_BLOB_TARGET=blob in the caller's environment measures the blob_svc hop instead).
     gRPC in the clear on loopback (MAILQUEUE_PLAINTEXT) unless the caller gives a certificate."""
@@ -38,36 +38,40 @@ def env(keyspace: str, name: str, metrics_port: int = 0) -> dict[str, str]:
     e = dict(os.environ)
     e.update({
         "MAILQUEUE_CASSANDRA_KEYSPACE": keyspace, "MAILQUEUE_PORT": str(PORTS[name]), "MAILQUEUE_METRICS_PORT": str(metrics_port),
-        "MAILQUEUE_LOG_LEVEL": "WARNING",
+        "MAILQUEUE_LOG_LEVEL": "WARNING", **(extra or {}),
     })
     if not e.get("MAILQUEUE_TLS_CERT_FILE"):
         e["MAILQUEUE_PLAINTEXT"] = "true"
+        e.pop("MAILQUEUE_TLS_CA_FILE", None)
     if os.environ.get("MAILQUEUE_BLOB_TARGET") == "blob":
         e["MAILQUEUE_BLOB_TARGET"] = f"127.0.0.1:{PORTS['blob']}"
     prepare(e)
     return as_service(name, e)
 
 
-def start_services(keyspace: str, names: list[str], metrics: dict[str, int] | None = None) -> list[subprocess.Popen]:
-    """``names`` started on the bench ports; ``metrics``: name -> a Prometheus port to serve."""
-    taken = [n for n in names if serving(f"127.0.0.1:{PORTS[n]}")]
+def start_services(keyspace: str, names: list[str], metrics: dict[str, int] | None = None,
+                   extra: dict[str, str] | None = None, credentials: grpc.ChannelCredentials | None = None) -> list[subprocess.Popen]:
+    """``names`` started on the bench ports; ``metrics``: name -> a Prometheus port to serve;
+    ``extra``: variables over each one's environment (a TLS certificate: then ``credentials``
+    are what a client trusts)."""
+    taken = [n for n in names if serving(f"127.0.0.1:{PORTS[n]}", credentials)]
     if taken:
         # Left by a killed benchmark: this run's calls would reach them, and their keyspace.
         raise SystemExit(f"ports of {', '.join(taken)} ({', '.join(str(PORTS[n]) for n in taken)}) already answer: "
                          "stop those processes first (pkill -f 'python -m <name>_svc')")
-    procs = [subprocess.Popen([sys.executable, "-m", f"{n}_svc"], cwd=ROOT, env=env(keyspace, n, (metrics or {}).get(n, 0)))
+    procs = [subprocess.Popen([sys.executable, "-m", f"{n}_svc"], cwd=ROOT, env=env(keyspace, n, (metrics or {}).get(n, 0), extra))
              for n in names]
     deadline = time.monotonic() + 90
     for n in names:
-        while not serving(f"127.0.0.1:{PORTS[n]}"):
+        while not serving(f"127.0.0.1:{PORTS[n]}", credentials):
             if time.monotonic() > deadline:
                 raise SystemExit(f"{n}_svc did not become SERVING")
             time.sleep(0.2)
     return procs
 
 
-def serving(target: str) -> bool:
-    with grpc.insecure_channel(target) as ch:
+def serving(target: str, credentials: grpc.ChannelCredentials | None = None) -> bool:
+    with (grpc.secure_channel(target, credentials) if credentials else grpc.insecure_channel(target)) as ch:
         try:
             return health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=1).status == 1
         except grpc.RpcError:

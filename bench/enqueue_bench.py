@@ -60,15 +60,17 @@ async def via_grpc(
 
 async def via_grpc_many(
     queue: str, seconds: float, window: int, size: int, warmup: float, services: dict[str, int], batch: int = 1,
+    credentials: grpc.ChannelCredentials | None = None,
 ) -> dict[str, Any]:
     """One EnqueueMany stream with ``window`` mails unanswered at most; ``batch`` above 1: one
-    EnqueueBatches stream sending ``batch`` mails per message."""
+    EnqueueBatches stream sending ``batch`` mails per message. ``credentials``: over TLS."""
     import statistics
     import time
 
     from bench.common import CpuMeter
 
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{PORTS['enqueue']}")
+    target = f"127.0.0.1:{PORTS['enqueue']}"
+    channel = grpc.aio.secure_channel(target, credentials) if credentials else grpc.aio.insecure_channel(target)
     stub = enqueue_pb2_grpc.EnqueueServiceStub(channel)
     mail = mail_pb2.Mail(name="bench", sender="a@example.com", recipients=["b@example.org"])
     credit = asyncio.Semaphore(window)

@@ -67,7 +67,8 @@ from services.domain.durations import human, parse_duration
 
 CHUNK = 1024 * 1024
 HINTS = {
-    grpc.StatusCode.UNAVAILABLE: "is the service up and reachable? (`make run` locally; check --host / the target flags)",
+    grpc.StatusCode.UNAVAILABLE: "is the service up and reachable? (`make run` locally; check --host / the target flags). "
+                                 "The services serve TLS by default: pass --tls-ca (make run: .stack/pki/ca.crt) or set MAILQ_TLS_CA",
     grpc.StatusCode.UNAUTHENTICATED: "pass --token or set MAILQ_TOKEN",
     grpc.StatusCode.PERMISSION_DENIED: "this token's role may not do that; use an admin token",
     grpc.StatusCode.NOT_FOUND: "check the name (`mailq queues` lists queues)",

@@ -2,8 +2,9 @@
 # A local certificate authority and the certificates the suite serves, made with openssl.
 #
 #   stack/pki.sh [DIR]          make what is missing (idempotent); DIR defaults to .stack/pki
-#   stack/pki.sh renew [DIR]    issue every leaf certificate again from the same CA (rotation:
-#                               services reread theirs at the next handshake, no restart)
+#   stack/pki.sh renew [NAME] [DIR]   issue the leaf certificates (or only NAME: backends, services,
+#                               operator) again from the same CA (rotation: services reread theirs
+#                               at the next handshake, no restart)
 #
 # What it makes in DIR (keys 0600):
 #   ca.crt, ca.key            the CA (10 years); clients trust ca.crt
@@ -16,8 +17,11 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-renew=false
-if [[ ${1:-} == renew ]]; then renew=true; shift; fi
+renew=false only=""
+if [[ ${1:-} == renew ]]; then
+  renew=true; shift
+  if [[ ${1:-} =~ ^(backends|services|operator)$ ]]; then only=$1; shift; fi
+fi
 DIR="${1:-${MAILQUEUE_STACK_DIR:-$ROOT/.stack}/pki}"
 NS="${MAILQUEUE_KUBE_NAMESPACE:-mailqueue-dev}"
 DAYS=90
@@ -44,7 +48,7 @@ fi
 # leaf NAME CN SANS USAGE: a key and a certificate signed by the CA.
 leaf() {
   local name=$1 cn=$2 sans=$3 usage=$4
-  [[ -f $name.crt && $renew == false ]] && return
+  [[ -f $name.crt && ( $renew == false || ( -n $only && $only != "$name" ) ) ]] && return
   printf 'subjectAltName=%s\nextendedKeyUsage=%s\nbasicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\n' \
     "$sans" "$usage" >"$name.ext"
   openssl req -new -newkey rsa:2048 -nodes -keyout "$name.key.new" -out "$name.csr" -subj "/CN=$cn" 2>/dev/null

@@ -128,7 +128,7 @@ async def health_only_server(served: Served, host: str, port: int) -> grpc.aio.S
     """The plaintext port of the kubelet's gRPC probes, which do not speak TLS: it serves the same
     health statuses and nothing else (no API, no reflection), so the probes stay meaningful while
     the API is served only over TLS."""
-    probes = grpc.aio.server()
+    probes = grpc.aio.server(interceptors=[ErrorsAndMetrics()])  # probes are counted like any call
     health_pb2_grpc.add_HealthServicer_to_server(served.health, probes)
     probes.add_insecure_port(f"{host}:{port}")
     await probes.start()
