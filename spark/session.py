@@ -51,6 +51,10 @@ def _loopback_master(master: str) -> bool:
     return master.startswith("spark://") and (host == "localhost" or host.startswith("127."))
 
 
+TLS_SUITES = ("TLS_AES_128_GCM_SHA256", "TLS_AES_256_GCM_SHA384",
+              "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256", "TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384")
+
+
 def truststore(ca_file: str) -> tuple[str, str]:
     """A PKCS#12 trust store holding the CA of ``ca_file`` (keytool, from the JDK Spark runs on)."""
     import secrets
@@ -114,7 +118,10 @@ def build(master: str, jars: list[str], cassandra: CassandraSettings, shuffle_pa
         builder = (builder.config("spark.cassandra.connection.ssl.enabled", "true")
                    .config("spark.cassandra.connection.ssl.trustStore.path", path)
                    .config("spark.cassandra.connection.ssl.trustStore.password", password)
-                   .config("spark.cassandra.connection.ssl.trustStore.type", "PKCS12"))
+                   .config("spark.cassandra.connection.ssl.trustStore.type", "PKCS12")
+                   # The connector's default suites (TLS_RSA_WITH_AES_*_CBC_SHA) are disabled by
+                   # current JDKs' security policy: TLS 1.3 and ECDHE with AES-GCM instead.
+                   .config("spark.cassandra.connection.ssl.enabledAlgorithms", ",".join(TLS_SUITES)))
     if cassandra.username:
         builder = builder.config("spark.cassandra.auth.username", cassandra.username)
         builder = builder.config("spark.cassandra.auth.password", cassandra.password or "")

@@ -291,6 +291,18 @@ def _fail(code: int, message: str) -> int:
     return code
 
 
+def _root_cause(e: BaseException) -> str:
+    """The innermost Java exception's message of a Py4J error (the first line says only which call
+    failed): what an operator needs to act on, e.g. a certificate the driver refused."""
+    java = getattr(e, "java_exception", None)
+    try:
+        while java is not None and java.getCause() is not None:
+            java = java.getCause()
+        return f"; caused by {java.toString()[:1500]}" if java is not None else ""
+    except Exception:  # noqa: BLE001 - the gateway may be gone already
+        return ""
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     logs.configure("sweep", os.environ.get("MAILQUEUE_LOG_LEVEL", "INFO"))
@@ -319,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # noqa: BLE001 - Spark wraps every task failure in a Py4J error
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         code = EXIT_UNAVAILABLE if any(m in str(e) for m in buckets.UNREACHABLE_MARKERS) else EXIT_FAILED
-        return _fail(code, f"failed half-way ({type(e).__name__}: {first[:500]}); the sweep is resumable: run it again")
+        return _fail(code, f"failed half-way ({type(e).__name__}: {first[:500]}{_root_cause(e)}); the sweep is resumable: run it again")
     finally:
         if view is not None:
             view.close()

@@ -43,8 +43,9 @@ MINIO_CONSOLE_PORT="${MAILQUEUE_MINIO_CONSOLE_PORT:-9001}"
 # TLS and credentials (stack/pki.sh, stack/provision.py): made by `up`, once per .stack folder.
 PKI_DIR="$STACK_DIR/pki"
 CREDENTIALS_DIR="$STACK_DIR/credentials"
-# The bucket of `make run`, and the ones tests and benches make (mq-*): the roles' S3 policies name them.
-S3_BUCKETS=(mailqueue-blobs "mq-*")
+# The buckets of `make run` and of the Kubernetes tier, and the ones tests and benches make
+# (mq-*): the roles' S3 policies name them.
+S3_BUCKETS=(mailqueue-blobs mailqueue-kube-blobs "mq-*")
 
 # The clusters (up --cluster): node i listens on 127.0.0.i (Cassandra) or port 570i (RabbitMQ).
 CLUSTER_DIR="$STACK_DIR/cluster"

@@ -4,8 +4,8 @@
 
 Run with the schema role (MAILQUEUE_CREDENTIALS_DIR holding its cassandra-username and
 -password): it owns the keyspace, so the services' roles never hold CREATE, ALTER or DROP.
-Idempotent; ``stack/stack.sh up`` runs it for the local keyspace, the Kubernetes Job
-mailqueue-schema for the cluster's, and the tests' harness for each keyspace it makes.
+Idempotent; ``stack/stack.sh up`` runs it for the local keyspace, the init container ``schema``
+of the browse pods on Kubernetes, and the tests' harness for each keyspace it makes.
 Without authentication (a Cassandra that has none) there is nothing to grant, and services
 create the schema themselves as before.
 """

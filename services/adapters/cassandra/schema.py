@@ -178,7 +178,7 @@ def ensure(cluster: Cluster, session: Session, keyspace: str, replication: str) 
         raise SchemaMissing(
             f"keyspace {keyspace} lacks {', '.join(missing(cluster, keyspace)[:3])} and this role may not create it "
             f"({e}): run the schema step with the schema role, `python -m services.runtime.migrate` "
-            "(stack/stack.sh up and the Kubernetes Job mailqueue-schema run it)"
+            "(stack/stack.sh up runs it; on Kubernetes, the init container of the browse pods)"
         ) from e
 
 
