@@ -482,7 +482,7 @@ cluster_env() {
   local urls="" i
   for i in 1 2 3; do urls+="${urls:+,}amqps://127.0.0.1:$(cluster_rabbit_port "$i")/%2F"; done
   cat <<EOF
-$(env_of operator | grep -v -e CASSANDRA_HOSTS -e CASSANDRA_PORT -e RABBITMQ_URL)
+$(env_of operator | grep -v -e CASSANDRA_HOSTS -e CASSANDRA_PORT -e RABBITMQ_URL -e TLS_CA_FILE)
 MAILQUEUE_CASSANDRA_HOSTS=127.0.0.1,127.0.0.2,127.0.0.3
 MAILQUEUE_CASSANDRA_PORT=$CLUSTER_CASSANDRA_PORT
 MAILQUEUE_CASSANDRA_REPLICATION={'class': 'NetworkTopologyStrategy', 'datacenter1': 3}
