@@ -530,6 +530,11 @@ stop_pid() {
 
 # The local CA, the certificates and one credential per role (each made once, kept in .stack/).
 secure_files() {
+  if ! command -v openssl >/dev/null; then
+    say "openssl: installing from Debian (apt-get), for the local CA"
+    { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q openssl; } >"$LOG_DIR/openssl-install.log" 2>&1 \
+      || die "openssl: apt-get install openssl failed; see $LOG_DIR/openssl-install.log (needs root)"
+  fi
   "$ROOT/stack/pki.sh" "$PKI_DIR"
   "$PY" "$ROOT/stack/provision.py" credentials "$CREDENTIALS_DIR"
 }

@@ -339,13 +339,16 @@ class RabbitMQBroker(Broker):
                 await asyncio.sleep(TOPOLOGY_POLL_S)
 
     async def _exists(self, rabbit_queue: str) -> bool:
+        return await self._passive(rabbit_queue) is not None
+
+    async def _passive(self, rabbit_queue: str) -> Any:
+        """A passive declare (no permission needed): the broker's answer, None when the queue does not exist."""
         channel, w = await self._channel()
         try:
-            await self._call(w, channel.queue_declare, queue=rabbit_queue, passive=True)
-            return True
+            return await self._call(w, channel.queue_declare, queue=rabbit_queue, passive=True)
         except BackendUnavailable as e:
             if "NOT_FOUND" in str(e):
-                return False
+                return None
             raise
         finally:
             if channel.is_open:
@@ -464,17 +467,8 @@ class RabbitMQBroker(Broker):
 
     async def _message_count(self, rabbit_queue: str) -> int:
         """Ready messages of one RabbitMQ queue; 0 when it does not exist."""
-        channel, w = await self._channel()
-        try:
-            frame = await self._call(w, channel.queue_declare, queue=rabbit_queue, passive=True)
-            return int(frame.method.message_count)
-        except BackendUnavailable as e:
-            if "NOT_FOUND" in str(e):
-                return 0
-            raise
-        finally:
-            if channel.is_open:
-                channel.close()
+        frame = await self._passive(rabbit_queue)
+        return int(frame.method.message_count) if frame is not None else 0
 
     async def ping(self) -> None:
         await self._connection()
