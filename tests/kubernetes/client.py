@@ -28,7 +28,10 @@ import grpc
 
 from mailqueue.v1 import dequeue_pb2, dequeue_pb2_grpc, enqueue_pb2, enqueue_pb2_grpc, mail_pb2
 
-ROUND_ROBIN = json.dumps({"loadBalancingConfig": [{"round_robin": {}}]})
+# Client-side health checking (healthCheckConfig): the channel watches each replica's Health and
+# leaves one that turns NOT_SERVING, so no call reaches a pod in its lameduck. Without it, a call that
+# arrives at the instant a server stops ends CANCELLED (grpc core, grpc/grpc#41785).
+ROUND_ROBIN = json.dumps({"loadBalancingConfig": [{"round_robin": {}}], "healthCheckConfig": {"serviceName": ""}})
 CONTENT = b"Subject: kubernetes\r\n\r\n" + b"x" * 1024
 STOP_FILE = "/tmp/stop"
 
