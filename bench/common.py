@@ -226,7 +226,7 @@ def stack_pids() -> dict[str, int]:
     if os.environ.get("MAILQUEUE_BENCH_STACK") == "cluster":
         names = [f"cluster/{e}{i}" for e in ("cassandra", "rabbitmq") for i in (1, 2, 3)] + ["minio"]
     else:
-        names = ["cassandra", "rabbitmq", "minio"]
+        names = ["cassandra", "rabbitmq", "minio", "minio-plain"]  # minio-plain: up --plaintext-loopback
     pids = {}
     for name in names:
         try:

@@ -209,13 +209,15 @@ def minio(folder: str, endpoint: str, ca: str, buckets: list[str]) -> None:
     from minio.credentials import StaticProvider
     from minio.minioadmin import MinioAdmin
 
-    http = urllib3.PoolManager(cert_reqs="CERT_REQUIRED", ca_certs=ca)
-    admin = MinioAdmin(endpoint=endpoint, secure=True, http_client=http, credentials=StaticProvider(
+    # No CA: a plaintext MinIO on loopback (stack.sh up --plaintext-loopback, the TLS benchmark's baseline).
+    secure = bool(ca)
+    http = urllib3.PoolManager(cert_reqs="CERT_REQUIRED", ca_certs=ca) if secure else urllib3.PoolManager()
+    admin = MinioAdmin(endpoint=endpoint, secure=secure, http_client=http, credentials=StaticProvider(
         _read(folder, "operator", "s3-access-key"), _read(folder, "operator", "s3-secret-key")))
     from minio import Minio
 
     root = Minio(endpoint, access_key=_read(folder, "operator", "s3-access-key"),
-                 secret_key=_read(folder, "operator", "s3-secret-key"), secure=True, http_client=http)
+                 secret_key=_read(folder, "operator", "s3-secret-key"), secure=secure, http_client=http)
     for bucket in buckets:
         if "*" not in bucket and not root.bucket_exists(bucket):
             root.make_bucket(bucket)

@@ -40,6 +40,13 @@ RABBITMQ_NODE="${MAILQUEUE_RABBITMQ_NODE:-mailqueue@localhost}"
 MINIO_VERSION=v0.0.0-20260212201848-7aac2a2c5b7c
 MINIO_PORT="${MAILQUEUE_MINIO_PORT:-9000}"
 MINIO_CONSOLE_PORT="${MAILQUEUE_MINIO_CONSOLE_PORT:-9001}"
+# `up --plaintext-loopback` adds, beside the TLS listeners, plaintext ones on loopback for the TLS
+# benchmark's baseline (bench/tls_bench.py) and nothing else: RabbitMQ on 5672, Cassandra's
+# client encryption made optional on its port, and a second MinIO (its own data) on 9002.
+PLAINTEXT_LOOPBACK=0
+RABBITMQ_PLAIN_PORT="${MAILQUEUE_RABBITMQ_PLAIN_PORT:-5672}"
+MINIO_PLAIN_PORT="${MAILQUEUE_MINIO_PLAIN_PORT:-9002}"
+MINIO_PLAIN_CONSOLE_PORT="${MAILQUEUE_MINIO_PLAIN_CONSOLE_PORT:-9003}"
 # TLS and credentials (stack/pki.sh, stack/provision.py): made by `up`, once per .stack folder.
 PKI_DIR="$STACK_DIR/pki"
 CREDENTIALS_DIR="$STACK_DIR/credentials"
@@ -116,7 +123,7 @@ cassandra_launch() {
   mkdir -p "$dir" "$(dirname "$log")"
   sed -e "s#@DIR@#$dir#g" -e "s#@PORT@#$port#g" -e "s#@STORAGE_PORT@#$storage_port#g" -e "s#@ADDRESS@#$address#g" \
     -e "s#@CLUSTER@#$cluster#g" -e "s#@SEEDS@#$seeds#g" -e "s#@AUTO_BOOTSTRAP@#$auto_bootstrap#g" \
-    -e "s#@KEYSTORE@#$PKI_DIR/backends.pem#g" \
+    -e "s#@KEYSTORE@#$PKI_DIR/backends.pem#g" -e "s#@OPTIONAL@#${CASSANDRA_ENCRYPTION_OPTIONAL:-false}#g" \
     "$ROOT/stack/cassandra/cassandra.yaml.in" >"$dir/cassandra.yaml"
   local jamm
   jamm=$(ls "$CASSANDRA_LIB"/jamm-*.jar | head -1)
@@ -169,6 +176,7 @@ cassandra_launch() {
 }
 
 cassandra_start() {
+  [[ $PLAINTEXT_LOOPBACK == 1 ]] && CASSANDRA_ENCRYPTION_OPTIONAL=true
   cassandra_launch cassandra 127.0.0.1 "$CASSANDRA_PORT" "$CASSANDRA_STORAGE_PORT" "$CASSANDRA_HEAP" mailqueue-local \
     "127.0.0.1:$CASSANDRA_STORAGE_PORT" true
   wait_for cassandra 180 cassandra_healthy "$LOG_DIR/cassandra.log (and $LOG_DIR/cassandra.out)"
@@ -214,11 +222,12 @@ rabbit_install() {
   service rabbitmq-server stop >/dev/null 2>&1 || true
 }
 
-# rabbit_tls PORT: the node's listener, TLS only, with the backends' certificate.
+# rabbit_tls PORT [PLAIN_PORT]: the node's listener, TLS only, with the backends' certificate
+# (PLAIN_PORT: and a plaintext one on loopback, for up --plaintext-loopback).
 rabbit_tls() {
   cat <<EOF
 loopback_users = none
-listeners.tcp = none
+$(if [[ -n ${2:-} ]]; then echo "listeners.tcp.1 = 127.0.0.1:$2"; else echo "listeners.tcp = none"; fi)
 listeners.ssl.default = 127.0.0.1:$1
 ssl_options.cacertfile = $PKI_DIR/ca.crt
 ssl_options.certfile = $PKI_DIR/backends.crt
@@ -251,7 +260,7 @@ rabbit_start() {
   mkdir -p "$STACK_DIR/rabbitmq/mnesia" "$LOG_DIR/rabbitmq"
   printf '[].\n' >"$STACK_DIR/rabbitmq/enabled_plugins"
   cat >"$STACK_DIR/rabbitmq/rabbitmq.conf" <<EOF
-$(rabbit_tls "$RABBITMQ_PORT")
+$(rabbit_tls "$RABBITMQ_PORT" "$([[ $PLAINTEXT_LOOPBACK == 1 ]] && echo "$RABBITMQ_PLAIN_PORT")")
 # A small machine: never block publishers for a nearly full disk of a dev box.
 disk_free_limit.absolute = 256MB
 vm_memory_high_watermark.relative = 0.2
@@ -275,6 +284,7 @@ rabbit_stop() {
 
 # ---------------------------------------------------------------- MinIO
 minio_healthy() { curl -fsS -m 2 --cacert "$PKI_DIR/ca.crt" "https://127.0.0.1:$MINIO_PORT/minio/health/live"; }
+minio_plain_healthy() { curl -fsS -m 2 "http://127.0.0.1:$MINIO_PLAIN_PORT/minio/health/live"; }
 
 minio_install() {
   [[ -x $MINIO_BIN ]] && return
@@ -539,6 +549,28 @@ secure_files() {
   "$PY" "$ROOT/stack/provision.py" credentials "$CREDENTIALS_DIR"
 }
 
+# minio_plain_start: the second, plaintext MinIO of up --plaintext-loopback (an empty certs dir:
+# MinIO serves TLS whenever it finds a certificate).
+minio_plain_start() {
+  mkdir -p "$STACK_DIR/minio-plain/data" "$STACK_DIR/minio-plain/certs" "$LOG_DIR"
+  say "minio-plain: starting on http://127.0.0.1:$MINIO_PLAIN_PORT, in the clear, for the TLS benchmark (log $LOG_DIR/minio-plain.log)"
+  MINIO_ROOT_USER="$(cat "$CREDENTIALS_DIR/operator/s3-access-key")" \
+  MINIO_ROOT_PASSWORD="$(cat "$CREDENTIALS_DIR/operator/s3-secret-key")" \
+  MINIO_BROWSER=off nohup "$MINIO_BIN" server "$STACK_DIR/minio-plain/data" --quiet --certs-dir "$STACK_DIR/minio-plain/certs" \
+    --address "127.0.0.1:$MINIO_PLAIN_PORT" --console-address "127.0.0.1:$MINIO_PLAIN_CONSOLE_PORT" \
+    >"$LOG_DIR/minio-plain.log" 2>&1 &
+  echo $! >"$STACK_DIR/minio-plain.pid"
+  wait_for minio-plain 60 minio_plain_healthy "$LOG_DIR/minio-plain.log"
+  "$PY" "$ROOT/stack/provision.py" minio "$CREDENTIALS_DIR" "127.0.0.1:$MINIO_PLAIN_PORT" "" "${S3_BUCKETS[@]}"
+}
+
+# plaintext_listeners_missing: which running backend lacks its plaintext listener (a node started
+# by a plain `up`: its configuration is read at start only).
+plaintext_listeners_missing() {
+  if rabbit_healthy >/dev/null 2>&1 && ! grep -q "^listeners.tcp.1" "$STACK_DIR/rabbitmq/rabbitmq.conf" 2>/dev/null; then echo rabbitmq; fi
+  if cassandra_healthy >/dev/null 2>&1 && ! grep -q "optional: true" "$STACK_DIR/cassandra/cassandra.yaml" 2>/dev/null; then echo cassandra; fi
+}
+
 # provision_backends CASSANDRA_ADDRESS [REPLICATION]: roles, users and policies on the running
 # backends (idempotent), the bucket, and the schema of `make run`'s keyspace.
 provision_backends() {
@@ -555,10 +587,15 @@ up() {
   cassandra_install
   minio_install
   secure_files
+  if [[ $PLAINTEXT_LOOPBACK == 1 ]]; then
+    local missing; missing=$(plaintext_listeners_missing)
+    [[ -z $missing ]] || die "$(echo $missing) already running without the plaintext listener: stack/stack.sh down, then up --plaintext-loopback"
+  fi
   minio_healthy >/dev/null 2>&1 || minio_start
   rabbit_healthy >/dev/null 2>&1 || rabbit_start
   cassandra_healthy >/dev/null 2>&1 || cassandra_start
   provision_backends "127.0.0.1:$CASSANDRA_PORT"
+  if [[ $PLAINTEXT_LOOPBACK == 1 ]]; then minio_plain_healthy >/dev/null 2>&1 || minio_plain_start; fi
   ( set -a; eval "$(env_of schema)"; "$PY" -m services.runtime.migrate ) >>"$LOG_DIR/schema.log" 2>&1 \
     || die "schema step failed: see $LOG_DIR/schema.log"
   say "TLS on every backend, one credential per service (README: Security); operator variables: stack/stack.sh env"
@@ -581,10 +618,22 @@ MAILQUEUE_TLS_CA_FILE=$PKI_DIR/ca.crt
 EOF
 }
 
+# env_plain ROLE: the same, through the plaintext listeners of up --plaintext-loopback (no CA).
+env_plain() {
+  cat <<EOF
+MAILQUEUE_CREDENTIALS_DIR=$CREDENTIALS_DIR/$1
+MAILQUEUE_CASSANDRA_HOSTS=127.0.0.1
+MAILQUEUE_CASSANDRA_PORT=$CASSANDRA_PORT
+MAILQUEUE_RABBITMQ_URL=amqp://127.0.0.1:$RABBITMQ_PLAIN_PORT/%2F
+MAILQUEUE_S3_ENDPOINT=127.0.0.1:$MINIO_PLAIN_PORT
+EOF
+}
+
 down() {
   rabbit_stop
   stop_pid cassandra
   stop_pid minio
+  stop_pid minio-plain
   local start=$SECONDS
   while pid_of rabbitmq >/dev/null && (( SECONDS - start < 30 )); do sleep 0.5; done
   rm -f "$STACK_DIR/rabbitmq.pid"
@@ -607,6 +656,7 @@ status() {
 
 case "${1:-} ${2:-}" in
   "up --cluster") cluster_up ;;
+  "up --plaintext-loopback") PLAINTEXT_LOOPBACK=1; up ;;
   "down --cluster") cluster_down ;;
   "status --cluster") cluster_status ;;
   "up "*) up ;;
@@ -614,8 +664,9 @@ case "${1:-} ${2:-}" in
   "status "*) status ;;
   "node "*) shift; node "$@" ;;
   "cluster-env "*) cluster_env ;;
+  "env --plaintext-loopback") env_plain "${3:-operator}" ;;
   "env "*) env_of "${2:-operator}" ;;
   "rabbitmqctl --node") shift 2; i=$1; shift; rabbit_env_node "$i"; exec "$RABBIT_BIN/rabbitmqctl" "$@" ;;
   "rabbitmqctl "*) shift; rabbit_env; exec "$RABBIT_BIN/rabbitmqctl" "$@" ;;
-  *) echo "usage: $0 up|down|status [--cluster] | node kill|stop|cont|start|pid NAME | cluster-env | env [ROLE] | rabbitmqctl [--node N] ARGS..." >&2; exit 2 ;;
+  *) echo "usage: $0 up|down|status [--cluster] | up --plaintext-loopback | env [--plaintext-loopback] [ROLE] | node kill|stop|cont|start|pid NAME | cluster-env | env [ROLE] | rabbitmqctl [--node N] ARGS..." >&2; exit 2 ;;
 esac
