@@ -25,7 +25,8 @@ UPDATES = Counter("mailqueue_browse_start_updates_total", "Browse start updates 
 async def first_live_slice(view: View, queue: str, start: dt.datetime, limit: dt.datetime, config: model.ViewConfig) -> dt.datetime:
     """The first slice in [start, limit) holding a live mail, or ``limit`` when there is none."""
     for s in slices_between(start, limit - dt.timedelta(milliseconds=1), config.slice_window):
-        if await view.mails.live_mails(queue, s, config.bucket_count, "browse_start"):
+        # The first live mail is enough: a page per bucket at a time, not the whole slice.
+        async for _ in view.mails.live_pages(queue, s, config.bucket_count, "browse_start"):
             return s
     return limit
 

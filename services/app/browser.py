@@ -2,7 +2,9 @@
 browse_svc (the mutating operations: services/app/admin.py).
 
 Every operation iterates the slices from browse start to now over all buckets, in enqueue order,
-and skips deleted marks: its cost grows with the live slices, not with the queue's history.
+and skips deleted marks: its cost grows with the live slices, not with the queue's history. The
+reads are lazy (a page per bucket at a time, the marks of the rows handed out only), so a Browse
+that stops after its first page reads about a page per bucket, however deep the queue.
 """
 
 from __future__ import annotations
@@ -18,6 +20,10 @@ from services.domain.slices import slice_start, slices_between
 from services.ports.blobstore import BlobStore
 from services.ports.broker import Broker
 from services.ports.view import View
+
+#: Rows a lazy read asks each partition for at first, and at most (doubling in between).
+FIRST_PAGE = 100
+MAX_PAGE = 5000
 
 
 class Browser:
@@ -38,8 +44,12 @@ class Browser:
     async def queues(self) -> list[str]:
         return await self._view.queues.all()
 
-    async def live_mails(self, queue: str, op: str = "browse", until: dt.datetime | None = None) -> AsyncIterator[model.QueuedMail]:
-        """Every live mail of the queue, in enqueue order (``until``: only mails enqueued before it)."""
+    async def live_mails(
+        self, queue: str, op: str = "browse", until: dt.datetime | None = None, first_page: int = MAX_PAGE,
+    ) -> AsyncIterator[model.QueuedMail]:
+        """Every live mail of the queue, in enqueue order (``until``: only mails enqueued before it).
+        ``first_page``: rows asked of each partition at first (doubling as the caller reads on);
+        small for a caller that may stop early (Browse with a limit), the largest for full passes."""
         config = await self._view.config.current()
         start = await self._view.starts.browse_start(queue)
         if start is None:
@@ -50,18 +60,17 @@ class Browser:
         for s in slices_between(start, end, config.slice_window):
             if until is not None and s > until:
                 return
-            rows = await self._read_slice(queue, s, config.bucket_count, op)
-            for row in rows:
-                if until is not None and row.enqueued_at >= until:
-                    return
-                yield row
-
-    async def _read_slice(self, queue: str, s: dt.datetime, buckets: int, op: str) -> list[model.QueuedMail]:
-        return await self._view.mails.live_mails(queue, s, buckets, op)
+            async for rows in self._view.mails.live_pages(queue, s, config.bucket_count, op, first_page):
+                for row in rows:
+                    if until is not None and row.enqueued_at >= until:
+                        return
+                    yield row
 
     async def browse(self, queue: str, f: BrowseFilter, limit: int = 0) -> AsyncIterator[model.QueuedMail]:
         count = 0
-        async for q in self.live_mails(queue, "browse"):
+        # A limit: the first pages as small as it (a filter that skips rows makes them grow).
+        first_page = min(max(limit, FIRST_PAGE), MAX_PAGE) if limit else FIRST_PAGE
+        async for q in self.live_mails(queue, "browse", first_page=first_page):
             if f.matches(q):
                 yield q
                 count += 1

@@ -46,9 +46,13 @@ class MailQueueView(abc.ABC):
         """Record the mail's new schedule (generation, deliver_at, attempts, last error, hold)."""
 
     @abc.abstractmethod
-    async def live_mails(self, queue: str, slice_start: dt.datetime, buckets: int, op: str) -> list[model.QueuedMail]:
+    def live_pages(
+        self, queue: str, slice_start: dt.datetime, buckets: int, op: str, first_page: int = 100,
+    ) -> AsyncIterator[list[model.QueuedMail]]:
         """The live mails of one slice, every bucket merged in enqueue order, each with its current
-        schedule. ``op`` labels the read in the metrics (browse, size, delete, ...)."""
+        schedule, lazily in pages: the first costs about ``buckets x first_page`` rows read whatever
+        the slice holds, so a first Browse page stays cheap at any depth. ``op`` labels the reads
+        in the metrics (browse, size, delete, ...)."""
 
     @abc.abstractmethod
     async def size(self, queue: str) -> counts.Counts:

@@ -8,6 +8,7 @@ import asyncio
 import datetime as dt
 import heapq
 import uuid
+from collections.abc import AsyncIterator
 
 from prometheus_client import Counter
 
@@ -20,6 +21,39 @@ MARKS_READ = Counter("mailqueue_view_marks_read_total", "Deleted marks read by b
 
 #: Deleted marks checked at once per slice partition.
 MARK_CONCURRENCY = 64
+#: The largest page a lazy read asks one partition for (the driver's default fetch size).
+MAX_PAGE = 5000
+#: A heap entry that stands for a partition's next page, not yet read.
+REFILL = -1
+
+
+def _order(r: model.QueuedMail) -> tuple[dt.datetime, bytes]:
+    return (r.enqueued_at, r.enqueue_id.bytes)
+
+
+class _Cursor:
+    """One partition (slice, bucket) read a page at a time."""
+
+    def __init__(self, dao: EnqueuedMailsDAO, queue: str, slice_start: dt.datetime, bucket: int) -> None:
+        self._dao, self._key = dao, (queue, slice_start, bucket)
+        self.rows: list[model.QueuedMail] = []
+        self._state: bytes | None = None
+        self._done = False
+
+    @property
+    def exhausted(self) -> bool:
+        return self._done
+
+    async def fill(self, fetch: int, op: str) -> bool:
+        """The next page into ``rows``; False when the partition has no more."""
+        while not self._done:
+            self.rows, self._state = await self._dao.read_page(*self._key, fetch, self._state)
+            self._done = self._state is None
+            ROWS_READ.labels(op).inc(len(self.rows))
+            if self.rows:
+                return True
+        self.rows = []
+        return False
 
 
 class CassandraMailQueueView(MailQueueView):
@@ -44,10 +78,41 @@ class CassandraMailQueueView(MailQueueView):
     async def reschedule(self, mail: model.QueuedMail) -> None:
         await self._deleted.schedule(mail)
 
-    async def live_mails(self, queue: str, slice_start: dt.datetime, buckets: int, op: str) -> list[model.QueuedMail]:
-        parts = await asyncio.gather(*(self._enqueued.read_slice(queue, slice_start, b) for b in range(buckets)))
-        rows = list(heapq.merge(*parts, key=lambda r: (r.enqueued_at, r.enqueue_id.bytes)))
-        ROWS_READ.labels(op).inc(len(rows))
+    async def live_pages(
+        self, queue: str, slice_start: dt.datetime, buckets: int, op: str, first_page: int = 100,
+    ) -> AsyncIterator[list[model.QueuedMail]]:
+        """The slice's live mails, lazily: each bucket is read a page at a time (``first_page``
+        rows, doubling up to MAX_PAGE as the caller reads on), the buckets merged in enqueue order
+        and the marks read only for the rows handed out. The first page costs about
+        ``buckets x first_page`` rows whatever the slice holds."""
+        fetch = max(1, min(first_page, MAX_PAGE))
+        cursors = [_Cursor(self._enqueued, queue, slice_start, b) for b in range(buckets)]
+        heap: list[tuple[tuple[dt.datetime, bytes], int, int]] = []
+        for i, c in enumerate(cursors):
+            if await c.fill(fetch, op):
+                heapq.heappush(heap, (_order(c.rows[0]), i, 0))
+        while heap:
+            out: list[model.QueuedMail] = []
+            while heap and len(out) < fetch:
+                key, i, at = heapq.heappop(heap)
+                c = cursors[i]
+                if at == REFILL:
+                    # Every row left in the heap sorts after this bucket's last one: its next page
+                    # is read only now, when the merge reaches it.
+                    if await c.fill(fetch, op):
+                        heapq.heappush(heap, (_order(c.rows[0]), i, 0))
+                    continue
+                out.append(c.rows[at])
+                if at + 1 < len(c.rows):
+                    heapq.heappush(heap, (_order(c.rows[at + 1]), i, at + 1))
+                elif not c.exhausted:
+                    heapq.heappush(heap, (key, i, REFILL))
+            live = await self._live(queue, out, op)
+            if live:
+                yield live
+            fetch = min(fetch * 2, MAX_PAGE)
+
+    async def _live(self, queue: str, rows: list[model.QueuedMail], op: str) -> list[model.QueuedMail]:
         if not rows:
             return []
         sem = asyncio.Semaphore(MARK_CONCURRENCY)

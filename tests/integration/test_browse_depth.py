@@ -1,0 +1,47 @@
+"""#39: Browse at depth reads a page, not the queue, through gRPC on the real stack.
+
+The rows and marks browse_svc reads are counted (its mailqueue_view_rows_read_total and
+mailqueue_view_marks_read_total), not timed: the first page of a deep queue must read about one
+page per bucket, and reading on must still give every mail once, in enqueue order.
+"""
+
+from mailqueue.v1 import browse_pb2, enqueue_pb2
+from tests.integration.helpers import inline, simple_mail
+
+DEPTH = 3000
+FIRST_PAGE = 100  # services/app/browser.py: rows asked of each partition at first
+
+
+def fill(suite, queue: str, n: int) -> list[str]:
+    """``n`` mails in order, by EnqueueBatches of 250 (one stream)."""
+    names = [f"deep-{i:05d}" for i in range(n)]
+    many = [enqueue_pb2.EnqueueManyRequest(sequence=i, request=inline(queue, simple_mail(m))) for i, m in enumerate(names)]
+    batches = [enqueue_pb2.EnqueueBatchesRequest(mails=many[k:k + 250]) for k in range(0, n, 250)]
+    results = [r for b in suite.enqueue_stub.EnqueueBatches(iter(batches), timeout=120) for r in b.results]
+    assert len(results) == n and all(r.HasField("receipt") for r in results), results[:3]
+    return names
+
+
+def counted(suite, op: str) -> tuple[float, float]:
+    return (suite.metric("browse", "mailqueue_view_rows_read_total", op=op),
+            suite.metric("browse", "mailqueue_view_marks_read_total", op=op))
+
+
+def test_the_first_page_of_a_deep_queue_reads_a_page_per_bucket_and_every_page_keeps_the_order(suite):
+    queue = suite.new_queue()
+    names = fill(suite, queue, DEPTH)
+    buckets = suite.browse_stub.GetQueue(browse_pb2.GetQueueRequest(queue=queue)).queue_info.configuration.bucket_count
+    rows0, marks0 = counted(suite, "browse")
+    page = [r.mail for r in suite.browse_stub.Browse(browse_pb2.BrowseRequest(queue=queue, limit=10))]
+    rows1, marks1 = counted(suite, "browse")
+    assert 10 <= rows1 - rows0 <= buckets * FIRST_PAGE < DEPTH, (rows1 - rows0, buckets)
+    assert 10 <= marks1 - marks0 <= FIRST_PAGE, marks1 - marks0
+    # Read on to the end: every mail once, in enqueue order (the mails of one batch are enqueued
+    # concurrently: their order is their enqueue time's), the first page its beginning.
+    everything = [r.mail for r in suite.browse_stub.Browse(browse_pb2.BrowseRequest(queue=queue))]
+    assert sorted(m.mail.name for m in everything) == names
+    times = [m.enqueued_at.ToDatetime() for m in everything]
+    assert times == sorted(times)
+    assert [m.enqueue_id for m in page] == [m.enqueue_id for m in everything[:10]]
+    rows2, _ = counted(suite, "browse")
+    assert rows2 - rows1 == DEPTH
