@@ -67,11 +67,32 @@ class Browser:
                     yield row
 
     async def browse(self, queue: str, f: BrowseFilter, limit: int = 0) -> AsyncIterator[model.QueuedMail]:
+        if f.name is not None:
+            named = await self._view.mails.named(queue, f.name, "browse")
+            if named is not None:
+                async for q in self._from_browse_start(queue, named, f, limit):
+                    yield q
+                return
         count = 0
         # A limit: the first pages as small as it (a filter that skips rows makes them grow).
         first_page = min(max(limit, FIRST_PAGE), MAX_PAGE) if limit else FIRST_PAGE
         async for q in self.live_mails(queue, "browse", first_page=first_page):
             if f.matches(q):
+                yield q
+                count += 1
+                if limit and count >= limit:
+                    return
+
+    async def _from_browse_start(
+        self, queue: str, rows: list[model.QueuedMail], f: BrowseFilter, limit: int,
+    ) -> AsyncIterator[model.QueuedMail]:
+        """Browse by name: the name's live rows (from the view's index) from browse start on."""
+        start = await self._view.starts.browse_start(queue)
+        if start is None:
+            return
+        count = 0
+        for q in rows:
+            if q.slice_start >= start and f.matches(q):
                 yield q
                 count += 1
                 if limit and count >= limit:

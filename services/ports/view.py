@@ -55,6 +55,12 @@ class MailQueueView(abc.ABC):
         in the metrics (browse, size, delete, ...)."""
 
     @abc.abstractmethod
+    async def named(self, queue: str, name: str, op: str) -> list[model.QueuedMail] | None:
+        """The live mails named ``name``, in enqueue order, from an index: the rows read are that
+        name's, whatever the queue holds. None when the index cannot answer (missing, building):
+        the caller scans instead."""
+
+    @abc.abstractmethod
     async def size(self, queue: str) -> counts.Counts:
         """Live, delayed and held mails from browse start, from the slice counters."""
 

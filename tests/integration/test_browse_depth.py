@@ -2,10 +2,11 @@
 
 The rows and marks browse_svc reads are counted (its mailqueue_view_rows_read_total and
 mailqueue_view_marks_read_total), not timed: the first page of a deep queue must read about one
-page per bucket, and reading on must still give every mail once, in enqueue order.
+page per bucket, and reading on must still give every mail once, in enqueue order; a Browse by
+name must read that name's rows (an index), not the queue.
 """
 
-from mailqueue.v1 import browse_pb2, enqueue_pb2
+from mailqueue.v1 import admin_pb2, browse_pb2, enqueue_pb2
 from tests.integration.helpers import inline, simple_mail
 
 DEPTH = 3000
@@ -45,3 +46,19 @@ def test_the_first_page_of_a_deep_queue_reads_a_page_per_bucket_and_every_page_k
     assert [m.enqueue_id for m in page] == [m.enqueue_id for m in everything[:10]]
     rows2, _ = counted(suite, "browse")
     assert rows2 - rows1 == DEPTH
+
+
+def test_browse_by_name_reads_that_names_rows_only_and_not_once_it_is_deleted(suite):
+    queue, other = suite.new_queue(), suite.new_queue()
+    names = fill(suite, queue, DEPTH)
+    wanted = names[1234]
+    suite.enqueue_stub.Enqueue(inline(other, simple_mail(wanted)))  # the same name in another queue
+    rows0, marks0 = counted(suite, "browse")
+    found = [r.mail for r in suite.browse_stub.Browse(browse_pb2.BrowseRequest(queue=queue, name=wanted))]
+    rows1, marks1 = counted(suite, "browse")
+    assert [m.mail.name for m in found] == [wanted] and found[0].queue == queue
+    assert (rows1 - rows0, marks1 - marks0) == (1, 1)  # its row and its mark: not the queue's 3,000
+    deleted = [r.progress for r in suite.admin_stub.DeleteMails(admin_pb2.DeleteMailsRequest(queue=queue, name=wanted))]
+    assert deleted[-1].deleted == 1
+    assert list(suite.browse_stub.Browse(browse_pb2.BrowseRequest(queue=queue, name=wanted))) == []
+    assert [r.mail.mail.name for r in suite.browse_stub.Browse(browse_pb2.BrowseRequest(queue=other, name=wanted))] == [wanted]

@@ -8,6 +8,7 @@ import logging
 import uuid
 from typing import Any
 
+from cassandra import InvalidRequest, ReadFailure
 from cassandra.cluster import Session
 from cassandra.query import UNSET_VALUE
 from prometheus_client import Counter
@@ -61,12 +62,16 @@ class EnqueuedMailsDAO:
 
     def __init__(self, session: Session, keyspace: str) -> None:
         self._session = session
+        self._keyspace = keyspace
         t = f"{keyspace}.{schema.ENQUEUED_MAILS}"
         self._insert = session.prepare(f"INSERT INTO {t} ({self.COLUMNS}) VALUES ({', '.join('?' * 19)})")
         self._group = GroupCommit(session)
         self._select = session.prepare(
             f"SELECT {self.READ_COLUMNS} FROM {t} WHERE queue_name = ? AND slice_start = ? AND bucket = ?"
         )
+        # The name's index (schema.NAME_INDEX) finds its rows in every queue; the queue filters
+        # those few (ALLOW FILTERING reads what the index returned, not the table).
+        self._named = session.prepare(f"SELECT {self.READ_COLUMNS} FROM {t} WHERE name = ? AND queue_name = ? ALLOW FILTERING")
 
     async def insert(self, q: model.QueuedMail) -> None:
         """Rows of one partition written at about the same time share one request (group_commit.py)."""
@@ -92,6 +97,20 @@ class EnqueuedMailsDAO:
     async def read_slice(self, queue: str, slice_start: dt.datetime, bucket: int) -> list[model.QueuedMail]:
         """Every row of one partition, in enqueue order."""
         return self._decode(queue, await execute_all(self._session, self._select, (queue, slice_start, bucket)))
+
+    async def named(self, queue: str, name: str) -> list[model.QueuedMail] | None:
+        """The queue's rows of one mail name, from the name's index (any order); None while the
+        index is missing or still being built (an older keyspace before its schema step)."""
+        ks = self._session.cluster.metadata.keyspaces.get(self._keyspace)
+        table_meta = ks.tables.get(schema.ENQUEUED_MAILS) if ks is not None else None
+        if table_meta is None or schema.NAME_INDEX not in table_meta.indexes:
+            return None
+        try:
+            rows = await execute_all(self._session, self._named, (name, queue))
+        except (InvalidRequest, ReadFailure) as e:
+            log.warning("the name index cannot answer yet (%s): scanning", e)
+            return None
+        return self._decode(queue, rows)
 
     async def read_page(
         self, queue: str, slice_start: dt.datetime, bucket: int, fetch: int, paging_state: bytes | None,

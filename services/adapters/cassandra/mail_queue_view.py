@@ -112,6 +112,14 @@ class CassandraMailQueueView(MailQueueView):
                 yield live
             fetch = min(fetch * 2, MAX_PAGE)
 
+    async def named(self, queue: str, name: str, op: str) -> list[model.QueuedMail] | None:
+        found = await self._enqueued.named(queue, name)
+        if found is None:
+            return None
+        rows = sorted(found, key=_order)
+        ROWS_READ.labels(op).inc(len(rows))
+        return await self._live(queue, rows, op)
+
     async def _live(self, queue: str, rows: list[model.QueuedMail], op: str) -> list[model.QueuedMail]:
         if not rows:
             return []

@@ -6,12 +6,15 @@ Rows are written without null cells: absent values are left unset (nulls are tom
 
 from __future__ import annotations
 
+import logging
 import re
 
 from cassandra import Unauthorized
 from cassandra.cluster import Cluster, Session
 
 from services.domain.names import table
+
+log = logging.getLogger(__name__)
 
 ENQUEUED_MAILS = table("enqueued_mails")
 DELETED_MAILS = table("deleted_mails")
@@ -120,6 +123,13 @@ TABLES = [
       AND comment = 'RETRY errors matching an automatic shaping rule, counted within the rule window (each row TTL: the window).'""",
 ]
 
+#: Storage-attached indexes (SAI, Cassandra 5): Browse by name reads the rows of that name, not
+#: the queue. An index entry goes with its row: the sweep's partition deletes take both.
+NAME_INDEX = f"{ENQUEUED_MAILS}_name"
+INDEXES = [
+    f"CREATE CUSTOM INDEX IF NOT EXISTS {NAME_INDEX} ON {{ks}}.{ENQUEUED_MAILS} (name) USING 'StorageAttachedIndex'",
+]
+
 #: Columns added to tables that existed before them (idempotent: ADD IF NOT EXISTS).
 MIGRATIONS = [
     f"ALTER TABLE {{ks}}.{ENQUEUED_MAILS} ADD IF NOT EXISTS deliver_at timestamp",
@@ -137,7 +147,7 @@ def create(session: Session, keyspace: str, replication: str) -> None:
     with authorization on, that is the schema role, never a service's (``migrate``).
     """
     session.execute(f"CREATE KEYSPACE IF NOT EXISTS {keyspace} WITH replication = {replication}", timeout=60)
-    for ddl in [*TABLES, *MIGRATIONS]:
+    for ddl in [*TABLES, *MIGRATIONS, *INDEXES]:
         session.execute(ddl.format(ks=keyspace), timeout=60)
 
 
@@ -166,11 +176,28 @@ def missing(cluster: Cluster, keyspace: str) -> list[str]:
     return out
 
 
+def missing_indexes(cluster: Cluster, keyspace: str) -> list[str]:
+    """The indexes the keyspace lacks. Not required to serve: without one, what it speeds up scans."""
+    ks = cluster.metadata.keyspaces.get(keyspace)
+    if ks is None:
+        return []
+    return [name for name, table_name in re.findall(r"INDEX IF NOT EXISTS (\w+) ON \{ks\}\.(\w+)", "\n".join(INDEXES))
+            if table_name in ks.tables and name not in ks.tables[table_name].indexes]
+
+
 def ensure(cluster: Cluster, session: Session, keyspace: str, replication: str) -> None:
     """The schema as a service needs it: nothing to do when it is complete; else created, which
     works for a role allowed to create (no authentication, or the schema role) and otherwise
     fails naming what is missing and the step that makes it."""
     if not missing(cluster, keyspace):
+        if missing_indexes(cluster, keyspace):
+            try:
+                for ddl in INDEXES:
+                    session.execute(ddl.format(ks=keyspace), timeout=60)
+            except Unauthorized:
+                log.warning("keyspace %s lacks the indexes %s, and this role may not create them: Browse by name scans "
+                            "the queue until the schema step (python -m services.runtime.migrate) adds them",
+                            keyspace, ", ".join(missing_indexes(cluster, keyspace)))
         return
     try:
         create(session, keyspace, replication)
