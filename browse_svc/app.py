@@ -51,6 +51,6 @@ class BrowseApp(QueueApp[BrowseSide]):
             side = self._service  # built just before (service() answers only once connected)
             assert side is not None
             healer = Healer(b.view, b.broker, side.browser.live_mails, side.admin.mover, side.dead_letters,
-                            server.heal_interval_s, server.heal_grace_s)
+                            server.heal_interval_s, server.heal_grace_s, server.heal_rows_per_round)
             tasks.append(healer.run_forever())
         return tasks

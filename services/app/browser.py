@@ -46,6 +46,7 @@ class Browser:
 
     async def live_mails(
         self, queue: str, op: str = "browse", until: dt.datetime | None = None, first_page: int = MAX_PAGE,
+        max_page: int = MAX_PAGE,
     ) -> AsyncIterator[model.QueuedMail]:
         """Every live mail of the queue, in enqueue order (``until``: only mails enqueued before it).
         ``first_page``: rows asked of each partition at first (doubling as the caller reads on);
@@ -60,7 +61,7 @@ class Browser:
         for s in slices_between(start, end, config.slice_window):
             if until is not None and s > until:
                 return
-            async for rows in self._view.mails.live_pages(queue, s, config.bucket_count, op, first_page):
+            async for rows in self._view.mails.live_pages(queue, s, config.bucket_count, op, first_page, max_page):
                 for row in rows:
                     if until is not None and row.enqueued_at >= until:
                         return

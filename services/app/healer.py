@@ -9,22 +9,28 @@ Each round, for every queue:
 0. A deleted queue's browse start moves on (its content is the retention sweep's).
 1. **Interrupted moves and redrives**: a MoveMails or RedriveDeadLetters journal entry begun more
    than the grace ago is completed (services/app/moves.py, services/app/dead_letter_book.py).
-2. **One exact pass** over the queue's live mails (what ReconcileCounters reads).
-3. **Counters**: the drift of the queue's size between its counters and that pass is corrected
-   when the same drift is seen in two rounds in a row (a drift seen once may be updates in flight between the pass
-   and the counters' read; a real one stays). The dead-letter counters likewise, against the
-   repository (a dequeue_svc killed between keeping a dead letter and counting it).
+2. **An exact pass** over the queue's live mails (what ReconcileCounters reads), at most
+   ``rows_per_round`` rows (MAILQUEUE_HEAL_ROWS_PER_ROUND) per round: the pass goes on where the
+   last round stopped (the read's paging state), so a deep queue is passed over in several
+   rounds and a round costs the same at any depth.
+3. **Counters**: each slice the pass has read to its end is checked against its counters; a
+   slice's drift is corrected when the same drift is seen in two passes in a row (a drift seen
+   once may be updates in flight between the pass and the counters' read; a real one stays). The
+   dead-letter counters likewise, against the repository (a dequeue_svc killed between keeping a
+   dead letter and counting it).
 4. **Rows without a message** (an Enqueue killed between its row and its publish): when the
    queue's work queues hold no ready message, a live mail that became deliverable more than the
    grace ago and is still there has no message waiting, so it is published again under a new
    generation (``reschedule``, as Flush does): an old copy that still exists somewhere (in the
    delay ladder, or handed out and answered later) is stale and skipped, so the mail is delivered
-   once. While the queue has a backlog this waits: the mail may just be behind it.
+   once. While the queue has a backlog this waits: the mail may just be behind it. Only the rows
+   this round read are looked at.
 
-Cost per queue and round: the pass reads every live mail from the browse start (one read per
-slice and bucket, plus the rows), the counters partition once, the two journal partitions once,
-the kind column of the queue's dead letters, and three passive queue declarations. At the default interval of 300 s that is 12 passes an hour per
-queue.
+Cost per queue and round: at most ``rows_per_round`` mail rows and their marks (plus a page per
+bucket read ahead), the counters partition once, the two journal partitions once, the kind
+column of the queue's dead letters, and three passive queue declarations. A queue under
+``rows_per_round`` deep (20,000 by default) is passed over whole in each round, every 300 s by
+default; a deeper one every ``depth / rows_per_round`` rounds.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ import dataclasses
 import datetime as dt
 import logging
 import uuid
+from collections.abc import AsyncIterator
 
 from prometheus_client import Counter
 
@@ -54,6 +61,16 @@ LEASE = "healer"
 
 
 @dataclasses.dataclass
+class _Pass:
+    """An exact pass over one queue's live mails, spread over rounds."""
+
+    start: dt.datetime  # the browse start it began at
+    rows: AsyncIterator[model.QueuedMail]  # where the last round stopped
+    live: dict[dt.datetime, int] = dataclasses.field(default_factory=dict)  # live mails per slice so far
+    checked: dt.datetime = dt.datetime.min.replace(tzinfo=dt.timezone.utc)  # slices before it are checked
+
+
+@dataclasses.dataclass
 class Healed:
     moves: int = 0
     redrives: int = 0
@@ -64,7 +81,7 @@ class Healed:
 
 class Healer:
     def __init__(self, view: View, broker: Broker, live_mails, mover: Mover,  # noqa: ANN001 - Browser.live_mails
-                 book: DeadLetterBook, interval_s: float, grace_s: float) -> None:
+                 book: DeadLetterBook, interval_s: float, grace_s: float, rows_per_round: int = 20_000) -> None:
         self._view = view
         self._book = book
         self._broker = broker
@@ -72,8 +89,10 @@ class Healer:
         self._mover = mover
         self.interval_s = interval_s
         self.grace = dt.timedelta(seconds=grace_s)
+        self.rows_per_round = rows_per_round
+        self._passes: dict[str, _Pass] = {}
         self.member = uuid.uuid4().hex
-        self._drift: dict[str, list[tuple[dt.datetime, str, int]]] = {}
+        self._drift: dict[str, dict[dt.datetime, int]] = {}  # per queue, each slice's drift when last checked
         self._dead_drift: dict[str, list[tuple[str, int]]] = {}
 
     async def run_forever(self) -> None:
@@ -109,11 +128,14 @@ class Healer:
         h.dead_letter_counters = await self._dead_letter_counters(queue)
         start = await self._view.starts.browse_start(queue)
         if start is None:
+            self._passes.pop(queue, None)
             return h
         now = model.utcnow()
-        live = [q async for q in self._live_mails(queue, "heal")]
-        h.counters = await self._counters(queue, live, start, now)
-        stranded = [q for q in live if q.due() < now - self.grace and not counts.is_held(q)]
+        read, p, finished = await self._read_on(queue, start)
+        h.counters = await self._counters(queue, p, None if finished else read[-1].slice_start if read else p.checked)
+        if finished:
+            del self._passes[queue]
+        stranded = [q for q in read if q.due() < now - self.grace and not counts.is_held(q)]
         if stranded and await self._broker.ready_messages(queue) == 0:
             for q in stranded:
                 again = dataclasses.replace(q, generation=q.generation + 1)
@@ -142,17 +164,47 @@ class Healer:
             self._dead_drift[queue] = []
         return len(confirmed)
 
-    async def _counters(self, queue: str, live: list[model.QueuedMail], start: dt.datetime, now: dt.datetime) -> int:
-        """Correct the drift seen in this round and the last; the corrections made."""
-        raw = await self._view.counters.read(queue, counts.KINDS, start)
-        # The size only: a delayed count stays "delayed" until a consumer takes the mail after its
-        # time, where the pass already sees it ready (ReconcileCounters rewrites those).
-        drift = sorted(d for d in counts.exact_deltas(raw, live, start, now) if d[1] == "gone")
-        seen_before, self._drift[queue] = self._drift.get(queue, []), drift
-        confirmed = [d for d in drift if d in seen_before]
-        for s, kind, delta in confirmed:
-            await self._view.counters.add(queue, kind, s, delta)
-        if confirmed:
-            self._drift[queue] = []
+    async def _read_on(self, queue: str, start: dt.datetime) -> tuple[list[model.QueuedMail], _Pass, bool]:
+        """This round's rows of the queue's pass (begun now if none is going on): at most
+        ``rows_per_round``; and whether the pass reached its end."""
+        p = self._passes.get(queue)
+        if p is None:
+            page = min(self.rows_per_round, 5000)
+            p = self._passes[queue] = _Pass(start, self._live_mails(queue, "heal", first_page=page, max_page=page), checked=start)
+        read: list[model.QueuedMail] = []
+        try:
+            while len(read) < self.rows_per_round:
+                read.append(await anext(p.rows))
+        except StopAsyncIteration:
+            return self._counted(p, read), p, True
+        except BaseException:
+            self._passes.pop(queue, None)  # the next round begins a new pass
+            raise
+        return self._counted(p, read), p, False
+
+    @staticmethod
+    def _counted(p: _Pass, read: list[model.QueuedMail]) -> list[model.QueuedMail]:
+        for q in read:
+            p.live[q.slice_start] = p.live.get(q.slice_start, 0) + 1
+        return read
+
+    async def _counters(self, queue: str, p: _Pass, upto: dt.datetime | None) -> int:
+        """Check the slices the pass has read to their end since the last check (those before
+        ``upto``; None: all) and correct the drift a slice showed in this pass and the last; the
+        corrections made. The size only: a delayed count stays "delayed" until a consumer takes
+        the mail after its time (ReconcileCounters rewrites those)."""
+        if upto is not None and upto <= p.checked:
+            return 0
+        raw = await self._view.counters.read(queue, counts.KINDS, p.start)
+        drift = counts.gone_deltas(raw, p.live, p.checked, upto)
+        seen = self._drift.setdefault(queue, {})
+        confirmed = {s: d for s, d in drift.items() if seen.get(s) == d}
+        for s in [s for s in seen if s >= p.checked and (upto is None or s < upto)]:
+            del seen[s]  # checked again now: only this pass's drift counts next time
+        seen.update({s: d for s, d in drift.items() if s not in confirmed})
+        for s, delta in confirmed.items():
+            await self._view.counters.add(queue, "gone", s, delta)
+        if upto is not None:
+            p.checked = upto
         return len(confirmed)
 

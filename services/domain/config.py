@@ -414,6 +414,9 @@ class ServerSettings:
     #: browse_svc's healer: a round every this many seconds (0: off), over mails older than the grace.
     heal_interval_s: float = 300.0
     heal_grace_s: float = 900.0
+    #: Mail rows a healer round reads per queue at most: a deep queue is passed over in several
+    #: rounds, so a round costs the same at any depth.
+    heal_rows_per_round: int = 20_000
 
     @classmethod
     def from_env(cls, service: str, env: Mapping[str, str] = os.environ) -> ServerSettings:
@@ -436,6 +439,7 @@ class ServerSettings:
             gauge_interval_s=_float(env, "GAUGE_INTERVAL_S", 15.0),
             heal_interval_s=_float(env, "HEAL_INTERVAL_S", 300.0),
             heal_grace_s=_float(env, "HEAL_GRACE_S", 900.0, 1.0),
+            heal_rows_per_round=_int(env, "HEAL_ROWS_PER_ROUND", 20_000, 100),
         )
 
 

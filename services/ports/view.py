@@ -47,11 +47,12 @@ class MailQueueView(abc.ABC):
 
     @abc.abstractmethod
     def live_pages(
-        self, queue: str, slice_start: dt.datetime, buckets: int, op: str, first_page: int = 100,
+        self, queue: str, slice_start: dt.datetime, buckets: int, op: str, first_page: int = 100, max_page: int = 5000,
     ) -> AsyncIterator[list[model.QueuedMail]]:
         """The live mails of one slice, every bucket merged in enqueue order, each with its current
         schedule, lazily in pages: the first costs about ``buckets x first_page`` rows read whatever
-        the slice holds, so a first Browse page stays cheap at any depth. ``op`` labels the reads
+        the slice holds, so a first Browse page stays cheap at any depth; pages double up to
+        ``max_page``. ``op`` labels the reads
         in the metrics (browse, size, delete, ...)."""
 
     @abc.abstractmethod

@@ -185,6 +185,16 @@ def enqueue_names(suite, queue: str, names, content: bytes = b"Subject: x\r\n\r\
     return [suite.enqueue_stub.Enqueue(inline(queue, simple_mail(n), content)).receipt.enqueue_id for n in names]
 
 
+def fill(suite, queue: str, n: int, prefix: str = "deep") -> list[str]:
+    """``n`` mails named ``<prefix>-00000``... in ``queue``, by EnqueueBatches of 250 (one stream)."""
+    names = [f"{prefix}-{i:05d}" for i in range(n)]
+    many = [enqueue_pb2.EnqueueManyRequest(sequence=i, request=inline(queue, simple_mail(m))) for i, m in enumerate(names)]
+    batches = [enqueue_pb2.EnqueueBatchesRequest(mails=many[k:k + 250]) for k in range(0, n, 250)]
+    results = [r for b in suite.enqueue_stub.EnqueueBatches(iter(batches), timeout=120) for r in b.results]
+    assert len(results) == n and all(r.HasField("receipt") for r in results), results[:3]
+    return names
+
+
 def dead_letter_count(queue: str) -> int:
     """Messages in the queue's dead-letter queue."""
     return _ready(names.dead_letter_queue(queue))

@@ -6,21 +6,11 @@ page per bucket, and reading on must still give every mail once, in enqueue orde
 name must read that name's rows (an index), not the queue.
 """
 
-from mailqueue.v1 import admin_pb2, browse_pb2, enqueue_pb2
-from tests.integration.helpers import inline, simple_mail
+from mailqueue.v1 import admin_pb2, browse_pb2
+from tests.integration.helpers import fill, inline, simple_mail
 
 DEPTH = 3000
 FIRST_PAGE = 100  # services/app/browser.py: rows asked of each partition at first
-
-
-def fill(suite, queue: str, n: int) -> list[str]:
-    """``n`` mails in order, by EnqueueBatches of 250 (one stream)."""
-    names = [f"deep-{i:05d}" for i in range(n)]
-    many = [enqueue_pb2.EnqueueManyRequest(sequence=i, request=inline(queue, simple_mail(m))) for i, m in enumerate(names)]
-    batches = [enqueue_pb2.EnqueueBatchesRequest(mails=many[k:k + 250]) for k in range(0, n, 250)]
-    results = [r for b in suite.enqueue_stub.EnqueueBatches(iter(batches), timeout=120) for r in b.results]
-    assert len(results) == n and all(r.HasField("receipt") for r in results), results[:3]
-    return names
 
 
 def counted(suite, op: str) -> tuple[float, float]:

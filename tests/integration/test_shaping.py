@@ -129,7 +129,7 @@ def test_mailq_throttle_from_another_directory(suite):
 
 
 @pytest.fixture(scope="module")
-def replicas(aio_loop):
+def replicas(aio_loop, running_stack):
     keyspace = new_keyspace()
     s = ProcessSuite(aio_loop, keyspace)
     env = dict(s.dequeue.env)

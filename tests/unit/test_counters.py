@@ -84,3 +84,14 @@ def test_counter_updates_are_gathered_and_written_once_per_key():
         assert loop.run_until_complete(scenario()) == [("q", "enqueued", T0, 100)]
     finally:
         loop.close()
+
+
+def test_gone_deltas_check_only_the_slices_a_pass_has_finished():
+    raw = {"enqueued": {T0: 5, T0 + H: 4, T0 + 2 * H: 3}, "gone": {T0: 5, T0 + H: 1}}
+    live = {T0 + H: 2, T0 + 2 * H: 1}  # T0: every mail gone, none live (no entry)
+    # The first two slices read to their end: T0 agrees (0 live), T0+H counts 3 live for 2 found.
+    assert counts.gone_deltas(raw, live, T0, T0 + 2 * H) == {T0 + H: 1}
+    # The pass at its end: the last slice too (3 counted live, 1 found).
+    assert counts.gone_deltas(raw, live, T0 + 2 * H, None) == {T0 + 2 * H: 2}
+    # A slice with live mails and no counter at all (its counts lost) gets a negative delta.
+    assert counts.gone_deltas({}, {T0: 2}, T0, None) == {T0: -2}

@@ -79,13 +79,14 @@ class CassandraMailQueueView(MailQueueView):
         await self._deleted.schedule(mail)
 
     async def live_pages(
-        self, queue: str, slice_start: dt.datetime, buckets: int, op: str, first_page: int = 100,
+        self, queue: str, slice_start: dt.datetime, buckets: int, op: str, first_page: int = 100, max_page: int = MAX_PAGE,
     ) -> AsyncIterator[list[model.QueuedMail]]:
         """The slice's live mails, lazily: each bucket is read a page at a time (``first_page``
-        rows, doubling up to MAX_PAGE as the caller reads on), the buckets merged in enqueue order
+        rows, doubling up to ``max_page`` as the caller reads on), the buckets merged in enqueue order
         and the marks read only for the rows handed out. The first page costs about
         ``buckets x first_page`` rows whatever the slice holds."""
-        fetch = max(1, min(first_page, MAX_PAGE))
+        max_page = max(1, min(max_page, MAX_PAGE))
+        fetch = max(1, min(first_page, max_page))
         cursors = [_Cursor(self._enqueued, queue, slice_start, b) for b in range(buckets)]
         heap: list[tuple[tuple[dt.datetime, bytes], int, int]] = []
         for i, c in enumerate(cursors):
@@ -110,7 +111,7 @@ class CassandraMailQueueView(MailQueueView):
             live = await self._live(queue, out, op)
             if live:
                 yield live
-            fetch = min(fetch * 2, MAX_PAGE)
+            fetch = min(fetch * 2, max_page)
 
     async def named(self, queue: str, name: str, op: str) -> list[model.QueuedMail] | None:
         found = await self._enqueued.named(queue, name)
