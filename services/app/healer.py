@@ -42,7 +42,7 @@ import logging
 import uuid
 from collections.abc import AsyncIterator
 
-from prometheus_client import Counter
+from prometheus_client import Counter, Histogram
 
 from services.app import browse_start
 from services.app.dead_letter_book import DeadLetterBook
@@ -56,6 +56,8 @@ log = logging.getLogger(__name__)
 
 HEALED = Counter("mailqueue_healer_repairs_total", "Repairs the healer made", ["queue", "kind"])
 ROUNDS = Counter("mailqueue_healer_rounds_total", "Healer rounds this replica ran holding the lease")
+ROUND_SECONDS = Histogram("mailqueue_healer_round_seconds", "How long a healer round took (every queue)",
+                          buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300))
 
 LEASE = "healer"
 
@@ -101,7 +103,8 @@ class Healer:
             try:
                 if await self._view.leases.hold(LEASE, self.member, max(int(3 * self.interval_s), 1)):
                     ROUNDS.inc()
-                    await self.heal_all()
+                    with ROUND_SECONDS.time():
+                        await self.heal_all()
             except BackendUnavailable as e:
                 log.warning("healer round skipped: %s", e)
             except Exception:  # a bug must not stop healing for the life of the process
