@@ -1,11 +1,14 @@
 """Enqueue throughput: through gRPC (enqueue_svc -> backends) vs. direct backend calls.
 
     .venv/bin/python -m bench.enqueue_bench [--seconds 30] [--concurrency 32] [--size 10240] [--warmup 5] [--many]
-        [--batch N [--pairs K]] [--rate R [--rate-only]]
+        [--batch N [--pairs K]] [--rate R [--rate-only]] [--floor]
 
 ``--many`` adds a phase with EnqueueMany: one stream, ``--concurrency`` mails in flight on it.
 ``--batch N`` adds one with EnqueueBatches: N mails per message, ``--concurrency`` in flight.
 ``--rate R`` adds a phase of single Enqueues started R per second (latency below the peak).
+``--floor`` adds a phase of unary calls that do no work (grpc.health's Check on enqueue_svc, through
+the same interceptors), ``--concurrency`` at once: the CPU per call that gRPC and the server
+runtime cost before any enqueue work, the floor under the unary Enqueue's.
 ``--pairs K`` then runs K batched/direct pairs back to back: the backends' own CPU per mail
 varies by half from phase to phase (flushes, compactions, quorum-queue segments), so one
 ratio of one pair says less than the median of a few.
@@ -26,6 +29,7 @@ import uuid
 from typing import Any
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bench.common import PORTS, bench_queue, blob_store, load, new_keyspace, report, run, settle, start_services, stop
 from mailqueue.v1 import admin_pb2, admin_pb2_grpc, enqueue_pb2, enqueue_pb2_grpc, mail_pb2
@@ -125,6 +129,21 @@ async def via_grpc_many(
             "errors": errors}
 
 
+async def floor(seconds: float, concurrency: int, warmup: float, services: dict[str, int]) -> dict[str, Any]:
+    """Unary calls that do no work: grpc.health Check on enqueue_svc."""
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{PORTS['enqueue']}")
+    stub = health_pb2_grpc.HealthStub(channel)
+    request = health_pb2.HealthCheckRequest()
+
+    async def op(i: int) -> None:
+        await stub.Check(request)
+
+    try:
+        return await load(op, concurrency, seconds, "floor", warmup, services)
+    finally:
+        await channel.close()
+
+
 async def direct(settings: Settings, queue: str, seconds: float, concurrency: int, size: int, warmup: float) -> dict[str, Any]:
     view = await View.open(settings.cassandra)
     broker = RabbitMQBroker(settings.rabbitmq)
@@ -160,6 +179,7 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=0, help="also measure EnqueueBatches with this many mails per message")
     p.add_argument("--rate", type=float, default=0.0, help="also measure single Enqueues paced at this many per second")
     p.add_argument("--rate-only", action="store_true", help="measure the paced phase alone (latency below the peak)")
+    p.add_argument("--floor", action="store_true", help="also measure unary calls that do no work (health Check)")
     p.add_argument("--pairs", type=int, default=0,
                    help="then this many batched/direct pairs back to back, each on new queues: a ratio per pair and their median")
     a = p.parse_args()
@@ -189,7 +209,10 @@ def main() -> None:
             return
         settle("grpc")
         g = asyncio.run(via_grpc(grpc_queue, a.seconds, a.concurrency, a.size, a.warmup, services))
-        m = b = None
+        m = b = f = None
+        if a.floor:
+            settle("floor")
+            f = asyncio.run(floor(a.seconds, a.concurrency, a.warmup, services))
         if a.many:
             settle("grpc-many")
             m = asyncio.run(via_grpc_many(many_queue, a.seconds, a.concurrency, a.size, a.warmup, services))
@@ -205,6 +228,9 @@ def main() -> None:
     print(f"\nenqueue of {a.size} B mails, concurrency {a.concurrency}, {a.seconds:.0f} s each after {a.warmup:.0f} s of warm-up, keyspace {keyspace}")
     print(report("grpc", g))
     print(f"           {g['cpu']}")
+    if f is not None:
+        print(report("floor", f) + "  (grpc.health Check: no enqueue work)")
+        print(f"           {f['cpu']}")
     if m is not None:
         print(report("grpc-many", m) + f"  ({m['errors']} refused)")
         print(f"           {m['cpu']}")
