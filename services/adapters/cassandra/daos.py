@@ -16,9 +16,8 @@ from prometheus_client import Counter
 from services.adapters.cassandra import schema
 from services.adapters.cassandra.group_commit import GroupCommit
 from services.adapters.cassandra.group_read import GroupRead
-from services.adapters.cassandra.session import execute, execute_all, unavailable
+from services.adapters.cassandra.session import execute, execute_all, execute_page
 from services.domain import model
-from services.domain.errors import BackendUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -117,19 +116,7 @@ class EnqueuedMailsDAO:
     ) -> tuple[list[model.QueuedMail], bytes | None]:
         """Up to ``fetch`` rows of one partition in enqueue order, from ``paging_state`` (None: the
         first); and the paging state of the rest (None: no more rows)."""
-        bound = self._select.bind((queue, slice_start, bucket))
-        bound.fetch_size = fetch
-
-        def run() -> tuple[list[Any], bytes | None]:
-            rs = self._session.execute(bound, paging_state=paging_state)
-            return list(rs.current_rows), rs.paging_state if rs.has_more_pages else None
-
-        try:
-            rows, state = await asyncio.to_thread(run)
-        except Exception as e:
-            if unavailable(e):
-                raise BackendUnavailable("cassandra", f"{type(e).__name__}: {e}") from e
-            raise
+        rows, state = await execute_page(self._session, self._select, (queue, slice_start, bucket), fetch, paging_state)
         return self._decode(queue, rows), state
 
     def _decode(self, queue: str, rows: list[Any]) -> list[model.QueuedMail]:

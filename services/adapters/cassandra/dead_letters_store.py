@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from cassandra.cluster import Session
 
 from services.adapters.cassandra import schema
-from services.adapters.cassandra.session import execute, execute_all
+from services.adapters.cassandra.session import execute, execute_all, execute_pages
 from services.contract import serde
 from services.domain import dead_letters, model
 
@@ -57,10 +57,12 @@ class DeadLettersStore:
         return True
 
     async def scan(self, queue: str) -> AsyncIterator[dead_letters.DeadLetter]:
-        """Every dead letter of the queue, by hour of enqueue then enqueue time."""
+        """Every dead letter of the queue, by hour of enqueue then enqueue time; read lazily, a page
+        at a time (a first BrowseDeadLetters page reads about a page)."""
         for hour in await self._hour_list(queue):
-            for r in await execute_all(self._session, self._read, (queue, hour)):
-                yield dead_letters.DeadLetter(serde.queued_mail_from_bytes(r.body), r.kind, r.reason, _utc(r.dead_at))
+            async for rows in execute_pages(self._session, self._read, (queue, hour)):
+                for r in rows:
+                    yield dead_letters.DeadLetter(serde.queued_mail_from_bytes(r.body), r.kind, r.reason, _utc(r.dead_at))
 
     async def remove(self, q: model.QueuedMail) -> bool:
         """Forget the dead letter of this mail (redriven or purged), its count with it; False when

@@ -9,6 +9,7 @@ import asyncio
 import logging
 import socket
 import ssl
+from collections.abc import AsyncIterator
 from typing import Any
 
 from cassandra import ConsistencyLevel, DriverException
@@ -146,6 +147,39 @@ async def execute_all(session: Session, statement: Any, params: Any = None) -> l
         if unavailable(e):
             raise BackendUnavailable("cassandra", f"{type(e).__name__}: {e}") from e
         raise
+
+
+async def execute_page(
+    session: Session, statement: Any, params: Any, fetch: int, paging_state: bytes | None,
+) -> tuple[list[Any], bytes | None]:
+    """One page of a read (in a worker thread): up to ``fetch`` rows from ``paging_state`` (None:
+    the first), and the paging state of the rest (None: no more rows)."""
+    bound = statement.bind(params)
+    bound.fetch_size = fetch
+
+    def run() -> tuple[list[Any], bytes | None]:
+        rs = session.execute(bound, paging_state=paging_state)
+        return list(rs.current_rows), rs.paging_state if rs.has_more_pages else None
+
+    try:
+        return await asyncio.to_thread(run)
+    except Exception as e:
+        if unavailable(e):
+            raise BackendUnavailable("cassandra", f"{type(e).__name__}: {e}") from e
+        raise
+
+
+async def execute_pages(session: Session, statement: Any, params: Any, first: int = 100, most: int = 5000) -> AsyncIterator[list[Any]]:
+    """A read page by page, lazily: ``first`` rows, then twice as many each time up to ``most``."""
+    state: bytes | None = None
+    fetch = first
+    while True:
+        rows, state = await execute_page(session, statement, params, fetch, state)
+        if rows:
+            yield rows
+        if state is None:
+            return
+        fetch = min(fetch * 2, most)
 
 
 def _resolve(fut: asyncio.Future[Any], value: Any, exc: BaseException | None) -> None:
