@@ -89,10 +89,15 @@ class Served:
     port: int
     service_names: list[str]
 
-    async def set_health(self, status: int) -> None:
-        for name in ["", *self.service_names]:
+    async def set_health(self, status: int, names: list[str] | None = None) -> None:
+        """``status`` for the overall health ("") and every API's name (``names``: only those)."""
+        for name in ["", *self.service_names] if names is None else names:
             await self.health.set(name, status)
         UP.set(1 if status == SERVING else 0)
+
+
+#: After a lameduck, how long the APIs answer NOT_SERVING before the connections close.
+HEALTH_NOTICE_S = 1.0
 
 
 def create_server(app: App, host: str | None = None, port: int | None = None) -> Served:
@@ -196,12 +201,21 @@ async def serve(app: App) -> None:
         raise exc  # type: ignore[misc]
     log.info("draining", extra={"grace_s": s.shutdown_grace_s, "lameduck_s": s.lameduck_s})
     supervisor.cancel()  # it would set SERVING again
-    await served.set_health(NOT_SERVING)
+    # Readiness (the overall health) at once: no new traffic from the Service.
+    await served.set_health(NOT_SERVING, [""])
     if s.lameduck_s:
-        # Still serving while DNS answers naming this pod expire (a second signal cuts it short).
+        # Still serving while DNS answers naming this pod expire (a second signal cuts it short);
+        # each API's own health name stays SERVING meanwhile, so a client that watches it
+        # (healthCheckConfig) keeps calling here until it can learn the new pods.
         stop.clear()
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(stop.wait(), s.lameduck_s)
+    await served.set_health(NOT_SERVING)
+    if s.lameduck_s:
+        # A moment for those clients to leave before the connections close: a call that arrives
+        # as the server stops, before a handler takes it, ends CANCELLED (grpc/grpc#41785).
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(stop.wait(), HEALTH_NOTICE_S)
     await server.stop(s.shutdown_grace_s)
     if probes is not None:
         await probes.stop(0)

@@ -112,7 +112,8 @@ def _stored_buckets(keyspace: str) -> int | None:
 
 def test_sigterm_with_a_lameduck_goes_not_serving_keeps_answering_then_exits(keyspace, running_stack):
     """MAILQUEUE_LAMEDUCK_S (the manifests: 35 s): after SIGTERM the process says NOT_SERVING at once
-    (readiness; liveness stays SERVING), still answers RPCs for the lameduck, then drains and exits 0."""
+    (readiness; liveness stays SERVING), still answers RPCs for the lameduck (its API's health name
+    SERVING until its end, then NOT_SERVING for a second), then drains and exits 0."""
     import signal
     import time
 
@@ -130,10 +131,16 @@ def test_sigterm_with_a_lameduck_goes_not_serving_keeps_answering_then_exits(key
         sent = time.monotonic()
         wait_until(lambda: health(target) == health_pb2.HealthCheckResponse.NOT_SERVING, 5, what="NOT_SERVING after SIGTERM")
         assert health(target, "liveness") == health_pb2.HealthCheckResponse.SERVING
+        # The API's own name stays SERVING through the lameduck (clients that watch it keep calling
+        # here), and turns NOT_SERVING before the connections close (they leave first).
+        assert health(target, "mailqueue.v1.EnqueueService") == health_pb2.HealthCheckResponse.SERVING
         stub = enqueue_pb2_grpc.EnqueueServiceStub(grpc.insecure_channel(target))
         with pytest.raises(grpc.RpcError) as e:  # answered (refused as bad input), not UNAVAILABLE
             stub.Enqueue(enqueue_pb2.EnqueueRequest(queue="q"), timeout=5)
         assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and proc.poll() is None
+        wait_until(lambda: health(target, "mailqueue.v1.EnqueueService") == health_pb2.HealthCheckResponse.NOT_SERVING, 10,
+                   what="the API's name NOT_SERVING at the end of the lameduck")
+        assert time.monotonic() - sent >= 2.5
         assert proc.wait(20) == 0
         assert time.monotonic() - sent >= 2.5  # it kept serving for the lameduck
     finally:

@@ -28,10 +28,15 @@ import grpc
 
 from mailqueue.v1 import dequeue_pb2, dequeue_pb2_grpc, enqueue_pb2, enqueue_pb2_grpc, mail_pb2
 
-# Client-side health checking (healthCheckConfig): the channel watches each replica's Health and
-# leaves one that turns NOT_SERVING, so no call reaches a pod in its lameduck. Without it, a call that
-# arrives at the instant a server stops ends CANCELLED (grpc core, grpc/grpc#41785).
-ROUND_ROBIN = json.dumps({"loadBalancingConfig": [{"round_robin": {}}], "healthCheckConfig": {"serviceName": ""}})
+
+# Client-side health checking (healthCheckConfig) on the API's own health name: a terminating
+# server keeps it SERVING through its lameduck (while DNS may still name only it), then turns it
+# NOT_SERVING a moment before its connections close, and the channel leaves it then. Without it,
+# a call that arrives at the instant a server stops ends CANCELLED (grpc core, grpc/grpc#41785).
+def service_config(service: str) -> str:
+    return json.dumps({"loadBalancingConfig": [{"round_robin": {}}], "healthCheckConfig": {"serviceName": service}})
+
+
 CONTENT = b"Subject: kubernetes\r\n\r\n" + b"x" * 1024
 STOP_FILE = "/tmp/stop"
 
@@ -56,13 +61,13 @@ class Record:
                 self.details.setdefault(f"{kind} {code.name}", detail[:300])
 
 
-def channel(target: str) -> grpc.Channel:
+def channel(target: str, service: str) -> grpc.Channel:
     # round_robin over the headless Service's addresses; re-resolved at most once a second (the
     # default, 30 s, leaves a client that lost every known replica in a rolling update waiting).
     # Over TLS, trusting the CA of the services' certificate (the pod's MAILQUEUE_TLS_CA).
     with open(os.environ["MAILQUEUE_TLS_CA"], "rb") as f:
         credentials = grpc.ssl_channel_credentials(f.read())
-    return grpc.secure_channel(target, credentials, options=[("grpc.service_config", ROUND_ROBIN), ("grpc.enable_retries", 0),
+    return grpc.secure_channel(target, credentials, options=[("grpc.service_config", service_config(service)), ("grpc.enable_retries", 0),
                                                              ("grpc.dns_min_time_between_resolutions_ms", 1000)])
 
 
@@ -154,8 +159,8 @@ def main() -> int:
     p.add_argument("--seconds", type=float, default=600)
     p.add_argument("--drain", type=float, default=120)
     a = p.parse_args()
-    enqueue = enqueue_pb2_grpc.EnqueueServiceStub(channel(os.environ["MAILQUEUE_ENQUEUE_TARGET"]))
-    dequeue = dequeue_pb2_grpc.DequeueServiceStub(channel(os.environ["MAILQUEUE_DEQUEUE_TARGET"]))
+    enqueue = enqueue_pb2_grpc.EnqueueServiceStub(channel(os.environ["MAILQUEUE_ENQUEUE_TARGET"], "mailqueue.v1.EnqueueService"))
+    dequeue = dequeue_pb2_grpc.DequeueServiceStub(channel(os.environ["MAILQUEUE_DEQUEUE_TARGET"], "mailqueue.v1.DequeueService"))
     record, stopping, done = Record(), threading.Event(), threading.Event()
     started = time.time()
     producers = [threading.Thread(target=produce, args=(enqueue, a.queue, os.environ["PRODUCER_TOKEN"], record, stopping, a.rate))
