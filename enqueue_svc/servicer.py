@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Callable
 import grpc
 
 from mailqueue.v1 import enqueue_pb2, enqueue_pb2_grpc
+from services.app.coalescer import Coalescer
 from services.app.enqueuer import Enqueuer
 from services.contract import serde
 from services.domain import model, pipeline
@@ -42,9 +43,11 @@ def _answer(item: enqueue_pb2.EnqueueManyRequest, result: model.EnqueueResult | 
 class EnqueueServicer(enqueue_pb2_grpc.EnqueueServiceServicer):
     def __init__(self, enqueuer: Callable[[], Enqueuer]) -> None:
         self._enqueuer = enqueuer  # raises UNAVAILABLE while the service connects
+        self._together = Coalescer()
 
     async def Enqueue(self, request: enqueue_pb2.EnqueueRequest, context: grpc.aio.ServicerContext) -> enqueue_pb2.EnqueueResponse:
-        return enqueue_pb2.EnqueueResponse(receipt=_receipt(await self._enqueue(request)))
+        # Concurrent unary calls start together (services/app/coalescer.py).
+        return enqueue_pb2.EnqueueResponse(receipt=_receipt(await self._together.run(lambda: self._enqueue(request))))
 
     async def EnqueueMany(
         self, request_iterator: AsyncIterator[enqueue_pb2.EnqueueManyRequest], context: grpc.aio.ServicerContext
