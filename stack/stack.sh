@@ -296,18 +296,25 @@ minio_install() {
   [[ -x $MINIO_BIN ]] || die "minio: build failed; see $LOG_DIR/minio-build.log"
 }
 
+# minio_launch NAME PORT CONSOLE_PORT: a MinIO server with its own data in $STACK_DIR/NAME, root
+# credentials from the operator's files. It serves TLS when NAME/certs holds a certificate.
+minio_launch() {
+  local name=$1 port=$2 console=$3
+  MINIO_ROOT_USER="$(cat "$CREDENTIALS_DIR/operator/s3-access-key")" \
+  MINIO_ROOT_PASSWORD="$(cat "$CREDENTIALS_DIR/operator/s3-secret-key")" \
+  MINIO_BROWSER=off nohup "$MINIO_BIN" server "$STACK_DIR/$name/data" --quiet --certs-dir "$STACK_DIR/$name/certs" \
+    --address "127.0.0.1:$port" --console-address "127.0.0.1:$console" \
+    >"$LOG_DIR/$name.log" 2>&1 &
+  echo $! >"$STACK_DIR/$name.pid"
+}
+
 minio_start() {
   mkdir -p "$STACK_DIR/minio/data" "$STACK_DIR/minio/certs" "$LOG_DIR"
   # MinIO serves TLS from certs/public.crt and private.key, and reloads them when they change.
   ln -sf "$PKI_DIR/backends.crt" "$STACK_DIR/minio/certs/public.crt"
   ln -sf "$PKI_DIR/backends.key" "$STACK_DIR/minio/certs/private.key"
   say "minio: starting on https://127.0.0.1:$MINIO_PORT (log $LOG_DIR/minio.log)"
-  MINIO_ROOT_USER="$(cat "$CREDENTIALS_DIR/operator/s3-access-key")" \
-  MINIO_ROOT_PASSWORD="$(cat "$CREDENTIALS_DIR/operator/s3-secret-key")" \
-  MINIO_BROWSER=off nohup "$MINIO_BIN" server "$STACK_DIR/minio/data" --quiet --certs-dir "$STACK_DIR/minio/certs" \
-    --address "127.0.0.1:$MINIO_PORT" --console-address "127.0.0.1:$MINIO_CONSOLE_PORT" \
-    >"$LOG_DIR/minio.log" 2>&1 &
-  echo $! >"$STACK_DIR/minio.pid"
+  minio_launch minio "$MINIO_PORT" "$MINIO_CONSOLE_PORT"
   wait_for minio 60 minio_healthy "$LOG_DIR/minio.log"
 }
 
@@ -554,12 +561,7 @@ secure_files() {
 minio_plain_start() {
   mkdir -p "$STACK_DIR/minio-plain/data" "$STACK_DIR/minio-plain/certs" "$LOG_DIR"
   say "minio-plain: starting on http://127.0.0.1:$MINIO_PLAIN_PORT, in the clear, for the TLS benchmark (log $LOG_DIR/minio-plain.log)"
-  MINIO_ROOT_USER="$(cat "$CREDENTIALS_DIR/operator/s3-access-key")" \
-  MINIO_ROOT_PASSWORD="$(cat "$CREDENTIALS_DIR/operator/s3-secret-key")" \
-  MINIO_BROWSER=off nohup "$MINIO_BIN" server "$STACK_DIR/minio-plain/data" --quiet --certs-dir "$STACK_DIR/minio-plain/certs" \
-    --address "127.0.0.1:$MINIO_PLAIN_PORT" --console-address "127.0.0.1:$MINIO_PLAIN_CONSOLE_PORT" \
-    >"$LOG_DIR/minio-plain.log" 2>&1 &
-  echo $! >"$STACK_DIR/minio-plain.pid"
+  minio_launch minio-plain "$MINIO_PLAIN_PORT" "$MINIO_PLAIN_CONSOLE_PORT"
   wait_for minio-plain 60 minio_plain_healthy "$LOG_DIR/minio-plain.log"
   "$PY" "$ROOT/stack/provision.py" minio "$CREDENTIALS_DIR" "127.0.0.1:$MINIO_PLAIN_PORT" "" "${S3_BUCKETS[@]}"
 }

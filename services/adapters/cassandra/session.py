@@ -9,8 +9,8 @@ import asyncio
 import logging
 import socket
 import ssl
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeVar
 
 from cassandra import ConsistencyLevel, DriverException
 from cassandra.auth import PlainTextAuthProvider
@@ -23,6 +23,7 @@ from services.domain.config import CassandraSettings
 from services.domain.errors import BackendUnavailable
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 #: Driver failures that mean "Cassandra did not answer" rather than "the query is wrong".
 UNAVAILABLE_ERRORS: tuple[type[BaseException], ...] = (DriverException, NoHostAvailable, OSError, TimeoutError)
@@ -138,9 +139,11 @@ async def execute(session: Session, statement: Any, params: Any = None) -> list[
 async def execute_all(session: Session, statement: Any, params: Any = None) -> list[Any]:
     """Run a read and fetch every page (in a worker thread)."""
 
-    def run() -> list[Any]:
-        return list(session.execute(statement, params))
+    return await _in_thread(lambda: list(session.execute(statement, params)))
 
+
+async def _in_thread(run: Callable[[], T]) -> T:
+    """A blocking driver call in a worker thread; an outage is BackendUnavailable."""
     try:
         return await asyncio.to_thread(run)
     except Exception as e:
@@ -161,12 +164,7 @@ async def execute_page(
         rs = session.execute(bound, paging_state=paging_state)
         return list(rs.current_rows), rs.paging_state if rs.has_more_pages else None
 
-    try:
-        return await asyncio.to_thread(run)
-    except Exception as e:
-        if unavailable(e):
-            raise BackendUnavailable("cassandra", f"{type(e).__name__}: {e}") from e
-        raise
+    return await _in_thread(run)
 
 
 async def execute_pages(session: Session, statement: Any, params: Any, first: int = 100, most: int = 5000) -> AsyncIterator[list[Any]]:
