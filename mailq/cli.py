@@ -2,7 +2,7 @@
 
     mailq queues                         list queues
     mailq show Q                         size (ready, delayed), oldest mail, retry policy, configuration
-    mailq browse Q [--sender S] [--recipient R] [--name N] [--ready | --delayed] [--limit N] [--json]
+    mailq browse Q [--sender S] [--recipient R] [--name N] [--id ENQUEUE_ID] [--ready | --delayed] [--limit N] [--json]
     mailq size Q [--exact]               from the queue's counters (cheap) or by reading every live mail
     mailq shape Q [--top 20]             Postfix qshape: recipient domain x age buckets (minutes), then
                                          each shaped destination: in flight, delivered/s, waiting, limits
@@ -174,7 +174,7 @@ def cmd_browse(c: Client, a: argparse.Namespace) -> None:
     schedule = (browse_pb2.SCHEDULE_FILTER_READY if a.ready else
                 browse_pb2.SCHEDULE_FILTER_DELAYED if a.delayed else browse_pb2.SCHEDULE_FILTER_UNSPECIFIED)
     request = browse_pb2.BrowseRequest(queue=a.queue, sender=a.sender or "", recipient=a.recipient or "",
-                                       name=a.name or "", limit=a.limit, schedule=schedule)
+                                       name=a.name or "", limit=a.limit, schedule=schedule, enqueue_id=a.id or "")
     rows = []
     for r in c.browse.Browse(request):
         if a.json:
@@ -432,6 +432,7 @@ def parser() -> argparse.ArgumentParser:
             s.add_argument("--domain", help="only mails with a recipient in this domain")
         if name == "browse":
             s.add_argument("--limit", type=int, default=0)
+            s.add_argument("--id", help="only the mail with this enqueue id (read from an index)")
             which = s.add_mutually_exclusive_group()
             which.add_argument("--ready", action="store_true", help="only mails deliverable now")
             which.add_argument("--delayed", action="store_true", help="only mails waiting for their deliver_at")

@@ -68,10 +68,12 @@ class Browser:
                     yield row
 
     async def browse(self, queue: str, f: BrowseFilter, limit: int = 0) -> AsyncIterator[model.QueuedMail]:
-        if f.name is not None:
-            named = await self._view.mails.named(queue, f.name, "browse")
-            if named is not None:
-                async for q in self._from_browse_start(queue, named, f, limit):
+        # An enqueue id or a name: the few rows its index finds (None: no index yet, scan).
+        key = ("enqueue_id", f.enqueue_id) if f.enqueue_id is not None else ("name", f.name) if f.name is not None else None
+        if key is not None:
+            found = await self._view.mails.indexed(queue, *key, "browse")
+            if found is not None:
+                async for q in self._from_browse_start(queue, found, f, limit):
                     yield q
                 return
         count = 0
@@ -87,7 +89,7 @@ class Browser:
     async def _from_browse_start(
         self, queue: str, rows: list[model.QueuedMail], f: BrowseFilter, limit: int,
     ) -> AsyncIterator[model.QueuedMail]:
-        """Browse by name: the name's live rows (from the view's index) from browse start on."""
+        """Browse by name or id: the live rows the view's index found, from browse start on."""
         start = await self._view.starts.browse_start(queue)
         if start is None:
             return

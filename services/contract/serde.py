@@ -13,7 +13,7 @@ from typing import Any
 from google.protobuf import duration_pb2, timestamp_pb2
 
 from mailqueue.v1 import admin_pb2, browse_pb2, mail_pb2
-from services.domain import counts, filters, model
+from services.domain import counts, filters, model, validation
 from services.domain.errors import InvalidArgument
 
 _UTC = dt.timezone.utc
@@ -273,6 +273,7 @@ def browse_filter_from_proto(pb: browse_pb2.BrowseRequest, now: dt.datetime) -> 
         enqueued_after=timestamp_from_proto(pb.enqueued_after, "enqueued_after") if pb.HasField("enqueued_after") else None,
         enqueued_before=timestamp_from_proto(pb.enqueued_before, "enqueued_before") if pb.HasField("enqueued_before") else None,
         schedule=_SCHEDULES.get(pb.schedule), now=now,
+        enqueue_id=validation.enqueue_id(pb.enqueue_id) if pb.enqueue_id else None,
     )
 
 

@@ -41,10 +41,14 @@ class BrowseFilter:
     now: dt.datetime | None = None
     #: Only mails this hold rule re-scheduled.
     held_by: uuid.UUID | None = None
+    #: Only the mail with this enqueue id.
+    enqueue_id: uuid.UUID | None = None
 
     def matches(self, q: model.QueuedMail) -> bool:
         m = q.mail
         if self.held_by is not None and q.held_by != self.held_by:
+            return False
+        if self.enqueue_id is not None and q.enqueue_id != self.enqueue_id:
             return False
         if self.schedule is not None:
             delayed = q.due() > (self.now or model.utcnow())

@@ -12,7 +12,7 @@ import abc
 import datetime as dt
 import uuid
 from collections.abc import AsyncIterator
-from typing import Protocol
+from typing import Any, Protocol
 
 from services.domain import counts, dead_letters, model
 from services.ports.shaping import ShapingStore
@@ -56,10 +56,10 @@ class MailQueueView(abc.ABC):
         in the metrics (browse, size, delete, ...)."""
 
     @abc.abstractmethod
-    async def named(self, queue: str, name: str, op: str) -> list[model.QueuedMail] | None:
-        """The live mails named ``name``, in enqueue order, from an index: the rows read are that
-        name's, whatever the queue holds. None when the index cannot answer (missing, building):
-        the caller scans instead."""
+    async def indexed(self, queue: str, column: str, value: Any, op: str) -> list[model.QueuedMail] | None:
+        """The live mails whose ``column`` ("name" or "enqueue_id") is ``value``, in enqueue order,
+        from an index: the rows read are those, whatever the queue holds. None when the index
+        cannot answer (missing, building): the caller scans instead."""
 
     @abc.abstractmethod
     async def size(self, queue: str) -> counts.Counts:

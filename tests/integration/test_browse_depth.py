@@ -6,6 +6,9 @@ page per bucket, and reading on must still give every mail once, in enqueue orde
 name must read that name's rows (an index), not the queue.
 """
 
+import grpc
+import pytest
+
 from mailqueue.v1 import admin_pb2, browse_pb2
 from tests.integration.helpers import fill, inline, simple_mail
 
@@ -52,3 +55,32 @@ def test_browse_by_name_reads_that_names_rows_only_and_not_once_it_is_deleted(su
     assert deleted[-1].deleted == 1
     assert list(suite.browse_stub.Browse(browse_pb2.BrowseRequest(queue=queue, name=wanted))) == []
     assert [r.mail.mail.name for r in suite.browse_stub.Browse(browse_pb2.BrowseRequest(queue=other, name=wanted))] == [wanted]
+
+
+def test_browse_by_enqueue_id_reads_that_mails_row_only(suite):
+    queue, other = suite.new_queue(), suite.new_queue()
+    fill(suite, queue, DEPTH)
+    wanted = suite.enqueue_stub.Enqueue(inline(queue, simple_mail("by-id"))).receipt.enqueue_id
+    elsewhere = suite.enqueue_stub.Enqueue(inline(other, simple_mail("by-id"))).receipt.enqueue_id
+    rows0, marks0 = counted(suite, "browse")
+    found = [r.mail for r in suite.browse_stub.Browse(browse_pb2.BrowseRequest(queue=queue, enqueue_id=wanted))]
+    rows1, marks1 = counted(suite, "browse")
+    assert [(m.enqueue_id, m.queue, m.mail.name) for m in found] == [(wanted, queue, "by-id")]
+    assert (rows1 - rows0, marks1 - marks0) == (1, 1)  # its row and its mark: not the queue's 3,001
+    # Another queue's mail is not this queue's; an id no mail has finds nothing.
+    assert list(suite.browse_stub.Browse(browse_pb2.BrowseRequest(queue=queue, enqueue_id=elsewhere))) == []
+    unknown = "00000000-0000-4000-8000-000000000000"
+    assert list(suite.browse_stub.Browse(browse_pb2.BrowseRequest(queue=queue, enqueue_id=unknown))) == []
+    # Combined filters still apply (AND): the right id with another name is no match.
+    assert list(suite.browse_stub.Browse(browse_pb2.BrowseRequest(queue=queue, enqueue_id=wanted, name="x"))) == []
+    deleted = [r.progress for r in suite.admin_stub.DeleteMails(admin_pb2.DeleteMailsRequest(queue=queue, name="by-id"))]
+    assert deleted[-1].deleted == 1
+    assert list(suite.browse_stub.Browse(browse_pb2.BrowseRequest(queue=queue, enqueue_id=wanted))) == []
+
+
+def test_browse_by_an_enqueue_id_that_is_not_a_uuid_is_invalid_argument(suite):
+    queue = suite.new_queue()
+    with pytest.raises(grpc.RpcError) as e:
+        list(suite.browse_stub.Browse(browse_pb2.BrowseRequest(queue=queue, enqueue_id="not-a-uuid")))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "not-a-uuid" in e.value.details() and "not a UUID" in e.value.details()

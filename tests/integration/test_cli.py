@@ -36,6 +36,7 @@ def test_an_operator_session(suite, tmp_path):
     assert "a@example.com" in table and "<>" in table and "bounce" in table
     rows = [json.loads(line) for line in mailq(suite, "browse", queue, "--json").stdout.splitlines()]
     assert [r["enqueue_id"] for r in rows][0] == first
+    assert [json.loads(line)["enqueue_id"] for line in mailq(suite, "browse", queue, "--json", "--id", first).stdout.splitlines()] == [first]
     deleted = mailq(suite, "delete", queue, "--recipient", "bounce@example.org")
     assert "1 mail(s) deleted" in deleted.stdout and "scanned" in deleted.stderr  # progress on stderr
     out = tmp_path / "out"

@@ -68,9 +68,13 @@ class EnqueuedMailsDAO:
         self._select = session.prepare(
             f"SELECT {self.READ_COLUMNS} FROM {t} WHERE queue_name = ? AND slice_start = ? AND bucket = ?"
         )
-        # The name's index (schema.NAME_INDEX) finds its rows in every queue; the queue filters
-        # those few (ALLOW FILTERING reads what the index returned, not the table).
-        self._named = session.prepare(f"SELECT {self.READ_COLUMNS} FROM {t} WHERE name = ? AND queue_name = ? ALLOW FILTERING")
+        # A column's index (schema.INDEXED) finds its rows in every queue; the queue filters those
+        # few (ALLOW FILTERING reads what the index returned, not the table).
+        self._indexed = {
+            column: (index, session.prepare(
+                f"SELECT {self.READ_COLUMNS} FROM {t} WHERE {column} = ? AND queue_name = ? ALLOW FILTERING"))
+            for index, column in schema.INDEXED.items()
+        }
 
     async def insert(self, q: model.QueuedMail) -> None:
         """Rows of one partition written at about the same time share one request (group_commit.py)."""
@@ -97,17 +101,19 @@ class EnqueuedMailsDAO:
         """Every row of one partition, in enqueue order."""
         return self._decode(queue, await execute_all(self._session, self._select, (queue, slice_start, bucket)))
 
-    async def named(self, queue: str, name: str) -> list[model.QueuedMail] | None:
-        """The queue's rows of one mail name, from the name's index (any order); None while the
-        index is missing or still being built (an older keyspace before its schema step)."""
+    async def indexed(self, queue: str, column: str, value: Any) -> list[model.QueuedMail] | None:
+        """The queue's rows whose ``column`` (name or enqueue_id) is ``value``, from its index (any
+        order); None while the index is missing or still being built (an older keyspace before its
+        schema step)."""
+        index, statement = self._indexed[column]
         ks = self._session.cluster.metadata.keyspaces.get(self._keyspace)
         table_meta = ks.tables.get(schema.ENQUEUED_MAILS) if ks is not None else None
-        if table_meta is None or schema.NAME_INDEX not in table_meta.indexes:
+        if table_meta is None or index not in table_meta.indexes:
             return None
         try:
-            rows = await execute_all(self._session, self._named, (name, queue))
+            rows = await execute_all(self._session, statement, (value, queue))
         except (InvalidRequest, ReadFailure) as e:
-            log.warning("the name index cannot answer yet (%s): scanning", e)
+            log.warning("the %s index cannot answer yet (%s): scanning", column, e)
             return None
         return self._decode(queue, rows)
 

@@ -9,6 +9,7 @@ import datetime as dt
 import heapq
 import uuid
 from collections.abc import AsyncIterator
+from typing import Any
 
 from prometheus_client import Counter
 
@@ -113,8 +114,8 @@ class CassandraMailQueueView(MailQueueView):
                 yield live
             fetch = min(fetch * 2, max_page)
 
-    async def named(self, queue: str, name: str, op: str) -> list[model.QueuedMail] | None:
-        found = await self._enqueued.named(queue, name)
+    async def indexed(self, queue: str, column: str, value: Any, op: str) -> list[model.QueuedMail] | None:
+        found = await self._enqueued.indexed(queue, column, value)
         if found is None:
             return None
         rows = sorted(found, key=_order)

@@ -123,11 +123,14 @@ TABLES = [
       AND comment = 'RETRY errors matching an automatic shaping rule, counted within the rule window (each row TTL: the window).'""",
 ]
 
-#: Storage-attached indexes (SAI, Cassandra 5): Browse by name reads the rows of that name, not
-#: the queue. An index entry goes with its row: the sweep's partition deletes take both.
-NAME_INDEX = f"{ENQUEUED_MAILS}_name"
+#: Storage-attached indexes (SAI, Cassandra 5): Browse by name or by enqueue id reads the rows of
+#: that name or id, not the queue. An index entry is part of its row's SSTable, not a row of its
+#: own: it adds no tombstone, and the sweep's partition deletes take both.
+#: The column each index serves, by name.
+INDEXED = {f"{ENQUEUED_MAILS}_name": "name", f"{ENQUEUED_MAILS}_enqueue_id": "enqueue_id"}
 INDEXES = [
-    f"CREATE CUSTOM INDEX IF NOT EXISTS {NAME_INDEX} ON {{ks}}.{ENQUEUED_MAILS} (name) USING 'StorageAttachedIndex'",
+    f"CREATE CUSTOM INDEX IF NOT EXISTS {index} ON {{ks}}.{ENQUEUED_MAILS} ({column}) USING 'StorageAttachedIndex'"
+    for index, column in INDEXED.items()
 ]
 
 #: Columns added to tables that existed before them (idempotent: ADD IF NOT EXISTS).
@@ -195,7 +198,7 @@ def ensure(cluster: Cluster, session: Session, keyspace: str, replication: str) 
                 for ddl in INDEXES:
                     session.execute(ddl.format(ks=keyspace), timeout=60)
             except Unauthorized:
-                log.warning("keyspace %s lacks the indexes %s, and this role may not create them: Browse by name scans "
+                log.warning("keyspace %s lacks the indexes %s, and this role may not create them: Browse by name or id scans "
                             "the queue until the schema step (python -m services.runtime.migrate) adds them",
                             keyspace, ", ".join(missing_indexes(cluster, keyspace)))
         return
