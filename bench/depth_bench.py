@@ -8,7 +8,8 @@ Everything through gRPC, as a client and an operator would, on a keyspace of its
 - **fill**: EnqueueBatches of ``--batch`` with ``--concurrency`` mails in flight, no consumer,
   from one depth to the next; each segment's rate, and CPU ms per mail of every process;
 - **look**, at each depth: GetSize (counters), GetQueue, the first Browse page of 100 (no
-  filter), a Browse by name of one mail enqueued at the start of the segment, GetSize exact;
+  filter), a Browse by name and one by enqueue id of a mail enqueued at the start of the segment,
+  GetSize exact;
   each timed, with the rows browse_svc read for it (mailqueue_view_rows_read_total);
 - **heal**, at each depth: a browse_svc that heals every second (``--heal-rows`` rows a round)
   is started, three of its rounds measured (seconds and rows read per round), then stopped;
@@ -89,13 +90,15 @@ def timed(label: str, call: Any, op: str) -> tuple[str, float, float, Any]:
     return label, seconds, metric(METRICS["browse"], "mailqueue_view_rows_read_total", op=op) - rows0, result
 
 
-def look(browse: Any, queue: str, needle: str) -> list[tuple[str, float, float, Any]]:
+def look(browse: Any, queue: str, needle: str, needle_id: str) -> list[tuple[str, float, float, Any]]:
     return [
         timed("GetSize (counters)", lambda: browse.GetSize(browse_pb2.GetSizeRequest(queue=queue)).size, "size"),
         timed("GetQueue", lambda: browse.GetQueue(browse_pb2.GetQueueRequest(queue=queue)).queue_info.size, "size"),
         timed("Browse, first page of 100", lambda: len(list(browse.Browse(browse_pb2.BrowseRequest(queue=queue, limit=100)))),
               "browse"),
         timed("Browse by name (one mail)", lambda: len(list(browse.Browse(browse_pb2.BrowseRequest(queue=queue, name=needle)))),
+              "browse"),
+        timed("Browse by enqueue id", lambda: len(list(browse.Browse(browse_pb2.BrowseRequest(queue=queue, enqueue_id=needle_id)))),
               "browse"),
         timed("GetSize exact", lambda: browse.GetSize(browse_pb2.GetSizeRequest(queue=queue, exact=True), timeout=600).size,
               "size"),
@@ -185,14 +188,14 @@ def main() -> None:
         depth, report = 0, []
         for target in depths:
             needle = f"needle-{target}"
-            enqueue.Enqueue(enqueue_pb2.EnqueueRequest(queue=queue, inline_content=content(1, a.size), mail=mail_pb2.Mail(
-                name=needle, sender="a@example.com", recipients=["b@example.org"])))
+            needle_id = enqueue.Enqueue(enqueue_pb2.EnqueueRequest(queue=queue, inline_content=content(1, a.size), mail=mail_pb2.Mail(
+                name=needle, sender="a@example.com", recipients=["b@example.org"]))).receipt.enqueue_id
             rate, cpu = asyncio.run(fill(queue, target - depth - 1, a.size, a.batch, a.concurrency, services))
             depth = target
             report.append(f"fill to {target}: {rate:.0f}/s; {cpu}")
             print(report[-1], file=sys.stderr)
             settle(f"depth {target}")
-            for label, seconds, rows, result in look(browse, queue, needle):
+            for label, seconds, rows, result in look(browse, queue, needle, needle_id):
                 report.append(f"  at {target}: {label:<28} {seconds:8.3f} s  rows read {rows:>9.0f}  answer {result}")
             per_round, rows = heal(keyspace, a.heal_rows)
             report.append(f"  at {target}: healer round ({a.heal_rows} rows max)  {per_round:8.3f} s  rows read {rows:>9.0f}")
