@@ -38,12 +38,13 @@ from typing import TYPE_CHECKING, Protocol
 from prometheus_client import Counter
 
 from services.app import counters, verdict
+from services.app.retry import retrying
 from services.app.shaper import Wait
 from services.app.verdict import Action
 from services.domain import counts, delays, model, rules, schedule
+from services.domain.backoff import Backoff
 from services.domain.errors import BackendUnavailable, InvalidArgument
 from services.domain.in_flight import InFlight
-from services.domain.retry import Backoff, retrying
 from services.ports.broker import Consumer, Message
 
 if TYPE_CHECKING:
