@@ -14,9 +14,9 @@ from services.app.rule_book import RuleBook
 from services.app.shaper import Shaper
 from services.app.subscription import DEFAULT_PREFETCH, Subscription
 from services.domain import model, validation
-from services.domain.config import LimitSettings
 from services.domain.errors import BackendUnavailable, InvalidArgument
 from services.domain.in_flight import InFlight
+from services.domain.settings import LimitSettings
 from services.ports.blobstore import BlobStore
 from services.ports.broker import Broker
 from services.ports.view import View

@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     from services.app.queue_state import QueueState
     from services.app.rule_book import RuleBook
     from services.app.shaper import Shaper
-    from services.domain.config import LimitSettings
+    from services.domain.settings import LimitSettings
     from services.ports.blobstore import BlobStore
     from services.ports.broker import Broker
     from services.ports.view import View

@@ -11,11 +11,11 @@ from services.adapters.rabbitmq.broker import RabbitMQBroker
 from services.adapters.s3.store import S3BlobStore
 from services.adapters.tiered import TieredBlobStore
 from services.app.queue_state import QueueState
-from services.domain.config import Settings
 from services.domain.errors import ConfigurationError, FailedPrecondition, InvalidArgument
 from services.domain.view_config import merge
 from services.ports.blobstore import BlobStore
 from services.ports.broker import Broker
+from services.runtime.settings import Settings
 from services.runtime.tls import channel_credentials
 
 log = logging.getLogger(__name__)

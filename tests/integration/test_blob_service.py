@@ -14,7 +14,7 @@ import pytest
 from blob_svc.app import BlobApp
 from blob_svc.servicer import BlobServicer
 from mailqueue.v1 import blob_pb2, blob_pb2_grpc
-from services.domain.config import Settings
+from services.runtime.settings import Settings
 from tests.harness import service_env
 
 CHUNK = 256 * 1024
