@@ -149,11 +149,14 @@ $(KUSTOMIZE):
 kustomize: $(KUSTOMIZE)
 
 # ruff (pyflakes, pycodestyle, sorted imports: pyproject.toml), the layers of services/ (no
-# import circle, no import up a layer), buf lint, and buf breaking
+# import circle, no import up a layer), import-linter's contracts (pyproject.toml: the layers,
+# a domain without grpc, pika, cassandra, minio, tenacity or asyncio, use-cases and servicers
+# without adapters), buf lint, and buf breaking
 # against the previous commit (a change that breaks clients fails).
 lint: $(BUF) install
 	.venv/bin/ruff check .
 	$(PY) -m tests.layers
+	.venv/bin/lint-imports
 	cd protos && $(BUF) lint
 	if git rev-parse -q --verify HEAD~1 >/dev/null && git cat-file -e HEAD~1:protos/buf.yaml 2>/dev/null; then \
 	  $(BUF) breaking protos --against '.git#ref=HEAD~1,subdir=protos'; \

@@ -22,8 +22,9 @@ from typing import Any
 from bench.common import CpuMeter, bench_queue, run
 from services.adapters.rabbitmq import message_format
 from services.adapters.rabbitmq.broker import RabbitMQBroker
+from services.adapters.rabbitmq.settings import RabbitMQSettings
 from services.domain import model, names
-from services.domain.config import RabbitMQSettings
+from services.runtime.settings import rabbitmq_from_env
 
 PREFETCH = 128
 
@@ -111,7 +112,7 @@ def main() -> None:
         import aio_pika  # noqa: F401
     except ImportError:
         sys.exit("aio-pika is not installed: .venv/bin/pip install -c constraints.txt '.[compare]'")
-    settings = RabbitMQSettings.from_env()
+    settings = rabbitmq_from_env()
     content = b"x" * a.size
     rows = []
     for label, phases in (("pika", pika_phases), ("aio-pika", aio_pika_phases)):

@@ -30,8 +30,8 @@ from services.app.queue_state import QueueState
 from services.app.queues import create_queue
 from services.app.subscription import Outcome
 from services.domain import model
-from services.domain.config import Settings
 from services.runtime.backends import apply_view_settings
+from services.runtime.settings import Settings
 
 QUEUE = bench_queue("bench-browse")
 METRICS_PORT = 56153

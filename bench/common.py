@@ -130,9 +130,9 @@ def run(main: Callable[[], None]) -> None:
 
 def drop_keyspace(name: str) -> None:
     from services.adapters.cassandra.session import connect
-    from services.domain.config import CassandraSettings
+    from services.runtime.settings import cassandra_from_env
 
-    cluster, session = connect(CassandraSettings.from_env())
+    cluster, session = connect(cassandra_from_env())
     try:
         session.execute(f"DROP KEYSPACE IF EXISTS {name}", timeout=120)
     finally:
@@ -143,9 +143,9 @@ def drop_bucket(bucket: str) -> None:
     import dataclasses
 
     from services.adapters.s3 import client as s3client
-    from services.domain.config import S3Settings
+    from services.runtime.settings import s3_from_env
 
-    b = s3client.Bucket(dataclasses.replace(S3Settings.from_env(), bucket=bucket))
+    b = s3client.Bucket(dataclasses.replace(s3_from_env(), bucket=bucket))
     if not b.exists():
         return
     print(f"removing bucket {bucket}", file=sys.stderr)

@@ -43,7 +43,7 @@ from bench.common import (
     write_backlog,
 )
 from mailqueue.v1 import admin_pb2, admin_pb2_grpc, dequeue_pb2, dequeue_pb2_grpc, enqueue_pb2, enqueue_pb2_grpc, mail_pb2
-from services.domain.config import Settings
+from services.runtime.settings import Settings
 
 SIZE = 10 * 1024
 

@@ -32,7 +32,7 @@ from services.app.enqueuer import Enqueuer
 from services.app.queue_state import QueueState
 from services.app.subscription import Outcome
 from services.domain import model
-from services.domain.config import Settings
+from services.runtime.settings import Settings
 
 
 async def fill(settings: Settings, queue: str, n: int, size: int) -> None:

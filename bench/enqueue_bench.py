@@ -37,8 +37,8 @@ from services.adapters.cassandra.view import View
 from services.adapters.rabbitmq.broker import RabbitMQBroker
 from services.app.queues import create_queue
 from services.domain import model
-from services.domain.config import Settings
 from services.domain.slices import bucket_of, slice_start
+from services.runtime.settings import Settings
 
 
 def content(i: int, size: int) -> bytes:

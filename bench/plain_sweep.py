@@ -16,10 +16,11 @@ import obstore
 
 from services.adapters.cassandra import bulk
 from services.adapters.cassandra.session import connect
+from services.adapters.cassandra.settings import CassandraSettings
 from services.adapters.cassandra.view import View
 from services.adapters.s3 import client as s3client
+from services.adapters.s3.settings import S3Settings
 from services.domain import names, retention, slices
-from services.domain.config import CassandraSettings, S3Settings
 
 CONCURRENCY = 32
 

@@ -37,7 +37,7 @@ import grpc
 from bench.common import PORTS, TAG, CpuMeter, metric, new_keyspace, own_vhost, run, stack_pids, start_services, stop, write_backlog
 from bench.delay_bench import content, idle_cpu
 from mailqueue.v1 import admin_pb2, admin_pb2_grpc, dequeue_pb2, dequeue_pb2_grpc, shaping_pb2
-from services.domain.config import Settings
+from services.runtime.settings import Settings
 
 DEQUEUE_METRICS = 56152
 DESTINATION = "example.org"

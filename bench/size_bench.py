@@ -30,8 +30,8 @@ from bench.common import metric as common_metric
 from mailqueue.v1 import admin_pb2, admin_pb2_grpc, browse_pb2, browse_pb2_grpc, enqueue_pb2, enqueue_pb2_grpc, mail_pb2
 from services.adapters.cassandra import schema
 from services.adapters.cassandra.session import connect
-from services.domain.config import CassandraSettings
 from services.domain.slices import slice_start
+from services.runtime.settings import cassandra_from_env
 
 METRICS_PORT = 56153
 
@@ -39,7 +39,7 @@ METRICS_PORT = 56153
 def write_history(keyspace: str, queue: str, history: int, slices: int, window: dt.timedelta) -> dt.datetime:
     """Rows, marks and counters of ``history`` dequeued mails over ``slices`` past slices; the
     slice the live mails will go to (browse start)."""
-    cluster, session = connect(CassandraSettings.from_env({**os.environ, "MAILQUEUE_CASSANDRA_KEYSPACE": keyspace}))
+    cluster, session = connect(cassandra_from_env({**os.environ, "MAILQUEUE_CASSANDRA_KEYSPACE": keyspace}))
     try:
         now = dt.datetime.now(dt.timezone.utc)
         live_slice = slice_start(now, window)

@@ -29,10 +29,12 @@ from cassandra.query import BatchStatement, BatchType
 from bench import plain_sweep
 from bench.common import ROOT
 from services.adapters.cassandra.session import connect
+from services.adapters.cassandra.settings import CassandraSettings
 from services.adapters.cassandra.view import View
 from services.adapters.s3 import client as s3client
+from services.adapters.s3.settings import S3Settings
 from services.domain import model, slices
-from services.domain.config import CassandraSettings, S3Settings
+from services.runtime.settings import cassandra_from_env, s3_from_env
 
 WINDOW = dt.timedelta(minutes=1)
 BUCKETS = 10
@@ -138,7 +140,7 @@ def main() -> None:
     now = dt.datetime.now(dt.timezone.utc)
     spark_env = dict(os.environ, MAILQUEUE_CASSANDRA_KEYSPACE=f"mq_bench_sweep_spark_{tag}", MAILQUEUE_S3_BUCKET=f"mq-bench-sweep-spark-{tag}")
     plain_env = dict(os.environ, MAILQUEUE_CASSANDRA_KEYSPACE=f"mq_bench_sweep_plain_{tag}", MAILQUEUE_S3_BUCKET=f"mq-bench-sweep-plain-{tag}")
-    settings = {name: (CassandraSettings.from_env(e), S3Settings.from_env(e)) for name, e in (("spark", spark_env), ("plain", plain_env))}
+    settings = {name: (cassandra_from_env(e), s3_from_env(e)) for name, e in (("spark", spark_env), ("plain", plain_env))}
     print(f"populating two keyspaces with {a.dead} dead and {a.live} live mails each", flush=True)
     try:
         for cassandra, s3 in settings.values():

@@ -1,4 +1,4 @@
-"""DequeueService: protobuf <-> domain only; the work is in services/app/subscription.py.
+"""DequeueService: protobuf <-> domain only; the stream's work is in services/app/dequeue_stream.py.
 
 One stream = one subscription. Outcomes are read concurrently with the deliveries being sent;
 when the client half-closes, the server stops delivering and ends the stream, and whatever was
@@ -7,15 +7,15 @@ left unanswered goes back to the queue.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from collections.abc import AsyncIterator, Callable
 
 import grpc
 
 from mailqueue.v1 import dequeue_pb2, dequeue_pb2_grpc
+from services.app import dequeue_stream
+from services.app.dequeue_stream import Answer
 from services.app.dequeuer import Dequeuer
-from services.app.subscription import DEFAULT_PREFETCH, Delivery, Outcome, Subscription
+from services.app.subscription import DEFAULT_PREFETCH, Delivery, Outcome
 from services.contract import serde
 from services.domain.errors import InvalidArgument
 
@@ -35,14 +35,14 @@ def _fill(pb: dequeue_pb2.Delivery, d: Delivery) -> None:
     pb.mail.CopyFrom(serde.queued_mail_to_proto(d.mail))
 
 
-def _response(first: Delivery, sub: Subscription) -> dequeue_pb2.DequeueResponse:
-    """One delivery alone, or (max_batch above 1) with the others ready now."""
+def _response(batch: list[Delivery], max_batch: int) -> dequeue_pb2.DequeueResponse:
+    """One delivery alone, or (max_batch above 1) the deliveries ready together."""
     response = dequeue_pb2.DequeueResponse()
-    if sub.max_batch == 1:
-        _fill(response.delivery, first)
+    if max_batch == 1:
+        _fill(response.delivery, batch[0])
         return response
     deliveries = response.deliveries.deliveries
-    for d in (first, *sub.ready(sub.max_batch - 1)):
+    for d in batch:
         _fill(deliveries.add(), d)
     return response
 
@@ -64,39 +64,12 @@ def _outcomes(request: dequeue_pb2.DequeueRequest) -> list[dequeue_pb2.Outcome]:
     return outcomes
 
 
-async def _settle_outcomes(requests: AsyncIterator[dequeue_pb2.DequeueRequest], sub: Subscription) -> None:
-    """Read outcomes until the client half-closes; settle them concurrently; raise the first error."""
-    settling: set[asyncio.Task[None]] = set()
-    failed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-    def check(task: asyncio.Task[None]) -> None:
-        settling.discard(task)
-        if not task.cancelled() and task.exception() is not None and not failed.done():
-            failed.set_exception(task.exception())
-
-    async def read() -> None:
-        async for request in requests:
-            outcomes = _outcomes(request)
-            retry_afters = [serde.retry_after_from_proto(o) for o in outcomes]
-            for o, retry_after in zip(outcomes, retry_afters):
-                task = asyncio.create_task(sub.settle(o.delivery_tag, _OUTCOMES[o.kind], o.error_message, retry_after))
-                settling.add(task)
-                task.add_done_callback(check)
-        if settling:
-            await asyncio.wait(set(settling))
-
-    reader = asyncio.create_task(read())
-    try:
-        await asyncio.wait({reader, failed}, return_when=asyncio.FIRST_COMPLETED)
-        if failed.done():
-            failed.result()
-        reader.result()
-        if failed.done():
-            failed.result()
-    finally:
-        reader.cancel()
-        for task in settling:
-            task.cancel()
+async def _answers(requests: AsyncIterator[dequeue_pb2.DequeueRequest]) -> AsyncIterator[list[Answer]]:
+    """Each request's outcomes as answers; an invalid request raises before any of it is settled."""
+    async for request in requests:
+        outcomes = _outcomes(request)
+        retry_afters = [serde.retry_after_from_proto(o) for o in outcomes]
+        yield [Answer(o.delivery_tag, _OUTCOMES[o.kind], o.error_message, r) for o, r in zip(outcomes, retry_afters)]
 
 
 class DequeueServicer(dequeue_pb2_grpc.DequeueServiceServicer):
@@ -112,27 +85,10 @@ class DequeueServicer(dequeue_pb2_grpc.DequeueServiceServicer):
         if first is None or first.WhichOneof("kind") != "subscribe":
             raise InvalidArgument("the first message of a Dequeue stream must be a subscribe")
         sub = await dequeuer.subscribe(first.subscribe.queue, first.subscribe.prefetch, first.subscribe.max_batch)
-        outcomes = asyncio.create_task(_settle_outcomes(requests, sub))
-        delivery: asyncio.Task[Delivery] | None = None
-        try:
+        async with dequeue_stream.serving(sub, _answers(requests)) as deliveries:
             yield dequeue_pb2.DequeueResponse(
                 subscribed=dequeue_pb2.Subscribed(queue=sub.queue, prefetch=first.subscribe.prefetch or DEFAULT_PREFETCH,
                                                   max_batch=sub.max_batch)
             )
-            while True:
-                delivery = asyncio.create_task(sub.next())
-                done, _ = await asyncio.wait({delivery, outcomes}, return_when=asyncio.FIRST_COMPLETED)
-                if delivery in done:
-                    yield _response(delivery.result(), sub)
-                    continue
-                outcomes.result()  # raises what settling raised; otherwise the client half-closed
-                return
-        finally:
-            for task in (delivery, outcomes):
-                if task is not None and not task.done():
-                    task.cancel()
-                    with contextlib.suppress(BaseException):
-                        await task
-            # Shielded: a second cancel (the client gone while the stream ends) must not cut the
-            # return of what the stream holds, nor leave its consumer channel open.
-            await asyncio.shield(sub.close())
+            async for batch in deliveries:
+                yield _response(batch, sub.max_batch)

@@ -8,10 +8,11 @@ from collections.abc import AsyncIterator, Callable
 import grpc
 
 from mailqueue.v1 import enqueue_pb2, enqueue_pb2_grpc
+from services.app import pipeline
 from services.app.coalescer import Coalescer
 from services.app.enqueuer import Enqueuer
 from services.contract import serde
-from services.domain import model, pipeline
+from services.domain import model
 from services.domain.errors import InvalidArgument, MailQueueError
 from services.runtime.status import number_of
 

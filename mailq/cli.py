@@ -62,8 +62,8 @@ from mailqueue.v1 import (
     mail_pb2,
 )
 from services.adapters.grpc_channels import blocking_channel
-from services.domain.config import DEFAULT_PORTS
 from services.domain.durations import human, parse_duration
+from services.runtime.server_settings import DEFAULT_PORTS
 
 CHUNK = 1024 * 1024
 HINTS = {

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from services.adapters.s3 import client as s3client
 from services.adapters.s3 import errors as s3errors
-from services.domain.config import S3Settings
+from services.adapters.s3.settings import S3Settings
 from services.domain.errors import BackendUnavailable
 
 OWNER_KEY = "mailqueue-owner"

@@ -13,8 +13,9 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from services.adapters.cassandra import schema
+from services.adapters.cassandra.settings import CassandraSettings
+from services.adapters.s3.settings import S3Settings
 from services.domain import names, retention
-from services.domain.config import CassandraSettings, S3Settings
 from services.domain.slices import from_ms
 
 BATCH = 2000

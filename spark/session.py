@@ -13,7 +13,7 @@ import os
 import sys
 from pathlib import Path
 
-from services.domain.config import CassandraSettings
+from services.adapters.cassandra.settings import CassandraSettings
 
 CONNECTOR_VERSION = "3.5.1"
 DEFAULT_JAR_DIRS = (

@@ -28,12 +28,14 @@ import time
 from typing import Any
 
 from services.adapters.cassandra import schema
+from services.adapters.cassandra.settings import CassandraSettings
 from services.adapters.cassandra.view import View
+from services.adapters.s3.settings import S3Settings
 from services.domain import retention, slices
-from services.domain.config import CassandraSettings, ConfigurationError, S3Settings
 from services.domain.durations import parse_duration
-from services.domain.errors import BackendUnavailable, InvalidArgument
+from services.domain.errors import BackendUnavailable, ConfigurationError, InvalidArgument
 from services.runtime import logs
+from services.runtime.settings import cassandra_from_env, s3_from_env
 from spark import buckets, executors, session
 
 log = logging.getLogger("spark.sweep")
@@ -307,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     logs.configure("sweep", os.environ.get("MAILQUEUE_LOG_LEVEL", "INFO"))
     try:
-        cassandra, s3 = CassandraSettings.from_env(), S3Settings.from_env()
+        cassandra, s3 = cassandra_from_env(), s3_from_env()
         jars = session.connector_jars(args.jars)
     except (ConfigurationError, session.MissingJars) as e:
         return _fail(EXIT_USAGE, str(e))

@@ -105,7 +105,7 @@ def _cassandra_session(hosts: str | list[str], port: int, ca: str, username: str
     from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile
 
     from services.adapters.cassandra.session import tls_context
-    from services.domain.config import CassandraSettings
+    from services.adapters.cassandra.settings import CassandraSettings
 
     profiles = {EXEC_PROFILE_DEFAULT: ExecutionProfile(load_balancing_policy=policy)} if policy else {}
     cluster = Cluster([hosts] if isinstance(hosts, str) else hosts, port=port, protocol_version=5, connect_timeout=timeout, execution_profiles=profiles,

@@ -67,9 +67,9 @@ def drop_keyspace(name: str, env: dict[str, str] | None = None) -> None:
     import os
 
     from services.adapters.cassandra.session import connect
-    from services.domain.config import CassandraSettings
+    from services.runtime.settings import cassandra_from_env
 
-    settings = CassandraSettings.from_env(os.environ if env is None else env)
+    settings = cassandra_from_env(os.environ if env is None else env)
     cluster, session = connect(settings)
     try:
         session.execute(f"DROP KEYSPACE IF EXISTS {name}", timeout=120)
@@ -210,7 +210,7 @@ class ProcessSuite(BaseSuite):
 
     def __init__(self, loop: LoopThread, keyspace: str) -> None:
         from services.adapters.cassandra.view import View
-        from services.domain.config import CassandraSettings
+        from services.runtime.settings import cassandra_from_env
 
         self.loop = loop
         self.keyspace = keyspace
@@ -222,7 +222,7 @@ class ProcessSuite(BaseSuite):
         self.dequeue = ServiceProcess("dequeue", env, metrics=True)
         self.browse = ServiceProcess("browse", env, metrics=True)
         self.processes = [self.enqueue, self.dequeue, self.browse, self.blob]
-        settings = CassandraSettings.from_env(env)
+        settings = cassandra_from_env(env)
         self.view = loop.run(View.open(settings))
         self._connect()
 

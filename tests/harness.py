@@ -18,8 +18,8 @@ from typing import Any, TypeVar
 
 import grpc
 
-from services.domain.config import Settings
 from services.runtime.server import SERVING, App, Served, create_server
+from services.runtime.settings import Settings
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 T = TypeVar("T")
@@ -88,11 +88,11 @@ def prepare(env: dict[str, str]) -> None:
     """What the operator does before services use a keyspace and a bucket: the schema step with
     the schema role (services may not create tables), and the bucket with the operator's
     credential (services may not create buckets). Once per keyspace and bucket per process."""
-    from services.domain.config import CassandraSettings, S3Settings
+    from services.runtime.settings import cassandra_from_env, s3_from_env
 
     if "MAILQUEUE_CREDENTIALS_DIR" not in env:
         return  # a stack without credentials: the services create what they need
-    c = CassandraSettings.from_env(env)
+    c = cassandra_from_env(env)
     key = ("cassandra", ",".join(c.hosts), str(c.port), c.keyspace)
     if key not in _PREPARED:
         from services.domain.errors import BackendUnavailable
@@ -100,11 +100,11 @@ def prepare(env: dict[str, str]) -> None:
 
         schema_env = {**env, "MAILQUEUE_CREDENTIALS_DIR": credentials_dir("schema")}
         try:
-            migrate(CassandraSettings.from_env(schema_env), service_roles(schema_env))
+            migrate(cassandra_from_env(schema_env), service_roles(schema_env))
             _PREPARED.add(key)
         except BackendUnavailable:
             pass  # a test of a Cassandra that does not answer: the service says so itself
-    s3 = S3Settings.from_env({**env, "MAILQUEUE_CREDENTIALS_DIR": credentials_dir("operator")})
+    s3 = s3_from_env({**env, "MAILQUEUE_CREDENTIALS_DIR": credentials_dir("operator")})
     key = ("s3", s3.endpoint, s3.bucket)
     if key not in _PREPARED:
         from services.adapters.s3 import errors as s3errors
@@ -122,9 +122,9 @@ def prepare(env: dict[str, str]) -> None:
 def broker_parameters(env: dict[str, str] | None = None):  # noqa: ANN201
     """pika's parameters for the broker ``env`` names (default: this process's), over TLS."""
     from services.adapters.rabbitmq.broker import connection_parameters
-    from services.domain.config import RabbitMQSettings
+    from services.runtime.settings import rabbitmq_from_env
 
-    settings = RabbitMQSettings.from_env(os.environ if env is None else env)
+    settings = rabbitmq_from_env(os.environ if env is None else env)
     return connection_parameters(settings.url, settings)
 
 

@@ -2,16 +2,18 @@
 
     python -m tests.layers          the layers, each module's imports of services/, the circles
                                     and the imports that run up; exit 1 if there is any
-    make lint                       runs it
+    make lint                       runs it, and lint-imports (import-linter): the same layers and
+                                    the imports a layer must not make (pyproject.toml's contracts)
 
 Layers, bottom first; a module may import its own layer and the ones below, never one above:
 
-    domain     rules and values: no I/O (model, errors, slices, schedule, rules, counts, config...)
+    domain     rules and values: no I/O (model, errors, slices, schedule, rules, counts, settings...)
     contract   protobuf <-> domain (serde) and the broker message format
     ports      the interfaces the use-cases need: broker, blob store
     adapters   Cassandra, RabbitMQ, S3 and the blob_svc client behind those interfaces
     app        the use-cases: enqueue, dequeue, browse, admin, rules, gauges...
-    runtime    wiring and serving: server, interceptors, auth, logs, the backends a service holds
+    runtime    wiring and serving: settings from the environment, server, interceptors, auth, logs,
+               the backends a service holds
     servicers  enqueue_svc, dequeue_svc, browse_svc, blob_svc, mailq, spark: protobuf <-> use-case
 
 Every import is counted, also one inside a function or under ``TYPE_CHECKING``: a circle that

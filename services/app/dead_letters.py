@@ -18,9 +18,10 @@ import logging
 from prometheus_client import Counter
 
 from services.app import counters
+from services.app.retry import retrying
 from services.domain import dead_letters, model
+from services.domain.backoff import Backoff
 from services.domain.errors import BackendUnavailable
-from services.domain.retry import Backoff, retrying
 from services.ports.broker import Broker
 from services.ports.view import View
 

@@ -9,14 +9,14 @@ import asyncio
 import logging
 
 from services.app import browse_start, counters
+from services.app.claims import Claims
 from services.app.queue_state import QueueState
 from services.app.rule_book import RuleBook
 from services.app.shaper import Shaper
 from services.app.subscription import DEFAULT_PREFETCH, Subscription
 from services.domain import model, validation
-from services.domain.config import LimitSettings
 from services.domain.errors import BackendUnavailable, InvalidArgument
-from services.domain.in_flight import InFlight
+from services.domain.settings import LimitSettings
 from services.ports.blobstore import BlobStore
 from services.ports.broker import Broker
 from services.ports.view import View
@@ -33,8 +33,8 @@ class Dequeuer:
         self.state = state
         self._background: set[asyncio.Task[None]] = set()
         self._updating: set[str] = set()  # queues whose browse start update is running here
-        #: (queue, enqueue id) of every mail being prepared or handed out by this process.
-        self.in_flight = InFlight()
+        #: One claim per mail being prepared or handed out by this process.
+        self.claims = Claims()
         self.rules = RuleBook(view.rules)
         #: Traffic shaping per destination, shared with the other consuming replicas.
         self.shaper = Shaper(view.shaping)

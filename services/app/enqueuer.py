@@ -26,10 +26,11 @@ from prometheus_client import Counter, Gauge
 
 from services.app import counters
 from services.app.queue_state import QueueState
+from services.app.retry import retrying
 from services.domain import model, schedule, validation
-from services.domain.config import LimitSettings
+from services.domain.backoff import Backoff
 from services.domain.errors import Aborted, BackendUnavailable, InvalidArgument, NotFound, ResourceExhausted
-from services.domain.retry import Backoff, retrying
+from services.domain.settings import LimitSettings
 from services.domain.slices import bucket_of, slice_start
 from services.ports.blobstore import BlobStore
 from services.ports.broker import Broker

@@ -1,16 +1,20 @@
 """One delivery's verdict, as one unit: what to do with a message that arrived for a subscription.
 
 ``judge`` reads what decides it (the mail's mark or schedule, the operator rules, whether its
-slice was swept, its content) and changes nothing; the subscription carries the verdict out
-(services/app/subscription.py). In the order of the checks:
+slice was swept, its content) and changes nothing; services/app/actions.py carries the verdict
+out. Whether the mail's destination has room (traffic shaping, asked once before the verdict) is
+an input. In the order of the checks:
 
+0. no room, and not a delay's arrival: waits for room, before any read (a mail that waits costs
+   one publish and one ack);
 1. bounced while queued: dead-lettered; deleted: skipped; superseded (a RETRY or a Flush published
    a newer copy): skipped;
 2. early (only a clock behind the publisher's): back to the delay ladder for the rest of its wait;
 3. from here its delay (or hold) has ended (``arrived``): the counters are told;
 4. a bounce rule matches: bounced; a hold rule: held;
 5. its slice was swept: skipped;
-6. its content: carried by the message, read from the blob store, or only checked (large mail:
+6. no room (a delay's arrival, whose end the counters were told of by now): waits for room;
+7. its content: carried by the message, read from the blob store, or only checked (large mail:
    the client reads it); missing: dead-lettered.
 
 Raises BackendUnavailable when Cassandra or the blob store does not answer (the subscription
@@ -39,6 +43,7 @@ class Action(enum.Enum):
     WAIT = "wait"  # published again for the rest of its delay, then acked
     BOUNCE = "bounce"
     HOLD = "hold"
+    WAIT_FOR_ROOM = "wait-for-room"  # published again to wait for room at its destination, then acked
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,8 +74,10 @@ def carried(message: Message, mail: model.QueuedMail) -> bytes | None:
 
 async def judge(
     mails: MailQueueView, book: RuleBook, state: QueueState, blobs: BlobStore, inline_bytes: int,
-    queue: str, message: Message, mail: model.QueuedMail,
+    queue: str, message: Message, mail: model.QueuedMail, room: bool = True,
 ) -> Verdict:
+    if not room and not message.delayed:
+        return Verdict(Action.WAIT_FOR_ROOM, "shaped")
     current = await mails.state(queue, mail.enqueue_id)
     if current is not None and current.deleted:
         if rules.is_bounce(current.reason or ""):
@@ -88,6 +95,8 @@ async def judge(
                        rule=rule, **arrived)
     if await state.is_swept(queue, mail.slice_start):
         return Verdict(Action.SKIP, "swept", **arrived)
+    if not room:
+        return Verdict(Action.WAIT_FOR_ROOM, "shaped", **arrived)
     try:
         if mail.size <= inline_bytes:
             content, source = carried(message, mail), "message"

@@ -9,9 +9,9 @@ from __future__ import annotations
 import re
 import uuid
 
-from services.domain.config import LimitSettings
 from services.domain.errors import InvalidArgument, ResourceExhausted
 from services.domain.model import NULL_SENDER, Mail
+from services.domain.settings import LimitSettings
 
 QUEUE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 _ATOM = r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+"

@@ -1,4 +1,4 @@
-"""The message broker interface: what the domain needs from RabbitMQ (see brokers/rabbitmq.py).
+"""The message broker interface: what the domain needs from RabbitMQ (see services/adapters/rabbitmq/broker.py).
 
 Contracts:
 - ``publish`` returns only once the broker confirmed the message is durably routed to the
@@ -18,7 +18,10 @@ from services.domain import model
 
 
 @dataclasses.dataclass(frozen=True)
-class Message:
+class Message(abc.ABC):
+    """A delivery. The broker's adapter reads the mail out of the body (``mail``): this interface
+    knows no message format."""
+
     delivery_tag: int
     body: bytes
     redelivered: bool
@@ -39,11 +42,9 @@ class Message:
     #: it was reserved under), services/app/shaper.py.
     reservation: tuple[int, int] | None = None
 
+    @abc.abstractmethod
     def mail(self) -> model.QueuedMail:
         """The mail it carries, with its generation. Raises on an undecodable body."""
-        from services.contract import serde
-
-        return serde.queued_mail_from_bytes(self.body, self.generation)
 
 
 class Consumer(abc.ABC):

@@ -1,4 +1,5 @@
-"""The backends a queue service holds: the Cassandra view, the broker and the blob store."""
+"""The backends a service holds: for a queue service the Cassandra view, the broker and the blob
+store; for blob_svc the small-blob table and the S3 bucket."""
 
 from __future__ import annotations
 
@@ -11,11 +12,11 @@ from services.adapters.rabbitmq.broker import RabbitMQBroker
 from services.adapters.s3.store import S3BlobStore
 from services.adapters.tiered import TieredBlobStore
 from services.app.queue_state import QueueState
-from services.domain.config import Settings
 from services.domain.errors import ConfigurationError, FailedPrecondition, InvalidArgument
 from services.domain.view_config import merge
 from services.ports.blobstore import BlobStore
 from services.ports.broker import Broker
+from services.runtime.settings import Settings
 from services.runtime.tls import channel_credentials
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,29 @@ def tiered(settings: Settings, view: View, large: BlobStore) -> BlobStore:
         view.session, settings.cassandra.keyspace, settings.limits.small_blob_bytes, settings.s3.touch_interval_s
     )
     return TieredBlobStore(small, large)
+
+
+class BlobBackends:
+    """blob_svc's backends: the small-blob table in Cassandra and the S3 bucket (created at start-up)."""
+
+    def __init__(self, view: View, store: BlobStore) -> None:
+        self.view = view
+        self.store = store
+
+    @classmethod
+    async def open(cls, settings: Settings) -> BlobBackends:
+        s3 = S3BlobStore(settings.s3, settings.limits.max_blob_bytes)
+        await s3.ensure_bucket()
+        view = await View.open(settings.cassandra)
+        try:
+            return cls(view, tiered(settings, view, s3))
+        except BaseException:  # the small-blob table prepares its statements: Cassandra may fail here
+            view.close()
+            raise
+
+    async def close(self) -> None:
+        await self.store.close()
+        self.view.close()
 
 
 class Backends:

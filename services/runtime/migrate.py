@@ -19,9 +19,10 @@ from collections.abc import Mapping
 
 from services.adapters.cassandra import schema
 from services.adapters.cassandra.session import connect
-from services.domain.config import CassandraSettings
+from services.adapters.cassandra.settings import CassandraSettings
 from services.domain.errors import ConfigurationError, MailQueueError
 from services.runtime.logs import configure
+from services.runtime.settings import cassandra_from_env
 
 log = logging.getLogger("mailqueue.migrate")
 
@@ -49,7 +50,7 @@ def main(env: Mapping[str, str] = os.environ) -> int:
     # A grant given before is a server warning, not news: the step is idempotent.
     logging.getLogger("cassandra.protocol").setLevel(logging.ERROR)
     try:
-        settings = CassandraSettings.from_env(env)
+        settings = cassandra_from_env(env)
         roles = service_roles(env)
         migrate(settings, roles)
     except (ConfigurationError, MailQueueError) as e:

@@ -11,9 +11,9 @@ import asyncio
 from collections.abc import Coroutine
 from typing import Any, Generic, TypeVar
 
-from services.domain.config import Settings
 from services.runtime.backends import Backends
 from services.runtime.server import App
+from services.runtime.settings import Settings
 
 S = TypeVar("S")
 

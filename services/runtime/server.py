@@ -30,11 +30,11 @@ from grpc_reflection.v1alpha import reflection
 from prometheus_client import Gauge, start_http_server
 
 from services.adapters.grpc_channels import MAX_MESSAGE
-from services.domain.config import Settings
 from services.domain.errors import BackendUnavailable, ConfigurationError
 from services.runtime import logs
 from services.runtime.auth import TokenAuth, check_exposure, check_transport
 from services.runtime.interceptors import ErrorsAndMetrics
+from services.runtime.settings import Settings
 from services.runtime.tls import server_credentials
 
 log = logging.getLogger(__name__)

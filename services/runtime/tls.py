@@ -17,7 +17,7 @@ from typing import Any
 
 import grpc
 
-from services.domain.config import TLSSettings
+from services.runtime.server_settings import TLSSettings
 
 log = logging.getLogger(__name__)
 

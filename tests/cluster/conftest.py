@@ -42,9 +42,9 @@ def create_schema(env: dict[str, str]) -> None:
     (no wait) when the services create them again."""
     from services.adapters.cassandra import schema
     from services.adapters.cassandra.session import connect
-    from services.domain.config import CassandraSettings
+    from services.runtime.settings import cassandra_from_env
 
-    settings = CassandraSettings.from_env(env)
+    settings = cassandra_from_env(env)
     cluster, session = connect(settings)
     try:
         schema.create(session, settings.keyspace, settings.replication)

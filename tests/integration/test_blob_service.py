@@ -14,7 +14,7 @@ import pytest
 from blob_svc.app import BlobApp
 from blob_svc.servicer import BlobServicer
 from mailqueue.v1 import blob_pb2, blob_pb2_grpc
-from services.domain.config import Settings
+from services.runtime.settings import Settings
 from tests.harness import service_env
 
 CHUNK = 256 * 1024
@@ -165,7 +165,7 @@ def test_content_lives_in_cassandra_up_to_the_small_limit_and_in_s3_above(grpc_s
 
     r = put(grpc_stub, os.urandom(size))
     tiered = blob_app.settings.limits.small_blob_bytes > 0
-    rows = aio_loop.run(execute(blob_app._view.session, f"SELECT size FROM {keyspace}.{schema.BLOBS} WHERE blob_id = %s", (r.blob_id,)))
+    rows = aio_loop.run(execute(blob_app._backends.view.session, f"SELECT size FROM {keyspace}.{schema.BLOBS} WHERE blob_id = %s", (r.blob_id,)))
     objects = [o.key for o in s3client.Bucket(blob_app.settings.s3).objects(f"blobs/{r.blob_id[:8]}")]
     in_cassandra = tiered and size <= blob_app.settings.limits.small_blob_bytes
     assert ([row.size for row in rows], len(objects)) == (([size], 0) if in_cassandra else ([], 1))

@@ -15,7 +15,7 @@ from google.protobuf import duration_pb2, timestamp_pb2
 
 from mailqueue.v1 import admin_pb2, browse_pb2, enqueue_pb2
 from services.domain import model
-from services.domain.config import RabbitMQSettings
+from services.runtime.settings import rabbitmq_from_env
 from tests.harness import wait_until
 from tests.integration.helpers import (
     StreamConsumer,
@@ -203,7 +203,7 @@ def test_expiry_by_age_lands_in_the_dead_letter_queue_with_the_reason(suite):
 
 
 def test_a_delayed_retry_does_not_spend_the_broker_delivery_limit(suite):
-    limit = RabbitMQSettings.from_env().delivery_limit
+    limit = rabbitmq_from_env().delivery_limit
     queue = suite.new_queue(initial_backoff=0, max_attempts=limit + 5)
     [eid] = [enqueue(suite, inline(queue, simple_mail("patient")))]
     c = StreamConsumer(suite.dequeue_stub, queue, prefetch=1)

@@ -11,7 +11,7 @@ import pytest
 
 from mailqueue.v1 import blob_pb2, dequeue_pb2, mail_pb2
 from services.domain import names
-from services.domain.config import RabbitMQSettings
+from services.runtime.settings import rabbitmq_from_env
 from tests.harness import broker_parameters, wait_until
 from tests.integration.helpers import (
     StreamConsumer,
@@ -309,7 +309,7 @@ def test_a_mail_retried_max_attempts_times_expires_into_the_dead_letter_queue(su
 def test_a_mail_whose_streams_keep_breaking_is_dead_lettered_and_marked_at_the_limit(suite):
     # Each broken stream returns the delivery and counts against the limit; the last one is
     # dead-lettered by dequeue_svc (marked), not by RabbitMQ (unmarked, still live to browse).
-    limit = RabbitMQSettings.from_env().delivery_limit
+    limit = rabbitmq_from_env().delivery_limit
     queue = suite.new_queue()
     [eid] = enqueue_names(suite, queue, ["crashes-its-consumers"])
     deliveries = 0

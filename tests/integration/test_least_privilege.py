@@ -17,8 +17,8 @@ from services.adapters.cassandra.session import connect
 from services.adapters.rabbitmq.broker import connection_parameters
 from services.adapters.s3.client import Bucket
 from services.domain import names
-from services.domain.config import CassandraSettings, RabbitMQSettings, S3Settings
 from services.domain.errors import BackendUnavailable
+from services.runtime.settings import cassandra_from_env, rabbitmq_from_env, s3_from_env
 from tests.harness import credentials_dir, service_env
 
 SERVICES = ("enqueue", "dequeue", "browse", "blob", "sweep")
@@ -37,7 +37,7 @@ def table(keyspace, running_stack) -> str:
 # ------------------------------------------------------------------------------------ Cassandra
 @pytest.mark.parametrize("role", SERVICES)
 def test_a_service_role_reads_and_writes_rows_but_may_not_drop_alter_or_create(role, keyspace, table):
-    cluster, session = connect(CassandraSettings.from_env(as_role(role, keyspace)))
+    cluster, session = connect(cassandra_from_env(as_role(role, keyspace)))
     try:
         session.execute(f"SELECT * FROM {table} LIMIT 1")  # SELECT: granted
         for ddl in (f"DROP TABLE {table}", f"ALTER TABLE {table} ADD extra text", f"CREATE TABLE {keyspace}.extra (k int PRIMARY KEY)",
@@ -47,7 +47,7 @@ def test_a_service_role_reads_and_writes_rows_but_may_not_drop_alter_or_create(r
     finally:
         cluster.shutdown()
     # The table is still there: the operator reads it.
-    cluster, session = connect(CassandraSettings.from_env(service_env(keyspace)))
+    cluster, session = connect(cassandra_from_env(service_env(keyspace)))
     try:
         session.execute(f"SELECT * FROM {table} LIMIT 1")
     finally:
@@ -55,7 +55,7 @@ def test_a_service_role_reads_and_writes_rows_but_may_not_drop_alter_or_create(r
 
 
 def test_cassandra_refuses_a_client_without_tls_and_a_wrong_password(keyspace, table):
-    settings = CassandraSettings.from_env(as_role("enqueue", keyspace))
+    settings = cassandra_from_env(as_role("enqueue", keyspace))
     import dataclasses
 
     with pytest.raises(BackendUnavailable):  # the native port speaks TLS only
@@ -66,7 +66,7 @@ def test_cassandra_refuses_a_client_without_tls_and_a_wrong_password(keyspace, t
 
 # ------------------------------------------------------------------------------------ RabbitMQ
 def _broker_as(role: str, keyspace: str) -> pika.BlockingConnection:
-    settings = RabbitMQSettings.from_env(as_role(role, keyspace))
+    settings = rabbitmq_from_env(as_role(role, keyspace))
     return pika.BlockingConnection(connection_parameters(settings.url, settings))
 
 
@@ -106,7 +106,7 @@ def test_rabbitmq_users_may_only_do_their_work(keyspace, running_stack):
 
 
 def test_rabbitmq_has_no_plaintext_listener_and_no_guest(keyspace, running_stack):
-    settings = RabbitMQSettings.from_env(as_role("browse", keyspace))
+    settings = rabbitmq_from_env(as_role("browse", keyspace))
     host = connection_parameters(settings.url, settings).host
     with pytest.raises(OSError):
         socket.create_connection((host, 5672), timeout=2).close()
@@ -121,7 +121,7 @@ def test_s3_users_put_get_list_and_delete_as_their_policies_say(keyspace, runnin
     from minio.error import S3Error
 
     def bucket(role: str) -> Bucket:
-        return Bucket(S3Settings.from_env(as_role(role, keyspace)))
+        return Bucket(s3_from_env(as_role(role, keyspace)))
 
     key = f"blobs/lp-{uuid.uuid4().hex}"
     bucket("enqueue").put(key, b"content")
@@ -138,8 +138,8 @@ def test_s3_users_put_get_list_and_delete_as_their_policies_say(keyspace, runnin
 
 
 def test_s3_serves_tls_only(keyspace, running_stack):
-    endpoint = S3Settings.from_env(as_role("enqueue", keyspace)).endpoint
+    endpoint = s3_from_env(as_role("enqueue", keyspace)).endpoint
     with pytest.raises(OSError):  # plain HTTP to the TLS port: no answer it understands
         urllib.request.urlopen(f"http://{endpoint}/minio/health/live", timeout=3).read()
-    context = ssl.create_default_context(cafile=S3Settings.from_env(as_role("enqueue", keyspace)).ca_file)
+    context = ssl.create_default_context(cafile=s3_from_env(as_role("enqueue", keyspace)).ca_file)
     assert urllib.request.urlopen(f"https://{endpoint}/minio/health/live", timeout=3, context=context).status == 200

@@ -97,9 +97,9 @@ def test_a_violating_view_configuration_refuses_start_up(running_stack):
 
 def _stored_buckets(keyspace: str) -> int | None:
     from services.adapters.cassandra.session import connect
-    from services.domain.config import CassandraSettings
+    from services.runtime.settings import cassandra_from_env
 
-    cluster, session = connect(CassandraSettings.from_env())
+    cluster, session = connect(cassandra_from_env())
     try:
         try:
             row = session.execute(f"SELECT bucket_count FROM {keyspace}.queue_view_config_events_v1 LIMIT 1").one()

@@ -192,9 +192,9 @@ def view_states(queue: str, enqueue_ids: list[str]) -> list[str]:
     import uuid
 
     from services.adapters.cassandra.session import connect
-    from services.domain.config import CassandraSettings
+    from services.runtime.settings import cassandra_from_env
 
-    cluster, session = connect(CassandraSettings.from_env({**os.environ, "MAILQUEUE_CASSANDRA_KEYSPACE": "mailqueue_kube"}))
+    cluster, session = connect(cassandra_from_env({**os.environ, "MAILQUEUE_CASSANDRA_KEYSPACE": "mailqueue_kube"}))
     try:
         out = []
         for eid in enqueue_ids[:10]:

@@ -1,8 +1,8 @@
 import pytest
 
-from services.domain.config import parse_tokens
 from services.domain.errors import ConfigurationError
 from services.runtime.auth import allowed, check_exposure, role_of
+from services.runtime.settings import parse_tokens
 
 TOKENS = parse_tokens("admin:aaaaaaaaaaaaaaaa, producer:pppppppppppppppp,consumer:cccccccccccccccc,reader:rrrrrrrrrrrrrrrr")
 

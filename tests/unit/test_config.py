@@ -2,8 +2,9 @@ import re
 
 import pytest
 
-from services.domain.config import LimitSettings, Settings
 from services.domain.errors import ConfigurationError
+from services.domain.settings import LimitSettings
+from services.runtime.settings import Settings
 
 
 def test_defaults_are_local_and_safe():
@@ -87,7 +88,7 @@ def test_broker_addresses_refused_with_the_rule(env, message):
 
 
 def test_tls_identities_map_a_uri_san_or_cn_to_a_role():
-    from services.domain.config import parse_identities
+    from services.runtime.settings import parse_identities
 
     assert parse_identities("spiffe://mailqueue/ops=admin, reporting=reader") == {
         "spiffe://mailqueue/ops": "admin", "reporting": "reader"}

@@ -2,7 +2,7 @@
 
 import pytest
 
-from services.app.subscription import retries_exhausted
+from services.app.settlement import retries_exhausted
 
 
 @pytest.mark.parametrize(("count", "limit", "exhausted"), [

@@ -2,7 +2,8 @@
 
 import pytest
 
-from services.domain.retry import Backoff, retrying
+from services.app.retry import retrying
+from services.domain.backoff import Backoff
 from tests.unit.aio import run
 
 

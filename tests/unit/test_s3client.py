@@ -6,7 +6,7 @@ import inspect
 from minio import Minio
 
 from services.adapters.s3 import client as s3client
-from services.domain.config import S3Settings
+from services.adapters.s3.settings import S3Settings
 
 
 def test_plain_http_signs_the_payload_and_tls_leaves_it_to_the_transport():

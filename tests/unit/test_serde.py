@@ -34,7 +34,7 @@ def test_queued_mail_round_trips_through_bytes():
 
 
 def test_a_broker_message_carries_the_mail_with_its_header_generation():
-    from services.ports.broker import Message
+    from services.adapters.rabbitmq.message_format import RabbitMQMessage as Message
 
     q = model.QueuedMail(
         queue="spool", enqueue_id=uuid.uuid4(), enqueued_at=dt.datetime(2026, 1, 1, tzinfo=UTC), mail=FULL,

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from services.domain.config import CassandraSettings, RabbitMQSettings, S3Settings, with_credentials
 from services.domain.errors import ConfigurationError
 from services.runtime.auth import check_transport
+from services.runtime.settings import cassandra_from_env, rabbitmq_from_env, s3_from_env, with_credentials
 
 
 def test_a_server_needs_a_certificate_or_an_explicit_plaintext_on_loopback():
@@ -30,21 +30,21 @@ def test_credentials_come_from_the_folder_before_the_variables(tmp_path):
     (tmp_path / "s3-secret-key").write_text("k3y")
     env = {"MAILQUEUE_CREDENTIALS_DIR": str(tmp_path), "MAILQUEUE_CASSANDRA_USERNAME": "ignored",
            "MAILQUEUE_RABBITMQ_URLS": "amqps://old:old@a:5671/%2F,amqps://b:5671/%2F"}
-    c = CassandraSettings.from_env(env)
+    c = cassandra_from_env(env)
     assert (c.username, c.password) == ("mailqueue_enqueue", "s3cr3t")
-    assert RabbitMQSettings.from_env(env).urls == ("amqps://mailqueue-enqueue:p%40ss%2Cword@a:5671/%2F",
+    assert rabbitmq_from_env(env).urls == ("amqps://mailqueue-enqueue:p%40ss%2Cword@a:5671/%2F",
                                                    "amqps://mailqueue-enqueue:p%40ss%2Cword@b:5671/%2F")
-    s3 = S3Settings.from_env(env)
+    s3 = s3_from_env(env)
     assert (s3.access_key, s3.secret_key) == ("mailqueue-enqueue", "k3y")
 
 
 def test_a_missing_file_in_the_folder_leaves_the_variable_and_a_ca_file_must_exist(tmp_path):
     env = {"MAILQUEUE_CREDENTIALS_DIR": str(tmp_path), "MAILQUEUE_CASSANDRA_USERNAME": "from-env"}
-    assert CassandraSettings.from_env(env).username == "from-env"
+    assert cassandra_from_env(env).username == "from-env"
     assert with_credentials(("amqp://h:5672/%2F",), None, None) == ("amqp://h:5672/%2F",)
     with pytest.raises(ConfigurationError, match="no such file"):
-        CassandraSettings.from_env({"MAILQUEUE_CASSANDRA_CA_FILE": str(tmp_path / "none.pem")})
+        cassandra_from_env({"MAILQUEUE_CASSANDRA_CA_FILE": str(tmp_path / "none.pem")})
     ca = tmp_path / "ca.pem"
     ca.write_text("x")
-    s3 = S3Settings.from_env({"MAILQUEUE_S3_CA_FILE": str(ca)})
+    s3 = s3_from_env({"MAILQUEUE_S3_CA_FILE": str(ca)})
     assert s3.secure and s3.ca_file == str(ca)  # a CA means HTTPS

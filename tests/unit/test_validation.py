@@ -3,9 +3,9 @@ import dataclasses
 import pytest
 
 from services.domain import validation
-from services.domain.config import LimitSettings
 from services.domain.errors import InvalidArgument, ResourceExhausted
 from services.domain.model import Header, Mail, PerRecipientHeaders
+from services.domain.settings import LimitSettings
 
 LIMITS = LimitSettings()
 OK = Mail(name="m", sender="alice@example.com", recipients=("bob@example.org",))

@@ -19,7 +19,7 @@ from cassandra.policies import DCAwareRoundRobinPolicy, ExponentialReconnectionP
 from cassandra.protocol import ErrorMessage
 from cassandra.query import named_tuple_factory
 
-from services.domain.config import CassandraSettings
+from services.adapters.cassandra.settings import CassandraSettings
 from services.domain.errors import BackendUnavailable
 
 log = logging.getLogger(__name__)

@@ -26,8 +26,8 @@ from services.adapters.cassandra.leases_store import LeasesStore
 from services.adapters.cassandra.mail_queue_view import CassandraMailQueueView
 from services.adapters.cassandra.moves_store import MovesStore
 from services.adapters.cassandra.session import UNAVAILABLE_ERRORS, connect, execute
+from services.adapters.cassandra.settings import CassandraSettings
 from services.adapters.cassandra.shaping_store import ShapingStore
-from services.domain.config import CassandraSettings
 from services.domain.errors import BackendUnavailable
 from services.ports.view import MailQueueView
 

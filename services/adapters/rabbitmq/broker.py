@@ -36,8 +36,8 @@ from pika.channel import Channel
 
 from services.adapters.rabbitmq import message_format
 from services.adapters.rabbitmq.channels import Publisher, RabbitMQConsumer, Waiters, resolver, unavailable
+from services.adapters.rabbitmq.settings import RabbitMQSettings
 from services.domain import delays, model, names
-from services.domain.config import RabbitMQSettings
 from services.domain.errors import BackendUnavailable
 from services.ports.broker import Broker
 

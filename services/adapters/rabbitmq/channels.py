@@ -141,7 +141,7 @@ class RabbitMQConsumer(Consumer):
 
     def on_message(self, priority: str, _ch: Channel, method: Any, props: Any, body: bytes) -> None:
         d = message_format.decode(props.headers, body)
-        self._inbox.put_nowait(Message(
+        self._inbox.put_nowait(message_format.RabbitMQMessage(
             method.delivery_tag, d.mail_bytes, bool(method.redelivered), props.message_id, d.delivery_count,
             d.generation, d.death_reason, priority, d.delayed, d.content, d.reservation,
         ))

@@ -10,7 +10,8 @@
 * properties: persistent, ``message_id`` = the enqueue id, content type and type of the body.
 
 Publishers (services/adapters/rabbitmq/channels.py, the broker bench) build with :func:`encode`,
-consumers read with :func:`decode`; nothing else knows a header name.
+consumers read with :func:`decode` and hand out a :class:`RabbitMQMessage`, whose ``mail()`` decodes
+the body; nothing else knows a header name or the body's format.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 
 from services.contract import serde
 from services.domain import model
+from services.ports.broker import Message
 
 PERSISTENT = 2
 CONTENT_TYPE = "application/x-protobuf"
@@ -64,7 +66,7 @@ def encode_body(body: bytes, message_id: str, generation: int = 0, delayed: bool
 
 @dataclasses.dataclass(frozen=True)
 class Decoded:
-    #: The QueuedMail bytes (decoded by ``Message.mail()``), and the content if the body carries it.
+    #: The QueuedMail bytes (decoded by ``RabbitMQMessage.mail()``), and the content if the body carries it.
     mail_bytes: bytes
     content: bytes | None
     generation: int
@@ -78,7 +80,7 @@ class Decoded:
 
 def decode(headers: Mapping[str, Any] | None, body: bytes) -> Decoded:
     """What a delivered message carries; headers of the wrong type read as absent (a message from
-    elsewhere is then poison at ``Message.mail()``, never a crash here)."""
+    elsewhere is then poison at ``RabbitMQMessage.mail()``, never a crash here)."""
     headers = headers or {}
     count, generation = headers.get("x-delivery-count", 0), headers.get(GENERATION_HEADER, 0)
     deaths = headers.get("x-death")
@@ -103,3 +105,12 @@ def split_content(body: bytes, length: Any) -> tuple[bytes, bytes | None]:
         return body, None
     cut = len(body) - length
     return body[:cut], body[cut:]
+
+
+@dataclasses.dataclass(frozen=True)
+class RabbitMQMessage(Message):
+    """A delivery of this format: the body is read when ``mail()`` is called, not on arrival."""
+
+    def mail(self) -> model.QueuedMail:
+        """The mail it carries, with its generation. Raises on an undecodable body."""
+        return serde.queued_mail_from_bytes(self.body, self.generation)

@@ -33,7 +33,7 @@ from minio.commonconfig import REPLACE, CopySource
 from minio.deleteobjects import DeleteObject
 from minio.error import S3Error
 
-from services.domain.config import S3Settings
+from services.adapters.s3.settings import S3Settings
 
 #: Retries of a failed idempotent request, and the pause before the first (doubling).
 RETRIES = 2

@@ -23,8 +23,8 @@ from typing import Any, TypeVar
 
 from services.adapters.s3 import client as s3client
 from services.adapters.s3 import errors as s3errors
+from services.adapters.s3.settings import S3Settings
 from services.domain import names
-from services.domain.config import S3Settings
 from services.domain.errors import BackendUnavailable, InvalidArgument, NotFound, ResourceExhausted
 from services.domain.model import BlobInfo
 from services.domain.validation import blob_id as check_blob_id

@@ -1,4 +1,5 @@
-"""Many operations from one stream, run concurrently (bounded), answered as each completes."""
+"""Many operations from one stream, run concurrently (bounded), answered as each completes
+(asyncio tasks: enqueue_svc's EnqueueMany)."""
 
 from __future__ import annotations
 

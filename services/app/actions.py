@@ -1,0 +1,124 @@
+"""Carrying out a delivery's verdict (services/app/verdict.py): one function per action.
+
+Each gets the stream, the message, its decoded mail and the verdict, and either returns the
+Delivery to hand out (DELIVER) or ends the message here and returns None. Only DELIVER keeps the
+room its destination gave (the subscription gives it back for every other action).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Awaitable, Callable
+
+from prometheus_client import Counter
+
+from services.app import counters
+from services.app.claims import Claim
+from services.app.delivery import Delivery, Stream
+from services.app.shaper import Wait
+from services.app.verdict import Action, Verdict, carried
+from services.domain import counts, model, rules
+from services.ports.broker import Message
+
+log = logging.getLogger(__name__)
+
+INLINE_CONTENT = Counter(
+    "mailqueue_delivery_content_total",
+    "Contents handed out inline, by where they came from (message: carried by a small mail's message; blob_store: read)",
+    ["queue", "source"],
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """A message being prepared: what arrived, what it carries, what was decided, the room taken."""
+
+    message: Message
+    mail: model.QueuedMail
+    verdict: Verdict
+    #: The shaper's answer, asked once before the verdict: a Ticket (room taken), a Wait (no
+    #: room: the verdict is WAIT_FOR_ROOM) or None (no limit applies).
+    admission: object = None
+    #: This process's hold on the mail: a delivery keeps it until answered.
+    claim: Claim | None = None
+
+
+async def deliver(s: Stream, step: Step) -> Delivery:
+    m, v = step.message, step.verdict
+    if v.source:
+        INLINE_CONTENT.labels(s.queue, v.source).inc()
+    # A retried mail comes back in a new message: it was delivered before all the same.
+    return Delivery(m.delivery_tag, step.mail, v.content, m.redelivered or step.mail.attempts > 0, m.delivery_count,
+                    step.admission, step.claim)
+
+
+async def skip(s: Stream, step: Step) -> None:
+    await s.ack(step.message.delivery_tag, step.verdict.reason)
+
+
+async def wait(s: Stream, step: Step) -> None:
+    """Early (only a clock behind the publisher's, or a rounding): back to the delay ladder."""
+    m = step.message
+    await s.side.broker.publish(step.mail, step.verdict.early, counted=m.delayed, content=carried(m, step.mail))
+    await s.ack(m.delivery_tag, step.verdict.reason)
+
+
+async def wait_for_room(s: Stream, step: Step) -> None:
+    """No room at its destination now: the mail waits in the delay ladder for its slot."""
+    w = step.admission
+    assert isinstance(w, Wait)
+    await s.side.broker.publish(step.mail, w.delay, counted=False, content=carried(step.message, step.mail), reservation=w.reservation)
+    await s.ack(step.message.delivery_tag, step.verdict.reason)
+
+
+async def dead_letter(s: Stream, step: Step) -> None:
+    if step.verdict.mark is not None:
+        log.error("mail content missing: dead-lettered", extra={"queue": s.queue, "enqueue_id": str(step.mail.enqueue_id)})
+        await counters.mark(s.side.view, step.mail, step.verdict.mark)
+    await s.dead_letter(step.message.delivery_tag, step.verdict.reason)
+
+
+async def bounce(s: Stream, step: Step) -> None:
+    assert step.verdict.rule is not None
+    await s.side.mark_deleted(step.mail, model.truncated(rules.bounce_reason(step.verdict.rule)))
+    await s.dead_letter(step.message.delivery_tag, "bounced")
+
+
+async def hold(s: Stream, step: Step) -> None:
+    """Re-schedule to the rule's end, record, ack (services/domain/rules.py)."""
+    assert step.verdict.rule is not None
+    now, mail = model.utcnow(), step.mail
+    held = dataclasses.replace(mail, deliver_at=rules.hold_until(step.verdict.rule, now), generation=mail.generation + 1,
+                               held_by=step.verdict.rule.rule_id)
+    await s.side.broker.publish(held, held.due() - now, content=carried(step.message, mail))
+    await s.side.view.mails.reschedule(held)
+    await counters.bump(s.side.view, held, delayed=1, held=1)
+    await s.ack(step.message.delivery_tag, "held")
+
+
+ACTIONS: dict[Action, Callable[[Stream, Step], Awaitable[Delivery | None]]] = {
+    Action.DELIVER: deliver, Action.SKIP: skip, Action.WAIT: wait, Action.WAIT_FOR_ROOM: wait_for_room,
+    Action.DEAD_LETTER: dead_letter, Action.BOUNCE: bounce, Action.HOLD: hold,
+}
+
+
+async def end_delay(s: Stream, step: Step) -> None:
+    """Its delay (or hold) ends with this arrival. A redelivered message (returned by a stream
+    that ended) was counted on its first arrival; one a killed process never prepared was not:
+    drift that ReconcileCounters heals."""
+    m, state = step.message, step.verdict.state
+    if not m.delayed or m.redelivered or m.delivery_tag in s.arrived:
+        return
+    s.arrived.add(m.delivery_tag)
+    was_held = state is not None and counts.is_held(state)
+    await counters.bump(s.side.view, step.mail, delayed=-1, held=-1 if was_held else 0)
+    if was_held:  # no longer held, whether or not a rule holds it again
+        await s.side.view.mails.reschedule(dataclasses.replace(step.mail, held_by=counts.NOT_HELD))
+
+
+async def carry_out(s: Stream, step: Step) -> Delivery | None:
+    """The verdict, carried out: a delay's arrival is counted first, then the action runs."""
+    if step.verdict.arrived:
+        await end_delay(s, step)
+    return await ACTIONS[step.verdict.action](s, step)

@@ -1,0 +1,64 @@
+"""Closing a subscription (stream ended, client gone): nothing it held is lost or left claimed.
+
+- Deliveries it received but never handed to the client are published again, then acked: a
+  client that subscribes and leaves spends no delivery attempt.
+- Handed-out, unanswered deliveries go back to the queue (one attempt each), except those on the
+  last delivery the broker allows: returned, the broker would dead-letter them with their view
+  rows still live, so they are marked and dead-lettered here.
+- Every claim and every room at a destination is given back, whether or not the broker can still
+  be told: a claim left behind would make this process drop the broker's redelivery of the mail
+  as a second copy (a channel that died with its node fails every return).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from prometheus_client import Counter
+
+from services.app.delivery import Delivery, Stream
+from services.app.settlement import dead_letter_at_limit, retries_exhausted
+from services.app.verdict import carried
+from services.domain.errors import BackendUnavailable
+
+log = logging.getLogger(__name__)
+
+RETURNED_UNSENT = Counter(
+    "mailqueue_returned_unsent_total", "Deliveries a closing stream never handed out, published again without spending an attempt", ["queue"],
+)
+
+
+async def close(s: Stream, prepared: list[Delivery], unanswered: list[Delivery]) -> None:
+    """``prepared``: deliveries ready but never handed out (their messages are in ``s.unsent``);
+    ``unanswered``: handed out, not answered. The preparations still running were cancelled."""
+    for d in prepared:
+        d.end(s.side.shaper)
+    s.side.shaper.consuming(-1)
+    for message in s.consumer.drain():
+        s.unsent[message.delivery_tag] = message
+    for d in unanswered:
+        d.end(s.side.shaper)
+        if retries_exhausted(d.delivery_count, s.side.broker.delivery_limit):
+            try:
+                await dead_letter_at_limit(s, d, ", last delivery unanswered")
+            except BackendUnavailable as e:
+                log.warning("could not dead-letter a delivery on its last attempt: %s", e, extra={"queue": s.queue})
+    try:
+        await return_unsent(s)
+    except BackendUnavailable as e:  # the channel is gone: the broker returns them by itself
+        log.warning("unsent deliveries left to the broker: %s", e, extra={"queue": s.queue, "unsent": len(s.unsent)})
+
+
+async def return_unsent(s: Stream) -> None:
+    """Publish again, then ack, every delivery the client never saw (in broker order)."""
+    for tag in sorted(s.unsent):
+        message = s.unsent[tag]
+        try:
+            mail = message.mail()
+        except Exception:  # noqa: BLE001 - poison: as the preparation would
+            await s.dead_letter(tag)
+            continue
+        # Its delay stays counted until the copy arrives, unless this arrival counted it already.
+        await s.side.broker.publish(mail, counted=message.delayed and tag not in s.arrived, content=carried(message, mail))
+        await s.ack(tag)
+        RETURNED_UNSENT.labels(s.queue).inc()

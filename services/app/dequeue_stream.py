@@ -1,0 +1,94 @@
+"""One Dequeue stream as a use-case: deliveries out while the client's answers come in.
+
+``serving`` gives the deliveries to send (one, or up to ``max_batch`` ready at once) and, from
+the moment it is entered, reads the client's answers and settles them concurrently. The
+deliveries end when the client half-closes (once every answer read is settled), and raise the
+first error of the answers (an invalid one: the stream fails with it). However the block is left,
+the subscription is closed and gives back what it holds (services/app/closing.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import datetime as dt
+from collections.abc import AsyncIterator
+
+from services.app.delivery import Delivery, Outcome
+from services.app.subscription import Subscription
+
+
+@dataclasses.dataclass(frozen=True)
+class Answer:
+    """A client's outcome for one delivery."""
+
+    tag: int
+    outcome: Outcome
+    error_message: str = ""
+    retry_after: dt.timedelta | None = None
+
+
+@contextlib.asynccontextmanager
+async def serving(sub: Subscription, answers: AsyncIterator[list[Answer]]) -> AsyncIterator[AsyncIterator[list[Delivery]]]:
+    """The stream's deliveries, while its answers are settled. Leaving the block, however (the
+    client half-closed, left, or the server stops), closes the subscription."""
+    settling = asyncio.create_task(_settle(sub, answers))
+    next_one: list[asyncio.Task[Delivery]] = []
+
+    async def deliveries() -> AsyncIterator[list[Delivery]]:
+        while True:
+            delivery = asyncio.create_task(sub.next())
+            next_one[:] = [delivery]
+            done, _ = await asyncio.wait({delivery, settling}, return_when=asyncio.FIRST_COMPLETED)
+            if delivery in done:
+                first = delivery.result()
+                yield [first, *sub.ready(sub.max_batch - 1)] if sub.max_batch > 1 else [first]
+                continue
+            settling.result()  # raises what settling raised; otherwise the client half-closed
+            return
+
+    try:
+        yield deliveries()
+    finally:
+        for task in (*next_one, settling):
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+        # Shielded: a second cancel (the client gone while the stream ends) must not cut the
+        # return of what the stream holds, nor leave its consumer channel open.
+        await asyncio.shield(sub.close())
+
+
+async def _settle(sub: Subscription, answers: AsyncIterator[list[Answer]]) -> None:
+    """Read answers until the client half-closes; settle them concurrently; raise the first error."""
+    running: set[asyncio.Task[None]] = set()
+    failed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def check(task: asyncio.Task[None]) -> None:
+        running.discard(task)
+        if not task.cancelled() and task.exception() is not None and not failed.done():
+            failed.set_exception(task.exception())  # type: ignore[arg-type]
+
+    async def read() -> None:
+        async for group in answers:
+            for a in group:
+                task = asyncio.create_task(sub.settle(a.tag, a.outcome, a.error_message, a.retry_after))
+                running.add(task)
+                task.add_done_callback(check)
+        if running:
+            await asyncio.wait(set(running))
+
+    reader = asyncio.create_task(read())
+    try:
+        await asyncio.wait({reader, failed}, return_when=asyncio.FIRST_COMPLETED)
+        if failed.done():
+            failed.result()
+        reader.result()
+        if failed.done():
+            failed.result()
+    finally:
+        reader.cancel()
+        for task in running:
+            task.cancel()

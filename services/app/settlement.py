@@ -1,0 +1,87 @@
+"""A consumer's answer to a delivery, carried out (DESIGN §4).
+
+- SUCCESS marks the mail deleted **then** acks: a crash between the two redelivers a mail that
+  is then skipped. No loss, no ghost.
+- RETRY counts an attempt and publishes the mail again with its backoff (services/domain/schedule.py),
+  then records the new schedule, then acks: it never spends the broker's delivery limit. A RETRY
+  past the queue's retry policy expires the mail: marked and dead-lettered.
+- REJECT marks the mail dead-lettered and routes it to the dead-letter queue.
+
+Whatever happens, the delivery ends: its claim and its room at its destination are given back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import logging
+
+from prometheus_client import Counter
+
+from services.app import counters
+from services.app.delivery import Delivery, Outcome, Stream
+from services.domain import delays, model, schedule
+
+log = logging.getLogger(__name__)
+
+OUTCOMES = Counter("mailqueue_outcomes_total", "Consumer outcomes", ["queue", "outcome"])
+EXPIRED = Counter("mailqueue_expired_total", "Mails expired by their queue's retry policy", ["queue"])
+
+
+async def settle(s: Stream, d: Delivery, outcome: Outcome, error_message: str = "", retry_after: dt.timedelta | None = None) -> None:
+    try:
+        if outcome is Outcome.SUCCESS:
+            await s.side.mark_deleted(d.mail, "dequeued")
+            await s.ack(d.tag)
+        elif outcome is Outcome.RETRY:
+            await retry(s, d, model.truncated(error_message), retry_after)
+        else:
+            reason = f"dead-lettered: {error_message}" if error_message else "dead-lettered"
+            await s.side.mark_deleted(d.mail, model.truncated(reason))
+            await s.dead_letter(d.tag)
+    finally:
+        d.end(s.side.shaper)
+    if outcome is Outcome.RETRY:
+        s.side.shaper.observe_retry(d.mail, error_message)
+    OUTCOMES.labels(s.queue, outcome.name).inc()
+
+
+async def retry(s: Stream, d: Delivery, error: str, retry_after: dt.timedelta | None) -> None:
+    """Count the attempt; publish the mail again with its backoff, record it, then ack.
+
+    A crash before the record leaves two copies with one generation (a duplicate delivery at
+    worst); after it, the redelivered original is older than the record and is skipped.
+    """
+    mail, now, side = d.mail, model.utcnow(), s.side
+    attempts = mail.attempts + 1
+    next_attempt = schedule.next_attempt(await side.state.retry_policy(s.queue), attempts, mail.enqueued_at, now, retry_after)
+    if isinstance(next_attempt, schedule.Expired):
+        log.info("mail expired", extra={"queue": s.queue, "enqueue_id": str(mail.enqueue_id), "reason": next_attempt.reason})
+        reason = f"{next_attempt.reason}: {error}" if error else next_attempt.reason
+        await side.mark_deleted(mail, model.truncated(reason))
+        # Its last attempt recorded too: the dead letter shows it (services/app/dead_letters.py).
+        await side.view.mails.reschedule(dataclasses.replace(mail, attempts=attempts, last_error=error, generation=mail.generation + 1))
+        await s.dead_letter(d.tag)
+        EXPIRED.labels(s.queue).inc()
+        return
+    again = dataclasses.replace(mail, deliver_at=next_attempt.deliver_at, attempts=attempts, last_error=error,
+                                generation=mail.generation + 1)
+    if d.claim is not None:
+        d.claim.release()  # the new copy may come back at once
+    await side.broker.publish(again, next_attempt.deliver_at - now, content=side.carry(mail, d.content))
+    await side.view.mails.reschedule(again)
+    await counters.bump(side.view, again, delayed=1 if delays.units(next_attempt.deliver_at - now) else 0)
+    await s.ack(d.tag)
+
+
+def retries_exhausted(delivery_count: int, limit: int | None) -> bool:
+    """True when a requeue would make the broker dead-letter the message (its delivery limit)."""
+    return limit is not None and delivery_count >= limit
+
+
+async def dead_letter_at_limit(s: Stream, d: Delivery, detail: str) -> None:
+    """Mark and dead-letter a delivery that the broker would dead-letter unmarked if it came back."""
+    log.warning("delivery limit reached: dead-lettered", extra={"queue": s.queue, "enqueue_id": str(d.mail.enqueue_id)})
+    reason = f"dead-lettered: delivery limit of {s.side.broker.delivery_limit} reached{detail}"
+    await s.side.mark_deleted(d.mail, model.truncated(reason))
+    await s.dead_letter(d.tag)

@@ -1,0 +1,46 @@
+"""The values the use-cases are configured with: input limits and the wanted view configuration.
+
+Plain values; services/runtime/settings.py builds them from the environment and describes each
+variable (MAILQUEUE_MAX_*, MAILQUEUE_SLICE_WINDOW_S, ...).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+KiB = 1024
+MiB = 1024 * KiB
+
+
+@dataclasses.dataclass(frozen=True)
+class LimitSettings:
+    """Input limits: a request beyond any of them is refused and writes nothing."""
+
+    max_inline_bytes: int = 3 * MiB
+    max_mail_bytes: int = 100 * MiB
+    max_blob_bytes: int = 1024 * MiB
+    max_recipients: int = 1000
+    max_attributes: int = 128
+    max_attribute_bytes: int = 64 * KiB
+    max_metadata_bytes: int = 512 * KiB
+    dequeue_inline_bytes: int = 1 * MiB
+    #: A delivery, content and metadata, must fit one 16 MiB gRPC message.
+    DEQUEUE_INLINE_MAX = 15 * MiB
+    max_prefetch: int = 512
+    small_blob_bytes: int = 64 * KiB
+    SMALL_BLOB_MAX = 1 * MiB
+    abandoned_claim_s: float = 30.0
+
+    def carried(self, content: bytes | None, size: int) -> bytes | None:
+        """The content a mail's RabbitMQ message carries (None: the delivery reads the blob
+        store): a small mail's whole content, ``size`` bytes of it."""
+        return content if content is not None and len(content) == size <= self.small_blob_bytes else None
+
+
+@dataclasses.dataclass(frozen=True)
+class ViewSettings:
+    """The wanted view configuration; unset fields keep what is stored (or the defaults)."""
+
+    slice_window_s: int | None = None
+    bucket_count: int | None = None
+    update_browse_start_pace: int | None = None

@@ -1,0 +1,347 @@
+"""Configuration: one typed value per component, built from the environment.
+
+Every MAILQUEUE_* variable of a service, its default and its meaning is here (the comment above
+the line that reads it) and in the README's table; nothing else in a service reads its settings
+from ``os.environ`` (the schema tool, services/runtime/migrate.py, and the Spark sweep, spark/,
+read a few of their own). Defaults are the safe local ones (loopback, one replica).
+
+The values live with the code that uses them: CassandraSettings, RabbitMQSettings and S3Settings
+next to their adapters (services/adapters/*/settings.py), LimitSettings and ViewSettings in
+services/domain/settings.py, ServerSettings and TLSSettings in services/runtime/server_settings.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+
+from services.adapters.cassandra.settings import CassandraSettings
+from services.adapters.rabbitmq.settings import RabbitMQSettings
+from services.adapters.s3.settings import S3Settings
+from services.domain.errors import ConfigurationError
+from services.domain.settings import LimitSettings, ViewSettings
+from services.runtime.server_settings import DEFAULT_PORTS, METRICS_PORT_OFFSET, ROLES, ServerSettings, TLSSettings
+
+
+def _get(env: Mapping[str, str], name: str, default: str) -> str:
+    return env.get(f"MAILQUEUE_{name}", default)
+
+
+def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0, maximum: int | None = None) -> int:
+    raw = _get(env, name, str(default))
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigurationError(f"MAILQUEUE_{name}={raw!r} is not an integer") from None
+    if value < minimum:
+        raise ConfigurationError(f"MAILQUEUE_{name}={value} must be >= {minimum}")
+    if maximum is not None and value > maximum:
+        raise ConfigurationError(f"MAILQUEUE_{name}={value} must be <= {maximum}")
+    return value
+
+
+def _float(env: Mapping[str, str], name: str, default: float, minimum: float = 0.0) -> float:
+    raw = _get(env, name, str(default))
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigurationError(f"MAILQUEUE_{name}={raw!r} is not a number (seconds)") from None
+    if not value >= minimum or value == float("inf"):
+        raise ConfigurationError(f"MAILQUEUE_{name}={raw} must be a finite number >= {minimum}")
+    return value
+
+
+def _optional_int(env: Mapping[str, str], name: str, minimum: int = 1) -> int | None:
+    return _int(env, name, 0, minimum) if f"MAILQUEUE_{name}" in env else None
+
+
+def _file(env: Mapping[str, str], name: str) -> str:
+    """A path setting: "" when unset; a path that is not a file is refused at start-up."""
+    path = _get(env, name, "")
+    if path and not os.path.isfile(path):
+        raise ConfigurationError(f"MAILQUEUE_{name}={path}: no such file")
+    return path
+
+
+def _credential(env: Mapping[str, str], file_name: str, variable: str, default: str | None) -> str | None:
+    """A credential: the file ``file_name`` of MAILQUEUE_CREDENTIALS_DIR (a mounted Secret: one file
+    per key) when it is there, else MAILQUEUE_<variable>, else ``default``. Files keep secrets out
+    of command lines, process listings and logs."""
+    folder = env.get("MAILQUEUE_CREDENTIALS_DIR")
+    if folder:
+        path = os.path.join(folder, file_name)
+        try:
+            with open(path) as f:
+                return f.read().strip()
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            raise ConfigurationError(f"MAILQUEUE_CREDENTIALS_DIR: {path}: {e.strerror}") from e
+    return env.get(f"MAILQUEUE_{variable}") or default
+
+
+def _bool(env: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = _get(env, name, "true" if default else "false").strip().lower()
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    if raw in ("0", "false", "no", "off"):
+        return False
+    raise ConfigurationError(f"MAILQUEUE_{name}={raw!r} is not a boolean (true/false)")
+
+
+def cassandra_from_env(env: Mapping[str, str] = os.environ) -> CassandraSettings:
+    return CassandraSettings(
+        hosts=tuple(h.strip() for h in _get(env, "CASSANDRA_HOSTS", "127.0.0.1").split(",") if h.strip()),
+        port=_int(env, "CASSANDRA_PORT", 9042, 1),
+        keyspace=_get(env, "CASSANDRA_KEYSPACE", "mailqueue"),
+        #: CQL replication map for the keyspace, e.g. {'class': 'NetworkTopologyStrategy', 'dc1': 3}.
+        replication=_get(env, "CASSANDRA_REPLICATION", CassandraSettings.replication),
+        local_dc=env.get("MAILQUEUE_CASSANDRA_LOCAL_DC") or None,
+        username=_credential(env, "cassandra-username", "CASSANDRA_USERNAME", None),
+        password=_credential(env, "cassandra-password", "CASSANDRA_PASSWORD", None),
+        #: CA that signs the nodes' certificates: when set, every connection is TLS (client encryption).
+        ca_file=_file(env, "CASSANDRA_CA_FILE"),
+        request_timeout_s=_float(env, "CASSANDRA_TIMEOUT_S", 5.0, 0.001),
+        #: Seconds queue counter updates are gathered in the process before they are written (0: at once).
+        counter_flush_s=_float(env, "COUNTER_FLUSH_S", 1.0),
+    )
+
+
+def rabbitmq_from_env(env: Mapping[str, str] = os.environ) -> RabbitMQSettings:
+    #: "quorum" (replicated, default) or "classic".
+    queue_type = _get(env, "RABBITMQ_QUEUE_TYPE", "quorum")
+    if queue_type not in ("quorum", "classic"):
+        raise ConfigurationError(f"MAILQUEUE_RABBITMQ_QUEUE_TYPE={queue_type!r}: use quorum or classic")
+    return RabbitMQSettings(
+        #: The broker's nodes: a service connects to the first that answers and, when its node dies,
+        #: to the next (MAILQUEUE_RABBITMQ_URLS, comma separated; or one MAILQUEUE_RABBITMQ_URL).
+        urls=with_credentials(broker_urls(env), _credential(env, "rabbitmq-username", "RABBITMQ_USERNAME", None),
+                              _credential(env, "rabbitmq-password", "RABBITMQ_PASSWORD", None)),
+        #: CA that signs the nodes' certificates, for amqps:// URLs.
+        ca_file=_file(env, "RABBITMQ_CA_FILE"),
+        queue_type=queue_type,
+        #: Deliveries of one message before a quorum queue dead-letters it (poison messages).
+        delivery_limit=_int(env, "RABBITMQ_DELIVERY_LIMIT", 20, 1),
+        connect_timeout_s=_float(env, "RABBITMQ_CONNECT_TIMEOUT_S", 5.0, 0.001),
+        #: AMQP heartbeat: a node that stops answering (hung, partitioned) is left after about twice this.
+        heartbeat_s=_int(env, "RABBITMQ_HEARTBEAT_S", 5, 1, 600),
+        #: A publish not confirmed within this is UNAVAILABLE, and the connection is dropped for another node.
+        confirm_timeout_s=_float(env, "RABBITMQ_CONFIRM_TIMEOUT_S", 10.0, 0.1),
+        #: The broker's copies of a queue's dead letters (``mailqueue.<q>.dead-letter``) are bounded:
+        #: past this many, or this age, the oldest go (the repository keeps every dead letter).
+        dead_letter_max=_int(env, "RABBITMQ_DEAD_LETTER_MAX", RabbitMQSettings.dead_letter_max, 1),
+        dead_letter_keep_s=_int(env, "RABBITMQ_DEAD_LETTER_KEEP_S", RabbitMQSettings.dead_letter_keep_s, 1, 10 * 365 * 24 * 3600),
+    )
+
+
+def with_credentials(urls: tuple[str, ...], username: str | None, password: str | None) -> tuple[str, ...]:
+    """The URLs with this service's user and password (from MAILQUEUE_CREDENTIALS_DIR or
+    MAILQUEUE_RABBITMQ_USERNAME/_PASSWORD) in place of the ones they carry."""
+    if not username:
+        return urls
+    from urllib.parse import quote, urlsplit, urlunsplit
+
+    out = []
+    for u in urls:
+        parts = urlsplit(u)
+        host = parts.netloc.rpartition("@")[2]
+        userinfo = quote(username, safe="") + (":" + quote(password, safe="") if password else "")
+        out.append(urlunsplit(parts._replace(netloc=f"{userinfo}@{host}")))
+    return tuple(out)
+
+
+def broker_urls(env: Mapping[str, str]) -> tuple[str, ...]:
+    """MAILQUEUE_RABBITMQ_URLS (several nodes, comma separated) or MAILQUEUE_RABBITMQ_URL (one)."""
+    many, one = env.get("MAILQUEUE_RABBITMQ_URLS"), env.get("MAILQUEUE_RABBITMQ_URL")
+    if many and one:
+        raise ConfigurationError("set MAILQUEUE_RABBITMQ_URLS or MAILQUEUE_RABBITMQ_URL, not both")
+    if not many:
+        return (one or RabbitMQSettings.urls[0],)
+    urls = tuple(u.strip() for u in many.split(",") if u.strip())
+    for u in urls:
+        if not u.startswith(("amqp://", "amqps://")):
+            raise ConfigurationError(
+                f"MAILQUEUE_RABBITMQ_URLS: {u.split('@')[-1]!r} is not an amqp:// or amqps:// URL "
+                "(separate URLs with commas; a comma inside a password is written %2C)"
+            )
+    if not urls:
+        raise ConfigurationError("MAILQUEUE_RABBITMQ_URLS is empty")
+    return urls
+
+
+def s3_from_env(env: Mapping[str, str] = os.environ) -> S3Settings:
+    return S3Settings(
+        endpoint=_get(env, "S3_ENDPOINT", S3Settings.endpoint),
+        access_key=_credential(env, "s3-access-key", "S3_ACCESS_KEY", S3Settings.access_key) or S3Settings.access_key,
+        secret_key=_credential(env, "s3-secret-key", "S3_SECRET_KEY", S3Settings.secret_key) or S3Settings.secret_key,
+        bucket=_get(env, "S3_BUCKET", S3Settings.bucket),
+        secure=_bool(env, "S3_SECURE", False) or bool(_get(env, "S3_CA_FILE", "")),
+        #: CA that signs S3's certificate (implies ``secure``); unset: the system's CAs.
+        ca_file=_file(env, "S3_CA_FILE"),
+        region=env.get("MAILQUEUE_S3_REGION") or None,
+        #: HTTP connections kept to S3 (and threads that call S3: one per connection).
+        pool_size=_int(env, "S3_POOL_SIZE", 64, 1),
+        #: Folder where streamed puts are spooled while their hash is computed.
+        spool_dir=env.get("MAILQUEUE_SPOOL_DIR") or None,
+        #: A blob that a put deduplicates onto gets its modification time refreshed at most this
+        #: often (seconds), so the retention sweep sees it as young; keep it well below the sweep's
+        #: blob grace.
+        touch_interval_s=_int(env, "S3_TOUCH_INTERVAL_S", 60),
+    )
+
+
+def limits_from_env(env: Mapping[str, str] = os.environ) -> LimitSettings:
+    """Input limits: a request beyond any of them is refused and writes nothing."""
+    return LimitSettings(
+        max_inline_bytes=_int(env, "MAX_INLINE_BYTES", LimitSettings.max_inline_bytes, 1),
+        max_mail_bytes=_int(env, "MAX_MAIL_BYTES", LimitSettings.max_mail_bytes, 1),
+        max_blob_bytes=_int(env, "MAX_BLOB_BYTES", LimitSettings.max_blob_bytes, 1),
+        max_recipients=_int(env, "MAX_RECIPIENTS", LimitSettings.max_recipients, 1),
+        max_attributes=_int(env, "MAX_ATTRIBUTES", LimitSettings.max_attributes, 0),
+        max_attribute_bytes=_int(env, "MAX_ATTRIBUTE_BYTES", LimitSettings.max_attribute_bytes, 1),
+        max_metadata_bytes=_int(env, "MAX_METADATA_BYTES", LimitSettings.max_metadata_bytes, 1),
+        #: Deliveries up to this size carry their content inline; larger ones are read from blob_svc.
+        dequeue_inline_bytes=_int(env, "DEQUEUE_INLINE_BYTES", LimitSettings.dequeue_inline_bytes, 0, LimitSettings.DEQUEUE_INLINE_MAX),
+        max_prefetch=_int(env, "MAX_PREFETCH", LimitSettings.max_prefetch, 1),
+        #: Blobs up to this size live in Cassandra (no S3 object, no blob_svc hop); 0 puts every blob in S3.
+        small_blob_bytes=_int(env, "SMALL_BLOB_BYTES", LimitSettings.small_blob_bytes, 0, LimitSettings.SMALL_BLOB_MAX),
+        #: An idempotency claim left uncommitted this long belongs to a crashed enqueuer: a retry with
+        #: the key takes it over (with its enqueue id). Longer than any enqueue takes.
+        abandoned_claim_s=_float(env, "ABANDONED_CLAIM_S", LimitSettings.abandoned_claim_s, 1.0),
+    )
+
+
+def view_from_env(env: Mapping[str, str] = os.environ) -> ViewSettings:
+    """The wanted view configuration; unset fields keep what is stored (or the defaults)."""
+    return ViewSettings(
+        slice_window_s=_optional_int(env, "SLICE_WINDOW_S"),
+        bucket_count=_optional_int(env, "BUCKET_COUNT"),
+        update_browse_start_pace=_optional_int(env, "BROWSE_START_PACE"),
+    )
+
+
+def parse_tokens(spec: str) -> dict[str, str]:
+    """``"admin:s3cret,producer:abc"`` -> {token: role}. Raises ConfigurationError."""
+    tokens: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in spec.replace("\n", ",").split(","))):
+        role, sep, token = item.partition(":")
+        if not sep or role not in ROLES or len(token) < 16:
+            raise ConfigurationError(
+                f"MAILQUEUE_TOKENS entry {role!r}: use role:token with a role of {', '.join(ROLES)} "
+                "and a token of at least 16 characters"
+            )
+        tokens[token] = role
+    return tokens
+
+
+def parse_identities(spec: str) -> dict[str, str]:
+    """``"spiffe://mailqueue/ops=admin,reporting=reader"`` -> {client certificate identity: role}
+    (an identity is a URI SAN or a CN). Raises ConfigurationError."""
+    identities: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        identity, sep, role = item.rpartition("=")
+        if not sep or not identity or role not in ROLES:
+            raise ConfigurationError(
+                f"MAILQUEUE_TLS_IDENTITIES entry {item!r}: use identity=role (a URI SAN or CN of the client "
+                f"certificate) with a role of {', '.join(ROLES)}"
+            )
+        identities[identity] = role
+    return identities
+
+
+def tls_from_env(env: Mapping[str, str] = os.environ) -> TLSSettings:
+    """gRPC over TLS (services/runtime/server_settings.py says what each file is for)."""
+    t = TLSSettings(
+        cert_file=_get(env, "TLS_CERT_FILE", ""), key_file=_get(env, "TLS_KEY_FILE", ""),
+        client_ca_file=_get(env, "TLS_CLIENT_CA_FILE", ""),
+        identities=parse_identities(_get(env, "TLS_IDENTITIES", "")), ca_file=_get(env, "TLS_CA_FILE", ""),
+    )
+    if bool(t.cert_file) != bool(t.key_file):
+        raise ConfigurationError("set both MAILQUEUE_TLS_CERT_FILE and MAILQUEUE_TLS_KEY_FILE, or neither")
+    if t.client_ca_file and not t.cert_file:
+        raise ConfigurationError("MAILQUEUE_TLS_CLIENT_CA_FILE (mutual TLS) needs MAILQUEUE_TLS_CERT_FILE and _KEY_FILE")
+    if t.identities and not t.client_ca_file:
+        raise ConfigurationError("MAILQUEUE_TLS_IDENTITIES needs MAILQUEUE_TLS_CLIENT_CA_FILE (client certificates)")
+    for name, path in (("TLS_CERT_FILE", t.cert_file), ("TLS_KEY_FILE", t.key_file),
+                       ("TLS_CLIENT_CA_FILE", t.client_ca_file), ("TLS_CA_FILE", t.ca_file)):
+        if path and not os.path.isfile(path):
+            raise ConfigurationError(f"MAILQUEUE_{name}={path}: no such file")
+    return t
+
+
+def _tokens(env: Mapping[str, str]) -> dict[str, str]:
+    spec = env.get("MAILQUEUE_TOKENS", "")
+    path = env.get("MAILQUEUE_TOKENS_FILE")
+    if path:
+        try:
+            with open(path) as f:
+                spec = f"{spec},{f.read()}"
+        except OSError as e:
+            raise ConfigurationError(f"MAILQUEUE_TOKENS_FILE={path}: {e.strerror}") from e
+    return parse_tokens(spec)
+
+
+def server_from_env(service: str, env: Mapping[str, str] = os.environ) -> ServerSettings:
+    port = _int(env, "PORT", DEFAULT_PORTS[service], 0)
+    return ServerSettings(
+        service=service,
+        host=_get(env, "HOST", "127.0.0.1"),
+        port=port,
+        metrics_port=_int(env, "METRICS_PORT", port + METRICS_PORT_OFFSET if port else 0, 0),
+        #: Seconds a connection lives before the server asks the client to reconnect (re-resolve).
+        max_connection_age_s=_int(env, "MAX_CONNECTION_AGE_S", 300, 1),
+        #: Seconds SIGTERM waits for in-flight RPCs.
+        shutdown_grace_s=_float(env, "SHUTDOWN_GRACE_S", 10.0),
+        #: Seconds a terminating server keeps serving, NOT_SERVING, before it closes its connections:
+        #: clients that balance over a headless Service's DNS answers re-resolve when a connection
+        #: closes, and an answer cached before the termination still names this pod until the cluster
+        #: DNS's TTL passes (30 s with kubeadm's Corefile). 0 (the default, outside Kubernetes): none.
+        lameduck_s=_float(env, "LAMEDUCK_S", 0.0),
+        #: Target of blob_svc for enqueue and dequeue's content above the small-blob limit; "" (the
+        #: default): they read and write S3 themselves, one hop less (bench figures in the README).
+        blob_target=_get(env, "BLOB_TARGET", ""),
+        log_level=_get(env, "LOG_LEVEL", "INFO").upper(),
+        #: Bearer tokens accepted by this server, token -> role (empty: no access control).
+        tokens=_tokens(env),
+        #: Token this service presents to other services (enqueue/dequeue -> blob_svc).
+        service_token=_get(env, "SERVICE_TOKEN", ""),
+        tls=tls_from_env(env),
+        #: Serve gRPC without TLS: only by this explicit setting, and only on a loopback host
+        #: (checked when the server starts: services.runtime.server.check_transport).
+        plaintext=_bool(env, "PLAINTEXT", False),
+        #: A second, plaintext port that serves only grpc.health (0: none): the kubelet's gRPC probes
+        #: do not speak TLS, and this port answers them without opening the API in the clear.
+        health_port=_int(env, "HEALTH_PORT", 0, 0, 65535),
+        #: browse_svc: seconds between refreshes of the per-queue gauges (0: off).
+        gauge_interval_s=_float(env, "GAUGE_INTERVAL_S", 15.0),
+        #: browse_svc's healer: a round every this many seconds (0: off), over mails older than the grace.
+        heal_interval_s=_float(env, "HEAL_INTERVAL_S", 300.0),
+        heal_grace_s=_float(env, "HEAL_GRACE_S", 900.0, 1.0),
+        #: Mail rows a healer round reads per queue at most: a deep queue is passed over in several
+        #: rounds, so a round costs the same at any depth.
+        heal_rows_per_round=_int(env, "HEAL_ROWS_PER_ROUND", 20_000, 100),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """Everything one service process needs."""
+
+    server: ServerSettings
+    cassandra: CassandraSettings
+    rabbitmq: RabbitMQSettings
+    s3: S3Settings
+    limits: LimitSettings
+    view: ViewSettings
+
+    @classmethod
+    def from_env(cls, service: str, env: Mapping[str, str] = os.environ) -> Settings:
+        return cls(
+            server=server_from_env(service, env),
+            cassandra=cassandra_from_env(env),
+            rabbitmq=rabbitmq_from_env(env),
+            s3=s3_from_env(env),
+            limits=limits_from_env(env),
+            view=view_from_env(env),
+        )
