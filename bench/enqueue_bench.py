@@ -1,11 +1,13 @@
 """Enqueue throughput: through gRPC (enqueue_svc -> backends) vs. direct backend calls.
 
     .venv/bin/python -m bench.enqueue_bench [--seconds 30] [--concurrency 32] [--size 10240] [--warmup 5] [--many]
-        [--batch N [--pairs K]] [--rate R [--rate-only]] [--floor]
+        [--batch N [--pairs K]] [--rate R [--rate-only]] [--floor] [--stream]
 
 ``--many`` adds a phase with EnqueueMany: one stream, ``--concurrency`` mails in flight on it.
 ``--batch N`` adds one with EnqueueBatches: N mails per message, ``--concurrency`` in flight.
 ``--rate R`` adds a phase of single Enqueues started R per second (latency below the peak).
+``--stream`` adds a phase of EnqueueStream calls (a header, then the content in 64 KiB chunks),
+``--concurrency`` at once: how a client sends a mail too large for one message.
 ``--floor`` adds a phase of unary calls that do no work (grpc.health's Check on enqueue_svc, through
 the same interceptors), ``--concurrency`` at once: the CPU per call that gRPC and the server
 runtime cost before any enqueue work, the floor under the unary Enqueue's.
@@ -58,6 +60,28 @@ async def via_grpc(
 
     try:
         return await load(op, concurrency, seconds, f"grpc@{rate:.0f}/s" if rate else "grpc", warmup, services, rate)
+    finally:
+        await channel.close()
+
+
+async def via_grpc_stream(queue: str, seconds: float, concurrency: int, size: int, warmup: float, services: dict[str, int]) -> dict[str, Any]:
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{PORTS['enqueue']}")
+    stub = enqueue_pb2_grpc.EnqueueServiceStub(channel)
+    mail = mail_pb2.Mail(name="bench", sender="a@example.com", recipients=["b@example.org"])
+    chunk = 64 * 1024
+
+    async def op(i: int) -> None:
+        body = content(i, size)
+
+        async def requests():  # noqa: ANN202
+            yield enqueue_pb2.EnqueueStreamRequest(header=enqueue_pb2.EnqueueHeader(queue=queue, mail=mail))
+            for at in range(0, len(body), chunk):
+                yield enqueue_pb2.EnqueueStreamRequest(chunk=body[at:at + chunk])
+
+        await stub.EnqueueStream(requests())
+
+    try:
+        return await load(op, concurrency, seconds, "grpc-stream", warmup, services)
     finally:
         await channel.close()
 
@@ -180,6 +204,7 @@ def main() -> None:
     p.add_argument("--rate", type=float, default=0.0, help="also measure single Enqueues paced at this many per second")
     p.add_argument("--rate-only", action="store_true", help="measure the paced phase alone (latency below the peak)")
     p.add_argument("--floor", action="store_true", help="also measure unary calls that do no work (health Check)")
+    p.add_argument("--stream", action="store_true", help="also measure EnqueueStream (64 KiB chunks), --concurrency at once")
     p.add_argument("--pairs", type=int, default=0,
                    help="then this many batched/direct pairs back to back, each on new queues: a ratio per pair and their median")
     a = p.parse_args()
@@ -209,7 +234,10 @@ def main() -> None:
             return
         settle("grpc")
         g = asyncio.run(via_grpc(grpc_queue, a.seconds, a.concurrency, a.size, a.warmup, services))
-        m = b = f = None
+        m = b = f = st = None
+        if a.stream:
+            settle("grpc-stream")
+            st = asyncio.run(via_grpc_stream(grpc_queue, a.seconds, a.concurrency, a.size, a.warmup, services))
         if a.floor:
             settle("floor")
             f = asyncio.run(floor(a.seconds, a.concurrency, a.warmup, services))
@@ -228,6 +256,9 @@ def main() -> None:
     print(f"\nenqueue of {a.size} B mails, concurrency {a.concurrency}, {a.seconds:.0f} s each after {a.warmup:.0f} s of warm-up, keyspace {keyspace}")
     print(report("grpc", g))
     print(f"           {g['cpu']}")
+    if st is not None:
+        print(report("grpc-stream", st))
+        print(f"           {st['cpu']}")
     if f is not None:
         print(report("floor", f) + "  (grpc.health Check: no enqueue work)")
         print(f"           {f['cpu']}")
@@ -243,6 +274,8 @@ def main() -> None:
     print(report("direct", d))
     print(f"           {d['cpu']}")
     print(f"ratio grpc/direct throughput: {g['per_s'] / d['per_s']:.2f}")
+    if st is not None:
+        print(f"ratio grpc-stream/direct throughput: {st['per_s'] / d['per_s']:.2f}")
     if b is not None:
         print(f"ratio grpc-batch/direct throughput: {b['per_s'] / d['per_s']:.2f}")
     if pairs:
