@@ -58,10 +58,6 @@ HINTS = {
 #: clear, flush, republish, move), transfer (enqueue, dequeue), rules (hold, bounce, rules, release),
 #: throttle, dead.
 COMMANDS = (queues, mails, transfer, rules, throttle, dead)
-#: The order the usage line lists the commands in (the one it had before they moved into modules);
-#: a command missing here comes last.
-USAGE_ORDER = ("queues", "show", "browse", "size", "create", "delete", "clear", "flush", "republish", "enqueue", "dequeue",
-               "retry-policy", "shape", "reconcile", "drop", "move", "hold", "bounce", "rules", "release", "config", "throttle", "dead")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -77,10 +73,6 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     for module in COMMANDS:
         module.register(sub)
-    # sub.choices is argparse's name -> parser map: reordered in place, it orders the usage line.
-    registered = dict(sub.choices)
-    sub.choices.clear()
-    sub.choices.update(sorted(registered.items(), key=lambda kv: USAGE_ORDER.index(kv[0]) if kv[0] in USAGE_ORDER else len(USAGE_ORDER)))
     return p
 
 
