@@ -1,17 +1,68 @@
-"""What mailq's commands share: argument types and table output."""
+"""What mailq's commands share: the client of the services, argument types and table output."""
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
+import os
 import sys
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import grpc
 from google.protobuf import duration_pb2
 
+from mailqueue.v1 import admin_pb2_grpc, blob_pb2_grpc, browse_pb2_grpc, dequeue_pb2_grpc, enqueue_pb2_grpc
+from services.adapters.grpc_channels import blocking_channel
 from services.domain.durations import parse_duration
 from services.domain.errors import InvalidArgument
+from services.runtime.server_settings import DEFAULT_PORTS
+
+
+class Client:
+    def __init__(self, a: argparse.Namespace) -> None:
+        token = a.token or os.environ.get("MAILQ_TOKEN", "")
+
+        def target(name: str) -> str:
+            return getattr(a, name) or os.environ.get(f"MAILQ_{name.upper()}") or f"{a.host}:{DEFAULT_PORTS[name]}"
+
+        tls = tls_credentials(a)
+        self.enqueue = enqueue_pb2_grpc.EnqueueServiceStub(blocking_channel(target("enqueue"), token, tls))
+        self.dequeue = dequeue_pb2_grpc.DequeueServiceStub(blocking_channel(target("dequeue"), token, tls))
+        browse_channel = blocking_channel(target("browse"), token, tls)
+        self.browse = browse_pb2_grpc.BrowseServiceStub(browse_channel)
+        self.admin = admin_pb2_grpc.AdminServiceStub(browse_channel)
+        self.blob = blob_pb2_grpc.BlobServiceStub(blocking_channel(target("blob"), token, tls))
+
+
+def tls_credentials(a: argparse.Namespace) -> grpc.ChannelCredentials | None:
+    """TLS when a CA is given (--tls-ca or $MAILQ_TLS_CA), with a client certificate for mutual TLS."""
+    ca = a.tls_ca or os.environ.get("MAILQ_TLS_CA", "")
+    cert = a.tls_cert or os.environ.get("MAILQ_TLS_CERT", "")
+    key = a.tls_key or os.environ.get("MAILQ_TLS_KEY", "")
+    if not ca:
+        if cert or key:
+            raise SystemExit("mailq: --tls-cert and --tls-key need --tls-ca (the CA that signed the servers)")
+        return None
+    if bool(cert) != bool(key):
+        raise SystemExit("mailq: give both --tls-cert and --tls-key, or neither")
+
+    def read(path: str) -> bytes:
+        try:
+            with open(path, "rb") as f:
+                return f.read()
+        except OSError as e:
+            raise SystemExit(f"mailq: {path}: {e.strerror}") from None
+
+    return grpc.ssl_channel_credentials(read(ca), read(key) if key else None, read(cert) if cert else None)
+
+
+def queue_command(sub: Any, name: str, fn: Callable[[Client, argparse.Namespace], None]) -> argparse.ArgumentParser:
+    """The subparser of a command on one queue: its first argument is the queue; ``fn`` runs it."""
+    s = sub.add_parser(name)
+    s.add_argument("queue")
+    s.set_defaults(fn=fn)
+    return s
 
 
 def duration_arg(text: str) -> dt.timedelta:

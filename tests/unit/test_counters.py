@@ -6,7 +6,7 @@ import pathlib
 import re
 import uuid
 
-from mailq.cli import shape_table
+from mailq.queues import shape_table
 from services.domain import counts, model
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)

@@ -1,0 +1,124 @@
+"""mailq's commands on the mails of a queue: browse, delete, clear, flush, republish, move.
+
+    mailq browse Q [--sender S] [--recipient R] [--name N] [--id ENQUEUE_ID] [--ready | --delayed] [--limit N] [--json]
+    mailq delete Q (--sender S | --recipient R | --name N) | clear Q
+    mailq flush Q [--sender S | --recipient R | --domain D | --name N]
+    mailq republish Q --older-than 1h
+    mailq move Q TO [--sender S] [--recipient R] [--name N] [--ready | --delayed] [--limit N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+from google.protobuf import json_format
+
+from mailq.common import Client, duration, duration_arg, follow, print_table, queue_command
+from mailqueue.v1 import admin_pb2, browse_pb2, mail_pb2
+
+
+def mail_row(m: mail_pb2.QueuedMail) -> dict[str, Any]:
+    return json_format.MessageToDict(m, preserving_proto_field_name=True)
+
+
+def progress_stream(stream: Iterator[Any], what: str) -> int:
+    last = None
+    for r in stream:
+        last = r.progress
+        print(f"\r{what}: {last.scanned} scanned, {last.deleted} deleted", end="", file=sys.stderr, flush=True)
+    print(file=sys.stderr)
+    return last.deleted if last else 0
+
+
+def cmd_browse(c: Client, a: argparse.Namespace) -> None:
+    schedule = (browse_pb2.SCHEDULE_FILTER_READY if a.ready else
+                browse_pb2.SCHEDULE_FILTER_DELAYED if a.delayed else browse_pb2.SCHEDULE_FILTER_UNSPECIFIED)
+    request = browse_pb2.BrowseRequest(queue=a.queue, sender=a.sender or "", recipient=a.recipient or "",
+                                       name=a.name or "", limit=a.limit, schedule=schedule, enqueue_id=a.id or "")
+    rows = []
+    for r in c.browse.Browse(request):
+        if a.json:
+            print(json.dumps(mail_row(r.mail)))
+            continue
+        m = r.mail
+        due = m.deliver_at.ToDatetime().strftime("%Y-%m-%d %H:%M:%S") if m.HasField("deliver_at") else "-"
+        rows.append([m.enqueued_at.ToDatetime().strftime("%Y-%m-%d %H:%M:%S"), m.enqueue_id[:8], str(m.size),
+                     m.mail.sender or "<>", ",".join(m.mail.recipients), m.mail.name, due, str(m.attempts)])
+    if not a.json:
+        print_table(rows, ["ENQUEUED (UTC)", "ID", "SIZE", "SENDER", "RECIPIENTS", "NAME", "DELIVER AT", "ATTEMPTS"])
+        print(f"-- {len(rows)} mail(s)", file=sys.stderr)
+
+
+def cmd_delete(c: Client, a: argparse.Namespace) -> None:
+    condition = {k: v for k, v in (("sender", a.sender), ("recipient", a.recipient), ("name", a.name)) if v is not None}
+    if len(condition) != 1:
+        raise SystemExit("mailq delete: give exactly one of --sender, --recipient, --name")
+    n = progress_stream(c.admin.DeleteMails(admin_pb2.DeleteMailsRequest(queue=a.queue, **condition)), "deleting")
+    print(f"{n} mail(s) deleted")
+
+
+def cmd_clear(c: Client, a: argparse.Namespace) -> None:
+    n = progress_stream(c.admin.ClearQueue(admin_pb2.ClearQueueRequest(queue=a.queue)), "clearing")
+    print(f"{n} mail(s) deleted")
+
+
+def cmd_move(c: Client, a: argparse.Namespace) -> None:
+    schedule = (browse_pb2.SCHEDULE_FILTER_READY if a.ready else browse_pb2.SCHEDULE_FILTER_DELAYED if a.delayed
+                else browse_pb2.SCHEDULE_FILTER_UNSPECIFIED)
+    request = admin_pb2.MoveMailsRequest(queue=a.queue, to_queue=a.to_queue, sender=a.sender or "", recipient=a.recipient or "",
+                                         name=a.name or "", schedule=schedule, limit=a.limit)
+    last = follow(c.admin.MoveMails(request), lambda r: f"moving to {a.to_queue}: {r.scanned} scanned, {r.moved} moved",
+                  "mailq move: interrupted: run it again (it completes the moves begun first)")
+    resumed = f" (and {last.resumed} interrupted move(s) completed)" if last.resumed else ""
+    print(f"{last.moved} mail(s) moved to {a.to_queue}{resumed}")
+
+
+def cmd_flush(c: Client, a: argparse.Namespace) -> None:
+    condition = {k: v for k, v in (("sender", a.sender), ("recipient", a.recipient), ("recipient_domain", a.domain),
+                                   ("name", a.name)) if v is not None}
+    if len(condition) > 1:
+        raise SystemExit("mailq flush: give at most one of --sender, --recipient, --domain, --name")
+    print(f"{c.admin.Flush(admin_pb2.FlushRequest(queue=a.queue, **condition)).flushed} mail(s) flushed")
+
+
+def cmd_republish(c: Client, a: argparse.Namespace) -> None:
+    r = c.admin.RepublishNotProcessed(admin_pb2.RepublishNotProcessedRequest(queue=a.queue, older_than=duration(a.older_than)))
+    print(f"{r.republished} mail(s) republished")
+
+
+def _mail_command(sub: Any, name: str, fn: Any) -> argparse.ArgumentParser:
+    """A command on the mails of a queue chosen by sender, recipient or name."""
+    s = queue_command(sub, name, fn)
+    s.add_argument("--sender")
+    s.add_argument("--recipient")
+    s.add_argument("--name")
+    return s
+
+
+def _schedule_args(s: argparse.ArgumentParser, delayed: str) -> None:
+    which = s.add_mutually_exclusive_group()
+    which.add_argument("--ready", action="store_true", help="only mails deliverable now")
+    which.add_argument("--delayed", action="store_true", help=delayed)
+
+
+def register(sub: Any) -> None:
+    s = queue_command(sub, "browse", cmd_browse)
+    s.add_argument("--json", action="store_true", help="machine-readable output")
+    s.add_argument("--sender")
+    s.add_argument("--recipient")
+    s.add_argument("--name")
+    s.add_argument("--limit", type=int, default=0)
+    s.add_argument("--id", help="only the mail with this enqueue id (read from an index)")
+    _schedule_args(s, "only mails waiting for their deliver_at")
+    _mail_command(sub, "delete", cmd_delete)
+    queue_command(sub, "clear", cmd_clear)
+    _mail_command(sub, "flush", cmd_flush).add_argument("--domain", help="only mails with a recipient in this domain")
+    queue_command(sub, "republish", cmd_republish).add_argument("--older-than", type=duration_arg, required=True)
+    s = _mail_command(sub, "move", cmd_move)
+    s.add_argument("to_queue", metavar="TO")
+    s.add_argument("--limit", type=int, default=0, help="at most this many mails")
+    _schedule_args(s, "only delayed or held mails")
