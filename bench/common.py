@@ -14,12 +14,11 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tests.harness import as_service, broker_parameters, prepare, stack_env
-from tests.harness import scrape as metric  # noqa: F401 - the benches' reading of a service's metrics
+from stack import harness
+from stack.harness import ROOT, Service, as_service, prepare, stack_env
+from stack.harness import scrape as metric  # noqa: F401 - the benches' reading of a service's metrics
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PORTS = {"blob": 56054, "enqueue": 56051, "dequeue": 56052, "browse": 56053}
 
 
@@ -50,8 +49,9 @@ def env(keyspace: str, name: str, metrics_port: int = 0, extra: dict[str, str] |
 
 
 def start_services(keyspace: str, names: list[str], metrics: dict[str, int] | None = None,
-                   extra: dict[str, str] | None = None, credentials: grpc.ChannelCredentials | None = None) -> list[subprocess.Popen]:
-    """``names`` started on the bench ports; ``metrics``: name -> a Prometheus port to serve;
+                   extra: dict[str, str] | None = None, credentials: grpc.ChannelCredentials | None = None) -> list[Service]:
+    """``names`` started on the bench ports (stack/harness.py's Service: ``.pid``, ``.proc``;
+    their logs on this process's stderr); ``metrics``: name -> a Prometheus port to serve;
     ``extra``: variables over each one's environment (a TLS certificate: then ``credentials``
     are what a client trusts)."""
     taken = [n for n in names if serving(f"127.0.0.1:{PORTS[n]}", credentials)]
@@ -59,30 +59,33 @@ def start_services(keyspace: str, names: list[str], metrics: dict[str, int] | No
         # Left by a killed benchmark: this run's calls would reach them, and their keyspace.
         raise SystemExit(f"ports of {', '.join(taken)} ({', '.join(str(PORTS[n]) for n in taken)}) already answer: "
                          "stop those processes first (pkill -f 'python -m <name>_svc')")
-    procs = [subprocess.Popen([sys.executable, "-m", f"{n}_svc"], cwd=ROOT, env=env(keyspace, n, (metrics or {}).get(n, 0), extra))
-             for n in names]
+    services = [Service(n, env(keyspace, n, (metrics or {}).get(n, 0), extra), PORTS[n], credentials=credentials)
+                for n in names]
+    for s in services:
+        s.start(wait=False)
     deadline = time.monotonic() + 90
-    for n in names:
-        while not serving(f"127.0.0.1:{PORTS[n]}", credentials):
-            if time.monotonic() > deadline:
-                raise SystemExit(f"{n}_svc did not become SERVING")
-            time.sleep(0.2)
-    return procs
+    try:
+        for s in services:
+            s.wait_serving(max(deadline - time.monotonic(), 0), interval=0.2)
+    except harness.NotServing as e:
+        stop(services)
+        raise SystemExit(str(e)) from None
+    return services
 
 
 def serving(target: str, credentials: grpc.ChannelCredentials | None = None) -> bool:
-    with (grpc.secure_channel(target, credentials) if credentials else grpc.insecure_channel(target)) as ch:
-        try:
-            return health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=1).status == 1
-        except grpc.RpcError:
-            return False
+    return harness.is_serving(target, credentials, timeout=1)
 
 
-def stop(procs: list[subprocess.Popen]) -> None:
-    for p in procs:
-        p.terminate()
-    for p in procs:
-        p.wait(20)
+def stop(procs: list[Service] | list[subprocess.Popen]) -> None:
+    """SIGTERM to each, then wait for each to end (SIGKILL after 20 s)."""
+    harness.stop_all([p if isinstance(p, Service) else _adopted(p) for p in procs], grace=20)
+
+
+def _adopted(proc: subprocess.Popen) -> Service:
+    service = Service("?", {}, 0)
+    service.proc = proc
+    return service
 
 
 #: What one benchmark run created, removed when ``run`` ends: piles of keyspaces exhausted a small
@@ -129,43 +132,18 @@ def run(main: Callable[[], None]) -> None:
 
 
 def drop_keyspace(name: str) -> None:
-    from services.adapters.cassandra.session import connect
-    from services.runtime.settings import cassandra_from_env
-
-    cluster, session = connect(cassandra_from_env())
-    try:
-        session.execute(f"DROP KEYSPACE IF EXISTS {name}", timeout=120)
-    finally:
-        cluster.shutdown()
+    harness.drop_keyspace(name)
 
 
 def drop_bucket(bucket: str) -> None:
-    import dataclasses
-
-    from services.adapters.s3 import client as s3client
-    from services.runtime.settings import s3_from_env
-
-    b = s3client.Bucket(dataclasses.replace(s3_from_env(), bucket=bucket))
-    if not b.exists():
-        return
-    print(f"removing bucket {bucket}", file=sys.stderr)
-    b.drop()
+    if harness.drop_bucket(bucket):
+        print(f"removed bucket {bucket}", file=sys.stderr)
 
 
 def drop_queues(queues: list[str]) -> None:
-    import pika
-
-    from services.domain import names
-
-    if not queues:
-        return
-    with pika.BlockingConnection(broker_parameters()) as conn:
-        ch = conn.channel()
-        for q in queues:
-            ch.queue_delete(names.work_queue(q))
-            ch.queue_delete(names.dead_letter_queue(q))
-            ch.exchange_delete(names.exchange(q))
-            ch.exchange_delete(names.dead_letter_exchange(q))
+    """The RabbitMQ queues of each bench queue: every priority class's work queue and the
+    dead-letter queue, and the queue's exchanges (stack/harness.py drop_queues)."""
+    harness.drop_queues(queues)
 
 
 async def load(

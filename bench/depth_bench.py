@@ -31,7 +31,7 @@ import grpc
 from bench.common import PORTS, CpuMeter, bench_queue, env, metric, new_keyspace, run, settle, stack_pids, start_services, stop
 from bench.enqueue_bench import content
 from mailqueue.v1 import admin_pb2, admin_pb2_grpc, browse_pb2, browse_pb2_grpc, dequeue_pb2, dequeue_pb2_grpc, enqueue_pb2, enqueue_pb2_grpc, mail_pb2
-from tests.harness import ServiceProcess
+from stack.harness import ServiceProcess
 
 METRICS = {"browse": 56161, "enqueue": 56162}
 

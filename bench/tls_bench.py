@@ -30,7 +30,7 @@ import grpc
 from bench.common import PORTS, bench_queue, new_keyspace, report, run, settle, start_services, stop
 from bench.enqueue_bench import via_grpc_many
 from mailqueue.v1 import admin_pb2, admin_pb2_grpc
-from tests.harness import ROOT, stack
+from stack.harness import ROOT, stack
 
 PKI = os.path.join(ROOT, ".stack", "pki")
 MODES = ("clear", "grpc-clear", "tls")

@@ -12,7 +12,8 @@ import pytest
 
 from mailqueue.v1 import admin_pb2, admin_pb2_grpc, blob_pb2_grpc, browse_pb2_grpc, dequeue_pb2_grpc, enqueue_pb2_grpc
 from services.runtime.interceptors import ErrorsAndMetrics
-from tests.harness import LoopThread, RunningApp, ServiceProcess, broker_parameters, new_keyspace, service_env, stack, stack_env
+from stack.harness import drop_keyspace, drop_queues
+from tests.harness import LoopThread, RunningApp, ServiceProcess, new_keyspace, service_env, stack, stack_env
 
 INTEGRATION = pathlib.Path(__file__).parent / "integration"
 CONTRACT = pathlib.Path(__file__).parent / "contract"
@@ -61,22 +62,6 @@ def aio_loop() -> LoopThread:
     loop.stop()
 
 
-def drop_keyspace(name: str, env: dict[str, str] | None = None) -> None:
-    """Test keyspaces are dropped afterwards: piles of tables slow Cassandra's schema changes.
-    ``env``: the environment naming the Cassandra (default: this process's)."""
-    import os
-
-    from services.adapters.cassandra.session import connect
-    from services.runtime.settings import cassandra_from_env
-
-    settings = cassandra_from_env(os.environ if env is None else env)
-    cluster, session = connect(settings)
-    try:
-        session.execute(f"DROP KEYSPACE IF EXISTS {name}", timeout=120)
-    finally:
-        cluster.shutdown()
-
-
 @pytest.fixture(scope="session")
 def keyspace(running_stack: None) -> str:
     """A keyspace of this test session's own: tests never see dev data or each other's."""
@@ -113,17 +98,8 @@ def _drop_created_queues():
         return
     import pika
 
-    from services.domain import model, names
-
     try:
-        with pika.BlockingConnection(broker_parameters()) as conn:
-            ch = conn.channel()
-            for queue in CREATED_QUEUES:
-                for priority in model.PRIORITIES:
-                    ch.queue_delete(names.work_queue(queue, priority))
-                ch.queue_delete(names.dead_letter_queue(queue))
-                ch.exchange_delete(names.exchange(queue))
-                ch.exchange_delete(names.dead_letter_exchange(queue))
+        drop_queues(CREATED_QUEUES)  # every class's work queue, the dead-letter queue, the exchanges
     except pika.exceptions.AMQPError:
         pass  # a test that stopped the broker: its queues stay
     finally:

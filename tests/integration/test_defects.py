@@ -221,18 +221,21 @@ def test_the_local_rabbitmq_distribution_port_listens_on_loopback_only(running_s
 
 
 def test_services_script_sees_a_killed_unreaped_service_as_gone():
-    """stack/services.sh start right after a SIGKILL used to take the zombie for a live service."""
+    """stack/services.sh start right after a SIGKILL used to take the zombie for a live service
+    (its check is stack/harness.py's alive, through python -m stack.services)."""
     import signal
 
+    from stack import harness
+
     proc = subprocess.Popen([sys.executable, "-c", "import signal; signal.pause()", "-m", "blob_svc"])
-    script = os.path.join(ROOT, "stack", "services.sh")
 
     def alive() -> bool:
-        check = f"source <(sed -n '/^alive()/,/^}}/p' {script}); alive {proc.pid} blob"
-        return subprocess.run(["bash", "-c", check]).returncode == 0
+        return harness.alive(proc.pid, "blob")
 
     try:
-        assert alive()
+        # Once it has exec'd (before, /proc shows this process's command line; the shell version
+        # of this check took long enough to start that it never saw that).
+        wait_until(alive, what="the stand-in seen as blob_svc")
         os.kill(proc.pid, signal.SIGKILL)
         wait_until(lambda: open(f"/proc/{proc.pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z", what="a zombie")
         assert not alive()  # killed, not yet reaped by its parent: gone
