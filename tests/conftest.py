@@ -10,7 +10,17 @@ import uuid
 import grpc
 import pytest
 
-from mailqueue.v1 import admin_pb2, admin_pb2_grpc, blob_pb2_grpc, browse_pb2_grpc, dequeue_pb2_grpc, enqueue_pb2_grpc
+from mailqueue.v1 import (
+    admin_pb2,
+    admin_pb2_grpc,
+    blob_pb2_grpc,
+    browse_pb2,
+    browse_pb2_grpc,
+    dequeue_pb2_grpc,
+    enqueue_pb2,
+    enqueue_pb2_grpc,
+    mail_pb2,
+)
 from services.runtime.interceptors import ErrorsAndMetrics
 from stack.harness import drop_keyspace, drop_queues
 from tests.harness import LoopThread, RunningApp, ServiceProcess, new_keyspace, service_env, stack, stack_env
@@ -142,6 +152,46 @@ class BaseSuite:
     def metric(self, service: str, name: str, **labels: str) -> float:
         """The sum of a Prometheus sample's values, over the samples whose labels include ``labels``."""
         raise NotImplementedError
+
+    # What a client reads and writes through the API, typed: the tests call these rather than
+    # wrappers of their own. (``self.enqueue`` and ``self.browse`` are the services themselves.)
+
+    def enqueue_receipt(self, request: enqueue_pb2.EnqueueRequest) -> enqueue_pb2.Receipt:
+        """Enqueue: the receipt of the stored mail."""
+        return self.enqueue_stub.Enqueue(request).receipt
+
+    def enqueue_mail(self, queue: str, name: str, content: bytes | None = None,
+                     recipients: tuple[str, ...] | None = None) -> enqueue_pb2.Receipt:
+        """Enqueue a mail named ``name`` with inline ``content`` (helpers.inline's default when
+        None) to ``recipients`` (helpers.simple_mail's default when None): its receipt."""
+        from tests.integration.helpers import inline, simple_mail
+
+        mail = simple_mail(name) if recipients is None else simple_mail(name, recipients=recipients)
+        return self.enqueue_receipt(inline(queue, mail) if content is None else inline(queue, mail, content))
+
+    def browsed(self, queue: str, **filters: object) -> list[browse_pb2.BrowseResponse]:
+        """Browse: every response, ``filters`` being BrowseRequest fields."""
+        return list(self.browse_stub.Browse(browse_pb2.BrowseRequest(queue=queue, **filters)))
+
+    def browsed_mails(self, queue: str, **filters: object) -> list[mail_pb2.QueuedMail]:
+        """Browse: the mail of each response."""
+        return [r.mail for r in self.browse_stub.Browse(browse_pb2.BrowseRequest(queue=queue, **filters))]
+
+    def browsed_names(self, queue: str, **filters: object) -> list[str]:
+        """Browse: the name of each mail, in browse order."""
+        return [r.mail.mail.name for r in self.browse_stub.Browse(browse_pb2.BrowseRequest(queue=queue, **filters))]
+
+    def browsed_by_name(self, queue: str, **filters: object) -> dict[str, mail_pb2.QueuedMail]:
+        """Browse: name -> mail (a later mail of the same name wins)."""
+        return {r.mail.mail.name: r.mail for r in self.browse_stub.Browse(browse_pb2.BrowseRequest(queue=queue, **filters))}
+
+    def size(self, queue: str, exact: bool = False) -> int:
+        """GetSize: from the counters, or (``exact``) counted from the view."""
+        return self.browse_stub.GetSize(browse_pb2.GetSizeRequest(queue=queue, exact=exact)).size
+
+    def info(self, queue: str, exact: bool = False) -> browse_pb2.QueueInfo:
+        """GetQueue: the queue's info (its size from the counters unless ``exact``)."""
+        return self.browse_stub.GetQueue(browse_pb2.GetQueueRequest(queue=queue, exact=exact)).queue_info
 
 
 class Suite(BaseSuite):

@@ -24,18 +24,6 @@ def suite(contract_suite):
     return contract_suite
 
 
-def browse(suite, queue, **filters) -> list[browse_pb2.BrowseResponse]:
-    return list(suite.browse_stub.Browse(browse_pb2.BrowseRequest(queue=queue, **filters)))
-
-
-def browse_names(suite, queue, **filters) -> list[str]:
-    return [r.mail.mail.name for r in browse(suite, queue, **filters)]
-
-
-def size(suite, queue) -> int:
-    return suite.browse_stub.GetSize(browse_pb2.GetSizeRequest(queue=queue)).size
-
-
 def delete(suite, queue, **condition) -> list[admin_pb2.DeleteProgress]:
     return [r.progress for r in suite.admin_stub.DeleteMails(admin_pb2.DeleteMailsRequest(queue=queue, **condition))]
 
@@ -50,7 +38,7 @@ def next_slice(window_s: float = 1.0) -> None:
 def test_browse_returns_live_mails_in_order_with_every_field(suite):
     queue = suite.new_queue()
     enqueue_names(suite, queue, ["a", "b", "c"])
-    got = browse(suite, queue, include_content=True)
+    got = suite.browsed(queue, include_content=True)
     assert [r.mail.mail.name for r in got] == ["a", "b", "c"]
     assert all(r.content == b"Subject: x\r\n\r\nbody" for r in got)
     assert [serde.queued_mail_from_proto(r.mail) for r in got] == view_rows(suite, queue)
@@ -67,8 +55,8 @@ def test_browse_across_slices_in_order_with_an_empty_slice(fast_suite):
             order += [f"slice{k}-a", f"slice{k}-b"]
     rows = view_rows(s, queue)
     assert len({r.slice_start for r in rows}) == 4
-    assert browse_names(s, queue) == order
-    assert size(s, queue) == 8
+    assert s.browsed_names(queue) == order
+    assert s.size(queue) == 8
 
 
 def test_browse_filters(suite):
@@ -78,27 +66,27 @@ def test_browse_filters(suite):
     cut = model.utcnow()
     wait_until(lambda: model.utcnow() > cut, what="the clock to move")
     suite.enqueue_stub.Enqueue(inline(queue, simple_mail("three", "b@x.org", ("r2@y.org",))))
-    assert browse_names(suite, queue, sender="a@x.org") == ["one"]
-    assert browse_names(suite, queue, sender="<>") == ["two"]
-    assert browse_names(suite, queue, recipient="r2@y.org") == ["two", "three"]
-    assert browse_names(suite, queue, name="three") == ["three"]
-    assert browse_names(suite, queue, limit=2) == ["one", "two"]
+    assert suite.browsed_names(queue, sender="a@x.org") == ["one"]
+    assert suite.browsed_names(queue, sender="<>") == ["two"]
+    assert suite.browsed_names(queue, recipient="r2@y.org") == ["two", "three"]
+    assert suite.browsed_names(queue, name="three") == ["three"]
+    assert suite.browsed_names(queue, limit=2) == ["one", "two"]
     ts = serde.timestamp_to_proto(cut + dt.timedelta(milliseconds=1))
-    assert browse_names(suite, queue, enqueued_after=ts) == ["three"]
-    assert browse_names(suite, queue, enqueued_before=ts) == ["one", "two"]
+    assert suite.browsed_names(queue, enqueued_after=ts) == ["three"]
+    assert suite.browsed_names(queue, enqueued_before=ts) == ["one", "two"]
 
 
 def test_browse_and_size_skip_dequeued_and_deleted_mails_and_retry_keeps_them(suite):
     queue = suite.new_queue()
     enqueue_names(suite, queue, ["keep", "retry", "done", "deleted"])
-    assert size(suite, queue) == 4
+    assert suite.size(queue) == 4
     delete(suite, queue, name="deleted")
     c = StreamConsumer(suite.dequeue_stub, queue, 8)
     deliveries = {d.mail.mail.name: d for d in c.take(3)}
     c.answer(deliveries["done"], "SUCCESS")
     c.answer(deliveries["retry"], "RETRY", retry_after=0)
-    wait_until(lambda: size(suite, queue) == 2, what="size to drop on SUCCESS only")
-    assert browse_names(suite, queue) == ["keep", "retry"]
+    wait_until(lambda: suite.size(queue) == 2, what="size to drop on SUCCESS only")
+    assert suite.browsed_names(queue) == ["keep", "retry"]
     c.cancel()
 
 
@@ -133,7 +121,7 @@ def test_delete_by_name_sender_and_recipient(suite):
     assert delete(suite, queue, name="n1")[-1].deleted == 1
     assert delete(suite, queue, recipient="r2@y.org")[-1].deleted == 2  # any recipient matches
     assert delete(suite, queue, sender="s2@x.org")[-1].deleted == 1
-    assert browse_names(suite, queue) == []
+    assert suite.browsed_names(queue) == []
     assert delete(suite, queue, sender="nobody@x.org")[-1] == admin_pb2.DeleteProgress(scanned=0, deleted=0, done=True)
 
 
@@ -149,7 +137,7 @@ def test_clear_empties_the_queue_and_deleted_mails_are_not_delivered(suite):
     enqueue_names(suite, queue, [f"m{i}" for i in range(5)])
     progress = [r.progress for r in suite.admin_stub.ClearQueue(admin_pb2.ClearQueueRequest(queue=queue))]
     assert progress[-1].done and progress[-1].deleted == 5
-    assert size(suite, queue) == 0
+    assert suite.size(queue) == 0
     c = StreamConsumer(suite.dequeue_stub, queue)
     wait_until(lambda: suite.metric("dequeue", "mailqueue_skipped_total", queue=queue, reason="deleted") == 5,
                what="the five deleted mails acked away by dequeue")
@@ -167,7 +155,7 @@ def test_a_delete_does_not_touch_mails_enqueued_after_it_started(suite):
     suite.enqueue_stub.Enqueue(inline(queue, simple_mail("later", "spam@x.org")))
     last = list(stream)[-1].progress
     assert last.done and last.deleted == 250
-    assert browse_names(suite, queue) == ["later"]
+    assert suite.browsed_names(queue) == ["later"]
 
 
 def test_concurrent_browse_enqueue_dequeue_delete_and_clear_never_fail(suite):
@@ -195,8 +183,8 @@ def test_concurrent_browse_enqueue_dequeue_delete_and_clear_never_fail(suite):
 
     work = [
         lambda: enqueue_names(suite, queue, ["x"]),
-        lambda: browse(suite, queue),
-        lambda: size(suite, queue),
+        lambda: suite.browsed(queue),
+        lambda: suite.size(queue),
         lambda: delete(suite, queue, name="x"),
         lambda: list(suite.admin_stub.ClearQueue(admin_pb2.ClearQueueRequest(queue=queue))),
         consume,
@@ -248,7 +236,7 @@ def test_raising_buckets_keeps_every_mail_browsable(running_stack, aio_loop):
         for app in s.apps[:-1]:
             app.app.backends().state.forget_config()
         enqueue_names(s, queue, ["one-second-slices"])
-        assert browse_names(s, queue) == ["before", *[f"four-buckets-{i}" for i in range(8)], "one-second-slices"]
+        assert s.browsed_names(queue) == ["before", *[f"four-buckets-{i}" for i in range(8)], "one-second-slices"]
         with pytest.raises(grpc.RpcError) as e:
             s.admin_stub.UpdateConfiguration(config(2, 1))
         assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "bucket_count may only grow" in e.value.details()
@@ -268,14 +256,14 @@ def test_browse_start_advances_as_the_queue_drains(fast_suite):
     for d in c.take(3):
         c.answer(d)
     c.close()
-    wait_until(lambda: size(s, queue) == 0, what="the queue to drain")
+    wait_until(lambda: s.size(queue) == 0, what="the queue to drain")
     next_slice()
     next_slice()
     moved = s.admin_stub.UpdateBrowseStart(admin_pb2.UpdateBrowseStartRequest(queue=queue)).browse_start.ToDatetime()
     assert moved > start
     assert moved <= dt.datetime.utcnow() - dt.timedelta(seconds=1)  # never beyond now - slice window
     enqueue_names(s, queue, ["after"])
-    assert browse_names(s, queue) == ["after"]
+    assert s.browsed_names(queue) == ["after"]
 
 
 def test_republish_heals_a_broker_that_lost_its_messages(suite):
@@ -296,4 +284,4 @@ def test_republish_heals_a_broker_that_lost_its_messages(suite):
     assert delivered(suite, queue) == 20  # and not one more
     c.close()
     # Answers are settled (marked, counted) after they are sent: wait for the last ones.
-    wait_until(lambda: size(suite, queue) == 0, what="the twenty answers settled")
+    wait_until(lambda: suite.size(queue) == 0, what="the twenty answers settled")

@@ -8,14 +8,6 @@ from tests.harness import ServiceProcess, service_env, wait_until
 from tests.integration.helpers import StreamConsumer, enqueue_names, inline, simple_mail
 
 
-def size(suite, queue, exact=False) -> int:
-    return suite.browse_stub.GetSize(browse_pb2.GetSizeRequest(queue=queue, exact=exact)).size
-
-
-def info(suite, queue, exact=False):
-    return suite.browse_stub.GetQueue(browse_pb2.GetQueueRequest(queue=queue, exact=exact)).queue_info
-
-
 def rows_read(suite, op: str) -> float:
     """browse_svc's mailqueue_view_rows_read_total for one operation."""
     return suite.metric("browse", "mailqueue_view_rows_read_total", op=op)
@@ -28,18 +20,18 @@ def test_size_from_counters_reads_no_mail_row_and_follows_enqueue_delay_and_dequ
     later.delay.FromTimedelta(dt.timedelta(hours=1))
     suite.enqueue_stub.Enqueue(later)
     before = rows_read(suite, "size")
-    assert size(suite, queue) == 4
-    i = info(suite, queue)
+    assert suite.size(queue) == 4
+    i = suite.info(queue)
     assert (i.size, i.ready, i.delayed, i.held, i.approximate) == (4, 3, 1, 0, True)
     assert i.HasField("oldest_ready_age") and i.oldest_mail_age.ToTimedelta() >= dt.timedelta(0)
     assert rows_read(suite, "size") == before  # not one mail row read
     c = StreamConsumer(suite.dequeue_stub, queue)
     for d in c.take(3):
         c.answer(d)
-    wait_until(lambda: size(suite, queue) == 1, what="counters to follow the dequeues")
-    assert size(suite, queue, exact=True) == 1 and rows_read(suite, "size") > before
+    wait_until(lambda: suite.size(queue) == 1, what="counters to follow the dequeues")
+    assert suite.size(queue, exact=True) == 1 and rows_read(suite, "size") > before
     list(suite.admin_stub.DeleteMails(admin_pb2.DeleteMailsRequest(queue=queue, name="later")))
-    assert (size(suite, queue), info(suite, queue).delayed) == (0, 0)
+    assert (suite.size(queue), suite.info(queue).delayed) == (0, 0)
     c.close()
 
 
@@ -51,10 +43,10 @@ def test_reconcile_heals_drifted_counters(suite):
     slice_start = row.mail.slice_start.ToDatetime(tzinfo=dt.timezone.utc)
     suite.run(suite.view.counters.add(queue, "enqueued", slice_start, 3))
     suite.run(suite.view.counters.add(queue, "delayed", slice_start, 1))
-    assert size(suite, queue) == 5 and info(suite, queue).delayed == 1
+    assert suite.size(queue) == 5 and suite.info(queue).delayed == 1
     r = suite.admin_stub.ReconcileCounters(admin_pb2.ReconcileCountersRequest(queue=queue))
     assert (r.size_before, r.delayed_before, r.size_after, r.delayed_after) == (5, 1, 2, 0)
-    assert size(suite, queue) == size(suite, queue, exact=True) == 2
+    assert suite.size(queue) == suite.size(queue, exact=True) == 2
 
 
 def test_gauges_export_each_queue_state_without_reading_mails(suite, keyspace):
@@ -62,9 +54,9 @@ def test_gauges_export_each_queue_state_without_reading_mails(suite, keyspace):
     enqueue_names(suite, queue, ["ready-1", "ready-2", "ready-3"])
     c = StreamConsumer(suite.dequeue_stub, queue, prefetch=1)
     c.answer(c.next(), "REJECT", "550 no such user")
-    wait_until(lambda: info(suite, queue).dead_lettered == 1, what="the reject in the dead-letter queue")
+    wait_until(lambda: suite.info(queue).dead_lettered == 1, what="the reject in the dead-letter queue")
     c.answer(c.next(), "RETRY", "451 later")  # delayed by the policy's hour
-    wait_until(lambda: info(suite, queue).delayed == 1, what="the retry counted as delayed")
+    wait_until(lambda: suite.info(queue).delayed == 1, what="the retry counted as delayed")
     c.close()
     # A browse_svc process as deployed, its gauges refreshed every second, read from /metrics.
     env = service_env(keyspace, MAILQUEUE_GAUGE_INTERVAL_S="1", MAILQUEUE_BLOB_TARGET=suite.blob.target)

@@ -42,30 +42,18 @@ def delayed(queue, name, seconds: float, recipients=("bob@example.org",)) -> enq
     return r
 
 
-def enqueue(suite, request) -> str:
-    return suite.enqueue_stub.Enqueue(request).receipt.enqueue_id
-
-
 def skipped(suite, queue: str, reason: str) -> float:
     """dequeue_svc's mailqueue_skipped_total: deliveries acked without handing them out."""
     return suite.metric("dequeue", "mailqueue_skipped_total", queue=queue, reason=reason)
 
 
-def info(suite, queue) -> browse_pb2.QueueInfo:
-    return suite.browse_stub.GetQueue(browse_pb2.GetQueueRequest(queue=queue)).queue_info
-
-
-def browse(suite, queue, schedule=browse_pb2.SCHEDULE_FILTER_UNSPECIFIED) -> list:
-    return [r.mail for r in suite.browse_stub.Browse(browse_pb2.BrowseRequest(queue=queue, schedule=schedule))]
-
-
 def test_a_delayed_mail_is_browsable_at_once_and_delivered_no_earlier_than_deliver_at(suite):
     queue = suite.new_queue()
-    eid = enqueue(suite, delayed(queue, "later", 2))
-    [row] = browse(suite, queue)
+    eid = suite.enqueue_receipt(delayed(queue, "later", 2)).enqueue_id
+    [row] = suite.browsed_mails(queue)
     deliver_at = row.deliver_at.ToDatetime(tzinfo=dt.timezone.utc)
     assert row.enqueue_id == eid and deliver_at - row.enqueued_at.ToDatetime(tzinfo=dt.timezone.utc) == dt.timedelta(seconds=2)
-    i = info(suite, queue)
+    i = suite.info(queue)
     assert (i.size, i.ready, i.delayed) == (1, 0, 1) and not i.HasField("oldest_ready_age")
     c = StreamConsumer(suite.dequeue_stub, queue)
     d = c.next(timeout=10)
@@ -84,10 +72,10 @@ def test_a_negative_delay_or_a_past_deliver_at_is_immediate(suite, how):
         r.delay.FromTimedelta(dt.timedelta(seconds=-30))
     else:
         r.deliver_at.FromDatetime(dt.datetime(2020, 1, 1))
-    eid = enqueue(suite, r)
-    [row] = browse(suite, queue)
+    eid = suite.enqueue_receipt(r).enqueue_id
+    [row] = suite.browsed_mails(queue)
     assert not row.HasField("deliver_at")
-    assert info(suite, queue).ready == 1
+    assert suite.info(queue).ready == 1
     c = StreamConsumer(suite.dequeue_stub, queue)
     assert c.next(timeout=5).mail.enqueue_id == eid
     c.cancel()
@@ -97,10 +85,10 @@ def test_a_one_year_delay_is_accepted_browsable_and_counted_as_delayed_beyond_is
     queue = suite.new_queue()
     r = inline(queue, simple_mail("next-year"))
     r.delay.FromTimedelta(dt.timedelta(days=365))
-    eid = enqueue(suite, r)
-    assert [m.enqueue_id for m in browse(suite, queue, browse_pb2.SCHEDULE_FILTER_DELAYED)] == [eid]
-    assert browse(suite, queue, browse_pb2.SCHEDULE_FILTER_READY) == []
-    i = info(suite, queue)
+    eid = suite.enqueue_receipt(r).enqueue_id
+    assert [m.enqueue_id for m in suite.browsed_mails(queue, schedule=browse_pb2.SCHEDULE_FILTER_DELAYED)] == [eid]
+    assert suite.browsed_mails(queue, schedule=browse_pb2.SCHEDULE_FILTER_READY) == []
+    i = suite.info(queue)
     assert (i.ready, i.delayed) == (0, 1)
     for field, value in (("delay", dt.timedelta(days=367)), ("deliver_at", dt.datetime.utcnow() + dt.timedelta(days=400))):
         too_far = inline(queue, simple_mail("too-far"))
@@ -113,10 +101,10 @@ def test_a_one_year_delay_is_accepted_browsable_and_counted_as_delayed_beyond_is
 
 def test_flush_delivers_every_delayed_mail_once_in_browse_order(suite):
     queue = suite.new_queue()
-    ready = enqueue(suite, inline(queue, simple_mail("ready")))
-    later = [enqueue(suite, delayed(queue, f"d{i}", 3)) for i in range(5)]
+    ready = suite.enqueue_receipt(inline(queue, simple_mail("ready"))).enqueue_id
+    later = [suite.enqueue_receipt(delayed(queue, f"d{i}", 3)).enqueue_id for i in range(5)]
     assert suite.admin_stub.Flush(admin_pb2.FlushRequest(queue=queue)).flushed == 5
-    assert info(suite, queue).delayed == 0
+    assert suite.info(queue).delayed == 0
     c = StreamConsumer(suite.dequeue_stub, queue, prefetch=1)
     got = []
     for _ in range(6):
@@ -132,12 +120,12 @@ def test_flush_delivers_every_delayed_mail_once_in_browse_order(suite):
 
 def test_flush_with_a_condition_moves_only_matching_mails(suite):
     queue = suite.new_queue()
-    a = enqueue(suite, delayed(queue, "a", 3600, recipients=("x@Example.ORG",)))
-    enqueue(suite, delayed(queue, "b", 3600, recipients=("y@example.net",)))
+    a = suite.enqueue_receipt(delayed(queue, "a", 3600, recipients=("x@Example.ORG",))).enqueue_id
+    suite.enqueue_receipt(delayed(queue, "b", 3600, recipients=("y@example.net",)))
     flush = lambda **kw: suite.admin_stub.Flush(admin_pb2.FlushRequest(queue=queue, **kw)).flushed  # noqa: E731
     assert flush(recipient_domain="example.org") == 1
     assert flush(recipient_domain="example.org") == 0  # already ready
-    assert [m.enqueue_id for m in browse(suite, queue, browse_pb2.SCHEDULE_FILTER_READY)] == [a]
+    assert [m.enqueue_id for m in suite.browsed_mails(queue, schedule=browse_pb2.SCHEDULE_FILTER_READY)] == [a]
     assert flush(sender="nobody@example.com") == 0
     with pytest.raises(grpc.RpcError) as e:
         suite.admin_stub.Flush(admin_pb2.FlushRequest(queue=queue, recipient_domain="a@b"))
@@ -149,10 +137,10 @@ def test_flush_with_a_condition_moves_only_matching_mails(suite):
 
 def test_deleted_delayed_mails_among_ready_ones_are_never_delivered(suite):
     queue = suite.new_queue()
-    a = enqueue(suite, inline(queue, simple_mail("a")))
-    enqueue(suite, delayed(queue, "gone", 1))
-    c_id = enqueue(suite, inline(queue, simple_mail("c")))
-    d_id = enqueue(suite, delayed(queue, "d", 1))
+    a = suite.enqueue_receipt(inline(queue, simple_mail("a"))).enqueue_id
+    suite.enqueue_receipt(delayed(queue, "gone", 1))
+    c_id = suite.enqueue_receipt(inline(queue, simple_mail("c"))).enqueue_id
+    d_id = suite.enqueue_receipt(delayed(queue, "d", 1)).enqueue_id
     list(suite.admin_stub.DeleteMails(admin_pb2.DeleteMailsRequest(queue=queue, name="gone")))
     c = StreamConsumer(suite.dequeue_stub, queue)
     got = [c.next(timeout=5) for _ in range(3)]
@@ -166,7 +154,7 @@ def test_deleted_delayed_mails_among_ready_ones_are_never_delivered(suite):
 
 def test_backoff_progression_then_expiry_by_attempts(suite):
     queue = suite.new_queue(initial_backoff=0.5, multiplier=2, max_backoff=1.5, max_attempts=4)
-    [eid] = [enqueue(suite, inline(queue, simple_mail("flaky")))]
+    [eid] = [suite.enqueue_receipt(inline(queue, simple_mail("flaky"))).enqueue_id]
     c = StreamConsumer(suite.dequeue_stub, queue, prefetch=1)
     seen, answered = [], None
     for _ in range(4):
@@ -182,13 +170,13 @@ def test_backoff_progression_then_expiry_by_attempts(suite):
         assert wanted <= gap < wanted + 1.0, gaps
     wait_until(lambda: dead_letter_count(queue) == 1, what="the expired mail dead-lettered")
     assert deleted_reason(suite, queue, uuid.UUID(eid)).startswith("expired: 4 attempts over")
-    assert message_count(queue) == 0 and info(suite, queue).size == 0
+    assert message_count(queue) == 0 and suite.info(queue).size == 0
     c.cancel()
 
 
 def test_expiry_by_age_lands_in_the_dead_letter_queue_with_the_reason(suite):
     queue = suite.new_queue(initial_backoff=60, max_age=2)
-    [eid] = [enqueue(suite, inline(queue, simple_mail("old")))]
+    [eid] = [suite.enqueue_receipt(inline(queue, simple_mail("old"))).enqueue_id]
     c = StreamConsumer(suite.dequeue_stub, queue, prefetch=1)
     first = c.next(timeout=5)
     c.answer(first, "RETRY", "451 greylisted")  # 60 s of backoff, capped at the mail's max age (2 s)
@@ -205,7 +193,7 @@ def test_expiry_by_age_lands_in_the_dead_letter_queue_with_the_reason(suite):
 def test_a_delayed_retry_does_not_spend_the_broker_delivery_limit(suite):
     limit = rabbitmq_from_env().delivery_limit
     queue = suite.new_queue(initial_backoff=0, max_attempts=limit + 5)
-    [eid] = [enqueue(suite, inline(queue, simple_mail("patient")))]
+    [eid] = [suite.enqueue_receipt(inline(queue, simple_mail("patient"))).enqueue_id]
     c = StreamConsumer(suite.dequeue_stub, queue, prefetch=1)
     for attempt in range(limit + 2):
         d = c.next(timeout=5)
@@ -221,14 +209,14 @@ def test_update_retry_policy_changes_fields_and_refuses_out_of_range_ones(suite)
     p = browse_pb2.RetryPolicy(max_attempts=7, max_age=duration_pb2.Duration(seconds=86400))
     got = suite.admin_stub.UpdateRetryPolicy(admin_pb2.UpdateRetryPolicyRequest(queue=queue, retry_policy=p)).retry_policy
     assert got.max_attempts == 7 and got.max_age.seconds == 86400 and got.initial_backoff.seconds == 60  # unset: kept
-    assert info(suite, queue).retry_policy == got
+    assert suite.info(queue).retry_policy == got
     for bad in (browse_pb2.RetryPolicy(multiplier=0.5), browse_pb2.RetryPolicy(max_attempts=100000),
                 browse_pb2.RetryPolicy(max_age=duration_pb2.Duration(seconds=10**11)),
                 browse_pb2.RetryPolicy(initial_backoff=duration_pb2.Duration(seconds=7200))):  # above max_backoff 1h
         with pytest.raises(grpc.RpcError) as e:
             suite.admin_stub.UpdateRetryPolicy(admin_pb2.UpdateRetryPolicyRequest(queue=queue, retry_policy=bad))
         assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, bad
-    assert info(suite, queue).retry_policy == got
+    assert suite.info(queue).retry_policy == got
 
 
 @pytest.mark.parametrize("field", ["retry_after", "delay"])
@@ -241,7 +229,7 @@ def test_out_of_range_durations_are_invalid_argument(suite, field):
             suite.enqueue_stub.Enqueue(r)
         assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         return
-    enqueue(suite, inline(queue, simple_mail("x")))
+    suite.enqueue_receipt(inline(queue, simple_mail("x")))
     c = StreamConsumer(suite.dequeue_stub, queue, prefetch=1)
     d = c.next(timeout=5)
     from mailqueue.v1 import dequeue_pb2
@@ -259,5 +247,5 @@ def test_a_deliver_at_timestamp_is_kept_to_the_millisecond(suite):
     at.FromDatetime(dt.datetime.utcnow().replace(microsecond=123000) + dt.timedelta(hours=2))
     r = inline(queue, simple_mail("exact"))
     r.deliver_at.CopyFrom(at)
-    enqueue(suite, r)
-    assert browse(suite, queue)[0].deliver_at == at
+    suite.enqueue_receipt(r)
+    assert suite.browsed_mails(queue)[0].deliver_at == at

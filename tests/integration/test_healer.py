@@ -41,14 +41,6 @@ def healed(aio_loop, running_stack):
     drop_keyspace(keyspace)
 
 
-def live(s, queue: str) -> list[str]:
-    return [r.mail.mail.name for r in s.browse_stub.Browse(browse_pb2.BrowseRequest(queue=queue))]
-
-
-def size(s, queue: str) -> int:
-    return s.browse_stub.GetQueue(browse_pb2.GetQueueRequest(queue=queue)).queue_info.size
-
-
 def test_with_no_admin_call_every_row_gets_delivered_once_and_counters_heal(healed):
     s = healed
     queue = s.new_queue()
@@ -114,8 +106,8 @@ def test_with_no_admin_call_every_row_gets_delivered_once_and_counters_heal(heal
             s.killed.start()
         stop.set()
         # From here no admin call: the healers alone.
-        wait_until(lambda: live(s, queue) == [], 120, interval=0.5, what="no live mail left (each row delivered)")
-        wait_until(lambda: size(s, queue) == 0, 30, interval=0.5, what="the counted size back to the exact 0")
+        wait_until(lambda: s.browsed_names(queue) == [], 120, interval=0.5, what="no live mail left (each row delivered)")
+        wait_until(lambda: s.info(queue).size == 0, 30, interval=0.5, what="the counted size back to the exact 0")
         with lock:
             assert set(acked) <= set(delivered), "an acknowledged mail was not delivered"
             assert str(eid) in delivered, \
@@ -217,18 +209,18 @@ def test_a_round_at_depth_reads_its_share_of_rows_and_a_drift_is_still_healed(ai
         # A lost update's drift: the size counted 3 too high in the slice of the first mail.
         [first] = list(s.browse_stub.Browse(browse_pb2.BrowseRequest(queue=queue, limit=1)))
         s.run(s.view.counters.add(queue, "gone", first.mail.slice_start.ToDatetime(tzinfo=dt.timezone.utc), -3))
-        assert size(s, queue) == 3003
+        assert s.info(queue).size == 3003
         rounds = lambda: healer.metric("mailqueue_healer_rounds_total")  # noqa: E731
         rows = lambda: healer.metric("mailqueue_view_rows_read_total", op="heal")  # noqa: E731
         wait_until(lambda: rounds() >= 1, 60, what="the healer's first round")
         r0, n0 = rows(), rounds()
-        wait_until(lambda: size(s, queue) == 3000, 120, what="the drift corrected over passes of several rounds")
+        wait_until(lambda: s.info(queue).size == 3000, 120, what="the drift corrected over passes of several rounds")
         wait_until(lambda: rounds() >= n0 + 3, 60, what="three more rounds")
         r1, n1 = rows(), rounds()
         per_round = (r1 - r0) / (n1 - n0)
         # 500 rows a round, and the page read ahead of them: a sixth of the queue, not all of it.
         assert 0 < per_round <= 1000, (per_round, r1 - r0, n1 - n0)
-        assert size(s, queue) == 3000 and len(live(s, queue)) == 3000
+        assert s.info(queue).size == 3000 and len(s.browsed_names(queue)) == 3000
     finally:
         healer.stop()
         s.stop()

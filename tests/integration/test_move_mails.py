@@ -11,7 +11,7 @@ import queue as q
 import grpc
 import pytest
 
-from mailqueue.v1 import admin_pb2, admin_pb2_grpc, browse_pb2
+from mailqueue.v1 import admin_pb2, admin_pb2_grpc
 from tests.harness import ServiceProcess, service_env, wait_until
 from tests.integration.helpers import StreamConsumer, inline, kill_9_mid_stream, simple_mail
 from tests.integration.test_cli import mailq
@@ -19,10 +19,6 @@ from tests.integration.test_cli import mailq
 
 def move(stub, source: str, target: str, **conditions) -> list[admin_pb2.MoveMailsResponse]:
     return list(stub.MoveMails(admin_pb2.MoveMailsRequest(queue=source, to_queue=target, **conditions), timeout=120))
-
-
-def browse(suite, queue: str) -> dict[str, browse_pb2.BrowseResponse]:
-    return {r.mail.mail.name: r.mail for r in suite.browse_stub.Browse(browse_pb2.BrowseRequest(queue=queue))}
 
 
 @pytest.mark.parametrize("source,target,extra,code", [
@@ -39,7 +35,7 @@ def test_bad_input_is_refused_and_moves_nothing(suite, source, target, extra, co
     with pytest.raises(grpc.RpcError) as e:
         move(suite.admin_stub, names.get(source, source), names.get(target, target), **extra)
     assert e.value.code().name == code, e.value.details()
-    assert list(browse(suite, src)) == ["stays"] and browse(suite, dst) == {}
+    assert list(suite.browsed_by_name(src)) == ["stays"] and suite.browsed_by_name(dst) == {}
 
 
 def test_a_move_keeps_age_schedule_attempts_and_content(suite):
@@ -56,13 +52,13 @@ def test_a_move_keeps_age_schedule_attempts_and_content(suite):
         if d.mail.mail.name == "retried":
             c.answer(d, "RETRY", "451 4.3.0 try later", retry_after=3600)
     c.close()
-    wait_until(lambda: browse(suite, src)["retried"].attempts == 1, 10, what="the RETRY recorded")
-    before = browse(suite, src)
+    wait_until(lambda: suite.browsed_by_name(src)["retried"].attempts == 1, 10, what="the RETRY recorded")
+    before = suite.browsed_by_name(src)
 
     progress = move(suite.admin_stub, src, dst, recipient="x@example.net")
     assert progress[-1].done and progress[-1].moved == 3 and progress[-1].resumed == 0
-    assert set(browse(suite, src)) == {"other"}
-    after = browse(suite, dst)
+    assert set(suite.browsed_by_name(src)) == {"other"}
+    after = suite.browsed_by_name(dst)
     assert set(after) == {"ready", "later", "retried"}
     for name, m in after.items():
         assert m.enqueue_id != before[name].enqueue_id and m.queue == dst
@@ -133,4 +129,4 @@ def test_mailq_move_from_another_directory(suite):
         suite.enqueue_stub.Enqueue(inline(src, simple_mail(n)))
     out = mailq(suite, "move", src, dst, "--name", "a").stdout
     assert f"1 mail(s) moved to {dst}" in out
-    assert set(browse(suite, dst)) == {"a"} and set(browse(suite, src)) == {"b"}
+    assert set(suite.browsed_by_name(dst)) == {"a"} and set(suite.browsed_by_name(src)) == {"b"}

@@ -10,7 +10,7 @@ import pytest
 from mailqueue.v1 import admin_pb2, browse_pb2
 from services.domain import model
 from tests.harness import wait_until
-from tests.integration.helpers import StreamConsumer, dead_letter_count, deleted_reason, inline, simple_mail
+from tests.integration.helpers import StreamConsumer, dead_letter_count, deleted_reason
 
 
 def add_rule(suite, kind, seconds=3600, **condition) -> admin_pb2.AddRuleResponse:
@@ -19,28 +19,20 @@ def add_rule(suite, kind, seconds=3600, **condition) -> admin_pb2.AddRuleRespons
     return suite.admin_stub.AddRule(admin_pb2.AddRuleRequest(rule=rule))
 
 
-def enqueue(suite, queue, name, domain="example.org") -> str:
-    return suite.enqueue_stub.Enqueue(inline(queue, simple_mail(name, recipients=(f"rcpt@{domain}",)))).receipt.enqueue_id
-
-
 def dequeue_sees(suite, rule_id: str) -> bool:
     """dequeue_svc applies the rule (its rule book refreshes every REFRESH_S seconds)."""
     dequeuer = suite.dequeue.app.service()
     return any(str(r.rule_id) == rule_id for r in suite.run(dequeuer.rules.current()))
 
 
-def info(suite, queue):
-    return suite.browse_stub.GetQueue(browse_pb2.GetQueueRequest(queue=queue)).queue_info
-
-
 def test_hold_keeps_matching_mails_queued_and_new_ones_too_until_lifted_then_they_go_out_in_order(suite):
     queue = suite.new_queue()
-    first = enqueue(suite, queue, "held-1", "held.example")
-    other = enqueue(suite, queue, "free", "example.org")
+    first = suite.enqueue_mail(queue, "held-1", recipients=("rcpt@held.example",)).enqueue_id
+    other = suite.enqueue_mail(queue, "free", recipients=("rcpt@example.org",)).enqueue_id
     rule = add_rule(suite, "hold", queue=queue, recipient_domain="HELD.example").rule
     assert rule.recipient_domain == "held.example" and rule.rule_id
     wait_until(lambda: dequeue_sees(suite, rule.rule_id), timeout=5, what="the rule on every replica within 5 s")
-    second = enqueue(suite, queue, "held-2", "held.example")  # enqueued while the rule lives
+    second = suite.enqueue_mail(queue, "held-2", recipients=("rcpt@held.example",)).enqueue_id  # enqueued while the rule lives
     c = StreamConsumer(suite.dequeue_stub, queue)
     d = c.next(timeout=5)
     assert d.mail.enqueue_id == other
@@ -48,7 +40,7 @@ def test_hold_keeps_matching_mails_queued_and_new_ones_too_until_lifted_then_the
     wait_until(lambda: suite.metric("dequeue", "mailqueue_skipped_total", queue=queue, reason="held") == 2, what="both matching mails held")
     with pytest.raises(q.Empty):
         c.next(timeout=0.5)
-    i = info(suite, queue)
+    i = suite.info(queue)
     assert (i.size, i.held, i.ready) == (2, 2, 0)
     assert [r.rule_id for r in suite.admin_stub.ListRules(admin_pb2.ListRulesRequest()).rules].count(rule.rule_id) == 1
     assert suite.admin_stub.LiftRule(admin_pb2.LiftRuleRequest(rule_id=rule.rule_id)).released == 2
@@ -64,7 +56,7 @@ def test_held_mails_go_out_when_their_rule_expires(suite):
     queue = suite.new_queue()
     rule = add_rule(suite, "hold", seconds=3, queue=queue).rule
     wait_until(lambda: dequeue_sees(suite, rule.rule_id), timeout=5, what="the rule applied")
-    eid = enqueue(suite, queue, "patient")
+    eid = suite.enqueue_mail(queue, "patient", recipients=("rcpt@example.org",)).enqueue_id
     c = StreamConsumer(suite.dequeue_stub, queue)
     d = c.next(timeout=10)
     assert d.mail.enqueue_id == eid
@@ -75,13 +67,13 @@ def test_held_mails_go_out_when_their_rule_expires(suite):
 
 def test_bounce_dead_letters_queued_and_new_matching_mails_with_the_rule_reason(suite):
     queue = suite.new_queue()
-    queued = enqueue(suite, queue, "spam-1", "spam.example")
-    keep = enqueue(suite, queue, "ham", "example.org")
+    queued = suite.enqueue_mail(queue, "spam-1", recipients=("rcpt@spam.example",)).enqueue_id
+    keep = suite.enqueue_mail(queue, "ham", recipients=("rcpt@example.org",)).enqueue_id
     r = add_rule(suite, "bounce", queue=queue, recipient_domain="spam.example")
     assert r.applied == 1  # the queued one, at once
     assert suite.browse_stub.GetSize(browse_pb2.GetSizeRequest(queue=queue)).size == 1
     wait_until(lambda: dequeue_sees(suite, r.rule.rule_id), timeout=5, what="the rule applied")
-    new = enqueue(suite, queue, "spam-2", "spam.example")
+    new = suite.enqueue_mail(queue, "spam-2", recipients=("rcpt@spam.example",)).enqueue_id
     c = StreamConsumer(suite.dequeue_stub, queue)
     d = c.next(timeout=5)
     assert d.mail.enqueue_id == keep

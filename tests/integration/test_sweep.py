@@ -32,7 +32,7 @@ from tests.integration.helpers import (
     message_count,
     simple_mail,
 )
-from tests.integration.test_browse_admin import browse_names, next_slice
+from tests.integration.test_browse_admin import next_slice
 
 
 @pytest.fixture(scope="module")
@@ -91,11 +91,6 @@ def in_small_table(s: Suite, blob_id: str) -> bool:
     return bool(rows)
 
 
-def enqueue(s: Suite, queue: str, name: str, content: bytes) -> model.QueuedMail:
-    receipt = s.enqueue_stub.Enqueue(inline(queue, simple_mail(name), content)).receipt
-    return receipt
-
-
 def advance_browse_start(s: Suite, queue: str) -> dt.datetime:
     next_slice()
     next_slice()
@@ -146,7 +141,7 @@ def history(s: Suite, queue: str, dead: int, content=None) -> list:
     for i in range(dead):
         if i == dead // 2:
             next_slice()
-        receipts.append(enqueue(s, queue, f"dead-{i}", content(i) if content else f"dead {i} {uuid.uuid4()}".encode()))
+        receipts.append(s.enqueue_mail(queue, f"dead-{i}", content(i) if content else f"dead {i} {uuid.uuid4()}".encode()))
     assert len(drain(s, queue, dead)) == dead
     return receipts
 
@@ -171,7 +166,7 @@ def test_sweep_drops_dead_slices_marks_and_blobs_and_keeps_live_mails(sweep_suit
     next_slice()
     live = {f"live-{i}": (shared if i == 0 else f"live content {i}".encode()) for i in range(3)}
     for name, content in live.items():
-        enqueue(s, queue, name, content)
+        s.enqueue_mail(queue, name, content)
     browse_start = advance_browse_start(s, queue)
     advance_browse_start(s, stale)
     assert len(rows_before(s, queue, began, browse_start)) == 8
@@ -211,7 +206,7 @@ def test_sweep_drops_dead_slices_marks_and_blobs_and_keeps_live_mails(sweep_suit
     c.close()
 
     # The live mails still browse and dequeue with their content.
-    assert sorted(browse_names(s, queue)) == sorted(live)
+    assert sorted(s.browsed_names(queue)) == sorted(live)
     assert drain(s, queue, 3) == live
 
 
@@ -222,7 +217,7 @@ def test_a_sweep_killed_at_each_step_then_rerun_converges(sweep_suite):
     dead = history(s, queue, 6)
     blobs = dead_blob_ids(dead)
     next_slice()
-    enqueue(s, queue, "live", b"still here")
+    s.enqueue_mail(queue, "live", b"still here")
     browse_start = advance_browse_start(s, queue)
 
     sweep(s, "--queue", queue, failpoint="after-content-start", expect=137)
@@ -247,7 +242,7 @@ def test_a_sweep_killed_at_each_step_then_rerun_converges(sweep_suite):
 def test_orphan_marks_are_collected_on_request(sweep_suite):
     s = sweep_suite
     queue = s.new_queue()
-    enqueue(s, queue, "live", b"x")
+    s.enqueue_mail(queue, "live", b"x")
     browse_start = advance_browse_start(s, queue)
     # A mark whose row never landed (an enqueue that failed long ago), and one written just now.
     old, recent = uuid.uuid4(), uuid.uuid4()
@@ -282,7 +277,7 @@ def test_a_sweep_during_enqueue_and_dequeue_loses_no_mail(sweep_suite):
             while not stop.is_set():
                 # Every other mail reuses an old content: its blob is deduplicated (and touched).
                 content = f"old {old} {i % 3}".encode() if i % 2 == 0 else f"new {i} {uuid.uuid4()}".encode()
-                enqueue(s, queue, f"n-{i}", content)
+                s.enqueue_mail(queue, f"n-{i}", content)
                 sent[f"n-{i}"] = content
                 i += 1
         except BaseException as e:  # noqa: BLE001 - reported by the test
@@ -340,14 +335,10 @@ def test_a_sweep_during_enqueue_and_dequeue_loses_no_mail(sweep_suite):
                 break
             assert got.get(d.mail.mail.name) == d.content  # delivered before, with the same content
             c.answer(d)
-        return size_of(s, queue) == 0
+        return s.size(queue) == 0
 
     wait_until(settled, 30, what="the last answered mails to be settled")
     c.close()
-
-
-def size_of(s: Suite, queue: str) -> int:
-    return s.browse_stub.GetSize(browse_pb2.GetSizeRequest(queue=queue)).size
 
 
 @pytest.mark.parametrize("backend,env", [
@@ -373,7 +364,7 @@ def test_delayed_and_retried_mails_survive_the_sweep_and_flush_out_with_their_co
     delayed = inline(queue, simple_mail("delayed"), b"delayed content")
     delayed.delay.FromTimedelta(dt.timedelta(hours=1))
     s.enqueue_stub.Enqueue(delayed)
-    enqueue(s, queue, "retried", b"retried content")
+    s.enqueue_mail(queue, "retried", b"retried content")
     c = StreamConsumer(s.dequeue_stub, queue)
     first = c.next()
     assert first.mail.mail.name == "retried"
@@ -395,7 +386,7 @@ def test_a_deleted_queues_content_is_swept(sweep_suite):
     s = sweep_suite
     queue = s.new_queue()
     began = dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=1)
-    receipts = [enqueue(s, queue, f"m{i}", f"dropped {i} {uuid.uuid4()}".encode()) for i in range(3)]
+    receipts = [s.enqueue_mail(queue, f"m{i}", f"dropped {i} {uuid.uuid4()}".encode()) for i in range(3)]
     progress = list(s.admin_stub.DeleteQueue(admin_pb2.DeleteQueueRequest(queue=queue, force=True)))
     assert progress[-1].done and progress[-1].mails_deleted == 3
     assert queue not in s.browse_stub.ListQueues(browse_pb2.ListQueuesRequest()).queues
@@ -413,9 +404,9 @@ def test_dead_letters_keep_their_content_until_purged(sweep_suite):
     s = sweep_suite
     queue = s.new_queue()
     began = dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=1)
-    small = enqueue(s, queue, "small", f"small {uuid.uuid4()}".encode())
+    small = s.enqueue_mail(queue, "small", f"small {uuid.uuid4()}".encode())
     large_content = os.urandom(LARGE)
-    large = enqueue(s, queue, "large", large_content)
+    large = s.enqueue_mail(queue, "large", large_content)
     c = StreamConsumer(s.dequeue_stub, queue)
     for d in c.take(2):
         c.answer(d, "REJECT", "550 no such user")
