@@ -5,7 +5,8 @@
 
 Everything through gRPC, as a client and an operator would, on a keyspace of its own:
 
-- **fill**: EnqueueBatches of ``--batch`` with ``--concurrency`` mails in flight, no consumer,
+- **fill**: EnqueueBatches of ``--batch`` with ``--concurrency`` mails in flight (a new stream every
+  50,000 mails), no consumer,
   from one depth to the next; each segment's rate, and CPU ms per mail of every process;
 - **look**, at each depth: GetSize (counters), GetQueue, the first Browse page of 100 (no
   filter), a Browse by name and one by enqueue id of a mail enqueued at the start of the segment,
@@ -13,7 +14,8 @@ Everything through gRPC, as a client and an operator would, on a keyspace of its
   each timed, with the rows browse_svc read for it (mailqueue_view_rows_read_total);
 - **heal**, at each depth: a browse_svc that heals every second (``--heal-rows`` rows a round)
   is started, three of its rounds measured (seconds and rows read per round), then stopped;
-- **drain**: one Dequeue stream (max_batch 64, prefetch 256) to empty, its rate per tenth.
+- **drain**: Dequeue streams (max_batch 64, prefetch 256) of 25,000 deliveries each, to empty;
+  the rate of each tenth.
 
 RSS (MB) of every process is printed after each step. Needs the stack up (stack/stack.sh up).
 """
@@ -48,6 +50,12 @@ def rss_mb(pids: dict[str, int]) -> str:
     return "RSS MB: " + ", ".join(out)
 
 
+#: Mails per EnqueueBatches stream: a stream lasts about 25 s, inside the 30 s a server gives a
+#: stream to finish once its connection reached MAILQUEUE_MAX_CONNECTION_AGE_S (5 min), the way a
+#: long-lived client cuts its streams.
+STREAM_MAILS = 50_000
+
+
 async def fill(queue: str, n: int, size: int, batch: int, window: int, services: dict[str, int]) -> tuple[float, str]:
     """``n`` mails by EnqueueBatches, ``window`` unanswered at most; (mails/s, CPU per mail)."""
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{PORTS['enqueue']}")
@@ -56,11 +64,11 @@ async def fill(queue: str, n: int, size: int, batch: int, window: int, services:
     credit = asyncio.Semaphore(window)
     body = content(0, size)
 
-    async def batches():
-        i = 0
-        while i < n:
+    async def batches(first: int, last: int):  # noqa: ANN202
+        i = first
+        while i < last:
             mails = []
-            for _ in range(min(batch, n - i)):
+            for _ in range(min(batch, last - i)):
                 await credit.acquire()
                 mails.append(enqueue_pb2.EnqueueManyRequest(sequence=i, request=enqueue_pb2.EnqueueRequest(
                     queue=queue, mail=mail, inline_content=body)))
@@ -68,13 +76,14 @@ async def fill(queue: str, n: int, size: int, batch: int, window: int, services:
             yield enqueue_pb2.EnqueueBatchesRequest(mails=mails)
 
     meter, began, done, refused = CpuMeter(services), time.monotonic(), 0, 0
-    async for answer in stub.EnqueueBatches(batches()):
-        for r in answer.results:
-            credit.release()
-            done += 1
-            refused += r.WhichOneof("result") != "receipt"
-            if done % 20000 == 0:
-                print(f"  [fill] {done}/{n} at {done / (time.monotonic() - began):.0f}/s", file=sys.stderr)
+    for first in range(0, n, STREAM_MAILS):
+        async for answer in stub.EnqueueBatches(batches(first, min(first + STREAM_MAILS, n))):
+            for r in answer.results:
+                credit.release()
+                done += 1
+                refused += r.WhichOneof("result") != "receipt"
+                if done % 20000 == 0:
+                    print(f"  [fill] {done}/{n} at {done / (time.monotonic() - began):.0f}/s", file=sys.stderr)
     elapsed = time.monotonic() - began
     await channel.close()
     if refused:
@@ -130,36 +139,38 @@ def heal(keyspace: str, rows: int) -> tuple[float, float]:
 
 
 async def drain(queue: str, n: int, services: dict[str, int]) -> tuple[list[float], str]:
-    """Dequeue ``n`` mails on one stream answering SUCCESS; the rate of each tenth and CPU per mail."""
+    """Dequeue ``n`` mails answering SUCCESS, on streams of ``STREAM_MAILS`` deliveries at most
+    (each half-closed then, as a long-lived consumer does); the rate of each tenth and CPU per mail."""
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{PORTS['dequeue']}")
     stub = dequeue_pb2_grpc.DequeueServiceStub(channel)
-    outcomes: asyncio.Queue = asyncio.Queue()
-    await outcomes.put(dequeue_pb2.DequeueRequest(subscribe=dequeue_pb2.Subscribe(queue=queue, prefetch=256, max_batch=64)))
-
-    async def requests():
-        while True:
-            yield await outcomes.get()
-
-    call = stub.Dequeue(requests())
     meter, began, done, rates = CpuMeter(services), time.monotonic(), 0, []
     tenth, mark = max(n // 10, 1), time.monotonic()
-    async for response in call:
-        if response.WhichOneof("kind") != "deliveries":
-            continue
-        ds = list(response.deliveries.deliveries)
-        await outcomes.put(dequeue_pb2.DequeueRequest(outcomes=dequeue_pb2.Outcomes(outcomes=[
-            dequeue_pb2.Outcome(delivery_tag=d.delivery_tag, kind=dequeue_pb2.OUTCOME_KIND_SUCCESS) for d in ds])))
-        before, done = done, done + len(ds)
-        if done // tenth > before // tenth:
-            now = time.monotonic()
-            rates.append(tenth / (now - mark))
-            mark = now
-            print(f"  [drain] {done}/{n} at {rates[-1]:.0f}/s", file=sys.stderr)
-        if done >= n:
-            break
+    while done < n:
+        outcomes: asyncio.Queue = asyncio.Queue()
+        await outcomes.put(dequeue_pb2.DequeueRequest(subscribe=dequeue_pb2.Subscribe(queue=queue, prefetch=256, max_batch=64)))
+
+        async def requests(outcomes: asyncio.Queue = outcomes):  # noqa: ANN202
+            while (request := await outcomes.get()) is not None:
+                yield request
+
+        in_stream, closing = 0, False
+        async for response in stub.Dequeue(requests()):
+            if response.WhichOneof("kind") != "deliveries" or closing:
+                continue  # after the half-close: left unanswered, they go back to the queue
+            ds = list(response.deliveries.deliveries)
+            await outcomes.put(dequeue_pb2.DequeueRequest(outcomes=dequeue_pb2.Outcomes(outcomes=[
+                dequeue_pb2.Outcome(delivery_tag=d.delivery_tag, kind=dequeue_pb2.OUTCOME_KIND_SUCCESS) for d in ds])))
+            before, done, in_stream = done, done + len(ds), in_stream + len(ds)
+            if done // tenth > before // tenth:
+                now = time.monotonic()
+                rates.append(tenth / (now - mark))
+                mark = now
+                print(f"  [drain] {done}/{n} at {rates[-1]:.0f}/s", file=sys.stderr)
+            if done >= n or in_stream >= STREAM_MAILS // 2:
+                closing = True
+                await outcomes.put(None)  # half-close: the server settles what was answered, then ends
     cpu = meter.per_op(done)
     print(f"drained {done} in {time.monotonic() - began:.0f} s", file=sys.stderr)
-    call.cancel()
     await channel.close()
     return rates, cpu
 
