@@ -57,9 +57,10 @@ def tls_credentials(a: argparse.Namespace) -> grpc.ChannelCredentials | None:
     return grpc.ssl_channel_credentials(read(ca), read(key) if key else None, read(cert) if cert else None)
 
 
-def queue_command(sub: Any, name: str, fn: Callable[[Client, argparse.Namespace], None]) -> argparse.ArgumentParser:
-    """The subparser of a command on one queue: its first argument is the queue; ``fn`` runs it."""
-    s = sub.add_parser(name)
+def queue_command(sub: Any, name: str, fn: Callable[[Client, argparse.Namespace], None], help: str) -> argparse.ArgumentParser:
+    """The subparser of a command on one queue: its first argument is the queue; ``fn`` runs it;
+    ``help`` is its line in ``mailq --help`` and in the docs' command reference."""
+    s = sub.add_parser(name, help=help)
     s.add_argument("queue")
     s.set_defaults(fn=fn)
     return s

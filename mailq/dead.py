@@ -74,8 +74,11 @@ def cmd_purge(c: Any, a: argparse.Namespace) -> None:
 def register(sub: Any) -> None:
     d = sub.add_parser("dead", help="a queue's dead letters: list, count, redrive, purge").add_subparsers(
         dest="action", required=True)
-    for action, fn in (("list", cmd_list), ("count", cmd_count), ("redrive", cmd_redrive), ("purge", cmd_purge)):
-        s = d.add_parser(action)
+    for action, fn, help_ in (("list", cmd_list, "list dead letters, by condition"),
+                              ("count", cmd_count, "dead letters by reason"),
+                              ("redrive", cmd_redrive, "send dead letters back to a queue, at most N a second"),
+                              ("purge", cmd_purge, "forget dead letters by condition or age (--all: every one)")):
+        s = d.add_parser(action, help=help_)
         s.add_argument("queue")
         s.set_defaults(fn=fn)
         if action == "count":

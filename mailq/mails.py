@@ -90,9 +90,9 @@ def cmd_republish(c: Client, a: argparse.Namespace) -> None:
     print(f"{r.republished} mail(s) republished")
 
 
-def _mail_command(sub: Any, name: str, fn: Any) -> argparse.ArgumentParser:
+def _mail_command(sub: Any, name: str, fn: Any, help: str) -> argparse.ArgumentParser:
     """A command on the mails of a queue chosen by sender, recipient or name."""
-    s = queue_command(sub, name, fn)
+    s = queue_command(sub, name, fn, help)
     s.add_argument("--sender")
     s.add_argument("--recipient")
     s.add_argument("--name")
@@ -106,7 +106,7 @@ def _schedule_args(s: argparse.ArgumentParser, delayed: str) -> None:
 
 
 def register(sub: Any) -> None:
-    s = queue_command(sub, "browse", cmd_browse)
+    s = queue_command(sub, "browse", cmd_browse, "list a queue's live mails, by condition")
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.add_argument("--sender")
     s.add_argument("--recipient")
@@ -114,11 +114,11 @@ def register(sub: Any) -> None:
     s.add_argument("--limit", type=int, default=0)
     s.add_argument("--id", help="only the mail with this enqueue id (read from an index)")
     _schedule_args(s, "only mails waiting for their deliver_at")
-    _mail_command(sub, "delete", cmd_delete)
-    queue_command(sub, "clear", cmd_clear)
-    _mail_command(sub, "flush", cmd_flush).add_argument("--domain", help="only mails with a recipient in this domain")
-    queue_command(sub, "republish", cmd_republish).add_argument("--older-than", type=duration_arg, required=True)
-    s = _mail_command(sub, "move", cmd_move)
+    _mail_command(sub, "delete", cmd_delete, "mark deleted every live mail matching a condition")
+    queue_command(sub, "clear", cmd_clear, "mark every live mail of the queue deleted")
+    _mail_command(sub, "flush", cmd_flush, "make delayed mails deliverable now, in enqueue order (postqueue -s)").add_argument("--domain", help="only mails with a recipient in this domain")
+    queue_command(sub, "republish", cmd_republish, "publish again every live mail older than a duration (heals a broker that lost messages)").add_argument("--older-than", type=duration_arg, required=True)
+    s = _mail_command(sub, "move", cmd_move, "move live mails to another existing queue")
     s.add_argument("to_queue", metavar="TO")
     s.add_argument("--limit", type=int, default=0, help="at most this many mails")
     _schedule_args(s, "only delayed or held mails")

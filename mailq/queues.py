@@ -150,23 +150,24 @@ def cmd_config(c: Client, a: argparse.Namespace) -> None:
 
 
 def register(sub: Any) -> None:
-    sub.add_parser("queues").set_defaults(fn=cmd_queues)
-    s = queue_command(sub, "show", cmd_show)
+    sub.add_parser("queues", help="list every queue").set_defaults(fn=cmd_queues)
+    s = queue_command(sub, "show", cmd_show, "size (ready, delayed), oldest mail age, retry policy, configuration")
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.add_argument("--exact", action="store_true", help="read every live mail instead of the counters")
-    s = queue_command(sub, "size", cmd_size)
+    s = queue_command(sub, "size", cmd_size, "the size from the queue's counters (cheap), or by reading every live mail")
     s.add_argument("--exact", action="store_true", help="read every live mail instead of the counters")
-    for name, fn in (("create", cmd_create), ("retry-policy", cmd_retry_policy)):
-        s = queue_command(sub, name, fn)
+    for name, fn, help_ in (("create", cmd_create, "create a queue (idempotent), with its retry policy"),
+                            ("retry-policy", cmd_retry_policy, "change a queue's retry policy (unset options keep their value)")):
+        s = queue_command(sub, name, fn, help_)
         s.add_argument("--initial-backoff", type=duration_arg)
         s.add_argument("--multiplier", type=float)
         s.add_argument("--max-backoff", type=duration_arg)
         s.add_argument("--max-attempts", type=int)
         s.add_argument("--max-age", type=duration_arg)
-    queue_command(sub, "shape", cmd_shape).add_argument("--top", type=int, default=20, help="domains shown (default 20)")
-    queue_command(sub, "reconcile", cmd_reconcile)
-    queue_command(sub, "drop", cmd_drop).add_argument("--force", action="store_true", help="delete its live mails with it")
-    s = sub.add_parser("config")
+    queue_command(sub, "shape", cmd_shape, "Postfix qshape: recipient domain x age, then each shaped destination").add_argument("--top", type=int, default=20, help="domains shown (default 20)")
+    queue_command(sub, "reconcile", cmd_reconcile, "rewrite the queue's counters from an exact count")
+    queue_command(sub, "drop", cmd_drop, "delete a queue (with its live mails and dead letters: --force)").add_argument("--force", action="store_true", help="delete its live mails with it")
+    s = sub.add_parser("config", help="get or set the view configuration (slice window, buckets, browse-start pace)")
     s.add_argument("action", choices=("get", "set"))
     s.add_argument("--slice-window", type=duration_arg)
     s.add_argument("--buckets", type=int)

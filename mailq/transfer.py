@@ -80,14 +80,14 @@ def cmd_dequeue(c: Client, a: argparse.Namespace) -> None:
 
 
 def register(sub: Any) -> None:
-    s = queue_command(sub, "enqueue", cmd_enqueue)
+    s = queue_command(sub, "enqueue", cmd_enqueue, "enqueue a mail from a file")
     s.add_argument("file")
     s.add_argument("--from", dest="sender", default="", help="envelope sender (default: <>)")
     s.add_argument("--to", action="append", required=True, help="recipient (repeat for several)")
     s.add_argument("--name")
     s.add_argument("--delay", type=duration_arg, help="deliver no earlier than this from now (e.g. 10m)")
     s.add_argument("--priority", choices=("high", "normal", "low"), default="normal")
-    s = queue_command(sub, "dequeue", cmd_dequeue)
+    s = queue_command(sub, "dequeue", cmd_dequeue, "receive mails and answer them (success, retry or reject)")
     s.add_argument("-n", type=int, default=1, help="how many mails (default 1)")
     s.add_argument("--ack", choices=("success", "retry", "reject"), default="success")
     s.add_argument("--retry-after", type=duration_arg, help="with --ack retry: deliver again after this")
