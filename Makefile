@@ -9,9 +9,10 @@ KUSTOMIZE := $(HOME)/.cache/mailqueue-stack/kustomize-$(KUSTOMIZE_VERSION)/kusto
 export KUSTOMIZE
 GO_TOOLS := $(HOME)/.cache/mailqueue-stack/go-tools
 NODE_MODULES := tests/contract/node/node_modules/.installed
+DOCS_NODE_MODULES := docs/node_modules/.installed
 STUBS := mailqueue/.generated
 
-.PHONY: install proto up down status run stop sweep spark-connector test test-unit test-integration test-k8s test-contract test-cluster test-kubernetes up-cluster down-cluster kube-up kube-down image contract lint kustomize clean
+.PHONY: docs install proto up down status run stop sweep spark-connector test test-unit test-integration test-k8s test-contract test-cluster test-kubernetes up-cluster down-cluster kube-up kube-down image contract lint kustomize clean
 
 install: .venv/.installed
 
@@ -25,7 +26,7 @@ install: .venv/.installed
 	touch $@
 
 .venv/.installed: pyproject.toml constraints.txt .venv/.python $(STUBS)
-	.venv/bin/pip install -q -c constraints.txt -e '.[dev,spark]'
+	.venv/bin/pip install -q -c constraints.txt -e '.[dev,spark,docs]'
 	touch $@
 
 # Every language's stubs from protos/ with one template (buf.gen.yaml): Python for the services,
@@ -72,7 +73,7 @@ stop:
 # lints the protos (buf lint + buf breaking), builds the images, starts the single-node Kubernetes,
 # and runs every tier (Python, Go, Node, grpcurl, the offline k8s checks, the Kubernetes tier, then
 # the cluster tier, which starts the clusters itself when it gets there).
-test: up lint kustomize contract spark-connector image kube-up
+test: up lint docs kustomize contract spark-connector image kube-up
 	$(PY) -m pytest
 
 # Fast tier: pure logic, no servers.
@@ -132,6 +133,17 @@ $(GO_TOOLS)/protoc-gen-go $(GO_TOOLS)/protoc-gen-go-grpc $(GO_TOOLS)/grpcurl:
 
 grpcurl: $(GO_TOOLS)/grpcurl
 
+# The docs site (docs/mkdocs.yml) into docs/site, strict: a warning (a broken link or anchor, a
+# page missing from the navigation) fails the build (never with --quiet: it hides the warnings
+# from the strict count). The API, mailq and metrics reference pages are
+# generated during the build (docs/hooks/reference.py); Mermaid comes from npm (docs/package.json).
+docs: install $(DOCS_NODE_MODULES)
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict -f docs/mkdocs.yml
+
+$(DOCS_NODE_MODULES): docs/package-lock.json
+	cd docs && npm ci --no-audit --no-fund
+	touch $@
+
 # Node dependencies (npm ci), protoc-gen-es among them.
 $(NODE_MODULES): tests/contract/node/package-lock.json
 	cd tests/contract/node && npm ci --no-audit --no-fund
@@ -163,4 +175,4 @@ lint: $(BUF) install
 	else echo "[make] buf breaking: no previous commit with protos/ to compare with"; fi
 
 clean:
-	rm -rf .venv mailqueue tests/contract/go/mailqueue tests/contract/node/gen
+	rm -rf .venv mailqueue tests/contract/go/mailqueue tests/contract/node/gen docs/site
