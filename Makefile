@@ -70,7 +70,8 @@ stop:
 	stack/services.sh stop
 
 # The test command (README, CI): installs, starts the stack and the services if they are down,
-# lints the protos (buf lint + buf breaking), builds the images, starts the single-node Kubernetes,
+# lints the protos (buf lint + buf breaking), builds the docs site (mkdocs --strict), builds the
+# images, starts the single-node Kubernetes,
 # and runs every tier (Python, Go, Node, grpcurl, the offline k8s checks, the Kubernetes tier, then
 # the cluster tier, which starts the clusters itself when it gets there).
 test: up lint docs kustomize contract spark-connector image kube-up

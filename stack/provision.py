@@ -10,7 +10,7 @@ DIR/<role>/ holds one file per key, the shape of a Kubernetes Secret mounted as 
 rabbitmq-password, s3-access-key, s3-secret-key; only the backends the role uses. Files are 0600
 and never appear on a command line or in a log.
 
-Who may do what (README "Security"):
+Who may do what (docs/pages/deploying/security.md):
 
 - Cassandra: each service's role has SELECT and MODIFY on the keyspace, granted by the schema step
   (services/runtime/migrate.py) run with the schema role, which owns the keyspace. No service may

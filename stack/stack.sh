@@ -600,7 +600,7 @@ up() {
   if [[ $PLAINTEXT_LOOPBACK == 1 ]]; then minio_plain_healthy >/dev/null 2>&1 || minio_plain_start; fi
   ( set -a; eval "$(env_of schema)"; "$PY" -m services.runtime.migrate ) >>"$LOG_DIR/schema.log" 2>&1 \
     || die "schema step failed: see $LOG_DIR/schema.log"
-  say "TLS on every backend, one credential per service (README: Security); operator variables: stack/stack.sh env"
+  say "TLS on every backend, one credential per service (docs/pages/deploying/security.md); operator variables: stack/stack.sh env"
   status
 }
 

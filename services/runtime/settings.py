@@ -1,7 +1,7 @@
 """Configuration: one typed value per component, built from the environment.
 
 Every MAILQUEUE_* variable of a service, its default and its meaning is here (the comment above
-the line that reads it) and in the README's table; nothing else in a service reads its settings
+the line that reads it) and in docs/pages/reference/settings.md (a unit test checks); nothing else in a service reads its settings
 from ``os.environ`` (the schema tool, services/runtime/migrate.py, and the Spark sweep, spark/,
 read a few of their own). Defaults are the safe local ones (loopback, one replica).
 
@@ -299,7 +299,7 @@ def server_from_env(service: str, env: Mapping[str, str] = os.environ) -> Server
         #: DNS's TTL passes (30 s with kubeadm's Corefile). 0 (the default, outside Kubernetes): none.
         lameduck_s=_float(env, "LAMEDUCK_S", 0.0),
         #: Target of blob_svc for enqueue and dequeue's content above the small-blob limit; "" (the
-        #: default): they read and write S3 themselves, one hop less (bench figures in the README).
+        #: default): they read and write S3 themselves, one hop less (docs/pages/benchmarks.md).
         blob_target=_get(env, "BLOB_TARGET", ""),
         log_level=_get(env, "LOG_LEVEL", "INFO").upper(),
         #: Bearer tokens accepted by this server, token -> role (empty: no access control).

@@ -1,4 +1,5 @@
-"""The README's grpcurl block, run command by command against the running services."""
+"""The grpcurl block of the docs (docs/pages/reference/grpcurl.md), run command by command against
+the running services."""
 
 import os
 import re
@@ -7,11 +8,13 @@ import subprocess
 from tests.contract.conftest import tool
 from tests.harness import ROOT
 
+PAGE = os.path.join(ROOT, "docs", "pages", "reference", "grpcurl.md")
+
 
 def readme_commands() -> list[str]:
-    with open(os.path.join(ROOT, "README.md")) as f:
+    with open(PAGE) as f:
         text = f.read()
-    section = text.split("## Every RPC from a shell (grpcurl)", 1)[1]
+    section = text.split("# Every RPC from a shell (grpcurl)", 1)[1]
     block = re.search(r"```sh\n(.*?)```", section, re.S).group(1)
     return [line for line in block.splitlines() if line.startswith("grpcurl ")]
 

@@ -31,7 +31,7 @@ from tests.integration.helpers import (
 def test_a_hundred_streams_that_subscribe_and_leave_spend_no_delivery_and_lose_no_mail(suite):
     queue = suite.new_queue()
     ids = enqueue_names(suite, queue, [f"m{i}" for i in range(20)])
-    for _ in range(100):  # as the README's grpcurl Dequeue does: subscribe (prefetch 16), then end
+    for _ in range(100):  # as the docs' grpcurl Dequeue does: subscribe (prefetch 16), then end
         StreamConsumer(suite.dequeue_stub, queue, prefetch=16).close()
     c = StreamConsumer(suite.dequeue_stub, queue, prefetch=20)
     got = c.take(20, timeout=10)

@@ -4,7 +4,7 @@ In the order an operator meets them: the Deployments become Available under the 
 the scheduled sweep; clients in pods reach every Service by name, spread over the replicas; the
 autoscaler scales enqueue out under load and back in; a rolling update of enqueue, dequeue and
 browse under load; readiness with the broker stopped; the PodDisruptionBudgets against evictions;
-the NetworkPolicies. Each test prints its figures (the README's "Deploy on Kubernetes" quotes them).
+the NetworkPolicies. Each test prints its figures (docs/pages/deploying/local-kubernetes.md quotes them).
 """
 
 from __future__ import annotations
