@@ -57,26 +57,28 @@ def test_every_rpc_of_the_stubs_is_described(proto_items):
                 assert f"{service.full_name}/{m.name}" in described
 
 
+def _each_on_its_page(page: str, entries: list[tuple[str, str, str, str]]) -> None:
+    """Each (what, the text that shows it on the page, its documentation, where to write it)."""
+    for what, needle, text, where in entries:
+        assert needle in page, f"{what} is not on its reference page"
+        assert text.strip(), f"{what} has no documentation ({where})"
+
+
 def test_every_metric_is_on_the_metrics_page_with_its_help():
     # Given every metric registered once the services' modules are imported
     metrics = ref.metrics()
     assert len(metrics) >= 30, [m.name for m in metrics]  # the import found them
-    page = ref.metrics_markdown()
-    for m in metrics:
-        # Then each has a line, and a help text to put on it
-        assert f"| `{m.name}` |" in page, f"{m.name} has no line on the metrics page"
-        assert m.documentation.strip(), f"{m.name} has no help text (the second argument of its constructor)"
+    # Then each has a line, and a help text to put on it
+    _each_on_its_page(ref.metrics_markdown(), [
+        (m.name, f"| `{m.name}` |", m.documentation, "the second argument of its constructor") for m in metrics])
 
 
 def test_every_mailq_command_and_subcommand_is_documented():
     commands = ref.commands()
-    paths = {c.path for c in commands}
     # Every command module's commands are found, subcommands included
-    assert {"queues", "browse", "enqueue", "hold", "throttle set", "dead redrive"} <= paths
-    page = ref.cli_markdown()
-    for c in commands:
-        assert f"`mailq {c.path}`" in page, f"mailq {c.path} is not on the command page"
-        assert c.help.strip(), f"mailq {c.path} has no help line (add_parser(..., help=...))"
+    assert {"queues", "browse", "enqueue", "hold", "throttle set", "dead redrive"} <= {c.path for c in commands}
+    _each_on_its_page(ref.cli_markdown(), [
+        (f"mailq {c.path}", f"`mailq {c.path}`", c.help, "add_parser(..., help=...)") for c in commands])
 
 
 def test_every_setting_the_code_reads_has_a_row():
