@@ -30,8 +30,6 @@ from dataclasses import dataclass
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # docs/hooks/ -> the repository
 PROTO_DIR = os.path.join(ROOT, "protos")
 MERMAID = os.path.join(ROOT, "docs", "node_modules", "mermaid", "dist", "mermaid.min.js")
-if ROOT not in sys.path:  # the pages describe this checkout's code, whatever the working directory
-    sys.path.insert(0, ROOT)
 #: The generated pages: path in the site -> the function that writes it.
 PAGES = {}
 
@@ -354,6 +352,10 @@ def on_files(files, config):
     """Add the generated pages and the local Mermaid to the site (nothing is written in docs/)."""
     from mkdocs.structure.files import File
 
+    # The pages describe this checkout's code, whatever the working directory or an editable install
+    # elsewhere (mkdocs restores sys.path after loading a hook, so this is done here).
+    if sys.path[:1] != [ROOT]:
+        sys.path.insert(0, ROOT)
     for path, fn in PAGES.items():
         files.append(File.generated(config, path, content=fn()))
     if not os.path.isfile(MERMAID):
@@ -363,6 +365,7 @@ def on_files(files, config):
 
 
 if __name__ == "__main__":  # python docs/hooks/reference.py OUTDIR: the pages as files, to read
+    sys.path.insert(0, ROOT)
     target = sys.argv[1] if len(sys.argv) > 1 else "."
     for path, fn in PAGES.items():
         os.makedirs(os.path.dirname(os.path.join(target, path)), exist_ok=True)
