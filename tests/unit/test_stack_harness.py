@@ -20,6 +20,8 @@ if len(sys.argv) > 1 or __import__("os").environ.get("FAKE_EXIT"):
     sys.exit(3)
 if __import__("os").environ.get("FAKE_IGNORE_TERM"):
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+if __import__("os").environ.get("FAKE_READY"):
+    open(__import__("os").environ["FAKE_READY"], "w").close()  # its handler is set
 while True:
     time.sleep(0.05)
 """
@@ -74,15 +76,19 @@ def test_a_service_not_serving_in_time_names_its_log(fake, tmp_path):
     assert not service.running()
 
 
-def test_stop_sends_sigterm_then_sigkill_after_the_grace(fake):
+def test_stop_sends_sigterm_then_sigkill_after_the_grace(fake, tmp_path):
     polite = harness.Service("fake", fake, harness.free_port())
     polite.start(wait=False)
     polite.stop(grace=10)
     assert polite.proc.returncode == -signal.SIGTERM
 
-    stubborn = harness.Service("fake", {**fake, "FAKE_IGNORE_TERM": "1"}, harness.free_port())
+    ready = tmp_path / "ready"
+    stubborn = harness.Service("fake", {**fake, "FAKE_IGNORE_TERM": "1", "FAKE_READY": str(ready)}, harness.free_port())
     stubborn.start(wait=False)
-    time.sleep(0.5)  # its handler is set
+    deadline = time.monotonic() + 10
+    while not ready.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert ready.exists(), "the stand-in never set its SIGTERM handler"
     began = time.monotonic()
     stubborn.stop(grace=0.5)
     assert stubborn.proc.returncode == -signal.SIGKILL and time.monotonic() - began < 5
