@@ -20,7 +20,7 @@ import dataclasses
 import datetime as dt
 import logging
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 from prometheus_client import Counter, Gauge
 
@@ -64,6 +64,18 @@ def _to_millis(t: dt.datetime) -> dt.datetime:
 def _undo_time(started: dt.datetime) -> dt.datetime:
     """The write time of an attempt's undo marks: right after its start (see Enqueuer._claim)."""
     return started + _MICROSECOND
+
+
+@dataclasses.dataclass(frozen=True)
+class Inline:
+    """One unary call's mail with its content inline (EnqueueRequest.inline_content)."""
+
+    queue: str
+    mail: model.Mail
+    content: bytes
+    key: str = ""
+    when: Schedule = (None, None)
+    priority: str = "normal"
 
 
 @dataclasses.dataclass
@@ -190,9 +202,21 @@ class Enqueuer:
     ) -> model.QueuedMail:
         """Content, view row, counters, message; ``attempt`` says how far it got."""
         blob_ids, size = await write_content()
+        queued = await self._queued(queue, mail, enqueue_id, blob_ids, size, when, priority)
+        # The write may land although it fails (a timeout): from here on, a failure is undone.
+        attempt.written = queued
+        await self._view.mails.store(queued)
+        await self._count(queued, attempt)
+        await self._publish(queued, carried)
+        return queued
+
+    async def _queued(
+        self, queue: str, mail: model.Mail, enqueue_id: uuid.UUID, blob_ids: tuple[str, ...], size: int, when: Schedule,
+        priority: str,
+    ) -> model.QueuedMail:
+        """The mail's view row, in the slice of now (or browse start, if this clock lags)."""
         config = await self._state.config()
         now = model.utcnow()
-        deliver_at = schedule.deliver_at(now, *when)
         start = slice_start(now, config.slice_window)
         browse_start = await self._state.browse_start(queue)
         if browse_start is not None and start < browse_start:
@@ -200,18 +224,121 @@ class Enqueuer:
             log.warning("clock behind browse start; writing into the browse start slice",
                         extra={"queue": queue, "slice": start.isoformat(), "browse_start": browse_start.isoformat()})
             start = browse_start
-        queued = model.QueuedMail(
+        return model.QueuedMail(
             queue=queue, enqueue_id=enqueue_id, enqueued_at=now, mail=mail, blob_ids=blob_ids, size=size,
             slice_start=start, bucket=bucket_of(mail.name, str(enqueue_id), config.bucket_count),
-            deliver_at=deliver_at, priority=priority,
+            deliver_at=schedule.deliver_at(now, *when), priority=priority,
         )
-        # The write may land although it fails (a timeout): from here on, a failure is undone.
-        attempt.written = queued
-        await self._view.mails.store(queued)
-        await counters.bump(self._view, queued, enqueued=1, delayed=1 if deliver_at is not None else 0)
+
+    async def _count(self, queued: model.QueuedMail, attempt: _Attempt) -> None:
+        await counters.bump(self._view, queued, enqueued=1, delayed=1 if queued.deliver_at is not None else 0)
         attempt.counted = True
-        await self._broker.publish(queued, deliver_at - now if deliver_at is not None else dt.timedelta(0), content=carried)
-        return queued
+
+    async def _publish(self, queued: model.QueuedMail, carried: bytes | None) -> None:
+        delay = queued.deliver_at - queued.enqueued_at if queued.deliver_at is not None else dt.timedelta(0)
+        await self._broker.publish(queued, delay, content=carried)
+
+    # ------------------------------------------------------------------ many at once
+    async def enqueue_inline_group(self, items: Sequence[Inline]) -> list[model.EnqueueResult | BaseException]:
+        """Enqueue the inline mails of concurrent calls as one group (services/app/grouping.py):
+        each step is taken for every mail of the group in the same event-loop turn (the blob
+        writes, then the view rows, then the publishes), so their requests leave together: one
+        network write per backend, the rows in shared group commits, the confirms pipelined.
+
+        Each mail keeps its own outcome, exactly as if it had been enqueued alone: a mail that
+        fails is undone (see _undo) and answered with its error, and the others go on. A mail with
+        an idempotency key takes the single path (its claim comes first)."""
+        out: list[model.EnqueueResult | BaseException | None] = [None] * len(items)
+
+        async def alone(i: int) -> None:
+            it = items[i]
+            try:
+                out[i] = await self.enqueue_inline(it.queue, it.mail, it.content, it.key, it.when, it.priority)
+            except Exception as e:  # noqa: BLE001 - the call's own answer
+                out[i] = e
+
+        keyed = [alone(i) for i, it in enumerate(items) if it.key]
+        plain = [i for i, it in enumerate(items) if not it.key]
+        await asyncio.gather(self._group(items, plain, out), *keyed)
+        return [r if r is not None else RuntimeError("no outcome") for r in out]
+
+    async def _group(
+        self, items: Sequence[Inline], indexes: list[int], out: list[model.EnqueueResult | BaseException | None],
+    ) -> None:
+        live: list[int] = []
+        for i in indexes:
+            it = items[i]
+            try:
+                if len(it.content) > self._limits.max_inline_bytes:
+                    raise ResourceExhausted(
+                        f"inline content is {len(it.content)} bytes, over the limit of {self._limits.max_inline_bytes}: "
+                        "use EnqueueStream or put the content with BlobService.Put first"
+                    )
+                validation.queue_name(it.queue)
+                validation.mail(it.mail, self._limits)
+                schedule.deliver_at(model.utcnow(), *it.when)  # refused before anything is written
+                await self._state.require_queue(it.queue)  # cached: one read per queue at most
+                live.append(i)
+            except Exception as e:  # noqa: BLE001 - refused before anything is written
+                out[i] = e
+        if not live:
+            return
+        started = _to_millis(model.utcnow())
+        attempts = {i: _Attempt() for i in live}
+        queued: dict[int, model.QueuedMail] = {}
+
+        def failed(i: int, e: BaseException) -> None:
+            out[i] = e
+            ENQUEUE_FAILED.labels(items[i].queue).inc()
+
+        try:
+            blobs = await asyncio.gather(*(self._blobs.store(items[i].content) for i in live), return_exceptions=True)
+            for i, info in zip(list(live), blobs, strict=True):
+                if isinstance(info, BaseException):
+                    failed(i, info)
+                    continue
+                try:
+                    queued[i] = await self._queued(
+                        items[i].queue, items[i].mail, uuid.uuid4(), (info.blob_id,), info.size, items[i].when,
+                        items[i].priority)
+                except Exception as e:  # noqa: BLE001 - nothing of this mail is in the view yet
+                    failed(i, e)
+            live = list(queued)
+            for i in live:  # the writes may land although they fail (a timeout): undone from here on
+                attempts[i].written = queued[i]
+            rows = await asyncio.gather(*(self._view.mails.store(queued[i]) for i in live), return_exceptions=True)
+            live = self._survivors(live, rows, failed)
+            for i in live:
+                await self._count(queued[i], attempts[i])
+            sent = await asyncio.gather(*(
+                self._publish(queued[i], self._limits.carried(items[i].content, len(items[i].content))) for i in live
+            ), return_exceptions=True)
+            live = self._survivors(live, sent, failed)
+        except BaseException as e:  # cancelled (the server stopping): every mail not answered is undone
+            for i in attempts:
+                if out[i] is None:
+                    failed(i, e)
+            raise
+        finally:
+            undo = [self._undo(items[i].queue, "", queued[i].enqueue_id, started, attempts[i])
+                    for i in attempts if out[i] is not None and i in queued]
+            if undo:
+                await asyncio.shield(asyncio.gather(*undo, return_exceptions=True))
+        for i in live:
+            ENQUEUED.labels(items[i].queue).inc()
+            out[i] = model.EnqueueResult.of(queued[i])
+
+    @staticmethod
+    def _survivors(
+        live: list[int], outcomes: Sequence[object], failed: Callable[[int, BaseException], None],
+    ) -> list[int]:
+        kept = []
+        for i, outcome in zip(live, outcomes, strict=True):
+            if isinstance(outcome, BaseException):
+                failed(i, outcome)
+            else:
+                kept.append(i)
+        return kept
 
     async def _undo(self, queue: str, key: str, enqueue_id: uuid.UUID, started: dt.datetime, attempt: _Attempt) -> None:
         """Undo a failed attempt (eventually): its mail marked deleted if its row may exist (a

@@ -294,3 +294,33 @@ def test_rows_of_concurrent_enqueues_share_requests_and_every_one_lands(suite):
     assert sorted(str(r.enqueue_id) for r in view_rows(suite, queue)) == ids
     assert suite.browse_stub.GetSize(browse_pb2.GetSizeRequest(queue=queue, exact=True)).size == 300
     assert message_count(queue) == 300
+
+
+def test_concurrent_unary_enqueues_run_as_groups_and_each_call_keeps_its_own_outcome(suite):
+    # 200 single Enqueue calls at once, as SMTP servers send: the server runs them in groups
+    # (services/app/grouping.py), yet every call gets its own answer. The bad ones among them
+    # are refused alone and write nothing; every good one is in the view and the queue once.
+    queue = suite.new_queue()
+    before = suite.metric("enqueue", "mailqueue_enqueue_grouped_calls_count"), suite.metric(
+        "enqueue", "mailqueue_enqueue_grouped_calls_sum")
+    bad = {
+        17: (inline(queue, simple_mail(recipients=("not an address",))), grpc.StatusCode.INVALID_ARGUMENT),
+        90: (inline("no-such-queue-" + queue, simple_mail()), grpc.StatusCode.NOT_FOUND),
+        151: (inline(queue, simple_mail(sender="alice@")), grpc.StatusCode.INVALID_ARGUMENT),
+    }
+    calls = [suite.enqueue_stub.Enqueue.future(bad[i][0] if i in bad else inline(queue, simple_mail(f"m{i}")), timeout=60)
+             for i in range(200)]
+    receipts = {}
+    for i, call in enumerate(calls):
+        if i in bad:
+            with pytest.raises(grpc.RpcError) as refused:
+                call.result()
+            assert refused.value.code() == bad[i][1], (i, refused.value.details())
+        else:
+            receipts[i] = call.result().receipt
+    groups = suite.metric("enqueue", "mailqueue_enqueue_grouped_calls_count") - before[0]
+    grouped = suite.metric("enqueue", "mailqueue_enqueue_grouped_calls_sum") - before[1]
+    assert grouped == 200 and groups < grouped, f"{groups} groups for {grouped} calls"
+    assert sorted(str(r.enqueue_id) for r in view_rows(suite, queue)) == sorted(r.enqueue_id for r in receipts.values())
+    assert len(set(r.enqueue_id for r in receipts.values())) == 197
+    assert message_count(queue) == 197

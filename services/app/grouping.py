@@ -1,0 +1,88 @@
+"""Concurrent unary calls handed over as one group, so that their backend writes travel together.
+
+One Enqueue at a time from many connections (how SMTP servers send) reaches the server spread
+over time: each call's blob write, row write and publish would leave alone, one request and one
+network write each, and the backends pay per request. Here a call's item runs at once when fewer
+than ``running`` groups are running (a lone caller pays no wait); otherwise it waits, with every
+item that arrives meanwhile, until a running group finishes, and then they run as the next group
+(``Enqueuer.enqueue_inline_group``: each step for every mail in the same event-loop turn), at most
+``size`` to a group. So groups grow with the load by themselves, as the calls that arrive while
+the backends answer the groups before them, like the view's group commit
+(services/adapters/cassandra/group_commit.py). Each call still gets its own outcome, once its
+mail is durable.
+
+A caller that leaves (cancelled, its deadline passed) while its item waits takes it out of the
+group: nothing of it is written. Once its group runs, the group finishes without it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Generic, TypeVar
+
+from prometheus_client import Histogram
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+GROUP = Histogram("mailqueue_enqueue_grouped_calls", "Unary calls run together as one group",
+                  buckets=(1, 2, 4, 8, 16, 32, 64, 128))
+
+RunGroup = Callable[[Sequence[T]], Awaitable[list[R | BaseException]]]
+
+
+class Grouper(Generic[T, R]):
+    def __init__(self, run_group: RunGroup[T, R], running: int = 1, size: int = 128) -> None:
+        self._run_group = run_group
+        self.running, self.size = running, size
+        self._waiting: list[tuple[T, asyncio.Future[R]]] = []
+        self._running: set[asyncio.Task[None]] = set()
+
+    async def submit(self, item: T) -> R:
+        """The outcome of ``item``, run in a group (its error raised as the call's own)."""
+        answer: asyncio.Future[R] = asyncio.get_running_loop().create_future()
+        entry = (item, answer)
+        self._waiting.append(entry)
+        if len(self._running) < self.running:
+            self._next()
+        try:
+            return await asyncio.shield(answer)
+        except asyncio.CancelledError:
+            if entry in self._waiting:  # not started: nothing of it is written
+                self._waiting.remove(entry)
+            raise
+
+    def _next(self) -> None:
+        group, self._waiting = self._waiting[:self.size], self._waiting[self.size:]
+        if not group:
+            return
+        GROUP.observe(len(group))
+        task = asyncio.ensure_future(self._run(group))
+        self._running.add(task)
+        task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self._running.discard(task)
+        if self._waiting and len(self._running) < self.running:
+            self._next()
+
+    async def _run(self, group: list[tuple[T, asyncio.Future[R]]]) -> None:
+        try:
+            outcomes: list[R | BaseException] = await self._run_group([item for item, _ in group])
+        except BaseException as e:  # noqa: BLE001 - every caller of the group gets it
+            outcomes = [e] * len(group)
+        for (_, answer), outcome in zip(group, outcomes, strict=True):
+            if answer.done():
+                continue
+            if isinstance(outcome, BaseException):
+                answer.set_exception(outcome)
+                answer.add_done_callback(_retrieved)
+            else:
+                answer.set_result(outcome)
+
+
+def _retrieved(f: asyncio.Future) -> None:
+    """A caller that left does not read its answer: its error is not 'never retrieved'."""
+    if not f.cancelled():
+        f.exception()
