@@ -9,8 +9,7 @@ import grpc
 
 from mailqueue.v1 import enqueue_pb2, enqueue_pb2_grpc
 from services.app import pipeline
-from services.app.enqueuer import Enqueuer, Inline
-from services.app.grouping import Grouper
+from services.app.enqueuer import Enqueuer
 from services.contract import serde
 from services.domain import model
 from services.domain.errors import InvalidArgument, MailQueueError
@@ -44,19 +43,9 @@ def _answer(item: enqueue_pb2.EnqueueManyRequest, result: model.EnqueueResult | 
 class EnqueueServicer(enqueue_pb2_grpc.EnqueueServiceServicer):
     def __init__(self, enqueuer: Callable[[], Enqueuer]) -> None:
         self._enqueuer = enqueuer  # raises UNAVAILABLE while the service connects
-        # Concurrent unary calls with inline content run as groups (services/app/grouping.py).
-        self._together: Grouper[Inline, model.EnqueueResult] = Grouper(
-            lambda items: self._enqueuer().enqueue_inline_group(items))
 
     async def Enqueue(self, request: enqueue_pb2.EnqueueRequest, context: grpc.aio.ServicerContext) -> enqueue_pb2.EnqueueResponse:
-        if request.WhichOneof("content") != "inline_content":
-            return enqueue_pb2.EnqueueResponse(receipt=_receipt(await self._enqueue(request)))
-        self._enqueuer()  # UNAVAILABLE while the service connects
-        item = Inline(
-            request.queue, serde.mail_from_proto(request.mail), request.inline_content, request.idempotency_key,
-            serde.schedule_from_proto(request), serde.priority_from_proto(request.priority),
-        )
-        return enqueue_pb2.EnqueueResponse(receipt=_receipt(await self._together.submit(item)))
+        return enqueue_pb2.EnqueueResponse(receipt=_receipt(await self._enqueue(request)))
 
     async def EnqueueMany(
         self, request_iterator: AsyncIterator[enqueue_pb2.EnqueueManyRequest], context: grpc.aio.ServicerContext

@@ -25,11 +25,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from prometheus_client import Counter, Gauge
 
 from services.app import counters
+from services.app.grouping import Grouper
 from services.app.queue_state import QueueState
 from services.app.retry import retrying
 from services.domain import model, schedule, validation
 from services.domain.backoff import Backoff
 from services.domain.errors import Aborted, BackendUnavailable, InvalidArgument, NotFound, ResourceExhausted
+from services.domain.model import BlobInfo
 from services.domain.settings import LimitSettings
 from services.domain.slices import bucket_of, slice_start
 from services.ports.blobstore import BlobStore
@@ -67,15 +69,16 @@ def _undo_time(started: dt.datetime) -> dt.datetime:
 
 
 @dataclasses.dataclass(frozen=True)
-class Inline:
-    """One unary call's mail with its content inline (EnqueueRequest.inline_content)."""
+class _Grouped:
+    """A checked mail without an idempotency key, waiting for its group (services/app/grouping.py):
+    its content inline (to be stored by the group) or streamed to the blob store already."""
 
     queue: str
     mail: model.Mail
-    content: bytes
-    key: str = ""
-    when: Schedule = (None, None)
-    priority: str = "normal"
+    when: Schedule
+    priority: str
+    content: bytes | None = None
+    stored: BlobInfo | None = None
 
 
 @dataclasses.dataclass
@@ -97,6 +100,8 @@ class Enqueuer:
         #: (queue, key, enqueue id) of claims whose attempt failed here, release still pending:
         #: a retry that meets one takes it over at once instead of waiting for it to be abandoned.
         self._failed_claims: set[tuple[str, str, uuid.UUID]] = set()
+        #: Mails without an idempotency key run in groups (services/app/grouping.py).
+        self._grouper: Grouper[_Grouped, model.EnqueueResult] = Grouper(self._run_group)
 
     # ------------------------------------------------------------------ the three content forms
     async def enqueue_inline(
@@ -108,6 +113,9 @@ class Enqueuer:
                 f"inline content is {len(content)} bytes, over the limit of {self._limits.max_inline_bytes}: "
                 "use EnqueueStream or put the content with BlobService.Put first"
             )
+        if not key:
+            await self._check(queue, mail, key, when)
+            return await self._grouper.submit(_Grouped(queue, mail, when, priority, content=content))
 
         async def write() -> tuple[tuple[str, ...], int]:
             info = await self._blobs.store(content)
@@ -148,6 +156,12 @@ class Enqueuer:
                 self._check_mail_size(total)
                 yield chunk
 
+        if not key:
+            # The content streams to the blob store on its own; the row and the publish go with a group.
+            await self._check(queue, mail, key, when)
+            stored = await self._blobs.put(limited())
+            return await self._grouper.submit(_Grouped(queue, mail, when, priority, stored=stored))
+
         async def write() -> tuple[tuple[str, ...], int]:
             info = await self._blobs.put(limited())
             return (info.blob_id,), info.size
@@ -159,16 +173,20 @@ class Enqueuer:
             raise ResourceExhausted(f"mail content exceeds the limit of {self._limits.max_mail_bytes} bytes")
 
     # ------------------------------------------------------------------ the common path
+    async def _check(self, queue: str, mail: model.Mail, key: str, when: Schedule) -> None:
+        """Refuse what is invalid before anything is written."""
+        validation.queue_name(queue)
+        validation.mail(mail, self._limits)
+        schedule.deliver_at(model.utcnow(), *when)
+        if len(key) > 256:
+            raise InvalidArgument("idempotency_key is longer than 256 characters")
+        await self._state.require_queue(queue)
+
     async def _enqueue(
         self, queue: str, mail: model.Mail, write_content: ContentWriter, key: str, when: Schedule, priority: str,
         carried: bytes | None = None,
     ) -> model.EnqueueResult:
-        validation.queue_name(queue)
-        validation.mail(mail, self._limits)
-        schedule.deliver_at(model.utcnow(), *when)  # refused before anything is written
-        if len(key) > 256:
-            raise InvalidArgument("idempotency_key is longer than 256 characters")
-        await self._state.require_queue(queue)
+        await self._check(queue, mail, key, when)
         enqueue_id = uuid.uuid4()
         # This attempt's instant (to the millisecond, as Cassandra keeps the claim's): its claim
         # time, and the write time of its undo marks (see _claim).
@@ -239,52 +257,17 @@ class Enqueuer:
         await self._broker.publish(queued, delay, content=carried)
 
     # ------------------------------------------------------------------ many at once
-    async def enqueue_inline_group(self, items: Sequence[Inline]) -> list[model.EnqueueResult | BaseException]:
-        """Enqueue the inline mails of concurrent calls as one group (services/app/grouping.py):
-        each step is taken for every mail of the group in the same event-loop turn (the blob
-        writes, then the view rows, then the publishes), so their requests leave together: one
-        network write per backend, the rows in shared group commits, the confirms pipelined.
+    async def _run_group(self, items: Sequence[_Grouped]) -> list[model.EnqueueResult | BaseException]:
+        """Enqueue the checked mails of concurrent calls as one group: each step is taken for every
+        mail of the group in the same event-loop turn (the blob writes of inline content, then the
+        view rows, then the publishes), so their requests leave together: one network write per
+        backend, the rows in shared group commits, the confirms pipelined.
 
         Each mail keeps its own outcome, exactly as if it had been enqueued alone: a mail that
-        fails is undone (see _undo) and answered with its error, and the others go on. A mail with
-        an idempotency key takes the single path (its claim comes first)."""
+        fails is undone (see _undo) and answered with its error, and the others go on."""
         out: list[model.EnqueueResult | BaseException | None] = [None] * len(items)
-
-        async def alone(i: int) -> None:
-            it = items[i]
-            try:
-                out[i] = await self.enqueue_inline(it.queue, it.mail, it.content, it.key, it.when, it.priority)
-            except Exception as e:  # noqa: BLE001 - the call's own answer
-                out[i] = e
-
-        keyed = [alone(i) for i, it in enumerate(items) if it.key]
-        plain = [i for i, it in enumerate(items) if not it.key]
-        await asyncio.gather(self._group(items, plain, out), *keyed)
-        return [r if r is not None else RuntimeError("no outcome") for r in out]
-
-    async def _group(
-        self, items: Sequence[Inline], indexes: list[int], out: list[model.EnqueueResult | BaseException | None],
-    ) -> None:
-        live: list[int] = []
-        for i in indexes:
-            it = items[i]
-            try:
-                if len(it.content) > self._limits.max_inline_bytes:
-                    raise ResourceExhausted(
-                        f"inline content is {len(it.content)} bytes, over the limit of {self._limits.max_inline_bytes}: "
-                        "use EnqueueStream or put the content with BlobService.Put first"
-                    )
-                validation.queue_name(it.queue)
-                validation.mail(it.mail, self._limits)
-                schedule.deliver_at(model.utcnow(), *it.when)  # refused before anything is written
-                await self._state.require_queue(it.queue)  # cached: one read per queue at most
-                live.append(i)
-            except Exception as e:  # noqa: BLE001 - refused before anything is written
-                out[i] = e
-        if not live:
-            return
         started = _to_millis(model.utcnow())
-        attempts = {i: _Attempt() for i in live}
+        attempts: dict[int, _Attempt] = {}
         queued: dict[int, model.QueuedMail] = {}
 
         def failed(i: int, e: BaseException) -> None:
@@ -292,28 +275,30 @@ class Enqueuer:
             ENQUEUE_FAILED.labels(items[i].queue).inc()
 
         try:
-            blobs = await asyncio.gather(*(self._blobs.store(items[i].content) for i in live), return_exceptions=True)
-            for i, info in zip(list(live), blobs, strict=True):
+            inline = [i for i, it in enumerate(items) if it.stored is None]
+            written = await asyncio.gather(*(self._blobs.store(items[i].content or b"") for i in inline),
+                                           return_exceptions=True)
+            stored: dict[int, BlobInfo | BaseException] = dict(zip(inline, written, strict=True))
+            for i, it in enumerate(items):
+                info = it.stored or stored[i]
                 if isinstance(info, BaseException):
                     failed(i, info)
                     continue
                 try:
                     queued[i] = await self._queued(
-                        items[i].queue, items[i].mail, uuid.uuid4(), (info.blob_id,), info.size, items[i].when,
-                        items[i].priority)
+                        it.queue, it.mail, uuid.uuid4(), (info.blob_id,), info.size, it.when, it.priority)
                 except Exception as e:  # noqa: BLE001 - nothing of this mail is in the view yet
                     failed(i, e)
             live = list(queued)
             for i in live:  # the writes may land although they fail (a timeout): undone from here on
-                attempts[i].written = queued[i]
+                attempts[i] = _Attempt(written=queued[i])
             rows = await asyncio.gather(*(self._view.mails.store(queued[i]) for i in live), return_exceptions=True)
-            live = self._survivors(live, rows, failed)
+            live = _survivors(live, rows, failed)
             for i in live:
                 await self._count(queued[i], attempts[i])
-            sent = await asyncio.gather(*(
-                self._publish(queued[i], self._limits.carried(items[i].content, len(items[i].content))) for i in live
-            ), return_exceptions=True)
-            live = self._survivors(live, sent, failed)
+            sent = await asyncio.gather(*(self._publish(queued[i], self._carried(items[i])) for i in live),
+                                        return_exceptions=True)
+            live = _survivors(live, sent, failed)
         except BaseException as e:  # cancelled (the server stopping): every mail not answered is undone
             for i in attempts:
                 if out[i] is None:
@@ -321,24 +306,16 @@ class Enqueuer:
             raise
         finally:
             undo = [self._undo(items[i].queue, "", queued[i].enqueue_id, started, attempts[i])
-                    for i in attempts if out[i] is not None and i in queued]
+                    for i in attempts if out[i] is not None]
             if undo:
                 await asyncio.shield(asyncio.gather(*undo, return_exceptions=True))
         for i in live:
             ENQUEUED.labels(items[i].queue).inc()
             out[i] = model.EnqueueResult.of(queued[i])
+        return [r if r is not None else RuntimeError("no outcome") for r in out]
 
-    @staticmethod
-    def _survivors(
-        live: list[int], outcomes: Sequence[object], failed: Callable[[int, BaseException], None],
-    ) -> list[int]:
-        kept = []
-        for i, outcome in zip(live, outcomes, strict=True):
-            if isinstance(outcome, BaseException):
-                failed(i, outcome)
-            else:
-                kept.append(i)
-        return kept
+    def _carried(self, item: _Grouped) -> bytes | None:
+        return self._limits.carried(item.content, len(item.content)) if item.content is not None else None
 
     async def _undo(self, queue: str, key: str, enqueue_id: uuid.UUID, started: dt.datetime, attempt: _Attempt) -> None:
         """Undo a failed attempt (eventually): its mail marked deleted if its row may exist (a
@@ -425,3 +402,14 @@ class Enqueuer:
                             extra={"queue": queue, "key": key, "enqueue_id": str(held.enqueue_id)})
                 return held.enqueue_id
         raise Aborted(f"an enqueue with idempotency key {validation.shown(key)} is in progress; retry in a few seconds")
+
+
+def _survivors(live: list[int], outcomes: Sequence[object], failed: Callable[[int, BaseException], None]) -> list[int]:
+    """The mails of ``live`` whose step succeeded; the others are ``failed``."""
+    kept = []
+    for i, outcome in zip(live, outcomes, strict=True):
+        if isinstance(outcome, BaseException):
+            failed(i, outcome)
+        else:
+            kept.append(i)
+    return kept
