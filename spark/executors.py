@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import datetime as dt
+import itertools
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -27,11 +28,15 @@ def _execute(cassandra: CassandraSettings, cql: str, params: Iterable[tuple[Any,
     from services.adapters.cassandra import bulk
     from services.adapters.cassandra.session import connect
 
+    params = iter(params)
+    first = next(params, None)
+    if first is None:
+        return  # an empty partition (coalesce keeps them): no connection for nothing
     cluster, session = connect(cassandra)
     try:
         statement = session.prepare(cql)
         batch: list[tuple[Any, ...]] = []
-        for p in params:
+        for p in itertools.chain([first], params):
             batch.append(p)
             if len(batch) >= BATCH:
                 bulk.run(session, statement, batch, CONCURRENCY)
