@@ -33,7 +33,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from bench.common import PORTS, bench_queue, blob_store, load, new_keyspace, report, run, settle, start_services, stop
+from bench.common import PORTS, bench_queue, blob_store, load, metric, new_keyspace, report, run, settle, start_services, stop
 from mailqueue.v1 import admin_pb2, admin_pb2_grpc, enqueue_pb2, enqueue_pb2_grpc, mail_pb2
 from services.adapters.cassandra.view import View
 from services.adapters.rabbitmq.broker import RabbitMQBroker
@@ -41,6 +41,24 @@ from services.app.queues import create_queue
 from services.domain import model
 from services.domain.slices import bucket_of, slice_start
 from services.runtime.settings import Settings
+
+#: enqueue_svc's Prometheus port: calls per group (services/app/grouping.py), per phase.
+ENQUEUE_METRICS = 56163
+
+
+def groups() -> tuple[float, float]:
+    """(groups run, calls in them) so far in enqueue_svc."""
+    return (metric(ENQUEUE_METRICS, "mailqueue_enqueue_grouped_calls_count"),
+            metric(ENQUEUE_METRICS, "mailqueue_enqueue_grouped_calls_sum"))
+
+
+def grouped(phase: Any) -> Any:
+    """Run ``phase`` (a no-argument callable returning its result dict); add its mean calls per group."""
+    n0, s0 = groups()
+    result = phase()
+    n, total = groups()
+    result["per_group"] = (total - s0) / max(n - n0, 1)
+    return result
 
 
 def content(i: int, size: int) -> bytes:
@@ -212,7 +230,7 @@ def main() -> None:
         p.error("--pairs needs --batch N (N > 1)")
     keyspace = new_keyspace()
     direct_queue = bench_queue("bench-direct")
-    procs = start_services(keyspace, ["blob", "enqueue", "browse"])
+    procs = start_services(keyspace, ["blob", "enqueue", "browse"], metrics={"enqueue": ENQUEUE_METRICS})
     try:
         admin = admin_pb2_grpc.AdminServiceStub(grpc.insecure_channel(f"127.0.0.1:{PORTS['browse']}"))
         # A queue per phase: each starts empty, as the direct path's does (a backlog left by the
@@ -226,18 +244,18 @@ def main() -> None:
         paced = None
         if a.rate:
             settle("grpc paced")
-            paced = asyncio.run(via_grpc(grpc_queue, a.seconds, a.concurrency, a.size, a.warmup, services, a.rate))
+            paced = grouped(lambda: asyncio.run(via_grpc(grpc_queue, a.seconds, a.concurrency, a.size, a.warmup, services, a.rate)))
         if a.rate_only:
             print(f"\nenqueue of {a.size} B mails paced at {a.rate:.0f}/s, {a.seconds:.0f} s after {a.warmup:.0f} s of warm-up")
-            print(report(f"grpc@{a.rate:.0f}/s", paced))
+            print(report(f"grpc@{a.rate:.0f}/s", paced) + f"  ({paced['per_group']:.1f} calls per group)")
             print(f"           {paced['cpu']}")
             return
         settle("grpc")
-        g = asyncio.run(via_grpc(grpc_queue, a.seconds, a.concurrency, a.size, a.warmup, services))
+        g = grouped(lambda: asyncio.run(via_grpc(grpc_queue, a.seconds, a.concurrency, a.size, a.warmup, services)))
         m = b = f = st = None
         if a.stream:
             settle("grpc-stream")
-            st = asyncio.run(via_grpc_stream(grpc_queue, a.seconds, a.concurrency, a.size, a.warmup, services))
+            st = grouped(lambda: asyncio.run(via_grpc_stream(grpc_queue, a.seconds, a.concurrency, a.size, a.warmup, services)))
         if a.floor:
             settle("floor")
             f = asyncio.run(floor(a.seconds, a.concurrency, a.warmup, services))
@@ -246,7 +264,7 @@ def main() -> None:
             m = asyncio.run(via_grpc_many(many_queue, a.seconds, a.concurrency, a.size, a.warmup, services))
         if a.batch > 1:
             settle("grpc-batch")
-            b = asyncio.run(via_grpc_many(batch_queue, a.seconds, a.concurrency, a.size, a.warmup, services, a.batch))
+            b = grouped(lambda: asyncio.run(via_grpc_many(batch_queue, a.seconds, a.concurrency, a.size, a.warmup, services, a.batch)))
         pairs = [measure_pair(a, admin, services, keyspace, i) for i in range(a.pairs)]
     finally:
         stop(procs)
@@ -254,10 +272,10 @@ def main() -> None:
     settle("direct")
     d = asyncio.run(direct(settings, direct_queue, a.seconds, a.concurrency, a.size, a.warmup))
     print(f"\nenqueue of {a.size} B mails, concurrency {a.concurrency}, {a.seconds:.0f} s each after {a.warmup:.0f} s of warm-up, keyspace {keyspace}")
-    print(report("grpc", g))
+    print(report("grpc", g) + f"  ({g['per_group']:.1f} calls per group)")
     print(f"           {g['cpu']}")
     if st is not None:
-        print(report("grpc-stream", st))
+        print(report("grpc-stream", st) + f"  ({st['per_group']:.1f} calls per group)")
         print(f"           {st['cpu']}")
     if f is not None:
         print(report("floor", f) + "  (grpc.health Check: no enqueue work)")
@@ -266,10 +284,10 @@ def main() -> None:
         print(report("grpc-many", m) + f"  ({m['errors']} refused)")
         print(f"           {m['cpu']}")
     if b is not None:
-        print(report(f"grpc-batch{a.batch}", b) + f"  ({b['errors']} refused)")
+        print(report(f"grpc-batch{a.batch}", b) + f"  ({b['errors']} refused; {b['per_group']:.1f} mails per group)")
         print(f"           {b['cpu']}")
     if paced is not None:
-        print(report(f"grpc@{a.rate:.0f}/s", paced))
+        print(report(f"grpc@{a.rate:.0f}/s", paced) + f"  ({paced['per_group']:.1f} calls per group)")
         print(f"           {paced['cpu']}")
     print(report("direct", d))
     print(f"           {d['cpu']}")
