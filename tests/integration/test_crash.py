@@ -141,7 +141,9 @@ def test_kill_9_of_enqueue_svc_mid_load_loses_no_acknowledged_mail(suite, keyspa
             with lock:
                 acknowledged.append(r.receipt.enqueue_id)
 
-    producers = [threading.Thread(target=produce, daemon=True) for _ in range(8)]
+    # 24 producers at once: their calls run in groups (services/app/grouping.py), so the kill
+    # lands in the middle of groups too.
+    producers = [threading.Thread(target=produce, daemon=True) for _ in range(24)]
     try:
         for t in producers:
             t.start()
@@ -164,7 +166,7 @@ def test_kill_9_of_enqueue_svc_mid_load_loses_no_acknowledged_mail(suite, keyspa
         print(f"\nkill -9 enqueue_svc: {len(acknowledged)} acknowledged, all delivered; {failed} attempts failed "
               f"during the outage; {len(extra)} unacknowledged mails delivered; {duplicates} duplicates")
         assert duplicates == 0
-        assert len(extra) <= 8  # at most one in-flight enqueue per producer completed without its reply
+        assert len(extra) <= len(producers)  # at most one in-flight enqueue per producer completed without its reply
         heal_counters(suite, queue)
     finally:
         stop.set()
