@@ -1,7 +1,9 @@
 """The retention sweep (#6) against the real Cassandra and MinIO, Spark in local mode.
 
 Each run is the real command line (``python -m spark.sweep``) in a subprocess, on a keyspace and
-a bucket of this module's own, with 1-second slices.
+a bucket of this module's own, with 1-second slices. A run costs 20-30 s (JVM, connector, some
+thirty small Spark jobs), so the queues of five tests are seeded together and swept by shared runs
+(the ``swept`` and ``reswept`` fixtures), each test asserting its own queue's state after them.
 """
 
 from __future__ import annotations
@@ -17,17 +19,18 @@ import time
 import uuid
 
 import grpc
+import pika
 import pytest
 
 from mailqueue.v1 import admin_pb2, blob_pb2, browse_pb2
 from services.adapters.cassandra import schema
 from services.adapters.cassandra.session import execute
 from services.domain import model, slices
-from tests.conftest import Suite
+from stack.harness import drop_queues
+from tests.conftest import CREATED_QUEUES, Suite
 from tests.harness import ROOT, new_keyspace, wait_until
 from tests.integration.helpers import (
     StreamConsumer,
-    enqueue_names,
     inline,
     message_count,
     simple_mail,
@@ -150,64 +153,233 @@ def dead_blob_ids(receipts) -> list[str]:
     return [r.blob_ids[0] for r in receipts]
 
 
-def test_sweep_drops_dead_slices_marks_and_blobs_and_keeps_live_mails(sweep_suite):
-    s = sweep_suite
-    queue, stale = s.new_queue(), s.new_queue()
+class Seeded:
+    """One queue the shared sweeps act on: the mails whose rows they should drop (``dead``), the
+    blobs that should go with them, the blobs that must stay, and the window its rows are read in."""
+
+    def __init__(self, name: str, began: dt.datetime) -> None:
+        self.name, self.began = name, began
+        self.dead: list[str] = []  # enqueue ids
+        self.gone_blobs: list[str] = []  # distinct blobs no other row or dead letter references
+        self.kept_blobs: list[str] = []
+        self.end: dt.datetime | None = None  # rows in [began, end) are the dead ones
+        self.browse_start: dt.datetime | None = None
+
+    def rows(self, s: Suite) -> int:
+        return len(rows_before(s, self.name, self.began, self.end))
+
+    def marks(self, s: Suite) -> list[str | None]:
+        return [mark(s, self.name, e) for e in self.dead]
+
+    def blobs(self, s: Suite) -> tuple[list[bool], list[bool]]:
+        return [blob_exists(s, b) for b in self.gone_blobs], [blob_exists(s, b) for b in self.kept_blobs]
+
+
+class Shared:
+    """The queues of four tests, seeded once and swept together (a sweep run costs 20-30 s): a dry
+    run and a real run of every queue (``--queue`` not given), each queue's state read after each."""
+
+    def __init__(self) -> None:
+        self.queues: dict[str, Seeded] = {}
+        self.planned: dict = {}
+        self.done: dict = {}
+        # Per queue: its state before the dry run, after it, and after the sweep.
+        self.before: dict[str, dict] = {}
+        self.after_dry_run: dict[str, dict] = {}
+        self.after: dict[str, dict] = {}
+        self.extra: dict = {}
+
+    def state(self, s: Suite, key: str) -> dict:
+        q = self.queues[key]
+        out = {"rows": q.rows(s), "marks": q.marks(s), "blobs": q.blobs(s)}
+        if key != "deleted":  # a dropped queue has no GetQueue
+            out["content_start"] = content_start(s, q.name)
+        return out
+
+
+@pytest.fixture(scope="module")
+def swept(sweep_suite) -> Shared:
+    s, sh = sweep_suite, Shared()
     began = dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=1)
+    q = {k: Seeded(s.new_queue(), began) for k in ("main", "stale", "deleted", "delayed", "dead_letters", "orphan")}
+    sh.queues = q
+    # These queues outlive the test that first asks for them: not dropped after it (conftest's
+    # _drop_created_queues) but after the module's tests.
+    names = [sq.name for sq in q.values()]
+    CREATED_QUEUES[:] = [n for n in CREATED_QUEUES if n not in names]
+
+    # main: eight dead mails over two slices; two contents over 64 KiB live in S3, the others in
+    # the small-blob table: both are collected. The last dead content is shared with a live mail.
     shared = f"shared content {uuid.uuid4()}".encode()
-    # Two contents over 64 KiB live in S3, the others in the small-blob table: both are collected.
-    dead = history(s, queue, 8, lambda i: shared if i == 7 else (
+    dead = history(s, q["main"].name, 8, lambda i: shared if i == 7 else (
         os.urandom(LARGE) if i in (1, 4) else f"dead {i} {uuid.uuid4()}".encode()))
-    # A second queue whose mails are deleted by an operator: their RabbitMQ messages stay queued.
-    stale_ids = enqueue_names(s, stale, ["x1", "x2", "x3"])
-    assert sum(p.progress.deleted for p in s.admin_stub.ClearQueue(admin_pb2.ClearQueueRequest(queue=stale))) == 3
-    dead_blobs = dead_blob_ids(dead)
-    assert [in_small_table(s, b) for b in dead_blobs] == [i not in (1, 4) for i in range(8)]
+    q["main"].dead = [r.enqueue_id for r in dead]
+    q["main"].gone_blobs, q["main"].kept_blobs = dead_blob_ids(dead)[:7], dead_blob_ids(dead)[7:]
+    sh.extra["main_in_small_table"] = [in_small_table(s, b) for b in dead_blob_ids(dead)]
+
+    # stale: mails deleted by an operator; their RabbitMQ messages stay queued.
+    stale = [s.enqueue_stub.Enqueue(inline(q["stale"].name, simple_mail(n), b"Subject: x\r\n\r\nbody")).receipt
+             for n in ("x1", "x2", "x3")]
+    q["stale"].dead, q["stale"].gone_blobs = [r.enqueue_id for r in stale], sorted({r.blob_ids[0] for r in stale})
+    sh.extra["stale_cleared"] = sum(
+        p.progress.deleted for p in s.admin_stub.ClearQueue(admin_pb2.ClearQueueRequest(queue=q["stale"].name)))
+
+    # deleted: DeleteQueue leaves the content to the sweep, the dropped queue stays in its list.
+    dropped = [s.enqueue_mail(q["deleted"].name, f"m{i}", f"dropped {i} {uuid.uuid4()}".encode()) for i in range(3)]
+    q["deleted"].dead, q["deleted"].gone_blobs = [r.enqueue_id for r in dropped], dead_blob_ids(dropped)
+    sh.extra["deleted_progress"] = list(s.admin_stub.DeleteQueue(admin_pb2.DeleteQueueRequest(queue=q["deleted"].name, force=True)))
+    sh.extra["deleted_listed"] = q["deleted"].name in s.browse_stub.ListQueues(browse_pb2.ListQueuesRequest()).queues
+    q["deleted"].end = dt.datetime.now(dt.timezone.utc)
+
+    # delayed: a dead history, then a delayed mail and a retried one (its schedule row has no deleted_at).
+    old = history(s, q["delayed"].name, 4)
+    q["delayed"].dead, q["delayed"].gone_blobs = [r.enqueue_id for r in old], dead_blob_ids(old)
     next_slice()
-    live = {f"live-{i}": (shared if i == 0 else f"live content {i}".encode()) for i in range(3)}
-    for name, content in live.items():
-        s.enqueue_mail(queue, name, content)
-    browse_start = advance_browse_start(s, queue)
-    advance_browse_start(s, stale)
-    assert len(rows_before(s, queue, began, browse_start)) == 8
+    q["delayed"].end = dt.datetime.now(dt.timezone.utc)
+    delayed = inline(q["delayed"].name, simple_mail("delayed"), b"delayed content")
+    delayed.delay.FromTimedelta(dt.timedelta(hours=1))
+    s.enqueue_stub.Enqueue(delayed)
+    s.enqueue_mail(q["delayed"].name, "retried", b"retried content")
+    c = StreamConsumer(s.dequeue_stub, q["delayed"].name)
+    first = c.next()
+    sh.extra["delayed_first"] = first.mail.mail.name
+    c.answer(first, "RETRY", "451 later", retry_after=3600)
+    wait_until(lambda: [r.mail.attempts for r in s.browse_stub.Browse(
+        browse_pb2.BrowseRequest(queue=q["delayed"].name, name="retried"))] == [1], what="the retry recorded")
+    c.close()
 
-    planned = sweep(s, "--dry-run")
+    # dead_letters: two mails rejected (one small, one an S3 object): rows swept, content kept.
+    dl = q["dead_letters"]
+    small = s.enqueue_mail(dl.name, "small", f"small {uuid.uuid4()}".encode())
+    sh.extra["large_content"] = os.urandom(LARGE)
+    large = s.enqueue_mail(dl.name, "large", sh.extra["large_content"])
+    dl.dead, dl.kept_blobs = [small.enqueue_id, large.enqueue_id], [small.blob_ids[0], large.blob_ids[0]]
+    c = StreamConsumer(s.dequeue_stub, dl.name)
+    for d in c.take(2):
+        c.answer(d, "REJECT", "550 no such user")
+    c.close()
+    wait_until(lambda: dead_letter_names(s, dl.name) == ["large", "small"], 30, what="both mails dead letters")
+
+    # orphan: a live mail; its orphan marks are written once its browse start is known.
+    s.enqueue_mail(q["orphan"].name, "live", b"x")
+
+    # main's live mails, one with the shared content.
+    next_slice()
+    sh.extra["live"] = {f"live-{i}": (shared if i == 0 else f"live content {i}".encode()) for i in range(3)}
+    for name, content in sh.extra["live"].items():
+        s.enqueue_mail(q["main"].name, name, content)
+
+    next_slice()
+    next_slice()
+    for key, sq in q.items():
+        if key != "deleted":
+            sq.browse_start = s.admin_stub.UpdateBrowseStart(
+                admin_pb2.UpdateBrowseStartRequest(queue=sq.name)).browse_start.ToDatetime(tzinfo=dt.timezone.utc)
+            sq.end = sq.end or sq.browse_start
+    # A mark whose row never landed (an enqueue that failed long ago), and one written just now.
+    sh.extra["orphan_old"], sh.extra["orphan_recent"] = uuid.uuid4(), uuid.uuid4()
+    insert = (f"INSERT INTO {s.keyspace}.deleted_mails_v1 (queue_name, enqueue_id, reason, deleted_at) "
+              "VALUES (%s, %s, 'enqueue failed', %s)")
+    s.view.session.execute(insert, (q["orphan"].name, sh.extra["orphan_old"], q["orphan"].browse_start - dt.timedelta(minutes=5)))
+    s.view.session.execute(insert, (q["orphan"].name, sh.extra["orphan_recent"], dt.datetime.now(dt.timezone.utc)))
+
+    sh.before = {k: sh.state(s, k) for k in q}
+    sh.planned = sweep(s, "--dry-run")  # every queue: the dropped one is read from dropped_queues_v1
+    sh.after_dry_run = {k: sh.state(s, k) for k in q}
+    sh.done = sweep(s)
+    sh.after = {k: sh.state(s, k) for k in q}
+    sh.extra["orphan_marks_after"] = (mark(s, q["orphan"].name, str(sh.extra["orphan_old"])),
+                                      mark(s, q["orphan"].name, str(sh.extra["orphan_recent"])))
+    yield sh
+    try:
+        drop_queues(names)
+    except pika.exceptions.AMQPError:
+        pass  # as conftest's _drop_created_queues
+
+
+@pytest.fixture(scope="module")
+def reswept(sweep_suite, swept) -> dict:
+    """A second run after the complete one, on the queues that had nothing new (main, stale,
+    delayed) and the orphan one, looking for orphan marks this time."""
+    q = swept.queues
+    return sweep(sweep_suite, *(a for k in ("main", "stale", "delayed", "orphan") for a in ("--queue", q[k].name)),
+                 "--orphan-marks")
+
+
+def dead_letter_names(s: Suite, queue: str) -> list[str]:
+    request = browse_pb2.BrowseDeadLettersRequest(queue=queue)
+    return sorted(d.mail.mail.name for d in s.browse_stub.BrowseDeadLetters(request))
+
+
+def expected_totals(sh: Shared) -> dict:
+    """The shared runs' totals, from each queue's expectations: its dead rows, the marks they had
+    before the sweep, its distinct collectable blobs."""
+    return {
+        "rows": sum(len(q.dead) for q in sh.queues.values()),
+        "marks": sum(m is not None for k in sh.queues for m in sh.before[k]["marks"]),
+        "blobs": sum(len(q.gone_blobs) for q in sh.queues.values()),
+    }
+
+
+def test_sweep_drops_dead_slices_marks_and_blobs_and_keeps_live_mails(sweep_suite, swept, reswept):
+    s, sh = sweep_suite, swept
+    main, stale = sh.queues["main"], sh.queues["stale"]
+    assert sh.extra["stale_cleared"] == 3
+    assert sh.extra["main_in_small_table"] == [i not in (1, 4) for i in range(8)]
+    # Before the sweep: every dead row and its mark is there, every blob too.
+    for key in ("main", "stale", "deleted", "delayed"):
+        assert sh.before[key]["rows"] == len(sh.queues[key].dead), key
+        assert all(sh.before[key]["marks"]), key
+        assert sh.before[key]["blobs"] == ([True] * len(sh.queues[key].gone_blobs), [True] * len(sh.queues[key].kept_blobs)), key
+    assert len(main.dead) == 8 and len(main.gone_blobs) == 7  # the shared blob stays
+    totals = expected_totals(sh)  # main 8 rows, 7 blobs; stale 3 rows, 1 blob; + the other tests' queues
+    assert totals["rows"] == 8 + 3 + 3 + 4 + 2 and totals["blobs"] == 7 + 1 + 3 + 4
+
+    planned = sh.planned
     assert planned["dry_run"] is True
-    assert planned["rows"] == 8 + 3 and planned["marks"] == 8 + 3
-    assert planned["blobs"] == 7 + 1  # seven own contents + the stale queue's one; the shared blob stays
-    assert len(rows_before(s, queue, began, browse_start)) == 8, "dry run changed rows"
-    assert all(mark(s, queue, r.enqueue_id) for r in dead), "dry run dropped marks"
-    assert all(blob_exists(s, b) for b in dead_blobs), "dry run deleted blobs"
-    assert content_start(s, queue) < browse_start
+    assert {k: planned[k] for k in ("rows", "marks", "blobs")} == totals
+    assert sh.after_dry_run["main"]["rows"] == 8, "dry run changed rows"
+    assert all(m for k in sh.queues for m in sh.after_dry_run[k]["marks"]), "dry run dropped marks"
+    assert all(all(b) for k in sh.queues for b in (sh.after_dry_run[k]["blobs"])), "dry run deleted blobs"
+    assert {k: sh.after_dry_run[k]["rows"] for k in sh.queues} == {k: sh.before[k]["rows"] for k in sh.queues}
+    assert sh.after_dry_run["main"]["content_start"] < main.browse_start
 
-    done = sweep(s)
-    assert {k: done[k] for k in ("rows", "marks", "blobs")} == {"rows": 11, "marks": 11, "blobs": 8}
-    assert done["slices"] >= 3 and done["partitions"] == done["slices"] and done["bytes_reclaimed"] > 0
-    assert rows_before(s, queue, began, browse_start) == []
-    assert [mark(s, queue, r.enqueue_id) for r in dead] == [None] * 8
-    assert [blob_exists(s, b) for b in dead_blobs] == [False] * 7 + [True]  # the shared blob is kept
-    assert content_start(s, queue) == browse_start
+    done = sh.done
+    assert {k: done[k] for k in ("rows", "marks", "blobs")} == totals
+    # main and delayed span two slices at least, stale, deleted and dead_letters one.
+    assert done["slices"] >= 2 + 1 + 1 + 2 + 1 and done["partitions"] == done["slices"] and done["bytes_reclaimed"] > 0
+    for key in ("main", "stale"):
+        assert sh.after[key]["rows"] == 0, key
+        assert sh.after[key]["marks"] == [None] * len(sh.queues[key].dead), key
+    assert sh.after["main"]["blobs"] == ([False] * 7, [True])  # the shared blob is kept
+    assert sh.after["stale"]["blobs"] == ([False], [])
+    assert sh.after["main"]["content_start"] == main.browse_start
 
-    again = sweep(s)
-    assert {k: again[k] for k in ("rows", "marks", "blobs", "slices")} == {"rows": 0, "marks": 0, "blobs": 0, "slices": 0}
+    # Run again, nothing more is found for these queues (the one mark is the orphan queue's, on
+    # request: test_orphan_marks_are_collected_on_request).
+    again = reswept
+    assert {k: again[k] for k in ("rows", "marks", "blobs", "slices")} == {"rows": 0, "marks": 1, "blobs": 0, "slices": 0}
+    assert again["orphan_marks"] == 1
+    assert content_start(s, main.name) == main.browse_start
 
     # The operator-deleted mails lost their marks with their slice: dequeue skips them as swept.
-    swept_before = s.metric("dequeue", "mailqueue_skipped_total", queue=stale, reason="swept")
-    assert message_count(stale) == len(stale_ids)
-    c = StreamConsumer(s.dequeue_stub, stale)
+    swept_before = s.metric("dequeue", "mailqueue_skipped_total", queue=stale.name, reason="swept")
+    assert message_count(stale.name) == len(stale.dead)
+    c = StreamConsumer(s.dequeue_stub, stale.name)
 
-    def swept() -> float:
-        return s.metric("dequeue", "mailqueue_skipped_total", queue=stale, reason="swept") - swept_before
+    def skipped() -> float:
+        return s.metric("dequeue", "mailqueue_skipped_total", queue=stale.name, reason="swept") - swept_before
 
-    wait_until(lambda: swept() >= 3, what="the stale messages to be skipped as swept")
-    assert swept() == 3 and message_count(stale) == 0
+    wait_until(lambda: skipped() >= 3, what="the stale messages to be skipped as swept")
+    assert skipped() == 3 and message_count(stale.name) == 0
     with pytest.raises(queue_mod.Empty):
         c.next(timeout=0.5)  # nothing was handed out
     c.close()
 
     # The live mails still browse and dequeue with their content.
-    assert sorted(s.browsed_names(queue)) == sorted(live)
-    assert drain(s, queue, 3) == live
+    live = sh.extra["live"]
+    assert sorted(s.browsed_names(main.name)) == sorted(live)
+    assert drain(s, main.name, 3) == live
 
 
 def test_a_sweep_killed_at_each_step_then_rerun_converges(sweep_suite):
@@ -241,24 +413,17 @@ def test_a_sweep_killed_at_each_step_then_rerun_converges(sweep_suite):
     assert drain(s, queue, 1) == {"live": b"still here"}
 
 
-def test_orphan_marks_are_collected_on_request(sweep_suite):
-    s = sweep_suite
-    queue = s.new_queue()
-    s.enqueue_mail(queue, "live", b"x")
-    browse_start = advance_browse_start(s, queue)
-    # A mark whose row never landed (an enqueue that failed long ago), and one written just now.
-    old, recent = uuid.uuid4(), uuid.uuid4()
-    table = f"{s.keyspace}.deleted_mails_v1"
-    insert = f"INSERT INTO {table} (queue_name, enqueue_id, reason, deleted_at) VALUES (%s, %s, 'enqueue failed', %s)"
-    s.view.session.execute(insert, (queue, old, browse_start - dt.timedelta(minutes=5)))
-    s.view.session.execute(insert, (queue, recent, dt.datetime.now(dt.timezone.utc)))
-
-    # Not looked for by default (blobs are not what this test is about: --no-blobs, as below).
-    assert sweep(s, "--queue", queue, "--no-blobs")["orphan_marks"] == 0
-    assert mark(s, queue, str(old))
-    done = sweep(s, "--queue", queue, "--orphan-marks", "--no-blobs")
+def test_orphan_marks_are_collected_on_request(sweep_suite, swept, reswept):
+    s, sh = sweep_suite, swept
+    queue = sh.queues["orphan"].name
+    # Not looked for by default (the shared run of every queue): the old mark is still there.
+    assert sh.planned["orphan_marks"] == 0 and sh.done["orphan_marks"] == 0
+    assert sh.extra["orphan_marks_after"] == ("enqueue failed", "enqueue failed")
+    # On request: the old one only; the other queues of that run had no mark left to drop.
+    done = reswept
     assert done["orphan_marks"] == 1 and done["marks"] == 1
-    assert mark(s, queue, str(old)) is None and mark(s, queue, str(recent)) == "enqueue failed"
+    assert mark(s, queue, str(sh.extra["orphan_old"])) is None
+    assert mark(s, queue, str(sh.extra["orphan_recent"])) == "enqueue failed"
     assert drain(s, queue, 1) == {"live": b"x"}
 
 
@@ -359,79 +524,53 @@ def test_missing_connector_jars_exit_2_and_say_how_to_fetch_them(sweep_suite, tm
     assert "spark/connector.sh" in out["stderr"]
 
 
-def test_delayed_and_retried_mails_survive_the_sweep_and_flush_out_with_their_content(sweep_suite):
-    s = sweep_suite
-    queue = s.new_queue()
-    history(s, queue, 4)
-    next_slice()
-    delayed = inline(queue, simple_mail("delayed"), b"delayed content")
-    delayed.delay.FromTimedelta(dt.timedelta(hours=1))
-    s.enqueue_stub.Enqueue(delayed)
-    s.enqueue_mail(queue, "retried", b"retried content")
-    c = StreamConsumer(s.dequeue_stub, queue)
-    first = c.next()
-    assert first.mail.mail.name == "retried"
-    c.answer(first, "RETRY", "451 later", retry_after=3600)  # its schedule row has no deleted_at
-    wait_until(lambda: [r.mail.attempts for r in s.browse_stub.Browse(browse_pb2.BrowseRequest(queue=queue, name="retried"))] == [1],
-               what="the retry recorded")
-    c.close()
-    browse_start = advance_browse_start(s, queue)
-    done = sweep(s, "--queue", queue)
-    assert done["rows"] == 4 and done["marks"] == 4  # the dead history only
-    info = s.browse_stub.GetQueue(browse_pb2.GetQueueRequest(queue=queue)).queue_info
-    assert (info.size, info.delayed) == (2, 2) and content_start(s, queue) <= browse_start
-    assert s.admin_stub.Flush(admin_pb2.FlushRequest(queue=queue)).flushed == 2
-    assert drain(s, queue, 2) == {"delayed": b"delayed content", "retried": b"retried content"}
+def test_delayed_and_retried_mails_survive_the_sweep_and_flush_out_with_their_content(sweep_suite, swept):
+    s, sh = sweep_suite, swept
+    q = sh.queues["delayed"]
+    assert sh.extra["delayed_first"] == "retried"
+    # The dead history only (its 4 rows and marks are in the shared run's totals, see the first test).
+    assert sh.before["delayed"]["rows"] == 4 and all(sh.before["delayed"]["marks"])
+    assert sh.after["delayed"]["rows"] == 0 and sh.after["delayed"]["marks"] == [None] * 4
+    assert sh.after["delayed"]["blobs"] == ([False] * 4, [])
+    assert len(rows_before(s, q.name, q.end, dt.datetime.now(dt.timezone.utc))) == 2  # the delayed and the retried
+    info = s.browse_stub.GetQueue(browse_pb2.GetQueueRequest(queue=q.name)).queue_info
+    assert (info.size, info.delayed) == (2, 2) and sh.after["delayed"]["content_start"] <= q.browse_start
+    assert s.admin_stub.Flush(admin_pb2.FlushRequest(queue=q.name)).flushed == 2
+    assert drain(s, q.name, 2) == {"delayed": b"delayed content", "retried": b"retried content"}
 
 
-def test_a_deleted_queues_content_is_swept(sweep_suite):
+def test_a_deleted_queues_content_is_swept(sweep_suite, swept):
     """DeleteQueue leaves the content to the sweep: the dropped queue stays in its list."""
-    s = sweep_suite
-    queue = s.new_queue()
-    began = dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=1)
-    receipts = [s.enqueue_mail(queue, f"m{i}", f"dropped {i} {uuid.uuid4()}".encode()) for i in range(3)]
-    progress = list(s.admin_stub.DeleteQueue(admin_pb2.DeleteQueueRequest(queue=queue, force=True)))
+    sh = swept
+    q = sh.queues["deleted"]
+    progress = sh.extra["deleted_progress"]
     assert progress[-1].done and progress[-1].mails_deleted == 3
-    assert queue not in s.browse_stub.ListQueues(browse_pb2.ListQueuesRequest()).queues
-    now = dt.datetime.now(dt.timezone.utc)
-    assert len(rows_before(s, queue, began, now)) == 3
-    sweep(s)  # every queue: the dropped one is read from dropped_queues_v1
-    assert rows_before(s, queue, began, now) == []
-    assert [mark(s, queue, r.enqueue_id) for r in receipts] == [None] * 3
-    assert [blob_exists(s, b) for b in dead_blob_ids(receipts)] == [False] * 3
+    assert not sh.extra["deleted_listed"]
+    assert sh.before["deleted"]["rows"] == 3
+    # The run of every queue read the dropped one from dropped_queues_v1.
+    assert q.name in sh.done["content_starts"]
+    assert sh.after["deleted"]["rows"] == 0
+    assert sh.after["deleted"]["marks"] == [None] * 3
+    assert sh.after["deleted"]["blobs"] == ([False] * 3, [])
 
 
-def test_dead_letters_keep_their_content_until_purged(sweep_suite):
+def test_dead_letters_keep_their_content_until_purged(sweep_suite, swept):
     """The sweep drops a dead letter's row with its slice, never its content: a redrive after the
     sweep delivers it whole; once the dead letter is purged, the next sweep takes the content."""
-    s = sweep_suite
-    queue = s.new_queue()
-    began = dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=1)
-    small = s.enqueue_mail(queue, "small", f"small {uuid.uuid4()}".encode())
-    large_content = os.urandom(LARGE)
-    large = s.enqueue_mail(queue, "large", large_content)
-    c = StreamConsumer(s.dequeue_stub, queue)
-    for d in c.take(2):
-        c.answer(d, "REJECT", "550 no such user")
-    c.close()
-
-    def dead_names():
-        request = browse_pb2.BrowseDeadLettersRequest(queue=queue)
-        return sorted(d.mail.mail.name for d in s.browse_stub.BrowseDeadLetters(request))
-
-    wait_until(lambda: dead_names() == ["large", "small"], 30, what="both mails dead letters")
-    advance_browse_start(s, queue)
-    now = dt.datetime.now(dt.timezone.utc)
-    sweep(s, "--queue", queue)
-    assert rows_before(s, queue, began, now) == []  # their rows are swept...
-    assert blob_exists(s, small.blob_ids[0]) and blob_exists(s, large.blob_ids[0])  # ...their content is not
-    assert not in_small_table(s, large.blob_ids[0])  # the large one is an S3 object
+    s, sh = sweep_suite, swept
+    q = sh.queues["dead_letters"]
+    small, large = q.kept_blobs
+    assert sh.before["dead_letters"]["rows"] == 2
+    assert sh.after["dead_letters"]["rows"] == 0  # their rows are swept...
+    assert sh.after["dead_letters"]["blobs"] == ([], [True, True])  # ...their content is not
+    assert blob_exists(s, small) and blob_exists(s, large)
+    assert not in_small_table(s, large)  # the large one is an S3 object
     final = list(s.admin_stub.RedriveDeadLetters(admin_pb2.RedriveDeadLettersRequest(
-        queue=queue, filter=browse_pb2.DeadLetterFilter(name="large"))))[-1]
+        queue=q.name, filter=browse_pb2.DeadLetterFilter(name="large"))))[-1]
     assert final.redriven == 1
-    assert drain(s, queue, 1) == {"large": large_content}
-    purged = list(s.admin_stub.PurgeDeadLetters(admin_pb2.PurgeDeadLettersRequest(queue=queue, all=True)))[-1]
-    assert purged.purged == 1 and dead_names() == []
-    advance_browse_start(s, queue)
-    sweep(s, "--queue", queue)
-    assert not blob_exists(s, small.blob_ids[0]) and not blob_exists(s, large.blob_ids[0])
+    assert drain(s, q.name, 1) == {"large": sh.extra["large_content"]}
+    purged = list(s.admin_stub.PurgeDeadLetters(admin_pb2.PurgeDeadLettersRequest(queue=q.name, all=True)))[-1]
+    assert purged.purged == 1 and dead_letter_names(s, q.name) == []
+    advance_browse_start(s, q.name)
+    sweep(s, "--queue", q.name)
+    assert not blob_exists(s, small) and not blob_exists(s, large)
