@@ -1,13 +1,13 @@
-"""Concurrent unary calls handed over as one group, so that their backend writes travel together.
+"""Concurrent enqueues handed over as one group, so that their backend writes travel together.
 
 One Enqueue at a time from many connections (how SMTP servers send) reaches the server spread
 over time: each call's blob write, row write and publish would leave alone, one request and one
 network write each, and the backends pay per request. Here a call's item runs at once when fewer
 than ``running`` groups are running (a lone caller pays no wait); otherwise it waits, with every
 item that arrives meanwhile, until a running group finishes, and then they run as the next group
-(``Enqueuer.enqueue_inline_group``: each step for every mail in the same event-loop turn), at most
-``size`` to a group. So groups grow with the load by themselves, as the calls that arrive while
-the backends answer the groups before them, like the view's group commit
+(``Enqueuer._run_group``: each step for every mail in the same event-loop turn), at most ``size``
+to a group. So groups grow with the load by themselves, as the calls that arrive while the
+backends answer the groups before them, like the view's group commit
 (services/adapters/cassandra/group_commit.py). Each call still gets its own outcome, once its
 mail is durable.
 
@@ -26,7 +26,7 @@ from prometheus_client import Histogram
 T = TypeVar("T")
 R = TypeVar("R")
 
-GROUP = Histogram("mailqueue_enqueue_grouped_calls", "Unary calls run together as one group",
+GROUP = Histogram("mailqueue_enqueue_grouped_calls", "Enqueues run together as one group",
                   buckets=(1, 2, 4, 8, 16, 32, 64, 128))
 
 RunGroup = Callable[[Sequence[T]], Awaitable[list[R | BaseException]]]
