@@ -21,7 +21,7 @@
 #                                     cluster DNS from a pod, no default route in pods, a Service, a
 #                                     NetworkPolicy enforced, `kubectl top`; removes its namespace
 #
-# Layout (KUBERNETES.md in /work/shared explains each setting):
+# Layout (docs/pages/deploying/local-kubernetes.md explains each setting):
 #   node IP / bridge cni0  10.244.0.1 (pods 10.244.0.0/24, no default route in pods)
 #   services               10.96.0.0/24 (API 10.96.0.1, DNS 10.96.0.10), routed onto cni0 on the host
 #   API server             https://10.244.0.1:6443 (bound to the bridge address only, not to eth0)
