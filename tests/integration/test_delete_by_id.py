@@ -1,0 +1,109 @@
+"""#47 item 2: one mail deleted (or moved) by its enqueue id, through gRPC."""
+
+from __future__ import annotations
+
+import uuid
+
+import grpc
+import pytest
+
+from mailqueue.v1 import admin_pb2, enqueue_pb2
+from services.domain.filters import MAX_ENQUEUE_IDS
+from tests.harness import wait_until
+from tests.integration.helpers import StreamConsumer, delivered, inline, message_count, simple_mail
+
+
+def delete_ids(suite, queue: str, ids: list[str]) -> list[admin_pb2.DeleteProgress]:
+    request = admin_pb2.DeleteMailsRequest(queue=queue, enqueue_ids=admin_pb2.EnqueueIds(ids=ids))
+    return [r.progress for r in suite.admin_stub.DeleteMails(request, timeout=60)]
+
+
+def move_ids(suite, source: str, target: str, ids: list[str], **conditions) -> admin_pb2.MoveMailsResponse:
+    request = admin_pb2.MoveMailsRequest(queue=source, to_queue=target, enqueue_ids=ids, **conditions)
+    return list(suite.admin_stub.MoveMails(request, timeout=60))[-1]
+
+
+def enqueue_same_name(suite, queue: str, n: int, name: str = "hi.eml") -> list[str]:
+    """``n`` mails all named ``name`` (as mailq named every mail of one file before), in one
+    EnqueueBatches call; their enqueue ids."""
+    many = [enqueue_pb2.EnqueueManyRequest(sequence=i, request=inline(queue, simple_mail(name))) for i in range(n)]
+    results = [r for b in suite.enqueue_stub.EnqueueBatches(iter([enqueue_pb2.EnqueueBatchesRequest(mails=many)]), timeout=120)
+               for r in b.results]
+    assert len(results) == n and all(r.HasField("receipt") for r in results), results[:3]
+    return [r.receipt.enqueue_id for r in results]
+
+
+def live_ids(suite, queue: str) -> list[str]:
+    return [m.enqueue_id for m in suite.browsed_mails(queue)]
+
+
+def test_a_delete_by_id_takes_one_of_two_mails_with_the_same_name_and_the_other_is_delivered(suite):
+    queue = suite.new_queue()
+    bad = suite.enqueue_stub.Enqueue(inline(queue, simple_mail("hi.eml"))).receipt.enqueue_id
+    good = suite.enqueue_stub.Enqueue(inline(queue, simple_mail("hi.eml"))).receipt.enqueue_id
+    # The same id twice (in another spelling) counts once; an id no mail of the queue has deletes nothing.
+    progress = delete_ids(suite, queue, [bad, bad.upper(), str(uuid.uuid4())])
+    assert progress[-1] == admin_pb2.DeleteProgress(scanned=1, deleted=1, done=True)
+    assert live_ids(suite, queue) == [good]
+    # Deleting it again (a retried call): nothing left to delete, not an error.
+    assert delete_ids(suite, queue, [bad])[-1] == admin_pb2.DeleteProgress(scanned=0, deleted=0, done=True)
+    # The other mail is delivered; the deleted one (enqueued first) is skipped by dequeue.
+    c = StreamConsumer(suite.dequeue_stub, queue)
+    d = c.next()
+    assert d.mail.enqueue_id == good
+    c.answer(d)
+    wait_until(lambda: suite.metric("dequeue", "mailqueue_skipped_total", queue=queue, reason="deleted") == 1,
+               what="the deleted mail acked away by dequeue")
+    wait_until(lambda: message_count(queue) == 0, what="the work queue empty")
+    c.close()
+    assert delivered(suite, queue) == 1 and live_ids(suite, queue) == []
+
+
+def test_move_mails_by_id_moves_those_mails_only(suite):
+    src, dst = suite.new_queue(), suite.new_queue()
+    a, b, c = enqueue_same_name(suite, src, 3)
+    last = move_ids(suite, src, dst, [a, c, str(uuid.uuid4())])
+    assert (last.done, last.scanned, last.moved) == (True, 2, 2)
+    assert live_ids(suite, src) == [b]
+    moved = suite.browsed_mails(dst)
+    assert len(moved) == 2 and not {m.enqueue_id for m in moved} & {a, b, c}  # new ids in the target
+    # Ids combine with the other conditions (AND): b is not named "other", so it stays.
+    assert move_ids(suite, src, dst, [b], name="other").moved == 0
+    assert live_ids(suite, src) == [b]
+
+
+def test_delete_by_id_reads_that_mails_row_only_at_depth(suite):
+    """Cheap at any depth: the rows and marks read are the mail's own, not the queue's."""
+    queue = suite.new_queue()
+    ids = enqueue_same_name(suite, queue, 500)
+
+    def counted() -> tuple[float, float]:
+        return (suite.metric("browse", "mailqueue_view_rows_read_total", op="delete"),
+                suite.metric("browse", "mailqueue_view_marks_read_total", op="delete"))
+
+    rows0, marks0 = counted()
+    assert delete_ids(suite, queue, [ids[321]])[-1].deleted == 1
+    rows1, marks1 = counted()
+    assert (rows1 - rows0, marks1 - marks0) == (1, 1)  # not the queue's 500
+    assert suite.size(queue, exact=True) == 499 and ids[321] not in live_ids(suite, queue)
+
+
+@pytest.mark.parametrize("ids,message", [
+    (["not-a-uuid"], "'not-a-uuid' is not a UUID"),
+    (["VALID", "0123"], "'0123' is not a UUID"),  # VALID: the queue's mail, which must not be deleted
+    ([], "at least one enqueue id"),
+    (["VALID"] + [str(uuid.uuid4()) for _ in range(MAX_ENQUEUE_IDS)], f"exceed the limit of {MAX_ENQUEUE_IDS}"),
+])
+def test_bad_ids_are_invalid_argument_and_nothing_is_deleted_or_moved(suite, ids, message):
+    src, dst = suite.new_queue(), suite.new_queue()
+    eid = suite.enqueue_stub.Enqueue(inline(src, simple_mail("stays"))).receipt.enqueue_id
+    ids = [eid if i == "VALID" else i for i in ids]
+    with pytest.raises(grpc.RpcError) as e:
+        delete_ids(suite, src, ids)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and message in e.value.details(), e.value.details()
+    if ids:  # MoveMails: no ids is no id condition (every mail), not an error
+        with pytest.raises(grpc.RpcError) as e:
+            move_ids(suite, src, dst, ids)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and message in e.value.details(), e.value.details()
+    assert live_ids(suite, src) == [eid] and live_ids(suite, dst) == []
+
