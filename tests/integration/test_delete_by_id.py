@@ -1,4 +1,5 @@
-"""#47 item 2: one mail deleted (or moved) by its enqueue id, through gRPC."""
+"""#47 item 2: one mail deleted (or moved) by its enqueue id, through gRPC and through the installed
+mailq from another directory, where a unique prefix of the id does (like git's short hashes)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from mailqueue.v1 import admin_pb2, enqueue_pb2
 from services.domain.filters import MAX_ENQUEUE_IDS
 from tests.harness import wait_until
 from tests.integration.helpers import StreamConsumer, delivered, inline, message_count, simple_mail
+from tests.integration.test_cli import mailq
 
 
 def delete_ids(suite, queue: str, ids: list[str]) -> list[admin_pb2.DeleteProgress]:
@@ -107,3 +109,38 @@ def test_bad_ids_are_invalid_argument_and_nothing_is_deleted_or_moved(suite, ids
         assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and message in e.value.details(), e.value.details()
     assert live_ids(suite, src) == [eid] and live_ids(suite, dst) == []
 
+
+def test_mailq_deletes_by_a_unique_prefix_and_refuses_an_ambiguous_one(suite):
+    queue, other = suite.new_queue(), suite.new_queue()
+    # Random ids until two share their first 4 characters (about 320 on average), 100 at a time.
+    ids: list[str] = []
+    firsts: dict[str, str] = {}
+    clash: tuple[str, str] | None = None
+    while clash is None:
+        assert len(ids) < 5000, "no two of 5,000 random UUIDs share 4 characters"
+        batch = enqueue_same_name(suite, queue, 100)
+        ids += batch
+        for i in batch:
+            if i[:4] in firsts and clash is None:
+                clash = (firsts[i[:4]], i)
+            firsts.setdefault(i[:4], i)
+    a, b = clash
+    # Ambiguous: refused (exit 1), both candidates listed, nothing deleted.
+    r = mailq(suite, "delete", queue, "--id", a[:4], ok=False)
+    assert r.returncode == 1 and "is ambiguous" in r.stderr and a in r.stderr and b in r.stderr, r.stderr
+    assert suite.size(queue, exact=True) == len(ids)
+    # A unique prefix (the shortest from 8 characters on, as browse prints 8) takes exactly that mail.
+    n = next(k for k in range(8, 37) if sum(i.startswith(a[:k]) for i in ids) == 1)
+    out = mailq(suite, "delete", queue, "--id", a[:n])
+    assert "1 mail(s) deleted" in out.stdout
+    assert suite.size(queue, exact=True) == len(ids) - 1 and a not in live_ids(suite, queue)
+    # move --id takes prefixes too (browse --id: test_cli.py), and several ids in one command.
+    n = next(k for k in range(8, 37) if sum(i.startswith(b[:k]) for i in ids) == 1)
+    c = next(i for i in ids if i not in (a, b))
+    assert "2 mail(s) moved" in mailq(suite, "move", queue, other, "--id", b[:n], c).stdout
+    assert len(live_ids(suite, other)) == 2 and suite.size(queue, exact=True) == len(ids) - 3
+    # A prefix no mail has: a clear error, nothing deleted.
+    absent = next(p for p in (f"{k:08x}" for k in range(1 << 16)) if not any(i.startswith(p) for i in ids))
+    r = mailq(suite, "delete", queue, "--id", absent, ok=False)
+    assert f"no live mail of queue {queue} has an enqueue id starting with '{absent}'" in r.stderr
+    assert suite.size(queue, exact=True) == len(ids) - 3
