@@ -17,7 +17,7 @@ from services.app.shaping_admin import ShapingAdmin
 from services.contract import serde, shaping_serde
 from services.domain import model, rules
 from services.domain.errors import InvalidArgument
-from services.domain.filters import BrowseFilter, delete_condition, flush_condition
+from services.domain.filters import BrowseFilter, flush_condition
 
 
 class BrowseServicer(DeadLetterReading, browse_pb2_grpc.BrowseServiceServicer):
@@ -72,20 +72,14 @@ class AdminServicer(ShapingServicer, DeadLetterAdmin, admin_pb2_grpc.AdminServic
     async def MoveMails(
         self, request: admin_pb2.MoveMailsRequest, context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[admin_pb2.MoveMailsResponse]:
-        selection = browse_pb2.BrowseRequest(sender=request.sender, recipient=request.recipient, name=request.name,
-                                             schedule=request.schedule)
-        f = serde.browse_filter_from_proto(selection, model.utcnow())
+        f = serde.move_filter_from_proto(request, model.utcnow())
         async for p in self._admin().move(request.queue, request.to_queue, f, request.limit):
             yield admin_pb2.MoveMailsResponse(scanned=p.scanned, moved=p.moved, resumed=p.resumed, done=p.done)
 
     async def DeleteMails(
         self, request: admin_pb2.DeleteMailsRequest, context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[admin_pb2.DeleteMailsResponse]:
-        kind = request.WhichOneof("condition")
-        if kind is None:
-            raise InvalidArgument("a delete needs exactly one condition: name, sender or recipient")
-        f = delete_condition(**{k: (getattr(request, kind) if k == kind else None) for k in ("name", "sender", "recipient")})
-        async for p in self._admin().delete(request.queue, f):
+        async for p in self._admin().delete(request.queue, serde.delete_condition_from_proto(request)):
             yield admin_pb2.DeleteMailsResponse(progress=serde.progress_to_proto(p))
 
     async def ClearQueue(

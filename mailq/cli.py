@@ -2,17 +2,18 @@
 
     mailq queues                         list queues
     mailq show Q                         size (ready, delayed), oldest mail, retry policy, configuration
-    mailq browse Q [--sender S] [--recipient R] [--name N] [--id ENQUEUE_ID] [--ready | --delayed] [--limit N] [--json]
+    mailq browse Q [--sender S] [--recipient R] [--name N] [--id ID] [--ready | --delayed] [--limit N] [--json]
     mailq size Q [--exact]               from the queue's counters (cheap) or by reading every live mail
     mailq shape Q [--top 20]             Postfix qshape: recipient domain x age buckets (minutes), then
                                          each shaped destination: in flight, delivered/s, waiting, limits
     mailq reconcile Q                    rewrite the queue's counters from an exact count
     mailq create Q [--initial-backoff 1m] [--multiplier 2] [--max-backoff 1h] [--max-attempts 20] [--max-age 5d]
     mailq retry-policy Q [--initial-backoff 1m] [--multiplier 2] [--max-backoff 1h] [--max-attempts 20] [--max-age 5d]
-    mailq delete Q (--sender S | --recipient R | --name N)
+    mailq delete Q (--sender S | --recipient R | --name N | --id ID [ID ...])
     mailq clear Q
     mailq flush Q [--sender S | --recipient R | --domain D | --name N]
     mailq republish Q --older-than 1h
+    mailq move Q TO [--sender S] [--recipient R] [--name N] [--id ID [ID ...]] [--ready | --delayed] [--limit N]
     mailq config get | config set [--slice-window 1h] [--buckets N] [--pace N]
     mailq hold|bounce [--queue Q] [--domain D] [--sender S] [--name N] [--for 1d] [--reason R]
     mailq rules                          the hold and bounce rules in force
@@ -27,6 +28,8 @@
     mailq dead purge Q (--older-than 7d | filters | --all)
     mailq enqueue Q FILE.eml --from A --to B [--to C] [--name N] [--delay 10m] [--priority high|normal|low]
     mailq dequeue Q [-n N] [--ack success|retry|reject] [--retry-after 5m] [--out DIR]
+
+An ID is a full enqueue id or a unique prefix of one (at least 4 characters), as `mailq browse` prints it.
 
 Targets: --target/--host (default localhost, services on their default ports) or --enqueue / --dequeue /
 --browse / --blob HOST:PORT; --token (or MAILQ_TOKEN) for a cluster with access control.

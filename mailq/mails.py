@@ -1,10 +1,12 @@
 """mailq's commands on the mails of a queue: browse, delete, clear, flush, republish, move.
 
-    mailq browse Q [--sender S] [--recipient R] [--name N] [--id ENQUEUE_ID] [--ready | --delayed] [--limit N] [--json]
-    mailq delete Q (--sender S | --recipient R | --name N) | clear Q
+    mailq browse Q [--sender S] [--recipient R] [--name N] [--id ID] [--ready | --delayed] [--limit N] [--json]
+    mailq delete Q (--sender S | --recipient R | --name N | --id ID [ID ...]) | clear Q
     mailq flush Q [--sender S | --recipient R | --domain D | --name N]
     mailq republish Q --older-than 1h
-    mailq move Q TO [--sender S] [--recipient R] [--name N] [--ready | --delayed] [--limit N]
+    mailq move Q TO [--sender S] [--recipient R] [--name N] [--id ID [ID ...]] [--ready | --delayed] [--limit N]
+
+An ID is a full enqueue id or a unique prefix of one (at least 4 characters: mailq/ids.py).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 
 from google.protobuf import json_format
 
+from mailq import ids
 from mailq.common import Client, duration, duration_arg, follow, print_table, queue_command
 from mailqueue.v1 import admin_pb2, browse_pb2, mail_pb2
 
@@ -38,7 +41,8 @@ def cmd_browse(c: Client, a: argparse.Namespace) -> None:
     schedule = (browse_pb2.SCHEDULE_FILTER_READY if a.ready else
                 browse_pb2.SCHEDULE_FILTER_DELAYED if a.delayed else browse_pb2.SCHEDULE_FILTER_UNSPECIFIED)
     request = browse_pb2.BrowseRequest(queue=a.queue, sender=a.sender or "", recipient=a.recipient or "",
-                                       name=a.name or "", limit=a.limit, schedule=schedule, enqueue_id=a.id or "")
+                                       name=a.name or "", limit=a.limit, schedule=schedule,
+                                       enqueue_id=ids.in_queue(c, a.queue, [a.id])[0] if a.id else "")
     rows = []
     for r in c.browse.Browse(request):
         if a.json:
@@ -54,9 +58,12 @@ def cmd_browse(c: Client, a: argparse.Namespace) -> None:
 
 
 def cmd_delete(c: Client, a: argparse.Namespace) -> None:
-    condition = {k: v for k, v in (("sender", a.sender), ("recipient", a.recipient), ("name", a.name)) if v is not None}
+    condition: dict[str, Any] = {k: v for k, v in (("sender", a.sender), ("recipient", a.recipient), ("name", a.name),
+                                                   ("enqueue_ids", a.ids)) if v is not None}
     if len(condition) != 1:
-        raise SystemExit("mailq delete: give exactly one of --sender, --recipient, --name")
+        raise SystemExit("mailq delete: give exactly one of --sender, --recipient, --name, --id")
+    if a.ids is not None:
+        condition["enqueue_ids"] = admin_pb2.EnqueueIds(ids=ids.in_queue(c, a.queue, a.ids))
     n = progress_stream(c.admin.DeleteMails(admin_pb2.DeleteMailsRequest(queue=a.queue, **condition)), "deleting")
     print(f"{n} mail(s) deleted")
 
@@ -70,7 +77,8 @@ def cmd_move(c: Client, a: argparse.Namespace) -> None:
     schedule = (browse_pb2.SCHEDULE_FILTER_READY if a.ready else browse_pb2.SCHEDULE_FILTER_DELAYED if a.delayed
                 else browse_pb2.SCHEDULE_FILTER_UNSPECIFIED)
     request = admin_pb2.MoveMailsRequest(queue=a.queue, to_queue=a.to_queue, sender=a.sender or "", recipient=a.recipient or "",
-                                         name=a.name or "", schedule=schedule, limit=a.limit)
+                                         name=a.name or "", schedule=schedule, limit=a.limit,
+                                         enqueue_ids=ids.in_queue(c, a.queue, a.ids) if a.ids else [])
     last = follow(c.admin.MoveMails(request), lambda r: f"moving to {a.to_queue}: {r.scanned} scanned, {r.moved} moved",
                   "mailq move: interrupted: run it again (it completes the moves begun first)")
     resumed = f" (and {last.resumed} interrupted move(s) completed)" if last.resumed else ""
@@ -90,12 +98,15 @@ def cmd_republish(c: Client, a: argparse.Namespace) -> None:
     print(f"{r.republished} mail(s) republished")
 
 
-def _mail_command(sub: Any, name: str, fn: Any, help: str) -> argparse.ArgumentParser:
-    """A command on the mails of a queue chosen by sender, recipient or name."""
+def _mail_command(sub: Any, name: str, fn: Any, help: str, by_id: bool = False) -> argparse.ArgumentParser:
+    """A command on the mails of a queue chosen by sender, recipient or name (``by_id``: or enqueue ids)."""
     s = queue_command(sub, name, fn, help)
     s.add_argument("--sender")
     s.add_argument("--recipient")
     s.add_argument("--name")
+    if by_id:
+        s.add_argument("--id", dest="ids", metavar="ID", nargs="+", action="extend",
+                       help="the mails with these enqueue ids, each in full or a unique prefix (at least 4 characters)")
     return s
 
 
@@ -112,15 +123,15 @@ def register(sub: Any) -> None:
     s.add_argument("--recipient")
     s.add_argument("--name")
     s.add_argument("--limit", type=int, default=0)
-    s.add_argument("--id", help="only the mail with this enqueue id (read from an index)")
+    s.add_argument("--id", metavar="ID", help="only the mail with this enqueue id (read from an index), in full or a unique prefix")
     _schedule_args(s, "only mails waiting for their deliver_at")
-    _mail_command(sub, "delete", cmd_delete, "mark deleted every live mail matching a condition")
+    _mail_command(sub, "delete", cmd_delete, "mark deleted every live mail matching a condition", by_id=True)
     queue_command(sub, "clear", cmd_clear, "mark every live mail of the queue deleted")
     s = _mail_command(sub, "flush", cmd_flush, "make delayed mails deliverable now, in enqueue order (postqueue -s)")
     s.add_argument("--domain", help="only mails with a recipient in this domain")
     s = queue_command(sub, "republish", cmd_republish, "publish again every live mail older than a duration (heals a broker that lost messages)")
     s.add_argument("--older-than", type=duration_arg, required=True)
-    s = _mail_command(sub, "move", cmd_move, "move live mails to another existing queue")
+    s = _mail_command(sub, "move", cmd_move, "move live mails to another existing queue", by_id=True)
     s.add_argument("to_queue", metavar="TO")
     s.add_argument("--limit", type=int, default=0, help="at most this many mails")
     _schedule_args(s, "only delayed or held mails")

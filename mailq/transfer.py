@@ -23,7 +23,7 @@ CHUNK = 1024 * 1024
 
 
 def cmd_enqueue(c: Client, a: argparse.Namespace) -> None:
-    mail = mail_pb2.Mail(name=a.name or os.path.basename(a.file), sender=a.sender, recipients=a.to)
+    mail = mail_pb2.Mail(name=a.name, sender=a.sender, recipients=a.to)
 
     def requests() -> Iterator[enqueue_pb2.EnqueueStreamRequest]:
         header = enqueue_pb2.EnqueueHeader(queue=a.queue, mail=mail,
@@ -84,7 +84,8 @@ def register(sub: Any) -> None:
     s.add_argument("file")
     s.add_argument("--from", dest="sender", default="", help="envelope sender (default: <>)")
     s.add_argument("--to", action="append", required=True, help="recipient (repeat for several)")
-    s.add_argument("--name")
+    s.add_argument("--name", default="", help="the mail's name, for browse, delete and rules by name (default: none; "
+                   "the printed enqueue id identifies the mail)")
     s.add_argument("--delay", type=duration_arg, help="deliver no earlier than this from now (e.g. 10m)")
     s.add_argument("--priority", choices=("high", "normal", "low"), default="normal")
     s = queue_command(sub, "dequeue", cmd_dequeue, "receive mails and answer them (success, retry or reject)")

@@ -9,7 +9,9 @@ that stops after its first page reads about a page per bucket, however deep the 
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
+import uuid
 from collections.abc import AsyncIterator
 
 from services.app.queue_state import QueueState
@@ -24,6 +26,8 @@ from services.ports.view import View
 #: Rows a lazy read asks each partition for at first, and at most (doubling in between).
 FIRST_PAGE = 100
 MAX_PAGE = 5000
+#: Index reads in flight at once for one operation on enqueue ids (DeleteMails, MoveMails).
+ID_LOOKUPS = 32
 
 
 class Browser:
@@ -66,6 +70,42 @@ class Browser:
                     if until is not None and row.enqueued_at >= until:
                         return
                     yield row
+
+    async def candidates(
+        self, queue: str, f: BrowseFilter, op: str, until: dt.datetime | None = None,
+    ) -> AsyncIterator[model.QueuedMail]:
+        """The live mails an operation taking the mails that match ``f`` must examine (``until``:
+        only those enqueued before it), in enqueue order; the caller applies ``f``. When ``f``
+        names enqueue ids, only the rows the enqueue-id index finds for them (one index read per
+        id, whatever the queue's depth); otherwise, or while the index cannot answer, every live
+        mail."""
+        if f.enqueue_ids is not None:
+            found = await self._by_ids(queue, f.enqueue_ids, op)
+            if found is not None:
+                for q in found:
+                    if until is None or q.enqueued_at < until:
+                        yield q
+                return
+        async for q in self.live_mails(queue, op, until=until):
+            yield q
+
+    async def _by_ids(self, queue: str, ids: frozenset[uuid.UUID], op: str) -> list[model.QueuedMail] | None:
+        """The live mails of the queue with these enqueue ids, from browse start on, in enqueue
+        order; None when the index cannot answer (the caller scans)."""
+        start = await self._view.starts.browse_start(queue)
+        if start is None:
+            return []
+        slots = asyncio.Semaphore(ID_LOOKUPS)
+
+        async def lookup(enqueue_id: uuid.UUID) -> list[model.QueuedMail] | None:
+            async with slots:
+                return await self._view.mails.indexed(queue, "enqueue_id", enqueue_id, op)
+
+        found = await asyncio.gather(*(lookup(i) for i in sorted(ids)))
+        if any(rows is None for rows in found):
+            return None
+        live = [q for rows in found for q in rows or () if q.slice_start >= start]
+        return sorted(live, key=lambda q: (q.enqueued_at, q.enqueue_id.bytes))
 
     async def browse(self, queue: str, f: BrowseFilter, limit: int = 0) -> AsyncIterator[model.QueuedMail]:
         # An enqueue id or a name: the few rows its index finds (None: no index yet, scan).

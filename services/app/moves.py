@@ -50,11 +50,11 @@ class MoveProgress:
 
 
 class Mover:
-    def __init__(self, view: View, broker: Broker, state: QueueState, live_mails) -> None:  # noqa: ANN001 - Browser.live_mails
+    def __init__(self, view: View, broker: Broker, state: QueueState, candidates) -> None:  # noqa: ANN001 - Browser.candidates
         self._view = view
         self._broker = broker
         self._state = state
-        self._live_mails = live_mails
+        self._candidates = candidates
 
     async def move(self, source: str, target: str, f: BrowseFilter, limit: int = 0, every: int = 100) -> AsyncIterator[MoveProgress]:
         validation.queue_name(source)
@@ -71,7 +71,7 @@ class Mover:
             log.warning("interrupted moves completed", extra={"queue": source, "moves": p.resumed})
         yield dataclasses.replace(p)
         started = model.utcnow()
-        async for q in self._live_mails(source, "move", until=started + dt.timedelta(milliseconds=1)):
+        async for q in self._candidates(source, f, "move", until=started + dt.timedelta(milliseconds=1)):
             p.scanned += 1
             if not f.matches(q):
                 continue
