@@ -20,7 +20,7 @@ from typing import Any
 from google.protobuf import json_format
 
 from mailq import ids
-from mailq.common import Client, duration, duration_arg, follow, print_table, queue_command
+from mailq.common import Client, Progress, UsageError, duration, duration_arg, follow, print_table, queue_command
 from mailqueue.v1 import admin_pb2, browse_pb2, mail_pb2
 
 
@@ -30,10 +30,11 @@ def mail_row(m: mail_pb2.QueuedMail) -> dict[str, Any]:
 
 def progress_stream(stream: Iterator[Any], what: str) -> int:
     last = None
+    line = Progress()
     for r in stream:
         last = r.progress
-        print(f"\r{what}: {last.scanned} scanned, {last.deleted} deleted", end="", file=sys.stderr, flush=True)
-    print(file=sys.stderr)
+        line.show(f"{what}: {last.scanned} scanned, {last.deleted} deleted")
+    line.end()
     return last.deleted if last else 0
 
 
@@ -61,7 +62,7 @@ def cmd_delete(c: Client, a: argparse.Namespace) -> None:
     condition: dict[str, Any] = {k: v for k, v in (("sender", a.sender), ("recipient", a.recipient), ("name", a.name),
                                                    ("enqueue_ids", a.ids)) if v is not None}
     if len(condition) != 1:
-        raise SystemExit("mailq delete: give exactly one of --sender, --recipient, --name, --id")
+        raise UsageError("mailq delete: give exactly one of --sender, --recipient, --name, --id")
     if a.ids is not None:
         condition["enqueue_ids"] = admin_pb2.EnqueueIds(ids=ids.in_queue(c, a.queue, a.ids))
     n = progress_stream(c.admin.DeleteMails(admin_pb2.DeleteMailsRequest(queue=a.queue, **condition)), "deleting")
@@ -89,7 +90,7 @@ def cmd_flush(c: Client, a: argparse.Namespace) -> None:
     condition = {k: v for k, v in (("sender", a.sender), ("recipient", a.recipient), ("recipient_domain", a.domain),
                                    ("name", a.name)) if v is not None}
     if len(condition) > 1:
-        raise SystemExit("mailq flush: give at most one of --sender, --recipient, --domain, --name")
+        raise UsageError("mailq flush: give at most one of --sender, --recipient, --domain, --name")
     print(f"{c.admin.Flush(admin_pb2.FlushRequest(queue=a.queue, **condition)).flushed} mail(s) flushed")
 
 

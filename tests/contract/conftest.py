@@ -39,3 +39,15 @@ def tool(name: str) -> str:
     if not os.path.exists(path):
         pytest.fail(f"{name} is missing: run `make contract` (go install into {TOOLS})")
     return path
+
+
+#: Shell blocks of the docs per page: (run, skipped), filled by test_docs_blocks.py.
+DOCS_BLOCKS: dict[str, tuple[int, int]] = {}
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The docs test's totals: how many shell blocks ran as pasted, how many are marked skip."""
+    if DOCS_BLOCKS:
+        ran = sum(r for r, _ in DOCS_BLOCKS.values())
+        skipped = sum(s for _, s in DOCS_BLOCKS.values())
+        terminalreporter.write_line(f"docs shell blocks: {ran} run, {skipped} skipped (marked), in {len(DOCS_BLOCKS)} page(s)")
