@@ -49,7 +49,7 @@ class BrowseServicer(DeadLetterReading, browse_pb2_grpc.BrowseServiceServicer):
     async def GetSize(self, request: browse_pb2.GetSizeRequest, context: grpc.aio.ServicerContext) -> browse_pb2.GetSizeResponse:
         browser = self._browser()
         queue = await browser.existing(request.queue)
-        size = await browser.size(queue) if request.exact else (await browser.approximate_summary(queue)).size
+        size = await browser.size(queue) if request.exact else await browser.approximate_size(queue)
         return browse_pb2.GetSizeResponse(size=size)
 
 

@@ -13,6 +13,8 @@ import dataclasses
 import datetime as dt
 from collections.abc import AsyncIterator
 
+from services.app import ages
+from services.app.ages import HeadAges
 from services.app.queue_state import QueueState
 from services.domain import counts, model, paging, shaping, validation
 from services.domain.filters import BrowseFilter
@@ -50,6 +52,8 @@ class Browser:
         self._state = state
         #: Browse hands out the content of mails up to this size (larger: read it from blob_svc).
         self._inline_limit = inline_limit
+        #: The oldest mails' ages, from a head scan that reads on where the last one stopped.
+        self.head = HeadAges(self.live_mails)
 
     async def existing(self, queue: str) -> str:
         """The queue's name, once valid and created; InvalidArgument or NotFound otherwise."""
@@ -62,13 +66,14 @@ class Browser:
 
     async def live_mails(
         self, queue: str, op: str = "browse", until: dt.datetime | None = None, first_page: int = MAX_PAGE,
-        max_page: int = MAX_PAGE, after: paging.Position | None = None,
+        max_page: int = MAX_PAGE, after: paging.Position | None = None, since: dt.datetime | None = None,
     ) -> AsyncIterator[model.QueuedMail]:
         """Every live mail of the queue, in enqueue order (``until``: only mails enqueued before it).
         ``first_page``: rows asked of each partition at first (doubling as the caller reads on);
         small for a caller that may stop early (Browse with a limit), the largest for full passes.
         ``after``: only the mails after this position (slice, enqueued_at, enqueue_id: a page
-        token's), read from there on: the slices before it are not read."""
+        token's), read from there on: the slices before it are not read. ``since``: from this
+        slice on (the slices before it, and before browse start, are not read)."""
         config = await self._view.config.current()
         start = await self._view.starts.browse_start(queue)
         if start is None:
@@ -78,6 +83,8 @@ class Browser:
         end = slice_start(now + config.slice_window, config.slice_window)
         if after is not None:
             start = max(start, slice_start(from_ms(after.partition), config.slice_window))
+        if since is not None:
+            start = max(start, slice_start(since, config.slice_window))
         for s in slices_between(start, end, config.slice_window):
             if until is not None and s > until:
                 return
@@ -181,10 +188,13 @@ class Browser:
             tuple(shaping.applying_to((await self._view.shaping.snapshot()).throttles, queue)),
         )
 
+    async def approximate_size(self, queue: str) -> int:
+        """The live mails from the queue's counters: one partition read, no mail row."""
+        return (await self._view.mails.size(queue)).size
+
     async def approximate_summary(self, queue: str) -> Summary:
-        """The summary from the queue's counters: one partition read (services/app/counters.py)."""
+        """The sizes from the queue's counters (one partition read, services/app/counters.py),
+        the ages from a head scan (services/app/ages.py: about a first Browse page)."""
         c = await self._view.mails.size(queue)
-        now = model.utcnow()
-        age = lambda s: now - s if s is not None else None  # noqa: E731
-        return Summary(size=c.size, ready=c.ready, delayed=c.delayed - c.held, held=c.held,
-                       oldest_age=age(c.oldest_slice), oldest_ready_age=age(c.oldest_ready_slice))
+        config = await self._view.config.current()
+        return ages.summary(c, await self.head.scan(queue, c, config.slice_window))
