@@ -46,10 +46,10 @@ class BrowseApp(QueueApp[BrowseSide]):
 
     def background(self, b: Backends) -> list[Coroutine[Any, Any, None]]:
         server = self.settings.server
-        tasks = [gauges.refresh_forever(b.view, server.gauge_interval_s)] if server.gauge_interval_s else []
+        side = self._service  # built just before (service() answers only once connected)
+        assert side is not None
+        tasks = [gauges.refresh_forever(b.view, side.browser.head, server.gauge_interval_s)] if server.gauge_interval_s else []
         if server.heal_interval_s:
-            side = self._service  # built just before (service() answers only once connected)
-            assert side is not None
             healer = Healer(b.view, b.broker, side.browser.live_mails, side.admin.mover, side.dead_letters,
                             server.heal_interval_s, server.heal_grace_s, server.heal_rows_per_round)
             tasks.append(healer.run_forever())

@@ -20,8 +20,10 @@ class DeadLetterReading:
         self, request: browse_pb2.BrowseDeadLettersRequest, context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[browse_pb2.BrowseDeadLettersResponse]:
         f = s.filter_from_proto(request.filter)
-        async for d in self._book().browse(request.queue, f, request.limit):
-            yield s.dead_letter_to_proto(d)
+        async for d, token in self._book().browse(request.queue, f, request.limit, request.page_size, request.page_token):
+            response = s.dead_letter_to_proto(d)
+            response.next_page_token = token
+            yield response
 
     async def CountDeadLetters(
         self, request: browse_pb2.CountDeadLettersRequest, context: grpc.aio.ServicerContext,

@@ -39,16 +39,17 @@ class BrowseServicer(DeadLetterReading, browse_pb2_grpc.BrowseServiceServicer):
         self, request: browse_pb2.BrowseRequest, context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[browse_pb2.BrowseResponse]:
         f = serde.browse_filter_from_proto(request, model.utcnow())
-        async for q, content in self._browser().browse_with_content(request.queue, f, request.limit, request.include_content):
-            response = browse_pb2.BrowseResponse(mail=serde.queued_mail_to_proto(q))
-            if content is not None:
-                response.content = content
+        async for m in self._browser().browse_with_content(request.queue, f, request.limit, request.include_content,
+                                                           request.page_size, request.page_token):
+            response = browse_pb2.BrowseResponse(mail=serde.queued_mail_to_proto(m.mail), next_page_token=m.next_page_token)
+            if m.content is not None:
+                response.content = m.content
             yield response
 
     async def GetSize(self, request: browse_pb2.GetSizeRequest, context: grpc.aio.ServicerContext) -> browse_pb2.GetSizeResponse:
         browser = self._browser()
         queue = await browser.existing(request.queue)
-        size = await browser.size(queue) if request.exact else (await browser.approximate_summary(queue)).size
+        size = await browser.size(queue) if request.exact else await browser.approximate_size(queue)
         return browse_pb2.GetSizeResponse(size=size)
 
 

@@ -1,6 +1,7 @@
 """mailq's commands on the mails of a queue: browse, delete, clear, flush, republish, move.
 
     mailq browse Q [--sender S] [--recipient R] [--name N] [--id ID] [--ready | --delayed] [--limit N] [--json]
+                   [--page-size N] [--page-token T]
     mailq delete Q (--sender S | --recipient R | --name N | --id ID [ID ...]) | clear Q
     mailq flush Q [--sender S | --recipient R | --domain D | --name N]
     mailq republish Q --older-than 1h
@@ -43,19 +44,30 @@ def cmd_browse(c: Client, a: argparse.Namespace) -> None:
                 browse_pb2.SCHEDULE_FILTER_DELAYED if a.delayed else browse_pb2.SCHEDULE_FILTER_UNSPECIFIED)
     request = browse_pb2.BrowseRequest(queue=a.queue, sender=a.sender or "", recipient=a.recipient or "",
                                        name=a.name or "", limit=a.limit, schedule=schedule,
-                                       enqueue_id=ids.in_queue(c, a.queue, [a.id])[0] if a.id else "")
+                                       enqueue_id=ids.in_queue(c, a.queue, [a.id])[0] if a.id else "",
+                                       page_size=a.page_size, page_token=a.page_token or "")
     rows = []
+    # The next page's token comes on the last mail of a page (BrowseResponse.next_page_token).
+    held, token = None, ""
     for r in c.browse.Browse(request):
+        token = r.next_page_token
         if a.json:
-            print(json.dumps(mail_row(r.mail)))
+            if held is not None:
+                print(json.dumps(held))
+            held = mail_row(r.mail)
             continue
         m = r.mail
         due = m.deliver_at.ToDatetime().strftime("%Y-%m-%d %H:%M:%S") if m.HasField("deliver_at") else "-"
         rows.append([m.enqueued_at.ToDatetime().strftime("%Y-%m-%d %H:%M:%S"), m.enqueue_id[:8], str(m.size),
                      m.mail.sender or "<>", ",".join(m.mail.recipients), m.mail.name, due, str(m.attempts)])
-    if not a.json:
-        print_table(rows, ["ENQUEUED (UTC)", "ID", "SIZE", "SENDER", "RECIPIENTS", "NAME", "DELIVER AT", "ATTEMPTS"])
-        print(f"-- {len(rows)} mail(s)", file=sys.stderr)
+    if a.json:
+        if held is not None:
+            # One JSON object per mail; the last one also carries "next_page_token" when a next page exists.
+            print(json.dumps({**held, "next_page_token": token} if token else held))
+        return
+    print_table(rows, ["ENQUEUED (UTC)", "ID", "SIZE", "SENDER", "RECIPIENTS", "NAME", "DELIVER AT", "ATTEMPTS"])
+    more = f"; next page: --page-token {token}" if token else ""
+    print(f"-- {len(rows)} mail(s){more}", file=sys.stderr)
 
 
 def cmd_delete(c: Client, a: argparse.Namespace) -> None:
@@ -125,6 +137,9 @@ def register(sub: Any) -> None:
     s.add_argument("--name")
     s.add_argument("--limit", type=int, default=0)
     s.add_argument("--id", metavar="ID", help="only the mail with this enqueue id (read from an index), in full or a unique prefix")
+    s.add_argument("--page-size", type=int, default=0, help="a page of at most N mails (1 to 1000); the next "
+                   "page's token is printed on stderr, or in the last JSON line's next_page_token")
+    s.add_argument("--page-token", help="the page after the one that printed this token (same queue and conditions)")
     _schedule_args(s, "only mails waiting for their deliver_at")
     _mail_command(sub, "delete", cmd_delete, "mark deleted every live mail matching a condition", by_id=True)
     queue_command(sub, "clear", cmd_clear, "mark every live mail of the queue deleted")

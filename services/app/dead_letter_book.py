@@ -30,13 +30,18 @@ from collections.abc import AsyncIterator
 
 from services.app.browser import Browser
 from services.app.moves import Mover, land
-from services.domain import dead_letters, model
+from services.domain import dead_letters, model, paging
 from services.domain.dead_letters import DeadLetter, DeadLetterFilter
 from services.domain.errors import InvalidArgument
 from services.ports.broker import Broker
 from services.ports.view import View
 
 log = logging.getLogger(__name__)
+
+
+def position(d: DeadLetter) -> paging.Position:
+    """Where a dead letter sorts in BrowseDeadLetters: its hour of enqueue, enqueue time and id."""
+    return paging.Position.of(dead_letters.hour_of(d.mail.enqueued_at), d.mail.enqueued_at, d.mail.enqueue_id)
 
 #: Progress is streamed at least this often (seconds) while a redrive or a purge runs.
 PROGRESS_S = 1.0
@@ -77,10 +82,22 @@ class DeadLetterBook:
         self._existing = browser.existing
         self._mover = mover
 
-    async def browse(self, queue: str, f: DeadLetterFilter, limit: int = 0) -> AsyncIterator[DeadLetter]:
+    async def browse(
+        self, queue: str, f: DeadLetterFilter, limit: int = 0, page_size: int = 0, page_token: str = "",
+    ) -> AsyncIterator[tuple[DeadLetter, str]]:
+        """The dead letters matching ``f`` (by hour of enqueue, then enqueue time and id), each with
+        the next page's token on the last of a page that more follow (else empty): at most
+        ``limit``, or a page at a time (services/domain/paging.py, as Browse)."""
+        key = paging.request_key(queue, f)
+        page = paging.request(page_size, page_token, limit, paging.DEAD_LETTERS, key)
         await self._existing(queue)
+        matching = self._matching(queue, f, limit or (page.size + 1 if page.size else 0), page.after)
+        async for d, token in paging.paged(matching, page.size, lambda d: paging.encode(paging.DEAD_LETTERS, key, position(d))):
+            yield d, token
+
+    async def _matching(self, queue: str, f: DeadLetterFilter, limit: int, after: paging.Position | None) -> AsyncIterator[DeadLetter]:
         sent = 0
-        async for d in self._view.dead_letters.scan(queue):
+        async for d in self._view.dead_letters.scan(queue, after):
             if f.matches(d):
                 yield d
                 sent += 1

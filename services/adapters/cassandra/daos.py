@@ -68,6 +68,11 @@ class EnqueuedMailsDAO:
         self._select = session.prepare(
             f"SELECT {self.READ_COLUMNS} FROM {t} WHERE queue_name = ? AND slice_start = ? AND bucket = ?"
         )
+        # The rows after a position (a page token's): a clustering range, read from there on.
+        self._select_after = session.prepare(
+            f"SELECT {self.READ_COLUMNS} FROM {t} WHERE queue_name = ? AND slice_start = ? AND bucket = ? "
+            "AND (enqueued_at, enqueue_id) > (?, ?)"
+        )
         # A column's index (schema.INDEXED) finds its rows in every queue; the queue filters those
         # few (ALLOW FILTERING reads what the index returned, not the table).
         self._indexed = {
@@ -119,10 +124,14 @@ class EnqueuedMailsDAO:
 
     async def read_page(
         self, queue: str, slice_start: dt.datetime, bucket: int, fetch: int, paging_state: bytes | None,
+        after: tuple[dt.datetime, uuid.UUID] | None = None,
     ) -> tuple[list[model.QueuedMail], bytes | None]:
         """Up to ``fetch`` rows of one partition in enqueue order, from ``paging_state`` (None: the
-        first); and the paging state of the rest (None: no more rows)."""
-        rows, state = await execute_page(self._session, self._select, (queue, slice_start, bucket), fetch, paging_state)
+        first); and the paging state of the rest (None: no more rows). ``after``: only the rows
+        after this (enqueued_at, enqueue_id), read from there (the same for every page of a read)."""
+        statement, params = ((self._select, (queue, slice_start, bucket)) if after is None
+                             else (self._select_after, (queue, slice_start, bucket, *after)))
+        rows, state = await execute_page(self._session, statement, params, fetch, paging_state)
         return self._decode(queue, rows), state
 
     def _decode(self, queue: str, rows: list[Any]) -> list[model.QueuedMail]:
