@@ -30,7 +30,14 @@ from services.app.queue_state import QueueState
 from services.app.retry import retrying
 from services.domain import model, schedule, validation
 from services.domain.backoff import Backoff
-from services.domain.errors import Aborted, BackendUnavailable, InvalidArgument, NotFound, ResourceExhausted
+from services.domain.errors import (
+    Aborted,
+    BackendUnavailable,
+    InvalidArgument,
+    NotFound,
+    PublishersBlocked,
+    ResourceExhausted,
+)
 from services.domain.model import BlobInfo
 from services.domain.settings import LimitSettings
 from services.domain.slices import bucket_of, slice_start
@@ -42,6 +49,10 @@ log = logging.getLogger(__name__)
 
 ENQUEUED = Counter("mailqueue_enqueued_total", "Mails acknowledged to producers", ["queue"])
 ENQUEUE_FAILED = Counter("mailqueue_enqueue_failed_total", "Enqueues answered with a retryable error", ["queue"])
+REFUSED_BLOCKED = Counter(
+    "mailqueue_enqueue_refused_blocked_total",
+    "Enqueues refused at once, nothing written, while RabbitMQ blocks publishers (a memory or disk alarm)", ["queue"],
+)
 COMPENSATIONS_PENDING = Gauge(
     "mailqueue_enqueue_compensations_pending", "Undo writes of failed enqueues waiting for Cassandra to answer",
 )
@@ -174,13 +185,22 @@ class Enqueuer:
 
     # ------------------------------------------------------------------ the common path
     async def _check(self, queue: str, mail: model.Mail, key: str, when: Schedule) -> None:
-        """Refuse what is invalid before anything is written."""
+        """Refuse what is invalid, or what could not be published now, before anything is written."""
         validation.queue_name(queue)
         validation.mail(mail, self._limits)
         schedule.deliver_at(model.utcnow(), *when)
         if len(key) > 256:
             raise InvalidArgument("idempotency_key is longer than 256 characters")
         await self._state.require_queue(queue)
+        self._refuse_if_blocked(queue)
+
+    def _refuse_if_blocked(self, queue: str) -> None:
+        """While the broker blocks publishers (a resource alarm), a publish would wait for the alarm
+        to be lifted: refuse at once, retryable, before the claim, the blob or the row is written."""
+        reason = self._broker.blocked()
+        if reason is not None:
+            REFUSED_BLOCKED.labels(queue).inc()
+            raise PublishersBlocked(reason)
 
     async def _enqueue(
         self, queue: str, mail: model.Mail, write_content: ContentWriter, key: str, when: Schedule, priority: str,
@@ -274,12 +294,19 @@ class Enqueuer:
             out[i] = e
             ENQUEUE_FAILED.labels(items[i].queue).inc()
 
+        for i, it in enumerate(items):  # the alarm may have begun while they waited for the group
+            try:
+                self._refuse_if_blocked(it.queue)
+            except PublishersBlocked as e:
+                out[i] = e
         try:
-            inline = [i for i, it in enumerate(items) if it.stored is None]
+            inline = [i for i, it in enumerate(items) if it.stored is None and out[i] is None]
             written = await asyncio.gather(*(self._blobs.store(items[i].content or b"") for i in inline),
                                            return_exceptions=True)
             stored: dict[int, BlobInfo | BaseException] = dict(zip(inline, written, strict=True))
             for i, it in enumerate(items):
+                if out[i] is not None:
+                    continue
                 info = it.stored or stored[i]
                 if isinstance(info, BaseException):
                     failed(i, info)
