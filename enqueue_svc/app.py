@@ -27,7 +27,10 @@ class EnqueueApp(QueueApp[Enqueuer]):
         return Enqueuer(b.view, b.broker, b.blobs, self.settings.limits, b.state)
 
     def background(self, b: Backends) -> list[Coroutine[Any, Any, None]]:
-        return [b.broker.watch_alarms()]  # so that an alarm is known before a publish waits on it
+        enqueuer = self._service  # built just before (service() answers only once connected)
+        assert enqueuer is not None
+        # The lease its idempotency claims name; the broker's alarms known before a publish waits on one.
+        return [enqueuer.claims.keep_lease(), b.broker.watch_alarms()]
 
     def conditions(self) -> dict[str, str | None]:
         if not self.connected or self._backends is None:
