@@ -118,12 +118,22 @@ class CounterBuffer(Protocol):
 
 
 class Idempotency(Protocol):
-    """Idempotency keys: a claim per (queue, key), committed with its mail or released."""
+    """Idempotency keys: a claim per (queue, key), committed with its mail or released. An
+    uncommitted claim names its owner (an ``Enqueuers`` lease), when the enqueuer that made it had one."""
 
-    async def claim(self, queue: str, key: str, enqueue_id: uuid.UUID, now: dt.datetime) -> model.IdempotencyClaim | None: ...
-    async def take_over(self, queue: str, key: str, now: dt.datetime, seen: dt.datetime) -> bool: ...
+    async def claim(self, queue: str, key: str, enqueue_id: uuid.UUID, now: dt.datetime,
+                    owner: uuid.UUID | None = None) -> model.IdempotencyClaim | None: ...
+    async def take_over(self, queue: str, key: str, now: dt.datetime, seen: dt.datetime,
+                        owner: uuid.UUID | None = None) -> bool: ...
     async def commit(self, queue: str, key: str, q: model.QueuedMail) -> None: ...
     async def release(self, queue: str, key: str, enqueue_id: uuid.UUID, claimed_at: dt.datetime) -> None: ...
+
+
+class Enqueuers(Protocol):
+    """A lease per enqueue process, renewed while it runs and gone within its TTL once it died."""
+
+    async def renew(self, enqueuer: uuid.UUID, host: str, ttl_s: int) -> None: ...
+    async def alive(self, enqueuer: uuid.UUID) -> bool: ...
 
 
 class Moves(Protocol):
@@ -170,6 +180,7 @@ class View(Protocol):
     counters: Counters
     counter_buffer: CounterBuffer
     idempotency: Idempotency
+    enqueuers: Enqueuers
     config: ViewConfiguration
     shaping: ShapingStore
     moves: Moves

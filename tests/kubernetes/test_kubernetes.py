@@ -361,8 +361,8 @@ def test_a_service_killed_with_sigkill_inside_its_pod_is_restarted_and_loses_no_
     record = kube.finish_client(client)
     assert record["lost"] == [], (record, kube.view_states(queue, record["lost"]))
     assert record["delivered_after_confirmed_success"] == []
-    # ABORTED too: a key whose enqueue the killed process held is "in progress" until the claim
-    # is abandoned (MAILQUEUE_ABANDONED_CLAIM_S); the client retries it, as told.
+    # ABORTED too: a key whose enqueue the killed process held is "in progress" until the killed
+    # process's lease expires (MAILQUEUE_CLAIM_LEASE_S); the client retries it, as told.
     bad = {k: v for k, v in record["codes"].items() if k.split()[1] not in ALLOWED_CODES | {"ABORTED"}}
     assert not bad, (bad, record["details"])
     print(f"SIGKILL of {list(killed)} under load: restarted and Ready after {back:.1f} s; acked {record['acked']}, "

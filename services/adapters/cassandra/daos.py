@@ -432,17 +432,18 @@ class CountersDAO:
 
 
 class IdempotencyDAO:
-    """``enqueue_idempotency``: a client key claims one enqueue id, committed once durable."""
+    """``enqueue_idempotency``: a client key claims one enqueue id, committed once durable. An
+    uncommitted claim names its owner, the lease (``enqueuers``) of the process whose attempt holds it."""
 
     def __init__(self, session: Session, keyspace: str) -> None:
         self._session = session
         t = f"{keyspace}.{schema.IDEMPOTENCY}"
         self._claim = session.prepare(
-            f"INSERT INTO {t} (queue_name, idempotency_key, enqueue_id, claimed_at, committed) "
-            "VALUES (?, ?, ?, ?, false) IF NOT EXISTS"
+            f"INSERT INTO {t} (queue_name, idempotency_key, enqueue_id, claimed_at, committed, owner) "
+            "VALUES (?, ?, ?, ?, false, ?) IF NOT EXISTS"
         )
         self._take_over = session.prepare(
-            f"UPDATE {t} SET claimed_at = ? WHERE queue_name = ? AND idempotency_key = ? "
+            f"UPDATE {t} SET claimed_at = ?, owner = ? WHERE queue_name = ? AND idempotency_key = ? "
             "IF committed = false AND claimed_at = ?"
         )
         self._commit = session.prepare(
@@ -453,21 +454,23 @@ class IdempotencyDAO:
             f"DELETE FROM {t} WHERE queue_name = ? AND idempotency_key = ? IF enqueue_id = ? AND claimed_at = ?"
         )
 
-    async def claim(self, queue: str, key: str, enqueue_id: uuid.UUID, now: dt.datetime) -> model.IdempotencyClaim | None:
-        """Claim ``key`` for ``enqueue_id``. None when claimed; otherwise who holds it."""
-        rows = await execute(self._session, self._claim, (queue, key, enqueue_id, now))
+    async def claim(self, queue: str, key: str, enqueue_id: uuid.UUID, now: dt.datetime,
+                    owner: uuid.UUID | None = None) -> model.IdempotencyClaim | None:
+        """Claim ``key`` for ``enqueue_id`` (by ``owner``). None when claimed; otherwise who holds it."""
+        rows = await execute(self._session, self._claim, (queue, key, enqueue_id, now, _unset_if_empty(owner)))
         r = rows[0]
         if r.applied:
             return None
         result = None
         if r.committed:
             result = model.EnqueueResult(r.enqueue_id, _utc(r.enqueued_at), tuple(r.blob_ids or ()), r.size or 0, duplicate=True)
-        return model.IdempotencyClaim(r.enqueue_id, _utc(r.claimed_at), result)
+        return model.IdempotencyClaim(r.enqueue_id, _utc(r.claimed_at), result, getattr(r, "owner", None))
 
-    async def take_over(self, queue: str, key: str, now: dt.datetime, seen: dt.datetime) -> bool:
+    async def take_over(self, queue: str, key: str, now: dt.datetime, seen: dt.datetime,
+                        owner: uuid.UUID | None = None) -> bool:
         """Take over an abandoned, uncommitted claim (its enqueuer crashed or failed), keeping its
-        enqueue id: a copy the abandoned attempt published is then the same mail."""
-        rows = await execute(self._session, self._take_over, (now, queue, key, seen))
+        enqueue id: a copy the abandoned attempt published is then the same mail. ``owner`` holds it now."""
+        rows = await execute(self._session, self._take_over, (now, _unset_if_empty(owner), queue, key, seen))
         r = rows[0]
         # Not applied, but to our time: a retry by the driver of a take-over that had applied.
         return bool(r.applied) or _utc(getattr(r, "claimed_at", None)) == now

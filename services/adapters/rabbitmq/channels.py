@@ -115,6 +115,13 @@ class Publisher:
         if self.retired and not self.pending and self.channel.is_open:
             self.channel.close()
 
+    def fail_pending(self, error: BackendUnavailable) -> None:
+        """Fail every publish waiting for its confirm (its connection was blocked: the confirm
+        would come only once the alarm is lifted). A confirm that comes later finds nobody waiting."""
+        for fut, _ in self.pending.values():
+            if not fut.done():
+                fut.set_exception(error)
+
     def _on_return(self, _ch: Channel, _method: Any, props: Any, _body: bytes) -> None:
         self.returned.add(props.message_id)
 
