@@ -115,7 +115,7 @@ image:
 test-cluster: up-cluster
 	$(PY) -m pytest -m cluster
 
-# Offline validation of the Kubernetes overlays.
+# Offline validation of the Kubernetes overlays (tests/kubernetes/manifests/).
 test-k8s: install kustomize
 	$(PY) -m pytest -m k8s
 

@@ -7,12 +7,12 @@ from collections.abc import AsyncIterator, Callable
 
 import grpc
 
-from browse_svc.dead_letters import DeadLetterAdmin, DeadLetterReading
+from browse_svc.dead_letters import DeadLetterAdminServicer, DeadLetterBrowseServicer
 from browse_svc.shaping import ShapingServicer
 from mailqueue.v1 import admin_pb2, admin_pb2_grpc, browse_pb2, browse_pb2_grpc
 from services.app.admin import Admin
 from services.app.browser import Browser
-from services.app.dead_letter_book import DeadLetterBook
+from services.app.dead_letter_admin import DeadLetterAdmin
 from services.app.shaping_admin import ShapingAdmin
 from services.contract import serde, shaping_serde
 from services.domain import model, rules
@@ -20,10 +20,10 @@ from services.domain.errors import InvalidArgument
 from services.domain.filters import BrowseFilter, flush_condition
 
 
-class BrowseServicer(DeadLetterReading, browse_pb2_grpc.BrowseServiceServicer):
-    def __init__(self, browser: Callable[[], Browser], book: Callable[[], DeadLetterBook]) -> None:
+class BrowseServicer(DeadLetterBrowseServicer, browse_pb2_grpc.BrowseServiceServicer):
+    def __init__(self, browser: Callable[[], Browser], dead_letters: Callable[[], DeadLetterAdmin]) -> None:
         self._browser = browser  # raises UNAVAILABLE while the service connects
-        self._book = book
+        self._dead_letters = dead_letters
 
     async def ListQueues(self, request: browse_pb2.ListQueuesRequest, context: grpc.aio.ServicerContext) -> browse_pb2.ListQueuesResponse:
         return browse_pb2.ListQueuesResponse(queues=await self._browser().queues())
@@ -53,11 +53,11 @@ class BrowseServicer(DeadLetterReading, browse_pb2_grpc.BrowseServiceServicer):
         return browse_pb2.GetSizeResponse(size=size)
 
 
-class AdminServicer(ShapingServicer, DeadLetterAdmin, admin_pb2_grpc.AdminServiceServicer):
-    def __init__(self, admin: Callable[[], Admin], shaping: Callable[[], ShapingAdmin], book: Callable[[], DeadLetterBook]) -> None:
+class AdminServicer(ShapingServicer, DeadLetterAdminServicer, admin_pb2_grpc.AdminServiceServicer):
+    def __init__(self, admin: Callable[[], Admin], shaping: Callable[[], ShapingAdmin], dead_letters: Callable[[], DeadLetterAdmin]) -> None:
         self._admin = admin  # raises UNAVAILABLE while the service connects
         self._shaping = shaping
-        self._book = book
+        self._dead_letters = dead_letters
 
     async def CreateQueue(self, request: admin_pb2.CreateQueueRequest, context: grpc.aio.ServicerContext) -> admin_pb2.CreateQueueResponse:
         policy = serde.retry_policy_from_proto(request.retry_policy, model.RetryPolicy()) if request.HasField("retry_policy") else None
@@ -136,7 +136,7 @@ class AdminServicer(ShapingServicer, DeadLetterAdmin, admin_pb2_grpc.AdminServic
         self, request: admin_pb2.ReconcileCountersRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.ReconcileCountersResponse:
         before, after = await self._admin().reconcile(request.queue)
-        await self._book().reconcile(request.queue)
+        await self._dead_letters().reconcile(request.queue)
         return serde.reconcile_to_proto(before, after)
 
     async def UpdateRetryPolicy(

@@ -59,7 +59,7 @@ async def retry(s: Stream, d: Delivery, error: str, retry_after: dt.timedelta | 
         log.info("mail expired", extra={"queue": s.queue, "enqueue_id": str(mail.enqueue_id), "reason": next_attempt.reason})
         reason = f"{next_attempt.reason}: {error}" if error else next_attempt.reason
         await side.mark_deleted(mail, model.truncated(reason))
-        # Its last attempt recorded too: the dead letter shows it (services/app/dead_letters.py).
+        # Its last attempt recorded too: the dead letter shows it (services/app/dead_letter_recorder.py).
         await side.view.mails.reschedule(dataclasses.replace(mail, attempts=attempts, last_error=error, generation=mail.generation + 1))
         await s.dead_letter(d.tag)
         EXPIRED.labels(s.queue).inc()

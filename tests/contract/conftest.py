@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from tests.harness import ROOT, is_serving
+from stack.harness import ROOT, is_serving
 
 TARGETS = {"enqueue": "localhost:50051", "dequeue": "localhost:50052", "browse": "localhost:50053", "blob": "localhost:50054"}
 CA = os.path.join(ROOT, ".stack", "pki", "ca.crt")

@@ -28,8 +28,8 @@ from google.protobuf import json_format
 from pytest_codeblocks import CodeBlock, extract_from_file
 
 from mailqueue.v1 import admin_pb2, admin_pb2_grpc, browse_pb2, browse_pb2_grpc
+from stack.harness import ROOT
 from tests.contract.conftest import DOCS_BLOCKS, credentials
-from tests.harness import ROOT
 
 DOCS = Path(ROOT) / "docs" / "pages"
 #: The pages with shell blocks: README.md, then docs/pages (the generated reference pages have none).

@@ -3,8 +3,8 @@ the contract. test_docs_blocks.py runs its block as pasted, with every other she
 
 from pathlib import Path
 
+from stack.harness import ROOT
 from tests.contract.test_docs_blocks import shell_blocks
-from tests.harness import ROOT
 
 PAGE = Path(ROOT) / "docs" / "pages" / "reference" / "grpcurl.md"
 

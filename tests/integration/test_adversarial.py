@@ -9,9 +9,9 @@ import pytest
 from google.protobuf import duration_pb2
 
 from mailqueue.v1 import admin_pb2, admin_pb2_grpc, browse_pb2
+from stack.harness import ServiceProcess, new_keyspace, service_env, stack
 from tests.adversary import Adversary, drain
 from tests.conftest import drop_keyspace
-from tests.harness import ServiceProcess, new_keyspace, service_env, stack
 from tests.integration.helpers import deleted_reason
 
 #: Far below the healer's grace: what is not delivered by then waits for a broker message that is gone.

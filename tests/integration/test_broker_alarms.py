@@ -20,7 +20,7 @@ from grpc_health.v1 import health_pb2
 
 from mailqueue.v1 import enqueue_pb2
 from services.adapters.cassandra import schema
-from tests.harness import health, stack, wait_until
+from stack.harness import health, stack, wait_until
 from tests.integration.helpers import StreamConsumer, inline, message_count, simple_mail, view_rows
 
 pytestmark = pytest.mark.outage

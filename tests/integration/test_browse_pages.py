@@ -15,7 +15,7 @@ import grpc
 import pytest
 
 from mailqueue.v1 import admin_pb2, browse_pb2, enqueue_pb2
-from tests.harness import wait_until
+from stack.harness import wait_until
 from tests.integration.helpers import StreamConsumer, inline, simple_mail
 from tests.integration.test_cli import mailq
 

@@ -4,7 +4,7 @@ import datetime as dt
 
 from mailqueue.v1 import admin_pb2, browse_pb2
 from services.domain import counts
-from tests.harness import ServiceProcess, service_env, wait_until
+from stack.harness import ServiceProcess, service_env, wait_until
 from tests.integration.helpers import StreamConsumer, enqueue_names, inline, simple_mail
 
 

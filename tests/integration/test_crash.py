@@ -17,7 +17,7 @@ import grpc
 
 from mailqueue.v1 import dequeue_pb2_grpc, enqueue_pb2, enqueue_pb2_grpc
 from services.adapters.cassandra import schema
-from tests.harness import ServiceProcess, service_env, wait_until
+from stack.harness import ServiceProcess, service_env, wait_until
 from tests.integration.helpers import StreamConsumer, heal_counters, inline, message_count, simple_mail, view_rows
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from mailqueue.v1 import admin_pb2, enqueue_pb2
 from services.domain.filters import MAX_ENQUEUE_IDS
-from tests.harness import wait_until
+from stack.harness import wait_until
 from tests.integration.helpers import StreamConsumer, delivered, inline, message_count, simple_mail
 from tests.integration.test_cli import mailq
 

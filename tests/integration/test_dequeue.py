@@ -12,7 +12,7 @@ import pytest
 from mailqueue.v1 import blob_pb2, dequeue_pb2, mail_pb2
 from services.domain import names
 from services.runtime.settings import rabbitmq_from_env
-from tests.harness import broker_parameters, wait_until
+from stack.harness import broker_parameters, wait_until
 from tests.integration.helpers import (
     StreamConsumer,
     consumer_count,

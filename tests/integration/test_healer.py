@@ -17,8 +17,8 @@ from mailqueue.v1 import blob_pb2, browse_pb2, enqueue_pb2_grpc
 from services.app import counters
 from services.domain import model
 from services.domain.slices import bucket_of, slice_start
+from stack.harness import ServiceProcess, new_keyspace, wait_until
 from tests.conftest import ProcessSuite, drop_keyspace
-from tests.harness import ServiceProcess, new_keyspace, wait_until
 from tests.integration.helpers import StreamConsumer, fill, inline, simple_mail
 
 PORTS = ("MAILQUEUE_PORT", "MAILQUEUE_METRICS_PORT")

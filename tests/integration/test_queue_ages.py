@@ -12,7 +12,7 @@ import re
 
 from mailqueue.v1 import browse_pb2
 from services.app import ages as ages_module
-from tests.harness import wait_until
+from stack.harness import wait_until
 from tests.integration.helpers import StreamConsumer, inline, simple_mail
 from tests.integration.test_cli import mailq
 

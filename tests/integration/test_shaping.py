@@ -15,8 +15,8 @@ import grpc
 import pytest
 
 from mailqueue.v1 import admin_pb2, browse_pb2, dequeue_pb2_grpc, shaping_pb2
+from stack.harness import ServiceProcess, new_keyspace, wait_until
 from tests.conftest import ProcessSuite, drop_keyspace
-from tests.harness import ServiceProcess, new_keyspace, wait_until
 from tests.integration.helpers import StreamConsumer, code_of, inline, simple_mail
 from tests.integration.test_cli import mailq
 

@@ -15,7 +15,7 @@ import grpc
 import pytest
 
 from mailqueue.v1 import admin_pb2, admin_pb2_grpc, browse_pb2, browse_pb2_grpc, dequeue_pb2_grpc, enqueue_pb2_grpc
-from tests.harness import ROOT, ServiceProcess, service_env, wait_until
+from stack.harness import ROOT, ServiceProcess, service_env, wait_until
 from tests.integration.helpers import StreamConsumer, code_of, inline, simple_mail
 
 ADMIN_TOKEN = "tls-test-admin-token-0001"

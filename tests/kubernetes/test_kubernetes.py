@@ -17,7 +17,7 @@ import uuid
 
 import pytest
 
-from tests.harness import ROOT, stack, wait_until
+from stack.harness import ROOT, stack, wait_until
 from tests.kubernetes import kube
 
 ALLOWED_CODES = {"OK", "UNAVAILABLE"}

@@ -1,6 +1,6 @@
-"""Dead letters an operator works with: browse them with why they died, count them by kind,
-redrive them (back to their queue or to another, at most N per second, attempts reset or kept),
-purge them. The repository is written by dequeue_svc (services/app/dead_letters.py).
+"""The operators' side of dead letters (browse_svc): browse them with why they died, count them by
+kind, redrive them (back to their queue or to another, at most N per second, attempts reset or
+kept), purge them. The repository is written by dequeue_svc (services/app/dead_letter_recorder.py).
 
 A redrive takes each dead letter in four steps, so that one interrupted anywhere (a SIGKILL of
 browse_svc, a backend outage) loses nothing and delivers each mail once:
@@ -70,12 +70,12 @@ class PurgeProgress:
 
 async def purge_one(view: View, mail: model.QueuedMail) -> bool:
     """Forget a dead letter (False when it was gone already). Its mail is marked purged first, so
-    a broker copy redelivered afterwards is not kept again (services/app/dead_letters.py)."""
+    a broker copy redelivered afterwards is not kept again (services/app/dead_letter_recorder.py)."""
     await view.mails.mark(mail.queue, mail.enqueue_id, dead_letters.PURGED_REASON)
     return await view.dead_letters.remove(mail)
 
 
-class DeadLetterBook:
+class DeadLetterAdmin:
     def __init__(self, view: View, broker: Broker, browser: Browser, mover: Mover) -> None:
         self._view = view
         self._broker = broker
