@@ -6,8 +6,8 @@
 - Browse (read to the end, or cancelled after a few mails), GetSize and GetQueue (exact or from
   the counters), ListQueues, CountDeadLetters, on the queue the enqueue/dequeue traffic uses now;
 - on queues of their own: EnqueueMany to refill them, DeleteMails, Flush, MoveMails to a side
-  queue, ReconcileCounters and UpdateBrowseStart: the calls that wait for the counter updates
-  they made;
+  queue, ReconcileCounters, UpdateBrowseStart and ClearQueue: the calls that wait for the
+  counter updates they made;
 - the same deletes with a deadline of a few milliseconds, which expires mid-call (issue 47: such
   a cancel walked a chain of futures in browse_svc), and refused requests (a bad queue name, an
   unknown queue).
@@ -84,7 +84,7 @@ class BrowseTraffic:
         rng = random.Random(self.seed * 1000 + i)
         moves = {self._browse: 4, self._browse_cancelled: 2, self._size: 3, self._info: 2, self._lists: 1,
                  self._fill: 4, self._delete: 2, self._delete_expiring: 2, self._flush: 1, self._move: 1,
-                 self._reconcile: 1, self._browse_start: 1, self._refused: 1}
+                 self._reconcile: 1, self._browse_start: 1, self._clear: 1, self._refused: 1}
         while not self.stop.is_set():
             rng.choices(list(moves), list(moves.values()))[0](rng)
 
@@ -165,6 +165,12 @@ class BrowseTraffic:
     def _browse_start(self, rng: random.Random) -> None:
         request = admin_pb2.UpdateBrowseStartRequest(queue=rng.choice(self.own))  # nothing dequeues there to move it
         self._call("UpdateBrowseStart", lambda: self.admin.UpdateBrowseStart(request, timeout=DEADLINE_S))
+
+    def _clear(self, rng: random.Random) -> None:
+        """Empty an own queue now and then: its old slices die and browse start moves on, so its
+        scans cost about the same all through the run."""
+        request = admin_pb2.ClearQueueRequest(queue=rng.choice(self.own))
+        self._call("ClearQueue", lambda: list(self.admin.ClearQueue(request, timeout=DEADLINE_S)))
 
     def _refused(self, rng: random.Random) -> None:
         if rng.random() < 0.5:

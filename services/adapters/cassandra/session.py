@@ -134,7 +134,8 @@ async def execute(session: Session, statement: Any, params: Any = None) -> list[
         session.execute_async(statement, params).add_callbacks(ok, err)
     except UNAVAILABLE_ERRORS as e:
         raise BackendUnavailable("cassandra", str(e)) from e
-    lost = loop.call_later(_answer_deadline_s(session), _give_up, fut, _answer_deadline_s(session))
+    deadline_s = _answer_deadline_s(session)
+    lost = loop.call_later(deadline_s, _give_up, fut, deadline_s)
     try:
         return await fut
     except Exception as e:
