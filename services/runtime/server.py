@@ -38,6 +38,7 @@ from services.runtime.auth import TokenAuth, check_exposure, check_transport
 from services.runtime.interceptors import ErrorsAndMetrics
 from services.runtime.settings import Settings
 from services.runtime.tls import server_credentials
+from services.runtime.watchdog import LoopWatchdog
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,9 @@ CHECK_INTERVAL_S = 5.0
 RETRY_INTERVAL_S = 2.0
 #: Seconds between two readings of an app's conditions (App.conditions).
 CONDITIONS_INTERVAL_S = 0.5
+#: Seconds a backend check may take: one that has not answered by then fails (NOT_SERVING, with
+#: the reason in the log) rather than leaving the last status standing while calls wait.
+CHECK_TIMEOUT_S = 10.0
 
 UP = Gauge("mailqueue_serving", "1 while the service reports SERVING")
 
@@ -163,7 +167,7 @@ async def supervise(app: App, served: Served) -> None:
                 await app.connect()
                 app.connected = True
                 log.info("backends connected", extra={"attempts": attempt})
-            await app.check()
+            await checked(app)
             failures = 0
             if not serving:
                 await served.set_health(SERVING)
@@ -191,9 +195,19 @@ async def report_conditions(app: App, served: Served) -> None:
         await asyncio.sleep(CONDITIONS_INTERVAL_S)
 
 
+async def checked(app: App) -> None:
+    """``app.check()`` within CHECK_TIMEOUT_S; BackendUnavailable when it fails or takes longer."""
+    try:
+        await asyncio.wait_for(app.check(), CHECK_TIMEOUT_S)
+    except asyncio.TimeoutError:
+        raise BackendUnavailable(app.name, f"the backend check did not answer within {CHECK_TIMEOUT_S:g} s") from None
+
+
 async def serve(app: App) -> None:
     s = app.settings.server
     logs.configure(app.name, s.log_level)
+    watchdog = LoopWatchdog(asyncio.get_running_loop())
+    watchdog.start()
     if s.metrics_port:
         start_http_server(s.metrics_port, addr=s.host)
     served = create_server(app)
@@ -243,6 +257,7 @@ async def serve(app: App) -> None:
     if probes is not None:
         await probes.stop(0)
     await app.close()
+    watchdog.stop()
     log.info("stopped")
 
 

@@ -191,8 +191,7 @@ class RabbitMQBroker(Broker):
             raise unavailable(f"no answer to {what} within {self._settings.connect_timeout_s}s") from None
 
     async def _call(self, waiters: Waiters, method: Callable[..., Any], **kwargs: Any) -> Any:
-        fut = waiters.new()
-        method(callback=resolver(fut), **kwargs)
+        fut = waiters.call(lambda callback: method(callback=callback, **kwargs))
         return await self._answer(fut, getattr(method, "__name__", "a channel call"))
 
     def _usable(self, publisher: Publisher | None) -> bool:
@@ -206,8 +205,7 @@ class RabbitMQBroker(Broker):
                 return self._publisher
             channel, waiters = await self._channel()
             publisher = Publisher(channel, waiters)
-            fut = waiters.new()
-            channel.confirm_delivery(publisher.on_confirm, callback=resolver(fut))
+            fut = waiters.call(lambda callback: channel.confirm_delivery(publisher.on_confirm, callback=callback))
             await self._answer(fut, "confirm.select")
             self._publisher = publisher
             return publisher
@@ -450,9 +448,8 @@ class RabbitMQBroker(Broker):
         try:
             await self._call(w, channel.basic_qos, prefetch_count=prefetch)
             for priority, rabbit_queue in rabbit_queues.items():
-                fut = w.new()
-                channel.basic_consume(rabbit_queue, functools.partial(consumer.on_message, priority), auto_ack=False,
-                                      callback=resolver(fut))
+                on_message = functools.partial(consumer.on_message, priority)
+                fut = w.call(lambda callback, q=rabbit_queue, m=on_message: channel.basic_consume(q, m, auto_ack=False, callback=callback))
                 await self._answer(fut, "basic.consume")
         except BaseException:
             # Failed or cancelled (a client that leaves while subscribing): a consumer nobody owns

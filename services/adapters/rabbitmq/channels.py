@@ -45,6 +45,19 @@ class Waiters:
         fut.add_done_callback(self.futures.discard)
         return fut
 
+    def call(self, send: Callable[[Callable[..., None]], Any]) -> asyncio.Future[Any]:
+        """The future of the broker's answer to a channel method: ``send(callback)`` makes the call.
+        A channel closed before or as it is called (pika raises then): the future fails with
+        BackendUnavailable; never a pika error up the stack, nor a future nobody awaits."""
+        fut = self.new()
+        if fut.done():
+            return fut
+        try:
+            send(resolver(fut))
+        except pika.exceptions.AMQPError as e:
+            fut.set_exception(unavailable(e))
+        return fut
+
     def _on_close(self, _channel: Channel, reason: Any) -> None:
         self.closed_reason = reason
         for fut in list(self.futures):
@@ -88,7 +101,11 @@ class Publisher:
         fut = self.waiters.new()
         if fut.done():
             return fut
-        self.channel.basic_publish(exchange, routing_key, message.body, props, mandatory=True)
+        try:
+            self.channel.basic_publish(exchange, routing_key, message.body, props, mandatory=True)
+        except pika.exceptions.AMQPError as e:  # the channel closed under us
+            fut.set_exception(unavailable(e))
+            return fut
         self.pending[self.next_tag] = (fut, message_id)
         self.next_tag += 1
         return fut
