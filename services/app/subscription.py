@@ -17,6 +17,7 @@ The path of one delivery, each step a module that reads alone:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime as dt
 import logging
 
@@ -107,6 +108,7 @@ class Subscription:
     def ready(self, limit: int) -> list[Delivery]:
         """Up to ``limit`` prepared deliveries the client has credit for, handed out now (no wait)."""
         out: list[Delivery] = []
+        now = model.utcnow()
         while len(out) < limit:
             picked = self._scheduler.pick(_prepared)
             if picked is None:
@@ -115,6 +117,7 @@ class Subscription:
             if delivery is None:  # ended while being prepared: costs no credit
                 continue
             self._scheduler.handed()
+            delivery = dataclasses.replace(delivery, handed_out_at=now)
             self._stream.unsent.pop(delivery.tag, None)
             self._unanswered[delivery.tag] = delivery
             DELIVERED.labels(self.queue).inc()
