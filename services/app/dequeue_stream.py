@@ -5,6 +5,11 @@ the moment it is entered, reads the client's answers and settles them concurrent
 deliveries end when the client half-closes (once every answer read is settled), and raise the
 first error of the answers (an invalid one: the stream fails with it). However the block is left,
 the subscription is closed and gives back what it holds (services/app/closing.py).
+
+- Once the half-close is read, nothing more is handed out: the client could not answer it.
+- An answer read is carried out to its end, whatever happens to the stream afterwards (an invalid
+  answer after it, a cancel, the client gone): the stream closes once it is. So every answer read
+  before an invalid one is carried out, and an answer is never cut in half.
 """
 
 from __future__ import annotations
@@ -73,10 +78,13 @@ async def _settle(sub: Subscription, answers: AsyncIterator[list[Answer]]) -> No
 
     async def read() -> None:
         async for group in answers:
+            # Tasks start in order: each answer takes its tag (and starts settling) before the
+            # next one of the stream is looked at.
             for a in group:
                 task = asyncio.create_task(sub.settle(a.tag, a.outcome, a.error_message, a.retry_after))
                 running.add(task)
                 task.add_done_callback(check)
+        sub.stop_handing_out()  # half-closed
         if running:
             await asyncio.wait(set(running))
 
@@ -90,5 +98,5 @@ async def _settle(sub: Subscription, answers: AsyncIterator[list[Answer]]) -> No
             failed.result()
     finally:
         reader.cancel()
-        for task in running:
+        for task in running:  # a settlement under way goes on to its end; Subscription.close waits for it
             task.cancel()
