@@ -61,6 +61,11 @@ async def serving(sub: Subscription, answers: AsyncIterator[list[Answer]]) -> As
                 task.cancel()
                 with contextlib.suppress(BaseException):
                     await task
+            elif not task.cancelled():
+                # Ended already, its error (an invalid answer, a channel that died) unread when the
+                # stream ends another way (the client gone): read here, never logged as
+                # "Task exception was never retrieved" (the soak counts those).
+                task.exception()
         # Shielded: a second cancel (the client gone while the stream ends) must not cut the
         # return of what the stream holds, nor leave its consumer channel open.
         await asyncio.shield(sub.close())
@@ -98,5 +103,14 @@ async def _settle(sub: Subscription, answers: AsyncIterator[list[Answer]]) -> No
             failed.result()
     finally:
         reader.cancel()
+        # Errors nobody reads once this returns (a reader that failed after ``failed`` was set, a
+        # settlement that fails later) are read by these callbacks, never logged as unretrieved.
+        reader.add_done_callback(_read_error)
+        failed.add_done_callback(_read_error)
         for task in running:  # a settlement under way goes on to its end; Subscription.close waits for it
             task.cancel()
+
+
+def _read_error(f: asyncio.Future[None]) -> None:
+    if not f.cancelled():
+        f.exception()
