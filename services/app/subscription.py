@@ -64,6 +64,12 @@ def _prepared(task: Preparing) -> bool:
     return task.done()
 
 
+def _read_error(task: asyncio.Future[object]) -> None:
+    """Mark a finished step's error read (never 'exception was never retrieved')."""
+    if not task.cancelled():
+        task.exception()
+
+
 class Subscription:
     """One consumer's view of a queue: deliveries are prepared concurrently as they arrive, and
     handed out by the scheduler's credit and classes (services/domain/fairness.py)."""
@@ -146,7 +152,16 @@ class Subscription:
         task = asyncio.ensure_future(step)
         self._committing.add(task)
         task.add_done_callback(self._committing.discard)
-        return await asyncio.shield(task)
+        task.add_done_callback(_read_error)  # read here too: a caller cancelled meanwhile never reads it
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            task.add_done_callback(self._log_error)  # the stream ended: nobody else will say it failed
+            raise
+
+    def _log_error(self, task: asyncio.Future[object]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("a step under way when its stream ended failed: %s", task.exception(), extra={"queue": self.queue})
 
     async def _prepare(self, message: Message) -> Delivery | None:
         """Decode, claim, then judge and carry out (retried on a backend error); the claim goes

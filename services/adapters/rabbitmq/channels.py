@@ -38,6 +38,9 @@ class Waiters:
 
     def new(self) -> asyncio.Future[Any]:
         fut = asyncio.get_running_loop().create_future()
+        # Its awaiter reads the error; one gone meanwhile (its stream ended) never will: read here,
+        # never logged as "Future exception was never retrieved".
+        fut.add_done_callback(_read_error)
         if self.closed_reason is not None:
             fut.set_exception(unavailable(self.closed_reason))
             return fut
@@ -63,6 +66,11 @@ class Waiters:
         for fut in list(self.futures):
             if not fut.done():
                 fut.set_exception(unavailable(reason))
+
+
+def _read_error(fut: asyncio.Future[Any]) -> None:
+    if not fut.cancelled():
+        fut.exception()
 
 
 def resolver(fut: asyncio.Future[Any]) -> Callable[..., None]:
