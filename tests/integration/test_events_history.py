@@ -87,6 +87,11 @@ def test_a_retried_then_delivered_mail_tells_its_story_with_its_actors(secured):
     assert [e.time.ToDatetime() for e in story] == sorted(e.time.ToDatetime() for e in story)
     # And by name the same story; read again, the same ids (nothing is rewritten by reading)
     assert [e.id for e in history(secured, name=name)] == [e.id for e in story]
+    # And `mailq trace` prints it, a line per event
+    printed = mailq(secured, "trace", receipt.enqueue_id).stdout
+    print(f"\n{printed}")
+    assert [line.split()[2] for line in printed.splitlines()[1:]] == [
+        "enqueued", "handed_out", "retry_scheduled", "handed_out", "delivered"]
 
 
 def test_a_refused_enqueue_leaves_no_event(secured):
