@@ -119,28 +119,24 @@ class CassandraEventLog:
     def _send(self) -> None:
         self._scheduled = False
         waiting, self._waiting = self._waiting, []
-        batches: list[list[_Row]] = []
-        owners: list[set[int]] = []
-        current: list[_Row] = []
-        mine: set[int] = set()
+        batches: list[list[_Row]] = [[]]
         size = 0
-        for n, (rows, _) in enumerate(waiting):
+        holding: list[list[int]] = []  # per caller, the batches that hold its rows
+        for rows, _ in waiting:
+            mine: list[int] = []
             for row in rows:
-                if current and (len(current) >= BATCH_STATEMENTS or size + row[2] > BATCH_BYTES):
-                    batches.append(current)
-                    owners.append(mine)
-                    current, mine, size = [], set(), 0
-                current.append(row)
-                mine.add(n)
+                if batches[-1] and (len(batches[-1]) >= BATCH_STATEMENTS or size + row[2] > BATCH_BYTES):
+                    batches.append([])
+                    size = 0
+                batches[-1].append(row)
                 size += row[2]
-        if current:
-            batches.append(current)
-            owners.append(mine)
+                if not mine or mine[-1] != len(batches) - 1:
+                    mine.append(len(batches) - 1)
+            holding.append(mine)
         loop = asyncio.get_running_loop()
         sent = [self._keep(loop.create_task(self._write(b))) for b in batches]
-        for n, (_, done) in enumerate(waiting):
-            theirs = [task for task, o in zip(sent, owners, strict=True) if n in o]
-            self._keep(loop.create_task(_settle(theirs, done)))
+        for mine, (_, done) in zip(holding, waiting, strict=True):
+            self._keep(loop.create_task(_settle([sent[i] for i in mine], done)))
 
     def _keep(self, task: asyncio.Task[None]) -> asyncio.Task[None]:
         self._tasks.add(task)
