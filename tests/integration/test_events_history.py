@@ -223,3 +223,36 @@ def test_mailq_trace_prints_the_story(secured):
     rows = [json.loads(x) for x in mailq(secured, "trace", "--name", name, "--json").stdout.splitlines()]
     assert [(r["type"], r["enqueue_id"], r["actor"]) for r in rows] == [
         ("enqueued", receipt.enqueue_id, f"producer:{identity('producer')}")]
+
+
+def test_a_client_certificate_is_the_actor(secured, tmp_path):
+    # Given enqueue_svc and browse_svc with mutual TLS: the "ops" certificate (CN ops) is an admin
+    import os
+
+    from browse_svc.app import BrowseApp
+    from enqueue_svc.app import EnqueueApp
+    from stack.harness import service_env
+    from tests.inprocess import RunningApp
+    from tests.pki import PKI
+
+    pki = PKI(tmp_path)
+    pki.issue("server", "mailqueue", "IP:127.0.0.1,DNS:localhost")
+    pki.issue("ops", "ops", "DNS:ops.example.org")
+    env = service_env(secured.keyspace, MAILQUEUE_TLS_CERT_FILE=os.path.join(pki.path, "server.crt"),
+                      MAILQUEUE_TLS_KEY_FILE=os.path.join(pki.path, "server.key"), MAILQUEUE_TLS_CLIENT_CA_FILE=pki.ca,
+                      MAILQUEUE_TLS_IDENTITIES="ops=admin", MAILQUEUE_HEAL_INTERVAL_S="0", MAILQUEUE_GAUGE_INTERVAL_S="0",
+                      MAILQUEUE_BLOB_TARGET=secured.blob.target, MAILQUEUE_SERVICE_TOKEN=TOKENS["admin"])
+    env.pop("MAILQUEUE_PLAINTEXT", None)
+    enqueue, browse = RunningApp(secured.loop, EnqueueApp, "enqueue", env), RunningApp(secured.loop, BrowseApp, "browse", env)
+    try:
+        queue = new_queue(secured)
+        # When it enqueues a mail
+        channel = grpc.secure_channel(enqueue.target, pki.credentials("ops"))
+        receipt = enqueue_pb2_grpc.EnqueueServiceStub(channel).Enqueue(inline(queue, simple_mail("by-cert")), timeout=30).receipt
+        # Then the event's actor is the certificate's identity with its role
+        events = events_pb2_grpc.EventServiceStub(grpc.secure_channel(browse.target, pki.credentials("ops")))
+        (e,) = events.GetMailHistory(T.GetMailHistoryRequest(enqueue_id=receipt.enqueue_id), timeout=30).events
+        assert (e.actor.kind, e.actor.role, e.actor.identity) == (T.ACTOR_KIND_CALLER, "admin", "ops")
+    finally:
+        enqueue.stop()
+        browse.stop()
