@@ -7,13 +7,15 @@ import dataclasses
 from collections.abc import Coroutine
 from typing import Any
 
+from browse_svc.events import EventServicer
 from browse_svc.servicer import AdminServicer, BrowseServicer
-from mailqueue.v1 import admin_pb2_grpc, browse_pb2_grpc
+from mailqueue.v1 import admin_pb2_grpc, browse_pb2_grpc, events_pb2_grpc
 from services.app import gauges
 from services.app.admin import Admin
 from services.app.browser import Browser
 from services.app.dead_letter_admin import DeadLetterAdmin
 from services.app.healer import Healer
+from services.app.history import History
 from services.app.shaping_admin import ShapingAdmin
 from services.runtime.backends import Backends
 from services.runtime.queue_app import QueueApp
@@ -25,6 +27,7 @@ class BrowseSide:
     admin: Admin
     shaping: ShapingAdmin
     dead_letters: DeadLetterAdmin
+    history: History
 
 
 class BrowseApp(QueueApp[BrowseSide]):
@@ -37,12 +40,15 @@ class BrowseApp(QueueApp[BrowseSide]):
             (admin_pb2_grpc.add_AdminServiceServicer_to_server,
              AdminServicer(lambda: self.service().admin, lambda: self.service().shaping, lambda: self.service().dead_letters),
              "mailqueue.v1.AdminService"),
+            (events_pb2_grpc.add_EventServiceServicer_to_server, EventServicer(lambda: self.service().history),
+             "mailqueue.v1.EventService"),
         ]
 
     def build(self, b: Backends) -> BrowseSide:
         browser = Browser(b.view, b.broker, b.blobs, b.state, self.settings.limits.dequeue_inline_bytes)
         admin = Admin(b.view, b.broker, b.state, browser)
-        return BrowseSide(browser, admin, ShapingAdmin(b.view.shaping, b.state), DeadLetterAdmin(b.view, b.broker, browser, admin.mover))
+        return BrowseSide(browser, admin, ShapingAdmin(b.view.shaping, b.state), DeadLetterAdmin(b.view, b.broker, browser, admin.mover),
+                          History(b.events))
 
     def background(self, b: Backends) -> list[Coroutine[Any, Any, None]]:
         server = self.settings.server

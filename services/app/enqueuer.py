@@ -28,7 +28,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 from prometheus_client import Counter, Gauge
 
-from services.app import counters
+from services.app import counters, mail_events
 from services.app.grouping import Grouper
 from services.app.key_claims import KeyClaims, undo_time
 from services.app.queue_state import QueueState
@@ -41,6 +41,7 @@ from services.domain.settings import LimitSettings
 from services.domain.slices import bucket_of, slice_start
 from services.ports.blobstore import BlobStore
 from services.ports.broker import Broker
+from services.ports.events import EventLog
 from services.ports.view import View
 
 log = logging.getLogger(__name__)
@@ -91,8 +92,13 @@ class _Attempt:
 
 
 class Enqueuer:
-    def __init__(self, view: View, broker: Broker, blobs: BlobStore, limits: LimitSettings, state: QueueState) -> None:
+    def __init__(
+        self, view: View, broker: Broker, blobs: BlobStore, limits: LimitSettings, state: QueueState,
+        events: EventLog | None = None,
+    ) -> None:
         self._view = view
+        #: Each acknowledged enqueue's ENQUEUED event is recorded before the reply (services/app/mail_events.py).
+        self._events: EventLog = events if events is not None else mail_events.Unrecorded()
         self._broker = broker
         self._blobs = blobs
         self._limits = limits
@@ -209,6 +215,8 @@ class Enqueuer:
                 await self._undo(queue, key, enqueue_id, started, _Attempt())
                 raise
             if isinstance(earlier, model.EnqueueResult):
+                # Answered again: its ENQUEUED event again (same id), marked resent.
+                await self._events.record([mail_events.resent(queue, mail, earlier)])
                 return earlier
             enqueue_id = earlier
         attempt = _Attempt()
@@ -235,6 +243,8 @@ class Enqueuer:
         await self._view.mails.store(queued)
         await self._count(queued, attempt)
         await self._publish(queued, carried)
+        # Part of the enqueue: if it cannot be recorded, the mail is undone like any other failure.
+        await self._events.record([mail_events.enqueued(queued)])
         return queued
 
     async def _queued(
@@ -315,6 +325,13 @@ class Enqueuer:
             sent = await asyncio.gather(*(self._publish(queued[i], self._carried(items[i])) for i in live),
                                         return_exceptions=True)
             live = _survivors(live, sent, failed)
+            if live:  # the group's ENQUEUED events in one record; unrecorded, the mails are undone
+                try:
+                    await self._events.record([mail_events.enqueued(queued[i]) for i in live])
+                except Exception as e:  # noqa: BLE001 - each mail answered with the error, and undone
+                    for i in live:
+                        failed(i, e)
+                    live = []
         except BaseException as e:  # cancelled (the server stopping): every mail not answered is undone
             for i in attempts:
                 if out[i] is None:

@@ -20,7 +20,7 @@ from services.adapters.cassandra.settings import CassandraSettings
 from services.adapters.rabbitmq.settings import RabbitMQSettings
 from services.adapters.s3.settings import S3Settings
 from services.domain.errors import ConfigurationError
-from services.domain.settings import LimitSettings, ViewSettings
+from services.domain.settings import EventSettings, LimitSettings, ViewSettings
 from services.runtime.server_settings import DEFAULT_PORTS, METRICS_PORT_OFFSET, ROLES, ServerSettings, TLSSettings
 
 
@@ -215,6 +215,16 @@ def limits_from_env(env: Mapping[str, str] = os.environ) -> LimitSettings:
     )
 
 
+def events_from_env(env: Mapping[str, str] = os.environ) -> EventSettings:
+    """Events and the mail history (docs/pages/concepts/events.md)."""
+    return EventSettings(
+        #: MAILQUEUE_EVENTS=off records nothing (to measure the cost of events; bench/).
+        enabled=_bool(env, "EVENTS", True),
+        #: Seconds each history row is kept (its TTL); the history of a mail older than that is gone.
+        history_retention_s=_int(env, "HISTORY_RETENTION_S", EventSettings.history_retention_s, 60),
+    )
+
+
 def view_from_env(env: Mapping[str, str] = os.environ) -> ViewSettings:
     """The wanted view configuration; unset fields keep what is stored (or the defaults)."""
     return ViewSettings(
@@ -337,6 +347,7 @@ class Settings:
     s3: S3Settings
     limits: LimitSettings
     view: ViewSettings
+    events: EventSettings = dataclasses.field(default_factory=EventSettings)
 
     @classmethod
     def from_env(cls, service: str, env: Mapping[str, str] = os.environ) -> Settings:
@@ -347,4 +358,5 @@ class Settings:
             s3=s3_from_env(env),
             limits=limits_from_env(env),
             view=view_from_env(env),
+            events=events_from_env(env),
         )
