@@ -29,6 +29,7 @@ PERMISSIONS: dict[str, frozenset[str]] = {
     "/mailqueue.v1.DequeueService/": frozenset({"consumer"}),
     "/mailqueue.v1.BrowseService/": frozenset({"reader"}),
     "/mailqueue.v1.AdminService/": frozenset(),
+    "/mailqueue.v1.EventService/": frozenset({"reader"}),
     "/mailqueue.v1.BlobService/Put": frozenset({"producer"}),  # and PutBytes
     "/mailqueue.v1.BlobService/Get": frozenset({"consumer", "reader"}),  # and GetBytes
     "/mailqueue.v1.BlobService/Stat": frozenset({"producer", "consumer", "reader"}),

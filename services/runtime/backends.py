@@ -9,6 +9,7 @@ from services.adapters.blob_service import RemoteBlobStore
 from services.adapters.cassandra.blobs import CassandraBlobStore
 from services.adapters.cassandra.view import View
 from services.adapters.rabbitmq.broker import RabbitMQBroker
+from services.adapters.rabbitmq.event_stream import RabbitMQEventStream
 from services.adapters.s3.store import S3BlobStore
 from services.adapters.tiered import TieredBlobStore
 from services.app.queue_state import QueueState
@@ -70,11 +71,13 @@ class BlobBackends:
 
 
 class Backends:
-    def __init__(self, view: View, broker: Broker, blobs: BlobStore) -> None:
+    def __init__(self, view: View, broker: Broker, blobs: BlobStore, events: RabbitMQEventStream) -> None:
         self.view = view
         self.broker = broker
         self.blobs = blobs
         self.state = QueueState(view)
+        #: The event stream (declared on first use; browse_svc declares it at start-up).
+        self.events = events
 
     @classmethod
     async def open(cls, settings: Settings) -> Backends:
@@ -91,7 +94,7 @@ class Backends:
         except BaseException:
             view.close()
             raise
-        return cls(view, broker, blobs)
+        return cls(view, broker, blobs, RabbitMQEventStream(broker, settings.cassandra.keyspace, settings.rabbitmq))
 
     async def check(self) -> None:
         await self.view.ping()
