@@ -3,6 +3,7 @@ filtered on the server (services/app/event_watch.py); GetMailHistory reads the h
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Callable
 
 import grpc
@@ -28,5 +29,8 @@ class EventServicer(events_pb2_grpc.EventServiceServicer):
         self, request: events_pb2.WatchEventsRequest, context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[events_pb2.WatchEventsResponse]:
         wanted = EventFilter.of(request.queues, [event_serde.event_type_from_proto(t) for t in request.types])
-        async for e in event_watch.watch(self._stream(), request.cursor, request.from_oldest, wanted):
-            yield events_pb2.WatchEventsResponse(event=event_serde.event_to_proto(e))
+        events = event_watch.watch(self._stream(), request.cursor, request.from_oldest, wanted)
+        async with contextlib.aclosing(events):
+            async for e in events:
+                yield events_pb2.WatchEventsResponse(event=event_serde.event_to_proto(e))
+

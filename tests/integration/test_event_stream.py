@@ -11,6 +11,7 @@ import threading
 import uuid
 
 import grpc
+import pika
 import pytest
 
 from mailqueue.v1 import events_pb2, events_pb2_grpc
@@ -140,3 +141,30 @@ def test_the_stream_is_declared_with_its_retention(browse):
     assert args["x-max-age"] == f"{s.event_stream_retention_s}s" == "604800s"
     assert args["x-max-length-bytes"] == s.event_stream_max_bytes == 5 * 1024**3
     assert args["x-stream-max-segment-size-bytes"] == 500 * 1024**2
+
+
+def test_a_stream_deleted_under_a_watcher_is_unavailable_and_declared_again_by_the_next_publish(browse, stub):
+    """An operator (or a broker reset) removes the stream: its watchers end UNAVAILABLE (they resume
+    from their last cursor), a publish fails UNAVAILABLE (its change is not acknowledged), and the
+    next one declares the stream again. Last of the module: RabbitMQ 3.10 keeps counting, on a
+    stream declared again, the consumers of the one deleted (list_queues), which would blind the
+    consumer count above."""
+    from services.domain.errors import BackendUnavailable
+    from stack.harness import broker_parameters
+
+    queue = f"ev-{uuid.uuid4().hex[:8]}"
+    stream = names.event_stream(browse.app.settings.cassandra.keyspace)
+    call = watch(stub, from_oldest=True, queues=[queue])
+    publish(browse, events(queue, 1))
+    assert next(call).event.queue == queue
+    with pika.BlockingConnection(broker_parameters()) as conn:
+        conn.channel().queue_delete(stream)
+    with pytest.raises(grpc.RpcError) as e:
+        next(call)
+    assert e.value.code() == grpc.StatusCode.UNAVAILABLE, e.value.details()
+    with pytest.raises(BackendUnavailable, match="rabbitmq unavailable"):
+        publish(browse, events(queue, 1, start=1))
+    publish(browse, events(queue, 1, start=2))
+    again = watch(stub, from_oldest=True, queues=[queue])
+    assert next(again).event.details["i"] == "2"  # the new stream holds what was published since
+    again.cancel()
