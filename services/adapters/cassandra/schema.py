@@ -35,6 +35,7 @@ COUNTERS = table("queue_counters")
 BLOBS = table("blobs")
 SHAPING = table("traffic_shaping")
 SHAPING_FAILURES = table("shaping_failures")
+WEBHOOK_CHECKPOINTS = table("webhook_checkpoints")
 
 #: Idempotency keys are remembered this long.
 IDEMPOTENCY_TTL_S = 24 * 3600
@@ -126,6 +127,9 @@ TABLES = [
         PRIMARY KEY ((destination, rule_id), at)
     ) WITH default_time_to_live = 86400 AND gc_grace_seconds = 3600
       AND comment = 'RETRY errors matching an automatic shaping rule, counted within the rule window (each row TTL: the window).'""",
+    f"""CREATE TABLE IF NOT EXISTS {{ks}}.{WEBHOOK_CHECKPOINTS} (
+        endpoint text PRIMARY KEY, cursor text, updated timestamp
+    ) WITH comment = 'Per webhook endpoint: the event-stream cursor of the last event it took (webhook_svc resumes after it). Overwritten in place, never deleted: no tombstones.'""",
 ]
 
 #: Storage-attached indexes (SAI, Cassandra 5): Browse by name or by enqueue id reads the rows of
