@@ -21,6 +21,8 @@ import os
 import sys
 from collections.abc import Mapping
 
+from prometheus_client import start_http_server
+
 from services.adapters.cassandra.view import View
 from services.adapters.cassandra.webhook_checkpoints import CassandraCheckpoints
 from services.adapters.http_poster import UrllibPoster
@@ -32,7 +34,7 @@ from services.domain.event_stream import EventFilter
 from services.domain.events import EventType
 from services.domain.webhooks import Endpoint
 from services.runtime.logs import configure
-from services.runtime.settings import _float, _get, cassandra_from_env, rabbitmq_from_env
+from services.runtime.settings import _float, _get, _int, cassandra_from_env, rabbitmq_from_env
 
 log = logging.getLogger("mailqueue.webhooks")
 
@@ -79,6 +81,10 @@ async def serve(env: Mapping[str, str]) -> None:
     endpoints = endpoints_from_file(path)
     #: The longest wait between two tries of a failing endpoint.
     cap_s = _float(env, "WEBHOOK_BACKOFF_CAP_S", 60.0, 0.01)
+    #: Prometheus metrics (mailqueue_webhook_*) on this port of MAILQUEUE_HOST (0: none).
+    metrics_port = _int(env, "METRICS_PORT", 0, 0, 65535)
+    if metrics_port:
+        start_http_server(metrics_port, addr=_get(env, "HOST", "127.0.0.1"))
     cassandra, rabbitmq = cassandra_from_env(env), rabbitmq_from_env(env)
     view = await View.open(cassandra)
     broker = RabbitMQBroker(rabbitmq, cassandra.keyspace)

@@ -1,10 +1,12 @@
 """webhook_svc (``python -m webhook_svc``) on the real event stream and Cassandra, delivering to two
-local HTTP receivers: one answers 500 for a while, then recovers; the other is healthy throughout.
+local HTTP receivers: one answers 500, then hangs, then recovers; the other is healthy throughout.
 Every event reaches both, in order, signed; the healthy one is never held up by the failing one;
-the checkpoints are stored, and a restarted webhook_svc goes on after them."""
+an event past the maximum age is dropped and counted; the checkpoints are stored, and a restarted
+webhook_svc goes on after them."""
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import hmac
 import http.server
@@ -19,17 +21,19 @@ import uuid
 import pytest
 
 from services.domain.events import Actor, EventType, of_queue
-from stack.harness import ROOT, as_service, service_env, wait_until
+from stack.harness import ROOT, as_service, free_port, scrape, service_env, wait_until
 
 pytestmark = pytest.mark.integration
 
 
 class Receiver:
-    """An HTTP endpoint on 127.0.0.1 that answers 500 to its first ``failures`` requests, then 200;
-    it keeps every request it answered 200 (time, headers, body)."""
+    """An HTTP endpoint on 127.0.0.1 that answers 500 to its first ``failures`` requests, then
+    hangs on ``hangs`` more (no answer until the test ends), then answers 200; it keeps every
+    request it answered 200 (time, headers, body)."""
 
-    def __init__(self, failures: int = 0) -> None:
-        self.failures, self.requests, self.refused = failures, [], 0
+    def __init__(self, failures: int = 0, hangs: int = 0) -> None:
+        self.failures, self.hangs, self.requests, self.refused, self.hung = failures, hangs, [], 0, 0
+        self.release = threading.Event()
         receiver = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -38,6 +42,10 @@ class Receiver:
                 if receiver.refused < receiver.failures:
                     receiver.refused += 1
                     self.send_response(500)
+                elif receiver.hung < receiver.hangs:
+                    receiver.hung += 1
+                    receiver.release.wait(60)  # the sender's timeout (1 s) ends the request first
+                    return
                 else:
                     receiver.requests.append((time.monotonic(), dict(self.headers), body))
                     self.send_response(200)
@@ -53,6 +61,10 @@ class Receiver:
 
     def events(self) -> list[dict]:
         return [e for _, _, body in self.requests for e in json.loads(body)]
+
+
+def metric(port: int, name: str, **labels: str) -> float:
+    return scrape(port, name, **labels)
 
 
 def verified(secret: bytes, headers: dict, body: bytes) -> bool:
@@ -74,10 +86,11 @@ def sink(aio_loop, keyspace):
     aio_loop.run(broker.close())
 
 
-def start_webhooks(keyspace: str, endpoints: list[dict], tmp_path) -> subprocess.Popen:
+def start_webhooks(keyspace: str, endpoints: list[dict], tmp_path, metrics_port: int = 0) -> subprocess.Popen:
     path = tmp_path / f"webhooks-{uuid.uuid4().hex[:6]}.json"
     path.write_text(json.dumps(endpoints))
-    env = as_service("browse", service_env(keyspace, MAILQUEUE_WEBHOOKS_FILE=str(path), MAILQUEUE_WEBHOOK_BACKOFF_CAP_S="1"))
+    env = as_service("browse", service_env(keyspace, MAILQUEUE_WEBHOOKS_FILE=str(path), MAILQUEUE_WEBHOOK_BACKOFF_CAP_S="1",
+                                              MAILQUEUE_METRICS_PORT=str(metrics_port)))
     return subprocess.Popen([sys.executable, "-m", "webhook_svc"], env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
@@ -87,26 +100,32 @@ def test_a_failing_endpoint_gets_every_event_once_it_recovers_and_delays_no_othe
     for name in ("flaky", "healthy"):
         secrets[name] = os.urandom(32).hex().encode()
         (tmp_path / name).write_bytes(secrets[name])
-    flaky, healthy = Receiver(failures=3), Receiver()
-    endpoints = [{"name": f"{n}-{queue}", "url": r.url, "secret_file": str(tmp_path / n), "queues": [queue], "from_oldest": True}
-                 for n, r in (("flaky", flaky), ("healthy", healthy))]
-    webhooks = start_webhooks(keyspace, endpoints, tmp_path)
+    flaky, healthy = Receiver(failures=2, hangs=1), Receiver()
+    endpoints = [{"name": f"{n}-{queue}", "url": r.url, "secret_file": str(tmp_path / n), "queues": [queue], "from_oldest": True,
+                  "timeout_s": 1, "max_age_s": 3600} for n, r in (("flaky", flaky), ("healthy", healthy))]
+    metrics_port = free_port()
+    webhooks = start_webhooks(keyspace, endpoints, tmp_path, metrics_port)
     try:
         sent = [of_queue(EventType.CONFIG_CHANGED, queue, str(i), actor=Actor.component("test")) for i in range(200)]
-        aio_loop.run(sink.publish(sent[:100]))
+        stale = of_queue(EventType.CONFIG_CHANGED, queue, "stale", actor=Actor.component("test"),
+                         at=dt.datetime.now(dt.timezone.utc) - dt.timedelta(hours=2))  # past max_age_s: dropped
+        aio_loop.run(sink.publish([stale, *sent[:100]]))
         aio_loop.run(sink.publish(sent[100:]))
         wait_until(lambda: len(healthy.events()) >= 200 and len(flaky.events()) >= 200, 60, what="every event at both endpoints")
         for receiver, name in ((flaky, "flaky"), (healthy, "healthy")):
             assert [e["id"] for e in receiver.events()] == [e.id for e in sent]  # each once, in order
             assert all(verified(secrets[name], headers, body) for _, headers, body in receiver.requests)
-        assert flaky.refused == 3
+        assert (flaky.refused, flaky.hung) == (2, 1)
         # The healthy endpoint had everything before the failing one's first success (its third retry).
         assert healthy.requests[-1][0] < flaky.requests[0][0]
         first = flaky.events()[0]
         assert first["type"] == "io.mailqueue.event.config_changed" and first["source"] == f"mailqueue/{queue}"
         assert first["specversion"] == "1.0" and first["data"]["actor"] == {"kind": "component", "role": "", "identity": "test"}
         last_cursor = flaky.events()[-1]["data"]["cursor"]
+        assert metric(metrics_port, "mailqueue_webhook_events_total", endpoint=endpoints[0]["name"], outcome="too_old") == 1
+        assert metric(metrics_port, "mailqueue_webhook_retries_total", endpoint=endpoints[0]["name"]) == 3
     finally:
+        flaky.release.set()
         webhooks.kill()
         webhooks.wait(10)
 
