@@ -1,5 +1,5 @@
 """webhook_svc (``python -m webhook_svc``) on the real event stream and Cassandra, delivering to two
-local HTTP receivers: one answers 500, then hangs, then recovers; the other is healthy throughout.
+local HTTP receivers: one answers 500, then hangs, then is down, then recovers; the other is healthy throughout.
 Every event reaches both, in order, signed; the healthy one is never held up by the failing one;
 an event past the maximum age is dropped and counted; the checkpoints are stored, and a restarted
 webhook_svc goes on after them."""
@@ -28,11 +28,13 @@ pytestmark = pytest.mark.integration
 
 class Receiver:
     """An HTTP endpoint on 127.0.0.1 that answers 500 to its first ``failures`` requests, then
-    hangs on ``hangs`` more (no answer until the test ends), then answers 200; it keeps every
-    request it answered 200 (time, headers, body)."""
+    hangs on the next one (no answer until the test ends) if ``hang_then_down``, and meanwhile goes
+    down (its port refuses connections) for ``down_s`` before it comes back and answers 200. It
+    keeps every request it answered 200 (time, headers, body)."""
 
-    def __init__(self, failures: int = 0, hangs: int = 0) -> None:
-        self.failures, self.hangs, self.requests, self.refused, self.hung = failures, hangs, [], 0, 0
+    def __init__(self, failures: int = 0, hang_then_down: bool = False, down_s: float = 2.0) -> None:
+        self.failures, self.hang_then_down, self.down_s = failures, hang_then_down, down_s
+        self.requests, self.refused, self.hung, self.went_down = [], 0, 0, 0
         self.release = threading.Event()
         receiver = self
 
@@ -42,8 +44,9 @@ class Receiver:
                 if receiver.refused < receiver.failures:
                     receiver.refused += 1
                     self.send_response(500)
-                elif receiver.hung < receiver.hangs:
+                elif receiver.hang_then_down and not receiver.hung:
                     receiver.hung += 1
+                    threading.Thread(target=receiver.down_then_up).start()
                     receiver.release.wait(60)  # the sender's timeout (1 s) ends the request first
                     return
                 else:
@@ -55,9 +58,23 @@ class Receiver:
             def log_message(self, *args: object) -> None:
                 pass
 
+        self.handler = Handler
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        self.port = self.server.server_address[1]
+        self.url = f"http://127.0.0.1:{self.port}/hook"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def down_then_up(self) -> None:
+        """Stop listening (connections refused) for ``down_s``, then listen again on the same port."""
+        self.server.shutdown()
+        self.server.server_close()
+        self.went_down += 1
+
+        def up() -> None:
+            self.server = http.server.ThreadingHTTPServer(("127.0.0.1", self.port), self.handler)
+            self.server.serve_forever()
+
+        threading.Timer(self.down_s, up).start()
 
     def events(self) -> list[dict]:
         return [e for _, _, body in self.requests for e in json.loads(body)]
@@ -100,7 +117,7 @@ def test_a_failing_endpoint_gets_every_event_once_it_recovers_and_delays_no_othe
     for name in ("flaky", "healthy"):
         secrets[name] = os.urandom(32).hex().encode()
         (tmp_path / name).write_bytes(secrets[name])
-    flaky, healthy = Receiver(failures=2, hangs=1), Receiver()
+    flaky, healthy = Receiver(failures=2, hang_then_down=True), Receiver()
     endpoints = [{"name": f"{n}-{queue}", "url": r.url, "secret_file": str(tmp_path / n), "queues": [queue], "from_oldest": True,
                   "timeout_s": 1, "max_age_s": 3600} for n, r in (("flaky", flaky), ("healthy", healthy))]
     metrics_port = free_port()
@@ -115,7 +132,7 @@ def test_a_failing_endpoint_gets_every_event_once_it_recovers_and_delays_no_othe
         for receiver, name in ((flaky, "flaky"), (healthy, "healthy")):
             assert [e["id"] for e in receiver.events()] == [e.id for e in sent]  # each once, in order
             assert all(verified(secrets[name], headers, body) for _, headers, body in receiver.requests)
-        assert (flaky.refused, flaky.hung) == (2, 1)
+        assert (flaky.refused, flaky.hung, flaky.went_down) == (2, 1, 1)
         # The healthy endpoint had everything before the failing one's first success (its third retry).
         assert healthy.requests[-1][0] < flaky.requests[0][0]
         first = flaky.events()[0]
@@ -123,7 +140,8 @@ def test_a_failing_endpoint_gets_every_event_once_it_recovers_and_delays_no_othe
         assert first["specversion"] == "1.0" and first["data"]["actor"] == {"kind": "component", "role": "", "identity": "test"}
         last_cursor = flaky.events()[-1]["data"]["cursor"]
         assert metric(metrics_port, "mailqueue_webhook_events_total", endpoint=endpoints[0]["name"], outcome="too_old") == 1
-        assert metric(metrics_port, "mailqueue_webhook_retries_total", endpoint=endpoints[0]["name"]) == 3
+        # 2 answers 500, 1 timeout, then connections refused for 2 s (at least one try, at most 1 s apart)
+        assert 4 <= metric(metrics_port, "mailqueue_webhook_retries_total", endpoint=endpoints[0]["name"]) <= 8
     finally:
         flaky.release.set()
         webhooks.kill()
@@ -140,4 +158,6 @@ def test_a_failing_endpoint_gets_every_event_once_it_recovers_and_delays_no_othe
     finally:
         webhooks.kill()
         err = webhooks.communicate(timeout=10)[1].decode()
+        flaky.server.shutdown()
+        healthy.server.shutdown()
     assert "Traceback" not in err, err[-2000:]
