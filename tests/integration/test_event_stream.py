@@ -7,6 +7,7 @@ that leaves ends its consumer; the stream is declared with its retention."""
 from __future__ import annotations
 
 import json
+import os
 import threading
 import uuid
 
@@ -18,7 +19,7 @@ from mailqueue.v1 import events_pb2, events_pb2_grpc
 from services.domain import names
 from services.domain.events import Actor, EventType, event_id, of_queue
 from services.domain.events import Event as DomainEvent
-from stack.harness import service_env, stack, wait_until
+from stack.harness import new_keyspace, service_env, stack, wait_until
 from tests.inprocess import RunningApp
 
 pytestmark = pytest.mark.integration
@@ -114,6 +115,31 @@ def test_a_malformed_cursor_or_type_is_invalid_argument(stub, request_fields):
     with pytest.raises(grpc.RpcError) as e:
         next(watch(stub, **request_fields))
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, e.value.details()
+
+
+def test_a_service_that_may_not_declare_publishes_only_once_the_stream_exists(aio_loop, running_stack):
+    """dequeue_svc's RabbitMQ user may not declare: before browse_svc declared the stream, its
+    events are UNAVAILABLE (its change is not acknowledged) and nothing is published to a missing
+    exchange, which would close the confirm channel its mails share; once declared, they go."""
+    from services.adapters.rabbitmq.broker import RabbitMQBroker
+    from services.adapters.rabbitmq.event_stream import RabbitMQEventStream
+    from services.domain.errors import BackendUnavailable
+    from services.runtime.settings import rabbitmq_from_env
+    from stack.harness import as_service, drop_event_stream
+
+    keyspace = new_keyspace()
+    settings = {role: rabbitmq_from_env(as_service(role, dict(os.environ))) for role in ("dequeue", "browse")}
+    brokers = {role: RabbitMQBroker(s, keyspace) for role, s in settings.items()}
+    streams = {role: RabbitMQEventStream(brokers[role], keyspace, settings[role]) for role in brokers}
+    try:
+        with pytest.raises(BackendUnavailable, match="is not declared yet"):
+            aio_loop.run(streams["dequeue"].publish(events("q", 1)))
+        aio_loop.run(streams["browse"].declare())
+        aio_loop.run(streams["dequeue"].publish(events("q", 3)))  # the same broker and confirm channel
+    finally:
+        for b in brokers.values():
+            aio_loop.run(b.close())
+        drop_event_stream(keyspace)
 
 
 def stream_row(stream: str) -> dict:

@@ -47,6 +47,8 @@ class RabbitMQEventStream:
         self.name = names.event_stream(keyspace)
         self._prefetch = prefetch
         self._declared = False
+        #: False once a declaration was refused (dequeue_svc's user may not configure).
+        self._may_configure = True
 
     def arguments(self) -> dict[str, Any]:
         """The stream's declaration: its retention by age and by size, in segments of a tenth of the size."""
@@ -57,8 +59,13 @@ class RabbitMQEventStream:
 
     async def declare(self) -> None:
         """Declare the exchange, the stream and their binding (idempotent). A user without the
-        configure permission (dequeue_svc's) declares nothing: enqueue_svc or browse_svc does."""
+        configure permission (dequeue_svc's) declares nothing: it checks that the exchange exists
+        (BackendUnavailable until browse_svc, or enqueue_svc, declared it)."""
         if self._declared:
+            return
+        if not self._may_configure:
+            await self._await_exchange()
+            self._declared = True
             return
         channel, w = await self._broker.open_channel()
         try:
@@ -66,18 +73,38 @@ class RabbitMQEventStream:
             await self._broker.answer(w, channel.queue_declare, queue=self.name, durable=True, arguments=self.arguments())
             await self._broker.answer(w, channel.queue_bind, queue=self.name, exchange=self.name, routing_key="")
         except BackendUnavailable as e:
-            if "ACCESS_REFUSED" not in str(e):
+            if "ACCESS_REFUSED" in str(e):
+                if self._may_configure:
+                    log.info("this RabbitMQ user may not declare the event stream %s: browse_svc declares it", self.name)
+                self._may_configure = False
+            else:
                 if "PRECONDITION_FAILED" in str(e):
                     log.error("the event stream %s exists with other arguments: kept as it is; to apply the settings, "
                               "set a policy (rabbitmqctl set_policy --apply-to queues ... max-age/max-length-bytes)", self.name)
                     self._declared = True
                     return
                 raise
-            log.info("this RabbitMQ user may not declare the event stream %s: enqueue_svc or browse_svc declares it", self.name)
         finally:
             if channel.is_open:
                 channel.close()
+        if not self._may_configure:
+            await self._await_exchange()
         self._declared = True
+
+    async def _await_exchange(self) -> None:
+        """For a user that may not declare: the exchange must exist before anything is published
+        to it (a publish to a missing exchange would close the confirm channel the mails share)."""
+        channel, w = await self._broker.open_channel()
+        try:
+            await self._broker.answer(w, channel.exchange_declare, exchange=self.name, passive=True)
+        except BackendUnavailable as e:
+            if "NOT_FOUND" in str(e):
+                raise BackendUnavailable("rabbitmq", f"the event stream {self.name} is not declared yet: browse_svc "
+                                         "declares it at start-up (this service's user may not)") from e
+            raise
+        finally:
+            if channel.is_open:
+                channel.close()
 
     async def publish(self, events: Sequence[Event]) -> None:
         """Returns once the broker confirmed every event; BackendUnavailable (PublishersBlocked
