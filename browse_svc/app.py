@@ -1,9 +1,11 @@
 """browse_svc: the read side (a Browser) and the admin side (an Admin) over the view and the
-broker, the operators' work on dead letters (a DeadLetterAdmin), the queue gauges and the healer."""
+broker, the operators' work on dead letters (a DeadLetterAdmin), the event stream (WatchEvents),
+the queue gauges and the healer."""
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Coroutine
 from typing import Any
 
@@ -17,8 +19,11 @@ from services.app.dead_letter_admin import DeadLetterAdmin
 from services.app.healer import Healer
 from services.app.history import History
 from services.app.shaping_admin import ShapingAdmin
+from services.domain.errors import BackendUnavailable
 from services.runtime.backends import Backends
 from services.runtime.queue_app import QueueApp
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,9 +45,18 @@ class BrowseApp(QueueApp[BrowseSide]):
             (admin_pb2_grpc.add_AdminServiceServicer_to_server,
              AdminServicer(lambda: self.service().admin, lambda: self.service().shaping, lambda: self.service().dead_letters),
              "mailqueue.v1.AdminService"),
-            (events_pb2_grpc.add_EventServiceServicer_to_server, EventServicer(lambda: self.service().history),
+            (events_pb2_grpc.add_EventServiceServicer_to_server,
+             EventServicer(lambda: self.service().history, lambda: self.backends().stream),
              "mailqueue.v1.EventService"),
         ]
+
+    async def connect(self) -> None:
+        await super().connect()
+        assert self._backends is not None
+        try:
+            await self._backends.stream.declare()  # the stream it serves exists from start-up on
+        except BackendUnavailable as e:
+            log.warning("the event stream is not declared yet (WatchEvents declares it): %s", e)
 
     def build(self, b: Backends) -> BrowseSide:
         browser = Browser(b.view, b.broker, b.blobs, b.state, self.settings.limits.dequeue_inline_bytes)

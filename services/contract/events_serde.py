@@ -50,13 +50,23 @@ def event_to_proto(e: Event) -> events_pb2.Event:
     return pb
 
 
-def event_from_proto(pb: events_pb2.Event) -> Event:
+def event_to_bytes(e: Event) -> bytes:
+    """The event stream's message body."""
+    return event_to_proto(e).SerializeToString()
+
+
+def event_from_proto(pb: events_pb2.Event, cursor: str = "") -> Event:
+    """An event as recorded; ``cursor`` (its stream position) replaces the stored one."""
     return Event(
         id=pb.id, time=pb.time.ToDatetime(tzinfo=dt.timezone.utc), type=event_type_from_proto(pb.type), queue=pb.queue,
         enqueue_id=uuid.UUID(pb.enqueue_id) if pb.enqueue_id else None, actor=actor_from_proto(pb.actor), name=pb.name,
         sender=pb.sender, attempt=pb.attempt, reason=pb.reason, replica=pb.replica, traceparent=pb.traceparent,
-        details=dict(pb.details), cursor=pb.cursor,
+        details=dict(pb.details), cursor=cursor or pb.cursor,
     )
+
+
+def event_from_bytes(body: bytes, cursor: str = "") -> Event:
+    return event_from_proto(events_pb2.Event.FromString(body), cursor)
 
 
 def history_request_from_proto(pb: events_pb2.GetMailHistoryRequest) -> tuple[uuid.UUID | None, str | None]:

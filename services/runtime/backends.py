@@ -11,6 +11,7 @@ from services.adapters.cassandra.blobs import CassandraBlobStore
 from services.adapters.cassandra.event_log import CassandraEventLog
 from services.adapters.cassandra.view import View
 from services.adapters.rabbitmq.broker import RabbitMQBroker
+from services.adapters.rabbitmq.event_stream import RabbitMQEventStream
 from services.adapters.s3.store import S3BlobStore
 from services.adapters.tiered import TieredBlobStore
 from services.app.mail_events import Unrecorded
@@ -50,13 +51,13 @@ def tiered(settings: Settings, view: View, large: BlobStore) -> BlobStore:
     return TieredBlobStore(small, large)
 
 
-def event_log(settings: Settings, view: View) -> EventLog:
-    """Where a service records events: the mail history in the view's Cassandra (then any sink
-    composed after it), or nowhere with MAILQUEUE_EVENTS=off."""
+def event_log(settings: Settings, view: View, stream: RabbitMQEventStream) -> EventLog:
+    """Where a service records events: the mail history in the view's Cassandra, then the event
+    stream, or nowhere with MAILQUEUE_EVENTS=off."""
     if not settings.events.enabled:
         return Unrecorded()
     replica = f"{socket.gethostname()}/{settings.server.service}"
-    return CassandraEventLog(view.session, settings.cassandra.keyspace, settings.events.history_retention_s, replica)
+    return CassandraEventLog(view.session, settings.cassandra.keyspace, settings.events.history_retention_s, replica, sinks=(stream,))
 
 
 class BlobBackends:
@@ -83,13 +84,15 @@ class BlobBackends:
 
 
 class Backends:
-    def __init__(self, view: View, broker: Broker, blobs: BlobStore, events: EventLog | None = None) -> None:
+    def __init__(self, view: View, broker: Broker, blobs: BlobStore, stream: RabbitMQEventStream, events: EventLog | None = None) -> None:
         self.view = view
         self.broker = broker
         self.blobs = blobs
         self.state = QueueState(view)
         #: Where every service records its events (services/ports/events.py).
         self.events: EventLog = events if events is not None else Unrecorded()
+        #: The event stream (declared on first use; browse_svc declares it at start-up), also a sink of ``events``.
+        self.stream = stream
 
     @classmethod
     async def open(cls, settings: Settings) -> Backends:
@@ -103,11 +106,12 @@ class Backends:
             broker = RabbitMQBroker(settings.rabbitmq, settings.cassandra.keyspace)
             await broker.ping()
             blobs = await blob_store(settings, view)
-            events = event_log(settings, view)
+            stream = RabbitMQEventStream(broker, settings.cassandra.keyspace, settings.rabbitmq)
+            events = event_log(settings, view, stream)
         except BaseException:
             view.close()
             raise
-        return cls(view, broker, blobs, events)
+        return cls(view, broker, blobs, stream, events)
 
     async def check(self) -> None:
         await self.view.ping()

@@ -132,6 +132,11 @@ def rabbitmq_from_env(env: Mapping[str, str] = os.environ) -> RabbitMQSettings:
         #: past this many, or this age, the oldest go (the repository keeps every dead letter).
         dead_letter_max=_int(env, "RABBITMQ_DEAD_LETTER_MAX", RabbitMQSettings.dead_letter_max, 1),
         dead_letter_keep_s=_int(env, "RABBITMQ_DEAD_LETTER_KEEP_S", RabbitMQSettings.dead_letter_keep_s, 1, 10 * 365 * 24 * 3600),
+        #: The event stream (WatchEvents, webhooks) keeps events this long (RabbitMQ's x-max-age) ...
+        event_stream_retention_s=_int(env, "EVENT_STREAM_RETENTION_S", RabbitMQSettings.event_stream_retention_s, 60,
+                                      10 * 365 * 24 * 3600),
+        #: ... and at most this many bytes (x-max-length-bytes): the oldest segments go first.
+        event_stream_max_bytes=_int(env, "EVENT_STREAM_MAX_BYTES", RabbitMQSettings.event_stream_max_bytes, 1024**2),
     )
 
 

@@ -48,6 +48,7 @@ HISTORY_GC_GRACE_S = 3 * 3600
 #: (Doubled braces: the statements are formatted with the keyspace.)
 _HISTORY_COMPACTION = ("{{'class': 'TimeWindowCompactionStrategy', 'compaction_window_unit': 'DAYS', "
                        "'compaction_window_size': 1}}")
+WEBHOOK_CHECKPOINTS = table("webhook_checkpoints")
 
 #: Idempotency keys are remembered this long.
 IDEMPOTENCY_TTL_S = 24 * 3600
@@ -154,6 +155,9 @@ TABLES = [
       AND default_time_to_live = {HISTORY_TTL_S} AND gc_grace_seconds = {HISTORY_GC_GRACE_S}
       AND compaction = {_HISTORY_COMPACTION}
       AND comment = 'The mails of a name, newest first (GetMailHistory by name): a row per enqueue, written with its ENQUEUED event, with the same TTL as mail_history_v1.'""",
+    f"""CREATE TABLE IF NOT EXISTS {{ks}}.{WEBHOOK_CHECKPOINTS} (
+        endpoint text PRIMARY KEY, cursor text, updated timestamp
+    ) WITH comment = 'Per webhook endpoint: the event-stream cursor of the last event it took (webhook_svc resumes after it). Overwritten in place, never deleted: no tombstones.'""",
 ]
 
 #: Storage-attached indexes (SAI, Cassandra 5): Browse by name or by enqueue id reads the rows of
