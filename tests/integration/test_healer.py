@@ -8,6 +8,7 @@ import datetime as dt
 import queue as q
 import random
 import threading
+import time
 import uuid
 
 import grpc
@@ -31,6 +32,7 @@ def healed(aio_loop, running_stack):
     keyspace = new_keyspace()
     s = ProcessSuite(aio_loop, keyspace)
     env = {k: v for k, v in s.browse.env.items() if k not in PORTS}
+    s.healers_started = time.monotonic()
     s.healers = [ServiceProcess("browse", {**env, "MAILQUEUE_HEAL_INTERVAL_S": "1", "MAILQUEUE_HEAL_GRACE_S": "2"}, metrics=True)
                  for _ in range(2)]
     s.killed = ServiceProcess("enqueue", {k: v for k, v in s.enqueue.env.items() if k not in PORTS})
@@ -120,7 +122,10 @@ def test_with_no_admin_call_every_row_gets_delivered_once_and_counters_heal(heal
               f"repairs {repairs}; rounds per replica {rounds}")
         assert not twice
         assert repairs["republish"] >= 1 and repairs["counter"] >= 1
-        assert min(rounds) == 0 < max(rounds), "one replica holds the lease, the other waits"
+        # One replica at a time holds the lease (it may move when a holder misses its renewal on a
+        # loaded machine): rounds add up to about one a second since the healers started, not two.
+        elapsed = time.monotonic() - s.healers_started
+        assert 0 < sum(rounds) <= 1.2 * elapsed + 3, f"{rounds} rounds in {elapsed:.0f} s: two replicas healed at once"
     finally:
         stop.set()
         consumer_done.set()
