@@ -16,6 +16,7 @@ from services.domain.errors import ConfigurationError, FailedPrecondition, Inval
 from services.domain.view_config import merge
 from services.ports.blobstore import BlobStore
 from services.ports.broker import Broker
+from services.ports.events import EventLog
 from services.runtime.settings import Settings
 from services.runtime.tls import channel_credentials
 
@@ -75,6 +76,9 @@ class Backends:
         self.broker = broker
         self.blobs = blobs
         self.state = QueueState(view)
+        #: Where the use-cases record their events (services/ports/events.py); None: nowhere
+        #: (until the event log adapter is wired here).
+        self.events: EventLog | None = None
 
     @classmethod
     async def open(cls, settings: Settings) -> Backends:
