@@ -81,19 +81,18 @@ async def drop_queue(
     then removes the topology. Interrupted, a retry completes it; a queue already dropped is
     dropped again (idempotent).
 
-    Recorded: QUEUE_DELETED before the queue stops being listed (unless dropped already: a retry),
-    its id naming the queue's incarnation (as QUEUE_CREATED's); with ``force``, each live mail
-    DELETED and each dead letter PURGED (reason "queue deleted"), in batches, before each change.
+    Recorded: QUEUE_DELETED once the deletion can no longer be refused (after the second check),
+    its id naming the queue's incarnation as the call found it (as QUEUE_CREATED's: a retry of an
+    interrupted deletion writes the same id); with ``force``, each live mail DELETED and each dead
+    letter PURGED (reason "queue deleted"), in batches, before each change.
     """
     validation.queue_name(queue)
-    listed = await view.queues.exists(queue)
-    if not listed and not await view.queues.dropped(queue):
+    if not await view.queues.exists(queue) and not await view.queues.dropped(queue):
         raise NotFound(f"queue {queue!r} does not exist")
     if not force:
         await _refuse_if_live(live_mails, queue)
         await _refuse_if_dead_letters(view, queue)
-    if listed:
-        await admin_events.record(events, [admin_events.queue_deleted(queue, await _incarnation(view, queue), force)])
+    incarnation = await _incarnation(view, queue)
     await view.queues.drop(queue)
     state.forget_queue(queue)
     yield DropProgress("stopping")
@@ -104,6 +103,7 @@ async def drop_queue(
         except FailedPrecondition:
             await view.queues.restore(queue)
             raise
+    await admin_events.record(events, [admin_events.queue_deleted(queue, incarnation, force)])
     p = DropProgress("deleting")
 
     async def mark(q: QueuedMail) -> bool:
