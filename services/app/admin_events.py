@@ -33,6 +33,9 @@ from services.ports.events import EventLog
 
 #: Events of one bulk operation recorded together (one EventLog.record).
 BATCH = 500
+#: The same for a journaled one (moves, redrives): the moves a SIGKILL leaves journaled, for the
+#: next call or the healer to complete (publishing their target copies again) and record.
+JOURNALED_BATCH = 100
 
 HEALER = Actor.component("healer")
 

@@ -9,8 +9,9 @@ browse_svc, a backend outage) loses nothing and delivers each mail once:
    the dead letter and the mail as it lands, with a new enqueue id;
 2. the dead letter leaves the repository (it is no longer listed or counted);
 3. the mail lands: stored, counted, published (services/app/moves.py ``land``);
-4. its REDRIVEN event is recorded (services/app/admin_events.py; in batches), then the journal
-   entry is removed.
+4. its REDRIVEN event is recorded (services/app/admin_events.py; in batches of at most
+   ``admin_events.JOURNALED_BATCH``, and before each progress message), then the journal entry
+   is removed.
 
 The next redrive of the queue first completes what the journal holds, and so does the healer for
 entries older than its grace. Steps 2 and 3 done twice remove nothing more and publish one
@@ -141,7 +142,7 @@ class DeadLetterAdmin:
                 await asyncio.sleep(pacer.delay(time.monotonic()))
                 await self._redrive_one(d, await self._landing(d, target, keep_attempts), pending)
                 p.redriven += 1
-                if len(pending) >= admin_events.BATCH:
+                if len(pending) >= admin_events.JOURNALED_BATCH:
                     await self._finish(pending)
                 if limit and p.redriven >= limit:
                     break

@@ -8,8 +8,10 @@ backend outage) leaves the mail in exactly one queue, or in the journal:
    new enqueue id;
 2. the source copy is marked ``moved to <target>`` (its message is skipped from now on);
 3. the target copy is stored, counted, and published;
-4. its MOVED event is recorded (services/app/admin_events.py; in batches), then the journal
-   entry is removed.
+4. its MOVED event is recorded (services/app/admin_events.py; in batches of at most
+   ``admin_events.JOURNALED_BATCH``, and before each progress message), then the journal entry
+   is removed. A SIGKILL leaves the moves of one batch journaled: the next MoveMails (or the
+   healer) completes and records them.
 
 The next MoveMails from the same queue first completes what the journal holds, and so does the
 healer (services/app/healer.py) for moves begun longer than its grace ago. Completing again a
@@ -86,11 +88,12 @@ class Mover:
             await self._view.moves.begin(q, moved)
             if await self.complete(q, moved, pending):
                 p.moved += 1
-            if len(pending) >= admin_events.BATCH:
+            if len(pending) >= admin_events.JOURNALED_BATCH:
                 await self.finish(pending)
             if limit and p.moved >= limit:
                 break
             if p.scanned % every == 0:
+                await self.finish(pending)  # what the progress says moved is recorded
                 yield dataclasses.replace(p)
         await self.finish(pending)
         await self._view.counter_buffer.flush()  # a GetSize here after the answer reflects it

@@ -30,11 +30,17 @@ def drain(suite, queue: str, n: int) -> dict[str, tuple[str, str]]:
     return got
 
 
-def test_the_traceparent_given_on_enqueue_is_handed_out_with_the_delivery_and_a_mail_without_one_has_none(suite):
+def test_the_traceparent_given_on_enqueue_or_enqueue_stream_is_handed_out_with_the_delivery_and_a_mail_without_one_has_none(suite):
     queue = suite.new_queue()
     suite.enqueue_stub.Enqueue(inline(queue, simple_mail("traced")), metadata=traced(TRACE))
     suite.enqueue_stub.Enqueue(inline(queue, simple_mail("plain")))
-    assert drain(suite, queue, 2) == {"traced": (TRACE, TRACE), "plain": ("", "")}
+
+    def streamed():
+        yield enqueue_pb2.EnqueueStreamRequest(header=enqueue_pb2.EnqueueHeader(queue=queue, mail=simple_mail("streamed")))
+        yield enqueue_pb2.EnqueueStreamRequest(chunk=b"Subject: s\r\n\r\nstreamed\r\n")
+
+    suite.enqueue_stub.EnqueueStream(streamed(), metadata=traced(OTHER), timeout=60)
+    assert drain(suite, queue, 3) == {"traced": (TRACE, TRACE), "plain": ("", ""), "streamed": (OTHER, OTHER)}
 
 
 def test_every_mail_of_a_batched_call_carries_the_calls_traceparent(suite):
