@@ -60,8 +60,9 @@ class BrowseApp(QueueApp[BrowseSide]):
 
     def build(self, b: Backends) -> BrowseSide:
         browser = Browser(b.view, b.broker, b.blobs, b.state, self.settings.limits.dequeue_inline_bytes)
-        admin = Admin(b.view, b.broker, b.state, browser)
-        return BrowseSide(browser, admin, ShapingAdmin(b.view.shaping, b.state), DeadLetterAdmin(b.view, b.broker, browser, admin.mover),
+        admin = Admin(b.view, b.broker, b.state, browser, b.events)
+        return BrowseSide(browser, admin, ShapingAdmin(b.view.shaping, b.state, b.events),
+                          DeadLetterAdmin(b.view, b.broker, browser, admin.mover, b.events),
                           History(b.events))
 
     def background(self, b: Backends) -> list[Coroutine[Any, Any, None]]:
@@ -71,6 +72,6 @@ class BrowseApp(QueueApp[BrowseSide]):
         tasks = [gauges.refresh_forever(b.view, side.browser.head, server.gauge_interval_s)] if server.gauge_interval_s else []
         if server.heal_interval_s:
             healer = Healer(b.view, b.broker, side.browser.live_mails, side.admin.mover, side.dead_letters,
-                            server.heal_interval_s, server.heal_grace_s, server.heal_rows_per_round)
+                            server.heal_interval_s, server.heal_grace_s, server.heal_rows_per_round, events=b.events)
             tasks.append(healer.run_forever())
         return tasks

@@ -33,7 +33,7 @@ from services.app.grouping import Grouper
 from services.app.key_claims import KeyClaims, undo_time
 from services.app.queue_state import QueueState
 from services.app.retry import retrying
-from services.domain import model, schedule, validation
+from services.domain import model, schedule, trace, validation
 from services.domain.backoff import Backoff
 from services.domain.errors import BackendUnavailable, InvalidArgument, NotFound, PublishersBlocked, ResourceExhausted
 from services.domain.model import BlobInfo
@@ -81,6 +81,8 @@ class _Grouped:
     priority: str
     content: bytes | None = None
     stored: BlobInfo | None = None
+    #: The call's trace context, taken when it is submitted (the group runs in another call's task).
+    traceparent: str = dataclasses.field(default_factory=trace.current_traceparent.get)
 
 
 @dataclasses.dataclass
@@ -249,9 +251,10 @@ class Enqueuer:
 
     async def _queued(
         self, queue: str, mail: model.Mail, enqueue_id: uuid.UUID, blob_ids: tuple[str, ...], size: int, when: Schedule,
-        priority: str,
+        priority: str, traceparent: str | None = None,
     ) -> model.QueuedMail:
-        """The mail's view row, in the slice of now (or browse start, if this clock lags)."""
+        """The mail's view row, in the slice of now (or browse start, if this clock lags); it
+        carries ``traceparent``, by default the call's (services/domain/trace.py)."""
         config = await self._state.config()
         now = model.utcnow()
         start = slice_start(now, config.slice_window)
@@ -265,6 +268,7 @@ class Enqueuer:
             queue=queue, enqueue_id=enqueue_id, enqueued_at=now, mail=mail, blob_ids=blob_ids, size=size,
             slice_start=start, bucket=bucket_of(mail.name, str(enqueue_id), config.bucket_count),
             deliver_at=schedule.deliver_at(now, *when), priority=priority,
+            traceparent=trace.current_traceparent.get() if traceparent is None else traceparent,
         )
 
     async def _count(self, queued: model.QueuedMail, attempt: _Attempt) -> None:
@@ -312,7 +316,7 @@ class Enqueuer:
                     continue
                 try:
                     queued[i] = await self._queued(
-                        it.queue, it.mail, uuid.uuid4(), (info.blob_id,), info.size, it.when, it.priority)
+                        it.queue, it.mail, uuid.uuid4(), (info.blob_id,), info.size, it.when, it.priority, it.traceparent)
                 except Exception as e:  # noqa: BLE001 - nothing of this mail is in the view yet
                     failed(i, e)
             live = list(queued)

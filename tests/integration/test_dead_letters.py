@@ -16,6 +16,7 @@ import grpc
 import pytest
 
 from mailqueue.v1 import admin_pb2, admin_pb2_grpc, browse_pb2, browse_pb2_grpc
+from services.app import admin_events
 from stack.harness import ServiceProcess, broker_parameters, service_env, wait_until
 from tests.integration.helpers import StreamConsumer, dead_letter_count, inline, kill_9_mid_stream, simple_mail
 from tests.integration.test_cli import mailq
@@ -191,7 +192,10 @@ def test_kill_9_of_browse_svc_mid_redrive_loses_nothing_and_delivers_nothing_twi
         browse_proc.stop()
     print(f"\nRedrive killed after >= 50 redriven; the second run redrove {final.redriven} and completed "
           f"{final.resumed} interrupted redrive(s)")
-    assert final.done and 0 < final.redriven <= 250 and final.resumed <= 1
+    # The redrives of the batch under way when killed (their REDRIVEN events not recorded yet:
+    # services/app/dead_letter_admin.py) are left journaled and resumed.
+    assert final.done and 0 < final.redriven < len(names) and final.resumed <= admin_events.JOURNALED_BATCH
+    assert final.redriven + final.resumed <= len(names)
     assert after == {}
     delivered: collections.Counter[str] = collections.Counter()
     c = StreamConsumer(suite.dequeue_stub, queue, prefetch=64)

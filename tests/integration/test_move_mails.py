@@ -12,6 +12,7 @@ import grpc
 import pytest
 
 from mailqueue.v1 import admin_pb2, admin_pb2_grpc
+from services.app import admin_events
 from stack.harness import ServiceProcess, service_env, wait_until
 from tests.integration.helpers import StreamConsumer, inline, kill_9_mid_stream, simple_mail
 from tests.integration.test_cli import mailq
@@ -96,7 +97,10 @@ def test_kill_9_of_browse_svc_mid_move_loses_nothing_and_delivers_nothing_twice(
         browse_proc.stop()
     print(f"\nMoveMails killed after >= 100 moved; the second run moved {final.moved} and completed {final.resumed} "
           f"interrupted move(s)")
-    assert 0 < final.moved <= 500 and final.resumed <= 1
+    # The moves of the batch under way when killed (those since its last progress message, their
+    # MOVED events not recorded yet: services/app/moves.py) are left journaled and resumed.
+    assert 0 < final.moved < len(names) and final.resumed <= admin_events.JOURNALED_BATCH
+    assert final.moved + final.resumed <= len(names)
     assert final.done
     delivered: collections.Counter[str] = collections.Counter()
     by_queue = collections.defaultdict(set)

@@ -61,7 +61,7 @@ TABLES = [
         state text, error_message text, remote_host text, remote_addr text, last_updated timestamp,
         attributes map<text, text>,
         per_recipient_headers list<frozen<tuple<text, text, text>>>,
-        blob_ids list<text>, size bigint, deliver_at timestamp, priority text,
+        blob_ids list<text>, size bigint, deliver_at timestamp, priority text, traceparent text,
         PRIMARY KEY ((queue_name, slice_start, bucket), enqueued_at, enqueue_id)
     ) WITH comment = 'Time series of every mail ever enqueued, by (queue, slice, bucket). Never updated; dropped slice by slice by the retention sweep once before browse_start.'""",
     f"""CREATE TABLE IF NOT EXISTS {{ks}}.{DELETED_MAILS} (
@@ -174,6 +174,7 @@ INDEXES = [
 MIGRATIONS = [
     f"ALTER TABLE {{ks}}.{ENQUEUED_MAILS} ADD IF NOT EXISTS deliver_at timestamp",
     f"ALTER TABLE {{ks}}.{ENQUEUED_MAILS} ADD IF NOT EXISTS priority text",
+    f"ALTER TABLE {{ks}}.{ENQUEUED_MAILS} ADD IF NOT EXISTS traceparent text",
     f"ALTER TABLE {{ks}}.{IDEMPOTENCY} ADD IF NOT EXISTS owner uuid",
     *(f"ALTER TABLE {{ks}}.{DELETED_MAILS} ADD IF NOT EXISTS {column}"
       for column in ("generation int", "deliver_at timestamp", "attempts int", "last_error text", "held_by uuid")),
