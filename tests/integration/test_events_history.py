@@ -1,6 +1,7 @@
 """A mail's history (#49), through gRPC with access control on: what each change recorded, in
-order, with who made it; what a refused call leaves (nothing); GetMailHistory's statuses; and
-`mailq trace` as an operator runs it."""
+order, with who made it; what a refused call leaves (nothing); GetMailHistory's statuses;
+`mailq trace` as an operator runs it; an operator's delete and move in the history, with the
+operator as actor, and in the event stream."""
 
 import asyncio
 import contextlib
@@ -256,3 +257,59 @@ def test_a_client_certificate_is_the_actor(secured, tmp_path):
     finally:
         enqueue.stop()
         browse.stop()
+
+
+# ---------------------------------------------------------------- the audit trail: operators' changes
+def types(events) -> list[str]:
+    return [T.EventType.Name(e.type).removeprefix("EVENT_TYPE_") for e in events]
+
+
+def test_a_deleted_mail_names_the_operator_and_a_refused_delete_records_nothing(secured):
+    # Given two mails enqueued by a producer
+    queue = new_queue(secured)
+    enqueue = stub(secured, "enqueue", "producer")
+    kept, deleted = (enqueue.Enqueue(inline(queue, simple_mail(f"a-{i}"))).receipt.enqueue_id for i in range(2))
+    admin = stub(secured, "admin", "admin")
+    # When an operator's DeleteMails is refused (an id that is not a UUID), then one by id succeeds
+    with pytest.raises(grpc.RpcError) as refused:
+        list(admin.DeleteMails(admin_pb2.DeleteMailsRequest(queue=queue, enqueue_ids=admin_pb2.EnqueueIds(ids=["nope"]))))
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert types(history(secured, enqueue_id=kept)) == ["ENQUEUED"]
+    list(admin.DeleteMails(admin_pb2.DeleteMailsRequest(queue=queue, enqueue_ids=admin_pb2.EnqueueIds(ids=[deleted]))))
+    # Then the deleted mail's history ends DELETED by the admin; the other mail's has no change
+    story = wait_until(lambda: (h := history(secured, enqueue_id=deleted)) and len(h) >= 2 and h, 30, what="DELETED")
+    assert types(story) == ["ENQUEUED", "DELETED"]
+    assert (story[-1].actor.role, story[-1].actor.identity) == ("admin", identity("admin"))
+    assert story[0].actor.role == "producer"
+    assert types(history(secured, enqueue_id=kept)) == ["ENQUEUED"]
+
+
+def test_a_moved_mail_keeps_its_story_under_its_new_id_and_the_stream_carries_it(secured):
+    # Given a watcher of two new queues (from the oldest event kept: only theirs pass the filter), and a
+    # mail enqueued in one of them
+    src, dst = new_queue(secured), new_queue(secured)
+    watcher = stub(secured, "events", "reader").WatchEvents(T.WatchEventsRequest(queues=[src, dst], from_oldest=True), timeout=60)
+    name = f"moved-{uuid.uuid4().hex[:6]}"
+    eid = stub(secured, "enqueue", "producer").Enqueue(inline(src, simple_mail(name))).receipt.enqueue_id
+    # When an operator moves it to another queue
+    moves = list(stub(secured, "admin", "admin").MoveMails(admin_pb2.MoveMailsRequest(queue=src, to_queue=dst)))
+    assert moves[-1].moved == 1
+    # Then its history says where it went, under which id, and by whom
+    story = wait_until(lambda: (h := history(secured, enqueue_id=eid)) and len(h) >= 2 and h, 30, what="MOVED")
+    assert types(story) == ["ENQUEUED", "MOVED"]
+    moved = story[-1]
+    assert moved.details["to_queue"] == dst and moved.actor.role == "admin"
+    new_id = moved.details["to_enqueue_id"]
+    assert new_id != eid
+    # and the history by name tells the whole story, across both ids
+    by_name = history(secured, name=name)
+    assert {e.enqueue_id for e in by_name} >= {eid} and "MOVED" in types(by_name)
+    # and the stream carried the same events, each with a cursor
+    seen = []
+    for response in watcher:
+        seen.append(response.event)
+        if any(e.type == T.EVENT_TYPE_MOVED for e in seen):
+            break
+    watcher.cancel()
+    assert [e.id for e in seen if e.enqueue_id == eid] == [e.id for e in story]
+    assert all(e.cursor for e in seen)
