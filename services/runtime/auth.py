@@ -160,7 +160,11 @@ class TokenAuth(grpc.aio.ServerInterceptor):
             return _denying(handler, *denied)
         assert role is not None
         actor = token_actor(_presented(details.invocation_metadata), role)
-        return _acting(handler, lambda _context: actor)
+
+        async def admit(_context: grpc.aio.ServicerContext) -> events.Actor:
+            return actor
+
+        return _acting(handler, admit)
 
 
 def _denial(method: str, role: str | None) -> tuple[grpc.StatusCode, str] | None:
@@ -182,19 +186,20 @@ def _denying(handler: grpc.RpcMethodHandler, code: grpc.StatusCode, message: str
     return grpc.stream_stream_rpc_method_handler(_deny_stream(code, message), _ignore, encode)
 
 
-def _acting(handler: grpc.RpcMethodHandler, actor: Callable[[grpc.aio.ServicerContext], events.Actor]) -> grpc.RpcMethodHandler:
-    """``handler`` with ``events.current_actor`` set to the caller when the call starts, inside
-    the call's own context (a value set in intercept_service would not be the handler's for sure)."""
+def _acting(handler: grpc.RpcMethodHandler, admit: Callable[[grpc.aio.ServicerContext], Awaitable[events.Actor]]) -> grpc.RpcMethodHandler:
+    """``handler`` behind ``admit``, awaited when the call starts: it aborts the call (a denial), or
+    names the caller, set as ``events.current_actor`` inside the call's own context (a value set in
+    intercept_service would not be the handler's for sure)."""
 
     def unary(inner: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
         async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            events.current_actor.set(actor(context))
+            events.current_actor.set(await admit(context))
             return await inner(request, context)
         return call
 
     def streaming(inner: Callable[..., AsyncIterator[Any]]) -> Callable[..., AsyncIterator[Any]]:
         async def call(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-            events.current_actor.set(actor(context))
+            events.current_actor.set(await admit(context))
             async for response in inner(request, context):
                 yield response
         return call
@@ -223,33 +228,13 @@ def _checked_by_certificate(handler: grpc.RpcMethodHandler, method: str, identit
                                                      "MAILQUEUE_TLS_IDENTITIES names")
         return _denial(method, role)
 
-    def unary(inner: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
-        async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            denied = denial(context)
-            if denied is not None:
-                await context.abort(*denied)
-            events.current_actor.set(_certificate_actor(context, identities))
-            return await inner(request, context)
-        return call
+    async def admit(context: grpc.aio.ServicerContext) -> events.Actor:
+        denied = denial(context)
+        if denied is not None:
+            await context.abort(*denied)
+        return _certificate_actor(context, identities)
 
-    def streaming(inner: Callable[..., AsyncIterator[Any]]) -> Callable[..., AsyncIterator[Any]]:
-        async def call(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-            denied = denial(context)
-            if denied is not None:
-                await context.abort(*denied)
-            events.current_actor.set(_certificate_actor(context, identities))
-            async for response in inner(request, context):
-                yield response
-        return call
-
-    decode, encode = handler.request_deserializer, handler.response_serializer
-    if handler.unary_unary:
-        return grpc.unary_unary_rpc_method_handler(unary(handler.unary_unary), decode, encode)
-    if handler.unary_stream:
-        return grpc.unary_stream_rpc_method_handler(streaming(handler.unary_stream), decode, encode)
-    if handler.stream_unary:
-        return grpc.stream_unary_rpc_method_handler(unary(handler.stream_unary), decode, encode)
-    return grpc.stream_stream_rpc_method_handler(streaming(handler.stream_stream), decode, encode)
+    return _acting(handler, admit)
 
 
 def _certificate_actor(context: grpc.aio.ServicerContext, identities: Mapping[str, str]) -> events.Actor:

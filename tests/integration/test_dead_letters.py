@@ -40,6 +40,23 @@ def redrive(stub, queue: str, **request) -> list[admin_pb2.RedriveDeadLettersRes
     return list(stub.RedriveDeadLetters(admin_pb2.RedriveDeadLettersRequest(queue=queue, **request), timeout=120))
 
 
+def drain_all(suite, queue: str, names: list[str]) -> collections.Counter[str]:
+    """Answer SUCCESS to every delivery until each name came, then 2 s more (nothing else may come):
+    how often each name was delivered."""
+    delivered: collections.Counter[str] = collections.Counter()
+    c = StreamConsumer(suite.dequeue_stub, queue, prefetch=64)
+
+    def drain() -> bool:
+        c.answer_available(delivered)
+        return len(delivered) == len(names)
+
+    wait_until(drain, 120, interval=0.01, what="every redriven mail delivered")
+    with pytest.raises(q.Empty):
+        c.next(timeout=2)
+    c.close()
+    return delivered
+
+
 def purge(stub, queue: str, **request) -> admin_pb2.PurgeDeadLettersResponse:
     return list(stub.PurgeDeadLetters(admin_pb2.PurgeDeadLettersRequest(queue=queue, **request), timeout=60))[-1]
 
@@ -197,17 +214,7 @@ def test_kill_9_of_browse_svc_mid_redrive_loses_nothing_and_delivers_nothing_twi
     assert final.done and 0 < final.redriven < len(names) and final.resumed <= admin_events.JOURNALED_BATCH
     assert final.redriven + final.resumed <= len(names)
     assert after == {}
-    delivered: collections.Counter[str] = collections.Counter()
-    c = StreamConsumer(suite.dequeue_stub, queue, prefetch=64)
-
-    def drain() -> bool:
-        c.answer_available(delivered)
-        return len(delivered) == len(names)
-
-    wait_until(drain, 120, interval=0.01, what="every redriven mail delivered")
-    with pytest.raises(q.Empty):
-        c.next(timeout=2)
-    c.close()
+    delivered = drain_all(suite, queue, names)
     twice = [n for n, k in delivered.items() if k > 1]
     print(f"delivered: {sum(delivered.values())} for {len(names)} dead letters, {len(twice)} twice")
     assert set(delivered) == set(names) and not twice
@@ -226,17 +233,7 @@ def test_two_redrives_of_one_queue_at_once_deliver_each_mail_once(suite):
         runs = [pool.submit(redrive, suite.admin_stub, queue, per_second=1000) for _ in range(2)]
         finals = [r.result()[-1] for r in runs]
     assert all(f.done for f in finals) and sum(f.redriven for f in finals) >= len(names)
-    delivered: collections.Counter[str] = collections.Counter()
-    c = StreamConsumer(suite.dequeue_stub, queue, prefetch=64)
-
-    def drain() -> bool:
-        c.answer_available(delivered)
-        return len(delivered) == len(names)
-
-    wait_until(drain, 120, interval=0.01, what="every redriven mail delivered")
-    with pytest.raises(q.Empty):
-        c.next(timeout=2)
-    c.close()
+    delivered = drain_all(suite, queue, names)
     twice = sorted(n for n, k in delivered.items() if k > 1)
     print(f"\ntwo redrives at once redrove {[f.redriven for f in finals]}; {len(delivered)} delivered, twice: {twice}")
     assert set(delivered) == set(names) and not twice
