@@ -433,6 +433,9 @@ class RabbitMQBroker(Broker):
             return
         publisher = await self._publisher_channel()
         results = asyncio.gather(*(publisher.publish(exchange, routing_key, m) for m in messages), return_exceptions=True)
+        # A gather cancelled by the confirm timeout (or its caller) ends with a CancelledError set
+        # that wait_for never reads: read here, never "_GatheringFuture exception was never retrieved".
+        results.add_done_callback(lambda f: f.cancelled() or f.exception())
         await self._confirmed(publisher, results)
         failed = [r for r in results.result() if isinstance(r, BaseException)]
         if failed:
