@@ -1,0 +1,237 @@
+"""Enqueue quotas: who may queue how much (issue #50). The values and the pure rules (no I/O).
+
+- A quota limits a **subject**: a ``tenant`` (the name access control gives the caller:
+  services/runtime/auth.py), a ``sender`` (an address), a ``sender_domain``, or a ``queue``.
+- **Rates** in mails/s and bytes/s, each with a **burst** (how many mails, how many bytes may
+  come at once above the rate), enforced by GCRA (the generic cell rate algorithm: one
+  "theoretical arrival time" per limit, no timer, no window edges).
+- A **depth** limit (queues only): a queue holding ``max_queued_mails`` or more refuses new mail,
+  checked against the queue's counters (services/domain/counts.py), never a scan.
+- **Exemptions**: a quota may let bounces (the empty sender) and named senders through.
+
+A mail is refused when any quota that applies to it would be exceeded; a refused mail takes
+nothing from any quota. The decision says which quota and subject refused, and how long to wait.
+
+Shared across enqueue replicas by splitting (services/app/quota_keeper.py): with N live members
+each one enforces ``rate / N`` with ``burst / N`` (at least one mail), so N replicas together
+accept at most ``rate * t + max(burst, N)`` mails in any ``t`` (bytes: plus one mail's size each).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+from services.domain.errors import InvalidArgument
+from services.domain.validation import queue_name, shown
+
+KINDS = ("tenant", "sender", "sender_domain", "queue")
+#: A mail waits at least this long when refused (a client's retry sooner would be refused again).
+MIN_RETRY_S = 0.05
+#: A refusal for depth asks the client to come back after this long (the queue drains meanwhile).
+DEPTH_RETRY_S = 5.0
+#: The longest subject name (a tenant, address, domain or queue).
+MAX_SUBJECT = 320
+_TENANT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@/=-]{0,254}$")
+_DOMAIN = re.compile(r"^[a-z0-9]([a-z0-9-]{0,62})(\.[a-z0-9]([a-z0-9-]{0,62}))*$")
+
+
+@dataclasses.dataclass(frozen=True)
+class Quota:
+    """The limits of one subject. A limit left None does not apply; at least one is set."""
+
+    kind: str
+    subject: str
+    mails_per_s: float | None = None
+    #: Mails that may come at once above ``mails_per_s`` (at least 1).
+    burst_mails: int = 1
+    bytes_per_s: float | None = None
+    #: Bytes that may come at once above ``bytes_per_s`` (at least the largest mail expected).
+    burst_bytes: int = 0
+    #: Queues only: no new mail while the queue holds this many.
+    max_queued_mails: int | None = None
+    #: Bounces (empty sender) pass this quota.
+    exempt_bounces: bool = False
+    #: These senders pass this quota (exact addresses, lower case).
+    exempt_senders: tuple[str, ...] = ()
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.kind, self.subject)
+
+    def exempts(self, sender: str) -> bool:
+        if not sender:
+            return self.exempt_bounces
+        return sender.lower() in self.exempt_senders
+
+
+def validate(q: Quota) -> Quota:
+    """``q`` checked and normalized (subjects of senders and domains in lower case). Raises
+    InvalidArgument naming the field and what is allowed."""
+    if q.kind not in KINDS:
+        raise InvalidArgument(f"quota kind {shown(q.kind)} is unknown: use one of {', '.join(KINDS)}")
+    subject = subject_name(q.kind, q.subject)
+    for name, rate in (("mails_per_s", q.mails_per_s), ("bytes_per_s", q.bytes_per_s)):
+        if rate is not None and not 0 < rate <= 1e12:
+            raise InvalidArgument(f"{name} must be above 0 (and at most 1e12), or unset: {rate}")
+    if q.mails_per_s is not None and q.burst_mails < 1:
+        raise InvalidArgument(f"burst_mails must be at least 1 with a mail rate: {q.burst_mails}")
+    if q.bytes_per_s is not None and q.burst_bytes < 1:
+        raise InvalidArgument(f"burst_bytes must be at least 1 with a byte rate (at least the largest mail): {q.burst_bytes}")
+    if q.max_queued_mails is not None:
+        if q.kind != "queue":
+            raise InvalidArgument("max_queued_mails is a queue's limit: set it on a quota of kind queue")
+        if q.max_queued_mails < 1:
+            raise InvalidArgument(f"max_queued_mails must be at least 1, or unset: {q.max_queued_mails}")
+    if q.mails_per_s is None and q.bytes_per_s is None and q.max_queued_mails is None:
+        raise InvalidArgument("a quota needs a limit: mails_per_s, bytes_per_s or max_queued_mails")
+    senders = tuple(sorted({s.strip().lower() for s in q.exempt_senders}))
+    for s in senders:
+        if "@" not in s or len(s) > MAX_SUBJECT:
+            raise InvalidArgument(f"exempt sender {shown(s)} is not an address (local@domain)")
+    return dataclasses.replace(q, subject=subject, exempt_senders=senders)
+
+
+def subject_name(kind: str, subject: str) -> str:
+    """The subject of a quota of ``kind``, normalized; raises InvalidArgument."""
+    if kind == "queue":
+        return queue_name(subject)
+    if kind == "sender_domain":
+        d = subject.strip().lower()
+        if not _DOMAIN.match(d) or len(d) > 253:
+            raise InvalidArgument(f"sender domain {shown(subject)} is not a domain name (e.g. example.com)")
+        return d
+    if kind == "sender":
+        s = subject.strip().lower()
+        local, at, domain = s.rpartition("@")
+        if not at or not local or not _DOMAIN.match(domain) or len(s) > MAX_SUBJECT:
+            raise InvalidArgument(f"sender {shown(subject)} is not an address (local@domain)")
+        return s
+    if kind == "tenant":
+        if not _TENANT.match(subject):
+            raise InvalidArgument(f"tenant {shown(subject)} is not a tenant name (letters, digits, . _ : @ / = -)")
+        return subject
+    raise InvalidArgument(f"quota kind {shown(kind)} is unknown: use one of {', '.join(KINDS)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Facts:
+    """What a quota check knows of a mail before anything of it is written."""
+
+    tenant: str
+    sender: str
+    queue: str
+    #: Bytes known before writing (inline content, blob refs); 0 for a stream (charged after).
+    size: int = 0
+
+    def subjects(self) -> list[tuple[str, str]]:
+        """The (kind, subject) keys that may limit this mail."""
+        keys = [("queue", self.queue)]
+        if self.tenant:
+            keys.append(("tenant", self.tenant))
+        if self.sender:
+            sender = self.sender.lower()
+            keys.append(("sender", sender))
+            keys.append(("sender_domain", sender.rpartition("@")[2]))
+        return keys
+
+
+@dataclasses.dataclass(frozen=True)
+class Refusal:
+    """Why a mail was refused: the quota (its kind and subject), which limit, how long to wait."""
+
+    kind: str
+    subject: str
+    #: "mails_per_s", "bytes_per_s" or "max_queued_mails".
+    limit: str
+    retry_after_s: float
+    description: str
+
+
+class Gcra:
+    """One rate limit: ``rate`` per second with a tolerance of ``burst`` above it (GCRA).
+
+    State is one number, the theoretical arrival time ``tat``: a cost ``c`` may pass at ``now``
+    when ``tat + c/rate - burst/rate <= now``; passing moves ``tat`` to ``max(tat, now) + c/rate``.
+    Over any ``t`` it lets through at most ``rate * t + burst``.
+    """
+
+    def __init__(self, rate: float, burst: float) -> None:
+        self.rate = rate
+        self.burst = burst
+        self.tat = 0.0
+
+    def wait(self, now: float, cost: float) -> float:
+        """Seconds until ``cost`` may pass (0: now); nothing taken."""
+        tat = max(self.tat, now)
+        return max(0.0, tat + cost / self.rate - self.burst / self.rate - now)
+
+    def take(self, now: float, cost: float) -> None:
+        """Take ``cost`` (allowed or not: a stream's bytes are charged once streamed)."""
+        self.tat = max(self.tat, now) + cost / self.rate
+
+    def use(self, now: float) -> float:
+        """The part of the burst in use now (0 idle, 1 full: the next mail waits)."""
+        return min(1.0, max(0.0, self.tat - now) * self.rate / self.burst) if self.burst else 0.0
+
+
+def split(quota: Quota, members: int) -> dict[str, tuple[float, float]]:
+    """This member's part of ``quota``'s rates with ``members`` live members: {"mails" or "bytes":
+    (rate, burst)}, each ``1/members`` of the whole; a burst never below one mail (a mail's bytes
+    pass an idle limiter whatever their number). Depth limits are not split: they are checked
+    against the queue's shared counters."""
+    n = max(members, 1)
+    out: dict[str, tuple[float, float]] = {}
+    if quota.mails_per_s is not None:
+        out["mails"] = (quota.mails_per_s / n, max(quota.burst_mails / n, 1.0))
+    if quota.bytes_per_s is not None:
+        out["bytes"] = (quota.bytes_per_s / n, quota.burst_bytes / n)
+    return out
+
+
+def applying(quotas: dict[tuple[str, str], Quota], facts: Facts) -> list[Quota]:
+    """The quotas that limit a mail of ``facts`` (its subjects' quotas, minus those exempting it)."""
+    found = (quotas.get(k) for k in facts.subjects())
+    return [q for q in found if q is not None and not q.exempts(facts.sender)]
+
+
+def decide(
+    quotas: list[Quota], limiters: dict[tuple[tuple[str, str], str], Gcra], depth: dict[str, int], facts: Facts,
+    now: float,
+) -> Refusal | None:
+    """None: every quota of ``quotas`` (those applying, see ``applying``) lets the mail pass, and
+    it is taken from each; else the first refusal (the longest wait), nothing taken from any.
+
+    ``limiters``: the GCRA of each (quota key, "mails"/"bytes"); ``depth``: queued mails per
+    queue as last read from the counters."""
+    worst: Refusal | None = None
+    takes: list[tuple[Gcra, float]] = []
+    for q in quotas:
+        if q.max_queued_mails is not None and depth.get(q.subject, 0) >= q.max_queued_mails:
+            r = Refusal(q.kind, q.subject, "max_queued_mails", DEPTH_RETRY_S,
+                        f"queue {q.subject} holds {depth.get(q.subject, 0)} mails, its limit is {q.max_queued_mails}")
+            worst = r if worst is None or r.retry_after_s > worst.retry_after_s else worst
+        for what, cost, rate in (("mails", 1.0, q.mails_per_s), ("bytes", float(facts.size), q.bytes_per_s)):
+            limiter = limiters.get((q.key, what))
+            if rate is None or limiter is None:
+                continue
+            # A mail larger than the burst passes an idle limiter (and owes the rest after).
+            wait = limiter.wait(now, min(cost, limiter.burst))
+            if wait > 0:
+                limit = f"{what}_per_s"
+                r = Refusal(q.kind, q.subject, limit, max(wait, MIN_RETRY_S),
+                            f"{q.kind} {q.subject} is over its {limit} quota ({_rate(q, what)})")
+                worst = r if worst is None or r.retry_after_s > worst.retry_after_s else worst
+            else:
+                takes.append((limiter, cost))
+    if worst is not None:
+        return worst
+    for limiter, cost in takes:
+        limiter.take(now, cost)
+    return None
+
+
+def _rate(q: Quota, what: str) -> str:
+    if what == "mails":
+        return f"{q.mails_per_s:g} mails/s, burst {q.burst_mails}"
+    return f"{q.bytes_per_s:g} bytes/s, burst {q.burst_bytes}"

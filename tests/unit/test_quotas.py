@@ -1,0 +1,125 @@
+"""Enqueue quotas (services/domain/quotas.py): validation, GCRA, exemptions, splitting, decisions."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.domain import quotas as q
+from services.domain.errors import InvalidArgument
+
+
+def _limiters(quota: q.Quota, members: int = 1) -> dict[tuple[tuple[str, str], str], q.Gcra]:
+    return {(quota.key, what): q.Gcra(rate, burst) for what, (rate, burst) in q.split(quota, members).items()}
+
+
+def test_gcra_passes_burst_then_the_rate():
+    # Given 10 mails/s with a burst of 5
+    g = q.Gcra(10, 5)
+    # When 5 come at once, all pass; the 6th waits a tenth of a second
+    for _ in range(5):
+        assert g.wait(100.0, 1) == 0
+        g.take(100.0, 1)
+    assert g.wait(100.0, 1) == pytest.approx(0.1)
+    assert g.wait(100.1, 1) == pytest.approx(0.0)
+
+
+def test_gcra_bound_over_a_window():
+    # Given 20/s, burst 4, offered 1000/s for 10 s: accepted <= 20 * 10 + 4
+    g = q.Gcra(20, 4)
+    accepted = 0
+    for i in range(10_000):
+        now = i / 1000
+        if g.wait(now, 1) == 0:
+            g.take(now, 1)
+            accepted += 1
+    assert 200 <= accepted <= 204
+
+
+def test_split_among_members_keeps_the_total():
+    quota = q.Quota("tenant", "acme", mails_per_s=10, burst_mails=6, bytes_per_s=1000, burst_bytes=4000)
+    parts = q.split(quota, 2)
+    assert parts["mails"] == (5, 3)
+    assert parts["bytes"] == (500, 2000)
+    # a burst is never below one mail
+    assert q.split(q.Quota("tenant", "acme", mails_per_s=10), 4)["mails"] == (2.5, 1.0)
+
+
+def test_decide_refuses_with_the_longest_wait_and_takes_nothing():
+    # Given a tenant quota of 1 mail/s (burst 1) and a sender quota of 1000 bytes/s (burst 1000)
+    tenant = q.Quota("tenant", "acme", mails_per_s=1)
+    sender = q.Quota("sender", "a@x.org", bytes_per_s=1000, burst_bytes=1000)
+    limiters = {**_limiters(tenant), **_limiters(sender)}
+    facts = q.Facts("acme", "a@x.org", "outbound", size=600)
+    assert q.decide([tenant, sender], limiters, {}, facts, 0.0) is None
+    # When a second mail comes at once: refused by the tenant's rate (1 s) rather than bytes (0.2 s)
+    r = q.decide([tenant, sender], limiters, {}, facts, 0.0)
+    assert r is not None and (r.kind, r.subject, r.limit) == ("tenant", "acme", "mails_per_s")
+    assert r.retry_after_s == pytest.approx(1.0)
+    # Then nothing was taken from the byte quota by the refused mail
+    assert limiters[(sender.key, "bytes")].wait(0.4, 600) == 0
+
+
+def test_a_mail_larger_than_the_byte_burst_passes_an_idle_limiter_and_owes_the_rest():
+    quota = q.Quota("queue", "outbound", bytes_per_s=100, burst_bytes=100)
+    limiters = _limiters(quota)
+    assert q.decide([quota], limiters, {}, q.Facts("", "a@x.org", "outbound", size=1000), 0.0) is None
+    r = q.decide([quota], limiters, {}, q.Facts("", "a@x.org", "outbound", size=10), 1.0)
+    assert r is not None and r.retry_after_s == pytest.approx(9.0 + 0.1 - 1.0)
+
+
+def test_depth_refuses_at_the_limit_and_passes_below():
+    quota = q.Quota("queue", "outbound", max_queued_mails=3)
+    facts = q.Facts("", "a@x.org", "outbound")
+    r = q.decide([quota], {}, {"outbound": 3}, facts, 0.0)
+    assert r is not None and r.limit == "max_queued_mails" and r.retry_after_s == q.DEPTH_RETRY_S
+    assert q.decide([quota], {}, {"outbound": 2}, facts, 0.0) is None
+
+
+def test_exemptions_bounces_and_named_senders():
+    quotas = {
+        ("queue", "outbound"): q.Quota("queue", "outbound", mails_per_s=1, exempt_bounces=True,
+                                       exempt_senders=("postmaster@x.org",)),
+        ("sender_domain", "x.org"): q.Quota("sender_domain", "x.org", mails_per_s=1),
+    }
+    assert q.applying(quotas, q.Facts("", "", "outbound")) == []
+    assert [x.kind for x in q.applying(quotas, q.Facts("", "Postmaster@X.org", "outbound"))] == ["sender_domain"]
+    assert [x.kind for x in q.applying(quotas, q.Facts("", "bob@x.org", "outbound"))] == ["queue", "sender_domain"]
+
+
+def test_subjects_of_a_mail():
+    assert q.Facts("acme", "Bob@Example.COM", "out").subjects() == [
+        ("queue", "out"), ("tenant", "acme"), ("sender", "bob@example.com"), ("sender_domain", "example.com")]
+    assert q.Facts("", "", "out").subjects() == [("queue", "out")]
+
+
+def test_validate_normalizes():
+    v = q.validate(q.Quota("sender", " Bob@Example.com ", mails_per_s=2, exempt_senders=("A@B.org",)))
+    assert v.subject == "bob@example.com" and v.exempt_senders == ("a@b.org",)
+
+
+@pytest.mark.parametrize(("quota", "words"), [
+    (q.Quota("user", "x", mails_per_s=1), "kind"),
+    (q.Quota("tenant", "acme"), "needs a limit"),
+    (q.Quota("tenant", "acme", mails_per_s=0), "mails_per_s"),
+    (q.Quota("tenant", "acme", mails_per_s=1, burst_mails=0), "burst_mails"),
+    (q.Quota("tenant", "acme", bytes_per_s=10), "burst_bytes"),
+    (q.Quota("tenant", "acme", max_queued_mails=5), "queue's limit"),
+    (q.Quota("queue", "outbound", max_queued_mails=0), "max_queued_mails"),
+    (q.Quota("sender", "no-at-sign", mails_per_s=1), "not an address"),
+    (q.Quota("sender_domain", "bad domain", mails_per_s=1), "not a domain"),
+    (q.Quota("tenant", "", mails_per_s=1), "tenant"),
+    (q.Quota("queue", "Bad Queue!", mails_per_s=1), "queue"),
+    (q.Quota("tenant", "acme", mails_per_s=1, exempt_senders=("nobody",)), "exempt sender"),
+])
+def test_validate_refuses(quota, words):
+    with pytest.raises(InvalidArgument, match=words):
+        q.validate(quota)
+
+
+def test_use_reports_the_burst_in_use():
+    g = q.Gcra(10, 5)
+    assert g.use(0.0) == 0
+    for _ in range(5):
+        g.take(0.0, 1)
+    assert g.use(0.0) == pytest.approx(1.0)
+    assert g.use(0.25) == pytest.approx(0.5)
