@@ -18,6 +18,7 @@ from services.app.browser import Browser
 from services.app.dead_letter_admin import DeadLetterAdmin
 from services.app.healer import Healer
 from services.app.history import History
+from services.app.quota_admin import QuotaAdmin
 from services.app.shaping_admin import ShapingAdmin
 from services.domain.errors import BackendUnavailable
 from services.runtime.backends import Backends
@@ -33,6 +34,7 @@ class BrowseSide:
     shaping: ShapingAdmin
     dead_letters: DeadLetterAdmin
     history: History
+    quotas: QuotaAdmin
 
 
 class BrowseApp(QueueApp[BrowseSide]):
@@ -43,7 +45,8 @@ class BrowseApp(QueueApp[BrowseSide]):
             (browse_pb2_grpc.add_BrowseServiceServicer_to_server, BrowseServicer(lambda: self.service().browser, lambda: self.service().dead_letters),
              "mailqueue.v1.BrowseService"),
             (admin_pb2_grpc.add_AdminServiceServicer_to_server,
-             AdminServicer(lambda: self.service().admin, lambda: self.service().shaping, lambda: self.service().dead_letters),
+             AdminServicer(lambda: self.service().admin, lambda: self.service().shaping, lambda: self.service().dead_letters,
+                           lambda: self.service().quotas),
              "mailqueue.v1.AdminService"),
             (events_pb2_grpc.add_EventServiceServicer_to_server,
              EventServicer(lambda: self.service().history, lambda: self.backends().stream),
@@ -63,7 +66,7 @@ class BrowseApp(QueueApp[BrowseSide]):
         admin = Admin(b.view, b.broker, b.state, browser, b.events)
         return BrowseSide(browser, admin, ShapingAdmin(b.view.shaping, b.state, b.events),
                           DeadLetterAdmin(b.view, b.broker, browser, admin.mover, b.events),
-                          History(b.events))
+                          History(b.events), QuotaAdmin(b.view.quotas, b.state, b.events))
 
     def background(self, b: Backends) -> list[Coroutine[Any, Any, None]]:
         server = self.settings.server

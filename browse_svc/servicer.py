@@ -8,11 +8,13 @@ from collections.abc import AsyncIterator, Callable
 import grpc
 
 from browse_svc.dead_letters import DeadLetterAdminServicer, DeadLetterBrowseServicer
+from browse_svc.quotas import QuotaServicer
 from browse_svc.shaping import ShapingServicer
 from mailqueue.v1 import admin_pb2, admin_pb2_grpc, browse_pb2, browse_pb2_grpc
 from services.app.admin import Admin
 from services.app.browser import Browser
 from services.app.dead_letter_admin import DeadLetterAdmin
+from services.app.quota_admin import QuotaAdmin
 from services.app.shaping_admin import ShapingAdmin
 from services.contract import serde, shaping_serde
 from services.domain import model, rules
@@ -53,10 +55,12 @@ class BrowseServicer(DeadLetterBrowseServicer, browse_pb2_grpc.BrowseServiceServ
         return browse_pb2.GetSizeResponse(size=size)
 
 
-class AdminServicer(ShapingServicer, DeadLetterAdminServicer, admin_pb2_grpc.AdminServiceServicer):
-    def __init__(self, admin: Callable[[], Admin], shaping: Callable[[], ShapingAdmin], dead_letters: Callable[[], DeadLetterAdmin]) -> None:
+class AdminServicer(ShapingServicer, QuotaServicer, DeadLetterAdminServicer, admin_pb2_grpc.AdminServiceServicer):
+    def __init__(self, admin: Callable[[], Admin], shaping: Callable[[], ShapingAdmin], dead_letters: Callable[[], DeadLetterAdmin],
+                 quotas: Callable[[], QuotaAdmin]) -> None:
         self._admin = admin  # raises UNAVAILABLE while the service connects
         self._shaping = shaping
+        self._quotas = quotas
         self._dead_letters = dead_letters
 
     async def CreateQueue(self, request: admin_pb2.CreateQueueRequest, context: grpc.aio.ServicerContext) -> admin_pb2.CreateQueueResponse:

@@ -8,6 +8,7 @@ from typing import Any
 from enqueue_svc.servicer import EnqueueServicer
 from mailqueue.v1 import enqueue_pb2_grpc
 from services.app.enqueuer import Enqueuer
+from services.app.quota_keeper import QuotaKeeper
 from services.runtime.backends import Backends
 from services.runtime.queue_app import QueueApp
 
@@ -24,13 +25,19 @@ class EnqueueApp(QueueApp[Enqueuer]):
         return [(enqueue_pb2_grpc.add_EnqueueServiceServicer_to_server, EnqueueServicer(self.service), "mailqueue.v1.EnqueueService")]
 
     def build(self, b: Backends) -> Enqueuer:
-        return Enqueuer(b.view, b.broker, b.blobs, self.settings.limits, b.state, b.events)
+        async def depth(queue: str) -> int:
+            return (await b.view.mails.size(queue)).size
+
+        keeper = QuotaKeeper(b.view.quotas, depth)
+        return Enqueuer(b.view, b.broker, b.blobs, self.settings.limits, b.state, b.events, keeper)
 
     def background(self, b: Backends) -> list[Coroutine[Any, Any, None]]:
         enqueuer = self._service  # built just before (service() answers only once connected)
         assert enqueuer is not None
-        # The lease its idempotency claims name; the broker's alarms known before a publish waits on one.
-        return [enqueuer.claims.keep_lease(), b.broker.watch_alarms()]
+        # The lease its idempotency claims name; the broker's alarms known before a publish waits on one;
+        # the quotas and this replica's heartbeat among the enqueue members (services/app/quota_keeper.py).
+        assert enqueuer.quotas is not None
+        return [enqueuer.claims.keep_lease(), b.broker.watch_alarms(), enqueuer.quotas.run_forever()]
 
     def conditions(self) -> dict[str, str | None]:
         if not self.connected or self._backends is None:

@@ -16,7 +16,7 @@ from services.app.enqueuer import Enqueuer
 from services.contract import serde
 from services.domain import model, trace
 from services.domain.errors import InvalidArgument, MailQueueError
-from services.runtime.status import number_of
+from services.runtime.status import details_of, number_of
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +35,7 @@ def _answer(item: enqueue_pb2.EnqueueManyRequest, result: model.EnqueueResult | 
     response = enqueue_pb2.EnqueueManyResponse(sequence=item.sequence)
     if isinstance(result, MailQueueError):
         response.error.code, response.error.message = number_of(result), str(result)[:2000]
+        response.error.details.extend(details_of(result))
     elif isinstance(result, BaseException):
         log.error("enqueue of a stream failed", exc_info=result)
         response.error.code, response.error.message = grpc.StatusCode.INTERNAL.value[0], "internal error; the server log has the details"

@@ -32,8 +32,9 @@ from services.app import counters, mail_events
 from services.app.grouping import Grouper
 from services.app.key_claims import KeyClaims, undo_time
 from services.app.queue_state import QueueState
+from services.app.quota_keeper import QuotaKeeper
 from services.app.retry import retrying
-from services.domain import model, schedule, trace, validation
+from services.domain import model, quotas, schedule, trace, validation
 from services.domain.backoff import Backoff
 from services.domain.errors import BackendUnavailable, InvalidArgument, NotFound, PublishersBlocked, ResourceExhausted
 from services.domain.model import BlobInfo
@@ -96,9 +97,11 @@ class _Attempt:
 class Enqueuer:
     def __init__(
         self, view: View, broker: Broker, blobs: BlobStore, limits: LimitSettings, state: QueueState,
-        events: EventLog | None = None,
+        events: EventLog | None = None, quota_keeper: QuotaKeeper | None = None,
     ) -> None:
         self._view = view
+        #: Enqueue quotas and depth limits, checked last before anything is written (None: none).
+        self.quotas = quota_keeper
         #: Each acknowledged enqueue's ENQUEUED event is recorded before the reply (services/app/mail_events.py).
         self._events: EventLog = events if events is not None else mail_events.Unrecorded()
         self._broker = broker
@@ -122,7 +125,7 @@ class Enqueuer:
                 "use EnqueueStream or put the content with BlobService.Put first"
             )
         if not key:
-            await self._check(queue, mail, key, when)
+            await self._check(queue, mail, key, when, len(content))
             return await self._grouper.submit(_Grouped(queue, mail, when, priority, content=content))
 
         async def write() -> tuple[tuple[str, ...], int]:
@@ -130,7 +133,7 @@ class Enqueuer:
             return (info.blob_id,), info.size
 
         carried = self._limits.carried(content, len(content))
-        return await self._enqueue(queue, mail, write, key, when, priority, carried)
+        return await self._enqueue(queue, mail, write, key, when, priority, carried, len(content))
 
     async def enqueue_refs(
         self, queue: str, mail: model.Mail, blob_ids: list[str], key: str = "", when: Schedule = (None, None),
@@ -151,7 +154,7 @@ class Enqueuer:
             self._check_mail_size(size)
             return tuple(blob_ids), size
 
-        return await self._enqueue(queue, mail, write, key, when, priority)
+        return self._charged(queue, mail, await self._enqueue(queue, mail, write, key, when, priority))
 
     async def enqueue_stream(
         self, queue: str, mail: model.Mail, chunks: AsyncIterator[bytes], key: str = "", when: Schedule = (None, None),
@@ -168,21 +171,32 @@ class Enqueuer:
             # The content streams to the blob store on its own; the row and the publish go with a group.
             await self._check(queue, mail, key, when)
             stored = await self._blobs.put(limited())
-            return await self._grouper.submit(_Grouped(queue, mail, when, priority, stored=stored))
+            return self._charged(queue, mail, await self._grouper.submit(_Grouped(queue, mail, when, priority, stored=stored)))
 
         async def write() -> tuple[tuple[str, ...], int]:
             info = await self._blobs.put(limited())
             return (info.blob_id,), info.size
 
-        return await self._enqueue(queue, mail, write, key, when, priority)
+        return self._charged(queue, mail, await self._enqueue(queue, mail, write, key, when, priority))
+
+    def _facts(self, queue: str, mail: model.Mail, size: int) -> quotas.Facts:
+        return quotas.Facts(quotas.current_tenant.get(), mail.sender, queue, size)
+
+    def _charged(self, queue: str, mail: model.Mail, result: model.EnqueueResult) -> model.EnqueueResult:
+        """A mail whose size was not known at its check (a stream, blob refs): its bytes charged now."""
+        if self.quotas is not None and not result.duplicate:
+            self.quotas.charge(self._facts(queue, mail, result.size))
+        return result
 
     def _check_mail_size(self, size: int) -> None:
         if size > self._limits.max_mail_bytes:
             raise ResourceExhausted(f"mail content exceeds the limit of {self._limits.max_mail_bytes} bytes")
 
     # ------------------------------------------------------------------ the common path
-    async def _check(self, queue: str, mail: model.Mail, key: str, when: Schedule) -> None:
-        """Refuse what is invalid, or what could not be published now, before anything is written."""
+    async def _check(self, queue: str, mail: model.Mail, key: str, when: Schedule, size: int = 0) -> None:
+        """Refuse what is invalid, what could not be published now, or what a quota refuses (last:
+        a mail refused for anything else takes nothing from a quota), before anything is written.
+        ``size``: the content's bytes when known before writing (inline content), else 0."""
         validation.queue_name(queue)
         validation.mail(mail, self._limits)
         schedule.deliver_at(model.utcnow(), *when)
@@ -190,6 +204,8 @@ class Enqueuer:
             raise InvalidArgument("idempotency_key is longer than 256 characters")
         await self._state.require_queue(queue)
         self._refuse_if_blocked(queue)
+        if self.quotas is not None:
+            self.quotas.check(self._facts(queue, mail, size))
 
     def _refuse_if_blocked(self, queue: str) -> None:
         """While the broker blocks publishers (a resource alarm), a publish would wait for the alarm
@@ -201,9 +217,9 @@ class Enqueuer:
 
     async def _enqueue(
         self, queue: str, mail: model.Mail, write_content: ContentWriter, key: str, when: Schedule, priority: str,
-        carried: bytes | None = None,
+        carried: bytes | None = None, size: int = 0,
     ) -> model.EnqueueResult:
-        await self._check(queue, mail, key, when)
+        await self._check(queue, mail, key, when, size)
         enqueue_id = uuid.uuid4()
         # This attempt's instant (to the millisecond, as Cassandra keeps the claim's): its claim
         # time, and the write time of its undo marks (see services/app/key_claims.py).

@@ -48,6 +48,7 @@ class EventType(enum.Enum):
     CONFIG_CHANGED = "config_changed"
     RULE_CHANGED = "rule_changed"
     SHAPING_CHANGED = "shaping_changed"
+    QUOTA_CHANGED = "quota_changed"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -19,10 +19,11 @@ accept at most ``rate * t + max(burst, N)`` mails in any ``t`` (bytes: plus one 
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import re
 
-from services.domain.errors import InvalidArgument
+from services.domain.errors import InvalidArgument, ResourceExhausted
 from services.domain.validation import queue_name, shown
 
 KINDS = ("tenant", "sender", "sender_domain", "queue")
@@ -114,6 +115,11 @@ def subject_name(kind: str, subject: str) -> str:
     raise InvalidArgument(f"quota kind {shown(kind)} is unknown: use one of {', '.join(KINDS)}")
 
 
+def is_tenant(name: str) -> bool:
+    """Whether ``name`` may name a tenant (in MAILQUEUE_TOKENS ``role@tenant:token``)."""
+    return bool(_TENANT.match(name))
+
+
 @dataclasses.dataclass(frozen=True)
 class Facts:
     """What a quota check knows of a mail before anything of it is written."""
@@ -146,6 +152,15 @@ class Refusal:
     limit: str
     retry_after_s: float
     description: str
+
+
+class QuotaExceeded(ResourceExhausted):
+    """A quota or a queue's depth limit refuses the mail; ``refusal`` says which quota and how
+    long to wait (sent as google.rpc RetryInfo and QuotaFailure details: services/runtime/status.py)."""
+
+    def __init__(self, refusal: Refusal) -> None:
+        self.refusal = refusal
+        super().__init__(f"{refusal.description}: nothing was queued; retry after {refusal.retry_after_s:.2f} s")
 
 
 class Gcra:
@@ -235,3 +250,8 @@ def _rate(q: Quota, what: str) -> str:
     if what == "mails":
         return f"{q.mails_per_s:g} mails/s, burst {q.burst_mails}"
     return f"{q.bytes_per_s:g} bytes/s, burst {q.burst_bytes}"
+
+
+#: The tenant of the call being served: set per RPC by the access-control interceptor
+#: (services/runtime/auth.py): the tenant its token or certificate names, else its identity.
+current_tenant: contextvars.ContextVar[str] = contextvars.ContextVar("mailqueue_tenant", default="")

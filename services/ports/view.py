@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
 from services.domain import counts, dead_letters, model, paging
+from services.ports.quotas import QuotaStore
 from services.ports.shaping import ShapingStore
 
 
@@ -183,6 +184,7 @@ class View(Protocol):
     enqueuers: Enqueuers
     config: ViewConfiguration
     shaping: ShapingStore
+    quotas: QuotaStore
     moves: Moves
     leases: Leases
     dead_letters: DeadLetters

@@ -24,7 +24,7 @@ from typing import Any
 
 import grpc
 
-from services.domain import events
+from services.domain import events, quotas
 from services.domain.errors import ConfigurationError
 from services.runtime.tls import peer_identity, peer_role
 
@@ -151,7 +151,7 @@ class TokenAuth(grpc.aio.ServerInterceptor):
         handler = await continuation(details)
         if handler is None or not (self._tokens or self._identities) or details.method.startswith(PUBLIC):
             return handler
-        role = role_of(self._tokens, details.invocation_metadata)
+        role, tenant = _tenant_of(role_of(self._tokens, details.invocation_metadata))
         if role is None and self._identities:
             # The client certificate decides, seen only from the call's context.
             return _checked_by_certificate(handler, details.method, self._identities)
@@ -161,10 +161,18 @@ class TokenAuth(grpc.aio.ServerInterceptor):
         assert role is not None
         actor = token_actor(_presented(details.invocation_metadata), role)
 
-        async def admit(_context: grpc.aio.ServicerContext) -> events.Actor:
-            return actor
+        async def admit(_context: grpc.aio.ServicerContext) -> tuple[events.Actor, str]:
+            return actor, tenant or actor.identity
 
         return _acting(handler, admit)
+
+
+def _tenant_of(value: str | None) -> tuple[str | None, str]:
+    """A token's or identity's ``role`` or ``role@tenant`` -> (role, tenant or "")."""
+    if value is None:
+        return None, ""
+    role, _, tenant = value.partition("@")
+    return role, tenant
 
 
 def _denial(method: str, role: str | None) -> tuple[grpc.StatusCode, str] | None:
@@ -186,20 +194,30 @@ def _denying(handler: grpc.RpcMethodHandler, code: grpc.StatusCode, message: str
     return grpc.stream_stream_rpc_method_handler(_deny_stream(code, message), _ignore, encode)
 
 
-def _acting(handler: grpc.RpcMethodHandler, admit: Callable[[grpc.aio.ServicerContext], Awaitable[events.Actor]]) -> grpc.RpcMethodHandler:
+Admit = Callable[[grpc.aio.ServicerContext], Awaitable[tuple[events.Actor, str]]]
+
+
+def _enter(actor_and_tenant: tuple[events.Actor, str]) -> None:
+    actor, tenant = actor_and_tenant
+    events.current_actor.set(actor)
+    quotas.current_tenant.set(tenant)
+
+
+def _acting(handler: grpc.RpcMethodHandler, admit: Admit) -> grpc.RpcMethodHandler:
     """``handler`` behind ``admit``, awaited when the call starts: it aborts the call (a denial), or
-    names the caller, set as ``events.current_actor`` inside the call's own context (a value set in
-    intercept_service would not be the handler's for sure)."""
+    names the caller and its tenant, set as ``events.current_actor`` and ``quotas.current_tenant``
+    inside the call's own context (a value set in intercept_service would not be the handler's for
+    sure). The tenant is the one its token or certificate names (``role@tenant``), else its identity."""
 
     def unary(inner: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
         async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            events.current_actor.set(await admit(context))
+            _enter(await admit(context))
             return await inner(request, context)
         return call
 
     def streaming(inner: Callable[..., AsyncIterator[Any]]) -> Callable[..., AsyncIterator[Any]]:
         async def call(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-            events.current_actor.set(await admit(context))
+            _enter(await admit(context))
             async for response in inner(request, context):
                 yield response
         return call
@@ -217,7 +235,7 @@ def _acting(handler: grpc.RpcMethodHandler, admit: Callable[[grpc.aio.ServicerCo
 def _checked_by_certificate(handler: grpc.RpcMethodHandler, method: str, identities: Mapping[str, str]) -> grpc.RpcMethodHandler:
     """``handler`` behind a check of the client certificate's role, made when the call starts."""
     def denial(context: grpc.aio.ServicerContext) -> tuple[grpc.StatusCode, str] | None:
-        role = peer_role(context, identities)
+        role = _tenant_of(peer_role(context, identities))[0]
         if role is None:
             identity = peer_identity(context)
             if identity is not None:
@@ -228,14 +246,15 @@ def _checked_by_certificate(handler: grpc.RpcMethodHandler, method: str, identit
                                                      "MAILQUEUE_TLS_IDENTITIES names")
         return _denial(method, role)
 
-    async def admit(context: grpc.aio.ServicerContext) -> events.Actor:
+    async def admit(context: grpc.aio.ServicerContext) -> tuple[events.Actor, str]:
         denied = denial(context)
         if denied is not None:
             await context.abort(*denied)
-        return _certificate_actor(context, identities)
+        actor = _certificate_actor(context, identities)
+        return actor, _tenant_of(peer_role(context, identities))[1] or actor.identity
 
     return _acting(handler, admit)
 
 
 def _certificate_actor(context: grpc.aio.ServicerContext, identities: Mapping[str, str]) -> events.Actor:
-    return events.Actor("caller", peer_role(context, identities) or "", peer_identity(context) or "anonymous")
+    return events.Actor("caller", _tenant_of(peer_role(context, identities))[0] or "", peer_identity(context) or "anonymous")

@@ -15,7 +15,7 @@ import grpc
 from prometheus_client import Counter, Histogram
 
 from services.domain.errors import InvalidArgument, MailQueueError
-from services.runtime.status import status_of
+from services.runtime.status import status_of, trailers_of
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,8 @@ async def _fail(context: grpc.aio.ServicerContext, method: str, e: BaseException
     if isinstance(e, MailQueueError):
         log.info("rpc refused", extra={"method": method, "code": e.status, "reason": str(e)})
         detail = str(e)
-        await context.abort(status_of(e), detail if len(detail) <= MAX_DETAIL else detail[:MAX_DETAIL] + "...")
+        detail = detail if len(detail) <= MAX_DETAIL else detail[:MAX_DETAIL] + "..."
+        await context.abort(status_of(e), detail, trailers_of(e, detail))
     log.exception("rpc failed", extra={"method": method})
     await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method}; the server log has the details")
 

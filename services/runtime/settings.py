@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from services.adapters.cassandra.settings import CassandraSettings
 from services.adapters.rabbitmq.settings import RabbitMQSettings
 from services.adapters.s3.settings import S3Settings
+from services.domain import quotas
 from services.domain.errors import ConfigurationError
 from services.domain.settings import EventSettings, LimitSettings, ViewSettings
 from services.runtime.server_settings import DEFAULT_PORTS, METRICS_PORT_OFFSET, ROLES, ServerSettings, TLSSettings
@@ -239,29 +240,37 @@ def view_from_env(env: Mapping[str, str] = os.environ) -> ViewSettings:
     )
 
 
+def _role_ok(role: str) -> bool:
+    """A role, or ``role@tenant`` (the tenant whose enqueue quotas the caller's mails count
+    towards: services/domain/quotas.py)."""
+    name, at, tenant = role.partition("@")
+    return name in ROLES and (not at or quotas.is_tenant(tenant))
+
+
 def parse_tokens(spec: str) -> dict[str, str]:
-    """``"admin:s3cret,producer:abc"`` -> {token: role}. Raises ConfigurationError."""
+    """``"admin:s3cret,producer@acme:abc"`` -> {token: role or role@tenant}. Raises ConfigurationError."""
     tokens: dict[str, str] = {}
     for item in filter(None, (part.strip() for part in spec.replace("\n", ",").split(","))):
         role, sep, token = item.partition(":")
-        if not sep or role not in ROLES or len(token) < 16:
+        if not sep or not _role_ok(role) or len(token) < 16:
             raise ConfigurationError(
-                f"MAILQUEUE_TOKENS entry {role!r}: use role:token with a role of {', '.join(ROLES)} "
-                "and a token of at least 16 characters"
+                f"MAILQUEUE_TOKENS entry {role!r}: use role:token (or role@tenant:token) with a role of "
+                f"{', '.join(ROLES)} and a token of at least 16 characters"
             )
         tokens[token] = role
     return tokens
 
 
 def parse_identities(spec: str) -> dict[str, str]:
-    """``"spiffe://mailqueue/ops=admin,reporting=reader"`` -> {client certificate identity: role}
+    """``"spiffe://mailqueue/ops=admin,spiffe://acme/mta=producer@acme"`` -> {client certificate
+    identity: role or role@tenant}
     (an identity is a URI SAN or a CN). Raises ConfigurationError."""
     identities: dict[str, str] = {}
     for item in filter(None, (part.strip() for part in spec.split(","))):
         identity, sep, role = item.rpartition("=")
-        if not sep or not identity or role not in ROLES:
+        if not sep or not identity or not _role_ok(role):
             raise ConfigurationError(
-                f"MAILQUEUE_TLS_IDENTITIES entry {item!r}: use identity=role (a URI SAN or CN of the client "
+                f"MAILQUEUE_TLS_IDENTITIES entry {item!r}: use identity=role or identity=role@tenant (a URI SAN or CN of the client "
                 f"certificate) with a role of {', '.join(ROLES)}"
             )
         identities[identity] = role

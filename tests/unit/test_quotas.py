@@ -123,3 +123,29 @@ def test_use_reports_the_burst_in_use():
         g.take(0.0, 1)
     assert g.use(0.0) == pytest.approx(1.0)
     assert g.use(0.25) == pytest.approx(0.5)
+
+
+def test_tokens_and_identities_may_name_a_tenant():
+    from services.domain.errors import ConfigurationError
+    from services.runtime.settings import parse_identities, parse_tokens
+
+    assert parse_tokens("producer@acme:0123456789abcdef,admin:fedcba9876543210") == {
+        "0123456789abcdef": "producer@acme", "fedcba9876543210": "admin"}
+    assert parse_identities("spiffe://acme/mta=producer@acme") == {"spiffe://acme/mta": "producer@acme"}
+    with pytest.raises(ConfigurationError, match="role@tenant"):
+        parse_tokens("producer@:0123456789abcdef")
+    with pytest.raises(ConfigurationError, match="role@tenant"):
+        parse_identities("x=producer@bad tenant")
+
+
+def test_serde_round_trips_and_unset_limits_stay_unset():
+    from mailqueue.v1 import quotas_pb2
+    from services.contract import quotas_serde
+
+    for quota in (q.Quota("tenant", "acme", mails_per_s=2.5, burst_mails=3, exempt_bounces=True, exempt_senders=("a@b.org",)),
+                  q.Quota("queue", "outbound", bytes_per_s=1e6, burst_bytes=10**7, max_queued_mails=1000)):
+        assert quotas_serde.quota_from_proto(quotas_serde.quota_to_proto(quota)) == quota
+    pb = quotas_serde.quota_to_proto(q.Quota("queue", "outbound", max_queued_mails=5))
+    assert not pb.HasField("mails_per_s") and not pb.HasField("bytes_per_s")
+    with pytest.raises(InvalidArgument, match="kind"):
+        quotas_serde.quota_from_proto(quotas_pb2.Quota(subject="x", mails_per_s=1))

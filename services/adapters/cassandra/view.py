@@ -26,6 +26,7 @@ from services.adapters.cassandra.enqueuers_store import EnqueuersStore
 from services.adapters.cassandra.leases_store import LeasesStore
 from services.adapters.cassandra.mail_queue_view import CassandraMailQueueView
 from services.adapters.cassandra.moves_store import MovesStore
+from services.adapters.cassandra.quota_store import QuotaStore
 from services.adapters.cassandra.session import UNAVAILABLE_ERRORS, connect, execute
 from services.adapters.cassandra.settings import CassandraSettings
 from services.adapters.cassandra.shaping_store import ShapingStore
@@ -51,6 +52,7 @@ class View:
         self.counter_buffer = CounterBuffer(self.counters, counter_flush_s)
         self.config = ConfigStore(session, keyspace)
         self.shaping = ShapingStore(session, keyspace)
+        self.quotas = QuotaStore(session, keyspace)
         self.moves = MovesStore(session, keyspace)
         self.leases = LeasesStore(session, keyspace)
         self.dead_letters = DeadLettersStore(session, keyspace)

@@ -1,0 +1,170 @@
+"""Enqueue quotas in one enqueue process (the rules: services/domain/quotas.py).
+
+Shared, at no backend call per mail: every enqueue process (a **member**) writes a heartbeat
+(TTL ``MEMBER_TTL_S``) and reads the quotas and the members every ``REFRESH_S``
+(services/ports/quotas.py); with N members each enforces ``rate / N`` with ``burst / N``, so the
+members together accept at most ``rate * t + burst`` (plus one mail per member when the burst is
+below N). A new member refuses rate-limited mail (retry after the rest of ``JOIN_AFTER_S``) until
+every other member has seen it and re-split; a killed member's share returns to the others within
+``MEMBER_TTL_S``.
+
+**How fast a change reaches every replica:** a quota set, changed or cleared is enforced by every
+enqueue replica within ``REFRESH_S`` plus one Cassandra read (about 1 s). A depth limit is checked
+against the queue's counters as read at the last refresh, which are themselves gathered for
+``MAILQUEUE_COUNTER_FLUSH_S``: a queue may pass its depth limit by what all replicas accept in
+``REFRESH_S + MAILQUEUE_COUNTER_FLUSH_S``.
+
+If the store cannot be read, the last quotas read stay in force (logged; never fail closed on an
+outage of the quota store: the enqueue itself then fails UNAVAILABLE anyway).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+
+from prometheus_client import Counter, Gauge
+
+from services.domain import quotas
+from services.domain.errors import BackendUnavailable
+from services.ports.quotas import QuotaSnapshot, QuotaStore
+
+log = logging.getLogger(__name__)
+
+REFUSED = Counter("mailqueue_quota_refused_total", "Enqueues refused by a quota (nothing written), per quota and limit",
+                  ["kind", "subject", "limit"])
+LIMIT = Gauge("mailqueue_quota_limit", "Each quota's limit as set (whole cluster): mails/s, bytes/s or queued mails",
+              ["kind", "subject", "limit"])
+USE = Gauge("mailqueue_quota_use_ratio",
+            "How much of a quota is in use, 0 to 1, as this process sees it: its part of the rate's burst, or a "
+            "queue's queued mails over its depth limit (alert before 1: at 1 mails are refused)", ["kind", "subject", "limit"])
+MEMBERS = Gauge("mailqueue_quota_members", "Enqueue processes sharing the quota rates, as this process last read them")
+
+#: How often a member reads the quotas and writes its heartbeat.
+REFRESH_S = 1.0
+#: A member whose heartbeat is older than this has left (killed): the others take its share.
+MEMBER_TTL_S = 3
+#: A new member enforces rates only once every other member has had time to see it.
+JOIN_AFTER_S = 1.5 * REFRESH_S
+
+Depth = Callable[[str], Awaitable[int]]
+
+
+class QuotaKeeper:
+    def __init__(self, store: QuotaStore, depth: Depth, member: str | None = None) -> None:
+        """``depth(queue)``: the queue's queued mails from its counters (read once a refresh, for
+        the queues with a depth limit only)."""
+        self._store = store
+        self._depth_of = depth
+        self.member = member or uuid.uuid4().hex
+        self._quotas: dict[tuple[str, str], quotas.Quota] = {}
+        self._limiters: dict[tuple[tuple[str, str], str], quotas.Gcra] = {}
+        self._depth: dict[str, int] = {}
+        self._members = 1
+        self._seen_since: float | None = None
+        #: Refreshed at least once (until then no quota is known: nothing is refused).
+        self.loaded = False
+
+    async def run_forever(self) -> None:
+        while True:
+            try:
+                await self.refresh()
+            except BackendUnavailable as e:
+                log.warning("quotas not refreshed (the last ones read stay in force): %s", e)
+            except Exception:  # a bug must not stop the refresh for the life of the process
+                log.exception("quotas not refreshed")
+            await asyncio.sleep(REFRESH_S)
+
+    async def refresh(self) -> None:
+        await self._store.heartbeat(self.member, MEMBER_TTL_S)
+        snap = await self._store.snapshot()
+        depth = {}
+        for q in snap.quotas:
+            if q.kind == "queue" and q.max_queued_mails is not None:
+                depth[q.subject] = await self._depth_of(q.subject)
+        self.apply(snap, depth)
+
+    async def leave(self) -> None:
+        await self._store.leave(self.member)
+
+    def apply(self, snap: QuotaSnapshot, depth: dict[str, int]) -> None:
+        """Take a snapshot in: the quotas, this member's split of their rates (a limiter whose
+        rate changed keeps its state), the depths."""
+        if self.member in snap.members:
+            self._seen_since = self._seen_since or time.monotonic()
+        else:
+            self._seen_since = None
+        self._members = max(len(snap.members), 1) if self.member in snap.members else len(snap.members) + 1
+        MEMBERS.set(self._members)
+        for (kind, subject) in set(self._quotas) - {q.key for q in snap.quotas}:
+            for limit in ("mails_per_s", "bytes_per_s", "max_queued_mails"):
+                for g in (LIMIT, USE):
+                    try:
+                        g.remove(kind, subject, limit)
+                    except KeyError:
+                        pass
+        self._quotas = {q.key: q for q in snap.quotas}
+        limiters = {}
+        for q in snap.quotas:
+            for what, (rate, burst) in quotas.split(q, self._members).items():
+                found = self._limiters.get((q.key, what))
+                if found is None:
+                    found = quotas.Gcra(rate, burst)
+                found.rate, found.burst = rate, burst
+                limiters[(q.key, what)] = found
+            for limit, value in (("mails_per_s", q.mails_per_s), ("bytes_per_s", q.bytes_per_s),
+                                 ("max_queued_mails", q.max_queued_mails)):
+                if value is not None:
+                    LIMIT.labels(q.kind, q.subject, limit).set(value)
+        self._limiters = limiters
+        self._depth = depth
+        self.loaded = True
+        self._export_use()
+
+    def _export_use(self) -> None:
+        now = time.time()
+        for (key, what), g in self._limiters.items():
+            USE.labels(key[0], key[1], f"{what}_per_s").set(g.use(now))
+        for q in self._quotas.values():
+            if q.max_queued_mails is not None:
+                USE.labels(q.kind, q.subject, "max_queued_mails").set(self._depth.get(q.subject, 0) / q.max_queued_mails)
+
+    def check(self, facts: quotas.Facts) -> None:
+        """Take the mail of ``facts`` from every quota that applies, or raise QuotaExceeded (nothing
+        taken). Costs no backend call."""
+        if not self._quotas:
+            return
+        applying = quotas.applying(self._quotas, facts)
+        if not applying:
+            return
+        wait = self._joining()
+        if wait is not None and any(q.mails_per_s or q.bytes_per_s for q in applying):
+            q = next(q for q in applying if q.mails_per_s or q.bytes_per_s)
+            self._refuse(quotas.Refusal(q.kind, q.subject, "mails_per_s" if q.mails_per_s else "bytes_per_s", wait,
+                                        f"this enqueue replica is joining the {q.kind} {q.subject} quota"))
+        refusal = quotas.decide(applying, self._limiters, self._depth, facts, time.time())
+        if refusal is not None:
+            self._refuse(refusal)
+
+    def charge(self, facts: quotas.Facts) -> None:
+        """Charge a streamed mail's bytes, known once streamed, to its byte quotas (the next mails wait)."""
+        now = time.time()
+        for q in quotas.applying(self._quotas, facts):
+            limiter = self._limiters.get((q.key, "bytes"))
+            if limiter is not None:
+                limiter.take(now, facts.size)
+
+    def _joining(self) -> float | None:
+        if self._members == 1 and self._seen_since is not None:
+            return None
+        if self._seen_since is None:
+            return JOIN_AFTER_S
+        left = JOIN_AFTER_S - (time.monotonic() - self._seen_since)
+        return left if left > 0 else None
+
+    def _refuse(self, refusal: quotas.Refusal) -> None:
+        REFUSED.labels(refusal.kind, refusal.subject, refusal.limit).inc()
+        raise quotas.QuotaExceeded(refusal)
