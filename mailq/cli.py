@@ -22,6 +22,9 @@
     mailq throttle clear DEST [--queue Q] | list [--queue Q] | resume DEST
     mailq throttle site NAME DOMAIN... | drop-site NAME
     mailq throttle rule ID --pattern RE --threshold 3 --window 5m (--suspend | --slow 1/s) --for 10m | drop-rule ID
+    mailq quota set KIND SUBJECT [--mails-per-s 20 --burst-mails 40] [--bytes-per-s B --burst-bytes B] [--max-queued N]
+                    [--exempt-bounces] [--exempt-sender A ...]   KIND: tenant, sender, sender-domain, queue
+    mailq quota clear KIND SUBJECT | list [--kind KIND]     over a quota Enqueue answers RESOURCE_EXHAUSTED
     mailq dead list Q [--reason expired ...] [--sender S] [--recipient R] [--name N] [--limit N] [--json]
     mailq dead count Q [--exact]         dead letters by reason
     mailq dead redrive Q [--to T] [--rate 100] [--keep-attempts] [--limit N] [filters]   back to a queue, N/s
@@ -44,7 +47,7 @@ import sys
 
 import grpc
 
-from mailq import dead, mails, queues, rules, throttle, trace, transfer
+from mailq import dead, mails, queues, quota, rules, throttle, trace, transfer
 from mailq.common import EXIT_CLOSED_PIPE, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, Client, UsageError
 from services.runtime.server_settings import DEFAULT_PORTS
 
@@ -73,8 +76,8 @@ HINTS = {
 #: The modules that hold the commands, each adding its own with ``register(sub)``, in this order:
 #: queues (queues, show, size, create, retry-policy, shape, reconcile, drop, config), mails (browse, delete,
 #: clear, flush, republish, move), transfer (enqueue, dequeue), rules (hold, bounce, rules, release),
-#: throttle, dead, trace.
-COMMANDS = (queues, mails, transfer, rules, throttle, dead, trace)
+#: throttle, quota, dead, trace.
+COMMANDS = (queues, mails, transfer, rules, throttle, quota, dead, trace)
 
 
 def parser() -> argparse.ArgumentParser:

@@ -93,11 +93,12 @@ class QuotaKeeper:
     def apply(self, snap: QuotaSnapshot, depth: dict[str, int]) -> None:
         """Take a snapshot in: the quotas, this member's split of their rates (a limiter whose
         rate changed keeps its state), the depths."""
+        # Once seen, a member stays joined: its heartbeat may expire between a slow write and the
+        # read (a loaded store), and refusing every rated mail meanwhile would be worse than the
+        # others' larger share for that moment.
         if self.member in snap.members:
             self._seen_since = self._seen_since or time.monotonic()
-        else:
-            self._seen_since = None
-        self._members = max(len(snap.members), 1) if self.member in snap.members else len(snap.members) + 1
+        self._members = len(set(snap.members) | {self.member})
         MEMBERS.set(self._members)
         for (kind, subject) in set(self._quotas) - {q.key for q in snap.quotas}:
             for limit in ("mails_per_s", "bytes_per_s", "max_queued_mails"):
