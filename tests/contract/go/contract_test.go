@@ -21,6 +21,7 @@ import (
 	"time"
 
 	mq "github.com/mailqueue/mailqueue/gen/go/mailqueue/v1"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -131,6 +132,8 @@ type step struct {
 	Sender             string            `json:"sender"`
 	Deleted            int64             `json:"deleted"`
 	PageSize           int32             `json:"page_size"`
+	MailsPerS          float64           `json:"mails_per_s"`
+	Burst              uint64            `json:"burst"`
 	Pages              int               `json:"pages"`
 }
 
@@ -237,6 +240,8 @@ func (r *runner) run(s step) {
 		r.dequeueBatch(s)
 	case "delete_by_sender":
 		r.deleteBySender(s)
+	case "quota_refusal":
+		r.quotaRefusal(s)
 	default:
 		r.fail("unknown op")
 	}
@@ -508,5 +513,48 @@ func (r *runner) deleteBySender(s step) {
 	}
 	if last == nil || !last.Done || last.Deleted != s.Deleted {
 		r.fail("final progress %v, want done with %d deleted", last, s.Deleted)
+	}
+}
+
+// quotaRefusal sets a quota on the scenario's queue (mails_per_s, burst), enqueues until one is
+// refused RESOURCE_EXHAUSTED (the quota reaches the replica within about a second), and decodes
+// the status's google.rpc details with the stock errdetails types: a RetryInfo with a delay, a
+// QuotaFailure naming "queue:<queue>". The quota is cleared after.
+func (r *runner) quotaRefusal(s step) {
+	perS := s.MailsPerS
+	quota := &mq.Quota{Kind: mq.QuotaKind_QUOTA_KIND_QUEUE, Subject: r.queue, MailsPerS: &perS, BurstMails: s.Burst}
+	if _, err := r.c.admin.SetQuota(r.ctx, &mq.SetQuotaRequest{Quota: quota}); err != nil {
+		r.fail("SetQuota: %v", err)
+	}
+	defer r.c.admin.ClearQuota(r.ctx, &mq.ClearQuotaRequest{Kind: mq.QuotaKind_QUOTA_KIND_QUEUE, Subject: r.queue})
+	mail := &mq.Mail{Name: "quota", Sender: "q@example.com", Recipients: []string{"r@example.org"}}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		_, err := r.c.enqueue.Enqueue(r.ctx, inline(r.queue, mail, []byte("Subject: q\r\n\r\nq")))
+		if status.Code(err) == codes.ResourceExhausted {
+			var retry *errdetails.RetryInfo
+			var failure *errdetails.QuotaFailure
+			for _, d := range status.Convert(err).Details() {
+				switch v := d.(type) {
+				case *errdetails.RetryInfo:
+					retry = v
+				case *errdetails.QuotaFailure:
+					failure = v
+				}
+			}
+			if retry == nil || retry.RetryDelay.AsDuration() <= 0 {
+				r.fail("no RetryInfo with a delay in %v", status.Convert(err).Details())
+			}
+			if failure == nil || len(failure.Violations) != 1 || failure.Violations[0].Subject != "queue:"+r.queue {
+				r.fail("no QuotaFailure naming queue:%s in %v", r.queue, status.Convert(err).Details())
+			}
+			return
+		}
+		if err != nil {
+			r.fail("Enqueue: %v", err)
+		}
+		if time.Now().After(deadline) {
+			r.fail("no RESOURCE_EXHAUSTED within 10 s of SetQuota")
+		}
 	}
 }

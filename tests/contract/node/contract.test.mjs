@@ -15,6 +15,8 @@ import { BrowseService } from './gen/mailqueue/v1/browse_pb.js';
 import { DequeueService, OutcomeKind } from './gen/mailqueue/v1/dequeue_pb.js';
 import { EnqueueService } from './gen/mailqueue/v1/enqueue_pb.js';
 import { MailSchema, QueuedMailSchema } from './gen/mailqueue/v1/mail_pb.js';
+import { QuotaKind } from './gen/mailqueue/v1/quotas_pb.js';
+import { BinaryReader } from '@bufbuild/protobuf/wire';
 
 // MAILQUEUE_TLS_CA, when set, is the CA file to trust: the calls go over TLS.
 const tlsCa = process.env.MAILQUEUE_TLS_CA;
@@ -54,6 +56,45 @@ function pushable() {
       }
     },
   };
+}
+
+// The google.rpc details of a status as Connect hands them over (the grpc-status-details-bin
+// trailer, decoded into google.protobuf.Any type and bytes), read with the protobuf runtime's
+// wire reader: the google.rpc schemas are not generated for Node here (only protos/ is).
+const RPC = 'google.rpc.';
+function readRetryInfo(bytes) { // RetryInfo { Duration retry_delay = 1 } -> seconds
+  const r = new BinaryReader(bytes);
+  let seconds = 0;
+  while (r.pos < r.len) {
+    const [field, wire] = r.tag();
+    if (field !== 1) { r.skip(wire); continue; }
+    const d = new BinaryReader(r.bytes());
+    while (d.pos < d.len) {
+      const [f, w] = d.tag();
+      if (f === 1) seconds += Number(d.int64());
+      else if (f === 2) seconds += d.int32() / 1e9;
+      else d.skip(w);
+    }
+  }
+  return seconds;
+}
+function readQuotaFailure(bytes) { // QuotaFailure { repeated Violation { subject = 1, description = 2 } violations = 1 }
+  const r = new BinaryReader(bytes);
+  const violations = [];
+  while (r.pos < r.len) {
+    const [field, wire] = r.tag();
+    if (field !== 1) { r.skip(wire); continue; }
+    const v = new BinaryReader(r.bytes());
+    const violation = { subject: '', description: '' };
+    while (v.pos < v.len) {
+      const [f, w] = v.tag();
+      if (f === 1) violation.subject = v.string();
+      else if (f === 2) violation.description = v.string();
+      else v.skip(w);
+    }
+    violations.push(violation);
+  }
+  return violations;
 }
 
 const { scenarios } = JSON.parse(readFileSync(new URL('../scenarios.json', import.meta.url), 'utf8'));
@@ -189,6 +230,32 @@ const steps = {
       if (seen >= s.deliveries) requests.end();
     }
     assert.equal(seen, s.deliveries);
+  },
+
+  // Set a quota on the scenario's queue, enqueue until one is refused RESOURCE_EXHAUSTED (the
+  // quota reaches the replica within about a second), decode RetryInfo and QuotaFailure; clear it.
+  async quota_refusal(ctx, s) {
+    const quota = { kind: QuotaKind.QUEUE, subject: ctx.queue, mailsPerS: s.mails_per_s, burstMails: BigInt(s.burst) };
+    await admin.setQuota({ quota });
+    try {
+      const mail = mailOf({ name: 'quota', sender: 'q@example.com', recipients: ['r@example.org'] });
+      const deadline = Date.now() + 10_000;
+      for (;;) {
+        try {
+          await enqueue.enqueue(inline(ctx.queue, mail, Buffer.from('Subject: q\r\n\r\nq')));
+        } catch (err) {
+          assert.ok(err instanceof ConnectError && err.code === Code.ResourceExhausted, String(err));
+          const detail = (name) => err.details.find((d) => d.type === RPC + name);
+          assert.ok(detail('RetryInfo') && readRetryInfo(detail('RetryInfo').value) > 0, 'RetryInfo with a delay');
+          const violations = readQuotaFailure(detail('QuotaFailure').value);
+          assert.deepEqual(violations.map((v) => v.subject), [`queue:${ctx.queue}`]);
+          return;
+        }
+        assert.ok(Date.now() < deadline, 'no RESOURCE_EXHAUSTED within 10 s of SetQuota');
+      }
+    } finally {
+      await admin.clearQuota({ kind: QuotaKind.QUEUE, subject: ctx.queue });
+    }
   },
 
   async delete_by_sender(ctx, s) {
