@@ -14,6 +14,7 @@ from typing import Any
 import grpc
 from prometheus_client import Counter, Histogram
 
+from services.domain import quotas
 from services.domain.errors import InvalidArgument, MailQueueError
 from services.runtime.status import status_of, trailers_of
 
@@ -74,7 +75,10 @@ async def _fail(context: grpc.aio.ServicerContext, method: str, e: BaseException
     if isinstance(e, NotImplementedError):
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{method} is not implemented yet")
     if isinstance(e, MailQueueError):
-        log.info("rpc refused", extra={"method": method, "code": e.status, "reason": str(e)})
+        # A quota refusal is counted (mailqueue_quota_refused_total), not logged: a tenant over its
+        # rate may be refused thousands of times a second.
+        if not isinstance(e, quotas.QuotaExceeded):
+            log.info("rpc refused", extra={"method": method, "code": e.status, "reason": str(e)})
         detail = str(e)
         detail = detail if len(detail) <= MAX_DETAIL else detail[:MAX_DETAIL] + "..."
         await context.abort(status_of(e), detail, trailers_of(e, detail))

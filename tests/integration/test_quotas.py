@@ -208,11 +208,25 @@ def test_depth_limit_refuses_writes_nothing_and_accepts_once_drained(quota_suite
         assert failure.violations[0].subject == f"queue:{queue}"
         assert failure.violations[0].description.startswith("max_queued_mails")
         assert retry.retry_delay.seconds >= 1
+    # A streamed mail is refused the same way, before its content is stored
+    def parts():
+        yield enqueue_pb2.EnqueueStreamRequest(header=enqueue_pb2.EnqueueHeader(
+            queue=queue, mail=simple_mail("over-stream", sender="z@depth.test")))
+        yield enqueue_pb2.EnqueueStreamRequest(chunk=content + b"streamed")
+
+    with pytest.raises(grpc.RpcError) as streamed:
+        stub.EnqueueStream(parts(), metadata=AUTH, timeout=10)
+    assert streamed.value.code() == EXHAUSTED and details(streamed.value)[1].violations[0].subject == f"queue:{queue}"
     # And it wrote nothing: no view row, no broker message, no blob
+    accepted_content = inline(queue, simple_mail("x")).inline_content  # the blob id is its SHA-256: found
+    assert s.blob_stub.Stat(blob_pb2.StatRequest(blob_id=hashlib.sha256(accepted_content).hexdigest())).size == len(accepted_content)
     assert sorted(m.mail.name for m in s.browsed_mails(queue)) == ["d0", "d1", "d2"]
     assert message_count(queue) == 3
     with pytest.raises(grpc.RpcError) as stat:
         s.blob_stub.Stat(blob_pb2.StatRequest(blob_id=hashlib.sha256(content).hexdigest()))
+    assert stat.value.code() == grpc.StatusCode.NOT_FOUND
+    with pytest.raises(grpc.RpcError) as stat:
+        s.blob_stub.Stat(blob_pb2.StatRequest(blob_id=hashlib.sha256(content + b"streamed").hexdigest()))
     assert stat.value.code() == grpc.StatusCode.NOT_FOUND
     # When the queue is drained, it accepts again
     consumer = StreamConsumer(s.dequeue_stub, queue)
