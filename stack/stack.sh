@@ -165,7 +165,7 @@ cassandra_launch() {
     -Dcassandra.storagedir="$dir" \
     -Dcassandra.logdir="$(dirname "$log")" \
     -Dcassandra.skip_wait_for_gossip_to_settle=0 \
-    -Dcassandra.ring_delay_ms=0 \
+    -Dcassandra.ring_delay_ms="${CASSANDRA_RING_DELAY_MS:-0}" \
     -Dcassandra.consistent.rangemovement=false \
     -Dcassandra.superuser_setup_delay_ms=0 \
     -Dlogback.configurationFile="file://$ROOT/stack/cassandra/logback.xml" \
@@ -333,6 +333,10 @@ cluster_cassandra_launch() {
   local i=$1 bootstrap=true
   # A new cluster has nothing to stream: nodes 2 and 3 join without bootstrapping, together.
   [[ -d "$CLUSTER_DIR/cassandra$i/data" ]] || bootstrap=false
+  # Nodes 2 and 3 wait up to 30 s for the seed's first gossip answer (the ring delay bounds that
+  # shadow round; at 0 a joining node gave up after 2 s on a busy machine: "Unable to gossip with
+  # any peers"); it returns as soon as the seed answers.
+  [[ $i != 1 ]] && local CASSANDRA_RING_DELAY_MS=30000
   cassandra_launch "cluster/cassandra$i" "$(cluster_cassandra_address "$i")" "$CLUSTER_CASSANDRA_PORT" \
     "$CLUSTER_CASSANDRA_STORAGE_PORT" "$CLUSTER_CASSANDRA_HEAP" mailqueue-cluster "127.0.0.1:$CLUSTER_CASSANDRA_STORAGE_PORT" \
     "$([[ $i == 1 ]] && echo true || echo "$bootstrap")"
@@ -340,13 +344,13 @@ cluster_cassandra_launch() {
 
 # cluster_cassandra_wait_ring SECONDS: wait until node 1 sees the three nodes up, saying which are
 # up every 20 s. A node whose process exited meanwhile is shown (its last lines) and started again,
-# once; at the deadline, every node's last errors are shown before giving up.
+# twice at most; at the deadline, every node's last errors are shown before giving up.
 cluster_cassandra_wait_ring() {
   local seconds=$1 start=$SECONDS line i relaunched=""
   until line=$(cluster_cassandra_ring 2>/dev/null); do
     for i in 2 3; do
       pid_of "cluster/cassandra$i" >/dev/null && continue
-      [[ $relaunched == *$i* ]] && die "cluster/cassandra$i exited twice; read $LOG_DIR/cluster/cassandra$i.log and .out"
+      [[ $relaunched == *$i$i* ]] && die "cluster/cassandra$i exited three times; read $LOG_DIR/cluster/cassandra$i.log and .out"
       say "cluster/cassandra$i exited while joining; its last lines:"
       tail -n 15 "$LOG_DIR/cluster/cassandra$i.out" "$LOG_DIR/cluster/cassandra$i.log" >&2 2>/dev/null || true
       relaunched+=$i
