@@ -131,3 +131,22 @@ def test_webhook_svc_follows_the_registrations_and_serves_health(aio_loop, suite
         receiver.server.shutdown()
     assert webhooks.returncode == 0, err[-2000:]
     assert "Traceback" not in err, err[-2000:]
+
+
+def test_webhook_svc_is_alive_but_not_ready_while_cassandra_does_not_answer(keyspace):
+    """Readiness NOT_SERVING (out of a Service, not restarted), liveness SERVING, while its backend is unreachable."""
+    from grpc_health.v1 import health_pb2
+
+    from stack.harness import health
+
+    port = free_port()
+    env = {**as_service("browse", service_env(keyspace, MAILQUEUE_PORT=str(port))), "MAILQUEUE_CASSANDRA_PORT": str(free_port())}
+    webhooks = subprocess.Popen([sys.executable, "-m", "webhook_svc"], env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    target = f"127.0.0.1:{port}"
+    try:
+        wait_until(lambda: health(target, "liveness") == health_pb2.HealthCheckResponse.SERVING, 30, 0.1, what="liveness SERVING")
+        assert health(target) == health_pb2.HealthCheckResponse.NOT_SERVING
+    finally:
+        webhooks.send_signal(signal.SIGTERM)
+        err = webhooks.communicate(timeout=30)[1].decode()
+    assert webhooks.returncode == 0 and "not serving" in err, err[-2000:]
