@@ -13,7 +13,6 @@ from browse_svc.events import EventServicer
 from browse_svc.servicer import AdminServicer, BrowseServicer
 from browse_svc.webhooks import WebhookAdminServicer
 from mailqueue.v1 import admin_pb2_grpc, browse_pb2_grpc, events_pb2_grpc, webhooks_pb2_grpc
-from services.adapters.cassandra.webhooks_store import CassandraWebhooks
 from services.app import gauges
 from services.app.admin import Admin
 from services.app.browser import Browser
@@ -25,6 +24,7 @@ from services.app.webhook_admin import WebhookAdmin
 from services.domain.errors import BackendUnavailable
 from services.runtime.backends import Backends
 from services.runtime.queue_app import QueueApp
+from services.runtime.webhooks import webhook_admin
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +69,7 @@ class BrowseApp(QueueApp[BrowseSide]):
         admin = Admin(b.view, b.broker, b.state, browser, b.events)
         return BrowseSide(browser, admin, ShapingAdmin(b.view.shaping, b.state, b.events),
                           DeadLetterAdmin(b.view, b.broker, browser, admin.mover, b.events),
-                          History(b.events), WebhookAdmin(CassandraWebhooks(b.view.session, self.settings.cassandra.keyspace), b.events))
+                          History(b.events), webhook_admin(b.view, self.settings.cassandra.keyspace, b.events))
 
     def background(self, b: Backends) -> list[Coroutine[Any, Any, None]]:
         server = self.settings.server

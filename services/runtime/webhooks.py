@@ -38,6 +38,7 @@ from services.adapters.cassandra.webhooks_store import CassandraWebhooks
 from services.adapters.http_poster import UrllibPoster
 from services.adapters.rabbitmq.broker import RabbitMQBroker
 from services.adapters.rabbitmq.event_stream import RabbitMQEventStream
+from services.app.webhook_admin import WebhookAdmin
 from services.app.webhook_delivery import EndpointDelivery
 from services.app.webhook_fleet import EndpointFleet
 from services.domain.errors import ConfigurationError
@@ -45,6 +46,7 @@ from services.domain.event_stream import EventFilter
 from services.domain.events import EventType
 from services.domain.webhook_registry import Registration
 from services.domain.webhooks import Endpoint
+from services.ports.events import EventLog
 from services.runtime import server
 from services.runtime.settings import Settings, _float, _get
 
@@ -91,6 +93,11 @@ def endpoint_of(r: Registration) -> Endpoint | None:
                   "it is tried again at each reload)", extra={"endpoint": r.name, "secret_file": r.secret_file, "error": str(e)})
         return None
     return Endpoint(r.name, r.url, secret, EventFilter.of(r.queues, r.types), r.max_age_s)
+
+
+def webhook_admin(view: View, keyspace: str, events: EventLog) -> WebhookAdmin:
+    """WebhookAdminService's use-case over the registrations of ``keyspace`` (browse_svc serves it)."""
+    return WebhookAdmin(CassandraWebhooks(view.session, keyspace), events)
 
 
 async def supervise(delivery: EndpointDelivery) -> None:
