@@ -107,6 +107,7 @@ def start_webhooks(keyspace: str, endpoints: list[dict], tmp_path, metrics_port:
     path = tmp_path / f"webhooks-{uuid.uuid4().hex[:6]}.json"
     path.write_text(json.dumps(endpoints))
     env = as_service("browse", service_env(keyspace, MAILQUEUE_WEBHOOKS_FILE=str(path), MAILQUEUE_WEBHOOK_BACKOFF_CAP_S="1",
+                                              MAILQUEUE_PORT=str(free_port()),
                                               MAILQUEUE_METRICS_PORT=str(metrics_port)))
     return subprocess.Popen([sys.executable, "-m", "webhook_svc"], env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
