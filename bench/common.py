@@ -231,7 +231,7 @@ class CpuMeter:
 
     def per_op(self, ops: float) -> str:
         used = {name: 1000 * (cpu_seconds(pid) - self._start[name]) / ops for name, pid in self._pids.items()}
-        total = sum(used.values())
+        total = sum(used.values()) or 1e-9  # a phase too short to be measured (a busy machine)
         parts = ", ".join(f"{name} {ms:.2f}" for name, ms in used.items())
         cores = os.cpu_count() or 1
         return f"CPU ms per op: {parts}; total {total:.2f} (at most {cores * 1000 / total:.0f}/s on {cores} cores)"

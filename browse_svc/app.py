@@ -11,7 +11,8 @@ from typing import Any
 
 from browse_svc.events import EventServicer
 from browse_svc.servicer import AdminServicer, BrowseServicer
-from mailqueue.v1 import admin_pb2_grpc, browse_pb2_grpc, events_pb2_grpc
+from browse_svc.webhooks import WebhookAdminServicer
+from mailqueue.v1 import admin_pb2_grpc, browse_pb2_grpc, events_pb2_grpc, webhooks_pb2_grpc
 from services.app import gauges
 from services.app.admin import Admin
 from services.app.browser import Browser
@@ -20,9 +21,11 @@ from services.app.healer import Healer
 from services.app.history import History
 from services.app.quota_admin import QuotaAdmin
 from services.app.shaping_admin import ShapingAdmin
+from services.app.webhook_admin import WebhookAdmin
 from services.domain.errors import BackendUnavailable
 from services.runtime.backends import Backends
 from services.runtime.queue_app import QueueApp
+from services.runtime.webhooks import webhook_admin
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +37,7 @@ class BrowseSide:
     shaping: ShapingAdmin
     dead_letters: DeadLetterAdmin
     history: History
+    webhooks: WebhookAdmin
     quotas: QuotaAdmin
 
 
@@ -51,6 +55,8 @@ class BrowseApp(QueueApp[BrowseSide]):
             (events_pb2_grpc.add_EventServiceServicer_to_server,
              EventServicer(lambda: self.service().history, lambda: self.backends().stream),
              "mailqueue.v1.EventService"),
+            (webhooks_pb2_grpc.add_WebhookAdminServiceServicer_to_server, WebhookAdminServicer(lambda: self.service().webhooks),
+             "mailqueue.v1.WebhookAdminService"),
         ]
 
     async def connect(self) -> None:
@@ -66,7 +72,8 @@ class BrowseApp(QueueApp[BrowseSide]):
         admin = Admin(b.view, b.broker, b.state, browser, b.events)
         return BrowseSide(browser, admin, ShapingAdmin(b.view.shaping, b.state, b.events),
                           DeadLetterAdmin(b.view, b.broker, browser, admin.mover, b.events),
-                          History(b.events), QuotaAdmin(b.view.quotas, b.state, b.events))
+                          History(b.events), webhook_admin(b.view, self.settings.cassandra.keyspace, b.events),
+                          QuotaAdmin(b.view.quotas, b.state, b.events))
 
     def background(self, b: Backends) -> list[Coroutine[Any, Any, None]]:
         server = self.settings.server

@@ -32,6 +32,8 @@
     mailq enqueue Q FILE.eml --from A --to B [--to C] [--name N] [--delay 10m] [--priority high|normal|low]
     mailq dequeue Q [-n N] [--ack success|retry|reject] [--retry-after 5m] [--out DIR]
     mailq trace ID [--queue Q] | trace --name N [--json]   what happened to a mail: its events, times and actors
+    mailq webhook add NAME URL --secret-file PATH [--events TYPE...] [--queues Q...] [--max-age-s N] [--from-oldest]
+    mailq webhook list | webhook remove NAME   the endpoints webhook_svc delivers events to
 
 An ID is a full enqueue id or a unique prefix of one (at least 4 characters), as `mailq browse` prints it.
 
@@ -47,7 +49,7 @@ import sys
 
 import grpc
 
-from mailq import dead, mails, queues, quota, rules, throttle, trace, transfer
+from mailq import dead, mails, queues, quota, rules, throttle, trace, transfer, webhook
 from mailq.common import EXIT_CLOSED_PIPE, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, Client, UsageError
 from services.runtime.server_settings import DEFAULT_PORTS
 
@@ -76,8 +78,9 @@ HINTS = {
 #: The modules that hold the commands, each adding its own with ``register(sub)``, in this order:
 #: queues (queues, show, size, create, retry-policy, shape, reconcile, drop, config), mails (browse, delete,
 #: clear, flush, republish, move), transfer (enqueue, dequeue), rules (hold, bounce, rules, release),
-#: throttle, quota, dead, trace.
+#: throttle, quota, dead, trace, webhook.
 COMMANDS = (queues, mails, transfer, rules, throttle, quota, dead, trace)
+COMMANDS += (webhook,)  # webhook add|list|remove (kept on its own line: one line to merge)
 
 
 def parser() -> argparse.ArgumentParser:

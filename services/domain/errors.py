@@ -69,3 +69,10 @@ class PublishersBlocked(BackendUnavailable):
 
 class ConfigurationError(Exception):
     """A configuration (environment or stored) breaks a rule: the service refuses to start."""
+
+
+# --- webhook registrations (WebhookAdminService) ---
+class AlreadyExists(MailQueueError):
+    """What the request creates exists already under that name (a webhook endpoint)."""
+
+    status = "ALREADY_EXISTS"

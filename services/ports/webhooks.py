@@ -5,12 +5,17 @@ Contracts:
   ``save`` stores it durably (BackendUnavailable otherwise). One row per endpoint.
 - ``Poster.post`` sends one request and returns the HTTP status; None when no answer came (a
   timeout, a refused or reset connection). It never raises for the endpoint's failures.
+- ``Registry`` stores the registered endpoints (WebhookAdminService): ``add`` returns False, and
+  writes nothing, when the name is taken; ``remove`` returns the endpoint removed, None (nothing
+  written) when there was none; ``all`` lists them by name. BackendUnavailable when the store fails.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Protocol
+
+from services.domain.webhook_registry import Registration
 
 
 class Checkpoints(Protocol):
@@ -21,3 +26,13 @@ class Checkpoints(Protocol):
 
 class Poster(Protocol):
     async def post(self, url: str, body: bytes, headers: Mapping[str, str], timeout_s: float) -> int | None: ...
+
+
+class Registry(Protocol):
+    async def add(self, r: Registration) -> bool: ...
+
+    async def get(self, name: str) -> Registration | None: ...
+
+    async def remove(self, name: str) -> Registration | None: ...
+
+    async def all(self) -> list[Registration]: ...

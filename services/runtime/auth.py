@@ -38,6 +38,7 @@ PERMISSIONS: dict[str, frozenset[str]] = {
     "/mailqueue.v1.BrowseService/": frozenset({"reader"}),
     "/mailqueue.v1.AdminService/": frozenset(),
     "/mailqueue.v1.EventService/": frozenset({"reader"}),
+    "/mailqueue.v1.WebhookAdminService/": frozenset(),  # admin only: it says where events go
     "/mailqueue.v1.BlobService/Put": frozenset({"producer"}),  # and PutBytes
     "/mailqueue.v1.BlobService/Get": frozenset({"consumer", "reader"}),  # and GetBytes
     "/mailqueue.v1.BlobService/Stat": frozenset({"producer", "consumer", "reader"}),

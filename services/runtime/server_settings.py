@@ -11,6 +11,9 @@ ROLES = ("producer", "consumer", "reader", "admin")
 
 #: Default gRPC and metrics ports per service (DESIGN §7).
 DEFAULT_PORTS = {"enqueue": 50051, "dequeue": 50052, "browse": 50053, "blob": 50054}
+#: The same for every server process, the ones mailq does not call included (webhook_svc serves
+#: health, reflection and metrics only).
+SERVICE_PORTS = {**DEFAULT_PORTS, "webhook": 50055}
 METRICS_PORT_OFFSET = 1000  # enqueue metrics on 51051, and so on
 
 

@@ -22,7 +22,7 @@ from services.adapters.s3.settings import S3Settings
 from services.domain import quotas
 from services.domain.errors import ConfigurationError
 from services.domain.settings import EventSettings, LimitSettings, ViewSettings
-from services.runtime.server_settings import DEFAULT_PORTS, METRICS_PORT_OFFSET, ROLES, ServerSettings, TLSSettings
+from services.runtime.server_settings import METRICS_PORT_OFFSET, ROLES, SERVICE_PORTS, ServerSettings, TLSSettings
 
 
 def _get(env: Mapping[str, str], name: str, default: str) -> str:
@@ -310,7 +310,7 @@ def _tokens(env: Mapping[str, str]) -> dict[str, str]:
 
 
 def server_from_env(service: str, env: Mapping[str, str] = os.environ) -> ServerSettings:
-    port = _int(env, "PORT", DEFAULT_PORTS[service], 0)
+    port = _int(env, "PORT", SERVICE_PORTS[service], 0)
     return ServerSettings(
         service=service,
         host=_get(env, "HOST", "127.0.0.1"),

@@ -1,15 +1,25 @@
-"""webhook_svc: delivers the event stream to the HTTP endpoints of MAILQUEUE_WEBHOOKS_FILE
+"""webhook_svc: delivers the event stream to the registered HTTP endpoints
 (services/app/webhook_delivery.py), each endpoint in a task of its own with a consumer of its own;
 checkpoints in Cassandra (``webhook_checkpoints_v1``).
 
-MAILQUEUE_WEBHOOKS_FILE is a JSON array of endpoints::
+Endpoints come from two places, read again every MAILQUEUE_WEBHOOK_RELOAD_S (default 5 s;
+services/app/webhook_fleet.py starts and stops their tasks):
+
+- the registrations stored with ``mailq webhook add`` (WebhookAdminService, ``webhooks_v1``);
+- MAILQUEUE_WEBHOOKS_FILE, if set: a JSON array of endpoints (a name also registered: the file's wins)::
 
     [{"name": "billing", "url": "https://billing.example/hooks", "secret_file": "/secrets/billing",
       "queues": ["outbound"], "types": ["delivered", "rejected"], "max_age_s": 86400, "from_oldest": false}]
 
 ``name`` keys the checkpoint (renaming an endpoint starts it over); ``secret_file`` holds the HMAC
-secret (never in the JSON); ``queues``/``types`` empty or absent: every one; ``from_oldest``: an
-endpoint without a checkpoint starts at the oldest event kept instead of the next one.
+secret, read here and nowhere else (a registration keeps the path only); ``queues``/``types``
+empty or absent: every one; ``from_oldest``: an endpoint without a checkpoint starts at the
+oldest event kept instead of the next one. A registered endpoint whose secret file cannot be
+read is skipped (logged) until it can.
+
+It serves gRPC health (SERVING once the stream is declared and the endpoints loaded, NOT_SERVING
+while Cassandra or RabbitMQ does not answer), reflection and Prometheus metrics like every
+service (services/runtime/server.py): port MAILQUEUE_PORT (default 50055), metrics on +1000.
 """
 
 from __future__ import annotations
@@ -19,27 +29,39 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Mapping
-
-from prometheus_client import start_http_server
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from services.adapters.cassandra.view import View
 from services.adapters.cassandra.webhook_checkpoints import CassandraCheckpoints
+from services.adapters.cassandra.webhooks_store import CassandraWebhooks
 from services.adapters.http_poster import UrllibPoster
 from services.adapters.rabbitmq.broker import RabbitMQBroker
 from services.adapters.rabbitmq.event_stream import RabbitMQEventStream
+from services.app.webhook_admin import WebhookAdmin
 from services.app.webhook_delivery import EndpointDelivery
+from services.app.webhook_fleet import EndpointFleet
 from services.domain.errors import ConfigurationError
 from services.domain.event_stream import EventFilter
 from services.domain.events import EventType
+from services.domain.webhook_registry import Registration
 from services.domain.webhooks import Endpoint
-from services.runtime.logs import configure
-from services.runtime.settings import _float, _get, _int, cassandra_from_env, rabbitmq_from_env
+from services.ports.events import EventLog
+from services.runtime import server
+from services.runtime.settings import Settings, _float, _get
 
 log = logging.getLogger("mailqueue.webhooks")
 
 #: Seconds before an endpoint's delivery is started again after its stream or checkpoint failed.
 RESTART_S = 2.0
+
+
+def read_secret(path: str) -> bytes:
+    with open(path, "rb") as f:
+        secret = f.read().strip()
+    if not secret:
+        raise ValueError(f"the secret file {path} is empty")
+    return secret
 
 
 def endpoints_from_file(path: str) -> list[tuple[Endpoint, bool]]:
@@ -49,10 +71,9 @@ def endpoints_from_file(path: str) -> list[tuple[Endpoint, bool]]:
             entries = json.load(f)
         out, names = [], set()
         for entry in entries:
-            with open(entry["secret_file"], "rb") as f:
-                secret = f.read().strip()
-            if not secret or entry["name"] in names or not str(entry["url"]).startswith(("http://", "https://")):
-                raise ValueError(f"endpoint {entry['name']!r}: an empty secret, a name used twice, or a URL not http(s)")
+            secret = read_secret(entry["secret_file"])
+            if entry["name"] in names or not str(entry["url"]).startswith(("http://", "https://")):
+                raise ValueError(f"endpoint {entry['name']!r}: a name used twice, or a URL not http(s)")
             names.add(entry["name"])
             wanted = EventFilter.of(entry.get("queues", ()), [EventType(t) for t in entry.get("types", ())])
             out.append((Endpoint(entry["name"], entry["url"], secret, wanted, float(entry.get("max_age_s", 86400)),
@@ -61,6 +82,22 @@ def endpoints_from_file(path: str) -> list[tuple[Endpoint, bool]]:
         return out
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ConfigurationError(f"MAILQUEUE_WEBHOOKS_FILE={path}: {e}") from e
+
+
+def endpoint_of(r: Registration) -> Endpoint | None:
+    """A registration as an endpoint, its secret read from its file; None (logged) when that file cannot be read."""
+    try:
+        secret = read_secret(r.secret_file)
+    except (OSError, ValueError) as e:
+        log.error("webhook endpoint skipped: its secret file cannot be read (fix the file or the mounted Secret; "
+                  "it is tried again at each reload)", extra={"endpoint": r.name, "secret_file": r.secret_file, "error": str(e)})
+        return None
+    return Endpoint(r.name, r.url, secret, EventFilter.of(r.queues, r.types), r.max_age_s)
+
+
+def webhook_admin(view: View, keyspace: str, events: EventLog) -> WebhookAdmin:
+    """WebhookAdminService's use-case over the registrations of ``keyspace`` (browse_svc serves it)."""
+    return WebhookAdmin(CassandraWebhooks(view.session, keyspace), events)
 
 
 async def supervise(delivery: EndpointDelivery) -> None:
@@ -74,35 +111,73 @@ async def supervise(delivery: EndpointDelivery) -> None:
             await asyncio.sleep(RESTART_S)
 
 
-async def serve(env: Mapping[str, str]) -> None:
-    path = _get(env, "WEBHOOKS_FILE", "")
-    if not path:
-        raise ConfigurationError("MAILQUEUE_WEBHOOKS_FILE is not set: it lists the endpoints to deliver to")
-    endpoints = endpoints_from_file(path)
-    #: The longest wait between two tries of a failing endpoint.
-    cap_s = _float(env, "WEBHOOK_BACKOFF_CAP_S", 60.0, 0.01)
-    #: Prometheus metrics (mailqueue_webhook_*) on this port of MAILQUEUE_HOST (0: none).
-    metrics_port = _int(env, "METRICS_PORT", 0, 0, 65535)
-    if metrics_port:
-        start_http_server(metrics_port, addr=_get(env, "HOST", "127.0.0.1"))
-    cassandra, rabbitmq = cassandra_from_env(env), rabbitmq_from_env(env)
-    view = await View.open(cassandra)
-    broker = RabbitMQBroker(rabbitmq, cassandra.keyspace)
-    stream = RabbitMQEventStream(broker, cassandra.keyspace, rabbitmq)
-    checkpoints, poster = CassandraCheckpoints(view.session, cassandra.keyspace), UrllibPoster()
-    log.info("delivering events", extra={"endpoints": ",".join(e.name for e, _ in endpoints)})
-    try:
-        await asyncio.gather(*(supervise(EndpointDelivery(e, stream, checkpoints, poster, from_oldest=oldest, backoff_cap_s=cap_s))
-                               for e, oldest in endpoints))
-    finally:
-        await broker.close()
-        view.close()
+class WebhookApp(server.App):
+    name = "webhook"
+
+    def __init__(self, settings: Settings, env: Mapping[str, str] = os.environ) -> None:
+        super().__init__(settings)
+        self._file = _get(env, "WEBHOOKS_FILE", "")
+        #: The longest wait between two tries of a failing endpoint.
+        self._cap_s = _float(env, "WEBHOOK_BACKOFF_CAP_S", 60.0, 0.01)
+        #: Seconds between two readings of the registrations (and of MAILQUEUE_WEBHOOKS_FILE).
+        self.reload_s = _float(env, "WEBHOOK_RELOAD_S", 5.0, 0.1)
+        self._view: View | None = None
+        self._broker: RabbitMQBroker | None = None
+        self.fleet: EndpointFleet | None = None
+        self._reloader: asyncio.Task[None] | None = None
+
+    def servicers(self) -> list[tuple[Callable[[Any, Any], None], Any, str]]:
+        return []  # health, reflection and metrics only
+
+    async def connect(self) -> None:
+        cassandra, rabbitmq = self.settings.cassandra, self.settings.rabbitmq
+        view = await View.open(cassandra)
+        try:
+            broker = RabbitMQBroker(rabbitmq, cassandra.keyspace)
+            stream = RabbitMQEventStream(broker, cassandra.keyspace, rabbitmq)
+            await stream.declare()  # the stream is reachable
+            registry = CassandraWebhooks(view.session, cassandra.keyspace)
+            checkpoints, poster = CassandraCheckpoints(view.session, cassandra.keyspace), UrllibPoster()
+
+            async def load() -> dict[str, tuple[Endpoint, bool]]:
+                wanted = {r.name: (e, r.from_oldest) for r in await registry.all() if (e := endpoint_of(r)) is not None}
+                wanted.update({e.name: (e, oldest) for e, oldest in (endpoints_from_file(self._file) if self._file else [])})
+                return wanted
+
+            async def run(e: Endpoint, from_oldest: bool) -> None:
+                await supervise(EndpointDelivery(e, stream, checkpoints, poster, from_oldest=from_oldest, backoff_cap_s=self._cap_s))
+
+            fleet = EndpointFleet(load, run)
+            await fleet.reload()  # SERVING only once the endpoints are loaded
+        except BaseException:
+            view.close()
+            raise
+        self._view, self._broker, self.fleet = view, broker, fleet
+        self._reloader = asyncio.create_task(fleet.reload_forever(self.reload_s))
+        log.info("delivering events", extra={"endpoints": ",".join(fleet.names), "reload_s": self.reload_s})
+
+    async def check(self) -> None:
+        assert self._view is not None and self._broker is not None
+        await self._view.ping()
+        await self._broker.ping()
+
+    async def close(self) -> None:
+        if self._reloader is not None:
+            self._reloader.cancel()
+        if self.fleet is not None:
+            await self.fleet.close()
+        if self._broker is not None:
+            await self._broker.close()
+        if self._view is not None:
+            self._view.close()
 
 
 def main(env: Mapping[str, str] = os.environ) -> None:
-    configure("webhook", env.get("MAILQUEUE_LOG_LEVEL", "INFO"))
+    path = _get(env, "WEBHOOKS_FILE", "")
     try:
-        asyncio.run(serve(env))
+        if path:
+            endpoints_from_file(path)  # a bad file refuses the start at once
     except ConfigurationError as e:
         print(f"webhook: refusing to start: {e}", file=sys.stderr)
         sys.exit(2)
+    server.main(WebhookApp, "webhook")

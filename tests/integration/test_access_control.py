@@ -114,3 +114,21 @@ def test_a_denied_dequeue_is_always_permission_denied(secured):
             subscribe=dequeue_pb2.Subscribe(queue="secured-q"))]), timeout=10)))
         codes[c] = codes.get(c, 0) + 1
     assert codes == {grpc.StatusCode.PERMISSION_DENIED: 300}
+
+
+def test_only_an_admin_registers_or_lists_webhooks(secured):
+    """Where events (with their senders and names) go is the admin's to say: no other role may even list it."""
+    from mailqueue.v1 import webhooks_pb2, webhooks_pb2_grpc
+
+    def stub(role: str) -> webhooks_pb2_grpc.WebhookAdminServiceStub:
+        return webhooks_pb2_grpc.WebhookAdminServiceStub(blocking_channel(secured.browse.target, TOKENS[role]))
+
+    add = webhooks_pb2.AddWebhookRequest(webhook=webhooks_pb2.Webhook(name="secured-hook", url="https://h.example/", secret_file="/s"))
+    for role in ("producer", "consumer", "reader"):
+        assert code_of(lambda: stub(role).AddWebhook(add)) == grpc.StatusCode.PERMISSION_DENIED  # noqa: B023
+        assert code_of(lambda: stub(role).ListWebhooks(webhooks_pb2.ListWebhooksRequest())) == grpc.StatusCode.PERMISSION_DENIED  # noqa: B023
+    assert list(stub("admin").ListWebhooks(webhooks_pb2.ListWebhooksRequest()).webhooks) == []  # nothing was added
+    assert stub("admin").AddWebhook(add).webhook.name == "secured-hook"
+    assert code_of(lambda: stub("reader").RemoveWebhook(webhooks_pb2.RemoveWebhookRequest(name="secured-hook"))) == \
+        grpc.StatusCode.PERMISSION_DENIED
+    assert [w.name for w in stub("admin").ListWebhooks(webhooks_pb2.ListWebhooksRequest()).webhooks] == ["secured-hook"]

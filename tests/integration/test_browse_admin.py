@@ -54,7 +54,11 @@ def test_browse_across_slices_in_order_with_an_empty_slice(fast_suite):
             enqueue_names(s, queue, [f"slice{k}-a", f"slice{k}-b"])
             order += [f"slice{k}-a", f"slice{k}-b"]
     rows = view_rows(s, queue)
-    assert len({r.slice_start for r in rows}) == 4
+    # Four slices at least (two mails of one slice straddle a boundary on a busy machine), with an
+    # empty one between the first and the last.
+    slices = sorted({r.slice_start for r in rows})
+    assert len(slices) >= 4
+    assert (slices[-1] - slices[0]).total_seconds() + 1 > len(slices), slices
     assert s.browsed_names(queue) == order
     assert s.size(queue) == 8
 

@@ -1,6 +1,6 @@
 """The mail queue view (services/ports/view.py: MailQueueView) on Cassandra's tables: the mail
 rows, their deleted marks and schedules, browse start and the slice counters, through their DAOs
-(services/adapters/cassandra/daos.py)."""
+(one module per table: services/adapters/cassandra/enqueued_mails.py, deleted_mails.py, starts.py, counters.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,10 @@ from typing import Any
 
 from prometheus_client import Counter
 
-from services.adapters.cassandra.daos import CountersDAO, DeletedMailsDAO, EnqueuedMailsDAO, StartsDAO
+from services.adapters.cassandra.counters import CountersDAO
+from services.adapters.cassandra.deleted_mails import DeletedMailsDAO
+from services.adapters.cassandra.enqueued_mails import EnqueuedMailsDAO
+from services.adapters.cassandra.starts import StartsDAO
 from services.domain import counts, model
 from services.ports.view import MailQueueView
 

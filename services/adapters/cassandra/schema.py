@@ -49,6 +49,9 @@ HISTORY_GC_GRACE_S = 3 * 3600
 _HISTORY_COMPACTION = ("{{'class': 'TimeWindowCompactionStrategy', 'compaction_window_unit': 'DAYS', "
                        "'compaction_window_size': 1}}")
 WEBHOOK_CHECKPOINTS = table("webhook_checkpoints")
+# --- webhook registrations (WebhookAdminService) ---
+WEBHOOKS = table("webhooks")
+# --- end webhook registrations ---
 
 #: Idempotency keys are remembered this long.
 IDEMPOTENCY_TTL_S = 24 * 3600
@@ -158,6 +161,14 @@ TABLES = [
     f"""CREATE TABLE IF NOT EXISTS {{ks}}.{WEBHOOK_CHECKPOINTS} (
         endpoint text PRIMARY KEY, cursor text, updated timestamp
     ) WITH comment = 'Per webhook endpoint: the event-stream cursor of the last event it took (webhook_svc resumes after it). Overwritten in place, never deleted: no tombstones.'""",
+    # --- webhook registrations (WebhookAdminService) ---
+    f"""CREATE TABLE IF NOT EXISTS {{ks}}.{WEBHOOKS} (
+        part int, name text, url text, secret_file text, types list<text>, queues list<text>,
+        max_age_s double, from_oldest boolean, created_at timestamp,
+        PRIMARY KEY (part, name)
+    ) WITH gc_grace_seconds = 3600
+      AND comment = 'Registered webhook endpoints (mailq webhook add), one small partition read by webhook_svc every MAILQUEUE_WEBHOOK_RELOAD_S. secret_file is the path of the HMAC secret webhook_svc reads; the secret itself is never stored. Added IF NOT EXISTS, removed IF EXISTS (a handful of tombstones, purged after an hour).'""",
+    # --- end webhook registrations ---
 ]
 
 #: Storage-attached indexes (SAI, Cassandra 5): Browse by name or by enqueue id reads the rows of

@@ -11,25 +11,23 @@ from cassandra.cluster import Cluster, Session
 from services.adapters.cassandra import schema
 from services.adapters.cassandra.config_store import ConfigStore
 from services.adapters.cassandra.counter_buffer import CounterBuffer
-from services.adapters.cassandra.daos import (
-    CountersDAO,
-    DeletedMailsDAO,
-    EnqueuedMailsDAO,
-    IdempotencyDAO,
-    QueuesDAO,
-    RetryPoliciesDAO,
-    RulesDAO,
-    StartsDAO,
-)
+from services.adapters.cassandra.counters import CountersDAO
 from services.adapters.cassandra.dead_letters_store import DeadLettersStore
+from services.adapters.cassandra.deleted_mails import DeletedMailsDAO
+from services.adapters.cassandra.enqueued_mails import EnqueuedMailsDAO
 from services.adapters.cassandra.enqueuers_store import EnqueuersStore
+from services.adapters.cassandra.idempotency import IdempotencyDAO
 from services.adapters.cassandra.leases_store import LeasesStore
 from services.adapters.cassandra.mail_queue_view import CassandraMailQueueView
 from services.adapters.cassandra.moves_store import MovesStore
+from services.adapters.cassandra.queues import QueuesDAO
 from services.adapters.cassandra.quota_store import QuotaStore
+from services.adapters.cassandra.retry_policies import RetryPoliciesDAO
+from services.adapters.cassandra.rules import RulesDAO
 from services.adapters.cassandra.session import UNAVAILABLE_ERRORS, connect, execute
 from services.adapters.cassandra.settings import CassandraSettings
 from services.adapters.cassandra.shaping_store import ShapingStore
+from services.adapters.cassandra.starts import StartsDAO
 from services.domain.errors import BackendUnavailable
 from services.ports.view import MailQueueView
 

@@ -1,0 +1,85 @@
+"""``deleted_mails``: the deleted marks ("this mail is gone"), or a mail's schedule while it lives.
+
+The view's DAOs are one module per table; cells.py reads and writes their values."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from typing import Any
+
+from cassandra.cluster import Session
+from cassandra.query import UNSET_VALUE
+
+from services.adapters.cassandra import schema
+from services.adapters.cassandra.cells import micros, unset_if_empty, utc
+from services.adapters.cassandra.group_read import GroupRead
+from services.adapters.cassandra.session import execute
+from services.domain import model
+
+
+class DeletedMailsDAO:
+    """``deleted_mails``: "this mail is gone", or its schedule while it lives.
+
+    A mark sets ``reason`` and ``deleted_at`` (the retention sweep tells marks by ``deleted_at``);
+    a schedule change sets only the schedule columns, so it never hides nor revives a mark.
+    """
+
+    def __init__(self, session: Session, keyspace: str) -> None:
+        self._session = session
+        t = f"{keyspace}.{schema.DELETED_MAILS}"
+        self._mark = session.prepare(
+            f"INSERT INTO {t} (queue_name, enqueue_id, reason, deleted_at) VALUES (?, ?, ?, ?)"
+        )
+        self._mark_at = session.prepare(
+            f"INSERT INTO {t} (queue_name, enqueue_id, reason, deleted_at) VALUES (?, ?, ?, ?) USING TIMESTAMP ?"
+        )
+        self._unmark = session.prepare(
+            f"DELETE reason, deleted_at FROM {t} USING TIMESTAMP ? WHERE queue_name = ? AND enqueue_id = ?"
+        )
+        self._schedule = session.prepare(
+            f"UPDATE {t} SET generation = ?, deliver_at = ?, attempts = ?, last_error = ?, held_by = ? "
+            "WHERE queue_name = ? AND enqueue_id = ?"
+        )
+        self._get_many = session.prepare(
+            f"SELECT enqueue_id, reason, deleted_at, generation, deliver_at, attempts, last_error, held_by FROM {t} "
+            "WHERE queue_name = ? AND enqueue_id IN ?"
+        )
+        self._reads = GroupRead(self._fetch)
+
+    async def mark(self, queue: str, enqueue_id: uuid.UUID, reason: str, written_at: dt.datetime | None = None) -> None:
+        """Mark the mail gone. ``written_at``: the mark's write time in Cassandra (last write
+        wins), for an undo that must lose against a later ``unmark`` even when it lands later."""
+        if written_at is None:
+            await execute(self._session, self._mark, (queue, enqueue_id, reason, model.utcnow()))
+        else:
+            await execute(self._session, self._mark_at, (queue, enqueue_id, reason, written_at, micros(written_at)))
+
+    async def unmark(self, queue: str, enqueue_id: uuid.UUID, at: dt.datetime) -> None:
+        """Remove a mark written before ``at`` (one written after it stays)."""
+        await execute(self._session, self._unmark, (micros(at), queue, enqueue_id))
+
+    async def schedule(self, q: model.QueuedMail) -> None:
+        """Record the mail's new schedule (generation, deliver_at, attempts, last error)."""
+        # Empty values stay unset (no null cells): a held_by left from an earlier hold only counts
+        # while its rule is in force and the mail is not yet due (services/domain/rules.py).
+        await execute(self._session, self._schedule, (
+            q.generation, q.due(), q.attempts, unset_if_empty(q.last_error),
+            q.held_by if q.held_by is not None else UNSET_VALUE, q.queue, q.enqueue_id,
+        ))
+
+    async def _fetch(self, queue: str, enqueue_ids: list[uuid.UUID]) -> dict[uuid.UUID, Any]:
+        rows = await execute(self._session, self._get_many, (queue, enqueue_ids))
+        return {r.enqueue_id: r for r in rows}
+
+    async def state(self, queue: str, enqueue_id: uuid.UUID) -> model.MailState | None:
+        """The mail's mark or schedule; None when the view has neither (live, as enqueued).
+        Reads that meet in time share one request (services/adapters/cassandra/group_read.py)."""
+        r = await self._reads.get(queue, enqueue_id)
+        if r is None:
+            return None
+        gone = r.deleted_at is not None or r.reason is not None
+        return model.MailState(
+            reason=(r.reason or "deleted") if gone else None, generation=r.generation or 0,
+            deliver_at=utc(r.deliver_at), attempts=r.attempts or 0, last_error=r.last_error or "", held_by=r.held_by,
+        )

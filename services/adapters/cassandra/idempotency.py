@@ -1,0 +1,67 @@
+"""``enqueue_idempotency``: the claims of client idempotency keys.
+
+The view's DAOs are one module per table; cells.py reads and writes their values."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+
+from cassandra.cluster import Session
+
+from services.adapters.cassandra import schema
+from services.adapters.cassandra.cells import unset_if_empty, utc
+from services.adapters.cassandra.session import execute
+from services.domain import model
+
+
+class IdempotencyDAO:
+    """``enqueue_idempotency``: a client key claims one enqueue id, committed once durable. An
+    uncommitted claim names its owner, the lease (``enqueuers``) of the process whose attempt holds it."""
+
+    def __init__(self, session: Session, keyspace: str) -> None:
+        self._session = session
+        t = f"{keyspace}.{schema.IDEMPOTENCY}"
+        self._claim = session.prepare(
+            f"INSERT INTO {t} (queue_name, idempotency_key, enqueue_id, claimed_at, committed, owner) "
+            "VALUES (?, ?, ?, ?, false, ?) IF NOT EXISTS"
+        )
+        self._take_over = session.prepare(
+            f"UPDATE {t} SET claimed_at = ?, owner = ? WHERE queue_name = ? AND idempotency_key = ? "
+            "IF committed = false AND claimed_at = ?"
+        )
+        self._commit = session.prepare(
+            f"UPDATE {t} SET committed = true, enqueued_at = ?, blob_ids = ?, size = ? "
+            "WHERE queue_name = ? AND idempotency_key = ?"
+        )
+        self._release = session.prepare(
+            f"DELETE FROM {t} WHERE queue_name = ? AND idempotency_key = ? IF enqueue_id = ? AND claimed_at = ?"
+        )
+
+    async def claim(self, queue: str, key: str, enqueue_id: uuid.UUID, now: dt.datetime,
+                    owner: uuid.UUID | None = None) -> model.IdempotencyClaim | None:
+        """Claim ``key`` for ``enqueue_id`` (by ``owner``). None when claimed; otherwise who holds it."""
+        rows = await execute(self._session, self._claim, (queue, key, enqueue_id, now, unset_if_empty(owner)))
+        r = rows[0]
+        if r.applied:
+            return None
+        result = None
+        if r.committed:
+            result = model.EnqueueResult(r.enqueue_id, utc(r.enqueued_at), tuple(r.blob_ids or ()), r.size or 0, duplicate=True)
+        return model.IdempotencyClaim(r.enqueue_id, utc(r.claimed_at), result, getattr(r, "owner", None))
+
+    async def take_over(self, queue: str, key: str, now: dt.datetime, seen: dt.datetime,
+                        owner: uuid.UUID | None = None) -> bool:
+        """Take over an abandoned, uncommitted claim (its enqueuer crashed or failed), keeping its
+        enqueue id: a copy the abandoned attempt published is then the same mail. ``owner`` holds it now."""
+        rows = await execute(self._session, self._take_over, (now, unset_if_empty(owner), queue, key, seen))
+        r = rows[0]
+        # Not applied, but to our time: a retry by the driver of a take-over that had applied.
+        return bool(r.applied) or utc(getattr(r, "claimed_at", None)) == now
+
+    async def commit(self, queue: str, key: str, q: model.QueuedMail) -> None:
+        await execute(self._session, self._commit, (q.enqueued_at, unset_if_empty(list(q.blob_ids)), q.size, queue, key))
+
+    async def release(self, queue: str, key: str, enqueue_id: uuid.UUID, claimed_at: dt.datetime) -> None:
+        """Release the claim this attempt made (a claim taken over since then is left alone)."""
+        await execute(self._session, self._release, (queue, key, enqueue_id, claimed_at))

@@ -1,0 +1,65 @@
+"""A registered webhook endpoint (WebhookAdminService) and the rules it must meet (pure).
+
+The registration keeps the PATH of the HMAC secret's file, never the secret: the secret crosses
+no API and sits in no table or event, only in the file webhook_svc reads (in Kubernetes, a mounted
+Secret). Whoever may register an endpoint can thus not read another endpoint's secret back, and
+rotating a secret is a file (Secret) change that needs no API call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import re
+import urllib.parse
+
+from services.domain.errors import InvalidArgument
+from services.domain.events import EventType
+
+#: An endpoint's name: it keys its checkpoint (webhook_checkpoints_v1) and its metrics' label.
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+#: An endpoint's maximum event age when the registration names none.
+DEFAULT_MAX_AGE_S = 24 * 3600.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Registration:
+    name: str
+    url: str
+    secret_file: str
+    types: tuple[EventType, ...] = ()
+    queues: tuple[str, ...] = ()
+    max_age_s: float = DEFAULT_MAX_AGE_S
+    from_oldest: bool = False
+    created_at: dt.datetime | None = None
+
+    def settings(self) -> dict[str, str]:
+        """What the admin event records of it (no secret: only its file's path)."""
+        return {"url": self.url, "secret_file": self.secret_file, "types": ",".join(t.value for t in self.types),
+                "queues": ",".join(self.queues), "max_age_s": f"{self.max_age_s:g}", "from_oldest": str(self.from_oldest).lower()}
+
+
+def name_of(name: str) -> str:
+    """``name`` if it is a valid endpoint name; InvalidArgument saying what is wrong otherwise."""
+    if not name:
+        raise InvalidArgument("webhook name is empty: give 1 to 64 letters, digits, '-', '_' or '.'")
+    if not NAME.fullmatch(name):
+        raise InvalidArgument(f"webhook name {name!r} is invalid: 1 to 64 letters, digits, '-', '_' or '.', starting with a letter or digit")
+    return name
+
+
+def validate(r: Registration) -> Registration:
+    """``r`` with its defaults applied, or InvalidArgument naming the first field that is wrong."""
+    name_of(r.name)
+    url = urllib.parse.urlsplit(r.url)
+    if url.scheme not in ("http", "https") or not url.hostname:
+        raise InvalidArgument(f"webhook url {r.url!r} is not an http:// or https:// URL with a host")
+    if not r.secret_file.startswith("/"):
+        raise InvalidArgument(f"webhook secret_file {r.secret_file!r} is not an absolute path (the secret's file as "
+                              "webhook_svc sees it, e.g. a mounted Secret: /var/run/secrets/webhooks/NAME)")
+    if r.max_age_s < 0:
+        raise InvalidArgument(f"webhook max_age {r.max_age_s:g} s is negative")
+    if any(not q for q in r.queues):
+        raise InvalidArgument("webhook queues: an empty queue name")
+    return dataclasses.replace(r, max_age_s=r.max_age_s or DEFAULT_MAX_AGE_S, types=tuple(dict.fromkeys(r.types)),
+                               queues=tuple(dict.fromkeys(r.queues)))

@@ -1,0 +1,68 @@
+"""Webhook registrations: the rules a registration meets, its protobuf round trip, and how
+webhook_svc's fleet follows the registrations (pure: no server)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from services.app.webhook_fleet import EndpointFleet
+from services.contract.webhooks_serde import webhook_from_proto, webhook_to_proto
+from services.domain.errors import InvalidArgument
+from services.domain.events import EventType
+from services.domain.webhook_registry import Registration, validate
+from services.domain.webhooks import Endpoint
+
+OK = Registration("billing", "https://billing.example/hooks", "/secrets/billing")
+
+
+@pytest.mark.parametrize(("field", "value", "says"), [
+    ("name", "", "empty"), ("name", "a b", "invalid"), ("name", "x" * 65, "invalid"),
+    ("url", "ftp://h/", "http"), ("url", "https://", "http"), ("url", "billing.example", "http"),
+    ("secret_file", "secrets/x", "absolute"), ("max_age_s", -1.0, "negative"), ("queues", ("",), "empty queue"),
+])
+def test_a_bad_registration_is_refused_naming_the_field(field, value, says):
+    with pytest.raises(InvalidArgument, match=says):
+        validate(Registration(**{**OK.__dict__, field: value}))
+
+
+def test_defaults_apply_and_the_proto_round_trips():
+    # Given a registration without a maximum age, with a type twice
+    r = validate(Registration("b-1.x_y", "http://h:8080/p", "/s", (EventType.DELIVERED, EventType.DELIVERED), ("q",), 0.0, True))
+    # Then it gets the default age and each type once, and survives protobuf both ways
+    assert r.max_age_s == 86400 and r.types == (EventType.DELIVERED,)
+    assert webhook_from_proto(webhook_to_proto(r)) == r
+    assert "secret" not in "".join(r.settings().values()).replace("secret_file", "")  # only the path is recorded
+
+
+def test_the_fleet_starts_stops_and_restarts_endpoints_as_the_registrations_change():
+    async def scenario() -> list[str]:
+        wanted: dict[str, tuple[Endpoint, bool]] = {}
+        log: list[str] = []
+
+        async def run(e: Endpoint, oldest: bool) -> None:
+            log.append(f"start {e.name}")
+            try:
+                await asyncio.Event().wait()
+            finally:
+                log.append(f"stop {e.name}")
+
+        async def load() -> dict[str, tuple[Endpoint, bool]]:
+            return dict(wanted)
+
+        fleet = EndpointFleet(load, run)
+        wanted["a"] = (Endpoint("a", "http://a", b"s"), False)
+        wanted["b"] = (Endpoint("b", "http://b", b"s"), False)
+        await fleet.reload()
+        await asyncio.sleep(0)
+        await fleet.reload()  # nothing changed: nothing restarted
+        del wanted["a"]
+        wanted["b"] = (Endpoint("b", "http://b", b"rotated"), False)  # its secret changed: restarted
+        await fleet.reload()
+        await asyncio.sleep(0)
+        assert fleet.names == ["b"]
+        await fleet.close()
+        return log
+
+    assert asyncio.run(scenario()) == ["start a", "start b", "stop a", "stop b", "start b", "stop b"]
