@@ -251,11 +251,10 @@ def test_a_batch_answers_each_mail_with_its_own_status(quota_suite):
     s = quota_suite
     queue = s.new_queue()
     sender = f"b{time.monotonic_ns()}@batch.test"
-    set_quota(s, kind=kind("sender"), subject=sender, mails_per_s=0.01, burst_mails=4)
-    stub = s.stubs[0]
-    # A burst of 4 split between 2 replicas: 2 each
-    wait_until(lambda: enqueue(stub, inline(queue, simple_mail("probe", sender=sender))) is not None,
-               timeout=PROPAGATION_S * 2, what="the sender's quota in force")
+    # A burst of 2 split between 2 replicas: 1 each (2 if a replica missed the other's heartbeat)
+    set_quota(s, kind=kind("sender"), subject=sender, mails_per_s=0.01, burst_mails=2)
+    wait_until(lambda: all(r.metric("mailqueue_quota_limit", kind="sender", subject=sender) > 0 for r in s.replicas),
+               timeout=PROPAGATION_S * 2, what="the sender's quota on both replicas")
     other = s.stubs[1]
     batch = enqueue_pb2.EnqueueBatchesRequest(mails=[
         enqueue_pb2.EnqueueManyRequest(sequence=i, request=inline(queue, simple_mail(f"m{i}", sender=sender if i % 2 else "")))
@@ -264,15 +263,15 @@ def test_a_batch_answers_each_mail_with_its_own_status(quota_suite):
     by_seq = {r.sequence: r for r in results}
     assert len(by_seq) == 6
     ok = [i for i in range(1, 6, 2) if by_seq[i].WhichOneof("result") == "receipt"]
-    assert len(ok) == 2  # the other replica's share of the burst
+    assert 1 <= len(ok) <= 2  # this replica's share of the burst
     for i in range(0, 6, 2):  # bounces: no sender quota applies
         assert by_seq[i].WhichOneof("result") == "receipt"
     refused = [by_seq[i].error for i in range(1, 6, 2) if i not in ok]
-    assert [e.code for e in refused] == [EXHAUSTED.value[0]]
-    failure = error_details_pb2.QuotaFailure()
-    retry = error_details_pb2.RetryInfo()
-    assert refused[0].details[0].Unpack(retry) and refused[0].details[1].Unpack(failure)
-    assert failure.violations[0].subject == f"sender:{sender}" and retry.retry_delay.seconds > 0
+    assert refused and all(e.code == EXHAUSTED.value[0] for e in refused)
+    for e in refused:
+        failure, retry = error_details_pb2.QuotaFailure(), error_details_pb2.RetryInfo()
+        assert e.details[0].Unpack(retry) and e.details[1].Unpack(failure)
+        assert failure.violations[0].subject == f"sender:{sender}" and retry.retry_delay.seconds > 0
 
 
 def test_bad_quota_input_is_refused_and_writes_nothing(quota_suite):
