@@ -20,7 +20,10 @@ check() {
     || die "check pods not Ready within 60s: kubectl -n $CHECK_NS describe pods"
   ok "3 pods Ready in $(since "$start")s"
   svc_ip=$(kc -n "$CHECK_NS" get svc server -o jsonpath='{.spec.clusterIP}')
-  if out=$(in_pod allowed resolve "server.$CHECK_NS.svc.cluster.local" 2>&1) && [[ $out == "$svc_ip" ]]; then
+  # CoreDNS learns the new Service from its watch: poll (run again 2 minutes later on a loaded machine,
+  # it answered the previous run's address right after the pods were Ready).
+  resolves_server() { out=$(in_pod allowed resolve "server.$CHECK_NS.svc.cluster.local" 2>&1) && [[ $out == "$svc_ip" ]]; }
+  if poll 15 resolves_server; then
     ok "cluster DNS from a pod: server.$CHECK_NS.svc.cluster.local -> $out"
   else bad "DNS server.$CHECK_NS.svc.cluster.local: $out (want $svc_ip)"; fi
   if out=$(in_pod allowed resolve kubernetes.default 2>&1) && [[ $out == "$API_SERVICE_IP" ]]; then
@@ -52,7 +55,7 @@ check() {
   fi
   if out=$(kc top nodes --no-headers 2>&1); then ok "kubectl top nodes: $out"; else bad "kubectl top nodes: $out"; fi
   if out=$(kc top pods -n kube-system --no-headers 2>&1); then ok "kubectl top pods -n kube-system: $(tr -s ' \n' ' ;' <<<"$out")"; else bad "kubectl top pods: $out"; fi
-  if ctr_ images ls -q 2>/dev/null | grep -qxF docker.io/library/mailqueue:latest; then
+  if has_image docker.io/library/mailqueue:latest; then
     kc apply -k "$MANIFESTS/check-python" >/dev/null
     phase_done() { [[ $(kc -n "$CHECK_NS" get pod python -o jsonpath='{.status.phase}') =~ ^(Succeeded|Failed)$ ]]; }
     if poll 90 phase_done && [[ $(kc -n "$CHECK_NS" logs python 2>&1) == "$svc_ip" ]]; then

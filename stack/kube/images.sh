@@ -12,7 +12,7 @@ make_image() {
   local ref=$1 entry=$2 pair src dst sum work diff cfg; shift 2
   sum=$({ echo "$IMAGE_RECIPE $ref $entry"; for pair; do stat -L -c '%n %s %Y' "${pair%%:*}"; done; } | sha256sum | cut -c1-16)
   local mark="$KDIR/images/${ref//[\/:]/_}.sum"
-  if [[ $(cat "$mark" 2>/dev/null) == "$sum" ]] && ctr_ images ls -q 2>/dev/null | grep -qxF "$ref"; then return 0; fi
+  if [[ $(cat "$mark" 2>/dev/null) == "$sum" ]] && has_image "$ref"; then return 0; fi
   mkdir -p "$KDIR/images"
   work=$(mktemp -d "$KDIR/images/build.XXXX")
   mkdir -p "$work/rootfs/etc" "$work/rootfs/tmp"
@@ -58,7 +58,7 @@ import_images() {
   for img in mailqueue:latest mailqueue-sweep:latest; do
     id=$(podman image inspect --format '{{.Id}}' "$img" 2>/dev/null) || { say "import-images: podman has no $img (stack/image.sh build makes it): skipped"; continue; }
     mark="$KDIR/images/${img//:/_}.podman-id"
-    if [[ $(cat "$mark" 2>/dev/null) == "$id" ]] && ctr_ images ls -q | grep -qxF "docker.io/library/$img"; then
+    if [[ $(cat "$mark" 2>/dev/null) == "$id" ]] && has_image "docker.io/library/$img"; then
       say "import-images: $img unchanged (podman id ${id:0:12}): skipped"; continue
     fi
     local start=$EPOCHREALTIME
