@@ -12,7 +12,7 @@ NODE_MODULES := tests/contract/node/node_modules/.installed
 DOCS_NODE_MODULES := docs/node_modules/.installed
 STUBS := mailqueue/.generated
 
-.PHONY: docs install proto up down status run stop sweep spark-connector test test-unit test-integration test-k8s test-contract test-cluster test-kubernetes up-cluster down-cluster kube-up kube-down image contract lint kustomize clean
+.PHONY: docs env install proto up down status run stop sweep spark-connector test test-unit test-integration test-k8s test-contract test-cluster test-kubernetes up-cluster down-cluster kube-up kube-down image contract lint kustomize clean
 
 install: .venv/.installed
 
@@ -69,6 +69,14 @@ run: up
 stop:
 	stack/services.sh stop
 
+# The tools on PATH and the local CA for this shell: eval "$(make env)" in the project folder puts
+# .venv/bin (mailq) and the go tools (grpcurl) first on PATH and sets MAILQ_TLS_CA (what mailq and
+# the docs' grpcurl lines trust). Prints exports only, installs nothing. From elsewhere (a shell
+# profile): eval "$(make -s -C /path/to/mailqueue env)" (-s: no "Entering directory" lines).
+env:
+	@printf 'export PATH="%s:%s:$$PATH"\n' "$(CURDIR)/.venv/bin" "$(GO_TOOLS)"
+	@printf 'export MAILQ_TLS_CA="%s"\n' "$${MAILQUEUE_STACK_DIR:-$(CURDIR)/.stack}/pki/ca.crt"
+
 # The test command (README, CI): installs, starts the stack and the services if they are down,
 # lints the protos (buf lint + buf breaking), builds the docs site (mkdocs --strict), builds the
 # images, starts the single-node Kubernetes,
@@ -107,7 +115,7 @@ image:
 test-cluster: up-cluster
 	$(PY) -m pytest -m cluster
 
-# Offline validation of the Kubernetes overlays.
+# Offline validation of the Kubernetes overlays (tests/kubernetes/manifests/).
 test-k8s: install kustomize
 	$(PY) -m pytest -m k8s
 

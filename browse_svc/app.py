@@ -1,5 +1,5 @@
 """browse_svc: the read side (a Browser) and the admin side (an Admin) over the view and the
-broker, the dead-letter repository (a DeadLetterBook), the queue gauges and the healer."""
+broker, the operators' work on dead letters (a DeadLetterAdmin), the queue gauges and the healer."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from mailqueue.v1 import admin_pb2_grpc, browse_pb2_grpc
 from services.app import gauges
 from services.app.admin import Admin
 from services.app.browser import Browser
-from services.app.dead_letter_book import DeadLetterBook
+from services.app.dead_letter_admin import DeadLetterAdmin
 from services.app.healer import Healer
 from services.app.shaping_admin import ShapingAdmin
 from services.runtime.backends import Backends
@@ -24,7 +24,7 @@ class BrowseSide:
     browser: Browser
     admin: Admin
     shaping: ShapingAdmin
-    dead_letters: DeadLetterBook
+    dead_letters: DeadLetterAdmin
 
 
 class BrowseApp(QueueApp[BrowseSide]):
@@ -42,14 +42,14 @@ class BrowseApp(QueueApp[BrowseSide]):
     def build(self, b: Backends) -> BrowseSide:
         browser = Browser(b.view, b.broker, b.blobs, b.state, self.settings.limits.dequeue_inline_bytes)
         admin = Admin(b.view, b.broker, b.state, browser)
-        return BrowseSide(browser, admin, ShapingAdmin(b.view.shaping, b.state), DeadLetterBook(b.view, b.broker, browser, admin.mover))
+        return BrowseSide(browser, admin, ShapingAdmin(b.view.shaping, b.state), DeadLetterAdmin(b.view, b.broker, browser, admin.mover))
 
     def background(self, b: Backends) -> list[Coroutine[Any, Any, None]]:
         server = self.settings.server
-        tasks = [gauges.refresh_forever(b.view, server.gauge_interval_s)] if server.gauge_interval_s else []
+        side = self._service  # built just before (service() answers only once connected)
+        assert side is not None
+        tasks = [gauges.refresh_forever(b.view, side.browser.head, server.gauge_interval_s)] if server.gauge_interval_s else []
         if server.heal_interval_s:
-            side = self._service  # built just before (service() answers only once connected)
-            assert side is not None
             healer = Healer(b.view, b.broker, side.browser.live_mails, side.admin.mover, side.dead_letters,
                             server.heal_interval_s, server.heal_grace_s, server.heal_rows_per_round)
             tasks.append(healer.run_forever())

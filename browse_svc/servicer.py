@@ -7,23 +7,23 @@ from collections.abc import AsyncIterator, Callable
 
 import grpc
 
-from browse_svc.dead_letters import DeadLetterAdmin, DeadLetterReading
+from browse_svc.dead_letters import DeadLetterAdminServicer, DeadLetterBrowseServicer
 from browse_svc.shaping import ShapingServicer
 from mailqueue.v1 import admin_pb2, admin_pb2_grpc, browse_pb2, browse_pb2_grpc
 from services.app.admin import Admin
 from services.app.browser import Browser
-from services.app.dead_letter_book import DeadLetterBook
+from services.app.dead_letter_admin import DeadLetterAdmin
 from services.app.shaping_admin import ShapingAdmin
 from services.contract import serde, shaping_serde
 from services.domain import model, rules
 from services.domain.errors import InvalidArgument
-from services.domain.filters import BrowseFilter, delete_condition, flush_condition
+from services.domain.filters import BrowseFilter, flush_condition
 
 
-class BrowseServicer(DeadLetterReading, browse_pb2_grpc.BrowseServiceServicer):
-    def __init__(self, browser: Callable[[], Browser], book: Callable[[], DeadLetterBook]) -> None:
+class BrowseServicer(DeadLetterBrowseServicer, browse_pb2_grpc.BrowseServiceServicer):
+    def __init__(self, browser: Callable[[], Browser], dead_letters: Callable[[], DeadLetterAdmin]) -> None:
         self._browser = browser  # raises UNAVAILABLE while the service connects
-        self._book = book
+        self._dead_letters = dead_letters
 
     async def ListQueues(self, request: browse_pb2.ListQueuesRequest, context: grpc.aio.ServicerContext) -> browse_pb2.ListQueuesResponse:
         return browse_pb2.ListQueuesResponse(queues=await self._browser().queues())
@@ -39,24 +39,25 @@ class BrowseServicer(DeadLetterReading, browse_pb2_grpc.BrowseServiceServicer):
         self, request: browse_pb2.BrowseRequest, context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[browse_pb2.BrowseResponse]:
         f = serde.browse_filter_from_proto(request, model.utcnow())
-        async for q, content in self._browser().browse_with_content(request.queue, f, request.limit, request.include_content):
-            response = browse_pb2.BrowseResponse(mail=serde.queued_mail_to_proto(q))
-            if content is not None:
-                response.content = content
+        async for m in self._browser().browse_with_content(request.queue, f, request.limit, request.include_content,
+                                                           request.page_size, request.page_token):
+            response = browse_pb2.BrowseResponse(mail=serde.queued_mail_to_proto(m.mail), next_page_token=m.next_page_token)
+            if m.content is not None:
+                response.content = m.content
             yield response
 
     async def GetSize(self, request: browse_pb2.GetSizeRequest, context: grpc.aio.ServicerContext) -> browse_pb2.GetSizeResponse:
         browser = self._browser()
         queue = await browser.existing(request.queue)
-        size = await browser.size(queue) if request.exact else (await browser.approximate_summary(queue)).size
+        size = await browser.size(queue) if request.exact else await browser.approximate_size(queue)
         return browse_pb2.GetSizeResponse(size=size)
 
 
-class AdminServicer(ShapingServicer, DeadLetterAdmin, admin_pb2_grpc.AdminServiceServicer):
-    def __init__(self, admin: Callable[[], Admin], shaping: Callable[[], ShapingAdmin], book: Callable[[], DeadLetterBook]) -> None:
+class AdminServicer(ShapingServicer, DeadLetterAdminServicer, admin_pb2_grpc.AdminServiceServicer):
+    def __init__(self, admin: Callable[[], Admin], shaping: Callable[[], ShapingAdmin], dead_letters: Callable[[], DeadLetterAdmin]) -> None:
         self._admin = admin  # raises UNAVAILABLE while the service connects
         self._shaping = shaping
-        self._book = book
+        self._dead_letters = dead_letters
 
     async def CreateQueue(self, request: admin_pb2.CreateQueueRequest, context: grpc.aio.ServicerContext) -> admin_pb2.CreateQueueResponse:
         policy = serde.retry_policy_from_proto(request.retry_policy, model.RetryPolicy()) if request.HasField("retry_policy") else None
@@ -72,20 +73,14 @@ class AdminServicer(ShapingServicer, DeadLetterAdmin, admin_pb2_grpc.AdminServic
     async def MoveMails(
         self, request: admin_pb2.MoveMailsRequest, context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[admin_pb2.MoveMailsResponse]:
-        selection = browse_pb2.BrowseRequest(sender=request.sender, recipient=request.recipient, name=request.name,
-                                             schedule=request.schedule)
-        f = serde.browse_filter_from_proto(selection, model.utcnow())
+        f = serde.move_filter_from_proto(request, model.utcnow())
         async for p in self._admin().move(request.queue, request.to_queue, f, request.limit):
             yield admin_pb2.MoveMailsResponse(scanned=p.scanned, moved=p.moved, resumed=p.resumed, done=p.done)
 
     async def DeleteMails(
         self, request: admin_pb2.DeleteMailsRequest, context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[admin_pb2.DeleteMailsResponse]:
-        kind = request.WhichOneof("condition")
-        if kind is None:
-            raise InvalidArgument("a delete needs exactly one condition: name, sender or recipient")
-        f = delete_condition(**{k: (getattr(request, kind) if k == kind else None) for k in ("name", "sender", "recipient")})
-        async for p in self._admin().delete(request.queue, f):
+        async for p in self._admin().delete(request.queue, serde.delete_condition_from_proto(request)):
             yield admin_pb2.DeleteMailsResponse(progress=serde.progress_to_proto(p))
 
     async def ClearQueue(
@@ -141,7 +136,7 @@ class AdminServicer(ShapingServicer, DeadLetterAdmin, admin_pb2_grpc.AdminServic
         self, request: admin_pb2.ReconcileCountersRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.ReconcileCountersResponse:
         before, after = await self._admin().reconcile(request.queue)
-        await self._book().reconcile(request.queue)
+        await self._dead_letters().reconcile(request.queue)
         return serde.reconcile_to_proto(before, after)
 
     async def UpdateRetryPolicy(

@@ -1,4 +1,4 @@
-"""dequeue_svc: a Dequeuer over the view, the broker and the blob store, the dead-letter marker and
+"""dequeue_svc: a Dequeuer over the view, the broker and the blob store, the dead-letter recorder and
 the traffic shaping refresh."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any
 
 from dequeue_svc.servicer import DequeueServicer
 from mailqueue.v1 import dequeue_pb2_grpc
-from services.app import dead_letters
+from services.app import dead_letter_recorder
 from services.app.dequeuer import Dequeuer
 from services.runtime.backends import Backends
 from services.runtime.queue_app import QueueApp
@@ -25,5 +25,5 @@ class DequeueApp(QueueApp[Dequeuer]):
         return self._dequeuer
 
     def background(self, b: Backends) -> list[Coroutine[Any, Any, None]]:
-        # The dead-letter marker, and the shaping state read (and heartbeat) every second.
-        return [dead_letters.mark_forever(b.view, b.broker), self._dequeuer.shaper.run_forever()]
+        # The dead-letter recorder, and the shaping state read (and heartbeat) every second.
+        return [dead_letter_recorder.mark_forever(b.view, b.broker), self._dequeuer.shaper.run_forever()]

@@ -33,6 +33,8 @@ def _fill(pb: dequeue_pb2.Delivery, d: Delivery) -> None:
     if d.content:
         pb.content = d.content
     pb.mail.CopyFrom(serde.queued_mail_to_proto(d.mail))
+    if d.handed_out_at is not None:
+        pb.handed_out_at.CopyFrom(serde.timestamp_to_proto(d.handed_out_at))
 
 
 def _response(batch: list[Delivery], max_batch: int) -> dequeue_pb2.DequeueResponse:

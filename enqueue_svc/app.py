@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Coroutine
 from typing import Any
 
 from enqueue_svc.servicer import EnqueueServicer
@@ -9,6 +10,11 @@ from mailqueue.v1 import enqueue_pb2_grpc
 from services.app.enqueuer import Enqueuer
 from services.runtime.backends import Backends
 from services.runtime.queue_app import QueueApp
+
+#: The health name that says whether RabbitMQ accepts this replica's publishes: NOT_SERVING while
+#: a memory or disk alarm blocks them (Enqueue refuses at once meanwhile) and while connecting.
+#: Readiness ("") stays SERVING through an alarm: see docs/pages/reference/errors.md.
+PUBLISHING = "publishing"
 
 
 class EnqueueApp(QueueApp[Enqueuer]):
@@ -19,3 +25,14 @@ class EnqueueApp(QueueApp[Enqueuer]):
 
     def build(self, b: Backends) -> Enqueuer:
         return Enqueuer(b.view, b.broker, b.blobs, self.settings.limits, b.state)
+
+    def background(self, b: Backends) -> list[Coroutine[Any, Any, None]]:
+        enqueuer = self._service  # built just before (service() answers only once connected)
+        assert enqueuer is not None
+        # The lease its idempotency claims name; the broker's alarms known before a publish waits on one.
+        return [enqueuer.claims.keep_lease(), b.broker.watch_alarms()]
+
+    def conditions(self) -> dict[str, str | None]:
+        if not self.connected or self._backends is None:
+            return {PUBLISHING: "connecting"}
+        return {PUBLISHING: self._backends.broker.blocked()}

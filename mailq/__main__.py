@@ -1,3 +1,5 @@
+import sys
+
 from mailq.cli import main
 
-main()
+sys.exit(main())

@@ -2,17 +2,18 @@
 
     mailq queues                         list queues
     mailq show Q                         size (ready, delayed), oldest mail, retry policy, configuration
-    mailq browse Q [--sender S] [--recipient R] [--name N] [--id ENQUEUE_ID] [--ready | --delayed] [--limit N] [--json]
+    mailq browse Q [--sender S] [--recipient R] [--name N] [--id ID] [--ready | --delayed] [--limit N] [--json]
     mailq size Q [--exact]               from the queue's counters (cheap) or by reading every live mail
     mailq shape Q [--top 20]             Postfix qshape: recipient domain x age buckets (minutes), then
                                          each shaped destination: in flight, delivered/s, waiting, limits
     mailq reconcile Q                    rewrite the queue's counters from an exact count
     mailq create Q [--initial-backoff 1m] [--multiplier 2] [--max-backoff 1h] [--max-attempts 20] [--max-age 5d]
     mailq retry-policy Q [--initial-backoff 1m] [--multiplier 2] [--max-backoff 1h] [--max-attempts 20] [--max-age 5d]
-    mailq delete Q (--sender S | --recipient R | --name N)
+    mailq delete Q (--sender S | --recipient R | --name N | --id ID [ID ...])
     mailq clear Q
     mailq flush Q [--sender S | --recipient R | --domain D | --name N]
     mailq republish Q --older-than 1h
+    mailq move Q TO [--sender S] [--recipient R] [--name N] [--id ID [ID ...]] [--ready | --delayed] [--limit N]
     mailq config get | config set [--slice-window 1h] [--buckets N] [--pace N]
     mailq hold|bounce [--queue Q] [--domain D] [--sender S] [--name N] [--for 1d] [--reason R]
     mailq rules                          the hold and bounce rules in force
@@ -28,6 +29,8 @@
     mailq enqueue Q FILE.eml --from A --to B [--to C] [--name N] [--delay 10m] [--priority high|normal|low]
     mailq dequeue Q [-n N] [--ack success|retry|reject] [--retry-after 5m] [--out DIR]
 
+An ID is a full enqueue id or a unique prefix of one (at least 4 characters), as `mailq browse` prints it.
+
 Targets: --target/--host (default localhost, services on their default ports) or --enqueue / --dequeue /
 --browse / --blob HOST:PORT; --token (or MAILQ_TOKEN) for a cluster with access control.
 """
@@ -41,8 +44,21 @@ import sys
 import grpc
 
 from mailq import dead, mails, queues, rules, throttle, transfer
-from mailq.common import Client
+from mailq.common import EXIT_CLOSED_PIPE, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, Client, UsageError
 from services.runtime.server_settings import DEFAULT_PORTS
+
+EPILOG = """\
+Output: results on stdout; errors, hints and the progress of long operations on stderr (the progress
+line on a terminal only).
+
+Exit status:
+  0    done
+  1    error: a service refused or failed the call (its status and a hint on stderr), a file unreadable
+  2    usage: the command line is wrong (an unknown option, a missing one, options that exclude each other)
+  3    dequeue: no mail came within --wait (empty queue, or its mails delayed, held or throttled)
+  130  interrupted (Ctrl-C)
+  141  the reader of the output went away (mailq browse Q | head), as for any Unix tool
+"""
 
 HINTS = {
     grpc.StatusCode.UNAVAILABLE: "is the service up and reachable? (`make run` locally; check --host / the target flags). "
@@ -61,7 +77,7 @@ COMMANDS = (queues, mails, transfer, rules, throttle, dead)
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="mailq", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="mailq", description=__doc__, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--host", "--target", dest="host", default=os.environ.get("MAILQ_HOST", "localhost"),
                    help="cluster address: every service on its default port there (default: $MAILQ_HOST or localhost)")
     for name in DEFAULT_PORTS:
@@ -76,14 +92,42 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
+    """Run one command; its exit status (``EPILOG``). No traceback reaches the operator: a gRPC
+    error is its status, details and a hint; a closed pipe and Ctrl-C end quietly."""
+    try:
+        try:
+            return run(argv)
+        finally:
+            sys.stdout.flush()  # here, not at exit: a closed pipe is seen (and handled) now, --help's too
+    except BrokenPipeError:
+        return closed_pipe()
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+
+
+def run(argv: list[str] | None) -> int:
     a = parser().parse_args(argv)
     try:
-        a.fn(Client(a), a)
+        return a.fn(Client(a), a) or EXIT_OK
+    except UsageError as e:
+        print(e, file=sys.stderr)
+        return EXIT_USAGE
     except grpc.RpcError as e:
         hint = HINTS.get(e.code(), "")
         print(f"mailq {a.command}: {e.code().name}: {e.details()}" + (f"\n  hint: {hint}" if hint else ""), file=sys.stderr)
-        sys.exit(1)
+        return EXIT_ERROR
+    except BrokenPipeError:
+        raise
     except OSError as e:
         print(f"mailq {a.command}: {e}", file=sys.stderr)
-        sys.exit(1)
+        return EXIT_ERROR
+
+
+def closed_pipe() -> int:
+    """The reader of stdout went away (``mailq browse Q | head``): what is still buffered goes to
+    /dev/null, so the flush at exit raises nothing (the Python documentation's way for SIGPIPE;
+    SIGPIPE's default action is not restored: it would also kill the process on a gRPC socket)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return EXIT_CLOSED_PIPE

@@ -1,4 +1,5 @@
-"""What mailq's commands share: the client of the services, argument types and table output."""
+"""What mailq's commands share: the client of the services, argument types, table output, the
+progress line and the exit statuses."""
 
 from __future__ import annotations
 
@@ -17,6 +18,25 @@ from services.adapters.grpc_channels import blocking_channel
 from services.domain.durations import parse_duration
 from services.domain.errors import InvalidArgument
 from services.runtime.server_settings import DEFAULT_PORTS
+
+#: mailq's exit statuses (``mailq --help`` and docs/pages/operating/mailq.md list them).
+EXIT_OK = 0
+#: A service refused or failed the call (its status and a hint on stderr), a file could not be read.
+EXIT_ERROR = 1
+#: The command line is wrong (argparse's status).
+EXIT_USAGE = 2
+#: ``mailq dequeue``: no mail came within --wait (the queue is empty, or its mails are delayed,
+#: held or throttled): a script's loop ``while mailq dequeue Q; do ...; done`` ends there.
+EXIT_NOTHING = 3
+#: Interrupted (Ctrl-C), 128 + SIGINT as a shell reports it.
+EXIT_INTERRUPTED = 130
+#: The reader of the output went away (``mailq browse Q | head``), 128 + SIGPIPE as for any Unix
+#: tool that a closed pipe ends.
+EXIT_CLOSED_PIPE = 141
+
+
+class UsageError(Exception):
+    """A combination of options the parser cannot check: its message on stderr, EXIT_USAGE."""
 
 
 class Client:
@@ -42,10 +62,10 @@ def tls_credentials(a: argparse.Namespace) -> grpc.ChannelCredentials | None:
     key = a.tls_key or os.environ.get("MAILQ_TLS_KEY", "")
     if not ca:
         if cert or key:
-            raise SystemExit("mailq: --tls-cert and --tls-key need --tls-ca (the CA that signed the servers)")
+            raise UsageError("mailq: --tls-cert and --tls-key need --tls-ca (the CA that signed the servers)")
         return None
     if bool(cert) != bool(key):
-        raise SystemExit("mailq: give both --tls-cert and --tls-key, or neither")
+        raise UsageError("mailq: give both --tls-cert and --tls-key, or neither")
 
     def read(path: str) -> bytes:
         try:
@@ -86,13 +106,37 @@ def print_table(rows: list[list[str]], header: list[str]) -> None:
         print("  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip())
 
 
+class Progress:
+    """One line on stderr rewritten in place as a streamed operation goes, on a terminal only:
+    piped or redirected, stderr gets no progress (the result line on stdout says it all), so a
+    log or ``2>&1 | ...`` never reads lines run together."""
+
+    def __init__(self) -> None:
+        self.shown = False
+        self.tty = sys.stderr.isatty()
+
+    def show(self, text: str) -> None:
+        if self.tty:
+            print(f"\r{text}\x1b[K", end="", file=sys.stderr, flush=True)
+            self.shown = True
+
+    def end(self) -> None:
+        """End the line (when one was shown): what is printed next starts on a line of its own."""
+        if self.shown:
+            print(file=sys.stderr, flush=True)
+            self.shown = False
+
+
 def follow(stream: Iterable[Any], progress: Callable[[Any], str], interrupted: str) -> Any:
-    """Show a streamed operation's progress on one stderr line; its last message, which must be done."""
+    """Show a streamed operation's progress (``Progress``); its last message, which must be done."""
     last = None
-    for r in stream:
-        last = r
-        print(f"\r{progress(r)}", end="", file=sys.stderr, flush=True)
-    print(file=sys.stderr)
+    line = Progress()
+    try:
+        for r in stream:
+            last = r
+            line.show(progress(r))
+    finally:
+        line.end()
     if last is None or not last.done:
         raise SystemExit(interrupted)
     return last

@@ -2,6 +2,7 @@
 AdminService's RedriveDeadLetters and PurgeDeadLetters).
 
     mailq dead list Q [--reason expired ...] [--sender S] [--recipient R] [--name N] [--limit N] [--json]
+                      [--page-size N] [--page-token T]
     mailq dead count Q [--exact]
     mailq dead redrive Q [--to T] [--rate 100] [--keep-attempts] [--limit N] [filters]
     mailq dead purge Q (--older-than 7d | filters | --all)
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
 from google.protobuf import json_format
@@ -35,10 +37,14 @@ def _filter(a: argparse.Namespace) -> browse_pb2.DeadLetterFilter:
 
 
 def cmd_list(c: Any, a: argparse.Namespace) -> None:
-    request = browse_pb2.BrowseDeadLettersRequest(queue=a.queue, filter=_filter(a), limit=a.limit)
+    request = browse_pb2.BrowseDeadLettersRequest(queue=a.queue, filter=_filter(a), limit=a.limit, page_size=a.page_size,
+                                                  page_token=a.page_token or "")
     rows = []
+    token = ""
     for r in c.browse.BrowseDeadLetters(request):
+        token = r.next_page_token  # set on the last dead letter of a page that more follow
         if a.json:
+            # One JSON object per dead letter; the last one carries "nextPageToken" when a next page exists.
             print(json.dumps(json_format.MessageToDict(r), sort_keys=True))
             continue
         m = r.mail
@@ -46,6 +52,8 @@ def cmd_list(c: Any, a: argparse.Namespace) -> None:
                      str(m.attempts), m.mail.sender or "<>", ",".join(m.mail.recipients), r.reason_text[:80]])
     if not a.json:
         print_table(rows, ["ENQUEUE_ID", "DEAD_LETTERED", "REASON", "ATTEMPTS", "SENDER", "RECIPIENTS", "WHY"])
+        if token:
+            print(f"-- next page: --page-token {token}", file=sys.stderr)
 
 
 def cmd_count(c: Any, a: argparse.Namespace) -> None:
@@ -91,6 +99,8 @@ def register(sub: Any) -> None:
         if action == "list":
             s.add_argument("--limit", type=int, default=0)
             s.add_argument("--json", action="store_true", help="machine-readable output")
+            s.add_argument("--page-size", type=int, default=0, help="a page of at most N dead letters (1 to 1000)")
+            s.add_argument("--page-token", help="the page after the one that printed this token (same queue and filter)")
         if action == "redrive":
             s.add_argument("--to", help="another existing queue (default: back to the queue)")
             s.add_argument("--rate", type=int, default=0, help="mails per second at most (default 100)")

@@ -1,10 +1,13 @@
 """mailq's commands on the mails of a queue: browse, delete, clear, flush, republish, move.
 
-    mailq browse Q [--sender S] [--recipient R] [--name N] [--id ENQUEUE_ID] [--ready | --delayed] [--limit N] [--json]
-    mailq delete Q (--sender S | --recipient R | --name N) | clear Q
+    mailq browse Q [--sender S] [--recipient R] [--name N] [--id ID] [--ready | --delayed] [--limit N] [--json]
+                   [--page-size N] [--page-token T]
+    mailq delete Q (--sender S | --recipient R | --name N | --id ID [ID ...]) | clear Q
     mailq flush Q [--sender S | --recipient R | --domain D | --name N]
     mailq republish Q --older-than 1h
-    mailq move Q TO [--sender S] [--recipient R] [--name N] [--ready | --delayed] [--limit N]
+    mailq move Q TO [--sender S] [--recipient R] [--name N] [--id ID [ID ...]] [--ready | --delayed] [--limit N]
+
+An ID is a full enqueue id or a unique prefix of one (at least 4 characters: mailq/ids.py).
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ from typing import Any
 
 from google.protobuf import json_format
 
-from mailq.common import Client, duration, duration_arg, follow, print_table, queue_command
+from mailq import ids
+from mailq.common import Client, Progress, UsageError, duration, duration_arg, follow, print_table, queue_command
 from mailqueue.v1 import admin_pb2, browse_pb2, mail_pb2
 
 
@@ -27,10 +31,11 @@ def mail_row(m: mail_pb2.QueuedMail) -> dict[str, Any]:
 
 def progress_stream(stream: Iterator[Any], what: str) -> int:
     last = None
+    line = Progress()
     for r in stream:
         last = r.progress
-        print(f"\r{what}: {last.scanned} scanned, {last.deleted} deleted", end="", file=sys.stderr, flush=True)
-    print(file=sys.stderr)
+        line.show(f"{what}: {last.scanned} scanned, {last.deleted} deleted")
+    line.end()
     return last.deleted if last else 0
 
 
@@ -38,25 +43,40 @@ def cmd_browse(c: Client, a: argparse.Namespace) -> None:
     schedule = (browse_pb2.SCHEDULE_FILTER_READY if a.ready else
                 browse_pb2.SCHEDULE_FILTER_DELAYED if a.delayed else browse_pb2.SCHEDULE_FILTER_UNSPECIFIED)
     request = browse_pb2.BrowseRequest(queue=a.queue, sender=a.sender or "", recipient=a.recipient or "",
-                                       name=a.name or "", limit=a.limit, schedule=schedule, enqueue_id=a.id or "")
+                                       name=a.name or "", limit=a.limit, schedule=schedule,
+                                       enqueue_id=ids.in_queue(c, a.queue, [a.id])[0] if a.id else "",
+                                       page_size=a.page_size, page_token=a.page_token or "")
     rows = []
+    # The next page's token comes on the last mail of a page (BrowseResponse.next_page_token).
+    held, token = None, ""
     for r in c.browse.Browse(request):
+        token = r.next_page_token
         if a.json:
-            print(json.dumps(mail_row(r.mail)))
+            if held is not None:
+                print(json.dumps(held))
+            held = mail_row(r.mail)
             continue
         m = r.mail
         due = m.deliver_at.ToDatetime().strftime("%Y-%m-%d %H:%M:%S") if m.HasField("deliver_at") else "-"
         rows.append([m.enqueued_at.ToDatetime().strftime("%Y-%m-%d %H:%M:%S"), m.enqueue_id[:8], str(m.size),
                      m.mail.sender or "<>", ",".join(m.mail.recipients), m.mail.name, due, str(m.attempts)])
-    if not a.json:
-        print_table(rows, ["ENQUEUED (UTC)", "ID", "SIZE", "SENDER", "RECIPIENTS", "NAME", "DELIVER AT", "ATTEMPTS"])
-        print(f"-- {len(rows)} mail(s)", file=sys.stderr)
+    if a.json:
+        if held is not None:
+            # One JSON object per mail; the last one also carries "next_page_token" when a next page exists.
+            print(json.dumps({**held, "next_page_token": token} if token else held))
+        return
+    print_table(rows, ["ENQUEUED (UTC)", "ID", "SIZE", "SENDER", "RECIPIENTS", "NAME", "DELIVER AT", "ATTEMPTS"])
+    more = f"; next page: --page-token {token}" if token else ""
+    print(f"-- {len(rows)} mail(s){more}", file=sys.stderr)
 
 
 def cmd_delete(c: Client, a: argparse.Namespace) -> None:
-    condition = {k: v for k, v in (("sender", a.sender), ("recipient", a.recipient), ("name", a.name)) if v is not None}
+    condition: dict[str, Any] = {k: v for k, v in (("sender", a.sender), ("recipient", a.recipient), ("name", a.name),
+                                                   ("enqueue_ids", a.ids)) if v is not None}
     if len(condition) != 1:
-        raise SystemExit("mailq delete: give exactly one of --sender, --recipient, --name")
+        raise UsageError("mailq delete: give exactly one of --sender, --recipient, --name, --id")
+    if a.ids is not None:
+        condition["enqueue_ids"] = admin_pb2.EnqueueIds(ids=ids.in_queue(c, a.queue, a.ids))
     n = progress_stream(c.admin.DeleteMails(admin_pb2.DeleteMailsRequest(queue=a.queue, **condition)), "deleting")
     print(f"{n} mail(s) deleted")
 
@@ -70,7 +90,8 @@ def cmd_move(c: Client, a: argparse.Namespace) -> None:
     schedule = (browse_pb2.SCHEDULE_FILTER_READY if a.ready else browse_pb2.SCHEDULE_FILTER_DELAYED if a.delayed
                 else browse_pb2.SCHEDULE_FILTER_UNSPECIFIED)
     request = admin_pb2.MoveMailsRequest(queue=a.queue, to_queue=a.to_queue, sender=a.sender or "", recipient=a.recipient or "",
-                                         name=a.name or "", schedule=schedule, limit=a.limit)
+                                         name=a.name or "", schedule=schedule, limit=a.limit,
+                                         enqueue_ids=ids.in_queue(c, a.queue, a.ids) if a.ids else [])
     last = follow(c.admin.MoveMails(request), lambda r: f"moving to {a.to_queue}: {r.scanned} scanned, {r.moved} moved",
                   "mailq move: interrupted: run it again (it completes the moves begun first)")
     resumed = f" (and {last.resumed} interrupted move(s) completed)" if last.resumed else ""
@@ -81,7 +102,7 @@ def cmd_flush(c: Client, a: argparse.Namespace) -> None:
     condition = {k: v for k, v in (("sender", a.sender), ("recipient", a.recipient), ("recipient_domain", a.domain),
                                    ("name", a.name)) if v is not None}
     if len(condition) > 1:
-        raise SystemExit("mailq flush: give at most one of --sender, --recipient, --domain, --name")
+        raise UsageError("mailq flush: give at most one of --sender, --recipient, --domain, --name")
     print(f"{c.admin.Flush(admin_pb2.FlushRequest(queue=a.queue, **condition)).flushed} mail(s) flushed")
 
 
@@ -90,12 +111,15 @@ def cmd_republish(c: Client, a: argparse.Namespace) -> None:
     print(f"{r.republished} mail(s) republished")
 
 
-def _mail_command(sub: Any, name: str, fn: Any, help: str) -> argparse.ArgumentParser:
-    """A command on the mails of a queue chosen by sender, recipient or name."""
+def _mail_command(sub: Any, name: str, fn: Any, help: str, by_id: bool = False) -> argparse.ArgumentParser:
+    """A command on the mails of a queue chosen by sender, recipient or name (``by_id``: or enqueue ids)."""
     s = queue_command(sub, name, fn, help)
     s.add_argument("--sender")
     s.add_argument("--recipient")
     s.add_argument("--name")
+    if by_id:
+        s.add_argument("--id", dest="ids", metavar="ID", nargs="+", action="extend",
+                       help="the mails with these enqueue ids, each in full or a unique prefix (at least 4 characters)")
     return s
 
 
@@ -112,15 +136,18 @@ def register(sub: Any) -> None:
     s.add_argument("--recipient")
     s.add_argument("--name")
     s.add_argument("--limit", type=int, default=0)
-    s.add_argument("--id", help="only the mail with this enqueue id (read from an index)")
+    s.add_argument("--id", metavar="ID", help="only the mail with this enqueue id (read from an index), in full or a unique prefix")
+    s.add_argument("--page-size", type=int, default=0, help="a page of at most N mails (1 to 1000); the next "
+                   "page's token is printed on stderr, or in the last JSON line's next_page_token")
+    s.add_argument("--page-token", help="the page after the one that printed this token (same queue and conditions)")
     _schedule_args(s, "only mails waiting for their deliver_at")
-    _mail_command(sub, "delete", cmd_delete, "mark deleted every live mail matching a condition")
+    _mail_command(sub, "delete", cmd_delete, "mark deleted every live mail matching a condition", by_id=True)
     queue_command(sub, "clear", cmd_clear, "mark every live mail of the queue deleted")
     s = _mail_command(sub, "flush", cmd_flush, "make delayed mails deliverable now, in enqueue order (postqueue -s)")
     s.add_argument("--domain", help="only mails with a recipient in this domain")
     s = queue_command(sub, "republish", cmd_republish, "publish again every live mail older than a duration (heals a broker that lost messages)")
     s.add_argument("--older-than", type=duration_arg, required=True)
-    s = _mail_command(sub, "move", cmd_move, "move live mails to another existing queue")
+    s = _mail_command(sub, "move", cmd_move, "move live mails to another existing queue", by_id=True)
     s.add_argument("to_queue", metavar="TO")
     s.add_argument("--limit", type=int, default=0, help="at most this many mails")
     _schedule_args(s, "only delayed or held mails")

@@ -19,7 +19,7 @@ from typing import Any
 from google.protobuf import json_format
 
 from mailq import throttle
-from mailq.common import Client, duration, duration_arg, follow, queue_command
+from mailq.common import Client, UsageError, duration, duration_arg, follow, queue_command
 from mailqueue.v1 import admin_pb2, browse_pb2
 from services.domain.durations import human
 
@@ -133,20 +133,31 @@ def cmd_drop(c: Client, a: argparse.Namespace) -> None:
 
 
 def cmd_config(c: Client, a: argparse.Namespace) -> None:
+    """``get`` prints the view configuration; ``set`` changes the options given (the others keep
+    their value) and prints each change. It applies to every queue of the install, and only one
+    way (slice window to a divisor of itself, bucket count up): it reads no input, so nothing is
+    changed by what is piped into it."""
+    if a.action == "set" and not (a.slice_window or a.buckets or a.pace):
+        raise UsageError("mailq config set: give --slice-window, --buckets or --pace (it changes every queue of the install)")
     current = c.admin.GetConfiguration(admin_pb2.GetConfigurationRequest()).configuration
-    if a.action == "set":
-        wanted = browse_pb2.ViewConfiguration()
-        wanted.CopyFrom(current)
-        if a.slice_window:
-            wanted.slice_window.FromTimedelta(a.slice_window)
-        if a.buckets:
-            wanted.bucket_count = a.buckets
-        if a.pace:
-            wanted.update_browse_start_pace = a.pace
-        current = c.admin.UpdateConfiguration(admin_pb2.UpdateConfigurationRequest(configuration=wanted)).configuration
-    print(f"slice_window {human(current.slice_window.ToTimedelta())}")
-    print(f"bucket_count {current.bucket_count}")
-    print(f"update_browse_start_pace {current.update_browse_start_pace}")
+    if a.action == "get":
+        print(f"slice_window {human(current.slice_window.ToTimedelta())}")
+        print(f"bucket_count {current.bucket_count}")
+        print(f"update_browse_start_pace {current.update_browse_start_pace}")
+        return
+    wanted = browse_pb2.ViewConfiguration()
+    wanted.CopyFrom(current)
+    if a.slice_window:
+        wanted.slice_window.FromTimedelta(a.slice_window)
+    if a.buckets:
+        wanted.bucket_count = a.buckets
+    if a.pace:
+        wanted.update_browse_start_pace = a.pace
+    new = c.admin.UpdateConfiguration(admin_pb2.UpdateConfigurationRequest(configuration=wanted)).configuration
+    for name, before, after in (("slice_window", human(current.slice_window.ToTimedelta()), human(new.slice_window.ToTimedelta())),
+                                ("bucket_count", current.bucket_count, new.bucket_count),
+                                ("update_browse_start_pace", current.update_browse_start_pace, new.update_browse_start_pace)):
+        print(f"{name} {after}" if before == after else f"{name} {before} -> {after}")
 
 
 def register(sub: Any) -> None:
@@ -169,7 +180,7 @@ def register(sub: Any) -> None:
     queue_command(sub, "reconcile", cmd_reconcile, "rewrite the queue's counters from an exact count")
     s = queue_command(sub, "drop", cmd_drop, "delete a queue (with its live mails and dead letters: --force)")
     s.add_argument("--force", action="store_true", help="delete its live mails with it")
-    s = sub.add_parser("config", help="get or set the view configuration (slice window, buckets, browse-start pace)")
+    s = sub.add_parser("config", help="get or set the view configuration (slice window, buckets, browse-start pace) of every queue")
     s.add_argument("action", choices=("get", "set"))
     s.add_argument("--slice-window", type=duration_arg)
     s.add_argument("--buckets", type=int)

@@ -6,7 +6,7 @@ import argparse
 import datetime as dt
 from typing import Any
 
-from mailq.common import duration, duration_arg, print_table
+from mailq.common import UsageError, duration, duration_arg, print_table
 from mailqueue.v1 import admin_pb2, shaping_pb2
 from services.domain import shaping
 from services.domain.errors import InvalidArgument
@@ -34,7 +34,7 @@ def _when(ts: Any) -> str:
 
 def cmd_set(c: Any, a: argparse.Namespace) -> None:
     if a.rate is None and not a.concurrency:
-        raise SystemExit("mailq throttle set: give --rate, --concurrency or both")
+        raise UsageError("mailq throttle set: give --rate, --concurrency or both")
     t = shaping_pb2.Throttle(destination=a.destination, queue=a.queue or "", concurrency=a.concurrency or 0)
     if a.rate is not None:
         t.rate.CopyFrom(a.rate)

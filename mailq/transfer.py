@@ -14,16 +14,14 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-import grpc
-
-from mailq.common import Client, duration, duration_arg, queue_command
+from mailq.common import EXIT_NOTHING, EXIT_OK, Client, duration, duration_arg, queue_command
 from mailqueue.v1 import blob_pb2, dequeue_pb2, enqueue_pb2, mail_pb2
 
 CHUNK = 1024 * 1024
 
 
 def cmd_enqueue(c: Client, a: argparse.Namespace) -> None:
-    mail = mail_pb2.Mail(name=a.name or os.path.basename(a.file), sender=a.sender, recipients=a.to)
+    mail = mail_pb2.Mail(name=a.name, sender=a.sender, recipients=a.to)
 
     def requests() -> Iterator[enqueue_pb2.EnqueueStreamRequest]:
         header = enqueue_pb2.EnqueueHeader(queue=a.queue, mail=mail,
@@ -39,44 +37,66 @@ def cmd_enqueue(c: Client, a: argparse.Namespace) -> None:
     print(f"{r.enqueue_id} queued ({r.size} bytes)")
 
 
-def cmd_dequeue(c: Client, a: argparse.Namespace) -> None:
+def cmd_dequeue(c: Client, a: argparse.Namespace) -> int:
+    """Take up to ``-n`` mails and answer each. When --wait passes first, the stream is half-closed
+    (not cancelled): the server settles the answers sent and ends it, and a delivery that arrives
+    after that is left unanswered, so it goes back to the queue. No mail at all: EXIT_NOTHING."""
     kind = {"success": dequeue_pb2.OUTCOME_KIND_SUCCESS, "retry": dequeue_pb2.OUTCOME_KIND_RETRY,
             "reject": dequeue_pb2.OUTCOME_KIND_REJECT}[a.ack]
     requests: q.Queue = q.Queue()
     requests.put(dequeue_pb2.DequeueRequest(subscribe=dequeue_pb2.Subscribe(queue=a.queue, prefetch=min(a.n, 64))))
     stream = c.dequeue.Dequeue(iter(requests.get, None))
-    timer = threading.Timer(a.wait, stream.cancel)
+    answering = threading.Lock()  # a delivery is answered whole, or not at all, before the half-close
+    closed = threading.Event()
+
+    def half_close() -> None:
+        with answering:
+            if not closed.is_set():
+                closed.set()
+                requests.put(None)  # half-close: the server settles the outcomes sent, then ends the stream
+
+    timer = threading.Timer(a.wait, half_close)
     timer.start()
     done = 0
     try:
         for r in stream:
             if r.WhichOneof("kind") != "delivery":
                 continue
-            d = r.delivery
-            if a.out:
-                os.makedirs(a.out, exist_ok=True)
-                content = d.content if d.content_inline else b"".join(
-                    p.chunk for b in d.mail.blob_ids for p in c.blob.Get(blob_pb2.GetRequest(blob_id=b)))
-                with open(os.path.join(a.out, f"{d.mail.enqueue_id}.eml"), "wb") as f:
-                    f.write(content)
-            print(f"{d.mail.enqueue_id} {d.mail.mail.sender or '<>'} -> {','.join(d.mail.mail.recipients)} "
-                  f"[{a.ack}] attempts {d.mail.attempts}")
-            outcome = dequeue_pb2.Outcome(delivery_tag=d.delivery_tag, kind=kind)
-            if a.retry_after is not None:
-                outcome.retry_after.CopyFrom(duration(a.retry_after))
-            requests.put(dequeue_pb2.DequeueRequest(outcome=outcome))
-            done += 1
+            with answering:
+                if closed.is_set():
+                    continue  # --wait passed: left unanswered, back to the queue when the stream ends
+                answer(c, a, r.delivery, kind, requests)
+                done += 1
             if done >= a.n:
                 break
-    except grpc.RpcError as e:
-        if e.code() != grpc.StatusCode.CANCELLED:
-            raise
     finally:
         timer.cancel()
-        requests.put(None)  # half-close: the server settles the outcomes sent, then ends the stream
+        half_close()
         for _ in stream:
             pass
-    print(f"{done} mail(s) dequeued", file=sys.stderr)
+    if done == 0:
+        print(f"mailq dequeue: no mail from {a.queue} within {a.wait:g} s (empty, or its mails are delayed, held or "
+              "throttled: mailq show lists them)", file=sys.stderr)
+        return EXIT_NOTHING
+    more = "" if done >= a.n else f" (no more within {a.wait:g} s)"
+    print(f"{done} mail(s) dequeued{more}", file=sys.stderr)
+    return EXIT_OK
+
+
+def answer(c: Client, a: argparse.Namespace, d: dequeue_pb2.Delivery, kind: int, requests: q.Queue) -> None:
+    """Write the delivery's content (--out), print it, and queue its outcome."""
+    if a.out:
+        os.makedirs(a.out, exist_ok=True)
+        content = d.content if d.content_inline else b"".join(
+            p.chunk for b in d.mail.blob_ids for p in c.blob.Get(blob_pb2.GetRequest(blob_id=b)))
+        with open(os.path.join(a.out, f"{d.mail.enqueue_id}.eml"), "wb") as f:
+            f.write(content)
+    print(f"{d.mail.enqueue_id} {d.mail.mail.sender or '<>'} -> {','.join(d.mail.mail.recipients)} "
+          f"[{a.ack}] attempts {d.mail.attempts}")
+    outcome = dequeue_pb2.Outcome(delivery_tag=d.delivery_tag, kind=kind)
+    if a.retry_after is not None:
+        outcome.retry_after.CopyFrom(duration(a.retry_after))
+    requests.put(dequeue_pb2.DequeueRequest(outcome=outcome))
 
 
 def register(sub: Any) -> None:
@@ -84,7 +104,8 @@ def register(sub: Any) -> None:
     s.add_argument("file")
     s.add_argument("--from", dest="sender", default="", help="envelope sender (default: <>)")
     s.add_argument("--to", action="append", required=True, help="recipient (repeat for several)")
-    s.add_argument("--name")
+    s.add_argument("--name", default="", help="the mail's name, for browse, delete and rules by name (default: none; "
+                   "the printed enqueue id identifies the mail)")
     s.add_argument("--delay", type=duration_arg, help="deliver no earlier than this from now (e.g. 10m)")
     s.add_argument("--priority", choices=("high", "normal", "low"), default="normal")
     s = queue_command(sub, "dequeue", cmd_dequeue, "receive mails and answer them (success, retry or reject)")
@@ -92,4 +113,5 @@ def register(sub: Any) -> None:
     s.add_argument("--ack", choices=("success", "retry", "reject"), default="success")
     s.add_argument("--retry-after", type=duration_arg, help="with --ack retry: deliver again after this")
     s.add_argument("--out", help="write each mail's content to DIR/<id>.eml")
-    s.add_argument("--wait", type=float, default=10, help="give up after this many seconds (default 10)")
+    s.add_argument("--wait", type=float, default=10,
+                   help="give up after this many seconds (default 10); no mail by then: exit status 3")

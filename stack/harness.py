@@ -1,8 +1,10 @@
-"""One harness for the service processes: start ``python -m <name>_svc`` with an environment,
-wait until gRPC health says SERVING, stop them (SIGTERM, then SIGKILL), and remove what a run
+"""One harness for the service processes: start ``python -m <name>_svc`` with an environment
+(a test's: ``service_env`` on a ``new_keyspace``), wait until gRPC health says SERVING, stop them
+(SIGTERM, then SIGKILL), poll for a state with a deadline (``wait_until``), and remove what a run
 left in the backends (a mail queue's RabbitMQ queues and exchanges, a keyspace, a bucket).
 
-Used by stack/services.sh (``python -m stack.services``), tests/harness.py and bench/common.py.
+Used by stack/services.sh (``python -m stack.services``), the tests and bench/common.py. The one
+thing the tests add is in tests/inprocess.py: the services served inside the test process.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Mapping
+import uuid
+from collections.abc import Callable, Iterable, Mapping
 from typing import IO, Any
 
 import grpc
@@ -106,7 +109,32 @@ def broker_parameters(env: Mapping[str, str] | None = None):  # noqa: ANN201
     return connection_parameters(settings.url, settings)
 
 
-# -- ports and health -------------------------------------------------------------------------
+def new_keyspace() -> str:
+    """A keyspace name of a test's own (each test session makes one: tests never see dev data)."""
+    return f"mq_test_{uuid.uuid4().hex[:12]}"
+
+
+def service_env(keyspace: str, **extra: str) -> dict[str, str]:
+    """A service's environment on a keyspace of the test's own: the operator's variables (the
+    backends over TLS), gRPC in the clear on loopback (explicitly: MAILQUEUE_PLAINTEXT; the TLS
+    tests serve TLS), and the keyspace prepared as the operator would (``prepare``)."""
+    env = dict(os.environ)
+    env["MAILQUEUE_PLAINTEXT"] = "true"
+    # Gauges and the healer off: a test keyspace holds hundreds of queues (tests that need them turn them on).
+    # Counter updates written at once: tests compare counters with exact counts right away (the
+    # gathering has a test of its own).
+    env.update({"MAILQUEUE_CASSANDRA_KEYSPACE": keyspace, "MAILQUEUE_PORT": "0", "MAILQUEUE_METRICS_PORT": "0",
+                "MAILQUEUE_GAUGE_INTERVAL_S": "0", "MAILQUEUE_COUNTER_FLUSH_S": "0", "MAILQUEUE_HEAL_INTERVAL_S": "0"})
+    env.update(extra)
+    if env.get("MAILQUEUE_TLS_CERT_FILE"):
+        env.pop("MAILQUEUE_PLAINTEXT")
+    elif "MAILQUEUE_TLS_CA_FILE" not in extra:
+        env.pop("MAILQUEUE_TLS_CA_FILE", None)  # calls to a plaintext blob_svc: in the clear too
+    prepare(env)
+    return env
+
+
+# -- ports, health and polling ----------------------------------------------------------------
 
 
 def free_port() -> int:
@@ -134,6 +162,28 @@ def is_serving(target: str, credentials: grpc.ChannelCredentials | None = None, 
     from grpc_health.v1 import health_pb2
 
     return health(target, credentials=credentials, timeout=timeout) == health_pb2.HealthCheckResponse.SERVING
+
+
+def listed_services(target: str) -> set[str]:
+    """The services the server's reflection lists."""
+    from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+    with grpc.insecure_channel(target) as ch:
+        stub = reflection_pb2_grpc.ServerReflectionStub(ch)
+        responses = stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]))
+        return {s.name for r in responses for s in r.list_services_response.service}
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float = 30, interval: float = 0.05, what: str = "condition") -> Any:
+    """Poll ``predicate`` until it returns a truthy value; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
 
 
 def tls_credentials(ca_file: str) -> grpc.ChannelCredentials | None:

@@ -1,5 +1,6 @@
-"""Shared fixtures. Tests under tests/integration and tests/contract are marked `integration`:
-they need the stack (and the contract tests the services and the Go/Node clients: make contract)."""
+"""Shared fixtures. Tests are marked by folder: tests/integration and tests/contract `integration`
+(they need the stack, and the contract tests the services and the Go/Node clients: make contract),
+tests/cluster `cluster`, tests/kubernetes `kubernetes` but for tests/kubernetes/manifests, `k8s`."""
 
 from __future__ import annotations
 
@@ -22,14 +23,16 @@ from mailqueue.v1 import (
     mail_pb2,
 )
 from services.runtime.interceptors import ErrorsAndMetrics
-from stack.harness import drop_keyspace, drop_queues
-from tests.harness import LoopThread, RunningApp, ServiceProcess, new_keyspace, service_env, stack, stack_env
+from stack.harness import ServiceProcess, drop_keyspace, drop_queues, new_keyspace, service_env, stack, stack_env
+from tests.inprocess import LoopThread, RunningApp
 
 INTEGRATION = pathlib.Path(__file__).parent / "integration"
 CONTRACT = pathlib.Path(__file__).parent / "contract"
-K8S = pathlib.Path(__file__).parent / "k8s"
 CLUSTER = pathlib.Path(__file__).parent / "cluster"
+#: The Kubernetes tests: the real cluster tier (marker ``kubernetes``), but for ``manifests/``,
+#: the offline checks of the manifests (marker ``k8s``: kustomize and the schemas, no cluster).
 KUBERNETES = pathlib.Path(__file__).parent / "kubernetes"
+MANIFESTS = KUBERNETES / "manifests"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -37,11 +40,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         parents = pathlib.Path(str(item.fspath)).parents
         if INTEGRATION in parents or CONTRACT in parents:
             item.add_marker(pytest.mark.integration)
-        if K8S in parents:
-            item.add_marker(pytest.mark.k8s)
         if CLUSTER in parents:
             item.add_marker(pytest.mark.cluster)
-        if KUBERNETES in parents:
+        if MANIFESTS in parents:
+            item.add_marker(pytest.mark.k8s)
+        elif KUBERNETES in parents:
             item.add_marker(pytest.mark.kubernetes)
     # Tests that stop a backend run last, so an outage never overlaps another test; then the
     # Kubernetes tier (it stops the broker too), then the cluster tier (its own nodes, faults of

@@ -22,7 +22,7 @@ import time
 import grpc
 
 from mailqueue.v1 import dequeue_pb2, dequeue_pb2_grpc, enqueue_pb2, enqueue_pb2_grpc, mail_pb2
-from tests.harness import wait_until
+from stack.harness import wait_until
 
 #: A client's deadline: longer than any server-side timeout, so the server answers first.
 DEADLINE_S = 30.0

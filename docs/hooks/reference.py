@@ -292,7 +292,7 @@ def cli_markdown() -> str:
     for a in p._actions:
         if a.option_strings and not isinstance(a, argparse._HelpAction):
             out.append(f"| `{', '.join(a.option_strings)}` | {_cell(a.help or '')} |")
-    out.append("")
+    out += ["", "## Output and exit status", "", "```text", p.epilog.strip(), "```", ""]
     for c in commands():
         depth = "##" if " " not in c.path else "###"
         out += [f"{depth} `mailq {c.path}`", "", _cell(c.help) or "", "", "```text", c.usage, "```", ""]

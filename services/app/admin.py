@@ -38,7 +38,7 @@ class Admin:
         self._state = state
         self._browser = browser
         self.live_mails = browser.live_mails
-        self.mover = Mover(view, broker, state, browser.live_mails)
+        self.mover = Mover(view, broker, state, browser.candidates)
 
     async def create_queue(self, queue: str, policy: model.RetryPolicy | None = None) -> bool:
         return await create_queue(self._view, self._broker, queue, policy)
@@ -72,11 +72,13 @@ class Admin:
         return count
 
     async def delete(self, queue: str, f: BrowseFilter, every: int = 100) -> AsyncIterator[Progress]:
-        """Mark deleted every live mail matching ``f`` that existed when the call started."""
+        """Mark deleted every live mail matching ``f`` that existed when the call started (by enqueue
+        ids: the mails the index finds, whatever the queue's depth; an id that is no live mail of
+        the queue deletes nothing)."""
         queue = await self._browser.existing(queue)
         started = model.utcnow()
         p = Progress()
-        async for q in self.live_mails(queue, "delete", until=started + dt.timedelta(milliseconds=1)):
+        async for q in self._browser.candidates(queue, f, "delete", until=started + dt.timedelta(milliseconds=1)):
             p.scanned += 1
             if f.matches(q):
                 await counters.mark(self._view, q, "deleted by admin")

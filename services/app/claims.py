@@ -3,8 +3,9 @@ claim gives it back (services/domain/in_flight.py says which copy may hold a mai
 
 A subscription takes a claim when it starts preparing a message and keeps it on the delivery; the
 claim is released once, by whichever step ends the delivery (skipped, settled, returned, closed):
-a second release is a no-op, and no step can release a claim it does not hold. A RETRY releases
-before it publishes the newer copy, which may arrive at once.
+a second release is a no-op, and no step can release a claim it does not hold. A RETRY keeps
+its claim until it has recorded the newer copy it published: that copy, newer, takes the mail
+over if it arrives at once (services/domain/in_flight.py).
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import enum
 from typing import TYPE_CHECKING, Protocol
 
@@ -51,6 +52,8 @@ class Delivery:
     ticket: object = None
     #: This process's hold on the mail (services/app/claims.py), released when the delivery ends.
     claim: Claim | None = dataclasses.field(default=None, compare=False)
+    #: When it was handed to the client (None until then).
+    handed_out_at: dt.datetime | None = None
 
     def end(self, shaper: Shaper) -> None:
         """Give back what the delivery holds: its claim on the mail and its room at its destination."""

@@ -5,6 +5,11 @@ the moment it is entered, reads the client's answers and settles them concurrent
 deliveries end when the client half-closes (once every answer read is settled), and raise the
 first error of the answers (an invalid one: the stream fails with it). However the block is left,
 the subscription is closed and gives back what it holds (services/app/closing.py).
+
+- Once the half-close is read, nothing more is handed out: the client could not answer it.
+- An answer read is carried out to its end, whatever happens to the stream afterwards (an invalid
+  answer after it, a cancel, the client gone): the stream closes once it is. So every answer read
+  before an invalid one is carried out, and an answer is never cut in half.
 """
 
 from __future__ import annotations
@@ -56,6 +61,11 @@ async def serving(sub: Subscription, answers: AsyncIterator[list[Answer]]) -> As
                 task.cancel()
                 with contextlib.suppress(BaseException):
                     await task
+            elif not task.cancelled():
+                # Ended already, its error (an invalid answer, a channel that died) unread when the
+                # stream ends another way (the client gone): read here, never logged as
+                # "Task exception was never retrieved" (the soak counts those).
+                task.exception()
         # Shielded: a second cancel (the client gone while the stream ends) must not cut the
         # return of what the stream holds, nor leave its consumer channel open.
         await asyncio.shield(sub.close())
@@ -73,10 +83,13 @@ async def _settle(sub: Subscription, answers: AsyncIterator[list[Answer]]) -> No
 
     async def read() -> None:
         async for group in answers:
+            # Tasks start in order: each answer takes its tag (and starts settling) before the
+            # next one of the stream is looked at.
             for a in group:
                 task = asyncio.create_task(sub.settle(a.tag, a.outcome, a.error_message, a.retry_after))
                 running.add(task)
                 task.add_done_callback(check)
+        sub.stop_handing_out()  # half-closed
         if running:
             await asyncio.wait(set(running))
 
@@ -90,5 +103,14 @@ async def _settle(sub: Subscription, answers: AsyncIterator[list[Answer]]) -> No
             failed.result()
     finally:
         reader.cancel()
-        for task in running:
+        # Errors nobody reads once this returns (a reader that failed after ``failed`` was set, a
+        # settlement that fails later) are read by these callbacks, never logged as unretrieved.
+        reader.add_done_callback(_read_error)
+        failed.add_done_callback(_read_error)
+        for task in running:  # a settlement under way goes on to its end; Subscription.close waits for it
             task.cancel()
+
+
+def _read_error(f: asyncio.Future[None]) -> None:
+    if not f.cancelled():
+        f.exception()

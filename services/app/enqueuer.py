@@ -11,6 +11,10 @@ quorum lost with a write already on one replica) is retried in the background un
 so the half-written row never surfaces once the backend is back. Blobs are content-addressed and
 shared, so a failed enqueue leaves its blob for the retention sweep instead of deleting what
 another mail may reference.
+
+While the broker blocks publishers (a RabbitMQ memory or disk alarm), an enqueue is refused after
+validation and before anything is written. Idempotency keys are claimed, and taken over from an
+attempt that is gone, by services/app/key_claims.py.
 """
 
 from __future__ import annotations
@@ -26,11 +30,12 @@ from prometheus_client import Counter, Gauge
 
 from services.app import counters
 from services.app.grouping import Grouper
+from services.app.key_claims import KeyClaims, undo_time
 from services.app.queue_state import QueueState
 from services.app.retry import retrying
 from services.domain import model, schedule, validation
 from services.domain.backoff import Backoff
-from services.domain.errors import Aborted, BackendUnavailable, InvalidArgument, NotFound, ResourceExhausted
+from services.domain.errors import BackendUnavailable, InvalidArgument, NotFound, PublishersBlocked, ResourceExhausted
 from services.domain.model import BlobInfo
 from services.domain.settings import LimitSettings
 from services.domain.slices import bucket_of, slice_start
@@ -42,6 +47,10 @@ log = logging.getLogger(__name__)
 
 ENQUEUED = Counter("mailqueue_enqueued_total", "Mails acknowledged to producers", ["queue"])
 ENQUEUE_FAILED = Counter("mailqueue_enqueue_failed_total", "Enqueues answered with a retryable error", ["queue"])
+REFUSED_BLOCKED = Counter(
+    "mailqueue_enqueue_refused_blocked_total",
+    "Enqueues refused at once, nothing written, while RabbitMQ blocks publishers (a memory or disk alarm)", ["queue"],
+)
 COMPENSATIONS_PENDING = Gauge(
     "mailqueue_enqueue_compensations_pending", "Undo writes of failed enqueues waiting for Cassandra to answer",
 )
@@ -56,16 +65,8 @@ ContentWriter = Callable[[], Awaitable[tuple[tuple[str, ...], int]]]
 Schedule = tuple[dt.datetime | None, dt.timedelta | None]
 
 
-_MICROSECOND = dt.timedelta(microseconds=1)
-
-
 def _to_millis(t: dt.datetime) -> dt.datetime:
     return t.replace(microsecond=t.microsecond // 1000 * 1000)
-
-
-def _undo_time(started: dt.datetime) -> dt.datetime:
-    """The write time of an attempt's undo marks: right after its start (see Enqueuer._claim)."""
-    return started + _MICROSECOND
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,9 +98,8 @@ class Enqueuer:
         self._limits = limits
         self._state = state
         self._compensations: set[asyncio.Task[None]] = set()
-        #: (queue, key, enqueue id) of claims whose attempt failed here, release still pending:
-        #: a retry that meets one takes it over at once instead of waiting for it to be abandoned.
-        self._failed_claims: set[tuple[str, str, uuid.UUID]] = set()
+        #: Idempotency keys: claims, take-overs, and this process's lease (services/app/key_claims.py).
+        self.claims = KeyClaims(view, limits)
         #: Mails without an idempotency key run in groups (services/app/grouping.py).
         self._grouper: Grouper[_Grouped, model.EnqueueResult] = Grouper(self._run_group)
 
@@ -174,13 +174,22 @@ class Enqueuer:
 
     # ------------------------------------------------------------------ the common path
     async def _check(self, queue: str, mail: model.Mail, key: str, when: Schedule) -> None:
-        """Refuse what is invalid before anything is written."""
+        """Refuse what is invalid, or what could not be published now, before anything is written."""
         validation.queue_name(queue)
         validation.mail(mail, self._limits)
         schedule.deliver_at(model.utcnow(), *when)
         if len(key) > 256:
             raise InvalidArgument("idempotency_key is longer than 256 characters")
         await self._state.require_queue(queue)
+        self._refuse_if_blocked(queue)
+
+    def _refuse_if_blocked(self, queue: str) -> None:
+        """While the broker blocks publishers (a resource alarm), a publish would wait for the alarm
+        to be lifted: refuse at once, retryable, before the claim, the blob or the row is written."""
+        reason = self._broker.blocked()
+        if reason is not None:
+            REFUSED_BLOCKED.labels(queue).inc()
+            raise PublishersBlocked(reason)
 
     async def _enqueue(
         self, queue: str, mail: model.Mail, write_content: ContentWriter, key: str, when: Schedule, priority: str,
@@ -189,11 +198,11 @@ class Enqueuer:
         await self._check(queue, mail, key, when)
         enqueue_id = uuid.uuid4()
         # This attempt's instant (to the millisecond, as Cassandra keeps the claim's): its claim
-        # time, and the write time of its undo marks (see _claim).
+        # time, and the write time of its undo marks (see services/app/key_claims.py).
         started = _to_millis(model.utcnow())
         if key:
             try:
-                earlier = await self._claim(queue, key, enqueue_id, started)
+                earlier = await self.claims.claim(queue, key, enqueue_id, started)
             except BackendUnavailable:
                 # The claim may have landed though it timed out: release it (if it is ours), or
                 # the client's retry would find it in progress until it is abandoned.
@@ -274,12 +283,19 @@ class Enqueuer:
             out[i] = e
             ENQUEUE_FAILED.labels(items[i].queue).inc()
 
+        for i, it in enumerate(items):  # the alarm may have begun while they waited for the group
+            try:
+                self._refuse_if_blocked(it.queue)
+            except PublishersBlocked as e:
+                out[i] = e
         try:
-            inline = [i for i, it in enumerate(items) if it.stored is None]
+            inline = [i for i, it in enumerate(items) if it.stored is None and out[i] is None]
             written = await asyncio.gather(*(self._blobs.store(items[i].content or b"") for i in inline),
                                            return_exceptions=True)
             stored: dict[int, BlobInfo | BaseException] = dict(zip(inline, written, strict=True))
             for i, it in enumerate(items):
+                if out[i] is not None:
+                    continue
                 info = it.stored or stored[i]
                 if isinstance(info, BaseException):
                     failed(i, info)
@@ -326,22 +342,20 @@ class Enqueuer:
         mail beside a live one. Until the release lands, this process knows the claim failed
         and a retry here takes it over at once.
         """
-        claim = (queue, key, enqueue_id)
         if key:
-            self._failed_claims.add(claim)
+            self.claims.failed(queue, key, enqueue_id)
 
         written = attempt.written
 
         async def undo() -> None:  # retried until it lands; the mark (and its counters) once
             nonlocal written
             if written is not None and attempt.counted:
-                await counters.mark(self._view, written, "enqueue failed", written_at=_undo_time(started))
+                await counters.mark(self._view, written, "enqueue failed", written_at=undo_time(started))
             elif written is not None:
-                await self._view.mails.mark(queue, enqueue_id, "enqueue failed", _undo_time(started))
+                await self._view.mails.mark(queue, enqueue_id, "enqueue failed", undo_time(started))
             written = None
             if key:
-                await self._view.idempotency.release(queue, key, enqueue_id, started)
-                self._failed_claims.discard(claim)
+                await self.claims.release(queue, key, enqueue_id, started)
 
         if written is not None or key:
             await self._eventually(undo, "undo a failed enqueue")
@@ -368,40 +382,6 @@ class Enqueuer:
                 log.error("could not %s: %s", what, t.exception())
 
         task.add_done_callback(done)
-
-    async def _claim(self, queue: str, key: str, enqueue_id: uuid.UUID, started: dt.datetime) -> model.EnqueueResult | uuid.UUID:
-        """Claim the idempotency key: the enqueue id to use, or the earlier enqueue's result.
-
-        A claim left uncommitted for ``limits.abandoned_claim_s`` belongs to an attempt that crashed, or that
-        failed with its undo still pending (a quorum lost); one this process saw fail is not
-        waited for. It is taken over with its enqueue id: if the abandoned attempt published, both
-        copies are one mail, processed once. Its undo marks are written at its start time plus
-        1 µs; the take-over removes marks written up to that start plus 2 µs (last write wins in
-        Cassandra), so an undo landing late cannot delete the mail this attempt acknowledges,
-        while a consumer's later SUCCESS mark stays.
-        """
-        held = await self._view.idempotency.claim(queue, key, enqueue_id, started)
-        if held is None or held.enqueue_id == enqueue_id:
-            # Ours: the driver may retry the claim on another node after a node died with it in
-            # flight, and the retry finds the row the first try wrote.
-            return enqueue_id
-        if held.result is not None:
-            return held.result
-        abandoned = (queue, key, held.enqueue_id)
-        if (started - held.claimed_at).total_seconds() > self._limits.abandoned_claim_s or abandoned in self._failed_claims:
-            if await self._view.idempotency.take_over(queue, key, started, held.claimed_at):
-                try:
-                    await self._view.mails.unmark(queue, held.enqueue_id, _undo_time(held.claimed_at) + _MICROSECOND)
-                except BackendUnavailable:
-                    # Not released: the abandoned attempt may have written and published this
-                    # enqueue id. The claim stays (now ours), and a retry here takes it over again.
-                    self._failed_claims.add((queue, key, held.enqueue_id))
-                    raise
-                self._failed_claims.discard(abandoned)
-                log.warning("took over an abandoned idempotency claim",
-                            extra={"queue": queue, "key": key, "enqueue_id": str(held.enqueue_id)})
-                return held.enqueue_id
-        raise Aborted(f"an enqueue with idempotency key {validation.shown(key)} is in progress; retry in a few seconds")
 
 
 def _survivors(live: list[int], outcomes: Sequence[object], failed: Callable[[int, BaseException], None]) -> list[int]:

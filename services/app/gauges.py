@@ -1,10 +1,11 @@
-"""Per-queue Prometheus gauges from the counters, refreshed in the background by browse_svc.
+"""Per-queue Prometheus gauges, refreshed in the background by browse_svc.
 
-No mail row is read: each refresh reads the queue list and each queue's counter partition (the
-dead-letter counts are in it too). Exported: ``mailqueue_queue_mails{queue,state}``
-(state: ready, delayed, held, dead_lettered) and ``mailqueue_queue_oldest_deliverable_age_seconds``
-(SQS's ApproximateAgeOfOldestMessage: the start of the oldest slice with a ready mail, so rounded
-up to the slice window).
+Each refresh reads the queue list and each queue's counter partition (the dead-letter counts are
+in it too) and, for a queue the counters show live mails in, a head scan (services/app/ages.py:
+about a first Browse page, reading on where the last one stopped). Exported:
+``mailqueue_queue_mails{queue,state}`` (state: ready, delayed, held, dead_lettered) and
+``mailqueue_queue_oldest_deliverable_age_seconds`` (SQS's ApproximateAgeOfOldestMessage: how long
+the oldest deliverable mail has been deliverable, exact to the refresh).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import time
 
 from prometheus_client import Gauge
 
-from services.domain import model
+from services.app.ages import HeadAges
 from services.domain.errors import BackendUnavailable
 from services.ports.view import View
 
@@ -23,19 +24,20 @@ log = logging.getLogger(__name__)
 
 MAILS = Gauge("mailqueue_queue_mails", "Mails per queue and state, from the queue counters", ["queue", "state"])
 OLDEST = Gauge("mailqueue_queue_oldest_deliverable_age_seconds",
-               "Age of the oldest deliverable mail (slice-rounded), 0 when none is ready", ["queue"])
+               "How long the oldest deliverable mail has been deliverable (to the refresh), 0 when none is ready", ["queue"])
 REFRESH_SECONDS = Gauge("mailqueue_queue_gauges_refresh_seconds", "Time the last refresh of the queue gauges took")
 
 
-async def refresh(view: View) -> int:
+async def refresh(view: View, head: HeadAges) -> int:
     """Set every queue's gauges once; the number of queues."""
     began = time.perf_counter()
     queues = await view.queues.all()
-    now = model.utcnow()
+    window = (await view.config.current()).slice_window
     for queue in queues:
         try:
             c = await view.mails.size(queue)
             dead = sum((await view.dead_letters.counts(queue)).values())
+            scan = await head.scan(queue, c, window)
         except BackendUnavailable as e:  # one queue's trouble leaves the others' gauges fresh
             log.warning("gauges of a queue not refreshed: %s", e, extra={"queue": queue})
             continue
@@ -43,15 +45,16 @@ async def refresh(view: View) -> int:
         MAILS.labels(queue, "delayed").set(c.delayed - c.held)
         MAILS.labels(queue, "held").set(c.held)
         MAILS.labels(queue, "dead_lettered").set(dead)
-        OLDEST.labels(queue).set((now - c.oldest_ready_slice).total_seconds() if c.oldest_ready_slice else 0)
+        age = scan.oldest_ready_age
+        OLDEST.labels(queue).set(age.total_seconds() if age is not None else 0)
     REFRESH_SECONDS.set(time.perf_counter() - began)
     return len(queues)
 
 
-async def refresh_forever(view: View, interval_s: float) -> None:
+async def refresh_forever(view: View, head: HeadAges, interval_s: float) -> None:
     while True:
         try:
-            await refresh(view)
+            await refresh(view, head)
         except BackendUnavailable as e:
             log.warning("queue gauges not refreshed: %s", e)
         await asyncio.sleep(interval_s)

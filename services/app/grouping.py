@@ -13,6 +13,13 @@ mail is durable.
 
 A caller that leaves (cancelled, its deadline passed) while its item waits takes it out of the
 group: nothing of it is written. Once its group runs, the group finishes without it.
+
+Not one primitive with the view's group commit and group read
+(services/adapters/cassandra/group_commit.py, group_read.py), which gather one Cassandra request
+per partition or queue at the next loop turn and never withdraw an item: a Grouper gathers whole
+enqueues (blob, row and publish steps) across queues, runs a lone call at once, gives each item
+its own outcome and withdraws an item whose caller left, and it runs use-case steps in app/,
+which the adapters may not import.
 """
 
 from __future__ import annotations

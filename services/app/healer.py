@@ -8,7 +8,7 @@ Each round, for every queue:
 
 0. A deleted queue's browse start moves on (its content is the retention sweep's).
 1. **Interrupted moves and redrives**: a MoveMails or RedriveDeadLetters journal entry begun more
-   than the grace ago is completed (services/app/moves.py, services/app/dead_letter_book.py).
+   than the grace ago is completed (services/app/moves.py, services/app/dead_letter_admin.py).
 2. **An exact pass** over the queue's live mails (what ReconcileCounters reads), at most
    ``rows_per_round`` rows (MAILQUEUE_HEAL_ROWS_PER_ROUND) per round: the pass goes on where the
    last round stopped (the read's paging state), so a deep queue is passed over in several
@@ -45,7 +45,7 @@ from collections.abc import AsyncIterator
 from prometheus_client import Counter, Histogram
 
 from services.app import browse_start
-from services.app.dead_letter_book import DeadLetterBook
+from services.app.dead_letter_admin import DeadLetterAdmin
 from services.app.moves import Mover
 from services.domain import counts, model
 from services.domain.errors import BackendUnavailable, NotFound
@@ -83,9 +83,9 @@ class Healed:
 
 class Healer:
     def __init__(self, view: View, broker: Broker, live_mails, mover: Mover,  # noqa: ANN001 - Browser.live_mails
-                 book: DeadLetterBook, interval_s: float, grace_s: float, rows_per_round: int = 20_000) -> None:
+                 dead_letter_admin: DeadLetterAdmin, interval_s: float, grace_s: float, rows_per_round: int = 20_000) -> None:
         self._view = view
-        self._book = book
+        self._dead_letter_admin = dead_letter_admin
         self._broker = broker
         self._live_mails = live_mails
         self._mover = mover
@@ -127,7 +127,7 @@ class Healer:
             if now - begun > self.grace:
                 await self._mover.complete(mail, moved)
                 h.moves += 1
-        h.redrives = await self._book.complete_interrupted(queue, self.grace)
+        h.redrives = await self._dead_letter_admin.complete_interrupted(queue, self.grace)
         h.dead_letter_counters = await self._dead_letter_counters(queue)
         start = await self._view.starts.browse_start(queue)
         if start is None:

@@ -50,11 +50,11 @@ class MoveProgress:
 
 
 class Mover:
-    def __init__(self, view: View, broker: Broker, state: QueueState, live_mails) -> None:  # noqa: ANN001 - Browser.live_mails
+    def __init__(self, view: View, broker: Broker, state: QueueState, candidates) -> None:  # noqa: ANN001 - Browser.candidates
         self._view = view
         self._broker = broker
         self._state = state
-        self._live_mails = live_mails
+        self._candidates = candidates
 
     async def move(self, source: str, target: str, f: BrowseFilter, limit: int = 0, every: int = 100) -> AsyncIterator[MoveProgress]:
         validation.queue_name(source)
@@ -71,7 +71,7 @@ class Mover:
             log.warning("interrupted moves completed", extra={"queue": source, "moves": p.resumed})
         yield dataclasses.replace(p)
         started = model.utcnow()
-        async for q in self._live_mails(source, "move", until=started + dt.timedelta(milliseconds=1)):
+        async for q in self._candidates(source, f, "move", until=started + dt.timedelta(milliseconds=1)):
             p.scanned += 1
             if not f.matches(q):
                 continue
@@ -90,13 +90,17 @@ class Mover:
 
     async def landing(self, q: model.QueuedMail, target: str) -> model.QueuedMail:
         """The mail as it lands in ``target``: a new enqueue id in the current slice, the same
-        enqueue time (its age), schedule, attempts, priority and content."""
+        enqueue time (its age), schedule, attempts, priority and content.
+
+        The new id is derived from the source copy and the target (``landing_id``): two movers of
+        one mail (a redrive begun again while the healer completes the interrupted one, two
+        MoveMails at once) land the same enqueue id, delivered once, never two mails."""
         config = await self._state.config()
         start = slice_start(model.utcnow(), config.slice_window)
         browse_start = await self._state.browse_start(target)
         if browse_start is not None and start < browse_start:
             start = browse_start
-        enqueue_id = uuid.uuid4()
+        enqueue_id = landing_id(q, target)
         due = q.due()
         return dataclasses.replace(
             q, queue=target, enqueue_id=enqueue_id, slice_start=start, bucket=bucket_of(q.mail.name, str(enqueue_id), config.bucket_count),
@@ -115,6 +119,15 @@ class Mover:
         await land(self._view, self._broker, moved)
         await self._view.moves.done(mail)
         return True
+
+
+#: Namespace of the enqueue ids a move or a redrive lands (uuid5 of source queue, source id, target).
+LANDING = uuid.UUID("6d1c2f0e-4b6a-5f3e-9a57-1f1f0c4e2a11")
+
+
+def landing_id(q: model.QueuedMail, target: str) -> uuid.UUID:
+    """The enqueue id of ``q`` landed in ``target``: the same for every mover of that copy."""
+    return uuid.uuid5(LANDING, f"{q.queue}/{q.enqueue_id}->{target}")
 
 
 async def land(view: View, broker: Broker, q: model.QueuedMail) -> None:

@@ -9,7 +9,7 @@ import logging
 from collections.abc import AsyncIterator, Callable
 
 from services.app import browse_start, counters
-from services.app.dead_letter_book import purge_one
+from services.app.dead_letter_admin import purge_one
 from services.app.queue_state import QueueState
 from services.domain import schedule, validation
 from services.domain.errors import FailedPrecondition, NotFound

@@ -2,7 +2,7 @@
 retry's log line, run by tenacity.
 
 Used where a backend error is waited out instead of returned: a delivery being prepared
-(subscription.py) and the dead-letter marker (dead_letters.py). S3's client retries its own
+(subscription.py) and the dead-letter recorder (dead_letter_recorder.py). S3's client retries its own
 requests (services/adapters/s3/client.py).
 """
 

@@ -59,15 +59,17 @@ async def retry(s: Stream, d: Delivery, error: str, retry_after: dt.timedelta | 
         log.info("mail expired", extra={"queue": s.queue, "enqueue_id": str(mail.enqueue_id), "reason": next_attempt.reason})
         reason = f"{next_attempt.reason}: {error}" if error else next_attempt.reason
         await side.mark_deleted(mail, model.truncated(reason))
-        # Its last attempt recorded too: the dead letter shows it (services/app/dead_letters.py).
+        # Its last attempt recorded too: the dead letter shows it (services/app/dead_letter_recorder.py).
         await side.view.mails.reschedule(dataclasses.replace(mail, attempts=attempts, last_error=error, generation=mail.generation + 1))
         await s.dead_letter(d.tag)
         EXPIRED.labels(s.queue).inc()
         return
     again = dataclasses.replace(mail, deliver_at=next_attempt.deliver_at, attempts=attempts, last_error=error,
                                 generation=mail.generation + 1)
-    if d.claim is not None:
-        d.claim.release()  # the new copy may come back at once
+    # The claim is kept until the delivery ends (after the record): the new copy, newer, takes the
+    # mail over if it comes back at once, while another copy of this generation arriving meanwhile
+    # is a duplicate (released here first, such a copy was judged against the old record and
+    # delivered beside the new one: two copies of the mail out at once).
     await side.broker.publish(again, next_attempt.deliver_at - now, content=side.carry(mail, d.content))
     await side.view.mails.reschedule(again)
     await counters.bump(side.view, again, delayed=1 if delays.units(next_attempt.deliver_at - now) else 0)

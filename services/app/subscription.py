@@ -9,16 +9,23 @@ The path of one delivery, each step a module that reads alone:
    does not answer (the delivery stays with its consumer: a requeue would count towards the
    broker's delivery limit);
 3. the verdict is carried out (services/app/actions.py): handed out, or ended here;
-4. handed out by credit and class (services/domain/fairness.py);
+4. handed out by credit and class (services/domain/fairness.py), until the client half-closes;
 5. answered (services/app/settlement.py), or given back when the stream closes
    (services/app/closing.py).
+
+A step that changes anything (a verdict carried out, an answer settled) runs to its end once
+begun: a stream that closes, or is cancelled, waits for it rather than cutting it in half (#47: a
+RETRY cut between its publish and its ack left two copies of the mail, and both were delivered).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime as dt
 import logging
+from collections.abc import Awaitable
+from typing import TypeVar
 
 from prometheus_client import Counter
 
@@ -50,10 +57,17 @@ RETRIED_ON_ERROR = Counter(
 PREPARE_BACKOFF = Backoff("delivery preparation", initial_s=0.5, multiplier=2, max_s=15.0)
 
 Preparing = asyncio.Future[Delivery | None]
+T = TypeVar("T")
 
 
 def _prepared(task: Preparing) -> bool:
     return task.done()
+
+
+def _read_error(task: asyncio.Future[object]) -> None:
+    """Mark a finished step's error read (never 'exception was never retrieved')."""
+    if not task.cancelled():
+        task.exception()
 
 
 class Subscription:
@@ -75,6 +89,10 @@ class Subscription:
         self._failure: BaseException | None = None
         self._pump: asyncio.Task[None] | None = None
         self._preparing: set[Preparing] = set()
+        #: Steps that change something (verdicts carried out, answers settled): never cancelled.
+        self._committing: set[asyncio.Future[object]] = set()
+        #: False once the client half-closed: nothing more is handed out.
+        self._handing_out = True
 
     async def _pump_messages(self) -> None:
         try:
@@ -105,9 +123,11 @@ class Subscription:
             await self._changed.wait()
 
     def ready(self, limit: int) -> list[Delivery]:
-        """Up to ``limit`` prepared deliveries the client has credit for, handed out now (no wait)."""
+        """Up to ``limit`` prepared deliveries the client has credit for, handed out now (no wait);
+        none once the client half-closed (``stop_handing_out``)."""
         out: list[Delivery] = []
-        while len(out) < limit:
+        now = model.utcnow()
+        while self._handing_out and len(out) < limit:
             picked = self._scheduler.pick(_prepared)
             if picked is None:
                 break
@@ -115,11 +135,33 @@ class Subscription:
             if delivery is None:  # ended while being prepared: costs no credit
                 continue
             self._scheduler.handed()
+            delivery = dataclasses.replace(delivery, handed_out_at=now)
             self._stream.unsent.pop(delivery.tag, None)
             self._unanswered[delivery.tag] = delivery
             DELIVERED.labels(self.queue).inc()
             out.append(delivery)
         return out
+
+    def stop_handing_out(self) -> None:
+        """The client half-closed: it can answer nothing more, so nothing more is handed out (what
+        is prepared goes back, without spending a delivery attempt, when the stream closes)."""
+        self._handing_out = False
+
+    async def _to_the_end(self, step: Awaitable[T]) -> T:
+        """Run ``step`` to its end even if the caller is cancelled; ``close`` waits for it."""
+        task = asyncio.ensure_future(step)
+        self._committing.add(task)
+        task.add_done_callback(self._committing.discard)
+        task.add_done_callback(_read_error)  # read here too: a caller cancelled meanwhile never reads it
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            task.add_done_callback(self._log_error)  # the stream ended: nobody else will say it failed
+            raise
+
+    def _log_error(self, task: asyncio.Future[object]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("a step under way when its stream ended failed: %s", task.exception(), extra={"queue": self.queue})
 
     async def _prepare(self, message: Message) -> Delivery | None:
         """Decode, claim, then judge and carry out (retried on a backend error); the claim goes
@@ -161,7 +203,9 @@ class Subscription:
             if v.action is not Action.DELIVER:
                 side.shaper.release(ticket, handed_out=False)
                 ticket = None
-            return await actions.carry_out(self._stream, actions.Step(message, mail, v, admission, claim))
+            # Carried out to the end once begun: cut by a closing stream between its publish and
+            # its ack, a hold or a wait would leave a second copy of the mail in the queue.
+            return await self._to_the_end(actions.carry_out(self._stream, actions.Step(message, mail, v, admission, claim)))
         except BaseException:
             side.shaper.release(ticket, handed_out=False)  # retried or cancelled: admitted again next time
             raise
@@ -175,10 +219,14 @@ class Subscription:
         self._scheduler.answered()
         self._changed.set()  # credit for one more delivery
         self._stream.arrived.discard(tag)
-        await settlement.settle(self._stream, delivery, outcome, error_message, retry_after)
+        # To the end once the tag is taken, whatever happens to the stream: a RETRY cut between
+        # its publish and its ack would leave two copies (the new one, and the old one given back
+        # by the closing channel), a SUCCESS cut after its mark would lose its counter update.
+        await self._to_the_end(settlement.settle(self._stream, delivery, outcome, error_message, retry_after))
 
     async def close(self) -> None:
-        """Stop consuming and give back what the stream holds (services/app/closing.py).
+        """Stop consuming and give back what the stream holds (services/app/closing.py), once
+        every answer and every verdict under way has been carried out.
 
         The consumer's channel is closed whatever happens on the way: left open, the messages it
         holds unacked (and those the broker keeps sending it up to the prefetch) would stay with a
@@ -191,6 +239,8 @@ class Subscription:
             for task in preparing:
                 task.cancel()
             await asyncio.gather(*preparing, return_exceptions=True)  # let them unwind (and release) first
+            while self._committing:  # answers and verdicts under way end first: they ack what they end
+                await asyncio.gather(*self._committing, return_exceptions=True)
             prepared = [t.result() for t in self._scheduler.queued()
                         if t.done() and not t.cancelled() and t.exception() is None and t.result() is not None]
             await closing.close(self._stream, prepared, list(self._unanswered.values()))

@@ -277,6 +277,21 @@ def browse_filter_from_proto(pb: browse_pb2.BrowseRequest, now: dt.datetime) -> 
     )
 
 
+def delete_condition_from_proto(pb: admin_pb2.DeleteMailsRequest) -> filters.BrowseFilter:
+    """DeleteMails' one condition (its oneof) as a filter; none: InvalidArgument."""
+    kind = pb.WhichOneof("condition")
+    if kind == "enqueue_ids":
+        return filters.delete_condition(ids=pb.enqueue_ids.ids)
+    return filters.delete_condition(**({kind: getattr(pb, kind)} if kind else {}))
+
+
+def move_filter_from_proto(pb: admin_pb2.MoveMailsRequest, now: dt.datetime) -> filters.BrowseFilter:
+    """MoveMails' conditions (AND; none: every live mail) as a filter."""
+    f = browse_filter_from_proto(browse_pb2.BrowseRequest(sender=pb.sender, recipient=pb.recipient, name=pb.name,
+                                                          schedule=pb.schedule), now)
+    return dataclasses.replace(f, enqueue_ids=filters.enqueue_ids(pb.enqueue_ids)) if pb.enqueue_ids else f
+
+
 def progress_to_proto(p: Any) -> admin_pb2.DeleteProgress:
     """A delete's progress (services/app/admin.py: Progress)."""
     return admin_pb2.DeleteProgress(scanned=p.scanned, deleted=p.deleted, done=p.done)

@@ -4,8 +4,8 @@ reason its mark carries), which ones an operation takes, and how a redrive paces
 A mail is dead-lettered by a REJECT, by expiring (its retry policy), by a bounce rule, by
 reaching the broker's delivery limit, or because its content is missing. Each of those writes a
 mark whose reason starts in a known way (services/app/subscription.py, verdict.py,
-dead_letters.py); ``kind_of`` reads the kind back, and answers None for marks that are not dead
-letters (dequeued, deleted, moved, a deleted queue).
+dead_letter_recorder.py); ``kind_of`` reads the kind back, and answers None for marks that are
+not dead letters (dequeued, deleted, moved, a deleted queue).
 """
 
 from __future__ import annotations

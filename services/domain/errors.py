@@ -56,5 +56,16 @@ class BackendUnavailable(MailQueueError):
         self.detail = detail
 
 
+class PublishersBlocked(BackendUnavailable):
+    """The broker blocks publishers for now (RabbitMQ's memory or disk alarm): it would not confirm
+    a publish before the alarm is lifted. Retryable. Enqueue raises it before writing anything; a
+    publish already waiting for its confirm when the block began fails with it at once."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__("rabbitmq", f"it blocks publishers, {reason} (a resource alarm: operators free memory or "
+                                     "disk on its nodes)")
+        self.reason = reason
+
+
 class ConfigurationError(Exception):
     """A configuration (environment or stored) breaks a rule: the service refuses to start."""

@@ -8,11 +8,14 @@ import datetime as dt
 import uuid
 from collections.abc import Iterable
 
-from services.domain import model
+from services.domain import model, validation
 from services.domain.errors import InvalidArgument
 
 #: How a filter or a rule names the null sender (an empty MAIL FROM).
 NULL_SENDER_PATTERN = "<>"
+
+#: The most enqueue ids one DeleteMails or MoveMails takes (each costs an index read).
+MAX_ENQUEUE_IDS = 1000
 
 
 def sender_is(wanted: str, sender: str) -> bool:
@@ -41,14 +44,18 @@ class BrowseFilter:
     now: dt.datetime | None = None
     #: Only mails this hold rule re-scheduled.
     held_by: uuid.UUID | None = None
-    #: Only the mail with this enqueue id.
+    #: Only the mail with this enqueue id (Browse's one id).
     enqueue_id: uuid.UUID | None = None
+    #: Only the mails with one of these enqueue ids (DeleteMails, MoveMails: ``enqueue_ids``).
+    enqueue_ids: frozenset[uuid.UUID] | None = None
 
     def matches(self, q: model.QueuedMail) -> bool:
         m = q.mail
         if self.held_by is not None and q.held_by != self.held_by:
             return False
         if self.enqueue_id is not None and q.enqueue_id != self.enqueue_id:
+            return False
+        if self.enqueue_ids is not None and q.enqueue_id not in self.enqueue_ids:
             return False
         if self.schedule is not None:
             delayed = q.due() > (self.now or model.utcnow())
@@ -69,12 +76,25 @@ class BrowseFilter:
         return True
 
 
-def delete_condition(name: str | None, sender: str | None, recipient: str | None) -> BrowseFilter:
-    """Exactly one of name / sender / recipient, as a filter."""
-    given = [v for v in (name, sender, recipient) if v is not None]
+def enqueue_ids(values: Iterable[str]) -> frozenset[uuid.UUID]:
+    """1 to MAX_ENQUEUE_IDS enqueue ids, each a UUID (duplicates count once); InvalidArgument
+    otherwise, naming the first malformed one."""
+    values = list(values)
+    if not values:
+        raise InvalidArgument("enqueue_ids is empty: give at least one enqueue id")
+    if len(values) > MAX_ENQUEUE_IDS:
+        raise InvalidArgument(f"{len(values)} enqueue ids exceed the limit of {MAX_ENQUEUE_IDS} a call: split them")
+    return frozenset(validation.enqueue_id(v) for v in values)
+
+
+def delete_condition(name: str | None = None, sender: str | None = None, recipient: str | None = None,
+                     ids: Iterable[str] | None = None) -> BrowseFilter:
+    """Exactly one of name / sender / recipient / enqueue ids, as a filter."""
+    given = [v for v in (name, sender, recipient, ids) if v is not None]
     if len(given) != 1:
-        raise InvalidArgument("a delete needs exactly one condition: name, sender or recipient")
-    return BrowseFilter(sender=sender, recipient=recipient, name=name)
+        raise InvalidArgument("a delete needs exactly one condition: name, sender, recipient or enqueue_ids")
+    return BrowseFilter(sender=sender, recipient=recipient, name=name,
+                        enqueue_ids=enqueue_ids(ids) if ids is not None else None)
 
 
 def flush_condition(sender: str | None = None, recipient: str | None = None, recipient_domain: str | None = None,

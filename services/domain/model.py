@@ -153,6 +153,8 @@ class IdempotencyClaim:
     enqueue_id: uuid.UUID
     claimed_at: dt.datetime
     result: EnqueueResult | None = None
+    #: The lease of the enqueuer whose attempt holds it (None: claimed by a version without leases).
+    owner: uuid.UUID | None = None
 
 
 @dataclasses.dataclass(frozen=True)

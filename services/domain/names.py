@@ -58,6 +58,13 @@ def delay_unroutable() -> str:
     return f"{AMQP_PREFIX}.delay.unroutable"
 
 
+def alarm_probe_exchange() -> str:
+    """A fanout exchange bound to nothing: enqueue_svc publishes an empty message to it every
+    second, so that RabbitMQ tells it at once when a resource alarm blocks publishers
+    (services/adapters/rabbitmq/alarms.py). What it receives is dropped."""
+    return f"{AMQP_PREFIX}.alarm-probe"
+
+
 def dead_letter_marks_queue(keyspace: str) -> str:
     """Bound to the dead-letter exchange of every queue of the view in ``keyspace``: dequeue_svc
     marks in that view every mail that reaches it unmarked (the broker dead-lettered it on its own).

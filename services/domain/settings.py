@@ -30,6 +30,7 @@ class LimitSettings:
     small_blob_bytes: int = 64 * KiB
     SMALL_BLOB_MAX = 1 * MiB
     abandoned_claim_s: float = 30.0
+    claim_lease_s: int = 3
 
     def carried(self, content: bytes | None, size: int) -> bytes | None:
         """The content a mail's RabbitMQ message carries (None: the delivery reads the blob

@@ -24,6 +24,11 @@ def from_ms(ms: int) -> dt.datetime:
     return EPOCH + dt.timedelta(milliseconds=ms)
 
 
+def slice_ms(start: dt.datetime) -> int:
+    """A slice start as milliseconds since the epoch (how a page token names the slice)."""
+    return _ms(start)
+
+
 def slice_start(instant: dt.datetime, window: dt.timedelta) -> dt.datetime:
     """The start of the slice holding ``instant``: epoch-aligned multiples of ``window``."""
     w = _ms(window)

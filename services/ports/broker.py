@@ -3,7 +3,9 @@
 Contracts:
 - ``publish`` returns only once the broker confirmed the message is durably routed to the
   queue's work queue; otherwise it raises BackendUnavailable. Many publishes may be in flight
-  at once (confirms are pipelined).
+  at once (confirms are pipelined). While the broker blocks publishers (a resource alarm), it
+  raises PublishersBlocked at once, and so do the publishes waiting for a confirm when the block
+  began: a confirm would wait until the alarm is lifted.
 - A consumer's unacknowledged deliveries return to the queue when it is closed or its
   connection dies.
 """
@@ -107,6 +109,16 @@ class Broker(abc.ABC):
     @abc.abstractmethod
     async def ready_messages(self, queue: str) -> int:
         """Messages waiting in the queue's work queues (not those handed out, nor in the delay ladder)."""
+
+    @abc.abstractmethod
+    def blocked(self) -> str | None:
+        """Why the broker blocks publishers now, in its words ("low on disk", "low on memory"), or
+        None while it accepts them. From what the broker told this process: no I/O."""
+
+    @abc.abstractmethod
+    async def watch_alarms(self) -> None:
+        """Keep ``blocked`` current while nothing is published too (runs until cancelled): a
+        process that must refuse before it writes anything (enqueue) runs it."""
 
     @abc.abstractmethod
     async def ping(self) -> None:

@@ -14,7 +14,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
-from services.domain import counts, dead_letters, model
+from services.domain import counts, dead_letters, model, paging
 from services.ports.shaping import ShapingStore
 
 
@@ -48,12 +48,14 @@ class MailQueueView(abc.ABC):
     @abc.abstractmethod
     def live_pages(
         self, queue: str, slice_start: dt.datetime, buckets: int, op: str, first_page: int = 100, max_page: int = 5000,
+        after: tuple[dt.datetime, uuid.UUID] | None = None,
     ) -> AsyncIterator[list[model.QueuedMail]]:
         """The live mails of one slice, every bucket merged in enqueue order, each with its current
         schedule, lazily in pages: the first costs about ``buckets x first_page`` rows read whatever
         the slice holds, so a first Browse page stays cheap at any depth; pages double up to
-        ``max_page``. ``op`` labels the reads
-        in the metrics (browse, size, delete, ...)."""
+        ``max_page``. ``after``: only the mails after this (enqueued_at, enqueue_id) in enqueue
+        order (a page token's position), read from there: as cheap as a first page. ``op`` labels
+        the reads in the metrics (browse, size, delete, ...)."""
 
     @abc.abstractmethod
     async def indexed(self, queue: str, column: str, value: Any, op: str) -> list[model.QueuedMail] | None:
@@ -116,12 +118,22 @@ class CounterBuffer(Protocol):
 
 
 class Idempotency(Protocol):
-    """Idempotency keys: a claim per (queue, key), committed with its mail or released."""
+    """Idempotency keys: a claim per (queue, key), committed with its mail or released. An
+    uncommitted claim names its owner (an ``Enqueuers`` lease), when the enqueuer that made it had one."""
 
-    async def claim(self, queue: str, key: str, enqueue_id: uuid.UUID, now: dt.datetime) -> model.IdempotencyClaim | None: ...
-    async def take_over(self, queue: str, key: str, now: dt.datetime, seen: dt.datetime) -> bool: ...
+    async def claim(self, queue: str, key: str, enqueue_id: uuid.UUID, now: dt.datetime,
+                    owner: uuid.UUID | None = None) -> model.IdempotencyClaim | None: ...
+    async def take_over(self, queue: str, key: str, now: dt.datetime, seen: dt.datetime,
+                        owner: uuid.UUID | None = None) -> bool: ...
     async def commit(self, queue: str, key: str, q: model.QueuedMail) -> None: ...
     async def release(self, queue: str, key: str, enqueue_id: uuid.UUID, claimed_at: dt.datetime) -> None: ...
+
+
+class Enqueuers(Protocol):
+    """A lease per enqueue process, renewed while it runs and gone within its TTL once it died."""
+
+    async def renew(self, enqueuer: uuid.UUID, host: str, ttl_s: int) -> None: ...
+    async def alive(self, enqueuer: uuid.UUID) -> bool: ...
 
 
 class Moves(Protocol):
@@ -137,7 +149,7 @@ class DeadLetters(Protocol):
     """The dead-letter repository (services/adapters/cassandra/dead_letters_store.py)."""
 
     async def record(self, d: dead_letters.DeadLetter) -> bool: ...
-    def scan(self, queue: str) -> AsyncIterator[dead_letters.DeadLetter]: ...
+    def scan(self, queue: str, after: paging.Position | None = None) -> AsyncIterator[dead_letters.DeadLetter]: ...
     async def remove(self, q: model.QueuedMail) -> bool: ...
     async def counts(self, queue: str) -> dict[str, int]: ...
     async def exact_counts(self, queue: str) -> dict[str, int]: ...
@@ -168,6 +180,7 @@ class View(Protocol):
     counters: Counters
     counter_buffer: CounterBuffer
     idempotency: Idempotency
+    enqueuers: Enqueuers
     config: ViewConfiguration
     shaping: ShapingStore
     moves: Moves

@@ -6,7 +6,9 @@ status honest: NOT_SERVING until the backends answer (the process does not crash
 down), SERVING once they do, NOT_SERVING again when a check fails and first thing on shutdown.
 That is readiness (the overall "" service and each service name). Liveness is its own name,
 ``liveness``: SERVING while the process answers at all, whatever its backends do, so that a
-backend outage takes pods out of load balancing without restarting them.
+backend outage takes pods out of load balancing without restarting them. An app may report
+conditions of its own under further names (``App.conditions``: enqueue's ``publishing``), which
+leave readiness alone.
 
 Crash-only: nothing here is needed for correctness. SIGTERM drains for nicer rolling updates;
 SIGKILL at any instant loses nothing, and start-up is recovery.
@@ -36,6 +38,7 @@ from services.runtime.auth import TokenAuth, check_exposure, check_transport
 from services.runtime.interceptors import ErrorsAndMetrics
 from services.runtime.settings import Settings
 from services.runtime.tls import server_credentials
+from services.runtime.watchdog import LoopWatchdog
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +49,11 @@ LIVENESS = "liveness"
 #: Seconds between backend checks once serving, and between connection attempts before.
 CHECK_INTERVAL_S = 5.0
 RETRY_INTERVAL_S = 2.0
+#: Seconds between two readings of an app's conditions (App.conditions).
+CONDITIONS_INTERVAL_S = 0.5
+#: Seconds a backend check may take: one that has not answered by then fails (NOT_SERVING, with
+#: the reason in the log) rather than leaving the last status standing while calls wait.
+CHECK_TIMEOUT_S = 10.0
 
 UP = Gauge("mailqueue_serving", "1 while the service reports SERVING")
 
@@ -74,6 +82,11 @@ class App(abc.ABC):
 
     async def close(self) -> None:
         return None
+
+    def conditions(self) -> dict[str, str | None]:
+        """Health names beyond readiness, each SERVING while its condition holds: name -> why it
+        does not hold now (None: it holds). Read often: no I/O."""
+        return {}
 
     def require_connected(self) -> None:
         if not self.connected:
@@ -154,7 +167,7 @@ async def supervise(app: App, served: Served) -> None:
                 await app.connect()
                 app.connected = True
                 log.info("backends connected", extra={"attempts": attempt})
-            await app.check()
+            await checked(app)
             failures = 0
             if not serving:
                 await served.set_health(SERVING)
@@ -170,9 +183,31 @@ async def supervise(app: App, served: Served) -> None:
         await asyncio.sleep(CHECK_INTERVAL_S if serving else RETRY_INTERVAL_S)
 
 
+async def report_conditions(app: App, served: Served) -> None:
+    """Keep the health name of each of the app's conditions in line with it, forever."""
+    shown: dict[str, int] = {}
+    while True:
+        for name, reason in app.conditions().items():
+            status = SERVING if reason is None else NOT_SERVING
+            if shown.get(name) != status:
+                await served.health.set(name, status)
+                shown[name] = status
+        await asyncio.sleep(CONDITIONS_INTERVAL_S)
+
+
+async def checked(app: App) -> None:
+    """``app.check()`` within CHECK_TIMEOUT_S; BackendUnavailable when it fails or takes longer."""
+    try:
+        await asyncio.wait_for(app.check(), CHECK_TIMEOUT_S)
+    except asyncio.TimeoutError:
+        raise BackendUnavailable(app.name, f"the backend check did not answer within {CHECK_TIMEOUT_S:g} s") from None
+
+
 async def serve(app: App) -> None:
     s = app.settings.server
     logs.configure(app.name, s.log_level)
+    watchdog = LoopWatchdog(asyncio.get_running_loop())
+    watchdog.start()
     if s.metrics_port:
         start_http_server(s.metrics_port, addr=s.host)
     served = create_server(app)
@@ -190,6 +225,7 @@ async def serve(app: App) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     supervisor = asyncio.create_task(supervise(app, served))
+    conditions = asyncio.create_task(report_conditions(app, served))
     stopped = asyncio.create_task(stop.wait())
     done, _ = await asyncio.wait({supervisor, stopped}, return_when=asyncio.FIRST_COMPLETED)
     if supervisor in done and supervisor.exception() is not None:
@@ -201,6 +237,7 @@ async def serve(app: App) -> None:
         raise exc  # type: ignore[misc]
     log.info("draining", extra={"grace_s": s.shutdown_grace_s, "lameduck_s": s.lameduck_s})
     supervisor.cancel()  # it would set SERVING again
+    conditions.cancel()
     # Readiness (the overall health) at once: no new traffic from the Service.
     await served.set_health(NOT_SERVING, [""])
     if s.lameduck_s:
@@ -220,6 +257,7 @@ async def serve(app: App) -> None:
     if probes is not None:
         await probes.stop(0)
     await app.close()
+    watchdog.stop()
     log.info("stopped")
 
 

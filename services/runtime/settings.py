@@ -206,9 +206,12 @@ def limits_from_env(env: Mapping[str, str] = os.environ) -> LimitSettings:
         max_prefetch=_int(env, "MAX_PREFETCH", LimitSettings.max_prefetch, 1),
         #: Blobs up to this size live in Cassandra (no S3 object, no blob_svc hop); 0 puts every blob in S3.
         small_blob_bytes=_int(env, "SMALL_BLOB_BYTES", LimitSettings.small_blob_bytes, 0, LimitSettings.SMALL_BLOB_MAX),
-        #: An idempotency claim left uncommitted this long belongs to a crashed enqueuer: a retry with
-        #: the key takes it over (with its enqueue id). Longer than any enqueue takes.
+        #: An idempotency claim left uncommitted this long is taken over by a retry with the key (with
+        #: its enqueue id) even though its enqueuer still holds its lease. Longer than any enqueue takes.
         abandoned_claim_s=_float(env, "ABANDONED_CLAIM_S", LimitSettings.abandoned_claim_s, 1.0),
+        #: Each enqueue process's lease (seconds, renewed every third of it): a claim whose owner's
+        #: lease is gone (the process died) is taken over by the next retry with the key.
+        claim_lease_s=_int(env, "CLAIM_LEASE_S", LimitSettings.claim_lease_s, 2),
     )
 
 

@@ -12,8 +12,8 @@ import grpc
 import pytest
 
 from mailqueue.v1 import admin_pb2, admin_pb2_grpc
+from stack.harness import ROOT, ServiceProcess, is_serving, new_keyspace, service_env, wait_until
 from tests.conftest import drop_keyspace
-from tests.harness import ROOT, ServiceProcess, is_serving, new_keyspace, service_env, wait_until
 
 
 def stack(*args: str, check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess[str]:

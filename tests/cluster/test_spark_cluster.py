@@ -15,8 +15,8 @@ import grpc
 import pytest
 
 from mailqueue.v1 import admin_pb2, admin_pb2_grpc, browse_pb2, browse_pb2_grpc, dequeue_pb2_grpc, enqueue_pb2_grpc
+from stack.harness import ROOT, wait_until
 from tests.cluster.conftest import ClusterServices
-from tests.harness import ROOT, wait_until
 from tests.integration.helpers import StreamConsumer, inline, simple_mail
 from tests.integration.test_browse_admin import next_slice
 

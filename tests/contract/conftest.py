@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from tests.harness import ROOT, is_serving
+from stack.harness import ROOT, is_serving
 
 TARGETS = {"enqueue": "localhost:50051", "dequeue": "localhost:50052", "browse": "localhost:50053", "blob": "localhost:50054"}
 CA = os.path.join(ROOT, ".stack", "pki", "ca.crt")
@@ -39,3 +39,15 @@ def tool(name: str) -> str:
     if not os.path.exists(path):
         pytest.fail(f"{name} is missing: run `make contract` (go install into {TOOLS})")
     return path
+
+
+#: Shell blocks of the docs per page: (run, skipped), filled by test_docs_blocks.py.
+DOCS_BLOCKS: dict[str, tuple[int, int]] = {}
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The docs test's totals: how many shell blocks ran as pasted, how many are marked skip."""
+    if DOCS_BLOCKS:
+        ran = sum(r for r, _ in DOCS_BLOCKS.values())
+        skipped = sum(s for _, s in DOCS_BLOCKS.values())
+        terminalreporter.write_line(f"docs shell blocks: {ran} run, {skipped} skipped (marked), in {len(DOCS_BLOCKS)} page(s)")

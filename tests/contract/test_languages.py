@@ -4,8 +4,8 @@ import json
 import os
 import subprocess
 
+from stack.harness import ROOT
 from tests.contract.conftest import CA, tool
-from tests.harness import ROOT
 
 HERE = os.path.join(ROOT, "tests", "contract")
 

@@ -12,7 +12,7 @@ from services.adapters.rabbitmq import message_format
 from services.contract import serde
 from services.domain import model, names
 from services.domain.slices import slices_between
-from tests.harness import broker_parameters
+from stack.harness import broker_parameters
 
 
 def view_rows(suite, queue: str) -> list[model.QueuedMail]:

@@ -15,8 +15,8 @@ TOKENS = {role: role[0] * 24 for role in ("admin", "producer", "consumer", "read
 
 @pytest.fixture(scope="module")
 def secured(aio_loop, running_stack):
+    from stack.harness import new_keyspace
     from tests.conftest import Suite
-    from tests.harness import new_keyspace
 
     s = Suite(aio_loop, new_keyspace(), MAILQUEUE_TOKENS=",".join(f"{r}:{t}" for r, t in TOKENS.items()),
               MAILQUEUE_SERVICE_TOKEN=TOKENS["admin"])
@@ -75,7 +75,7 @@ def test_health_needs_no_token(secured):
 def test_a_service_token_blob_svc_refuses_turns_the_service_not_serving_and_says_what_to_fix(secured):
     from enqueue_svc.app import EnqueueApp
     from services.domain.errors import BackendUnavailable
-    from tests.harness import RunningApp
+    from tests.inprocess import RunningApp
 
     _, _, admin, _ = stubs(secured, TOKENS["admin"])
     admin.CreateQueue(admin_pb2.CreateQueueRequest(queue="secured-token"))

@@ -8,7 +8,7 @@ import sys
 import grpc
 
 from mailqueue.v1 import blob_pb2, blob_pb2_grpc
-from tests.harness import ROOT, free_port, is_serving, service_env, wait_until
+from stack.harness import ROOT, free_port, is_serving, service_env, wait_until
 
 MiB = 1024 * 1024
 
@@ -64,7 +64,7 @@ def test_a_96_mib_mail_streams_through_enqueue_svc_to_s3_in_less_memory_than_its
     it, then uploads it in parts; the process never holds the mail. Delivered by reference and
     read back whole through blob_svc's Get."""
     from mailqueue.v1 import enqueue_pb2, enqueue_pb2_grpc, mail_pb2
-    from tests.harness import ServiceProcess
+    from stack.harness import ServiceProcess
     from tests.integration.helpers import StreamConsumer
 
     queue = suite.new_queue()

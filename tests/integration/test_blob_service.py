@@ -15,7 +15,7 @@ from blob_svc.app import BlobApp
 from blob_svc.servicer import BlobServicer
 from mailqueue.v1 import blob_pb2, blob_pb2_grpc
 from services.runtime.settings import Settings
-from tests.harness import service_env
+from stack.harness import service_env
 
 CHUNK = 256 * 1024
 
@@ -177,7 +177,7 @@ def test_a_put_that_deduplicates_refreshes_the_objects_age_once_per_interval(grp
     import datetime as dt
 
     from services.adapters.s3 import client as s3client
-    from tests.harness import wait_until
+    from stack.harness import wait_until
 
     data = os.urandom(100_000)  # over the small-blob limit: an S3 object in both stores
     first = put(grpc_stub, data)

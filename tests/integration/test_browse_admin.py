@@ -13,7 +13,7 @@ from google.protobuf import duration_pb2
 from mailqueue.v1 import admin_pb2, browse_pb2
 from services.contract import serde
 from services.domain import model, names
-from tests.harness import stack, wait_until
+from stack.harness import stack, wait_until
 from tests.integration.helpers import StreamConsumer, delivered, enqueue_names, inline, message_count, simple_mail, view_rows
 
 
@@ -218,8 +218,8 @@ def test_configuration_rules_through_the_admin_service(fast_suite):
 
 
 def test_raising_buckets_keeps_every_mail_browsable(running_stack, aio_loop):
+    from stack.harness import new_keyspace
     from tests.conftest import Suite
-    from tests.harness import new_keyspace
 
     s = Suite(aio_loop, new_keyspace(), MAILQUEUE_SLICE_WINDOW_S="2")
     try:

@@ -3,8 +3,12 @@
 The rows and marks browse_svc reads are counted (its mailqueue_view_rows_read_total and
 mailqueue_view_marks_read_total), not timed: the first page of a deep queue must read about one
 page per bucket, and reading on must still give every mail once, in enqueue order; a Browse by
-name must read that name's rows (an index), not the queue.
+name must read that name's rows (an index), not the queue. Paged (page_size, page_token), every
+page reads about as much as the first, and the pages give every mail once, in the order of one
+unpaged Browse, though a batch's mails share enqueue instants.
 """
+
+import collections
 
 import grpc
 import pytest
@@ -14,6 +18,7 @@ from tests.integration.helpers import fill, inline, simple_mail
 
 DEPTH = 3000
 FIRST_PAGE = 100  # services/app/browser.py: rows asked of each partition at first
+PAGE = 100  # a page_size
 
 
 def counted(suite, op: str) -> tuple[float, float]:
@@ -21,9 +26,16 @@ def counted(suite, op: str) -> tuple[float, float]:
             suite.metric("browse", "mailqueue_view_marks_read_total", op=op))
 
 
-def test_the_first_page_of_a_deep_queue_reads_a_page_per_bucket_and_every_page_keeps_the_order(suite):
+@pytest.fixture(scope="module")
+def deep(suite) -> tuple[str, list[str]]:
+    """A queue of DEPTH mails enqueued by EnqueueBatches (their names), read and paged by the tests
+    below without changing it."""
     queue = suite.new_queue()
-    names = fill(suite, queue, DEPTH)
+    return queue, fill(suite, queue, DEPTH)
+
+
+def test_the_first_page_of_a_deep_queue_reads_a_page_per_bucket_and_every_page_keeps_the_order(suite, deep):
+    queue, names = deep
     buckets = suite.browse_stub.GetQueue(browse_pb2.GetQueueRequest(queue=queue)).queue_info.configuration.bucket_count
     rows0, marks0 = counted(suite, "browse")
     page = [r.mail for r in suite.browse_stub.Browse(browse_pb2.BrowseRequest(queue=queue, limit=10))]
@@ -39,6 +51,36 @@ def test_the_first_page_of_a_deep_queue_reads_a_page_per_bucket_and_every_page_k
     assert [m.enqueue_id for m in page] == [m.enqueue_id for m in everything[:10]]
     rows2, _ = counted(suite, "browse")
     assert rows2 - rows1 == DEPTH
+
+
+def test_paging_a_deep_queue_of_batches_gives_each_mail_once_in_browse_order_and_each_page_reads_a_page(suite, deep):
+    """#47.8: paged 100 at a time (page_size, page_token), the batches' mails sharing instants."""
+    queue, _ = deep
+    everything = suite.browsed_mails(queue)
+    per_instant = collections.Counter(m.enqueued_at.ToMilliseconds() for m in everything)
+    print(f"{DEPTH} mails, {len(per_instant)} distinct instants, up to {max(per_instant.values())} in one ms")
+    assert len(everything) == DEPTH and max(per_instant.values()) > 1
+    buckets = suite.info(queue).configuration.bucket_count
+    paged, costs, token = [], [], ""
+    while True:
+        rows0, marks0 = counted(suite, "browse")
+        responses = list(suite.browse_stub.Browse(browse_pb2.BrowseRequest(queue=queue, page_size=PAGE, page_token=token)))
+        rows1, marks1 = counted(suite, "browse")
+        costs.append((rows1 - rows0, marks1 - marks0))
+        assert all(not r.next_page_token for r in responses[:-1])  # only a page's last message carries it
+        token = responses[-1].next_page_token
+        assert len(responses) == PAGE or not token  # only the last page may be short
+        paged += [r.mail for r in responses]
+        if not token:
+            break
+    # Every mail once, in the order of one unpaged Browse, in 30 full pages (none empty),
+    assert [m.enqueue_id for m in paged] == [m.enqueue_id for m in everything]
+    assert len(costs) == DEPTH // PAGE
+    # and the last page reads as little as the first: a page per bucket, the marks of one page and
+    # of the mail after it (is there a next page?).
+    rows, marks = max(c[0] for c in costs), max(c[1] for c in costs)
+    print(f"per page: at most {rows:.0f} rows ({buckets} buckets) and {marks:.0f} marks; the last page {costs[-1]}")
+    assert rows <= buckets * (PAGE + 1) and marks <= PAGE + 1, costs
 
 
 def test_browse_by_name_reads_that_names_rows_only_and_not_once_it_is_deleted(suite):

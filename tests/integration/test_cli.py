@@ -2,7 +2,9 @@
 against the in-process suite."""
 
 import json
+import os
 import pathlib
+import pty
 import subprocess
 import sys
 import tempfile
@@ -38,7 +40,7 @@ def test_an_operator_session(suite, tmp_path):
     assert [r["enqueue_id"] for r in rows][0] == first
     assert [json.loads(line)["enqueue_id"] for line in mailq(suite, "browse", queue, "--json", "--id", first).stdout.splitlines()] == [first]
     deleted = mailq(suite, "delete", queue, "--recipient", "bounce@example.org")
-    assert "1 mail(s) deleted" in deleted.stdout and "scanned" in deleted.stderr  # progress on stderr
+    assert "1 mail(s) deleted" in deleted.stdout and "scanned" not in deleted.stderr  # progress on a terminal only
     out = tmp_path / "out"
     got = mailq(suite, "dequeue", queue, "-n", "1", "--out", str(out)).stdout
     assert first in got
@@ -64,8 +66,9 @@ def test_delays_flush_and_retry_policy_from_the_command_line(suite, tmp_path):
     assert "1 mail(s) flushed" in mailq(suite, "flush", queue, "--domain", "example.org").stdout
     got = mailq(suite, "dequeue", queue, "--ack", "retry", "--retry-after", "5m").stdout
     assert eid in got and "attempts 0" in got
-    row = json.loads(mailq(suite, "browse", queue, "--json", "--name", "m.eml", "--limit", "1").stdout)
+    row = json.loads(mailq(suite, "browse", queue, "--json", "--id", eid[:8]).stdout)  # the 8 characters browse prints
     assert row["enqueue_id"] == eid and row["attempts"] == 1 and "deliver_at" in row
+    assert "name" not in row["mail"]  # no --name: no name (not the file's, which every mail of it would share)
     assert "(0 ready, 2 delayed, 0 held)" in mailq(suite, "show", queue).stdout
     assert "expires after 3 attempts or 1d" in mailq(suite, "retry-policy", queue, "--max-age", "1d").stdout
     r = mailq(suite, "flush", queue, "--domain", "x.org", "--name", "n", ok=False)
@@ -95,3 +98,74 @@ def test_hold_rules_and_release_from_the_command_line(suite):
     assert "NOT_FOUND" in r.stderr
     r = mailq(suite, "bounce", ok=False)
     assert "needs a condition" in r.stderr
+
+
+
+def run(suite, *args: str, **options) -> subprocess.CompletedProcess:
+    """mailq as a shell runs it, whatever its exit status; ``options`` for subprocess.run."""
+    targets = ["--enqueue", suite.enqueue.target, "--dequeue", suite.dequeue.target,
+               "--browse", suite.browse.target, "--blob", suite.blob.target]
+    options = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, **options}
+    return subprocess.run([str(MAILQ), *targets, *args], cwd=tempfile.gettempdir(), text=True, timeout=60, **options)
+
+
+def test_dequeue_ends_with_status_3_when_no_mail_comes(suite):
+    """Given an empty queue, when mailq dequeue waits 1 s, then it says so and exits 3 (no
+    CANCELLED, no traceback); given one mail and -n 2, it answers that one, says no more came, exits 0."""
+    queue = suite.new_queue()
+    r = run(suite, "dequeue", queue, "--wait", "1")
+    assert r.returncode == 3, r.stderr
+    assert r.stderr == f"mailq dequeue: no mail from {queue} within 1 s (empty, or its mails are delayed, held or throttled: mailq show lists them)\n"
+    eid = suite.enqueue_mail(queue, "m").enqueue_id
+    r = run(suite, "dequeue", queue, "-n", "2", "--wait", "2")
+    assert r.returncode == 0 and eid in r.stdout, r.stderr
+    assert r.stderr == "1 mail(s) dequeued (no more within 2 s)\n"
+    assert suite.size(queue, exact=True) == 0  # the answer sent before the half-close was settled
+
+
+def test_a_closed_pipe_ends_mailq_quietly_with_status_141(suite):
+    """Given stdout a pipe nobody reads any more (mailq show Q | head, once head has ended), mailq
+    ends with status 141, like any Unix tool, without a traceback or an [Errno 32]."""
+    queue = suite.new_queue()
+    suite.enqueue_mail(queue, "m")
+    for command in ("show", "browse"):
+        read_end, write_end = os.pipe()
+        os.close(read_end)
+        try:
+            r = run(suite, command, queue, stdout=write_end)
+        finally:
+            os.close(write_end)
+        assert r.returncode == 141 and "Errno" not in r.stderr and "Traceback" not in r.stderr, (command, r.stderr)
+
+
+def test_progress_is_shown_on_a_terminal_only(suite):
+    """Given stderr a terminal, a long operation shows its progress on one line rewritten in place
+    and ends it; given stderr a pipe (test_an_operator_session), none: only the result, on stdout."""
+    queue = suite.new_queue()
+    suite.enqueue_mail(queue, "m")
+    master, terminal = pty.openpty()
+    try:
+        r = run(suite, "clear", queue, stderr=terminal)
+        os.close(terminal)
+        shown = b""
+        while True:
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:  # EIO: the terminal's other end is closed and read
+                break
+            if not chunk:
+                break
+            shown += chunk
+    finally:
+        os.close(master)
+    assert r.returncode == 0 and r.stdout == "1 mail(s) deleted\n"
+    assert shown.startswith(b"\rclearing: ") and b"1 deleted" in shown and shown.endswith(b"\r\n"), shown
+
+
+def test_usage_errors_exit_2(suite):
+    """A command line that cannot be right exits 2 with what to give; config set without an
+    option changes nothing (it never reads its input)."""
+    r = run(suite, "config", "set", input="slice_window 30m\nbucket_count 4\n")
+    assert r.returncode == 2 and "give --slice-window, --buckets or --pace" in r.stderr
+    r = run(suite, "flush", "x", "--domain", "a.org", "--name", "n")
+    assert r.returncode == 2 and "at most one of" in r.stderr

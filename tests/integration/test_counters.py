@@ -4,7 +4,7 @@ import datetime as dt
 
 from mailqueue.v1 import admin_pb2, browse_pb2
 from services.domain import counts
-from tests.harness import ServiceProcess, service_env, wait_until
+from stack.harness import ServiceProcess, service_env, wait_until
 from tests.integration.helpers import StreamConsumer, enqueue_names, inline, simple_mail
 
 
@@ -49,7 +49,7 @@ def test_reconcile_heals_drifted_counters(suite):
     assert suite.size(queue) == suite.size(queue, exact=True) == 2
 
 
-def test_gauges_export_each_queue_state_without_reading_mails(suite, keyspace):
+def test_gauges_export_each_queue_state_from_counters_and_a_head_scan(suite, keyspace):
     queue = suite.new_queue(initial_backoff=3600)
     enqueue_names(suite, queue, ["ready-1", "ready-2", "ready-3"])
     c = StreamConsumer(suite.dequeue_stub, queue, prefetch=1)
@@ -65,8 +65,16 @@ def test_gauges_export_each_queue_state_without_reading_mails(suite, keyspace):
         state = lambda s: browse.metric("mailqueue_queue_mails", queue=queue, state=s)  # noqa: E731
         wait_until(lambda: (state("ready"), state("delayed"), state("held"), state("dead_lettered")) == (1, 1, 0, 1),
                    what="the gauges")
-        assert browse.metric("mailqueue_queue_oldest_deliverable_age_seconds", queue=queue) > 0
-        assert browse.metric("mailqueue_view_rows_read_total") == 0  # no mail row read for them
+        # The oldest deliverable age is the ready mail's, exact at the last refresh (1 s ago at most, and
+        # within 1 s of the truth): not the age of its slice's start.
+        [ready] = [r.mail for r in suite.browse_stub.Browse(browse_pb2.BrowseRequest(
+            queue=queue, schedule=browse_pb2.SCHEDULE_FILTER_READY))]
+        gauge = browse.metric("mailqueue_queue_oldest_deliverable_age_seconds", queue=queue)
+        real = (dt.datetime.now(dt.timezone.utc) - ready.enqueued_at.ToDatetime(tzinfo=dt.timezone.utc)).total_seconds()
+        assert 0 < gauge and real - 1 - 2 <= gauge <= real + 1, (gauge, real)  # 2 s: the refresh interval and its run
+        # The sizes from the counters (no counting pass), the ages from the head of each queue.
+        assert browse.metric("mailqueue_view_rows_read_total", op="size") == 0
+        assert browse.metric("mailqueue_view_rows_read_total", op="age") > 0
     finally:
         browse.stop()
 

@@ -15,9 +15,10 @@ import uuid
 
 import grpc
 
-from mailqueue.v1 import dequeue_pb2_grpc, enqueue_pb2_grpc
-from tests.harness import ServiceProcess, service_env, wait_until
-from tests.integration.helpers import StreamConsumer, heal_counters, inline, message_count, simple_mail
+from mailqueue.v1 import dequeue_pb2_grpc, enqueue_pb2, enqueue_pb2_grpc
+from services.adapters.cassandra import schema
+from stack.harness import ServiceProcess, service_env, wait_until
+from tests.integration.helpers import StreamConsumer, heal_counters, inline, message_count, simple_mail, view_rows
 
 
 def enqueue_many(stub, queue: str, n: int, workers: int = 16) -> list[str]:
@@ -175,12 +176,12 @@ def test_kill_9_of_enqueue_svc_mid_load_loses_no_acknowledged_mail(suite, keyspa
 
 def test_kill_9_between_claim_and_completion_gives_each_key_one_mail(suite, keyspace):
     """Idempotency across a crash: 20 SIGKILLs of enqueue_svc at random instants under load, each
-    producer retrying its key until OK (a claim the killed process left is taken over after
-    MAILQUEUE_ABANDONED_CLAIM_S, here 2 s). Every key maps to one enqueue id, delivered once, and
-    no other mail is delivered."""
+    producer retrying its key until OK (a claim the killed process left is taken over once its
+    lease has expired, MAILQUEUE_CLAIM_LEASE_S: 3 s). Every key maps to one enqueue id, delivered
+    once, and no other mail is delivered."""
     import random
 
-    env = service_env(keyspace, MAILQUEUE_BLOB_TARGET=suite.blob.target, MAILQUEUE_ABANDONED_CLAIM_S="2")
+    env = service_env(keyspace, MAILQUEUE_BLOB_TARGET=suite.blob.target)
     e1 = ServiceProcess("enqueue", env)
     queue = suite.new_queue()
     ids: dict[str, set[str]] = collections.defaultdict(set)
@@ -242,4 +243,70 @@ def test_kill_9_between_claim_and_completion_gives_each_key_one_mail(suite, keys
         assert not extra and duplicates == 0
     finally:
         stop.set()
+        e1.stop()
+
+
+def claim_row(suite, queue: str, key: str):
+    """The key's idempotency row (enqueue_id, owner, committed), or None."""
+    return suite.view.session.execute(
+        f"SELECT enqueue_id, owner, committed FROM {suite.keyspace}.{schema.IDEMPOTENCY} "
+        "WHERE queue_name = %s AND idempotency_key = %s", (queue, key)).one()
+
+
+def test_a_key_held_by_a_killed_enqueuer_is_taken_over_within_5_s(suite, keyspace):
+    """#47.6: enqueue_svc SIGKILLed while it holds a key's claim (mid-call: its EnqueueStream waits
+    for the rest of the content). The claim names the killed process's lease; once the lease has
+    expired (MAILQUEUE_CLAIM_LEASE_S, 3 s), the next retry through another replica takes it over
+    with its enqueue id, well before MAILQUEUE_ABANDONED_CLAIM_S (30 s). One mail for the key."""
+    e1 = ServiceProcess("enqueue", service_env(keyspace, MAILQUEUE_BLOB_TARGET=suite.blob.target))
+    queue, key = suite.new_queue(), f"held-{uuid.uuid4().hex[:8]}"
+    hold = threading.Event()
+
+    def requests():
+        yield enqueue_pb2.EnqueueStreamRequest(header=enqueue_pb2.EnqueueHeader(
+            queue=queue, mail=simple_mail("held"), idempotency_key=key))
+        yield enqueue_pb2.EnqueueStreamRequest(chunk=b"Subject: held\r\n\r\nthe rest never comes")
+        hold.wait(60)  # the call stays open: e1 holds the claim while it waits for the content
+
+    aborted = 0
+
+    def retried():
+        """A client's retry of the key through the other replica: its receipt, None on ABORTED."""
+        nonlocal aborted
+        try:
+            return suite.enqueue_stub.Enqueue(inline(queue, simple_mail("held"), key=key), timeout=10).receipt
+        except grpc.RpcError as e:
+            assert e.code() == grpc.StatusCode.ABORTED, e.details()
+            aborted += 1
+            return None
+
+    try:
+        call = enqueue_pb2_grpc.EnqueueServiceStub(e1.channel()).EnqueueStream.future(requests(), timeout=60)
+        # Given e1 holds the key's claim, naming its lease, and a retry meanwhile is told "in progress"
+        held = wait_until(lambda: claim_row(suite, queue, key), 30, what="e1 to claim the key")
+        assert held.owner is not None and not held.committed
+        assert retried() is None and aborted == 1
+        # When e1 is killed mid-call
+        e1.kill9()
+        killed = time.monotonic()
+        # Then a client retrying every 0.1 s gets OK within 5 s, with the claim's enqueue id
+        receipt = wait_until(retried, 30, interval=0.1, what="the retried key to answer OK")
+        took = time.monotonic() - killed
+        assert call.exception() is not None  # the killed call failed: nothing was acknowledged to it
+        assert (receipt.enqueue_id, receipt.duplicate) == (str(held.enqueue_id), False)
+        assert took < 5, f"first OK {took:.1f} s after the SIGKILL"
+        now = claim_row(suite, queue, key)
+        assert now.committed and now.owner != held.owner
+        # And the key is one mail, delivered once
+        assert [r.enqueue_id for r in view_rows(suite, queue)] == [held.enqueue_id]
+        consumer = StreamConsumer(suite.dequeue_stub, queue)
+        d = consumer.next()
+        assert d.mail.enqueue_id == receipt.enqueue_id
+        consumer.answer(d)
+        consumer.close()
+        wait_until(lambda: message_count(queue) == 0, 30, what="the queue empty")
+        print(f"\nkey held by a killed enqueuer: first OK {took:.2f} s after its SIGKILL "
+              f"({aborted - 1} retries answered ABORTED meanwhile)")
+    finally:
+        hold.set()
         e1.stop()

@@ -16,7 +16,7 @@ import grpc
 import pytest
 
 from mailqueue.v1 import admin_pb2, admin_pb2_grpc, browse_pb2, browse_pb2_grpc
-from tests.harness import ServiceProcess, broker_parameters, service_env, wait_until
+from stack.harness import ServiceProcess, broker_parameters, service_env, wait_until
 from tests.integration.helpers import StreamConsumer, dead_letter_count, inline, kill_9_mid_stream, simple_mail
 from tests.integration.test_cli import mailq
 
@@ -206,6 +206,35 @@ def test_kill_9_of_browse_svc_mid_redrive_loses_nothing_and_delivers_nothing_twi
     c.close()
     twice = [n for n, k in delivered.items() if k > 1]
     print(f"delivered: {sum(delivered.values())} for {len(names)} dead letters, {len(twice)} twice")
+    assert set(delivered) == set(names) and not twice
+
+
+def test_two_redrives_of_one_queue_at_once_deliver_each_mail_once(suite):
+    """Two operators (or a redrive begun again while the healer completes an interrupted one) redrive
+    the same dead letters at once: each lands one enqueue id, whoever lands it, so each mail is
+    delivered once (CI found a mail delivered twice after a redrive and its healer raced)."""
+    import concurrent.futures
+
+    queue = suite.new_queue()
+    names = [f"t{i}" for i in range(200)]
+    reject_all(suite, queue, names)
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        runs = [pool.submit(redrive, suite.admin_stub, queue, per_second=1000) for _ in range(2)]
+        finals = [r.result()[-1] for r in runs]
+    assert all(f.done for f in finals) and sum(f.redriven for f in finals) >= len(names)
+    delivered: collections.Counter[str] = collections.Counter()
+    c = StreamConsumer(suite.dequeue_stub, queue, prefetch=64)
+
+    def drain() -> bool:
+        c.answer_available(delivered)
+        return len(delivered) == len(names)
+
+    wait_until(drain, 120, interval=0.01, what="every redriven mail delivered")
+    with pytest.raises(q.Empty):
+        c.next(timeout=2)
+    c.close()
+    twice = sorted(n for n, k in delivered.items() if k > 1)
+    print(f"\ntwo redrives at once redrove {[f.redriven for f in finals]}; {len(delivered)} delivered, twice: {twice}")
     assert set(delivered) == set(names) and not twice
 
 

@@ -12,7 +12,7 @@ from google.protobuf import duration_pb2, timestamp_pb2
 
 from mailqueue.v1 import admin_pb2, browse_pb2, enqueue_pb2
 from services.domain import names
-from tests.harness import ROOT, broker_parameters, wait_until
+from stack.harness import ROOT, broker_parameters, wait_until
 from tests.integration.helpers import (
     StreamConsumer,
     code_of,

@@ -16,7 +16,7 @@ import pytest
 
 from mailqueue.v1 import admin_pb2, admin_pb2_grpc, browse_pb2, dequeue_pb2_grpc, enqueue_pb2_grpc
 from services.domain import model
-from tests.harness import ServiceProcess, service_env, stack, wait_until
+from stack.harness import ServiceProcess, service_env, stack, wait_until
 from tests.integration.helpers import StreamConsumer, inline, simple_mail
 
 pytestmark = pytest.mark.outage

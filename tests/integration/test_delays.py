@@ -16,7 +16,7 @@ from google.protobuf import duration_pb2, timestamp_pb2
 from mailqueue.v1 import admin_pb2, browse_pb2, enqueue_pb2
 from services.domain import model
 from services.runtime.settings import rabbitmq_from_env
-from tests.harness import wait_until
+from stack.harness import wait_until
 from tests.integration.helpers import (
     StreamConsumer,
     dead_letter_count,

@@ -11,7 +11,7 @@ import pytest
 
 from mailqueue.v1 import admin_pb2, browse_pb2
 from services.domain import names
-from tests.harness import broker_parameters, wait_until
+from stack.harness import broker_parameters, wait_until
 from tests.integration.helpers import StreamConsumer, inline, simple_mail
 from tests.integration.test_cli import mailq
 
@@ -139,7 +139,7 @@ def test_a_forced_delete_killed_mid_way_is_completed_by_running_it_again(suite, 
     """browse_svc SIGKILLed at a random instant of a forced DeleteQueue (300 live mails, 100 dead
     letters); run again, the delete completes: the name made again is an empty queue."""
     from mailqueue.v1 import admin_pb2_grpc
-    from tests.harness import ServiceProcess, service_env
+    from stack.harness import ServiceProcess, service_env
     from tests.integration.helpers import kill_9_mid_stream
     from tests.integration.test_dead_letters import counts, dead, reject_all
 

@@ -8,7 +8,7 @@ import pytest
 
 from mailqueue.v1 import blob_pb2, enqueue_pb2, mail_pb2
 from services.contract import serde
-from tests.harness import wait_until
+from stack.harness import wait_until
 from tests.integration.helpers import StreamConsumer, inline, message_count, peek_messages, simple_mail, view_rows
 from tests.mails import FULL_MAIL
 
@@ -193,7 +193,8 @@ def test_refused_input_gets_a_precise_status_and_writes_nothing(suite, case):
 
 def test_a_stream_over_the_mail_size_limit_is_refused_and_writes_nothing(suite, aio_loop, keyspace):
     from enqueue_svc.app import EnqueueApp
-    from tests.harness import RunningApp, service_env
+    from stack.harness import service_env
+    from tests.inprocess import RunningApp
 
     small = RunningApp(aio_loop, EnqueueApp, "enqueue",
                        service_env(keyspace, MAILQUEUE_BLOB_TARGET=suite.blob.target, MAILQUEUE_MAX_MAIL_BYTES="100000"))

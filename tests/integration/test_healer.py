@@ -17,8 +17,8 @@ from mailqueue.v1 import blob_pb2, browse_pb2, enqueue_pb2_grpc
 from services.app import counters
 from services.domain import model
 from services.domain.slices import bucket_of, slice_start
+from stack.harness import ServiceProcess, new_keyspace, wait_until
 from tests.conftest import ProcessSuite, drop_keyspace
-from tests.harness import ServiceProcess, new_keyspace, wait_until
 from tests.integration.helpers import StreamConsumer, fill, inline, simple_mail
 
 PORTS = ("MAILQUEUE_PORT", "MAILQUEUE_METRICS_PORT")
@@ -173,7 +173,7 @@ def test_a_redrive_killed_mid_way_is_completed_by_the_healer(healed):
           f"{len(still_dead)} still dead")
     assert interrupted <= set(delivered)
     assert not set(delivered) & still_dead and set(delivered) | still_dead == set(names)
-    assert all(n == 1 for n in delivered.values())
+    assert all(n == 1 for n in delivered.values()), f"delivered more than once: {sorted(n for n, k in delivered.items() if k > 1)}"
     assert sum(s.healers[i].metric("mailqueue_healer_repairs_total", queue=queue, kind="redrive") for i in range(2)) == len(interrupted)
 
 

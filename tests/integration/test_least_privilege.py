@@ -19,7 +19,7 @@ from services.adapters.s3.client import Bucket
 from services.domain import names
 from services.domain.errors import BackendUnavailable
 from services.runtime.settings import cassandra_from_env, rabbitmq_from_env, s3_from_env
-from tests.harness import credentials_dir, service_env
+from stack.harness import credentials_dir, service_env
 
 SERVICES = ("enqueue", "dequeue", "browse", "blob", "sweep")
 

@@ -12,7 +12,7 @@ import grpc
 import pytest
 
 from mailqueue.v1 import admin_pb2, admin_pb2_grpc
-from tests.harness import ServiceProcess, service_env, wait_until
+from stack.harness import ServiceProcess, service_env, wait_until
 from tests.integration.helpers import StreamConsumer, inline, kill_9_mid_stream, simple_mail
 from tests.integration.test_cli import mailq
 

@@ -10,7 +10,7 @@ import uuid
 import grpc
 import pytest
 
-from tests.harness import ROOT, stack, wait_until
+from stack.harness import ROOT, stack, wait_until
 from tests.integration.helpers import deleted_reason, inline, message_count, simple_mail, view_rows
 
 pytestmark = pytest.mark.outage

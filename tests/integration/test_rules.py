@@ -9,7 +9,7 @@ import pytest
 
 from mailqueue.v1 import admin_pb2, browse_pb2
 from services.domain import model
-from tests.harness import wait_until
+from stack.harness import wait_until
 from tests.integration.helpers import StreamConsumer, dead_letter_count, deleted_reason
 
 

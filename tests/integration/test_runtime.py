@@ -7,7 +7,7 @@ import urllib.request
 import pytest
 from grpc_health.v1 import health_pb2
 
-from tests.harness import ROOT, free_port, health, listed_services, service_env, wait_until
+from stack.harness import ROOT, free_port, health, listed_services, service_env, wait_until
 
 EXPECTED = {
     "enqueue": "mailqueue.v1.EnqueueService",
@@ -75,7 +75,7 @@ def test_a_service_process_serves_once_the_stack_is_up(keyspace, running_stack):
 
 def test_a_violating_view_configuration_refuses_start_up(running_stack):
     # Given a stored configuration with 2 buckets, when a process is configured with 1, it refuses to start.
-    from tests.harness import new_keyspace
+    from stack.harness import new_keyspace
 
     keyspace = new_keyspace()
     first = start_process("browse_svc", service_env(keyspace, MAILQUEUE_PORT=str(free_port()), MAILQUEUE_BUCKET_COUNT="2"))

@@ -12,7 +12,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from mailqueue.v1 import dequeue_pb2_grpc, enqueue_pb2_grpc
 from services.adapters.grpc_channels import blocking_channel
-from tests.harness import ServiceProcess, service_env, wait_until
+from stack.harness import ServiceProcess, service_env, wait_until
 from tests.integration.helpers import StreamConsumer, inline, message_count, simple_mail
 
 MAILS = 2000

@@ -26,9 +26,8 @@ from mailqueue.v1 import admin_pb2, blob_pb2, browse_pb2
 from services.adapters.cassandra import schema
 from services.adapters.cassandra.session import execute
 from services.domain import model, slices
-from stack.harness import drop_queues
+from stack.harness import ROOT, drop_queues, new_keyspace, wait_until
 from tests.conftest import CREATED_QUEUES, Suite
-from tests.harness import ROOT, new_keyspace, wait_until
 from tests.integration.helpers import (
     StreamConsumer,
     inline,

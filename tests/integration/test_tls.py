@@ -15,58 +15,11 @@ import grpc
 import pytest
 
 from mailqueue.v1 import admin_pb2, admin_pb2_grpc, browse_pb2, browse_pb2_grpc, dequeue_pb2_grpc, enqueue_pb2_grpc
-from tests.harness import ROOT, ServiceProcess, service_env, wait_until
+from stack.harness import ROOT, ServiceProcess, service_env, wait_until
 from tests.integration.helpers import StreamConsumer, code_of, inline, simple_mail
+from tests.pki import PKI, der, served_certificate
 
 ADMIN_TOKEN = "tls-test-admin-token-0001"
-
-
-class PKI:
-    """A CA and certificates made with openssl, in a folder of the test's own."""
-
-    def __init__(self, path) -> None:
-        self.path = str(path)
-        self.ca = self._ca("ca")
-
-    def _run(self, *args: str) -> None:
-        subprocess.run(["openssl", *args], cwd=self.path, check=True, capture_output=True)
-
-    def _ca(self, name: str) -> str:
-        self._run("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", f"{name}.key",
-                  "-out", f"{name}.crt", "-subj", f"/CN={name}", "-days", "2")
-        return os.path.join(self.path, f"{name}.crt")
-
-    def issue(self, name: str, cn: str, san: str, ca: str = "ca") -> tuple[str, str]:
-        with open(os.path.join(self.path, f"{name}.ext"), "w") as f:
-            f.write(f"subjectAltName={san}\n")
-        self._run("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", f"{name}.key",
-                  "-out", f"{name}.csr", "-subj", f"/CN={cn}")
-        self._run("x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.crt", "-CAkey", f"{ca}.key", "-CAcreateserial",
-                  "-out", f"{name}.crt", "-days", "2", "-extfile", f"{name}.ext")
-        return os.path.join(self.path, f"{name}.crt"), os.path.join(self.path, f"{name}.key")
-
-    def issue_expired(self, name: str, cn: str, san: str) -> None:
-        """A certificate from the CA whose validity ended in 2020 (``openssl ca`` sets past dates)."""
-        with open(os.path.join(self.path, "ca.cnf"), "w") as f:
-            f.write("[ca]\ndefault_ca=d\n[d]\ndatabase=index.txt\nnew_certs_dir=.\nserial=serial\n"
-                    "default_md=sha256\npolicy=p\ncopy_extensions=copy\n[p]\ncommonName=supplied\n")
-        open(os.path.join(self.path, "index.txt"), "w").close()
-        with open(os.path.join(self.path, "serial"), "w") as f:
-            f.write("1000\n")
-        with open(os.path.join(self.path, f"{name}.ext"), "w") as f:
-            f.write(f"subjectAltName={san}\n")
-        self._run("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", f"{name}.key",
-                  "-out", f"{name}.csr", "-subj", f"/CN={cn}")
-        self._run("ca", "-batch", "-config", "ca.cnf", "-in", f"{name}.csr", "-out", f"{name}.crt", "-cert", "ca.crt",
-                  "-keyfile", "ca.key", "-startdate", "20200101000000Z", "-enddate", "20200102000000Z",
-                  "-extfile", f"{name}.ext", "-notext")
-
-    def credentials(self, client: str | None = None) -> grpc.ChannelCredentials:
-        ca = open(self.ca, "rb").read()
-        if client is None:
-            return grpc.ssl_channel_credentials(ca)
-        base = os.path.join(self.path, client)
-        return grpc.ssl_channel_credentials(ca, open(base + ".key", "rb").read(), open(base + ".crt", "rb").read())
 
 
 @pytest.fixture(scope="module")
@@ -146,7 +99,7 @@ def test_clients_refuse_a_server_certificate_from_another_ca_or_expired(keyspace
             stub = browse_pb2_grpc.BrowseServiceStub(grpc.secure_channel(browse.target, pki.credentials()))
             assert code_of(lambda: stub.ListQueues(browse_pb2.ListQueuesRequest(), timeout=5)) == grpc.StatusCode.UNAVAILABLE, name
             with pytest.raises(ssl.SSLCertVerificationError):
-                _served_certificate(browse.port, pki.ca)
+                served_certificate(browse.port, pki.ca)
         finally:
             browse.stop()
 
@@ -161,18 +114,6 @@ def _handshake_unverified(port: int) -> bool:
         return False
 
 
-def _served_certificate(port: int, ca: str) -> bytes:
-    context = ssl.create_default_context(cafile=ca)
-    context.set_alpn_protocols(["h2"])
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
-        with context.wrap_socket(sock, server_hostname="127.0.0.1") as tls:
-            return tls.getpeercert(binary_form=True)
-
-
-def _der(path: str) -> bytes:
-    return ssl.PEM_cert_to_DER_cert(open(path).read())
-
-
 def test_renewed_certificate_files_are_served_without_a_restart_and_open_streams_go_on(keyspace, running_stack, pki):
     env = tls_env(keyspace, pki)
     enqueue = ServiceProcess("enqueue", env, credentials=pki.credentials())
@@ -185,13 +126,13 @@ def test_renewed_certificate_files_are_served_without_a_restart_and_open_streams
         finally:
             admin_channel.stop()
         stream = StreamConsumer(dequeue_pb2_grpc.DequeueServiceStub(dequeue.channel()), queue, prefetch=4)
-        before = _served_certificate(dequeue.port, pki.ca)
-        assert before == _der(env["MAILQUEUE_TLS_CERT_FILE"])
+        before = served_certificate(dequeue.port, pki.ca)
+        assert before == der(env["MAILQUEUE_TLS_CERT_FILE"])
         # Renewal, as cert-manager does it: a new certificate (new key) written over the files.
         pki.issue("renewed", "mailqueue-browse-renewed", "IP:127.0.0.1,DNS:localhost")
         shutil.copy(os.path.join(pki.path, "renewed.key"), env["MAILQUEUE_TLS_KEY_FILE"])
         shutil.copy(os.path.join(pki.path, "renewed.crt"), env["MAILQUEUE_TLS_CERT_FILE"])
-        wait_until(lambda: _served_certificate(dequeue.port, pki.ca) == _der(env["MAILQUEUE_TLS_CERT_FILE"]), 10,
+        wait_until(lambda: served_certificate(dequeue.port, pki.ca) == der(env["MAILQUEUE_TLS_CERT_FILE"]), 10,
                    what="new connections get the renewed certificate")
         assert dequeue.proc.poll() is None  # same process
         # The stream opened before the renewal still delivers; the enqueue goes over a new connection.

@@ -5,6 +5,9 @@ Setup, as an operator's first deployment: the namespace, the Secrets (stack/kube
 the services' certificate in cert-manager's shape, one backend credential per component),
 ``kubectl apply -k``. The namespace of an
 earlier run is deleted first, so every run starts from nothing.
+
+``manifests/`` beside it holds the offline checks of the same manifests (marker ``k8s``, ``make
+test-k8s``: kustomize and the schemas, no cluster); they use none of these fixtures.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import time
 
 import pytest
 
-from tests.harness import wait_until
+from stack.harness import wait_until
 from tests.kubernetes import kube
 
 

@@ -13,7 +13,7 @@ import subprocess
 
 import yaml
 
-from tests.harness import ROOT, scrape, wait_until
+from stack.harness import ROOT, scrape, wait_until
 
 KUBECONFIG = os.path.join(os.environ.get("MAILQUEUE_STACK_DIR", os.path.join(ROOT, ".stack")), "kube", "admin.kubeconfig")
 KUBE = os.path.join(ROOT, "stack", "kube", "kube.sh")

@@ -5,7 +5,7 @@ import pytest
 
 from services.domain import model
 from services.domain.errors import InvalidArgument
-from services.domain.filters import BrowseFilter, delete_condition
+from services.domain.filters import MAX_ENQUEUE_IDS, BrowseFilter, delete_condition
 
 UTC = dt.timezone.utc
 T0 = dt.datetime(2026, 1, 1, tzinfo=UTC)
@@ -53,3 +53,26 @@ def test_a_delete_condition_is_exactly_one(kwargs):
 def test_a_delete_condition_matches_like_its_filter():
     f = delete_condition(None, None, "r@y.org")
     assert f.matches(queued()) and not f.matches(queued(recipients=("z@y.org",)))
+
+
+def test_a_delete_by_enqueue_ids_matches_those_mails_only():
+    a, b = queued(name="hi.eml"), queued(name="hi.eml")
+    f = delete_condition(ids=[str(a.enqueue_id), str(a.enqueue_id).upper(), str(uuid.uuid4())])
+    assert f.enqueue_ids is not None and len(f.enqueue_ids) == 2  # the same id twice counts once
+    assert f.matches(a) and not f.matches(b)
+
+
+@pytest.mark.parametrize("ids,message", [
+    ([], "at least one enqueue id"),
+    (["not-a-uuid"], "'not-a-uuid' is not a UUID"),
+    ([str(uuid.uuid4()), "1234"], "'1234' is not a UUID"),
+    ([str(uuid.uuid4()) for _ in range(MAX_ENQUEUE_IDS + 1)], f"exceed the limit of {MAX_ENQUEUE_IDS}"),
+])
+def test_enqueue_ids_are_uuids_and_at_most_the_limit(ids, message):
+    with pytest.raises(InvalidArgument, match=message):
+        delete_condition(ids=ids)
+
+
+def test_ids_and_another_delete_condition_are_two_conditions():
+    with pytest.raises(InvalidArgument, match="exactly one condition"):
+        delete_condition(name="hi.eml", ids=[str(uuid.uuid4())])

@@ -1,10 +1,15 @@
 """Which Cassandra failures a client sees as UNAVAILABLE (retry) and which stay bugs."""
 
+import types
+
 import pytest
 from cassandra import OperationTimedOut, Unavailable
 from cassandra.protocol import ErrorMessage
 
-from services.adapters.cassandra.session import unavailable
+from services.adapters.cassandra import session
+from services.adapters.cassandra.session import execute, unavailable
+from services.domain.errors import BackendUnavailable
+from tests.unit.aio import run
 
 
 def server_error(code: int) -> ErrorMessage:
@@ -23,3 +28,20 @@ def server_error(code: int) -> ErrorMessage:
 ])
 def test_availability_errors_are_retryable_and_query_errors_are_not(error, retryable):
     assert unavailable(error) is retryable
+
+
+def test_a_request_whose_answer_the_driver_loses_is_given_up_as_unavailable(monkeypatch):
+    class Lost:  # a driver future that never calls back (a driver bug: no server makes it on demand)
+        def add_callbacks(self, ok, err) -> None:
+            pass
+
+    class Driver:
+        def execute_async(self, statement, params):
+            return Lost()
+
+        def get_execution_profile(self, name):
+            return types.SimpleNamespace(request_timeout=0.05)
+
+    monkeypatch.setattr(session, "LOST_ANSWER_GRACE_S", 0.05)
+    with pytest.raises(BackendUnavailable, match="no answer from the driver within 0.1 s"):
+        run(execute(Driver(), "SELECT release_version FROM system.local"))

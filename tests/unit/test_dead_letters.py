@@ -6,7 +6,7 @@ import uuid
 
 import pytest
 
-from services.app.dead_letters import reason_for
+from services.app.dead_letter_recorder import reason_for
 from services.domain import dead_letters as dl
 from services.domain import model, rules, schedule
 from services.domain.errors import InvalidArgument
@@ -22,7 +22,7 @@ def _expired() -> str:
 
 
 @pytest.mark.parametrize("reason,kind", [
-    # What each dead-lettering site writes (services/app/subscription.py, verdict.py, dead_letters.py).
+    # What each dead-lettering site writes (services/app/subscription.py, verdict.py, dead_letter_recorder.py).
     (_expired(), dl.EXPIRED),
     (_expired() + ": 451 4.7.1 greylisted", dl.EXPIRED),
     ("dead-lettered: 550 5.1.1 no such user", dl.REJECTED),

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from tests.harness import ROOT
+from stack.harness import ROOT
 
 
 def _load_reference():

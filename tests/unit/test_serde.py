@@ -103,3 +103,30 @@ def test_a_message_body_splits_into_the_mail_and_the_content_it_carries():
     assert split_content(b"MAIL", None) == (b"MAIL", None)  # a message without content (large mail, older publisher)
     for bad in (-1, 5, "4", True, 4.0):  # a header that does not fit leaves the body whole: poison, dead-lettered
         assert split_content(b"MAIL", bad) == (b"MAIL", None)
+
+
+def test_each_delete_condition_from_proto():
+    from mailqueue.v1 import admin_pb2
+
+    ids = [str(uuid.uuid4()), str(uuid.uuid4())]
+    by_ids = serde.delete_condition_from_proto(admin_pb2.DeleteMailsRequest(queue="q", enqueue_ids=admin_pb2.EnqueueIds(ids=ids)))
+    assert by_ids.enqueue_ids == {uuid.UUID(i) for i in ids} and by_ids.name is None
+    assert serde.delete_condition_from_proto(admin_pb2.DeleteMailsRequest(queue="q", name="")).name == ""  # set, though empty
+    assert serde.delete_condition_from_proto(admin_pb2.DeleteMailsRequest(queue="q", sender="<>")).sender == "<>"
+    with pytest.raises(InvalidArgument, match="exactly one condition"):
+        serde.delete_condition_from_proto(admin_pb2.DeleteMailsRequest(queue="q"))
+    with pytest.raises(InvalidArgument, match="at least one enqueue id"):
+        serde.delete_condition_from_proto(admin_pb2.DeleteMailsRequest(queue="q", enqueue_ids=admin_pb2.EnqueueIds()))
+
+
+def test_a_move_filter_from_proto_combines_ids_with_the_other_conditions():
+    from mailqueue.v1 import admin_pb2, browse_pb2
+
+    now = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
+    one = str(uuid.uuid4())
+    f = serde.move_filter_from_proto(admin_pb2.MoveMailsRequest(queue="q", to_queue="t", name="n", enqueue_ids=[one],
+                                                                schedule=browse_pb2.SCHEDULE_FILTER_READY), now)
+    assert (f.enqueue_ids, f.name, f.schedule, f.now) == ({uuid.UUID(one)}, "n", "ready", now)
+    assert serde.move_filter_from_proto(admin_pb2.MoveMailsRequest(queue="q", to_queue="t"), now).enqueue_ids is None
+    with pytest.raises(InvalidArgument, match="is not a UUID"):
+        serde.move_filter_from_proto(admin_pb2.MoveMailsRequest(queue="q", to_queue="t", enqueue_ids=[one, "x"]), now)

@@ -68,6 +68,11 @@ class EnqueuedMailsDAO:
         self._select = session.prepare(
             f"SELECT {self.READ_COLUMNS} FROM {t} WHERE queue_name = ? AND slice_start = ? AND bucket = ?"
         )
+        # The rows after a position (a page token's): a clustering range, read from there on.
+        self._select_after = session.prepare(
+            f"SELECT {self.READ_COLUMNS} FROM {t} WHERE queue_name = ? AND slice_start = ? AND bucket = ? "
+            "AND (enqueued_at, enqueue_id) > (?, ?)"
+        )
         # A column's index (schema.INDEXED) finds its rows in every queue; the queue filters those
         # few (ALLOW FILTERING reads what the index returned, not the table).
         self._indexed = {
@@ -119,10 +124,14 @@ class EnqueuedMailsDAO:
 
     async def read_page(
         self, queue: str, slice_start: dt.datetime, bucket: int, fetch: int, paging_state: bytes | None,
+        after: tuple[dt.datetime, uuid.UUID] | None = None,
     ) -> tuple[list[model.QueuedMail], bytes | None]:
         """Up to ``fetch`` rows of one partition in enqueue order, from ``paging_state`` (None: the
-        first); and the paging state of the rest (None: no more rows)."""
-        rows, state = await execute_page(self._session, self._select, (queue, slice_start, bucket), fetch, paging_state)
+        first); and the paging state of the rest (None: no more rows). ``after``: only the rows
+        after this (enqueued_at, enqueue_id), read from there (the same for every page of a read)."""
+        statement, params = ((self._select, (queue, slice_start, bucket)) if after is None
+                             else (self._select_after, (queue, slice_start, bucket, *after)))
+        rows, state = await execute_page(self._session, statement, params, fetch, paging_state)
         return self._decode(queue, rows), state
 
     def _decode(self, queue: str, rows: list[Any]) -> list[model.QueuedMail]:
@@ -423,17 +432,18 @@ class CountersDAO:
 
 
 class IdempotencyDAO:
-    """``enqueue_idempotency``: a client key claims one enqueue id, committed once durable."""
+    """``enqueue_idempotency``: a client key claims one enqueue id, committed once durable. An
+    uncommitted claim names its owner, the lease (``enqueuers``) of the process whose attempt holds it."""
 
     def __init__(self, session: Session, keyspace: str) -> None:
         self._session = session
         t = f"{keyspace}.{schema.IDEMPOTENCY}"
         self._claim = session.prepare(
-            f"INSERT INTO {t} (queue_name, idempotency_key, enqueue_id, claimed_at, committed) "
-            "VALUES (?, ?, ?, ?, false) IF NOT EXISTS"
+            f"INSERT INTO {t} (queue_name, idempotency_key, enqueue_id, claimed_at, committed, owner) "
+            "VALUES (?, ?, ?, ?, false, ?) IF NOT EXISTS"
         )
         self._take_over = session.prepare(
-            f"UPDATE {t} SET claimed_at = ? WHERE queue_name = ? AND idempotency_key = ? "
+            f"UPDATE {t} SET claimed_at = ?, owner = ? WHERE queue_name = ? AND idempotency_key = ? "
             "IF committed = false AND claimed_at = ?"
         )
         self._commit = session.prepare(
@@ -444,21 +454,23 @@ class IdempotencyDAO:
             f"DELETE FROM {t} WHERE queue_name = ? AND idempotency_key = ? IF enqueue_id = ? AND claimed_at = ?"
         )
 
-    async def claim(self, queue: str, key: str, enqueue_id: uuid.UUID, now: dt.datetime) -> model.IdempotencyClaim | None:
-        """Claim ``key`` for ``enqueue_id``. None when claimed; otherwise who holds it."""
-        rows = await execute(self._session, self._claim, (queue, key, enqueue_id, now))
+    async def claim(self, queue: str, key: str, enqueue_id: uuid.UUID, now: dt.datetime,
+                    owner: uuid.UUID | None = None) -> model.IdempotencyClaim | None:
+        """Claim ``key`` for ``enqueue_id`` (by ``owner``). None when claimed; otherwise who holds it."""
+        rows = await execute(self._session, self._claim, (queue, key, enqueue_id, now, _unset_if_empty(owner)))
         r = rows[0]
         if r.applied:
             return None
         result = None
         if r.committed:
             result = model.EnqueueResult(r.enqueue_id, _utc(r.enqueued_at), tuple(r.blob_ids or ()), r.size or 0, duplicate=True)
-        return model.IdempotencyClaim(r.enqueue_id, _utc(r.claimed_at), result)
+        return model.IdempotencyClaim(r.enqueue_id, _utc(r.claimed_at), result, getattr(r, "owner", None))
 
-    async def take_over(self, queue: str, key: str, now: dt.datetime, seen: dt.datetime) -> bool:
+    async def take_over(self, queue: str, key: str, now: dt.datetime, seen: dt.datetime,
+                        owner: uuid.UUID | None = None) -> bool:
         """Take over an abandoned, uncommitted claim (its enqueuer crashed or failed), keeping its
-        enqueue id: a copy the abandoned attempt published is then the same mail."""
-        rows = await execute(self._session, self._take_over, (now, queue, key, seen))
+        enqueue id: a copy the abandoned attempt published is then the same mail. ``owner`` holds it now."""
+        rows = await execute(self._session, self._take_over, (now, _unset_if_empty(owner), queue, key, seen))
         r = rows[0]
         # Not applied, but to our time: a retry by the driver of a take-over that had applied.
         return bool(r.applied) or _utc(getattr(r, "claimed_at", None)) == now

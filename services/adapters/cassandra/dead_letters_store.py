@@ -16,7 +16,7 @@ from cassandra.cluster import Session
 from services.adapters.cassandra import schema
 from services.adapters.cassandra.session import execute, execute_all, execute_pages
 from services.contract import serde
-from services.domain import dead_letters, model
+from services.domain import dead_letters, model, paging
 
 #: The one slice cell the dead-letter counters use in ``queue_counters``.
 COUNTER_SLICE = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
@@ -38,6 +38,9 @@ class DeadLettersStore:
         self._get = session.prepare(
             f"SELECT kind FROM {t} WHERE queue_name = ? AND hour = ? AND enqueued_at = ? AND enqueue_id = ?")
         self._read = session.prepare(f"SELECT kind, reason, dead_at, body FROM {t} WHERE queue_name = ? AND hour = ?")
+        # The rows of an hour after a position (a page token's): a clustering range, read from there on.
+        self._read_after = session.prepare(f"SELECT kind, reason, dead_at, body FROM {t} WHERE queue_name = ? AND hour = ? "
+                                           "AND (enqueued_at, enqueue_id) > (?, ?)")
         self._kinds = session.prepare(f"SELECT kind FROM {t} WHERE queue_name = ? AND hour = ?")
         self._remove = session.prepare(
             f"DELETE FROM {t} WHERE queue_name = ? AND hour = ? AND enqueued_at = ? AND enqueue_id = ?")
@@ -56,11 +59,16 @@ class DeadLettersStore:
         await self._add(q.queue, d.kind, 1)
         return True
 
-    async def scan(self, queue: str) -> AsyncIterator[dead_letters.DeadLetter]:
-        """Every dead letter of the queue, by hour of enqueue then enqueue time; read lazily, a page
-        at a time (a first BrowseDeadLetters page reads about a page)."""
+    async def scan(self, queue: str, after: paging.Position | None = None) -> AsyncIterator[dead_letters.DeadLetter]:
+        """Every dead letter of the queue, by hour of enqueue then enqueue time and id; read lazily,
+        a page at a time (a first BrowseDeadLetters page reads about a page). ``after``: only those
+        after this position (hour, enqueued_at, enqueue_id), read from there: as cheap as a first page."""
         for hour in await self._hour_list(queue):
-            async for rows in execute_pages(self._session, self._read, (queue, hour)):
+            if after is not None and hour < after.partition:
+                continue
+            statement, params = ((self._read_after, (queue, hour, after.enqueued_at, after.id))
+                                 if after is not None and hour == after.partition else (self._read, (queue, hour)))
+            async for rows in execute_pages(self._session, statement, params):
                 for r in rows:
                     yield dead_letters.DeadLetter(serde.queued_mail_from_bytes(r.body), r.kind, r.reason, _utc(r.dead_at))
 

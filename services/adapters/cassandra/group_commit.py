@@ -9,6 +9,12 @@ Per partition, at most ``IN_FLIGHT`` batches are outstanding; writes that arrive
 and leave together with the next batch (up to ``MAX_STATEMENTS``). Without load a write leaves
 at the next event-loop turn, alone, so latency only grows when batching pays for it. Every
 caller gets its batch's outcome: success, or the batch's error.
+
+Not one primitive with group_read.py (a queue's reads, all that wait sent at once with no bound,
+a row per caller) or services/app/grouping.py (whole enqueues, a lone call run at once, each its
+own outcome, a caller who leaves withdrawn): a group commit is one partition's writes as one
+atomic UNLOGGED batch with ``IN_FLIGHT`` per partition and one outcome for all, and app/ code is
+out of an adapter's reach.
 """
 
 from __future__ import annotations

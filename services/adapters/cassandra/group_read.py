@@ -6,6 +6,12 @@ driver ~0.1 ms of CPU in the service, so reads that arrive in the same event-loo
 together: ``WHERE queue_name = ? AND enqueue_id IN ?``, up to ``MAX_KEYS`` keys per request.
 Without load a read leaves alone at the next loop turn. Every caller gets its own row (or None),
 or the request's error.
+
+Not one primitive with group_commit.py (one partition's writes, at most ``IN_FLIGHT`` batches per
+partition, one outcome for the batch) or services/app/grouping.py (whole enqueues, each its own
+outcome, a caller who leaves withdrawn): a read changes nothing, so everything waiting for a
+queue leaves at the next loop turn with no bound in flight, its keys deduplicated into one IN
+query whose rows are handed out by key.
 """
 
 from __future__ import annotations

@@ -35,8 +35,11 @@ def _order(r: model.QueuedMail) -> tuple[dt.datetime, bytes]:
 class _Cursor:
     """One partition (slice, bucket) read a page at a time."""
 
-    def __init__(self, dao: EnqueuedMailsDAO, queue: str, slice_start: dt.datetime, bucket: int) -> None:
-        self._dao, self._key = dao, (queue, slice_start, bucket)
+    def __init__(
+        self, dao: EnqueuedMailsDAO, queue: str, slice_start: dt.datetime, bucket: int,
+        after: tuple[dt.datetime, uuid.UUID] | None = None,
+    ) -> None:
+        self._dao, self._key, self._after = dao, (queue, slice_start, bucket), after
         self.rows: list[model.QueuedMail] = []
         self._state: bytes | None = None
         self._done = False
@@ -48,7 +51,7 @@ class _Cursor:
     async def fill(self, fetch: int, op: str) -> bool:
         """The next page into ``rows``; False when the partition has no more."""
         while not self._done:
-            self.rows, self._state = await self._dao.read_page(*self._key, fetch, self._state)
+            self.rows, self._state = await self._dao.read_page(*self._key, fetch, self._state, self._after)
             self._done = self._state is None
             ROWS_READ.labels(op).inc(len(self.rows))
             if self.rows:
@@ -81,14 +84,16 @@ class CassandraMailQueueView(MailQueueView):
 
     async def live_pages(
         self, queue: str, slice_start: dt.datetime, buckets: int, op: str, first_page: int = 100, max_page: int = MAX_PAGE,
+        after: tuple[dt.datetime, uuid.UUID] | None = None,
     ) -> AsyncIterator[list[model.QueuedMail]]:
         """The slice's live mails, lazily: each bucket is read a page at a time (``first_page``
         rows, doubling up to ``max_page`` as the caller reads on), the buckets merged in enqueue order
         and the marks read only for the rows handed out. The first page costs about
-        ``buckets x first_page`` rows whatever the slice holds."""
+        ``buckets x first_page`` rows whatever the slice holds, and so does a first page ``after``
+        an (enqueued_at, enqueue_id): each bucket is read from there (a clustering range)."""
         max_page = max(1, min(max_page, MAX_PAGE))
         fetch = max(1, min(first_page, max_page))
-        cursors = [_Cursor(self._enqueued, queue, slice_start, b) for b in range(buckets)]
+        cursors = [_Cursor(self._enqueued, queue, slice_start, b, after) for b in range(buckets)]
         heap: list[tuple[tuple[dt.datetime, bytes], int, int]] = []
         for i, c in enumerate(cursors):
             if await c.fill(fetch, op):

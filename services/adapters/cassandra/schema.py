@@ -28,6 +28,7 @@ DEAD_LETTER_HOURS = table("dead_letter_hours")
 LEASES = table("leases")
 CONFIG_EVENTS = table("queue_view_config_events")
 IDEMPOTENCY = table("enqueue_idempotency")
+ENQUEUERS = table("enqueuers")
 RETRY_POLICIES = table("retry_policies")
 RULES = table("rules")
 COUNTERS = table("queue_counters")
@@ -90,11 +91,15 @@ TABLES = [
       AND comment = 'Event-sourced view configuration; each event appended with a lightweight transaction.'""",
     f"""CREATE TABLE IF NOT EXISTS {{ks}}.{IDEMPOTENCY} (
         queue_name text, idempotency_key text,
-        enqueue_id uuid, claimed_at timestamp, committed boolean,
+        enqueue_id uuid, claimed_at timestamp, committed boolean, owner uuid,
         enqueued_at timestamp, blob_ids list<text>, size bigint,
         PRIMARY KEY ((queue_name, idempotency_key))
     ) WITH default_time_to_live = {IDEMPOTENCY_TTL_S}
-      AND comment = 'Client idempotency keys: a retried enqueue gets the first enqueue id back.'""",
+      AND comment = 'Client idempotency keys: a retried enqueue gets the first enqueue id back. owner: the enqueuers_v1 lease of the process whose attempt holds an uncommitted claim.'""",
+    f"""CREATE TABLE IF NOT EXISTS {{ks}}.{ENQUEUERS} (
+        enqueuer uuid PRIMARY KEY, host text
+    ) WITH gc_grace_seconds = 3600
+      AND comment = 'The enqueue_svc processes alive: each rewrites its row every third of MAILQUEUE_CLAIM_LEASE_S with that TTL, so the row is gone within the lease of the process death. A retry that finds an idempotency claim whose owner has no row takes the claim over.'""",
     f"""CREATE TABLE IF NOT EXISTS {{ks}}.{RETRY_POLICIES} (
         queue_name text PRIMARY KEY,
         initial_backoff_ms bigint, multiplier double, max_backoff_ms bigint, max_attempts int, max_age_ms bigint
@@ -137,6 +142,7 @@ INDEXES = [
 MIGRATIONS = [
     f"ALTER TABLE {{ks}}.{ENQUEUED_MAILS} ADD IF NOT EXISTS deliver_at timestamp",
     f"ALTER TABLE {{ks}}.{ENQUEUED_MAILS} ADD IF NOT EXISTS priority text",
+    f"ALTER TABLE {{ks}}.{IDEMPOTENCY} ADD IF NOT EXISTS owner uuid",
     *(f"ALTER TABLE {{ks}}.{DELETED_MAILS} ADD IF NOT EXISTS {column}"
       for column in ("generation int", "deliver_at timestamp", "attempts int", "last_error text", "held_by uuid")),
 ]

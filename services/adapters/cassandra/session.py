@@ -42,6 +42,12 @@ _ROW_CLASSES: dict[tuple[str, ...], Any] = {}
 #: a hung node is left within about 6 s (measured on the 3-node cluster: tests/cluster).
 HEARTBEAT_S = 2
 HEARTBEAT_TIMEOUT_S = 4
+#: Seconds past the driver's own request timeout after which a request it has not answered is
+#: given up (BackendUnavailable). The driver answers every request (rows, an error, or
+#: OperationTimedOut once MAILQUEUE_CASSANDRA_TIMEOUT_S is over); an answer it loses all the same
+#: (drivers have had such bugs, PYTHON-1044) must not hold a caller, or the queue counters'
+#: flushes that an admin call waits for, for ever (issue 47).
+LOST_ANSWER_GRACE_S = 5.0
 
 
 def named_tuple_rows(colnames: list[str], rows: list[Any]) -> list[Any]:
@@ -128,12 +134,26 @@ async def execute(session: Session, statement: Any, params: Any = None) -> list[
         session.execute_async(statement, params).add_callbacks(ok, err)
     except UNAVAILABLE_ERRORS as e:
         raise BackendUnavailable("cassandra", str(e)) from e
+    deadline_s = _answer_deadline_s(session)
+    lost = loop.call_later(deadline_s, _give_up, fut, deadline_s)
     try:
         return await fut
     except Exception as e:
         if unavailable(e):
             raise BackendUnavailable("cassandra", f"{type(e).__name__}: {e}") from e
         raise
+    finally:
+        lost.cancel()
+
+
+def _answer_deadline_s(session: Session) -> float:
+    return (session.get_execution_profile(EXEC_PROFILE_DEFAULT).request_timeout or 0.0) + LOST_ANSWER_GRACE_S
+
+
+def _give_up(fut: asyncio.Future[Any], after_s: float) -> None:
+    if not fut.done():
+        log.warning("a Cassandra request the driver never answered was given up", extra={"after_s": after_s})
+        fut.set_exception(BackendUnavailable("cassandra", f"no answer from the driver within {after_s:g} s"))
 
 
 async def execute_all(session: Session, statement: Any, params: Any = None) -> list[Any]:

@@ -22,6 +22,7 @@ from services.adapters.cassandra.daos import (
     StartsDAO,
 )
 from services.adapters.cassandra.dead_letters_store import DeadLettersStore
+from services.adapters.cassandra.enqueuers_store import EnqueuersStore
 from services.adapters.cassandra.leases_store import LeasesStore
 from services.adapters.cassandra.mail_queue_view import CassandraMailQueueView
 from services.adapters.cassandra.moves_store import MovesStore
@@ -43,6 +44,7 @@ class View:
         self.starts = StartsDAO(session, keyspace)
         self.queues = QueuesDAO(session, keyspace)
         self.idempotency = IdempotencyDAO(session, keyspace)
+        self.enqueuers = EnqueuersStore(session, keyspace)
         self.retry_policies = RetryPoliciesDAO(session, keyspace)
         self.rules = RulesDAO(session, keyspace)
         self.counters = CountersDAO(session, keyspace)

@@ -35,10 +35,11 @@ from pika.adapters.asyncio_connection import AsyncioConnection
 from pika.channel import Channel
 
 from services.adapters.rabbitmq import message_format
+from services.adapters.rabbitmq.alarms import AlarmWatch, Blocking
 from services.adapters.rabbitmq.channels import Publisher, RabbitMQConsumer, Waiters, resolver, unavailable
 from services.adapters.rabbitmq.settings import RabbitMQSettings
 from services.domain import delays, model, names
-from services.domain.errors import BackendUnavailable
+from services.domain.errors import BackendUnavailable, PublishersBlocked
 from services.ports.broker import Broker
 
 log = logging.getLogger(__name__)
@@ -80,6 +81,8 @@ class RabbitMQBroker(Broker):
         #: False once a declaration was refused (a user without the configure permission).
         self._may_configure = True
         self.delivery_limit = settings.delivery_limit if settings.queue_type == "quorum" else None
+        #: What the broker told this process's connections about its resource alarms.
+        self._blocking = Blocking()
 
     # ------------------------------------------------------------------ connection and channels
     @staticmethod
@@ -106,6 +109,7 @@ class RabbitMQBroker(Broker):
                     failures.append(f"{params.host}:{params.port}: {e.detail}")
                     continue
                 self._node, self._conn, self._publisher = i, conn, None
+                self._blocking.watch(conn, self._on_blocked)
                 log.info("connected to rabbitmq", extra={"host": params.host, "port": params.port})
                 return conn
             self._node = (self._node + 1) % len(self._nodes)
@@ -134,9 +138,15 @@ class RabbitMQBroker(Broker):
         return conn
 
     def _on_connection_closed(self, conn: AsyncioConnection, reason: Any) -> None:
+        self._blocking.forget(conn)
         if conn is self._conn:
             log.warning("rabbitmq connection closed", extra={"reason": str(reason)})
             self._leave(conn)
+
+    def _on_blocked(self, conn: AsyncioConnection, reason: str) -> None:
+        """The broker blocks ``conn``: the publishes waiting for a confirm on it fail now."""
+        if conn is self._conn and self._publisher is not None:
+            self._publisher.fail_pending(PublishersBlocked(reason))
 
     def _leave(self, conn: AsyncioConnection) -> None:
         """Stop using ``conn``: the next call connects to the next node."""
@@ -181,8 +191,7 @@ class RabbitMQBroker(Broker):
             raise unavailable(f"no answer to {what} within {self._settings.connect_timeout_s}s") from None
 
     async def _call(self, waiters: Waiters, method: Callable[..., Any], **kwargs: Any) -> Any:
-        fut = waiters.new()
-        method(callback=resolver(fut), **kwargs)
+        fut = waiters.call(lambda callback: method(callback=callback, **kwargs))
         return await self._answer(fut, getattr(method, "__name__", "a channel call"))
 
     def _usable(self, publisher: Publisher | None) -> bool:
@@ -196,8 +205,7 @@ class RabbitMQBroker(Broker):
                 return self._publisher
             channel, waiters = await self._channel()
             publisher = Publisher(channel, waiters)
-            fut = waiters.new()
-            channel.confirm_delivery(publisher.on_confirm, callback=resolver(fut))
+            fut = waiters.call(lambda callback: channel.confirm_delivery(publisher.on_confirm, callback=callback))
             await self._answer(fut, "confirm.select")
             self._publisher = publisher
             return publisher
@@ -378,6 +386,9 @@ class RabbitMQBroker(Broker):
         self, mail: model.QueuedMail, delay: dt.timedelta = dt.timedelta(0), counted: bool | None = None,
         content: bytes | None = None, reservation: tuple[int, int] | None = None,
     ) -> None:
+        blocked = self._blocking.reason()
+        if blocked is not None:
+            raise PublishersBlocked(blocked)  # its confirm would wait for the alarm to be lifted
         queue = mail.queue
         await self.declare_queue(queue)
         publisher = await self._publisher_channel()
@@ -437,9 +448,8 @@ class RabbitMQBroker(Broker):
         try:
             await self._call(w, channel.basic_qos, prefetch_count=prefetch)
             for priority, rabbit_queue in rabbit_queues.items():
-                fut = w.new()
-                channel.basic_consume(rabbit_queue, functools.partial(consumer.on_message, priority), auto_ack=False,
-                                      callback=resolver(fut))
+                on_message = functools.partial(consumer.on_message, priority)
+                fut = w.call(lambda callback, q=rabbit_queue, m=on_message: channel.basic_consume(q, m, auto_ack=False, callback=callback))
                 await self._answer(fut, "basic.consume")
         except BaseException:
             # Failed or cancelled (a client that leaves while subscribing): a consumer nobody owns
@@ -472,6 +482,12 @@ class RabbitMQBroker(Broker):
 
     async def ping(self) -> None:
         await self._connection()
+
+    def blocked(self) -> str | None:
+        return self._blocking.reason()
+
+    async def watch_alarms(self) -> None:
+        await AlarmWatch(lambda: self._open(self._nodes[self._node]), self._blocking).run()
 
     async def close(self) -> None:
         if self._conn is not None and self._conn.is_open:

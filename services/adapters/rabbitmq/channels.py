@@ -38,6 +38,9 @@ class Waiters:
 
     def new(self) -> asyncio.Future[Any]:
         fut = asyncio.get_running_loop().create_future()
+        # Its awaiter reads the error; one gone meanwhile (its stream ended) never will: read here,
+        # never logged as "Future exception was never retrieved".
+        fut.add_done_callback(_read_error)
         if self.closed_reason is not None:
             fut.set_exception(unavailable(self.closed_reason))
             return fut
@@ -45,11 +48,29 @@ class Waiters:
         fut.add_done_callback(self.futures.discard)
         return fut
 
+    def call(self, send: Callable[[Callable[..., None]], Any]) -> asyncio.Future[Any]:
+        """The future of the broker's answer to a channel method: ``send(callback)`` makes the call.
+        A channel closed before or as it is called (pika raises then): the future fails with
+        BackendUnavailable; never a pika error up the stack, nor a future nobody awaits."""
+        fut = self.new()
+        if fut.done():
+            return fut
+        try:
+            send(resolver(fut))
+        except pika.exceptions.AMQPError as e:
+            fut.set_exception(unavailable(e))
+        return fut
+
     def _on_close(self, _channel: Channel, reason: Any) -> None:
         self.closed_reason = reason
         for fut in list(self.futures):
             if not fut.done():
                 fut.set_exception(unavailable(reason))
+
+
+def _read_error(fut: asyncio.Future[Any]) -> None:
+    if not fut.cancelled():
+        fut.exception()
 
 
 def resolver(fut: asyncio.Future[Any]) -> Callable[..., None]:
@@ -88,7 +109,11 @@ class Publisher:
         fut = self.waiters.new()
         if fut.done():
             return fut
-        self.channel.basic_publish(exchange, routing_key, message.body, props, mandatory=True)
+        try:
+            self.channel.basic_publish(exchange, routing_key, message.body, props, mandatory=True)
+        except pika.exceptions.AMQPError as e:  # the channel closed under us
+            fut.set_exception(unavailable(e))
+            return fut
         self.pending[self.next_tag] = (fut, message_id)
         self.next_tag += 1
         return fut
@@ -114,6 +139,13 @@ class Publisher:
                 fut.set_exception(unavailable("broker refused the message (nack)"))
         if self.retired and not self.pending and self.channel.is_open:
             self.channel.close()
+
+    def fail_pending(self, error: BackendUnavailable) -> None:
+        """Fail every publish waiting for its confirm (its connection was blocked: the confirm
+        would come only once the alarm is lifted). A confirm that comes later finds nobody waiting."""
+        for fut, _ in self.pending.values():
+            if not fut.done():
+                fut.set_exception(error)
 
     def _on_return(self, _ch: Channel, _method: Any, props: Any, _body: bytes) -> None:
         self.returned.add(props.message_id)

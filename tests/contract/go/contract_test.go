@@ -130,6 +130,8 @@ type step struct {
 	NotInline          []string          `json:"not_inline"`
 	Sender             string            `json:"sender"`
 	Deleted            int64             `json:"deleted"`
+	PageSize           int32             `json:"page_size"`
+	Pages              int               `json:"pages"`
 }
 
 type scenario struct {
@@ -222,6 +224,8 @@ func (r *runner) run(s step) {
 		r.enqueueBatches(s)
 	case "browse":
 		r.browse(s)
+	case "browse_pages":
+		r.browsePages(s)
 	case "size":
 		size, err := r.c.browse.GetSize(r.ctx, &mq.GetSizeRequest{Queue: r.queue, Exact: true})
 		if err != nil || size.Size != s.Expect {
@@ -272,6 +276,45 @@ func (r *runner) enqueueMany(s step) {
 		if refused[i] != int32(codes.InvalidArgument) {
 			r.fail("mail %d: code %d, want INVALID_ARGUMENT", i, refused[i])
 		}
+	}
+}
+
+// browseIDs lists the enqueue ids of one Browse call, and the next page's token: the value of
+// the last message read (only a page's last message carries one).
+func (r *runner) browseIDs(request *mq.BrowseRequest) ([]string, string) {
+	stream, err := r.c.browse.Browse(r.ctx, request)
+	if err != nil {
+		r.fail("%v", err)
+	}
+	var ids []string
+	token := ""
+	for {
+		resp, err := stream.Recv()
+		if err == io.EOF {
+			return ids, token
+		}
+		if err != nil {
+			r.fail("%v", err)
+		}
+		ids = append(ids, resp.GetMail().GetEnqueueId())
+		token = resp.GetNextPageToken()
+	}
+}
+
+func (r *runner) browsePages(s step) {
+	all, _ := r.browseIDs(&mq.BrowseRequest{Queue: r.queue})
+	var paged []string
+	token, pages := "", 0
+	for {
+		ids, next := r.browseIDs(&mq.BrowseRequest{Queue: r.queue, PageSize: s.PageSize, PageToken: token})
+		paged, pages = append(paged, ids...), pages+1
+		if next == "" {
+			break
+		}
+		token = next
+	}
+	if len(all) != s.Count || strings.Join(paged, ",") != strings.Join(all, ",") || pages != s.Pages {
+		r.fail("%d pages of %v, want %d pages of the unpaged %v (%d mails)", pages, paged, s.Pages, all, s.Count)
 	}
 }
 

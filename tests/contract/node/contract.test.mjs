@@ -122,6 +122,32 @@ const steps = {
     }
   },
 
+  async browse_pages(ctx, s) {
+    // One call's enqueue ids, and the next page's token: the last message's value.
+    const ids = async (request) => {
+      const out = [];
+      let token = '';
+      for await (const r of browse.browse(request)) {
+        out.push(r.mail.enqueueId);
+        token = r.nextPageToken;
+      }
+      return [out, token];
+    };
+    const [all] = await ids({ queue: ctx.queue });
+    const paged = [];
+    let token = '';
+    let pages = 0;
+    do {
+      const [page, next] = await ids({ queue: ctx.queue, pageSize: s.page_size, pageToken: token });
+      paged.push(...page);
+      pages += 1;
+      token = next;
+    } while (token);
+    assert.equal(all.length, s.count);
+    assert.deepEqual(paged, all);
+    assert.equal(pages, s.pages);
+  },
+
   async size(ctx, s) {
     assert.equal(Number((await browse.getSize({ queue: ctx.queue, exact: true })).size), s.expect);
   },

@@ -11,7 +11,7 @@ import sys
 import pytest
 import yaml
 
-from tests.harness import ROOT
+from stack.harness import ROOT
 
 KUBERNETES_VERSION = "1.31.0"
 OVERLAYS = ["dev", "prod", "local"]

@@ -1,6 +1,7 @@
-"""Keeps every dead letter in the repository (services/domain/dead_letters.py), and marks in the
+"""Records every dead letter in the repository (services/domain/dead_letters.py), and marks in the
 view every mail the broker dead-lettered on its own (DESIGN §5: a dead letter is never shown as a
-queued mail).
+queued mail). It runs in dequeue_svc; what operators do with the dead letters it records (browse,
+count, redrive, purge) is services/app/dead_letter_admin.py, in browse_svc.
 
 dequeue_svc marks what it dead-letters (REJECT, expiry, poison, the last allowed delivery) before
 routing it. The broker also dead-letters by itself: a quorum queue's delivery limit reached by

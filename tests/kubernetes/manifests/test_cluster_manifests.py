@@ -13,8 +13,8 @@ import sys
 import pytest
 import yaml
 
-from tests.harness import ROOT
-from tests.k8s.test_manifests import kustomize
+from stack.harness import ROOT
+from tests.kubernetes.manifests.test_manifests import kustomize
 
 KUBE = pathlib.Path(ROOT) / "stack" / "kube"
 #: The version `stack/kube/build.sh` builds (lib.sh's KUBE_VERSION), for the schemas.

@@ -1,6 +1,6 @@
-"""Dead letters an operator works with: browse them with why they died, count them by kind,
-redrive them (back to their queue or to another, at most N per second, attempts reset or kept),
-purge them. The repository is written by dequeue_svc (services/app/dead_letters.py).
+"""The operators' side of dead letters (browse_svc): browse them with why they died, count them by
+kind, redrive them (back to their queue or to another, at most N per second, attempts reset or
+kept), purge them. The repository is written by dequeue_svc (services/app/dead_letter_recorder.py).
 
 A redrive takes each dead letter in four steps, so that one interrupted anywhere (a SIGKILL of
 browse_svc, a backend outage) loses nothing and delivers each mail once:
@@ -30,13 +30,18 @@ from collections.abc import AsyncIterator
 
 from services.app.browser import Browser
 from services.app.moves import Mover, land
-from services.domain import dead_letters, model
+from services.domain import dead_letters, model, paging
 from services.domain.dead_letters import DeadLetter, DeadLetterFilter
 from services.domain.errors import InvalidArgument
 from services.ports.broker import Broker
 from services.ports.view import View
 
 log = logging.getLogger(__name__)
+
+
+def position(d: DeadLetter) -> paging.Position:
+    """Where a dead letter sorts in BrowseDeadLetters: its hour of enqueue, enqueue time and id."""
+    return paging.Position.of(dead_letters.hour_of(d.mail.enqueued_at), d.mail.enqueued_at, d.mail.enqueue_id)
 
 #: Progress is streamed at least this often (seconds) while a redrive or a purge runs.
 PROGRESS_S = 1.0
@@ -65,22 +70,34 @@ class PurgeProgress:
 
 async def purge_one(view: View, mail: model.QueuedMail) -> bool:
     """Forget a dead letter (False when it was gone already). Its mail is marked purged first, so
-    a broker copy redelivered afterwards is not kept again (services/app/dead_letters.py)."""
+    a broker copy redelivered afterwards is not kept again (services/app/dead_letter_recorder.py)."""
     await view.mails.mark(mail.queue, mail.enqueue_id, dead_letters.PURGED_REASON)
     return await view.dead_letters.remove(mail)
 
 
-class DeadLetterBook:
+class DeadLetterAdmin:
     def __init__(self, view: View, broker: Broker, browser: Browser, mover: Mover) -> None:
         self._view = view
         self._broker = broker
         self._existing = browser.existing
         self._mover = mover
 
-    async def browse(self, queue: str, f: DeadLetterFilter, limit: int = 0) -> AsyncIterator[DeadLetter]:
+    async def browse(
+        self, queue: str, f: DeadLetterFilter, limit: int = 0, page_size: int = 0, page_token: str = "",
+    ) -> AsyncIterator[tuple[DeadLetter, str]]:
+        """The dead letters matching ``f`` (by hour of enqueue, then enqueue time and id), each with
+        the next page's token on the last of a page that more follow (else empty): at most
+        ``limit``, or a page at a time (services/domain/paging.py, as Browse)."""
+        key = paging.request_key(queue, f)
+        page = paging.request(page_size, page_token, limit, paging.DEAD_LETTERS, key)
         await self._existing(queue)
+        matching = self._matching(queue, f, limit or (page.size + 1 if page.size else 0), page.after)
+        async for d, token in paging.paged(matching, page.size, lambda d: paging.encode(paging.DEAD_LETTERS, key, position(d))):
+            yield d, token
+
+    async def _matching(self, queue: str, f: DeadLetterFilter, limit: int, after: paging.Position | None) -> AsyncIterator[DeadLetter]:
         sent = 0
-        async for d in self._view.dead_letters.scan(queue):
+        async for d in self._view.dead_letters.scan(queue, after):
             if f.matches(d):
                 yield d
                 sent += 1

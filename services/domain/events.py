@@ -1,0 +1,136 @@
+"""Events: one record per state change, with who made it (DESIGN §11; protos/mailqueue/v1/events.proto).
+
+An event is written as part of the change it records. Its id is derived from what changed (the
+type, the mail, the copy's generation or attempt, and a discriminator the change names), never
+drawn at random: a change carried out twice (a retry after a crash, the healer completing a
+move) writes the same event id twice, and readers keep one.
+
+The actor of a change is who asked for it: the caller of the RPC (its role and identity, set once
+per call by the access-control interceptor in ``current_actor``), or a component acting on its own
+(the healer, the retry policy's expiry, the retention sweep, an operator rule), which sets its
+own actor around its work (``acting_as``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import datetime as dt
+import enum
+import uuid
+from collections.abc import Iterator, Mapping
+
+from services.domain import model
+
+
+class EventType(enum.Enum):
+    """What changed; the values are the proto enum's names without ``EVENT_TYPE_``, lower case."""
+
+    ENQUEUED = "enqueued"
+    HANDED_OUT = "handed_out"
+    DELIVERED = "delivered"
+    RETRY_SCHEDULED = "retry_scheduled"
+    REJECTED = "rejected"
+    DEAD_LETTERED = "dead_lettered"
+    EXPIRED = "expired"
+    HELD = "held"
+    BOUNCED = "bounced"
+    MOVED = "moved"
+    DELETED = "deleted"
+    CLEARED = "cleared"
+    PURGED = "purged"
+    REDRIVEN = "redriven"
+    REPUBLISHED = "republished"
+    SWEPT = "swept"
+    QUEUE_CREATED = "queue_created"
+    QUEUE_DELETED = "queue_deleted"
+    CONFIG_CHANGED = "config_changed"
+    RULE_CHANGED = "rule_changed"
+    SHAPING_CHANGED = "shaping_changed"
+
+
+@dataclasses.dataclass(frozen=True)
+class Actor:
+    """Who made a change: a caller (role, identity) or a component (identity: its name)."""
+
+    kind: str  # "caller" or "component"
+    role: str = ""
+    identity: str = "anonymous"
+
+    @classmethod
+    def component(cls, name: str) -> Actor:
+        return cls("component", "", name)
+
+
+#: A caller with no credentials (access control off): what the interceptor sets when it knows no more.
+ANONYMOUS = Actor("caller", "", "anonymous")
+#: The actor of the change being made, set per RPC by the interceptor, or by a component.
+current_actor: contextvars.ContextVar[Actor] = contextvars.ContextVar("mailqueue_actor", default=ANONYMOUS)
+
+
+@contextlib.contextmanager
+def acting_as(actor: Actor) -> Iterator[None]:
+    """Changes made inside are recorded as ``actor``'s (a component's own work)."""
+    token = current_actor.set(actor)
+    try:
+        yield
+    finally:
+        current_actor.reset(token)
+
+
+#: Namespace of event ids (uuid5 of the change's identity).
+EVENT_IDS = uuid.UUID("0b4f3a0e-55c1-5c7e-8f0a-6b2d1e9c7d42")
+
+
+def event_id(kind: EventType, queue: str, enqueue_id: uuid.UUID | None, step: int | str = 0, discriminator: str = "") -> str:
+    """The id of one change: the same arguments, the same id. ``step`` tells apart the changes of one
+    type a mail goes through (its attempt, its copy's generation); ``discriminator`` anything else
+    the change names (a rule id, a target queue, a queue-level change's version)."""
+    return str(uuid.uuid5(EVENT_IDS, f"{kind.value}|{queue}|{enqueue_id or ''}|{step}|{discriminator}"))
+
+
+@dataclasses.dataclass(frozen=True)
+class Event:
+    id: str
+    time: dt.datetime
+    type: EventType
+    queue: str
+    enqueue_id: uuid.UUID | None
+    actor: Actor
+    name: str = ""
+    sender: str = ""
+    attempt: int = 0
+    reason: str = ""
+    replica: str = ""
+    traceparent: str = ""
+    details: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    #: The position in the event stream (empty until the stream gave it one).
+    cursor: str = ""
+
+
+def of_mail(
+    kind: EventType, mail: model.QueuedMail, *, step: int | str | None = None, reason: str = "", replica: str = "",
+    details: Mapping[str, str] | None = None, discriminator: str = "", actor: Actor | None = None,
+    at: dt.datetime | None = None, traceparent: str = "",
+) -> Event:
+    """An event of one mail; its step is the mail's attempt unless named; its actor the current one."""
+    step = mail.attempts if step is None else step
+    return Event(
+        id=event_id(kind, mail.queue, mail.enqueue_id, step, discriminator), time=at or model.utcnow(), type=kind,
+        queue=mail.queue, enqueue_id=mail.enqueue_id, actor=actor or current_actor.get(), name=mail.mail.name,
+        sender=mail.mail.sender, attempt=mail.attempts, reason=reason, replica=replica, traceparent=traceparent,
+        details=dict(details or {}),
+    )
+
+
+def of_queue(
+    kind: EventType, queue: str, discriminator: str, *, details: Mapping[str, str] | None = None, replica: str = "",
+    actor: Actor | None = None, at: dt.datetime | None = None,
+) -> Event:
+    """A queue-level (or, with queue "", install-level) event; ``discriminator`` names the change's
+    version (a config version, a rule id and its change) so that its id is stable."""
+    return Event(
+        id=event_id(kind, queue, None, 0, discriminator), time=at or model.utcnow(), type=kind, queue=queue, enqueue_id=None,
+        actor=actor or current_actor.get(), replica=replica, details=dict(details or {}),
+    )

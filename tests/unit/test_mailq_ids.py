@@ -1,0 +1,52 @@
+"""mailq's enqueue ids: a full id or a unique prefix (mailq/ids.py), resolved against candidates."""
+
+import pytest
+
+from mailq.ids import SHOWN, resolve
+from mailqueue.v1 import mail_pb2
+
+A = "3f2a1b9c-0000-4000-8000-00000000000a"
+B = "3f2a1b9d-0000-4000-8000-00000000000b"
+C = "77aa0000-0000-4000-8000-00000000000c"
+
+
+def mails(*ids: str) -> list[mail_pb2.QueuedMail]:
+    return [mail_pb2.QueuedMail(enqueue_id=i, mail=mail_pb2.Mail(name="hi.eml", sender="a@example.com", recipients=["b@example.org"]))
+            for i in ids]
+
+
+def test_a_unique_prefix_is_the_full_id_and_a_full_id_is_taken_as_given():
+    reads = []
+
+    def candidates():
+        reads.append(1)
+        return mails(A, B, C)
+
+    assert resolve(["3f2a1b9c", "77AA", "3F2A-1B9D"], candidates, "queue q") == [A, C, B]
+    assert len(reads) == 1  # one read for every prefix
+    assert resolve([A.upper(), A.replace("-", "")], lambda: pytest.fail("no prefix: nothing to read"), "queue q") == [A]
+
+
+def test_an_ambiguous_prefix_is_refused_with_its_candidates():
+    with pytest.raises(SystemExit) as e:
+        resolve(["3f2a1b9"], lambda: mails(A, B, C), "queue q")
+    message = str(e.value)
+    assert "'3f2a1b9' is ambiguous: 2 mails of queue q match" in message and A in message and B in message and C not in message
+
+
+def test_the_candidates_listed_are_bounded():
+    many = [f"3f2a{i:04x}-0000-4000-8000-000000000000" for i in range(SHOWN + 5)]
+    with pytest.raises(SystemExit) as e:
+        resolve(["3f2a"], lambda: mails(*many), "queue q")
+    assert f"{SHOWN + 5} mails of queue q match" in str(e.value) and "... and 5 more" in str(e.value)
+
+
+@pytest.mark.parametrize("given,message", [
+    (["deadbeef"], "no live mail of queue q has an enqueue id starting with 'deadbeef'"),
+    (["3f2"], "at least 4"),
+    (["3f2a!"], "hexadecimal digits"),
+    (["xyzw"], "hexadecimal digits"),
+])
+def test_a_prefix_that_names_nothing_or_is_no_prefix_is_refused(given, message):
+    with pytest.raises(SystemExit, match=message):
+        resolve(given, lambda: mails(A, B), "queue q")
