@@ -1,22 +1,29 @@
 """browse_svc: the read side (a Browser) and the admin side (an Admin) over the view and the
-broker, the operators' work on dead letters (a DeadLetterAdmin), the queue gauges and the healer."""
+broker, the operators' work on dead letters (a DeadLetterAdmin), the event stream (WatchEvents),
+the queue gauges and the healer."""
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Coroutine
 from typing import Any
 
+from browse_svc.events import EventServicer
 from browse_svc.servicer import AdminServicer, BrowseServicer
-from mailqueue.v1 import admin_pb2_grpc, browse_pb2_grpc
+from mailqueue.v1 import admin_pb2_grpc, browse_pb2_grpc, events_pb2_grpc
 from services.app import gauges
 from services.app.admin import Admin
 from services.app.browser import Browser
 from services.app.dead_letter_admin import DeadLetterAdmin
 from services.app.healer import Healer
+from services.app.history import History
 from services.app.shaping_admin import ShapingAdmin
+from services.domain.errors import BackendUnavailable
 from services.runtime.backends import Backends
 from services.runtime.queue_app import QueueApp
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,6 +32,7 @@ class BrowseSide:
     admin: Admin
     shaping: ShapingAdmin
     dead_letters: DeadLetterAdmin
+    history: History
 
 
 class BrowseApp(QueueApp[BrowseSide]):
@@ -37,12 +45,25 @@ class BrowseApp(QueueApp[BrowseSide]):
             (admin_pb2_grpc.add_AdminServiceServicer_to_server,
              AdminServicer(lambda: self.service().admin, lambda: self.service().shaping, lambda: self.service().dead_letters),
              "mailqueue.v1.AdminService"),
+            (events_pb2_grpc.add_EventServiceServicer_to_server,
+             EventServicer(lambda: self.service().history, lambda: self.backends().stream),
+             "mailqueue.v1.EventService"),
         ]
+
+    async def connect(self) -> None:
+        await super().connect()
+        assert self._backends is not None
+        try:
+            await self._backends.stream.declare()  # the stream it serves exists from start-up on
+        except BackendUnavailable as e:
+            log.warning("the event stream is not declared yet (WatchEvents declares it): %s", e)
 
     def build(self, b: Backends) -> BrowseSide:
         browser = Browser(b.view, b.broker, b.blobs, b.state, self.settings.limits.dequeue_inline_bytes)
-        admin = Admin(b.view, b.broker, b.state, browser)
-        return BrowseSide(browser, admin, ShapingAdmin(b.view.shaping, b.state), DeadLetterAdmin(b.view, b.broker, browser, admin.mover))
+        admin = Admin(b.view, b.broker, b.state, browser, b.events)
+        return BrowseSide(browser, admin, ShapingAdmin(b.view.shaping, b.state, b.events),
+                          DeadLetterAdmin(b.view, b.broker, browser, admin.mover, b.events),
+                          History(b.events))
 
     def background(self, b: Backends) -> list[Coroutine[Any, Any, None]]:
         server = self.settings.server
@@ -51,6 +72,6 @@ class BrowseApp(QueueApp[BrowseSide]):
         tasks = [gauges.refresh_forever(b.view, side.browser.head, server.gauge_interval_s)] if server.gauge_interval_s else []
         if server.heal_interval_s:
             healer = Healer(b.view, b.broker, side.browser.live_mails, side.admin.mover, side.dead_letters,
-                            server.heal_interval_s, server.heal_grace_s, server.heal_rows_per_round)
+                            server.heal_interval_s, server.heal_grace_s, server.heal_rows_per_round, events=b.events)
             tasks.append(healer.run_forever())
         return tasks

@@ -86,7 +86,7 @@ class AdminServicer(ShapingServicer, DeadLetterAdminServicer, admin_pb2_grpc.Adm
     async def ClearQueue(
         self, request: admin_pb2.ClearQueueRequest, context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[admin_pb2.ClearQueueResponse]:
-        async for p in self._admin().delete(request.queue, BrowseFilter()):
+        async for p in self._admin().delete(request.queue, BrowseFilter(), cleared=True):
             yield admin_pb2.ClearQueueResponse(progress=serde.progress_to_proto(p))
 
     async def Flush(self, request: admin_pb2.FlushRequest, context: grpc.aio.ServicerContext) -> admin_pb2.FlushResponse:

@@ -30,6 +30,7 @@ def _fill(pb: dequeue_pb2.Delivery, d: Delivery) -> None:
     """Write ``d`` into a message already in place: a message passed to a constructor is copied,
     content included (measured: 236 µs per 100 KB delivery of a batch of 32, 123 µs in place)."""
     pb.delivery_tag, pb.content_inline, pb.redelivered = d.tag, d.content is not None, d.redelivered
+    pb.traceparent = d.mail.traceparent
     if d.content:
         pb.content = d.content
     pb.mail.CopyFrom(serde.queued_mail_to_proto(d.mail))

@@ -24,7 +24,7 @@ class EnqueueApp(QueueApp[Enqueuer]):
         return [(enqueue_pb2_grpc.add_EnqueueServiceServicer_to_server, EnqueueServicer(self.service), "mailqueue.v1.EnqueueService")]
 
     def build(self, b: Backends) -> Enqueuer:
-        return Enqueuer(b.view, b.broker, b.blobs, self.settings.limits, b.state)
+        return Enqueuer(b.view, b.broker, b.blobs, self.settings.limits, b.state, b.events)
 
     def background(self, b: Backends) -> list[Coroutine[Any, Any, None]]:
         enqueuer = self._service  # built just before (service() answers only once connected)

@@ -1,4 +1,7 @@
-"""EnqueueService: protobuf <-> domain only; the work is in services/app/enqueuer.py."""
+"""EnqueueService: protobuf <-> domain only; the work is in services/app/enqueuer.py.
+
+Every RPC reads the call's ``traceparent`` metadata (services/domain/trace.py): every mail the
+call enqueues carries it; a malformed one refuses the call (INVALID_ARGUMENT) before anything."""
 
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ from mailqueue.v1 import enqueue_pb2, enqueue_pb2_grpc
 from services.app import pipeline
 from services.app.enqueuer import Enqueuer
 from services.contract import serde
-from services.domain import model
+from services.domain import model, trace
 from services.domain.errors import InvalidArgument, MailQueueError
 from services.runtime.status import number_of
 
@@ -45,14 +48,16 @@ class EnqueueServicer(enqueue_pb2_grpc.EnqueueServiceServicer):
         self._enqueuer = enqueuer  # raises UNAVAILABLE while the service connects
 
     async def Enqueue(self, request: enqueue_pb2.EnqueueRequest, context: grpc.aio.ServicerContext) -> enqueue_pb2.EnqueueResponse:
-        return enqueue_pb2.EnqueueResponse(receipt=_receipt(await self._enqueue(request)))
+        with trace.carrying(trace.from_metadata(context.invocation_metadata())):
+            return enqueue_pb2.EnqueueResponse(receipt=_receipt(await self._enqueue(request)))
 
     async def EnqueueMany(
         self, request_iterator: AsyncIterator[enqueue_pb2.EnqueueManyRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[enqueue_pb2.EnqueueManyResponse]:
         self._enqueuer()  # UNAVAILABLE for the whole stream while connecting
-        async for item, result in pipeline.unordered(request_iterator, lambda r: self._enqueue(r.request), MANY_IN_FLIGHT):
-            yield _answer(item, result)
+        with trace.carrying(trace.from_metadata(context.invocation_metadata())):
+            async for item, result in pipeline.unordered(request_iterator, lambda r: self._enqueue(r.request), MANY_IN_FLIGHT):
+                yield _answer(item, result)
 
     async def EnqueueBatches(
         self, request_iterator: AsyncIterator[enqueue_pb2.EnqueueBatchesRequest], context: grpc.aio.ServicerContext
@@ -66,8 +71,9 @@ class EnqueueServicer(enqueue_pb2_grpc.EnqueueServiceServicer):
                 for item in batch.mails:
                     yield item
 
-        async for group in pipeline.unordered_groups(mails(), lambda r: self._enqueue(r.request), MANY_IN_FLIGHT):
-            yield enqueue_pb2.EnqueueBatchesResponse(results=[_answer(item, result) for item, result in group])
+        with trace.carrying(trace.from_metadata(context.invocation_metadata())):
+            async for group in pipeline.unordered_groups(mails(), lambda r: self._enqueue(r.request), MANY_IN_FLIGHT):
+                yield enqueue_pb2.EnqueueBatchesResponse(results=[_answer(item, result) for item, result in group])
 
     async def _enqueue(self, request: enqueue_pb2.EnqueueRequest) -> model.EnqueueResult:
         enqueuer = self._enqueuer()
@@ -88,6 +94,7 @@ class EnqueueServicer(enqueue_pb2_grpc.EnqueueServiceServicer):
         self, request_iterator: AsyncIterator[enqueue_pb2.EnqueueStreamRequest], context: grpc.aio.ServicerContext
     ) -> enqueue_pb2.EnqueueStreamResponse:
         enqueuer = self._enqueuer()
+        traceparent = trace.from_metadata(context.invocation_metadata())
         stream = aiter(request_iterator)
         first = await anext(stream, None)
         if first is None or first.WhichOneof("part") != "header":
@@ -100,8 +107,9 @@ class EnqueueServicer(enqueue_pb2_grpc.EnqueueServiceServicer):
                     raise InvalidArgument("only the first message of EnqueueStream may be a header")
                 yield request.chunk
 
-        result = await enqueuer.enqueue_stream(
-            header.queue, serde.mail_from_proto(header.mail), chunks(), header.idempotency_key,
-            serde.schedule_from_proto(header), serde.priority_from_proto(header.priority),
-        )
+        with trace.carrying(traceparent):
+            result = await enqueuer.enqueue_stream(
+                header.queue, serde.mail_from_proto(header.mail), chunks(), header.idempotency_key,
+                serde.schedule_from_proto(header), serde.priority_from_proto(header.priority),
+            )
         return enqueue_pb2.EnqueueStreamResponse(receipt=_receipt(result))

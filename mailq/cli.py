@@ -28,6 +28,7 @@
     mailq dead purge Q (--older-than 7d | filters | --all)
     mailq enqueue Q FILE.eml --from A --to B [--to C] [--name N] [--delay 10m] [--priority high|normal|low]
     mailq dequeue Q [-n N] [--ack success|retry|reject] [--retry-after 5m] [--out DIR]
+    mailq trace ID [--queue Q] | trace --name N [--json]   what happened to a mail: its events, times and actors
 
 An ID is a full enqueue id or a unique prefix of one (at least 4 characters), as `mailq browse` prints it.
 
@@ -43,7 +44,7 @@ import sys
 
 import grpc
 
-from mailq import dead, mails, queues, rules, throttle, transfer
+from mailq import dead, mails, queues, rules, throttle, trace, transfer
 from mailq.common import EXIT_CLOSED_PIPE, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, Client, UsageError
 from services.runtime.server_settings import DEFAULT_PORTS
 
@@ -72,8 +73,8 @@ HINTS = {
 #: The modules that hold the commands, each adding its own with ``register(sub)``, in this order:
 #: queues (queues, show, size, create, retry-policy, shape, reconcile, drop, config), mails (browse, delete,
 #: clear, flush, republish, move), transfer (enqueue, dequeue), rules (hold, bounce, rules, release),
-#: throttle, dead.
-COMMANDS = (queues, mails, transfer, rules, throttle, dead)
+#: throttle, dead, trace.
+COMMANDS = (queues, mails, transfer, rules, throttle, dead, trace)
 
 
 def parser() -> argparse.ArgumentParser:

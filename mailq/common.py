@@ -13,7 +13,7 @@ from typing import Any
 import grpc
 from google.protobuf import duration_pb2
 
-from mailqueue.v1 import admin_pb2_grpc, blob_pb2_grpc, browse_pb2_grpc, dequeue_pb2_grpc, enqueue_pb2_grpc
+from mailqueue.v1 import admin_pb2_grpc, blob_pb2_grpc, browse_pb2_grpc, dequeue_pb2_grpc, enqueue_pb2_grpc, events_pb2_grpc
 from services.adapters.grpc_channels import blocking_channel
 from services.domain.durations import parse_duration
 from services.domain.errors import InvalidArgument
@@ -52,6 +52,7 @@ class Client:
         browse_channel = blocking_channel(target("browse"), token, tls)
         self.browse = browse_pb2_grpc.BrowseServiceStub(browse_channel)
         self.admin = admin_pb2_grpc.AdminServiceStub(browse_channel)
+        self.events = events_pb2_grpc.EventServiceStub(browse_channel)
         self.blob = blob_pb2_grpc.BlobServiceStub(blocking_channel(target("blob"), token, tls))
 
 

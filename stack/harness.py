@@ -393,6 +393,23 @@ def drop_keyspace(name: str, env: Mapping[str, str] | None = None) -> None:
         session.execute(f"DROP KEYSPACE IF EXISTS {name}", timeout=120)
     finally:
         cluster.shutdown()
+    drop_event_stream(name, env)
+
+
+def drop_event_stream(keyspace: str, env: Mapping[str, str] | None = None) -> None:
+    """Delete the event stream of the view in ``keyspace`` and its exchange (browse_svc declares
+    them at start-up): a test's stream does not stay on the broker's disk for its retention."""
+    import pika
+
+    from services.domain import names
+
+    try:
+        with pika.BlockingConnection(broker_parameters(env)) as conn:
+            ch = conn.channel()
+            ch.queue_delete(names.event_stream(keyspace))
+            ch.exchange_delete(names.event_stream(keyspace))
+    except pika.exceptions.AMQPError:
+        pass  # a test that stopped the broker: the stream stays, bounded by its retention
 
 
 def drop_bucket(bucket: str, env: Mapping[str, str] | None = None) -> bool:

@@ -29,7 +29,7 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAYERS = ["domain", "contract", "ports", "adapters", "app", "runtime"]
-SERVICERS = ["enqueue_svc", "dequeue_svc", "browse_svc", "blob_svc", "mailq", "spark"]
+SERVICERS = ["enqueue_svc", "dequeue_svc", "browse_svc", "blob_svc", "webhook_svc", "mailq", "spark"]
 #: The package itself (its __init__ defines nothing).
 APART = {"services"}
 

@@ -57,6 +57,8 @@ VIEW = {"MAILQUEUE_SLICE_WINDOW_S": "60", "MAILQUEUE_BROWSE_START_PACE": "10"}
 OUTAGE_S = 5.0
 #: Seconds a round of tests/adversary.py lasts.
 ROUND_S = 5.0
+#: The rates are also printed by window of this many seconds (where the time goes after a restart).
+WINDOW_S = 10.0
 #: The answer rate after the disturbances may be this much lower than before.
 RATE_TOLERANCE = 0.2
 #: A longer event-loop block in a service is a fault (the watchdog logs from 2 s).
@@ -250,6 +252,11 @@ class Phase:
     began: float
     ended: float
 
+    def windows(self, seconds: float) -> list[Phase]:
+        """The phase cut in windows of ``seconds`` (the last one shorter)."""
+        starts = [self.began + i * seconds for i in range(max(1, int((self.ended - self.began) // seconds)))]
+        return [Phase(b, min(b + seconds, self.ended)) for b in starts]
+
     def rate(self, rounds: list[Round], calls: list) -> tuple[float, float]:
         """(adversary moves/s over the rounds inside the phase, browse/admin calls/s)."""
         inside = [r for r in rounds if r.began >= self.began and r.ended <= self.ended]
@@ -268,9 +275,11 @@ def log_faults(services: dict[str, ServiceProcess]) -> tuple[dict[str, dict[str,
 
 
 def soak(phase_s: float, restarts: bool = True, clients: int = 6, seed: int = 0, say=print,  # noqa: ANN001
-         rate_tolerance: float = RATE_TOLERANCE) -> list[str]:
+         rate_tolerance: float = RATE_TOLERANCE, settle_s: float = 0.0) -> list[str]:
     """Run it; the faults found (empty: passed). Figures go to ``say``. ``rate_tolerance``: how
-    much lower the answer rate after the disturbances may be than before."""
+    much lower the answer rate after the disturbances may be than before. ``settle_s``: traffic
+    seconds between the recovery and the after phase, not measured (the backends' own warm-up
+    after a restart; every call in them is still judged)."""
     keyspace = new_keyspace()
     work = tempfile.mkdtemp(prefix="mailqueue-soak-")
     certs = Certificates(work)
@@ -300,6 +309,8 @@ def soak(phase_s: float, restarts: bool = True, clients: int = 6, seed: int = 0,
         say(f"  {time.monotonic() - before.began:6.1f} s  every service SERVING")
         wait_until(lambda: recovered(enqueue, dequeue, probe), 180, interval=0.5, what="a mail enqueued and delivered")
         say(f"  {time.monotonic() - before.began:6.1f} s  a mail enqueued and delivered: the after phase begins")
+        settled = Phase(time.monotonic(), time.monotonic() + settle_s)
+        time.sleep(settle_s)  # the phase's length is the run's, not a wait for a state
         after = Phase(time.monotonic(), time.monotonic() + phase_s)
         time.sleep(phase_s)
         after.ended = time.monotonic()
@@ -318,6 +329,8 @@ def soak(phase_s: float, restarts: bool = True, clients: int = 6, seed: int = 0,
             rates[name] = moves + calls
             say(f"{name}: {phase.ended - phase.began:.0f} s, enqueue/dequeue {moves:.1f} moves/s, browse/admin {calls:.1f} calls/s: "
                 f"{rates[name]:.1f} answers/s")
+        for name, phase in (("before", before), ("settling", settled), ("after", after)):
+            say(f"{name} by {WINDOW_S:.0f} s: " + " ".join(f"{sum(p.rate(rounds.rounds, traffic.calls)):.1f}" for p in phase.windows(WINDOW_S)))
         ratio = rates["after"] / max(rates["before"], 1e-9)
         say(f"rate after/before: {ratio:.2f} (at least {1 - rate_tolerance:.2f})")
         if ratio < 1 - rate_tolerance:

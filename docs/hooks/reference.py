@@ -308,7 +308,7 @@ def cli_markdown() -> str:
 #: Helpers of services/runtime/settings.py that read MAILQUEUE_<name>: the index of <name>.
 _HELPERS = {"_get": 1, "_int": 1, "_float": 1, "_file": 1, "_optional_int": 1, "_bool": 1, "_credential": 2}
 #: Where settings are read: services/runtime/settings.py and the few places its docstring names.
-SETTINGS_SOURCES = ("services", "spark", "enqueue_svc", "dequeue_svc", "browse_svc", "blob_svc")
+SETTINGS_SOURCES = ("services", "spark", "enqueue_svc", "dequeue_svc", "browse_svc", "blob_svc", "webhook_svc")
 
 
 def settings_read() -> dict[str, str]:

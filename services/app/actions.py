@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 
 from prometheus_client import Counter
 
-from services.app import counters
+from services.app import counters, mail_events
 from services.app.claims import Claim
 from services.app.delivery import Delivery, Stream
 from services.app.shaper import Wait
@@ -75,13 +75,16 @@ async def wait_for_room(s: Stream, step: Step) -> None:
 async def dead_letter(s: Stream, step: Step) -> None:
     if step.verdict.mark is not None:
         log.error("mail content missing: dead-lettered", extra={"queue": s.queue, "enqueue_id": str(step.mail.enqueue_id)})
+        await s.side.events.record([mail_events.dead_lettered(step.mail, step.verdict.mark)])
         await counters.mark(s.side.view, step.mail, step.verdict.mark)
     await s.dead_letter(step.message.delivery_tag, step.verdict.reason)
 
 
 async def bounce(s: Stream, step: Step) -> None:
     assert step.verdict.rule is not None
-    await s.side.mark_deleted(step.mail, model.truncated(rules.bounce_reason(step.verdict.rule)))
+    reason = model.truncated(rules.bounce_reason(step.verdict.rule))
+    await s.side.events.record([mail_events.bounced(step.mail, step.verdict.rule, reason)])
+    await s.side.mark_deleted(step.mail, reason)
     await s.dead_letter(step.message.delivery_tag, "bounced")
 
 
@@ -91,6 +94,7 @@ async def hold(s: Stream, step: Step) -> None:
     now, mail = model.utcnow(), step.mail
     held = dataclasses.replace(mail, deliver_at=rules.hold_until(step.verdict.rule, now), generation=mail.generation + 1,
                                held_by=step.verdict.rule.rule_id)
+    await s.side.events.record([mail_events.held(mail, step.verdict.rule)])
     await s.side.broker.publish(held, held.due() - now, content=carried(step.message, mail))
     await s.side.view.mails.reschedule(held)
     await counters.bump(s.side.view, held, delayed=1, held=1)

@@ -11,16 +11,18 @@ import datetime as dt
 import uuid
 from collections.abc import AsyncIterator, Callable
 
-from services.app import browse_start, counters
+from services.app import admin_events, browse_start, counters
 from services.app.browser import Browser
 from services.app.moves import MoveProgress, Mover
 from services.app.queue_state import QueueState
 from services.app.queues import DropProgress, create_queue, drop_queue
-from services.domain import counts, model, rules, schedule
+from services.domain import counts, model, rules, schedule, view_config
 from services.domain.errors import InvalidArgument, NotFound
+from services.domain.events import EventType
 from services.domain.filters import BrowseFilter
 from services.domain.model import truncated
 from services.ports.broker import Broker
+from services.ports.events import EventLog
 from services.ports.view import View
 
 
@@ -32,22 +34,24 @@ class Progress:
 
 
 class Admin:
-    def __init__(self, view: View, broker: Broker, state: QueueState, browser: Browser) -> None:
+    def __init__(self, view: View, broker: Broker, state: QueueState, browser: Browser, events: EventLog | None = None) -> None:
         self._view = view
         self._broker = broker
         self._state = state
         self._browser = browser
+        #: Where every change is recorded, with its actor (services/app/admin_events.py).
+        self._events = events
         self.live_mails = browser.live_mails
-        self.mover = Mover(view, broker, state, browser.candidates)
+        self.mover = Mover(view, broker, state, browser.candidates, events)
 
     async def create_queue(self, queue: str, policy: model.RetryPolicy | None = None) -> bool:
-        return await create_queue(self._view, self._broker, queue, policy)
+        return await create_queue(self._view, self._broker, queue, policy, self._events)
 
     def move(self, queue: str, target: str, f: BrowseFilter, limit: int = 0) -> AsyncIterator[MoveProgress]:
         return self.mover.move(queue, target, f, limit)
 
     def drop_queue(self, queue: str, force: bool) -> AsyncIterator[DropProgress]:
-        return drop_queue(self._view, self._broker, self._state, self.live_mails, queue, force)
+        return drop_queue(self._view, self._broker, self._state, self.live_mails, queue, force, events=self._events)
 
     async def flush(self, queue: str, f: BrowseFilter) -> int:
         """Make every delayed mail matching ``f`` deliverable now, in enqueue order.
@@ -71,20 +75,27 @@ class Admin:
         await self._view.counter_buffer.flush()  # a GetSize here after the answer reflects it
         return count
 
-    async def delete(self, queue: str, f: BrowseFilter, every: int = 100) -> AsyncIterator[Progress]:
+    async def delete(self, queue: str, f: BrowseFilter, every: int = 100, cleared: bool = False) -> AsyncIterator[Progress]:
         """Mark deleted every live mail matching ``f`` that existed when the call started (by enqueue
         ids: the mails the index finds, whatever the queue's depth; an id that is no live mail of
-        the queue deletes nothing)."""
+        the queue deletes nothing). Each is recorded DELETED (``cleared``: CLEARED, ClearQueue),
+        in batches, before it is marked (services/app/admin_events.py)."""
         queue = await self._browser.existing(queue)
         started = model.utcnow()
         p = Progress()
+
+        async def mark(q: model.QueuedMail) -> bool:
+            await counters.mark(self._view, q, "deleted by admin")
+            return True
+
+        batch = admin_events.RecordedFirst(self._events, mark)
         async for q in self._browser.candidates(queue, f, "delete", until=started + dt.timedelta(milliseconds=1)):
             p.scanned += 1
             if f.matches(q):
-                await counters.mark(self._view, q, "deleted by admin")
-                p.deleted += 1
+                p.deleted += await batch.add(q, admin_events.deleted(q, cleared))
             if p.scanned % every == 0:
                 yield dataclasses.replace(p)
+        p.deleted += await batch.flush()
         await self._view.counter_buffer.flush()  # a GetSize here after the answer reflects it
         p.done = True
         yield p
@@ -122,15 +133,28 @@ class Admin:
         return await self._view.config.current()
 
     async def update_configuration(self, wanted: model.ViewConfig) -> model.ViewConfig:
-        """Apply a configuration change (services/domain/view_config.py says which are allowed)."""
+        """Apply a configuration change (services/domain/view_config.py says which are allowed);
+        a change is recorded CONFIG_CHANGED (install-level: queue "") once it is known to be allowed
+        and before it is stored."""
+        before = await self._view.config.current()
+        view_config.check_change(before, wanted)  # refused: nothing recorded
+        event = admin_events.changed(EventType.CONFIG_CHANGED, "", _view_settings(before), _view_settings(wanted))
+        if event is not None:
+            await admin_events.record(self._events, [event])
         config = await self._view.config.apply(wanted)
         self._state.forget_config()
         return config
 
     async def update_retry_policy(self, queue: str, change: Callable[[model.RetryPolicy], model.RetryPolicy]) -> model.RetryPolicy:
-        """The queue's retry policy changed by ``change`` (given the current one), validated and stored."""
+        """The queue's retry policy changed by ``change`` (given the current one), validated, recorded
+        CONFIG_CHANGED (details: the settings changed, ``setting`` "retry_policy") and stored."""
         queue = await self._browser.existing(queue)
-        policy = schedule.validate(change(await self._view.retry_policies.get(queue)))
+        before = await self._view.retry_policies.get(queue)
+        policy = schedule.validate(change(before))
+        event = admin_events.changed(EventType.CONFIG_CHANGED, queue, _policy_settings(before), _policy_settings(policy),
+                                     setting="retry_policy")
+        if event is not None:
+            await admin_events.record(self._events, [event])
         await self._view.retry_policies.set(queue, policy)
         self._state.forget_retry_policy(queue)
         return policy
@@ -139,19 +163,28 @@ class Admin:
         return await self._view.rules.all()
 
     async def add_rule(self, rule: model.Rule) -> tuple[model.Rule, int]:
-        """Store the rule; a bounce rule also marks the queued mails it matches. (rule, mails marked)."""
+        """Store the rule (recorded RULE_CHANGED "added"); a bounce rule also marks the queued mails
+        it matches, each recorded BOUNCED as the caller's act, in batches. (rule, mails marked)."""
         now = model.utcnow()
         rule = rules.validate(dataclasses.replace(rule, rule_id=uuid.uuid4(), created_at=now), now)
         if rule.queue and not await self._view.queues.exists(rule.queue):
             raise NotFound(f"queue {rule.queue!r} does not exist: create it with AdminService.CreateQueue")
+        await admin_events.record(self._events, [admin_events.rule_changed(rule, "added")])
         await self._view.rules.add(rule)
         applied = 0
         if rule.kind == "bounce":
+            reason = truncated(rules.bounce_reason(rule))
+
+            async def bounce(q: model.QueuedMail) -> bool:
+                await counters.mark(self._view, q, reason)
+                return True
+
+            batch = admin_events.RecordedFirst(self._events, bounce)
             for queue in [rule.queue] if rule.queue else await self._view.queues.all():
                 async for q in self.live_mails(queue, "rule"):
                     if rules.matches(rule, q):
-                        await counters.mark(self._view, q, truncated(rules.bounce_reason(rule)))
-                        applied += 1
+                        applied += await batch.add(q, admin_events.bounced_by(q, rule, reason))
+            applied += await batch.flush()
         return rule, applied
 
     async def lift_rule(self, rule_id: uuid.UUID) -> int:
@@ -159,6 +192,7 @@ class Admin:
         rule = await self._view.rules.get(rule_id)
         if rule is None:
             raise NotFound(f"rule {rule_id} does not exist or has expired (mailq rules lists the rules in force)")
+        await admin_events.record(self._events, [admin_events.rule_changed(rule, "removed")])
         await self._view.rules.lift(rule_id)
         if rule.kind != "hold":
             return 0
@@ -166,3 +200,14 @@ class Admin:
         for queue in [rule.queue] if rule.queue else await self._view.queues.all():
             released += await self.flush(queue, BrowseFilter(held_by=rule_id))
         return released
+
+
+def _view_settings(c: model.ViewConfig) -> dict[str, str]:
+    return {"slice_window_s": str(int(c.slice_window.total_seconds())), "bucket_count": str(c.bucket_count),
+            "update_browse_start_pace": str(c.update_browse_start_pace)}
+
+
+def _policy_settings(p: model.RetryPolicy) -> dict[str, str]:
+    return {"initial_backoff_s": str(p.initial_backoff.total_seconds()), "multiplier": str(p.multiplier),
+            "max_backoff_s": str(p.max_backoff.total_seconds()), "max_attempts": str(p.max_attempts),
+            "max_age_s": str(p.max_age.total_seconds())}

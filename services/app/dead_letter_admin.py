@@ -9,13 +9,15 @@ browse_svc, a backend outage) loses nothing and delivers each mail once:
    the dead letter and the mail as it lands, with a new enqueue id;
 2. the dead letter leaves the repository (it is no longer listed or counted);
 3. the mail lands: stored, counted, published (services/app/moves.py ``land``);
-4. the journal entry is removed.
+4. its REDRIVEN event is recorded (services/app/admin_events.py; in batches of at most
+   ``admin_events.JOURNALED_BATCH``, and before each progress message), then the journal entry
+   is removed.
 
 The next redrive of the queue first completes what the journal holds, and so does the healer for
 entries older than its grace. Steps 2 and 3 done twice remove nothing more and publish one
 enqueue id twice: delivered once.
 
-A purge removes dead letters from the repository; their content is then the retention sweep's
+A purge records PURGED for its dead letters (in batches), then removes them from the repository; their content is then the retention sweep's
 (blobs no row and no dead letter references).
 """
 
@@ -28,12 +30,15 @@ import logging
 import time
 from collections.abc import AsyncIterator
 
+from services.app import admin_events
 from services.app.browser import Browser
 from services.app.moves import Mover, land
 from services.domain import dead_letters, model, paging
 from services.domain.dead_letters import DeadLetter, DeadLetterFilter
 from services.domain.errors import InvalidArgument
+from services.domain.events import Event
 from services.ports.broker import Broker
+from services.ports.events import EventLog
 from services.ports.view import View
 
 log = logging.getLogger(__name__)
@@ -76,8 +81,9 @@ async def purge_one(view: View, mail: model.QueuedMail) -> bool:
 
 
 class DeadLetterAdmin:
-    def __init__(self, view: View, broker: Broker, browser: Browser, mover: Mover) -> None:
+    def __init__(self, view: View, broker: Broker, browser: Browser, mover: Mover, events: EventLog | None = None) -> None:
         self._view = view
+        self._events = events
         self._broker = broker
         self._existing = browser.existing
         self._mover = mover
@@ -129,17 +135,22 @@ class DeadLetterAdmin:
         p.resumed = await self.complete_interrupted(queue, dt.timedelta(0))
         yield dataclasses.replace(p)
         shown = time.monotonic()
+        pending: list[tuple[model.QueuedMail, Event]] = []
         async for d in self._view.dead_letters.scan(queue):
             p.scanned += 1
             if f.matches(d):
                 await asyncio.sleep(pacer.delay(time.monotonic()))
-                await self._redrive_one(d, await self._landing(d, target, keep_attempts))
+                await self._redrive_one(d, await self._landing(d, target, keep_attempts), pending)
                 p.redriven += 1
+                if len(pending) >= admin_events.JOURNALED_BATCH:
+                    await self._finish(pending)
                 if limit and p.redriven >= limit:
                     break
             if time.monotonic() - shown >= PROGRESS_S:
                 shown = time.monotonic()
+                await self._finish(pending)  # a slow redrive records as it goes
                 yield dataclasses.replace(p)
+        await self._finish(pending)
         await self._view.counter_buffer.flush()
         p.done = True
         log.info("dead letters redriven", extra={"queue": queue, "target": target, "redriven": p.redriven, "resumed": p.resumed})
@@ -152,13 +163,15 @@ class DeadLetterAdmin:
         await self._existing(queue)
         p = PurgeProgress()
         shown = time.monotonic()
+        batch = admin_events.RecordedFirst(self._events, lambda m: purge_one(self._view, m))
         async for d in self._view.dead_letters.scan(queue):
             p.scanned += 1
-            if f.matches(d) and await purge_one(self._view, d.mail):
-                p.purged += 1
+            if f.matches(d):
+                p.purged += await batch.add(d.mail, admin_events.purged(d.mail))
             if time.monotonic() - shown >= PROGRESS_S:
                 shown = time.monotonic()
                 yield dataclasses.replace(p)
+        p.purged += await batch.flush()
         p.done = True
         log.warning("dead letters purged", extra={"queue": queue, "purged": p.purged})
         yield p
@@ -166,27 +179,37 @@ class DeadLetterAdmin:
     async def complete_interrupted(self, queue: str, older_than: dt.timedelta) -> int:
         """Steps 2 to 4 for the redrives journaled more than ``older_than`` ago; how many."""
         done, now = 0, model.utcnow()
+        pending: list[tuple[model.QueuedMail, Event]] = []
         for dead, landed, begun in await self._view.moves.pending(journal(queue)):
             if now - begun >= older_than:
-                await self._complete(dead, landed)
+                await self._complete(dead, landed, pending)
                 done += 1
+        await self._finish(pending)
         if done:
             log.warning("interrupted redrives completed", extra={"queue": queue, "redrives": done})
         return done
 
-    async def _redrive_one(self, d: DeadLetter, landed: model.QueuedMail) -> None:
+    async def _redrive_one(self, d: DeadLetter, landed: model.QueuedMail, pending: list[tuple[model.QueuedMail, Event]]) -> None:
         dead = dataclasses.replace(d.mail, queue=journal(d.mail.queue))
         await self._view.moves.begin(dead, landed)
-        await self._complete(dead, landed)
+        await self._complete(dead, landed, pending)
 
-    async def _complete(self, dead: model.QueuedMail, landed: model.QueuedMail) -> None:
+    async def _complete(self, dead: model.QueuedMail, landed: model.QueuedMail, pending: list[tuple[model.QueuedMail, Event]]) -> None:
+        """Steps 2 and 3; step 4 (the event, then the journal entry removed) left in ``pending``."""
         mail = dataclasses.replace(dead, queue=dead.queue.removeprefix("dead-letters/"))
         # Marked first: a late broker copy of the dead mail then finds it redriven, not dead.
         await self._view.mails.mark(mail.queue, mail.enqueue_id,
                                     dead_letters.redriven_reason(landed.queue, str(landed.enqueue_id)))
         await self._view.dead_letters.remove(mail)
         await land(self._view, self._broker, landed)
-        await self._view.moves.done(dead)
+        pending.append((dead, admin_events.redriven(mail, landed)))
+
+    async def _finish(self, pending: list[tuple[model.QueuedMail, Event]]) -> None:
+        """Step 4 of the redrives in ``pending``: their events in one record, then their journal entries removed."""
+        await admin_events.record(self._events, [e for _, e in pending])
+        for dead, _ in pending:
+            await self._view.moves.done(dead)
+        pending.clear()
 
     async def _landing(self, d: DeadLetter, target: str, keep_attempts: bool) -> model.QueuedMail:
         """The mail as it lands: a new enqueue id, deliverable now; with its attempts, last error

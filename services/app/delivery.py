@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from services.domain.settings import LimitSettings
     from services.ports.blobstore import BlobStore
     from services.ports.broker import Broker
+    from services.ports.events import EventLog
     from services.ports.view import View
 
 SKIPPED = Counter("mailqueue_skipped_total", "Deliveries acked without handing them out", ["queue", "reason"])
@@ -74,6 +75,8 @@ class DequeueSide(Protocol):
     shaper: Shaper
     #: One claim per mail being prepared or handed out by this process.
     claims: Claims
+    #: Where each change of a mail is recorded, before it is carried out.
+    events: EventLog
 
     def carry(self, mail: model.QueuedMail, content: bytes | None) -> bytes | None: ...
 

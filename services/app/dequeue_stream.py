@@ -48,7 +48,9 @@ async def serving(sub: Subscription, answers: AsyncIterator[list[Answer]]) -> As
             done, _ = await asyncio.wait({delivery, settling}, return_when=asyncio.FIRST_COMPLETED)
             if delivery in done:
                 first = delivery.result()
-                yield [first, *sub.ready(sub.max_batch - 1)] if sub.max_batch > 1 else [first]
+                batch = [first, *sub.ready(sub.max_batch - 1)] if sub.max_batch > 1 else [first]
+                await sub.record_handed_out(batch)  # recorded before it is sent
+                yield batch
                 continue
             settling.result()  # raises what settling raised; otherwise the client half-closed
             return

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from services.app import browse_start, counters
+from services.app import browse_start, counters, mail_events
 from services.app.claims import Claims
 from services.app.queue_state import QueueState
 from services.app.rule_book import RuleBook
@@ -19,14 +19,20 @@ from services.domain.errors import BackendUnavailable, InvalidArgument
 from services.domain.settings import LimitSettings
 from services.ports.blobstore import BlobStore
 from services.ports.broker import Broker
+from services.ports.events import EventLog
 from services.ports.view import View
 
 log = logging.getLogger(__name__)
 
 
 class Dequeuer:
-    def __init__(self, view: View, broker: Broker, blobs: BlobStore, limits: LimitSettings, state: QueueState) -> None:
+    def __init__(
+        self, view: View, broker: Broker, blobs: BlobStore, limits: LimitSettings, state: QueueState,
+        events: EventLog | None = None,
+    ) -> None:
         self.view = view
+        #: Where the hand-outs, answers and rule actions are recorded (services/app/mail_events.py).
+        self.events: EventLog = events if events is not None else mail_events.Unrecorded()
         self.broker = broker
         self.blobs = blobs
         self.limits = limits

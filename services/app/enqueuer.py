@@ -28,12 +28,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 from prometheus_client import Counter, Gauge
 
-from services.app import counters
+from services.app import counters, mail_events
 from services.app.grouping import Grouper
 from services.app.key_claims import KeyClaims, undo_time
 from services.app.queue_state import QueueState
 from services.app.retry import retrying
-from services.domain import model, schedule, validation
+from services.domain import model, schedule, trace, validation
 from services.domain.backoff import Backoff
 from services.domain.errors import BackendUnavailable, InvalidArgument, NotFound, PublishersBlocked, ResourceExhausted
 from services.domain.model import BlobInfo
@@ -41,6 +41,7 @@ from services.domain.settings import LimitSettings
 from services.domain.slices import bucket_of, slice_start
 from services.ports.blobstore import BlobStore
 from services.ports.broker import Broker
+from services.ports.events import EventLog
 from services.ports.view import View
 
 log = logging.getLogger(__name__)
@@ -80,6 +81,8 @@ class _Grouped:
     priority: str
     content: bytes | None = None
     stored: BlobInfo | None = None
+    #: The call's trace context, taken when it is submitted (the group runs in another call's task).
+    traceparent: str = dataclasses.field(default_factory=trace.current_traceparent.get)
 
 
 @dataclasses.dataclass
@@ -91,8 +94,13 @@ class _Attempt:
 
 
 class Enqueuer:
-    def __init__(self, view: View, broker: Broker, blobs: BlobStore, limits: LimitSettings, state: QueueState) -> None:
+    def __init__(
+        self, view: View, broker: Broker, blobs: BlobStore, limits: LimitSettings, state: QueueState,
+        events: EventLog | None = None,
+    ) -> None:
         self._view = view
+        #: Each acknowledged enqueue's ENQUEUED event is recorded before the reply (services/app/mail_events.py).
+        self._events: EventLog = events if events is not None else mail_events.Unrecorded()
         self._broker = broker
         self._blobs = blobs
         self._limits = limits
@@ -209,6 +217,8 @@ class Enqueuer:
                 await self._undo(queue, key, enqueue_id, started, _Attempt())
                 raise
             if isinstance(earlier, model.EnqueueResult):
+                # Answered again: its ENQUEUED event again (same id), marked resent.
+                await self._events.record([mail_events.resent(queue, mail, earlier)])
                 return earlier
             enqueue_id = earlier
         attempt = _Attempt()
@@ -235,13 +245,16 @@ class Enqueuer:
         await self._view.mails.store(queued)
         await self._count(queued, attempt)
         await self._publish(queued, carried)
+        # Part of the enqueue: if it cannot be recorded, the mail is undone like any other failure.
+        await self._events.record([mail_events.enqueued(queued)])
         return queued
 
     async def _queued(
         self, queue: str, mail: model.Mail, enqueue_id: uuid.UUID, blob_ids: tuple[str, ...], size: int, when: Schedule,
-        priority: str,
+        priority: str, traceparent: str | None = None,
     ) -> model.QueuedMail:
-        """The mail's view row, in the slice of now (or browse start, if this clock lags)."""
+        """The mail's view row, in the slice of now (or browse start, if this clock lags); it
+        carries ``traceparent``, by default the call's (services/domain/trace.py)."""
         config = await self._state.config()
         now = model.utcnow()
         start = slice_start(now, config.slice_window)
@@ -255,6 +268,7 @@ class Enqueuer:
             queue=queue, enqueue_id=enqueue_id, enqueued_at=now, mail=mail, blob_ids=blob_ids, size=size,
             slice_start=start, bucket=bucket_of(mail.name, str(enqueue_id), config.bucket_count),
             deliver_at=schedule.deliver_at(now, *when), priority=priority,
+            traceparent=trace.current_traceparent.get() if traceparent is None else traceparent,
         )
 
     async def _count(self, queued: model.QueuedMail, attempt: _Attempt) -> None:
@@ -302,7 +316,7 @@ class Enqueuer:
                     continue
                 try:
                     queued[i] = await self._queued(
-                        it.queue, it.mail, uuid.uuid4(), (info.blob_id,), info.size, it.when, it.priority)
+                        it.queue, it.mail, uuid.uuid4(), (info.blob_id,), info.size, it.when, it.priority, it.traceparent)
                 except Exception as e:  # noqa: BLE001 - nothing of this mail is in the view yet
                     failed(i, e)
             live = list(queued)
@@ -315,6 +329,13 @@ class Enqueuer:
             sent = await asyncio.gather(*(self._publish(queued[i], self._carried(items[i])) for i in live),
                                         return_exceptions=True)
             live = _survivors(live, sent, failed)
+            if live:  # the group's ENQUEUED events in one record; unrecorded, the mails are undone
+                try:
+                    await self._events.record([mail_events.enqueued(queued[i]) for i in live])
+                except Exception as e:  # noqa: BLE001 - each mail answered with the error, and undone
+                    for i in live:
+                        failed(i, e)
+                    live = []
         except BaseException as e:  # cancelled (the server stopping): every mail not answered is undone
             for i in attempts:
                 if out[i] is None:

@@ -44,12 +44,14 @@ from collections.abc import AsyncIterator
 
 from prometheus_client import Counter, Histogram
 
-from services.app import browse_start
+from services.app import admin_events, browse_start
 from services.app.dead_letter_admin import DeadLetterAdmin
 from services.app.moves import Mover
 from services.domain import counts, model
 from services.domain.errors import BackendUnavailable, NotFound
+from services.domain.events import Event, acting_as
 from services.ports.broker import Broker
+from services.ports.events import EventLog
 from services.ports.view import View
 
 log = logging.getLogger(__name__)
@@ -83,8 +85,10 @@ class Healed:
 
 class Healer:
     def __init__(self, view: View, broker: Broker, live_mails, mover: Mover,  # noqa: ANN001 - Browser.live_mails
-                 dead_letter_admin: DeadLetterAdmin, interval_s: float, grace_s: float, rows_per_round: int = 20_000) -> None:
+                 dead_letter_admin: DeadLetterAdmin, interval_s: float, grace_s: float, rows_per_round: int = 20_000,
+                 events: EventLog | None = None) -> None:
         self._view = view
+        self._events = events
         self._dead_letter_admin = dead_letter_admin
         self._broker = broker
         self._live_mails = live_mails
@@ -121,12 +125,19 @@ class Healer:
             await browse_start.update(self._view, queue)  # its slices become the sweep's
 
     async def heal(self, queue: str) -> Healed:
+        """One queue healed; what it changes is recorded as the healer's (actor component "healer")."""
+        with acting_as(admin_events.HEALER):
+            return await self._heal(queue)
+
+    async def _heal(self, queue: str) -> Healed:
         h = Healed()
         now = model.utcnow()
+        pending: list[tuple[model.QueuedMail, Event]] = []
         for mail, moved, begun in await self._view.moves.pending(queue):
             if now - begun > self.grace:
-                await self._mover.complete(mail, moved)
+                await self._mover.complete(mail, moved, pending)
                 h.moves += 1
+        await self._mover.finish(pending)
         h.redrives = await self._dead_letter_admin.complete_interrupted(queue, self.grace)
         h.dead_letter_counters = await self._dead_letter_counters(queue)
         start = await self._view.starts.browse_start(queue)
@@ -140,6 +151,9 @@ class Healer:
             del self._passes[queue]
         stranded = [q for q in read if q.due() < now - self.grace and not counts.is_held(q)]
         if stranded and await self._broker.ready_messages(queue) == 0:
+            # Recorded first (same ids when the next round publishes them again after a crash).
+            await admin_events.record(self._events, [admin_events.republished(
+                dataclasses.replace(q, generation=q.generation + 1)) for q in stranded])
             for q in stranded:
                 again = dataclasses.replace(q, generation=q.generation + 1)
                 await self._broker.publish(again)

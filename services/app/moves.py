@@ -8,7 +8,10 @@ backend outage) leaves the mail in exactly one queue, or in the journal:
    new enqueue id;
 2. the source copy is marked ``moved to <target>`` (its message is skipped from now on);
 3. the target copy is stored, counted, and published;
-4. the journal entry is removed.
+4. its MOVED event is recorded (services/app/admin_events.py; in batches of at most
+   ``admin_events.JOURNALED_BATCH``, and before each progress message), then the journal entry
+   is removed. A SIGKILL leaves the moves of one batch journaled: the next MoveMails (or the
+   healer) completes and records them.
 
 The next MoveMails from the same queue first completes what the journal holds, and so does the
 healer (services/app/healer.py) for moves begun longer than its grace ago. Completing again a
@@ -26,13 +29,15 @@ import logging
 import uuid
 from collections.abc import AsyncIterator
 
-from services.app import counters
+from services.app import admin_events, counters
 from services.app.queue_state import QueueState
 from services.domain import model, validation
 from services.domain.errors import InvalidArgument
+from services.domain.events import Event
 from services.domain.filters import BrowseFilter
 from services.domain.slices import bucket_of, slice_start
 from services.ports.broker import Broker
+from services.ports.events import EventLog
 from services.ports.view import View
 
 log = logging.getLogger(__name__)
@@ -50,11 +55,13 @@ class MoveProgress:
 
 
 class Mover:
-    def __init__(self, view: View, broker: Broker, state: QueueState, candidates) -> None:  # noqa: ANN001 - Browser.candidates
+    def __init__(self, view: View, broker: Broker, state: QueueState, candidates,  # noqa: ANN001 - Browser.candidates
+                 events: EventLog | None = None) -> None:
         self._view = view
         self._broker = broker
         self._state = state
         self._candidates = candidates
+        self._events = events
 
     async def move(self, source: str, target: str, f: BrowseFilter, limit: int = 0, every: int = 100) -> AsyncIterator[MoveProgress]:
         validation.queue_name(source)
@@ -64,9 +71,11 @@ class Mover:
         await self._state.require_queue(source)
         await self._state.require_queue(target)
         p = MoveProgress()
+        pending: list[tuple[model.QueuedMail, Event]] = []
         for mail, moved, _begun in await self._view.moves.pending(source):
-            await self.complete(mail, moved)
+            await self.complete(mail, moved, pending)
             p.resumed += 1
+        await self.finish(pending)
         if p.resumed:
             log.warning("interrupted moves completed", extra={"queue": source, "moves": p.resumed})
         yield dataclasses.replace(p)
@@ -77,12 +86,16 @@ class Mover:
                 continue
             moved = await self.landing(q, target)
             await self._view.moves.begin(q, moved)
-            if await self.complete(q, moved):
+            if await self.complete(q, moved, pending):
                 p.moved += 1
+            if len(pending) >= admin_events.JOURNALED_BATCH:
+                await self.finish(pending)
             if limit and p.moved >= limit:
                 break
             if p.scanned % every == 0:
+                await self.finish(pending)  # what the progress says moved is recorded
                 yield dataclasses.replace(p)
+        await self.finish(pending)
         await self._view.counter_buffer.flush()  # a GetSize here after the answer reflects it
         p.done = True
         log.info("mails moved", extra={"queue": source, "target": target, "moved": p.moved, "resumed": p.resumed})
@@ -108,8 +121,12 @@ class Mover:
             generation=1 if q.attempts or q.last_error else 0, held_by=None, deliver_at=due if due > q.enqueued_at else None,
         )
 
-    async def complete(self, mail: model.QueuedMail, moved: model.QueuedMail) -> bool:
-        """Steps 2 to 4 for one journaled move; False when the source mail was gone already."""
+    async def complete(
+        self, mail: model.QueuedMail, moved: model.QueuedMail, pending: list[tuple[model.QueuedMail, Event]],
+    ) -> bool:
+        """Steps 2 and 3 for one journaled move, its step 4 left in ``pending`` (``finish`` records
+        the MOVED events of a batch, then removes their journal entries); False when the source
+        mail was gone already (nothing recorded)."""
         state = await self._view.mails.state(mail.queue, mail.enqueue_id)
         if state is not None and state.deleted and not (state.reason or "").startswith(MOVED):
             await self._view.moves.done(mail)  # delivered or deleted meanwhile: nothing to move
@@ -117,8 +134,16 @@ class Mover:
         if state is None or not state.deleted:
             await counters.mark(self._view, mail, model.truncated(MOVED + moved.queue))
         await land(self._view, self._broker, moved)
-        await self._view.moves.done(mail)
+        pending.append((mail, admin_events.moved(mail, moved)))
         return True
+
+    async def finish(self, pending: list[tuple[model.QueuedMail, Event]]) -> None:
+        """Step 4 of the moves in ``pending``: their events in one record, then their journal
+        entries removed (a crash before: the entries are completed, and recorded, again)."""
+        await admin_events.record(self._events, [e for _, e in pending])
+        for mail, _ in pending:
+            await self._view.moves.done(mail)
+        pending.clear()
 
 
 #: Namespace of the enqueue ids a move or a redrive lands (uuid5 of source queue, source id, target).

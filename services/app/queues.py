@@ -8,7 +8,7 @@ import dataclasses
 import logging
 from collections.abc import AsyncIterator, Callable
 
-from services.app import browse_start, counters
+from services.app import admin_events, browse_start, counters
 from services.app.dead_letter_admin import purge_one
 from services.app.queue_state import QueueState
 from services.domain import schedule, validation
@@ -16,27 +16,43 @@ from services.domain.errors import FailedPrecondition, NotFound
 from services.domain.model import QueuedMail, RetryPolicy, utcnow
 from services.domain.slices import slice_start
 from services.ports.broker import Broker
+from services.ports.events import EventLog
 from services.ports.view import View
 
 log = logging.getLogger(__name__)
 
+#: Why the mails and dead letters of a queue deleted with force are gone.
+DROPPED = "queue deleted"
 
-async def create_queue(view: View, broker: Broker, queue: str, policy: RetryPolicy | None = None) -> bool:
+
+async def create_queue(view: View, broker: Broker, queue: str, policy: RetryPolicy | None = None,
+                       events: EventLog | None = None) -> bool:
     """Create ``queue`` idempotently; True when it is new.
 
     Order: topology, then the retry policy (only while the queue does not exist yet), then
-    browse/content start (``IF NOT EXISTS``), then the queue row, so a queue is listed only once
-    everything it needs exists. A crash half-way is healed by a retry.
+    browse/content start (``IF NOT EXISTS``), then QUEUE_CREATED is recorded (while the queue does
+    not exist yet), then the queue row, so a queue is listed only once everything it needs exists.
+    A crash half-way is healed by a retry. The event's id names the queue's incarnation (its browse
+    start, kept by a retry, moved on by a deletion): one id for a creation retried, a new one for
+    a queue made again under a deleted one's name.
     """
     validation.queue_name(queue)
     if policy is not None:
         schedule.validate(policy)
     await broker.declare_queue(queue)
-    if policy is not None and not await view.queues.exists(queue):
+    exists = await view.queues.exists(queue)
+    if policy is not None and not exists:
         await view.retry_policies.set(queue, policy)
     config = await view.config.current()
     await view.starts.initialise(queue, slice_start(utcnow(), config.slice_window))
+    if not exists:
+        await admin_events.record(events, [admin_events.queue_created(queue, await _incarnation(view, queue))])
     return await view.queues.create(queue)
+
+
+async def _incarnation(view: View, queue: str) -> str:
+    start = await view.starts.browse_start(queue)
+    return start.isoformat() if start is not None else ""
 
 
 @dataclasses.dataclass
@@ -52,7 +68,7 @@ class DropProgress:
 
 async def drop_queue(
     view: View, broker: Broker, state: QueueState, live_mails: Callable[[str], AsyncIterator[QueuedMail]],
-    queue: str, force: bool = False, every: int = 100,
+    queue: str, force: bool = False, every: int = 100, events: EventLog | None = None,
 ) -> AsyncIterator[DropProgress]:
     """Delete ``queue``: refused while it holds live mails or dead letters unless ``force`` (the
     mails are marked deleted, the dead letters purged, so a queue made again under the name starts
@@ -64,6 +80,11 @@ async def drop_queue(
     it afterwards), then checks again for live mails (an Enqueue that raced the check), and only
     then removes the topology. Interrupted, a retry completes it; a queue already dropped is
     dropped again (idempotent).
+
+    Recorded: QUEUE_DELETED once the deletion can no longer be refused (after the second check),
+    its id naming the queue's incarnation as the call found it (as QUEUE_CREATED's: a retry of an
+    interrupted deletion writes the same id); with ``force``, each live mail DELETED and each dead
+    letter PURGED (reason "queue deleted"), in batches, before each change.
     """
     validation.queue_name(queue)
     if not await view.queues.exists(queue) and not await view.queues.dropped(queue):
@@ -71,6 +92,7 @@ async def drop_queue(
     if not force:
         await _refuse_if_live(live_mails, queue)
         await _refuse_if_dead_letters(view, queue)
+    incarnation = await _incarnation(view, queue)
     await view.queues.drop(queue)
     state.forget_queue(queue)
     yield DropProgress("stopping")
@@ -81,17 +103,27 @@ async def drop_queue(
         except FailedPrecondition:
             await view.queues.restore(queue)
             raise
+    await admin_events.record(events, [admin_events.queue_deleted(queue, incarnation, force)])
     p = DropProgress("deleting")
+
+    async def mark(q: QueuedMail) -> bool:
+        await counters.mark(view, q, DROPPED)
+        return True
+
+    deletes, seen = admin_events.RecordedFirst(events, mark), 0
     async for q in live_mails(queue):
-        await counters.mark(view, q, "queue deleted")
-        p.deleted += 1
-        if p.deleted % every == 0:
+        p.deleted += await deletes.add(q, admin_events.deleted(q, reason=DROPPED))
+        seen += 1
+        if seen % every == 0:
             yield dataclasses.replace(p)
+    p.deleted += await deletes.flush()
+    purges, seen = admin_events.RecordedFirst(events, lambda m: purge_one(view, m)), 0
     async for d in view.dead_letters.scan(queue):
-        if await purge_one(view, d.mail):
-            p.dead_letters_purged += 1
-            if p.dead_letters_purged % every == 0:
-                yield dataclasses.replace(p)
+        p.dead_letters_purged += await purges.add(d.mail, admin_events.purged(d.mail, reason=DROPPED))
+        seen += 1
+        if seen % every == 0:
+            yield dataclasses.replace(p)
+    p.dead_letters_purged += await purges.flush()
     p.phase = "removing"
     yield dataclasses.replace(p)
     await broker.delete_queue(queue)

@@ -7,6 +7,12 @@
   past the queue's retry policy expires the mail: marked and dead-lettered.
 - REJECT marks the mail dead-lettered and routes it to the dead-letter queue.
 
+Each answer's event (DELIVERED, RETRY_SCHEDULED, REJECTED, EXPIRED, DEAD_LETTERED) is recorded
+first, before anything changes: if it cannot be, nothing changed and the mail goes back to the
+queue (delivered again, answered again: the same event id). Recorded after the change, an
+outage between the two would leave a delivered mail without its DELIVERED event for ever (the
+redelivered message is then skipped, never answered again).
+
 Whatever happens, the delivery ends: its claim and its room at its destination are given back.
 """
 
@@ -18,7 +24,7 @@ import logging
 
 from prometheus_client import Counter
 
-from services.app import counters
+from services.app import counters, mail_events
 from services.app.delivery import Delivery, Outcome, Stream
 from services.domain import delays, model, schedule
 
@@ -31,12 +37,14 @@ EXPIRED = Counter("mailqueue_expired_total", "Mails expired by their queue's ret
 async def settle(s: Stream, d: Delivery, outcome: Outcome, error_message: str = "", retry_after: dt.timedelta | None = None) -> None:
     try:
         if outcome is Outcome.SUCCESS:
+            await s.side.events.record([mail_events.delivered(d.mail)])
             await s.side.mark_deleted(d.mail, "dequeued")
             await s.ack(d.tag)
         elif outcome is Outcome.RETRY:
             await retry(s, d, model.truncated(error_message), retry_after)
         else:
             reason = f"dead-lettered: {error_message}" if error_message else "dead-lettered"
+            await s.side.events.record([mail_events.rejected(d.mail, model.truncated(error_message))])
             await s.side.mark_deleted(d.mail, model.truncated(reason))
             await s.dead_letter(d.tag)
     finally:
@@ -58,6 +66,7 @@ async def retry(s: Stream, d: Delivery, error: str, retry_after: dt.timedelta | 
     if isinstance(next_attempt, schedule.Expired):
         log.info("mail expired", extra={"queue": s.queue, "enqueue_id": str(mail.enqueue_id), "reason": next_attempt.reason})
         reason = f"{next_attempt.reason}: {error}" if error else next_attempt.reason
+        await side.events.record([mail_events.expired(mail, model.truncated(reason))])
         await side.mark_deleted(mail, model.truncated(reason))
         # Its last attempt recorded too: the dead letter shows it (services/app/dead_letter_recorder.py).
         await side.view.mails.reschedule(dataclasses.replace(mail, attempts=attempts, last_error=error, generation=mail.generation + 1))
@@ -70,6 +79,7 @@ async def retry(s: Stream, d: Delivery, error: str, retry_after: dt.timedelta | 
     # mail over if it comes back at once, while another copy of this generation arriving meanwhile
     # is a duplicate (released here first, such a copy was judged against the old record and
     # delivered beside the new one: two copies of the mail out at once).
+    await side.events.record([mail_events.retry_scheduled(mail, error, next_attempt.deliver_at)])
     await side.broker.publish(again, next_attempt.deliver_at - now, content=side.carry(mail, d.content))
     await side.view.mails.reschedule(again)
     await counters.bump(side.view, again, delayed=1 if delays.units(next_attempt.deliver_at - now) else 0)
@@ -85,5 +95,6 @@ async def dead_letter_at_limit(s: Stream, d: Delivery, detail: str) -> None:
     """Mark and dead-letter a delivery that the broker would dead-letter unmarked if it came back."""
     log.warning("delivery limit reached: dead-lettered", extra={"queue": s.queue, "enqueue_id": str(d.mail.enqueue_id)})
     reason = f"dead-lettered: delivery limit of {s.side.broker.delivery_limit} reached{detail}"
+    await s.side.events.record([mail_events.dead_lettered(d.mail, model.truncated(reason))])
     await s.side.mark_deleted(d.mail, model.truncated(reason))
     await s.dead_letter(d.tag)

@@ -1,12 +1,19 @@
 """The operators' side of traffic shaping: throttles, sites, automatic rules and effects
-(stored with services/ports/shaping.py; every dequeue member reads them within REFRESH_S)."""
+(stored with services/ports/shaping.py; every dequeue member reads them within REFRESH_S).
+
+Every change is recorded SHAPING_CHANGED (details: "destination", "change" set or removed,
+"what" it is, and the settings changed) before it is stored; setting what is already set, or
+removing what does not exist, records nothing (services/app/admin_events.py)."""
 
 from __future__ import annotations
 
 import dataclasses
 
+from services.app import admin_events
 from services.app.queue_state import QueueState
 from services.domain import model, shaping
+from services.domain.events import EventType
+from services.ports.events import EventLog
 from services.ports.shaping import ShapingStore
 
 
@@ -22,36 +29,60 @@ class Listing:
 
 
 class ShapingAdmin:
-    def __init__(self, store: ShapingStore, state: QueueState) -> None:
+    def __init__(self, store: ShapingStore, state: QueueState, events: EventLog | None = None) -> None:
         self._store = store
         self._state = state
+        self._events = events
 
     async def set_throttle(self, t: shaping.Throttle) -> shaping.Throttle:
         """``t`` validated by the caller (shaping.validate_throttle); its queue must exist."""
         if t.queue:
             await self._state.require_queue(t.queue)
+        before = next((x for x in (await self._store.snapshot()).throttles if x.key == t.key), None)
+        await self._record("throttle", t.destination, t.queue, before, t)
         await self._store.set_throttle(t)
         return t
 
     async def clear_throttle(self, queue: str, destination: str) -> bool:
-        return await self._store.clear_throttle(queue, shaping.destination_name(destination))
+        destination = shaping.destination_name(destination)
+        before = next((x for x in (await self._store.snapshot()).throttles if x.key == (queue, destination)), None)
+        await self._record("throttle", destination, queue, before, None)
+        return await self._store.clear_throttle(queue, destination)
 
     async def set_site(self, s: shaping.Site) -> shaping.Site:
+        before = next((x for x in (await self._store.snapshot()).sites if x.name == s.name), None)
+        await self._record("site", s.name, "", before, s)
         await self._store.set_site(s)
         return s
 
     async def delete_site(self, name: str) -> bool:
-        return await self._store.delete_site(shaping.destination_name(name, "site name"))
+        name = shaping.destination_name(name, "site name")
+        await self._record("site", name, "", next((x for x in (await self._store.snapshot()).sites if x.name == name), None), None)
+        return await self._store.delete_site(name)
 
     async def set_rule(self, r: shaping.AutoRule) -> shaping.AutoRule:
+        before = next((x for x in (await self._store.snapshot()).rules if x.rule_id == r.rule_id), None)
+        await self._record("auto_rule", r.rule_id, "", before, r)
         await self._store.set_rule(r)
         return r
 
     async def delete_rule(self, rule_id: str) -> bool:
-        return await self._store.delete_rule(shaping.destination_name(rule_id, "rule_id"))
+        rule_id = shaping.destination_name(rule_id, "rule_id")
+        before = next((x for x in (await self._store.snapshot()).rules if x.rule_id == rule_id), None)
+        await self._record("auto_rule", rule_id, "", before, None)
+        return await self._store.delete_rule(rule_id)
 
     async def lift_effect(self, destination: str) -> bool:
-        return await self._store.lift_effect(shaping.destination_name(destination))
+        destination = shaping.destination_name(destination)
+        before = next((x for x in (await self._store.snapshot()).effects if x.destination == destination), None)
+        await self._record("effect", destination, "", before, None)
+        return await self._store.lift_effect(destination)
+
+    async def _record(self, what: str, name: str, queue: str, before: object | None, after: object | None) -> None:
+        event = admin_events.changed(EventType.SHAPING_CHANGED, queue, _settings(before), _settings(after), destination=name,
+                                     change="set" if after is not None else "removed", what=what)
+        if event is not None:
+            await admin_events.record(self._events, [event])
 
     async def throttles(self, queue: str) -> list[shaping.Throttle]:
         """The throttles ``queue``'s mails are held to."""
@@ -71,3 +102,10 @@ class ShapingAdmin:
             effects.append((e, shaping.effect_rate(e, base, now)))
         return Listing(throttles, sorted(snap.sites, key=lambda s: s.name), sorted(snap.rules, key=lambda r: r.rule_id),
                        effects, shaping.status(snap.members), len(snap.members))
+
+
+def _settings(item: object | None) -> dict[str, str]:
+    """A throttle's, site's, rule's or effect's fields as strings (none: {})."""
+    if item is None:
+        return {}
+    return {f.name: str(getattr(item, f.name)) for f in dataclasses.fields(item)}  # type: ignore[arg-type]

@@ -29,7 +29,7 @@ from typing import TypeVar
 
 from prometheus_client import Counter
 
-from services.app import actions, closing, settlement, verdict
+from services.app import actions, closing, mail_events, settlement, verdict
 from services.app.claims import Claim
 from services.app.delivery import DEFAULT_PREFETCH, Delivery, DequeueSide, Outcome, Stream
 from services.app.retry import retrying
@@ -141,6 +141,11 @@ class Subscription:
             DELIVERED.labels(self.queue).inc()
             out.append(delivery)
         return out
+
+    async def record_handed_out(self, batch: list[Delivery]) -> None:
+        """Record the hand-out of deliveries ``ready`` gave, before they are sent (one record for
+        the batch). Raises BackendUnavailable: the stream then fails, and gives them back unsent."""
+        await self._side.events.record([mail_events.handed_out(d.mail, d.delivery_count) for d in batch])
 
     def stop_handing_out(self) -> None:
         """The client half-closed: it can answer nothing more, so nothing more is handed out (what

@@ -197,6 +197,7 @@ def queued_mail_to_proto(q: model.QueuedMail) -> mail_pb2.QueuedMail:
         attempts=q.attempts,
         last_error=q.last_error,
         priority=priority_to_proto(q.priority),
+        traceparent=q.traceparent,
     )
     if q.deliver_at is not None:
         pb.deliver_at.CopyFrom(timestamp_to_proto(q.deliver_at))
@@ -217,6 +218,7 @@ def queued_mail_from_proto(pb: mail_pb2.QueuedMail) -> model.QueuedMail:
         attempts=pb.attempts,
         last_error=pb.last_error,
         priority=priority_from_proto(pb.priority),
+        traceparent=pb.traceparent,
     )
 
 

@@ -114,12 +114,13 @@ def of_mail(
     details: Mapping[str, str] | None = None, discriminator: str = "", actor: Actor | None = None,
     at: dt.datetime | None = None, traceparent: str = "",
 ) -> Event:
-    """An event of one mail; its step is the mail's attempt unless named; its actor the current one."""
+    """An event of one mail; its step is the mail's attempt unless named; its actor the current one;
+    its traceparent the mail's (the producer's, services/domain/trace.py) unless given."""
     step = mail.attempts if step is None else step
     return Event(
         id=event_id(kind, mail.queue, mail.enqueue_id, step, discriminator), time=at or model.utcnow(), type=kind,
         queue=mail.queue, enqueue_id=mail.enqueue_id, actor=actor or current_actor.get(), name=mail.mail.name,
-        sender=mail.mail.sender, attempt=mail.attempts, reason=reason, replica=replica, traceparent=traceparent,
+        sender=mail.mail.sender, attempt=mail.attempts, reason=reason, replica=replica, traceparent=traceparent or mail.traceparent,
         details=dict(details or {}),
     )
 

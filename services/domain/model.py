@@ -72,6 +72,9 @@ class QueuedMail:
     held_by: uuid.UUID | None = None
     #: Delivery class: "high", "normal" or "low" (PRIORITIES).
     priority: str = "normal"
+    #: The W3C traceparent its producer gave at Enqueue ("" if none): handed out with every
+    #: delivery, written on its events (services/domain/trace.py).
+    traceparent: str = ""
 
     def due(self) -> dt.datetime:
         """When the mail is deliverable."""

@@ -80,3 +80,10 @@ def table(name: str) -> str:
 def blob_key(blob_id: str) -> str:
     """The S3 object key of a content-addressed blob."""
     return f"blobs/{blob_id}"
+
+
+def event_stream(keyspace: str) -> str:
+    """The event stream of the view in ``keyspace`` (a RabbitMQ stream queue) and the fanout
+    exchange that feeds it. One per keyspace, like the dead-letter marks queue. The "_" keeps it
+    apart from every mail queue's exchange (``exchange(queue)``: a queue name starts with a letter or digit)."""
+    return f"{AMQP_PREFIX}._events.{keyspace}"

@@ -45,3 +45,13 @@ class ViewSettings:
     slice_window_s: int | None = None
     bucket_count: int | None = None
     update_browse_start_pace: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class EventSettings:
+    """Events (services/domain/events.py): recorded or not, and how long a mail's history is kept."""
+
+    #: Off only to measure what events cost (bench/): no history, nothing recorded.
+    enabled: bool = True
+    #: Seconds a history row lives (its TTL): 7 days.
+    history_retention_s: int = 7 * 24 * 3600

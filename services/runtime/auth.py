@@ -5,10 +5,17 @@ Roles: ``producer`` (enqueue, blob put), ``consumer`` (dequeue, blob get), ``rea
 blob get), ``admin`` (everything). Health and reflection stay open (Kubernetes probes, grpcurl).
 A token, when presented, decides; without one, the certificate's identity does. Without tokens
 or identities every RPC is allowed, and the server refuses to listen beyond loopback.
+
+The interceptor also says who the caller is, for the events its call records
+(services/domain/events.py ``current_actor``): its role and identity ("token:" and the first 12
+hex digits of the SHA-256 of its token, or its certificate's identity; "anonymous" without access
+control). The actor is set inside the call's handler, in the RPC's own task, so the servicer and
+every task it starts see it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import ipaddress
 import logging
@@ -17,6 +24,7 @@ from typing import Any
 
 import grpc
 
+from services.domain import events
 from services.domain.errors import ConfigurationError
 from services.runtime.tls import peer_identity, peer_role
 
@@ -29,6 +37,7 @@ PERMISSIONS: dict[str, frozenset[str]] = {
     "/mailqueue.v1.DequeueService/": frozenset({"consumer"}),
     "/mailqueue.v1.BrowseService/": frozenset({"reader"}),
     "/mailqueue.v1.AdminService/": frozenset(),
+    "/mailqueue.v1.EventService/": frozenset({"reader"}),
     "/mailqueue.v1.BlobService/Put": frozenset({"producer"}),  # and PutBytes
     "/mailqueue.v1.BlobService/Get": frozenset({"consumer", "reader"}),  # and GetBytes
     "/mailqueue.v1.BlobService/Stat": frozenset({"producer", "consumer", "reader"}),
@@ -46,10 +55,21 @@ def allowed(method: str, role: str) -> bool:
     return role in PERMISSIONS[max(matches, key=len)]
 
 
-def role_of(tokens: Mapping[str, str], metadata: Any) -> str | None:
+def _presented(metadata: Any) -> str:
+    """The bearer token of a call's metadata ("" without one)."""
     header = dict(metadata or ()).get("authorization", "")
     scheme, _, presented = header.partition(" ")
-    if scheme.lower() != "bearer" or not presented:
+    return presented if scheme.lower() == "bearer" else ""
+
+
+def token_actor(token: str, role: str) -> events.Actor:
+    """A caller known by its token: never the token itself, the first 12 hex digits of its SHA-256."""
+    return events.Actor("caller", role, "token:" + hashlib.sha256(token.encode()).hexdigest()[:12])
+
+
+def role_of(tokens: Mapping[str, str], metadata: Any) -> str | None:
+    presented = _presented(metadata)
+    if not presented:
         return None
     role = None
     for token, r in tokens.items():  # compare with every token, in constant time each
@@ -136,7 +156,15 @@ class TokenAuth(grpc.aio.ServerInterceptor):
             # The client certificate decides, seen only from the call's context.
             return _checked_by_certificate(handler, details.method, self._identities)
         denied = _denial(details.method, role)
-        return handler if denied is None else _denying(handler, *denied)
+        if denied is not None:
+            return _denying(handler, *denied)
+        assert role is not None
+        actor = token_actor(_presented(details.invocation_metadata), role)
+
+        async def admit(_context: grpc.aio.ServicerContext) -> events.Actor:
+            return actor
+
+        return _acting(handler, admit)
 
 
 def _denial(method: str, role: str | None) -> tuple[grpc.StatusCode, str] | None:
@@ -158,6 +186,34 @@ def _denying(handler: grpc.RpcMethodHandler, code: grpc.StatusCode, message: str
     return grpc.stream_stream_rpc_method_handler(_deny_stream(code, message), _ignore, encode)
 
 
+def _acting(handler: grpc.RpcMethodHandler, admit: Callable[[grpc.aio.ServicerContext], Awaitable[events.Actor]]) -> grpc.RpcMethodHandler:
+    """``handler`` behind ``admit``, awaited when the call starts: it aborts the call (a denial), or
+    names the caller, set as ``events.current_actor`` inside the call's own context (a value set in
+    intercept_service would not be the handler's for sure)."""
+
+    def unary(inner: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+        async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            events.current_actor.set(await admit(context))
+            return await inner(request, context)
+        return call
+
+    def streaming(inner: Callable[..., AsyncIterator[Any]]) -> Callable[..., AsyncIterator[Any]]:
+        async def call(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            events.current_actor.set(await admit(context))
+            async for response in inner(request, context):
+                yield response
+        return call
+
+    decode, encode = handler.request_deserializer, handler.response_serializer
+    if handler.unary_unary:
+        return grpc.unary_unary_rpc_method_handler(unary(handler.unary_unary), decode, encode)
+    if handler.unary_stream:
+        return grpc.unary_stream_rpc_method_handler(streaming(handler.unary_stream), decode, encode)
+    if handler.stream_unary:
+        return grpc.stream_unary_rpc_method_handler(unary(handler.stream_unary), decode, encode)
+    return grpc.stream_stream_rpc_method_handler(streaming(handler.stream_stream), decode, encode)
+
+
 def _checked_by_certificate(handler: grpc.RpcMethodHandler, method: str, identities: Mapping[str, str]) -> grpc.RpcMethodHandler:
     """``handler`` behind a check of the client certificate's role, made when the call starts."""
     def denial(context: grpc.aio.ServicerContext) -> tuple[grpc.StatusCode, str] | None:
@@ -172,28 +228,14 @@ def _checked_by_certificate(handler: grpc.RpcMethodHandler, method: str, identit
                                                      "MAILQUEUE_TLS_IDENTITIES names")
         return _denial(method, role)
 
-    def unary(inner: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
-        async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            denied = denial(context)
-            if denied is not None:
-                await context.abort(*denied)
-            return await inner(request, context)
-        return call
+    async def admit(context: grpc.aio.ServicerContext) -> events.Actor:
+        denied = denial(context)
+        if denied is not None:
+            await context.abort(*denied)
+        return _certificate_actor(context, identities)
 
-    def streaming(inner: Callable[..., AsyncIterator[Any]]) -> Callable[..., AsyncIterator[Any]]:
-        async def call(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-            denied = denial(context)
-            if denied is not None:
-                await context.abort(*denied)
-            async for response in inner(request, context):
-                yield response
-        return call
+    return _acting(handler, admit)
 
-    decode, encode = handler.request_deserializer, handler.response_serializer
-    if handler.unary_unary:
-        return grpc.unary_unary_rpc_method_handler(unary(handler.unary_unary), decode, encode)
-    if handler.unary_stream:
-        return grpc.unary_stream_rpc_method_handler(streaming(handler.unary_stream), decode, encode)
-    if handler.stream_unary:
-        return grpc.stream_unary_rpc_method_handler(unary(handler.stream_unary), decode, encode)
-    return grpc.stream_stream_rpc_method_handler(streaming(handler.stream_stream), decode, encode)
+
+def _certificate_actor(context: grpc.aio.ServicerContext, identities: Mapping[str, str]) -> events.Actor:
+    return events.Actor("caller", peer_role(context, identities) or "", peer_identity(context) or "anonymous")

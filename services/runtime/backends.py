@@ -4,18 +4,23 @@ store; for blob_svc the small-blob table and the S3 bucket."""
 from __future__ import annotations
 
 import logging
+import socket
 
 from services.adapters.blob_service import RemoteBlobStore
 from services.adapters.cassandra.blobs import CassandraBlobStore
+from services.adapters.cassandra.event_log import CassandraEventLog
 from services.adapters.cassandra.view import View
 from services.adapters.rabbitmq.broker import RabbitMQBroker
+from services.adapters.rabbitmq.event_stream import RabbitMQEventStream
 from services.adapters.s3.store import S3BlobStore
 from services.adapters.tiered import TieredBlobStore
+from services.app.mail_events import Unrecorded
 from services.app.queue_state import QueueState
 from services.domain.errors import ConfigurationError, FailedPrecondition, InvalidArgument
 from services.domain.view_config import merge
 from services.ports.blobstore import BlobStore
 from services.ports.broker import Broker
+from services.ports.events import EventLog
 from services.runtime.settings import Settings
 from services.runtime.tls import channel_credentials
 
@@ -46,6 +51,15 @@ def tiered(settings: Settings, view: View, large: BlobStore) -> BlobStore:
     return TieredBlobStore(small, large)
 
 
+def event_log(settings: Settings, view: View, stream: RabbitMQEventStream) -> EventLog:
+    """Where a service records events: the mail history in the view's Cassandra, then the event
+    stream, or nowhere with MAILQUEUE_EVENTS=off."""
+    if not settings.events.enabled:
+        return Unrecorded()
+    replica = f"{socket.gethostname()}/{settings.server.service}"
+    return CassandraEventLog(view.session, settings.cassandra.keyspace, settings.events.history_retention_s, replica, sinks=(stream,))
+
+
 class BlobBackends:
     """blob_svc's backends: the small-blob table in Cassandra and the S3 bucket (created at start-up)."""
 
@@ -70,11 +84,15 @@ class BlobBackends:
 
 
 class Backends:
-    def __init__(self, view: View, broker: Broker, blobs: BlobStore) -> None:
+    def __init__(self, view: View, broker: Broker, blobs: BlobStore, stream: RabbitMQEventStream, events: EventLog | None = None) -> None:
         self.view = view
         self.broker = broker
         self.blobs = blobs
         self.state = QueueState(view)
+        #: Where every service records its events (services/ports/events.py).
+        self.events: EventLog = events if events is not None else Unrecorded()
+        #: The event stream (declared on first use; browse_svc declares it at start-up), also a sink of ``events``.
+        self.stream = stream
 
     @classmethod
     async def open(cls, settings: Settings) -> Backends:
@@ -88,10 +106,12 @@ class Backends:
             broker = RabbitMQBroker(settings.rabbitmq, settings.cassandra.keyspace)
             await broker.ping()
             blobs = await blob_store(settings, view)
+            stream = RabbitMQEventStream(broker, settings.cassandra.keyspace, settings.rabbitmq)
+            events = event_log(settings, view, stream)
         except BaseException:
             view.close()
             raise
-        return cls(view, broker, blobs)
+        return cls(view, broker, blobs, stream, events)
 
     async def check(self) -> None:
         await self.view.ping()

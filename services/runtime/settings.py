@@ -20,7 +20,7 @@ from services.adapters.cassandra.settings import CassandraSettings
 from services.adapters.rabbitmq.settings import RabbitMQSettings
 from services.adapters.s3.settings import S3Settings
 from services.domain.errors import ConfigurationError
-from services.domain.settings import LimitSettings, ViewSettings
+from services.domain.settings import EventSettings, LimitSettings, ViewSettings
 from services.runtime.server_settings import DEFAULT_PORTS, METRICS_PORT_OFFSET, ROLES, ServerSettings, TLSSettings
 
 
@@ -132,6 +132,11 @@ def rabbitmq_from_env(env: Mapping[str, str] = os.environ) -> RabbitMQSettings:
         #: past this many, or this age, the oldest go (the repository keeps every dead letter).
         dead_letter_max=_int(env, "RABBITMQ_DEAD_LETTER_MAX", RabbitMQSettings.dead_letter_max, 1),
         dead_letter_keep_s=_int(env, "RABBITMQ_DEAD_LETTER_KEEP_S", RabbitMQSettings.dead_letter_keep_s, 1, 10 * 365 * 24 * 3600),
+        #: The event stream (WatchEvents, webhooks) keeps events this long (RabbitMQ's x-max-age) ...
+        event_stream_retention_s=_int(env, "EVENT_STREAM_RETENTION_S", RabbitMQSettings.event_stream_retention_s, 60,
+                                      10 * 365 * 24 * 3600),
+        #: ... and at most this many bytes (x-max-length-bytes): the oldest segments go first.
+        event_stream_max_bytes=_int(env, "EVENT_STREAM_MAX_BYTES", RabbitMQSettings.event_stream_max_bytes, 1024**2),
     )
 
 
@@ -212,6 +217,16 @@ def limits_from_env(env: Mapping[str, str] = os.environ) -> LimitSettings:
         #: Each enqueue process's lease (seconds, renewed every third of it): a claim whose owner's
         #: lease is gone (the process died) is taken over by the next retry with the key.
         claim_lease_s=_int(env, "CLAIM_LEASE_S", LimitSettings.claim_lease_s, 2),
+    )
+
+
+def events_from_env(env: Mapping[str, str] = os.environ) -> EventSettings:
+    """Events and the mail history (docs/pages/concepts/events.md)."""
+    return EventSettings(
+        #: MAILQUEUE_EVENTS=off records nothing (to measure the cost of events; bench/).
+        enabled=_bool(env, "EVENTS", True),
+        #: Seconds each history row is kept (its TTL); the history of a mail older than that is gone.
+        history_retention_s=_int(env, "HISTORY_RETENTION_S", EventSettings.history_retention_s, 60),
     )
 
 
@@ -337,6 +352,7 @@ class Settings:
     s3: S3Settings
     limits: LimitSettings
     view: ViewSettings
+    events: EventSettings = dataclasses.field(default_factory=EventSettings)
 
     @classmethod
     def from_env(cls, service: str, env: Mapping[str, str] = os.environ) -> Settings:
@@ -347,4 +363,5 @@ class Settings:
             s3=s3_from_env(env),
             limits=limits_from_env(env),
             view=view_from_env(env),
+            events=events_from_env(env),
         )

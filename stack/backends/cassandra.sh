@@ -80,7 +80,7 @@ cassandra_launch() {
     -Dcassandra.storagedir="$dir" \
     -Dcassandra.logdir="$(dirname "$log")" \
     -Dcassandra.skip_wait_for_gossip_to_settle=0 \
-    -Dcassandra.ring_delay_ms=0 \
+    -Dcassandra.ring_delay_ms="${CASSANDRA_RING_DELAY_MS:-0}" \
     -Dcassandra.consistent.rangemovement=false \
     -Dcassandra.superuser_setup_delay_ms=0 \
     -Dlogback.configurationFile="file://$ROOT/stack/cassandra/logback.xml" \

@@ -16,9 +16,40 @@ cluster_cassandra_launch() {
   local i=$1 bootstrap=true
   # A new cluster has nothing to stream: nodes 2 and 3 join without bootstrapping, together.
   [[ -d "$CLUSTER_DIR/cassandra$i/data" ]] || bootstrap=false
+  # Nodes 2 and 3 wait up to 30 s for the seed's first gossip answer (the ring delay bounds that
+  # shadow round; at 0 a joining node gave up after 2 s on a busy machine: "Unable to gossip with
+  # any peers"); it returns as soon as the seed answers.
+  [[ $i != 1 ]] && local CASSANDRA_RING_DELAY_MS=30000
   cassandra_launch "cluster/cassandra$i" "$(cluster_cassandra_address "$i")" "$CLUSTER_CASSANDRA_PORT" \
     "$CLUSTER_CASSANDRA_STORAGE_PORT" "$CLUSTER_CASSANDRA_HEAP" mailqueue-cluster "127.0.0.1:$CLUSTER_CASSANDRA_STORAGE_PORT" \
     "$([[ $i == 1 ]] && echo true || echo "$bootstrap")"
+}
+
+# cluster_cassandra_wait_ring SECONDS: wait until node 1 sees the three nodes up, saying which are
+# up every 20 s. A node whose process exited meanwhile is shown (its last lines) and started again,
+# twice at most; at the deadline, every node's last errors are shown before giving up.
+cluster_cassandra_wait_ring() {
+  local seconds=$1 start=$SECONDS line i relaunched=""
+  until line=$(cluster_cassandra_ring 2>/dev/null); do
+    for i in 2 3; do
+      pid_of "cluster/cassandra$i" >/dev/null && continue
+      [[ $relaunched == *$i$i* ]] && die "cluster/cassandra$i exited three times; read $LOG_DIR/cluster/cassandra$i.log and .out"
+      say "cluster/cassandra$i exited while joining; its last lines:"
+      tail -n 15 "$LOG_DIR/cluster/cassandra$i.out" "$LOG_DIR/cluster/cassandra$i.log" >&2 2>/dev/null || true
+      relaunched+=$i
+      cluster_cassandra_launch "$i"
+    done
+    if (( SECONDS - start > seconds )); then
+      for i in 1 2 3; do
+        say "cluster/cassandra$i (pid $(pid_of "cluster/cassandra$i" || echo none)): its last warnings and errors:"
+        grep -E " (WARN|ERROR) " "$LOG_DIR/cluster/cassandra$i.log" 2>/dev/null | tail -n 8 | cut -c1-300 >&2 || true
+      done
+      die "cassandra ring (3 nodes up) not formed within ${seconds}s (nodes up: ${line:-none}). Read $LOG_DIR/cluster/cassandra*.log, then run 'stack/stack.sh down --cluster' and 'stack/stack.sh up --cluster' again."
+    fi
+    (( (SECONDS - start) % 20 < 5 )) && say "waiting for cassandra ring (3 nodes up) ($((SECONDS - start))s; up: ${line:-none})"
+    sleep 2
+  done
+  say "cassandra ring (3 nodes up) after $((SECONDS - start))s: $line"
 }
 
 cluster_rabbit_node() { echo "mq$1@localhost"; }
@@ -138,7 +169,7 @@ cluster_up() {
   cassandra1_ok() { cluster_cassandra_healthy 1; }
   wait_for cassandra1 180 cassandra1_ok "$LOG_DIR/cluster/cassandra1.log"
   for i in 2 3; do cluster_cassandra_healthy "$i" >/dev/null 2>&1 || cluster_cassandra_launch "$i"; done
-  wait_for "cassandra ring (3 nodes up)" 240 cluster_cassandra_ring "$LOG_DIR/cluster/cassandra*.log"
+  cluster_cassandra_wait_ring 480
   # Roles (system_auth replicated on the 3 nodes: a node down does not stop logins), users, policies.
   provision_backends 127.0.0.1:"$CLUSTER_CASSANDRA_PORT" 3
   cluster_spark_start

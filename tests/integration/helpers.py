@@ -235,3 +235,40 @@ def kill_9_mid_stream(stream, process, begun) -> None:
     except grpc.RpcError:
         return
     raise AssertionError("the stream ended normally: the process was not killed mid-operation")
+
+
+def one_event_each(suite, queue: str, enqueue_ids, types=("ENQUEUED", "DELIVERED"), timeout: float = 60,
+                   others: bool = False) -> tuple[int, int]:
+    """DESIGN §11's "nothing missing": each mail has exactly one event of each of ``types`` (by id)
+    in its history (GetMailHistory) and in the event stream (WatchEvents from the oldest, filtered
+    by the queue on the server). A change carried out twice (a redelivered mail answered again)
+    writes the same id: counted once. No other mail of the queue has such an event unless
+    ``others``. Returns (stream messages that repeated an id, other mails with events)."""
+    from mailqueue.v1 import events_pb2, events_pb2_grpc
+
+    stub = events_pb2_grpc.EventServiceStub(suite.browse.channel())
+    wanted = [events_pb2.EventType.Value(f"EVENT_TYPE_{t}") for t in types]
+    ids = set(enqueue_ids)
+    for eid in ids:
+        events = stub.GetMailHistory(events_pb2.GetMailHistoryRequest(enqueue_id=eid), timeout=30).events
+        for t in wanted:
+            found = {e.id for e in events if e.type == t}
+            assert len(found) == 1, (eid, events_pb2.EventType.Name(t), [(e.type, e.id) for e in events])
+    seen: dict[tuple[str, int], set[str]] = {}
+    repeated = 0
+    call = stub.WatchEvents(events_pb2.WatchEventsRequest(from_oldest=True, queues=[queue], types=wanted), timeout=timeout)
+    try:
+        for r in call:
+            key = (r.event.enqueue_id, r.event.type)
+            repeated += r.event.id in seen.get(key, set())
+            seen.setdefault(key, set()).add(r.event.id)
+            if all((eid, t) in seen for eid in ids for t in wanted):
+                break
+    finally:
+        call.cancel()
+    missing = [(eid, t) for eid in ids for t in wanted if (eid, t) not in seen]
+    assert not missing, f"{len(missing)} events missing from the stream, e.g. {missing[:5]}"
+    assert all(len(v) == 1 for v in seen.values()), [k for k, v in seen.items() if len(v) > 1][:5]
+    other = {k[0] for k in seen} - ids
+    assert others or not other, f"events of {len(other)} mails never delivered, e.g. {sorted(other)[:5]}"
+    return repeated, len(other)

@@ -16,6 +16,7 @@ import grpc
 import pytest
 
 from mailqueue.v1 import admin_pb2, admin_pb2_grpc, browse_pb2, browse_pb2_grpc
+from services.app import admin_events
 from stack.harness import ServiceProcess, broker_parameters, service_env, wait_until
 from tests.integration.helpers import StreamConsumer, dead_letter_count, inline, kill_9_mid_stream, simple_mail
 from tests.integration.test_cli import mailq
@@ -37,6 +38,23 @@ def counts(stub, queue: str, exact: bool = False) -> dict[str, int]:
 
 def redrive(stub, queue: str, **request) -> list[admin_pb2.RedriveDeadLettersResponse]:
     return list(stub.RedriveDeadLetters(admin_pb2.RedriveDeadLettersRequest(queue=queue, **request), timeout=120))
+
+
+def drain_all(suite, queue: str, names: list[str]) -> collections.Counter[str]:
+    """Answer SUCCESS to every delivery until each name came, then 2 s more (nothing else may come):
+    how often each name was delivered."""
+    delivered: collections.Counter[str] = collections.Counter()
+    c = StreamConsumer(suite.dequeue_stub, queue, prefetch=64)
+
+    def drain() -> bool:
+        c.answer_available(delivered)
+        return len(delivered) == len(names)
+
+    wait_until(drain, 120, interval=0.01, what="every redriven mail delivered")
+    with pytest.raises(q.Empty):
+        c.next(timeout=2)
+    c.close()
+    return delivered
 
 
 def purge(stub, queue: str, **request) -> admin_pb2.PurgeDeadLettersResponse:
@@ -175,13 +193,13 @@ def test_a_redrive_goes_at_its_rate_and_resets_or_keeps_attempts(suite):
 
 def test_kill_9_of_browse_svc_mid_redrive_loses_nothing_and_delivers_nothing_twice(suite, keyspace):
     queue = suite.new_queue()
-    names = [f"k{i}" for i in range(600)]
+    names = [f"k{i}" for i in range(300)]
     reject_all(suite, queue, names)
     browse_proc = ServiceProcess("browse", service_env(keyspace, MAILQUEUE_BLOB_TARGET=suite.blob.target))
     try:
         stub = admin_pb2_grpc.AdminServiceStub(browse_proc.channel())
         stream = stub.RedriveDeadLetters(admin_pb2.RedriveDeadLettersRequest(queue=queue, per_second=1000), timeout=120)
-        kill_9_mid_stream(stream, browse_proc, lambda p: p.redriven >= 100)
+        kill_9_mid_stream(stream, browse_proc, lambda p: p.redriven >= 50)
         browse_proc.start()
         stub = admin_pb2_grpc.AdminServiceStub(browse_proc.channel())
         left = browse_pb2_grpc.BrowseServiceStub(browse_proc.channel())
@@ -189,21 +207,14 @@ def test_kill_9_of_browse_svc_mid_redrive_loses_nothing_and_delivers_nothing_twi
         after = counts(left, queue, exact=True)
     finally:
         browse_proc.stop()
-    print(f"\nRedrive killed after >= 100 redriven; the second run redrove {final.redriven} and completed "
+    print(f"\nRedrive killed after >= 50 redriven; the second run redrove {final.redriven} and completed "
           f"{final.resumed} interrupted redrive(s)")
-    assert final.done and 0 < final.redriven <= 500 and final.resumed <= 1
+    # The redrives of the batch under way when killed (their REDRIVEN events not recorded yet:
+    # services/app/dead_letter_admin.py) are left journaled and resumed.
+    assert final.done and 0 < final.redriven < len(names) and final.resumed <= admin_events.JOURNALED_BATCH
+    assert final.redriven + final.resumed <= len(names)
     assert after == {}
-    delivered: collections.Counter[str] = collections.Counter()
-    c = StreamConsumer(suite.dequeue_stub, queue, prefetch=64)
-
-    def drain() -> bool:
-        c.answer_available(delivered)
-        return len(delivered) == len(names)
-
-    wait_until(drain, 120, interval=0.01, what="every redriven mail delivered")
-    with pytest.raises(q.Empty):
-        c.next(timeout=2)
-    c.close()
+    delivered = drain_all(suite, queue, names)
     twice = [n for n, k in delivered.items() if k > 1]
     print(f"delivered: {sum(delivered.values())} for {len(names)} dead letters, {len(twice)} twice")
     assert set(delivered) == set(names) and not twice
@@ -222,17 +233,7 @@ def test_two_redrives_of_one_queue_at_once_deliver_each_mail_once(suite):
         runs = [pool.submit(redrive, suite.admin_stub, queue, per_second=1000) for _ in range(2)]
         finals = [r.result()[-1] for r in runs]
     assert all(f.done for f in finals) and sum(f.redriven for f in finals) >= len(names)
-    delivered: collections.Counter[str] = collections.Counter()
-    c = StreamConsumer(suite.dequeue_stub, queue, prefetch=64)
-
-    def drain() -> bool:
-        c.answer_available(delivered)
-        return len(delivered) == len(names)
-
-    wait_until(drain, 120, interval=0.01, what="every redriven mail delivered")
-    with pytest.raises(q.Empty):
-        c.next(timeout=2)
-    c.close()
+    delivered = drain_all(suite, queue, names)
     twice = sorted(n for n, k in delivered.items() if k > 1)
     print(f"\ntwo redrives at once redrove {[f.redriven for f in finals]}; {len(delivered)} delivered, twice: {twice}")
     assert set(delivered) == set(names) and not twice

@@ -8,6 +8,7 @@ import datetime as dt
 import queue as q
 import random
 import threading
+import time
 import uuid
 
 import grpc
@@ -24,13 +25,14 @@ from tests.integration.helpers import StreamConsumer, fill, inline, simple_mail
 PORTS = ("MAILQUEUE_PORT", "MAILQUEUE_METRICS_PORT")
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")  # its processes start once for the module (a minute of set-up each time under load)
 def healed(aio_loop, running_stack):
     """A stack of its own (the healer reads every queue of its keyspace), plus two more browse_svc
     replicas that heal every second (grace 2 s), and an enqueue_svc to kill."""
     keyspace = new_keyspace()
     s = ProcessSuite(aio_loop, keyspace)
     env = {k: v for k, v in s.browse.env.items() if k not in PORTS}
+    s.healers_started = time.monotonic()
     s.healers = [ServiceProcess("browse", {**env, "MAILQUEUE_HEAL_INTERVAL_S": "1", "MAILQUEUE_HEAL_GRACE_S": "2"}, metrics=True)
                  for _ in range(2)]
     s.killed = ServiceProcess("enqueue", {k: v for k, v in s.enqueue.env.items() if k not in PORTS})
@@ -120,7 +122,10 @@ def test_with_no_admin_call_every_row_gets_delivered_once_and_counters_heal(heal
               f"repairs {repairs}; rounds per replica {rounds}")
         assert not twice
         assert repairs["republish"] >= 1 and repairs["counter"] >= 1
-        assert min(rounds) == 0 < max(rounds), "one replica holds the lease, the other waits"
+        # One replica at a time holds the lease (it may move when a holder misses its renewal on a
+        # loaded machine): rounds add up to about one a second since the healers started, not two.
+        elapsed = time.monotonic() - s.healers_started
+        assert 0 < sum(rounds) <= 1.2 * elapsed + 3, f"{rounds} rounds in {elapsed:.0f} s: two replicas healed at once"
     finally:
         stop.set()
         consumer_done.set()
@@ -201,26 +206,26 @@ def test_a_round_at_depth_reads_its_share_of_rows_and_a_drift_is_still_healed(ai
     keyspace = new_keyspace()
     s = ProcessSuite(aio_loop, keyspace)
     env = {k: v for k, v in s.browse.env.items() if k not in PORTS}
-    healer = ServiceProcess("browse", {**env, "MAILQUEUE_HEAL_INTERVAL_S": "1", "MAILQUEUE_HEAL_ROWS_PER_ROUND": "500"},
+    healer = ServiceProcess("browse", {**env, "MAILQUEUE_HEAL_INTERVAL_S": "1", "MAILQUEUE_HEAL_ROWS_PER_ROUND": "250"},
                             metrics=True)
     try:
         queue = s.new_queue()
-        fill(s, queue, 3000)
+        fill(s, queue, 1500)
         # A lost update's drift: the size counted 3 too high in the slice of the first mail.
         [first] = list(s.browse_stub.Browse(browse_pb2.BrowseRequest(queue=queue, limit=1)))
         s.run(s.view.counters.add(queue, "gone", first.mail.slice_start.ToDatetime(tzinfo=dt.timezone.utc), -3))
-        assert s.info(queue).size == 3003
+        assert s.info(queue).size == 1503
         rounds = lambda: healer.metric("mailqueue_healer_rounds_total")  # noqa: E731
         rows = lambda: healer.metric("mailqueue_view_rows_read_total", op="heal")  # noqa: E731
         wait_until(lambda: rounds() >= 1, 60, what="the healer's first round")
         r0, n0 = rows(), rounds()
-        wait_until(lambda: s.info(queue).size == 3000, 120, what="the drift corrected over passes of several rounds")
+        wait_until(lambda: s.info(queue).size == 1500, 120, what="the drift corrected over passes of several rounds")
         wait_until(lambda: rounds() >= n0 + 3, 60, what="three more rounds")
         r1, n1 = rows(), rounds()
         per_round = (r1 - r0) / (n1 - n0)
-        # 500 rows a round, and the page read ahead of them: a sixth of the queue, not all of it.
-        assert 0 < per_round <= 1000, (per_round, r1 - r0, n1 - n0)
-        assert s.info(queue).size == 3000 and len(s.browsed_names(queue)) == 3000
+        # 250 rows a round, and the page read ahead of them: a sixth of the queue, not all of it.
+        assert 0 < per_round <= 500, (per_round, r1 - r0, n1 - n0)
+        assert s.info(queue).size == 1500 and len(s.browsed_names(queue)) == 1500
     finally:
         healer.stop()
         s.stop()

@@ -12,6 +12,7 @@ import grpc
 import pytest
 
 from mailqueue.v1 import admin_pb2, admin_pb2_grpc
+from services.app import admin_events
 from stack.harness import ServiceProcess, service_env, wait_until
 from tests.integration.helpers import StreamConsumer, inline, kill_9_mid_stream, simple_mail
 from tests.integration.test_cli import mailq
@@ -82,21 +83,24 @@ def test_a_move_keeps_age_schedule_attempts_and_content(suite):
 def test_kill_9_of_browse_svc_mid_move_loses_nothing_and_delivers_nothing_twice(suite, keyspace):
     browse_proc = ServiceProcess("browse", service_env(keyspace, MAILQUEUE_BLOB_TARGET=suite.blob.target))
     src, dst = suite.new_queue(), suite.new_queue()
-    names = [f"m{i}" for i in range(1500)]
+    names = [f"m{i}" for i in range(600)]  # 1500 cost 140 s on a loaded machine; a kill lands as well
     for request in (inline(src, simple_mail(n)) for n in names):
         suite.enqueue_stub.Enqueue(request)
     try:
         stub = admin_pb2_grpc.AdminServiceStub(browse_proc.channel())
         stream = stub.MoveMails(admin_pb2.MoveMailsRequest(queue=src, to_queue=dst), timeout=120)
-        kill_9_mid_stream(stream, browse_proc, lambda p: p.moved >= 300)
+        kill_9_mid_stream(stream, browse_proc, lambda p: p.moved >= 100)
         browse_proc.start()
         stub = admin_pb2_grpc.AdminServiceStub(browse_proc.channel())
         final = move(stub, src, dst)[-1]
     finally:
         browse_proc.stop()
-    print(f"\nMoveMails killed after >= 300 moved; the second run moved {final.moved} and completed {final.resumed} "
+    print(f"\nMoveMails killed after >= 100 moved; the second run moved {final.moved} and completed {final.resumed} "
           f"interrupted move(s)")
-    assert 0 < final.moved <= 1200 and final.resumed <= 1
+    # The moves of the batch under way when killed (those since its last progress message, their
+    # MOVED events not recorded yet: services/app/moves.py) are left journaled and resumed.
+    assert 0 < final.moved < len(names) and final.resumed <= admin_events.JOURNALED_BATCH
+    assert final.moved + final.resumed <= len(names)
     assert final.done
     delivered: collections.Counter[str] = collections.Counter()
     by_queue = collections.defaultdict(set)

@@ -12,12 +12,15 @@ pytestmark = [pytest.mark.outage, pytest.mark.timeout(900)]
 
 #: Seconds of traffic before the disturbances, and again after them.
 PHASE_S = 20.0
-#: In 20 s phases the rate after is measured while the services and backends still warm up again
-#: (the runs of 2026-11-27 on a loaded 2-core machine: 0.29 and 0.41 of the rate before; the 9-minute
-#: soak: 0.92). So this short run asserts that nothing stalls (the defect it guards against: 230 calls/s
-#: down to 3, every call waiting for its deadline); the issue's 20 % bound is the long soak's,
-#: `python -m tests.soak --minutes 9`, and is not met by the short run yet.
-NO_STALL_TOLERANCE = 0.9
+#: Seconds of traffic after the recovery that are not measured: the backends' own warm-up after a
+#: restart (every call in them is still judged).
+SETTLE_S = 20.0
+#: Measured from 20 s after the recovery, the rate after is the rate before (2026-11-27, 20 s phases,
+#: a quiet 2-core machine: 19.7 answers/s before, 20.2 after, 1.02; the 9-minute soak: 0.92). Measured
+#: from the recovery on, it caught the backends' own warm-up (0.29 to 0.44 on a loaded machine). The
+#: short run allows half of the rate before (the issue's 20 % is `python -m tests.soak`'s bound): a
+#: stall (230 calls/s down to 3) fails either way.
+SHORT_RUN_TOLERANCE = 0.5
 
 
 def test_every_call_is_answered_through_backend_restarts_and_certificate_renewals(running_stack):
@@ -25,6 +28,6 @@ def test_every_call_is_answered_through_backend_restarts_and_certificate_renewal
     # When its certificate is renewed, RabbitMQ stopped and started, Cassandra frozen and resumed,
     # and the certificate renewed again, the traffic going on
     # Then every call was answered within its deadline, no service logged an exception nobody
-    # retrieved (nor a blocked loop), and the answer rate after is not a stall (a tenth of before at least)
-    faults = soak(PHASE_S, restarts=True, rate_tolerance=NO_STALL_TOLERANCE)
+    # retrieved (nor a blocked loop), and the answer rate after is at least half the rate before
+    faults = soak(PHASE_S, restarts=True, rate_tolerance=SHORT_RUN_TOLERANCE, settle_s=SETTLE_S)
     assert faults == [], "\n".join(faults)

@@ -48,10 +48,10 @@ def test_every_service_rpc_and_message_is_on_the_api_page_with_its_comment(proto
 
 def test_every_rpc_of_the_stubs_is_described(proto_items):
     # The stubs the services run are generated from the same protos: none is missing from the page.
-    from mailqueue.v1 import admin_pb2, blob_pb2, browse_pb2, dequeue_pb2, enqueue_pb2
+    from mailqueue.v1 import admin_pb2, blob_pb2, browse_pb2, dequeue_pb2, enqueue_pb2, events_pb2
 
     described = {i.name for i in proto_items if i.kind == "rpc"}
-    for module in (admin_pb2, blob_pb2, browse_pb2, dequeue_pb2, enqueue_pb2):
+    for module in (admin_pb2, blob_pb2, browse_pb2, dequeue_pb2, enqueue_pb2, events_pb2):
         for service in module.DESCRIPTOR.services_by_name.values():
             for m in service.methods:
                 assert f"{service.full_name}/{m.name}" in described

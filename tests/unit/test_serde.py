@@ -29,6 +29,7 @@ def test_queued_mail_round_trips_through_bytes():
         queue="spool", enqueue_id=uuid.uuid4(), enqueued_at=dt.datetime(2026, 1, 1, 1, 2, 3, 4000, tzinfo=UTC),
         mail=FULL, blob_ids=("a" * 64, "b" * 64), size=42,
         slice_start=dt.datetime(2026, 1, 1, 1, tzinfo=UTC), bucket=3,
+        traceparent="00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
     )
     assert serde.queued_mail_from_bytes(serde.queued_mail_to_bytes(q)) == q
 

@@ -53,7 +53,7 @@ class EnqueuedMailsDAO:
 
     COLUMNS = (
         "queue_name, slice_start, bucket, enqueued_at, enqueue_id, name, sender, recipients, state, error_message, "
-        "remote_host, remote_addr, last_updated, attributes, per_recipient_headers, blob_ids, size, deliver_at, priority"
+        "remote_host, remote_addr, last_updated, attributes, per_recipient_headers, blob_ids, size, deliver_at, priority, traceparent"
     )
     #: What reads select: client-given instants as milliseconds (see _from_ms).
     READ_COLUMNS = COLUMNS.replace("last_updated", "toUnixTimestamp(last_updated) AS last_updated_ms").replace(
@@ -63,7 +63,7 @@ class EnqueuedMailsDAO:
         self._session = session
         self._keyspace = keyspace
         t = f"{keyspace}.{schema.ENQUEUED_MAILS}"
-        self._insert = session.prepare(f"INSERT INTO {t} ({self.COLUMNS}) VALUES ({', '.join('?' * 19)})")
+        self._insert = session.prepare(f"INSERT INTO {t} ({self.COLUMNS}) VALUES ({', '.join('?' * 20)})")
         self._group = GroupCommit(session)
         self._select = session.prepare(
             f"SELECT {self.READ_COLUMNS} FROM {t} WHERE queue_name = ? AND slice_start = ? AND bucket = ?"
@@ -99,6 +99,7 @@ class EnqueuedMailsDAO:
                 _unset_if_empty(list(q.blob_ids)), q.size,
                 q.deliver_at if q.deliver_at is not None else UNSET_VALUE,
                 q.priority if q.priority != "normal" else UNSET_VALUE,
+                _unset_if_empty(q.traceparent),
             ),
         )
 
@@ -173,6 +174,7 @@ class EnqueuedMailsDAO:
             bucket=r.bucket,
             deliver_at=_from_ms(r.deliver_at_ms),
             priority=r.priority or "normal",
+            traceparent=r.traceparent or "",
         )
 
 

@@ -35,6 +35,20 @@ COUNTERS = table("queue_counters")
 BLOBS = table("blobs")
 SHAPING = table("traffic_shaping")
 SHAPING_FAILURES = table("shaping_failures")
+MAIL_HISTORY = table("mail_history")
+MAIL_HISTORY_NAMES = table("mail_history_names")
+
+#: The history tables' TTL when a write names none (MAILQUEUE_HISTORY_RETENTION_S, 7 days, names it per write).
+HISTORY_TTL_S = 7 * 24 * 3600
+#: Expired history cells are purged this long after they expire (no delete is ever issued on the
+#: history, so no repair has to outrun a tombstone: a short grace only bounds what compaction keeps).
+HISTORY_GC_GRACE_S = 3 * 3600
+#: History rows go into SSTables by day of writing; a whole day's SSTable is dropped, unread, once
+#: every row in it has expired (TWCS: no tombstone is ever read or compacted row by row).
+#: (Doubled braces: the statements are formatted with the keyspace.)
+_HISTORY_COMPACTION = ("{{'class': 'TimeWindowCompactionStrategy', 'compaction_window_unit': 'DAYS', "
+                       "'compaction_window_size': 1}}")
+WEBHOOK_CHECKPOINTS = table("webhook_checkpoints")
 
 #: Idempotency keys are remembered this long.
 IDEMPOTENCY_TTL_S = 24 * 3600
@@ -47,7 +61,7 @@ TABLES = [
         state text, error_message text, remote_host text, remote_addr text, last_updated timestamp,
         attributes map<text, text>,
         per_recipient_headers list<frozen<tuple<text, text, text>>>,
-        blob_ids list<text>, size bigint, deliver_at timestamp, priority text,
+        blob_ids list<text>, size bigint, deliver_at timestamp, priority text, traceparent text,
         PRIMARY KEY ((queue_name, slice_start, bucket), enqueued_at, enqueue_id)
     ) WITH comment = 'Time series of every mail ever enqueued, by (queue, slice, bucket). Never updated; dropped slice by slice by the retention sweep once before browse_start.'""",
     f"""CREATE TABLE IF NOT EXISTS {{ks}}.{DELETED_MAILS} (
@@ -126,6 +140,24 @@ TABLES = [
         PRIMARY KEY ((destination, rule_id), at)
     ) WITH default_time_to_live = 86400 AND gc_grace_seconds = 3600
       AND comment = 'RETRY errors matching an automatic shaping rule, counted within the rule window (each row TTL: the window).'""",
+    f"""CREATE TABLE IF NOT EXISTS {{ks}}.{MAIL_HISTORY} (
+        enqueue_id uuid, event_id text,
+        at timestamp, type text, queue_name text, name text, sender text, attempt int, reason text, replica text,
+        actor_kind text, actor_role text, actor_identity text, traceparent text, details map<text, text>,
+        PRIMARY KEY ((enqueue_id), event_id)
+    ) WITH default_time_to_live = {HISTORY_TTL_S} AND gc_grace_seconds = {HISTORY_GC_GRACE_S}
+      AND compaction = {_HISTORY_COMPACTION}
+      AND comment = 'Every event of a mail (services/domain/events.py), one partition per enqueue id: a history costs one partition read at any depth. A change written twice has one event id, so one row. Each row with a TTL of the history retention; never deleted (TWCS drops expired days whole).'""",
+    f"""CREATE TABLE IF NOT EXISTS {{ks}}.{MAIL_HISTORY_NAMES} (
+        name text, at timestamp, enqueue_id uuid, queue_name text,
+        PRIMARY KEY ((name), at, enqueue_id)
+    ) WITH CLUSTERING ORDER BY (at DESC, enqueue_id ASC)
+      AND default_time_to_live = {HISTORY_TTL_S} AND gc_grace_seconds = {HISTORY_GC_GRACE_S}
+      AND compaction = {_HISTORY_COMPACTION}
+      AND comment = 'The mails of a name, newest first (GetMailHistory by name): a row per enqueue, written with its ENQUEUED event, with the same TTL as mail_history_v1.'""",
+    f"""CREATE TABLE IF NOT EXISTS {{ks}}.{WEBHOOK_CHECKPOINTS} (
+        endpoint text PRIMARY KEY, cursor text, updated timestamp
+    ) WITH comment = 'Per webhook endpoint: the event-stream cursor of the last event it took (webhook_svc resumes after it). Overwritten in place, never deleted: no tombstones.'""",
 ]
 
 #: Storage-attached indexes (SAI, Cassandra 5): Browse by name or by enqueue id reads the rows of
@@ -142,6 +174,7 @@ INDEXES = [
 MIGRATIONS = [
     f"ALTER TABLE {{ks}}.{ENQUEUED_MAILS} ADD IF NOT EXISTS deliver_at timestamp",
     f"ALTER TABLE {{ks}}.{ENQUEUED_MAILS} ADD IF NOT EXISTS priority text",
+    f"ALTER TABLE {{ks}}.{ENQUEUED_MAILS} ADD IF NOT EXISTS traceparent text",
     f"ALTER TABLE {{ks}}.{IDEMPOTENCY} ADD IF NOT EXISTS owner uuid",
     *(f"ALTER TABLE {{ks}}.{DELETED_MAILS} ADD IF NOT EXISTS {column}"
       for column in ("generation int", "deliver_at timestamp", "attempts int", "last_error text", "held_by uuid")),

@@ -27,7 +27,7 @@ import datetime as dt
 import functools
 import logging
 import ssl
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import pika
@@ -399,18 +399,7 @@ class RabbitMQBroker(Broker):
         else:
             exchange, key = names.exchange(queue), names.priority_key(mail.priority)
         try:
-            confirmed = publisher.publish(exchange, key, message)
-            try:
-                await asyncio.wait_for(confirmed, self._settings.confirm_timeout_s)
-            except asyncio.TimeoutError:
-                # A node that takes this long is hung or cut off from its quorum: use another one.
-                conn = self._conn
-                if conn is not None and publisher is self._publisher:
-                    log.warning("publish not confirmed; leaving this rabbitmq node",
-                                extra={"timeout_s": self._settings.confirm_timeout_s})
-                    self._leave(conn)
-                    self._abandon(conn)
-                raise unavailable(f"publish not confirmed within {self._settings.confirm_timeout_s}s") from None
+            await self._confirmed(publisher, publisher.publish(exchange, key, message))
         except BackendUnavailable as e:
             if "NOT_FOUND" in str(e) or "unroutable" in str(e):
                 # The topology was removed (an operator, a broker reset): declare it again next time.
@@ -419,6 +408,46 @@ class RabbitMQBroker(Broker):
                 self._declared.discard(queue)
                 self._ladder_declared = False
             raise
+
+    async def _confirmed(self, publisher: Publisher, confirmed: Awaitable[Any]) -> None:
+        """Wait for ``confirmed`` (a publish's confirm, or a batch's); past ``confirm_timeout_s``,
+        leave the node (hung, or cut off from its quorum) and raise BackendUnavailable."""
+        try:
+            await asyncio.wait_for(confirmed, self._settings.confirm_timeout_s)
+        except asyncio.TimeoutError:
+            conn = self._conn
+            if conn is not None and publisher is self._publisher:
+                log.warning("publish not confirmed; leaving this rabbitmq node", extra={"timeout_s": self._settings.confirm_timeout_s})
+                self._leave(conn)
+                self._abandon(conn)
+            raise unavailable(f"publish not confirmed within {self._settings.confirm_timeout_s}s") from None
+
+    async def publish_batch(self, exchange: str, routing_key: str, messages: Sequence[message_format.Encoded]) -> None:
+        """Publish every message at once on the shared confirm channel (with the mails' publishes)
+        and wait once for all their confirms: returns when the broker confirmed each; otherwise
+        BackendUnavailable (PublishersBlocked while the broker blocks publishers)."""
+        blocked = self._blocking.reason()
+        if blocked is not None:
+            raise PublishersBlocked(blocked)
+        if not messages:
+            return
+        publisher = await self._publisher_channel()
+        results = asyncio.gather(*(publisher.publish(exchange, routing_key, m) for m in messages), return_exceptions=True)
+        # A gather cancelled by the confirm timeout (or its caller) ends with a CancelledError set
+        # that wait_for never reads: read here, never "_GatheringFuture exception was never retrieved".
+        results.add_done_callback(lambda f: f.cancelled() or f.exception())
+        await self._confirmed(publisher, results)
+        failed = [r for r in results.result() if isinstance(r, BaseException)]
+        if failed:
+            raise failed[0]
+
+    async def open_channel(self) -> tuple[Channel, Waiters]:
+        """A new channel on this process's connection (its futures in the Waiters): the caller closes it."""
+        return await self._channel()
+
+    async def answer(self, waiters: Waiters, method: Callable[..., Any], **kwargs: Any) -> Any:
+        """Call a channel method and wait for the broker's answer (BackendUnavailable if none in time)."""
+        return await self._call(waiters, method, **kwargs)
 
     async def consume(self, queue: str, prefetch: int) -> RabbitMQConsumer:
         await self.declare_queue(queue)

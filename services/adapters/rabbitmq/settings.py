@@ -18,6 +18,9 @@ class RabbitMQSettings:
     dead_letter_max: int = 100_000
     dead_letter_keep_s: int = 7 * 24 * 3600
     ca_file: str = ""
+    #: The event stream (services/adapters/rabbitmq/event_stream.py): kept this long, and at most this many bytes.
+    event_stream_retention_s: int = 7 * 24 * 3600
+    event_stream_max_bytes: int = 5 * 1024**3
 
     @property
     def url(self) -> str:

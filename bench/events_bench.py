@@ -1,0 +1,84 @@
+"""What events cost: the batched enqueue and dequeue rates with the mail history on and off, in one run.
+
+    .venv/bin/python -m bench.events_bench [--rounds 2] [--seconds 10] [--warmup 3] [--concurrency 128]
+        [--batch 32] [--prefetch 128] [--size 10240] [--settle 60]
+
+Each round runs both modes back to back (off, then on; services started with MAILQUEUE_EVENTS=off,
+then true, on one keyspace): an EnqueueBatches phase (``--batch`` mails per message,
+``--concurrency`` in flight) for ``--seconds``, then a batched Dequeue (max_batch ``--batch``,
+SUCCESS for each) of the mails just enqueued. With events on, each enqueue records ENQUEUED and
+each delivery HANDED_OUT and DELIVERED (services/adapters/cassandra/event_log.py). The CPU per
+mail of each process is printed per phase; the ratio on/off per round, and their median. Needs
+the stack up (stack/stack.sh up) and the bench ports free.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+from typing import Any
+
+import grpc
+
+from bench.common import PORTS, bench_queue, new_keyspace, report, run, settle, start_services, stop
+from bench.dequeue_bench import via_grpc as dequeue_batched
+from bench.enqueue_bench import via_grpc_many
+from mailqueue.v1 import admin_pb2, admin_pb2_grpc
+
+MODES = ("off", "true")
+
+
+def phase(a: argparse.Namespace, keyspace: str, mode: str, i: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One mode: services started with MAILQUEUE_EVENTS=mode, enqueue then dequeue on a new queue."""
+    procs = start_services(keyspace, ["enqueue", "dequeue", "browse"], extra={"MAILQUEUE_EVENTS": mode})
+    try:
+        queue = bench_queue(f"bench-events-{mode}{i}")
+        admin = admin_pb2_grpc.AdminServiceStub(grpc.insecure_channel(f"127.0.0.1:{PORTS['browse']}"))
+        admin.CreateQueue(admin_pb2.CreateQueueRequest(queue=queue))
+        services = {"enqueue_svc": procs[0].pid, "dequeue_svc": procs[1].pid, "browse_svc": procs[2].pid}
+        settle(f"round {i + 1} events={mode} enqueue", a.settle)
+        e = asyncio.run(via_grpc_many(queue, a.seconds, a.concurrency, a.size, a.warmup, services, a.batch))
+        settle(f"round {i + 1} events={mode} dequeue", a.settle)
+        warmup = min(500, e["ops"] // 5)
+        d = asyncio.run(dequeue_batched(queue, int(e["ops"]) - warmup, a.prefetch, warmup, services, a.batch))
+        return e, d
+    finally:
+        stop(procs)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--seconds", type=float, default=10)
+    p.add_argument("--warmup", type=float, default=3)
+    p.add_argument("--concurrency", type=int, default=128)
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--prefetch", type=int, default=128)
+    p.add_argument("--size", type=int, default=10 * 1024)
+    p.add_argument("--settle", type=float, default=60, help="seconds at most to wait for an idle stack before a phase")
+    a = p.parse_args()
+    keyspace = new_keyspace()
+    results: list[dict[str, tuple[dict[str, Any], dict[str, Any]]]] = []
+    for i in range(a.rounds):
+        results.append({mode: phase(a, keyspace, mode, i) for mode in MODES})
+    print(f"\nevents off / on, {a.size} B mails, EnqueueBatches {a.batch} x {a.concurrency} in flight for {a.seconds:.0f} s, "
+          f"then Dequeue max_batch {a.batch} prefetch {a.prefetch}; keyspace {keyspace}")
+    enqueue_ratios, dequeue_ratios = [], []
+    for i, r in enumerate(results, 1):
+        for mode in MODES:
+            e, d = r[mode]
+            print(f"round {i} events={mode}: {report('enqueue', e)}\n           {e['cpu']}")
+            print(f"           dequeue {d['per_s']:.1f}/s ({d['n']} mails)\n           {d['cpu']}")
+        enqueue_ratios.append(r["true"][0]["per_s"] / r["off"][0]["per_s"])
+        dequeue_ratios.append(r["true"][1]["per_s"] / r["off"][1]["per_s"])
+        print(f"round {i} ratio on/off: enqueue {enqueue_ratios[-1]:.2f}, dequeue {dequeue_ratios[-1]:.2f}")
+    print(f"ratio on/off, median of {len(results)} rounds: enqueue {statistics.median(enqueue_ratios):.2f} "
+          f"(each {', '.join(f'{x:.2f}' for x in enqueue_ratios)}), dequeue {statistics.median(dequeue_ratios):.2f} "
+          f"(each {', '.join(f'{x:.2f}' for x in dequeue_ratios)})")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    run(main)

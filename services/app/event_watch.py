@@ -1,0 +1,31 @@
+"""WatchEvents: the event stream from a cursor, filtered here, on the server (a watcher of one queue
+does not receive, nor pay the network for, every other queue's events)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+
+from prometheus_client import Gauge
+
+from services.domain import event_stream
+from services.domain.event_stream import EventFilter
+from services.domain.events import Event
+from services.ports.events import EventStream
+
+WATCHERS = Gauge("mailqueue_event_watchers", "WatchEvents calls being served (each holds one stream consumer on RabbitMQ)")
+
+
+async def watch(stream: EventStream, cursor: str, from_oldest: bool, wanted: EventFilter) -> AsyncIterator[Event]:
+    """The events ``wanted`` from ``cursor`` (that event first, if wanted), else from the oldest
+    kept (``from_oldest``), else from the next recorded; until the caller stops iterating, which
+    ends the stream's consumer. A malformed cursor: InvalidArgument, before anything is read."""
+    event_stream.start(cursor, from_oldest)
+    WATCHERS.inc()
+    try:
+        async with contextlib.aclosing(stream.watch(cursor or None, from_oldest)) as events:
+            async for e in events:
+                if wanted(e):
+                    yield e
+    finally:
+        WATCHERS.dec()

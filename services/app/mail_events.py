@@ -1,0 +1,98 @@
+"""The events of a mail's own path (enqueue, hand-out, answers, rules), each with its stable id.
+
+Ids (services/domain/events.py ``event_id``): the step of a mail's change is its delivery attempt
+(``attempts + 1`` from its first hand-out on; 0 for ENQUEUED), so the same change carried out
+again (a redelivered mail answered again, an enqueue answered again by its idempotency key) has
+the same id, while each attempt's changes have their own. A hand-out is further told apart by the
+broker's delivery count: the mail given back unanswered and handed out again is a new hand-out.
+
+The actor is the current one (the caller, set per RPC by the access-control interceptor),
+except for what a component decides on its own: an operator rule (``rule``) and the retry
+policy's expiry (``expiry``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import uuid
+from collections.abc import Sequence
+
+from services.domain import model
+from services.domain.events import Actor, Event, EventType, of_mail
+
+
+class Unrecorded:
+    """An EventLog that keeps nothing: MAILQUEUE_EVENTS=off (to measure what events cost), and
+    the use-cases built without one (bench/)."""
+
+    async def record(self, events: Sequence[Event]) -> None:
+        return None
+
+    async def history(self, enqueue_id: uuid.UUID) -> list[Event]:
+        return []
+
+    async def history_by_name(self, name: str, limit: int = 100) -> list[Event]:
+        return []
+
+
+RULE = Actor.component("rule")
+EXPIRY = Actor.component("expiry")
+
+
+def enqueued(mail: model.QueuedMail) -> Event:
+    return of_mail(EventType.ENQUEUED, mail, step=0, at=mail.enqueued_at)
+
+
+def resent(queue: str, mail: model.Mail, result: model.EnqueueResult) -> Event:
+    """An idempotency key answered with an earlier enqueue: the same event as that enqueue's (same
+    id, same time), marked resent; it overwrites the first record, never adds a second."""
+    queued = model.QueuedMail(queue, result.enqueue_id, result.enqueued_at, mail, result.blob_ids, result.size,
+                              result.enqueued_at, 0)
+    return of_mail(EventType.ENQUEUED, queued, step=0, at=result.enqueued_at, details={"resent": "true"})
+
+
+def _attempt(mail: model.QueuedMail) -> int:
+    return mail.attempts + 1
+
+
+def handed_out(mail: model.QueuedMail, delivery_count: int) -> Event:
+    e = of_mail(EventType.HANDED_OUT, mail, step=_attempt(mail), discriminator=str(delivery_count))
+    return _at_attempt(e, mail)
+
+
+def delivered(mail: model.QueuedMail) -> Event:
+    return _at_attempt(of_mail(EventType.DELIVERED, mail, step=_attempt(mail)), mail)
+
+
+def retry_scheduled(mail: model.QueuedMail, error: str, next_attempt_at: dt.datetime) -> Event:
+    e = of_mail(EventType.RETRY_SCHEDULED, mail, step=_attempt(mail), reason=error,
+                details={"next_attempt_at": next_attempt_at.astimezone(dt.timezone.utc).isoformat()})
+    return _at_attempt(e, mail)
+
+
+def rejected(mail: model.QueuedMail, error: str) -> Event:
+    return _at_attempt(of_mail(EventType.REJECTED, mail, step=_attempt(mail), reason=error), mail)
+
+
+def expired(mail: model.QueuedMail, reason: str) -> Event:
+    return _at_attempt(of_mail(EventType.EXPIRED, mail, step=_attempt(mail), reason=reason, actor=EXPIRY), mail)
+
+
+def dead_lettered(mail: model.QueuedMail, reason: str) -> Event:
+    return _at_attempt(of_mail(EventType.DEAD_LETTERED, mail, step=_attempt(mail), reason=reason), mail)
+
+
+def held(mail: model.QueuedMail, rule: model.Rule) -> Event:
+    return of_mail(EventType.HELD, mail, step=mail.generation, discriminator=str(rule.rule_id), actor=RULE,
+                   reason=rule.reason, details={"rule_id": str(rule.rule_id)})
+
+
+def bounced(mail: model.QueuedMail, rule: model.Rule, reason: str) -> Event:
+    return of_mail(EventType.BOUNCED, mail, discriminator=str(rule.rule_id), actor=RULE, reason=reason,
+                   details={"rule_id": str(rule.rule_id)})
+
+
+def _at_attempt(e: Event, mail: model.QueuedMail) -> Event:
+    """The event of the delivery attempt under way (of_mail gives the RETRYs so far)."""
+    return dataclasses.replace(e, attempt=_attempt(mail))

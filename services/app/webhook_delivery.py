@@ -1,0 +1,114 @@
+"""Webhook delivery to one endpoint: read the event stream from the endpoint's checkpoint, POST
+the events it wants in signed CloudEvents batches, in stream order, one batch at a time, and move
+the checkpoint past each batch once it is answered (services/domain/webhooks.py says what is sent).
+
+- At least once: the checkpoint moves only after the endpoint answered 2xx (or refused the batch);
+  a crash in between sends the batch again (receivers drop duplicates by the CloudEvent id).
+- In order per mail (and overall): one batch in flight per endpoint.
+- Retries: no answer (timeout, connection error), 5xx, 408 and 429 are tried again after a
+  doubling backoff, capped; any other status refuses the batch: counted, logged, not sent again.
+- Events older than the endpoint's maximum age when they would be sent are dropped, counted and logged.
+- Each endpoint runs on its own (its own consumer, its own task): a slow or dead endpoint delays
+  no other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from prometheus_client import Counter
+
+from services.domain import webhooks
+from services.domain.events import Event
+from services.domain.webhooks import Endpoint
+from services.ports.events import EventStream
+from services.ports.webhooks import Checkpoints, Poster
+
+log = logging.getLogger(__name__)
+
+EVENTS = Counter("mailqueue_webhook_events_total", "Events handled by webhook delivery, by endpoint and outcome "
+                 "(delivered; refused: the endpoint answered a 4xx other than 408/429; too_old: older than its maximum age)",
+                 ["endpoint", "outcome"])
+RETRIES = Counter("mailqueue_webhook_retries_total", "Webhook requests sent again (no answer, 5xx, 408 or 429)", ["endpoint"])
+
+
+class EndpointDelivery:
+    def __init__(self, endpoint: Endpoint, stream: EventStream, checkpoints: Checkpoints, poster: Poster, *,
+                 from_oldest: bool = False, backoff_base_s: float = 0.5, backoff_cap_s: float = 60.0,
+                 clock: Callable[[], float] = time.time, sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
+        self.endpoint = endpoint
+        self._stream, self._checkpoints, self._poster = stream, checkpoints, poster
+        self._from_oldest = from_oldest
+        self._base, self._cap = backoff_base_s, backoff_cap_s
+        self._clock, self._sleep = clock, sleep
+
+    async def run(self) -> None:
+        """Deliver until cancelled; raises BackendUnavailable when the stream or the checkpoint
+        store fails (the caller starts it again: it resumes from the checkpoint)."""
+        last = await self._checkpoints.load(self.endpoint.name)
+        inbox: asyncio.Queue[Event | BaseException] = asyncio.Queue(maxsize=2 * self.endpoint.batch_size)
+        reader = asyncio.create_task(self._read(last, inbox))
+        try:
+            while True:
+                batch = [await inbox.get()]
+                while len(batch) < self.endpoint.batch_size and not inbox.empty():
+                    batch.append(inbox.get_nowait())
+                failed = next((x for x in batch if isinstance(x, BaseException)), None)
+                events = [x for x in batch if isinstance(x, Event)]
+                if events:
+                    await self._deliver(events)
+                    await self._checkpoints.save(self.endpoint.name, events[-1].cursor)
+                if failed is not None:
+                    raise failed
+        finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
+
+    async def _read(self, last: str | None, inbox: asyncio.Queue[Event | BaseException]) -> None:
+        try:
+            async with contextlib.aclosing(self._stream.watch(last, from_oldest=self._from_oldest)) as events:
+                async for e in events:
+                    if e.cursor != last and self.endpoint.wanted(e):  # the checkpoint's event was taken
+                        await inbox.put(e)
+        except Exception as e:  # noqa: BLE001 - handed to run(), which raises it after the events before it
+            await inbox.put(e)
+
+    async def _deliver(self, events: list[Event]) -> None:
+        name, failures = self.endpoint.name, 0
+        while True:
+            events = self._fresh(events)
+            if not events:
+                return
+            body = webhooks.batch_body(events)
+            sent_at = int(self._clock())
+            status = await self._poster.post(self.endpoint.url, body, webhooks.headers(self.endpoint.secret, sent_at, body),
+                                             self.endpoint.timeout_s)
+            outcome = webhooks.verdict(status)
+            if outcome == "delivered":
+                EVENTS.labels(name, "delivered").inc(len(events))
+                return
+            if outcome == "refused":
+                EVENTS.labels(name, "refused").inc(len(events))
+                log.warning("webhook endpoint refused a batch: not sent again", extra={
+                    "endpoint": name, "status": status, "events": len(events), "first_cursor": events[0].cursor})
+                return
+            failures += 1
+            RETRIES.labels(name).inc()
+            wait = webhooks.backoff_s(failures, self._base, self._cap)
+            log.info("webhook endpoint failed; trying again", extra={"endpoint": name, "status": status, "failures": failures,
+                                                                    "wait_s": wait})
+            await self._sleep(wait)
+
+    def _fresh(self, events: list[Event]) -> list[Event]:
+        now = self._clock()
+        fresh = [e for e in events if now - e.time.timestamp() <= self.endpoint.max_age_s]
+        if len(fresh) < len(events):
+            EVENTS.labels(self.endpoint.name, "too_old").inc(len(events) - len(fresh))
+            log.warning("webhook events older than the endpoint's maximum age dropped", extra={
+                "endpoint": self.endpoint.name, "dropped": len(events) - len(fresh), "max_age_s": self.endpoint.max_age_s})
+        return fresh

@@ -1,0 +1,85 @@
+"""Events: protobuf <-> domain (protos/mailqueue/v1/events.proto; services/domain/events.py).
+
+Paired functions, round-tripped by tests/unit/test_events_serde.py.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+
+from mailqueue.v1 import events_pb2
+from services.contract.serde import timestamp_to_proto
+from services.domain.errors import InvalidArgument
+from services.domain.events import Actor, Event, EventType
+
+_KINDS = {"caller": events_pb2.ACTOR_KIND_CALLER, "component": events_pb2.ACTOR_KIND_COMPONENT}
+_KIND_NAMES = {v: k for k, v in _KINDS.items()}
+
+
+def event_type_to_proto(t: EventType) -> events_pb2.EventType.ValueType:
+    return events_pb2.EventType.Value(f"EVENT_TYPE_{t.name}")
+
+
+def event_type_from_proto(value: int) -> EventType:
+    """A proto EventType as the domain's; InvalidArgument for UNSPECIFIED or an unknown number."""
+    try:
+        name = events_pb2.EventType.Name(value)  # type: ignore[arg-type]
+    except ValueError:
+        raise InvalidArgument(f"unknown event type {value}") from None
+    if name == "EVENT_TYPE_UNSPECIFIED":
+        raise InvalidArgument("event type is unspecified")
+    return EventType[name.removeprefix("EVENT_TYPE_")]
+
+
+def actor_to_proto(a: Actor) -> events_pb2.Actor:
+    return events_pb2.Actor(kind=_KINDS.get(a.kind, events_pb2.ACTOR_KIND_UNSPECIFIED), role=a.role, identity=a.identity)
+
+
+def actor_from_proto(pb: events_pb2.Actor) -> Actor:
+    return Actor(_KIND_NAMES.get(pb.kind, "caller"), pb.role, pb.identity)
+
+
+def event_to_proto(e: Event) -> events_pb2.Event:
+    pb = events_pb2.Event(
+        id=e.id, type=event_type_to_proto(e.type), queue=e.queue, enqueue_id=str(e.enqueue_id) if e.enqueue_id else "",
+        name=e.name, sender=e.sender, attempt=e.attempt, reason=e.reason, replica=e.replica,
+        actor=actor_to_proto(e.actor), traceparent=e.traceparent, details=dict(e.details), cursor=e.cursor,
+    )
+    pb.time.CopyFrom(timestamp_to_proto(e.time))
+    return pb
+
+
+def event_to_bytes(e: Event) -> bytes:
+    """The event stream's message body."""
+    return event_to_proto(e).SerializeToString()
+
+
+def event_from_proto(pb: events_pb2.Event, cursor: str = "") -> Event:
+    """An event as recorded; ``cursor`` (its stream position) replaces the stored one."""
+    return Event(
+        id=pb.id, time=pb.time.ToDatetime(tzinfo=dt.timezone.utc), type=event_type_from_proto(pb.type), queue=pb.queue,
+        enqueue_id=uuid.UUID(pb.enqueue_id) if pb.enqueue_id else None, actor=actor_from_proto(pb.actor), name=pb.name,
+        sender=pb.sender, attempt=pb.attempt, reason=pb.reason, replica=pb.replica, traceparent=pb.traceparent,
+        details=dict(pb.details), cursor=cursor or pb.cursor,
+    )
+
+
+def event_from_bytes(body: bytes, cursor: str = "") -> Event:
+    return event_from_proto(events_pb2.Event.FromString(body), cursor)
+
+
+def history_request_from_proto(pb: events_pb2.GetMailHistoryRequest) -> tuple[uuid.UUID | None, str | None]:
+    """(enqueue id, None) or (None, name); InvalidArgument for neither, an empty one, or a malformed id
+    (a oneof cannot carry both)."""
+    which = pb.WhichOneof("mail")
+    if which == "enqueue_id":
+        try:
+            return uuid.UUID(pb.enqueue_id), None
+        except ValueError:
+            raise InvalidArgument(f"enqueue_id {pb.enqueue_id[:80]!r} is not a UUID: give a full enqueue id "
+                                  "(mailq trace resolves a prefix)") from None
+    if which == "name" and pb.name:
+        return None, pb.name
+    raise InvalidArgument("give an enqueue_id or a name (exactly one, not empty)")
+

@@ -1,0 +1,196 @@
+"""The event stream through gRPC (EventService.WatchEvents on browse_svc) on the real RabbitMQ
+stream: events published by the stream's sink (the EventLog's) come back in order with their
+cursors; a watcher that leaves mid-burst and resumes from its last cursor gets that event again
+and every one after it; filters apply on the server; a bad cursor is INVALID_ARGUMENT; a watcher
+that leaves ends its consumer; the stream is declared with its retention."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import uuid
+
+import grpc
+import pika
+import pytest
+
+from mailqueue.v1 import events_pb2, events_pb2_grpc
+from services.domain import names
+from services.domain.events import Actor, EventType, event_id, of_queue
+from services.domain.events import Event as DomainEvent
+from stack.harness import new_keyspace, service_env, stack, wait_until
+from tests.inprocess import RunningApp
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def browse(aio_loop, keyspace):
+    """browse_svc alone (it serves EventService), on the session's keyspace (its event stream is
+    deleted with the keyspace)."""
+    from browse_svc.app import BrowseApp
+
+    app = RunningApp(aio_loop, BrowseApp, "browse", service_env(keyspace))
+    yield app
+    app.stop()
+
+
+@pytest.fixture(scope="module")
+def stub(browse):
+    channel = browse.channel()
+    yield events_pb2_grpc.EventServiceStub(channel)
+    channel.close()
+
+
+def events(queue: str, n: int, kind: EventType = EventType.ENQUEUED, start: int = 0) -> list[DomainEvent]:
+    """``n`` events of one queue (distinct ids), as the EventLog records them."""
+    out = []
+    for i in range(start, start + n):
+        e = of_queue(kind, queue, f"test-{i}", details={"i": str(i)}, replica="test", actor=Actor("caller", "admin", "test"))
+        out.append(DomainEvent(**{**e.__dict__, "id": event_id(kind, queue, uuid.UUID(int=i + 1), i)}))
+    return out
+
+
+def publish(browse, batch: list[DomainEvent]) -> None:
+    browse.loop.run(browse.app.backends().stream.publish(batch))
+
+
+def watch(stub, **request) -> grpc.Call:
+    return stub.WatchEvents(events_pb2.WatchEventsRequest(**request), timeout=30)
+
+
+def take(call, n: int) -> list[events_pb2.Event]:
+    return [next(call).event for _ in range(n)]
+
+
+def test_resume_from_the_last_cursor_after_leaving_mid_burst_misses_nothing(browse, stub):
+    queue = f"ev-{uuid.uuid4().hex[:8]}"
+    sent = events(queue, 600)
+    first = watch(stub, from_oldest=True, queues=[queue])
+    publish(browse, sent[:50])
+    head = take(first, 50)
+    assert [e.id for e in head] == [e.id for e in sent[:50]]
+    # The rest is published in batches while the watcher reads, and it leaves in the middle.
+    burst = threading.Thread(target=lambda: [publish(browse, sent[i:i + 50]) for i in range(50, 600, 50)])
+    burst.start()
+    seen = head + take(first, 130)
+    first.cancel()
+    burst.join(30)
+    assert [e.id for e in seen] == [e.id for e in sent[:180]]
+    cursors = [int(e.cursor) for e in seen]
+    assert cursors == sorted(cursors) and len(set(cursors)) == 180
+    last = seen[-1]
+
+    resumed = watch(stub, cursor=last.cursor, queues=[queue])
+    again = take(resumed, 600 - 179)
+    resumed.cancel()
+    assert again[0].id == last.id and again[0].cursor == last.cursor  # the cursor's event again
+    assert [e.id for e in again[1:]] == [e.id for e in sent[180:]]  # then every later one, once
+    got = again[0]
+    assert (got.queue, got.type, got.replica, got.details["i"]) == (queue, events_pb2.EVENT_TYPE_ENQUEUED, "test", "179")
+    assert (got.actor.kind, got.actor.role, got.actor.identity) == (events_pb2.ACTOR_KIND_CALLER, "admin", "test")
+
+
+def test_filters_apply_on_the_server(browse, stub):
+    q1, q2 = (f"ev-{uuid.uuid4().hex[:8]}" for _ in range(2))
+    before = take(watch(stub, from_oldest=True), 1)  # any event: its cursor is before this test's
+    publish(browse, events(q1, 20) + events(q2, 20) + events(q1, 5, EventType.DELIVERED, 100) + events(q2, 5, EventType.DELIVERED, 200))
+    sentinel = events(q1, 1, EventType.DELIVERED, 300)
+    publish(browse, sentinel)
+    call = watch(stub, cursor=before[0].cursor, queues=[q1], types=[events_pb2.EVENT_TYPE_DELIVERED])
+    got = []
+    while not got or got[-1].id != sentinel[0].id:
+        got.append(next(call).event)
+    call.cancel()
+    assert [e.details["i"] for e in got] == ["100", "101", "102", "103", "104", "300"]
+    assert {(e.queue, e.type) for e in got} == {(q1, events_pb2.EVENT_TYPE_DELIVERED)}
+
+
+@pytest.mark.parametrize("request_fields", [
+    {"cursor": "abc"}, {"cursor": "-1"}, {"cursor": "1.5"}, {"cursor": "99999999999999999999"}, {"cursor": " 7"},
+    {"types": [999]}, {"types": [events_pb2.EVENT_TYPE_UNSPECIFIED]},
+])
+def test_a_malformed_cursor_or_type_is_invalid_argument(stub, request_fields):
+    with pytest.raises(grpc.RpcError) as e:
+        next(watch(stub, **request_fields))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, e.value.details()
+
+
+def test_a_service_that_may_not_declare_publishes_only_once_the_stream_exists(aio_loop, running_stack):
+    """dequeue_svc's RabbitMQ user may not declare: before browse_svc declared the stream, its
+    events are UNAVAILABLE (its change is not acknowledged) and nothing is published to a missing
+    exchange, which would close the confirm channel its mails share; once declared, they go."""
+    from services.adapters.rabbitmq.broker import RabbitMQBroker
+    from services.adapters.rabbitmq.event_stream import RabbitMQEventStream
+    from services.domain.errors import BackendUnavailable
+    from services.runtime.settings import rabbitmq_from_env
+    from stack.harness import as_service, drop_event_stream
+
+    keyspace = new_keyspace()
+    settings = {role: rabbitmq_from_env(as_service(role, dict(os.environ))) for role in ("dequeue", "browse")}
+    brokers = {role: RabbitMQBroker(s, keyspace) for role, s in settings.items()}
+    streams = {role: RabbitMQEventStream(brokers[role], keyspace, settings[role]) for role in brokers}
+    try:
+        with pytest.raises(BackendUnavailable, match="is not declared yet"):
+            aio_loop.run(streams["dequeue"].publish(events("q", 1)))
+        aio_loop.run(streams["browse"].declare())
+        aio_loop.run(streams["dequeue"].publish(events("q", 3)))  # the same broker and confirm channel
+    finally:
+        for b in brokers.values():
+            aio_loop.run(b.close())
+        drop_event_stream(keyspace)
+
+
+def stream_row(stream: str) -> dict:
+    """The stream as the broker lists it (rabbitmqctl: a passive declare counts no stream consumers)."""
+    out = stack("rabbitmqctl", "-q", "list_queues", "name", "type", "arguments", "consumers", "--formatter", "json").stdout
+    (row,) = [r for r in json.loads(out) if r["name"] == stream]
+    return row
+
+
+def test_a_watcher_that_leaves_ends_its_consumer(browse, stub):
+    """Every earlier test's watchers left too: none may be counted."""
+    stream = names.event_stream(browse.app.settings.cassandra.keyspace)
+    calls = [watch(stub) for _ in range(3)]
+    wait_until(lambda: stream_row(stream)["consumers"] == 3, 30, what="three stream consumers")
+    for c in calls:
+        c.cancel()
+    wait_until(lambda: stream_row(stream)["consumers"] == 0, 30, what="the consumers of the watchers that left gone")
+
+
+def test_the_stream_is_declared_with_its_retention(browse):
+    row = stream_row(names.event_stream(browse.app.settings.cassandra.keyspace))
+    args = {key: value for key, _type, value in row["arguments"]}
+    s = browse.app.settings.rabbitmq
+    assert row["type"] == "stream" and args["x-queue-type"] == "stream"
+    assert args["x-max-age"] == f"{s.event_stream_retention_s}s" == "604800s"
+    assert args["x-max-length-bytes"] == s.event_stream_max_bytes == 5 * 1024**3
+    assert args["x-stream-max-segment-size-bytes"] == 500 * 1024**2
+
+
+def test_a_stream_deleted_under_a_watcher_is_unavailable_and_declared_again_by_the_next_publish(browse, stub):
+    """An operator (or a broker reset) removes the stream: its watchers end UNAVAILABLE (they resume
+    from their last cursor), a publish fails UNAVAILABLE (its change is not acknowledged), and the
+    next one declares the stream again. Last of the module: RabbitMQ 3.10 keeps counting, on a
+    stream declared again, the consumers of the one deleted (list_queues), which would blind the
+    consumer count above."""
+    from services.domain.errors import BackendUnavailable
+    from stack.harness import broker_parameters
+
+    queue = f"ev-{uuid.uuid4().hex[:8]}"
+    stream = names.event_stream(browse.app.settings.cassandra.keyspace)
+    call = watch(stub, from_oldest=True, queues=[queue])
+    publish(browse, events(queue, 1))
+    assert next(call).event.queue == queue
+    with pika.BlockingConnection(broker_parameters()) as conn:
+        conn.channel().queue_delete(stream)
+    with pytest.raises(grpc.RpcError) as e:
+        next(call)
+    assert e.value.code() == grpc.StatusCode.UNAVAILABLE, e.value.details()
+    with pytest.raises(BackendUnavailable, match="rabbitmq unavailable"):
+        publish(browse, events(queue, 1, start=1))
+    publish(browse, events(queue, 1, start=2))
+    again = watch(stub, from_oldest=True, queues=[queue])
+    assert next(again).event.details["i"] == "2"  # the new stream holds what was published since
+    again.cancel()

@@ -1,0 +1,315 @@
+"""A mail's history (#49), through gRPC with access control on: what each change recorded, in
+order, with who made it; what a refused call leaves (nothing); GetMailHistory's statuses;
+`mailq trace` as an operator runs it; an operator's delete and move in the history, with the
+operator as actor, and in the event stream."""
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import pathlib
+import subprocess
+import sys
+import tempfile
+import uuid
+
+import grpc
+import pytest
+
+from mailqueue.v1 import admin_pb2, admin_pb2_grpc, dequeue_pb2_grpc, enqueue_pb2_grpc, events_pb2, events_pb2_grpc
+from services.adapters.grpc_channels import blocking_channel
+from stack.harness import wait_until
+from tests.integration.helpers import StreamConsumer, code_of, inline, simple_mail
+
+TOKENS = {role: role[0] * 24 for role in ("admin", "producer", "consumer", "reader")}
+MAILQ = pathlib.Path(sys.executable).parent / "mailq"
+T = events_pb2
+
+
+def identity(role: str) -> str:
+    return "token:" + hashlib.sha256(TOKENS[role].encode()).hexdigest()[:12]
+
+
+@pytest.fixture(scope="module")
+def secured(aio_loop, running_stack):
+    from stack.harness import new_keyspace
+    from tests.conftest import Suite
+
+    s = Suite(aio_loop, new_keyspace(), MAILQUEUE_TOKENS=",".join(f"{r}:{t}" for r, t in TOKENS.items()),
+              MAILQUEUE_SERVICE_TOKEN=TOKENS["admin"])
+    yield s
+    s.stop(drop=True)
+
+
+def stub(s, service, role):
+    target = {"enqueue": s.enqueue, "dequeue": s.dequeue}.get(service, s.browse).target
+    cls = {"enqueue": enqueue_pb2_grpc.EnqueueServiceStub, "dequeue": dequeue_pb2_grpc.DequeueServiceStub,
+           "admin": admin_pb2_grpc.AdminServiceStub, "events": events_pb2_grpc.EventServiceStub}[service]
+    return cls(blocking_channel(target, TOKENS[role]))
+
+
+def new_queue(s) -> str:
+    queue = f"ev-{uuid.uuid4().hex[:8]}"
+    stub(s, "admin", "admin").CreateQueue(admin_pb2.CreateQueueRequest(queue=queue))
+    return queue
+
+
+def history(s, **which) -> list:
+    return list(stub(s, "events", "reader").GetMailHistory(T.GetMailHistoryRequest(**which)).events)
+
+
+def test_a_retried_then_delivered_mail_tells_its_story_with_its_actors(secured):
+    # Given a mail enqueued by a producer, answered RETRY once by a consumer, then SUCCESS
+    queue = new_queue(secured)
+    name = f"story-{uuid.uuid4().hex[:6]}"
+    receipt = stub(secured, "enqueue", "producer").Enqueue(inline(queue, simple_mail(name))).receipt
+    consumer = StreamConsumer(stub(secured, "dequeue", "consumer"), queue)
+    try:
+        first = consumer.next()
+        consumer.answer(first, "RETRY", "451 4.7.1 try later", retry_after=0.2)
+        second = consumer.next()
+        assert second.mail.enqueue_id == receipt.enqueue_id
+        consumer.answer(second, "SUCCESS")
+        # When its history is read (the SUCCESS is settled after the answer is sent: polled)
+        story = wait_until(lambda: (h := history(secured, enqueue_id=receipt.enqueue_id)) and len(h) >= 5 and h,
+                           30, what="five events")
+    finally:
+        consumer.close()
+    # Then every change is there, once, in order, with its attempt and who made it
+    assert [(T.EventType.Name(e.type), e.attempt) for e in story] == [
+        ("EVENT_TYPE_ENQUEUED", 0), ("EVENT_TYPE_HANDED_OUT", 1), ("EVENT_TYPE_RETRY_SCHEDULED", 1),
+        ("EVENT_TYPE_HANDED_OUT", 2), ("EVENT_TYPE_DELIVERED", 2)]
+    assert [(e.actor.kind, e.actor.role, e.actor.identity) for e in story] == [
+        (T.ACTOR_KIND_CALLER, "producer", identity("producer"))] + [(T.ACTOR_KIND_CALLER, "consumer", identity("consumer"))] * 4
+    assert len({e.id for e in story}) == 5
+    assert all(e.queue == queue and e.name == name and e.sender == "alice@example.com" and e.replica for e in story)
+    retry = story[2]
+    assert retry.reason == "451 4.7.1 try later" and retry.details["next_attempt_at"] > story[1].time.ToJsonString()[:19]
+    assert [e.time.ToDatetime() for e in story] == sorted(e.time.ToDatetime() for e in story)
+    # And by name the same story; read again, the same ids (nothing is rewritten by reading)
+    assert [e.id for e in history(secured, name=name)] == [e.id for e in story]
+    # And `mailq trace` prints it, a line per event
+    printed = mailq(secured, "trace", receipt.enqueue_id).stdout
+    print(f"\n{printed}")
+    assert [line.split()[2] for line in printed.splitlines()[1:]] == [
+        "enqueued", "handed_out", "retry_scheduled", "handed_out", "delivered"]
+
+
+def test_a_refused_enqueue_leaves_no_event(secured):
+    queue = new_queue(secured)
+    name = f"refused-{uuid.uuid4().hex[:6]}"
+    producer = stub(secured, "enqueue", "producer")
+    bad = simple_mail(name, recipients=())  # no recipient: INVALID_ARGUMENT, nothing written
+    assert code_of(lambda: producer.Enqueue(inline(queue, bad))) == grpc.StatusCode.INVALID_ARGUMENT
+    reader = stub(secured, "enqueue", "reader")  # a role that may not enqueue
+    assert code_of(lambda: reader.Enqueue(inline(queue, simple_mail(name)))) == grpc.StatusCode.PERMISSION_DENIED
+    # A later good mail of the same name is recorded: the by-name read works, and the refused ones are not in it
+    ok = producer.Enqueue(inline(queue, simple_mail(name))).receipt
+    assert [(e.enqueue_id, T.EventType.Name(e.type)) for e in history(secured, name=name)] == [
+        (ok.enqueue_id, "EVENT_TYPE_ENQUEUED")]
+
+
+def test_a_resend_with_the_same_idempotency_key_is_one_enqueued_event(secured):
+    queue = new_queue(secured)
+    producer = stub(secured, "enqueue", "producer")
+    key = uuid.uuid4().hex
+    first = producer.Enqueue(inline(queue, simple_mail("once"), key=key)).receipt
+    before = history(secured, enqueue_id=first.enqueue_id)
+    assert [T.EventType.Name(e.type) for e in before] == ["EVENT_TYPE_ENQUEUED"] and "resent" not in before[0].details
+    again = producer.Enqueue(inline(queue, simple_mail("once"), key=key)).receipt
+    assert again.enqueue_id == first.enqueue_id
+    after = history(secured, enqueue_id=first.enqueue_id)
+    # One event, its id and time unchanged, marked resent
+    assert [(e.id, e.time) for e in after] == [(before[0].id, before[0].time)]
+    assert after[0].details["resent"] == "true"
+
+
+def test_bad_requests_and_roles(secured):
+    events = stub(secured, "events", "reader")
+    for request in (T.GetMailHistoryRequest(), T.GetMailHistoryRequest(enqueue_id="not-a-uuid"),
+                    T.GetMailHistoryRequest(name=""), T.GetMailHistoryRequest(enqueue_id="")):
+        assert code_of(lambda r=request: events.GetMailHistory(r)) == grpc.StatusCode.INVALID_ARGUMENT, request
+    # Nothing recorded: an empty story, not NOT_FOUND (the mail may be older than the retention)
+    assert list(events.GetMailHistory(T.GetMailHistoryRequest(enqueue_id=str(uuid.uuid4()))).events) == []
+    # Readers and admins may read histories; producers and consumers may not
+    assert history(secured, name="nobody") == []
+    assert stub(secured, "events", "admin").GetMailHistory(T.GetMailHistoryRequest(name="nobody")).events is not None
+    for role in ("producer", "consumer"):
+        denied = stub(secured, "events", role)
+        assert code_of(lambda d=denied: d.GetMailHistory(T.GetMailHistoryRequest(name="x"))) == grpc.StatusCode.PERMISSION_DENIED
+
+
+class Forwarder:
+    """A TCP forwarder to Cassandra, on a loop of its own (the services block theirs at times):
+    closed, the browse service behind it has lost its Cassandra (connections reset, nothing
+    listening), as in an outage."""
+
+    def __init__(self) -> None:
+        from tests.inprocess import LoopThread
+
+        self._loop = loop = LoopThread()
+        self._pipes: set[asyncio.StreamWriter] = set()
+        self._tasks: set[asyncio.Task] = set()
+
+        async def start():
+            return await asyncio.start_server(self._pipe, "127.0.0.1", 0)
+
+        self.server = loop.run(start())
+        self.port = self.server.sockets[0].getsockname()[1]
+
+    async def _pipe(self, reader, writer) -> None:
+        self._tasks.add(asyncio.current_task())
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", 9042)
+        self._pipes |= {writer, up_writer}
+
+        async def copy(src, dst):
+            with contextlib.suppress(Exception):
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+            dst.close()
+
+        await asyncio.gather(copy(reader, up_writer), copy(up_reader, writer))
+
+    def close(self) -> None:
+        async def close():
+            self.server.close()
+            for w in self._pipes:
+                w.close()
+            for t in self._tasks:
+                t.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+        self._loop.run(close())
+        self._loop.stop()
+
+
+def test_history_unreadable_is_unavailable(secured):
+    from browse_svc.app import BrowseApp
+    from tests.inprocess import RunningApp
+
+    forwarder = Forwarder()
+    browse = RunningApp(secured.loop, BrowseApp, "browse", {**secured.env, "MAILQUEUE_CASSANDRA_PORT": str(forwarder.port),
+                                                            "MAILQUEUE_HEAL_INTERVAL_S": "0", "MAILQUEUE_GAUGE_INTERVAL_S": "0"})
+    try:
+        events = events_pb2_grpc.EventServiceStub(blocking_channel(browse.target, TOKENS["reader"]))
+        request = T.GetMailHistoryRequest(enqueue_id=str(uuid.uuid4()))
+        assert list(events.GetMailHistory(request).events) == []  # served through the forwarder
+        forwarder.close()
+        assert wait_until(lambda: code_of(lambda: events.GetMailHistory(request)) == grpc.StatusCode.UNAVAILABLE,
+                          30, what="UNAVAILABLE")
+    finally:
+        browse.stop()
+
+
+def mailq(s, *args: str) -> subprocess.CompletedProcess:
+    targets = ["--enqueue", s.enqueue.target, "--dequeue", s.dequeue.target, "--browse", s.browse.target,
+               "--blob", s.blob.target, "--token", TOKENS["reader"]]
+    r = subprocess.run([str(MAILQ), *targets, *args], cwd=tempfile.gettempdir(), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return r
+
+
+def test_mailq_trace_prints_the_story(secured):
+    queue = new_queue(secured)
+    name = f"traced-{uuid.uuid4().hex[:6]}"
+    receipt = stub(secured, "enqueue", "producer").Enqueue(inline(queue, simple_mail(name))).receipt
+    # By a prefix of a live mail's id (resolved among the live mails), by full id, by name
+    out = mailq(secured, "trace", receipt.enqueue_id[:8]).stdout
+    print(f"\n{out}")
+    header, line = out.splitlines()
+    assert header.split()[:4] == ["TIME", "(UTC)", "EVENT", "QUEUE"]
+    assert line.split()[2:6] == ["enqueued", queue, "0", f"producer:{identity('producer')}"]
+    assert mailq(secured, "trace", receipt.enqueue_id).stdout == out
+    rows = [json.loads(x) for x in mailq(secured, "trace", "--name", name, "--json").stdout.splitlines()]
+    assert [(r["type"], r["enqueue_id"], r["actor"]) for r in rows] == [
+        ("enqueued", receipt.enqueue_id, f"producer:{identity('producer')}")]
+
+
+def test_a_client_certificate_is_the_actor(secured, tmp_path):
+    # Given enqueue_svc and browse_svc with mutual TLS: the "ops" certificate (CN ops) is an admin
+    import os
+
+    from browse_svc.app import BrowseApp
+    from enqueue_svc.app import EnqueueApp
+    from stack.harness import service_env
+    from tests.inprocess import RunningApp
+    from tests.pki import PKI
+
+    pki = PKI(tmp_path)
+    pki.issue("server", "mailqueue", "IP:127.0.0.1,DNS:localhost")
+    pki.issue("ops", "ops", "DNS:ops.example.org")
+    env = service_env(secured.keyspace, MAILQUEUE_TLS_CERT_FILE=os.path.join(pki.path, "server.crt"),
+                      MAILQUEUE_TLS_KEY_FILE=os.path.join(pki.path, "server.key"), MAILQUEUE_TLS_CLIENT_CA_FILE=pki.ca,
+                      MAILQUEUE_TLS_IDENTITIES="ops=admin", MAILQUEUE_HEAL_INTERVAL_S="0", MAILQUEUE_GAUGE_INTERVAL_S="0",
+                      MAILQUEUE_BLOB_TARGET=secured.blob.target, MAILQUEUE_SERVICE_TOKEN=TOKENS["admin"])
+    env.pop("MAILQUEUE_PLAINTEXT", None)
+    enqueue, browse = RunningApp(secured.loop, EnqueueApp, "enqueue", env), RunningApp(secured.loop, BrowseApp, "browse", env)
+    try:
+        queue = new_queue(secured)
+        # When it enqueues a mail
+        channel = grpc.secure_channel(enqueue.target, pki.credentials("ops"))
+        receipt = enqueue_pb2_grpc.EnqueueServiceStub(channel).Enqueue(inline(queue, simple_mail("by-cert")), timeout=30).receipt
+        # Then the event's actor is the certificate's identity with its role
+        events = events_pb2_grpc.EventServiceStub(grpc.secure_channel(browse.target, pki.credentials("ops")))
+        (e,) = events.GetMailHistory(T.GetMailHistoryRequest(enqueue_id=receipt.enqueue_id), timeout=30).events
+        assert (e.actor.kind, e.actor.role, e.actor.identity) == (T.ACTOR_KIND_CALLER, "admin", "ops")
+    finally:
+        enqueue.stop()
+        browse.stop()
+
+
+# ---------------------------------------------------------------- the audit trail: operators' changes
+def types(events) -> list[str]:
+    return [T.EventType.Name(e.type).removeprefix("EVENT_TYPE_") for e in events]
+
+
+def test_a_deleted_mail_names_the_operator_and_a_refused_delete_records_nothing(secured):
+    # Given two mails enqueued by a producer
+    queue = new_queue(secured)
+    enqueue = stub(secured, "enqueue", "producer")
+    kept, deleted = (enqueue.Enqueue(inline(queue, simple_mail(f"a-{i}"))).receipt.enqueue_id for i in range(2))
+    admin = stub(secured, "admin", "admin")
+    # When an operator's DeleteMails is refused (an id that is not a UUID), then one by id succeeds
+    with pytest.raises(grpc.RpcError) as refused:
+        list(admin.DeleteMails(admin_pb2.DeleteMailsRequest(queue=queue, enqueue_ids=admin_pb2.EnqueueIds(ids=["nope"]))))
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert types(history(secured, enqueue_id=kept)) == ["ENQUEUED"]
+    list(admin.DeleteMails(admin_pb2.DeleteMailsRequest(queue=queue, enqueue_ids=admin_pb2.EnqueueIds(ids=[deleted]))))
+    # Then the deleted mail's history ends DELETED by the admin; the other mail's has no change
+    story = wait_until(lambda: (h := history(secured, enqueue_id=deleted)) and len(h) >= 2 and h, 30, what="DELETED")
+    assert types(story) == ["ENQUEUED", "DELETED"]
+    assert (story[-1].actor.role, story[-1].actor.identity) == ("admin", identity("admin"))
+    assert story[0].actor.role == "producer"
+    assert types(history(secured, enqueue_id=kept)) == ["ENQUEUED"]
+
+
+def test_a_moved_mail_keeps_its_story_under_its_new_id_and_the_stream_carries_it(secured):
+    # Given a watcher of two new queues (from the oldest event kept: only theirs pass the filter), and a
+    # mail enqueued in one of them
+    src, dst = new_queue(secured), new_queue(secured)
+    watcher = stub(secured, "events", "reader").WatchEvents(T.WatchEventsRequest(queues=[src, dst], from_oldest=True), timeout=60)
+    name = f"moved-{uuid.uuid4().hex[:6]}"
+    eid = stub(secured, "enqueue", "producer").Enqueue(inline(src, simple_mail(name))).receipt.enqueue_id
+    # When an operator moves it to another queue
+    moves = list(stub(secured, "admin", "admin").MoveMails(admin_pb2.MoveMailsRequest(queue=src, to_queue=dst)))
+    assert moves[-1].moved == 1
+    # Then its history says where it went, under which id, and by whom
+    story = wait_until(lambda: (h := history(secured, enqueue_id=eid)) and len(h) >= 2 and h, 30, what="MOVED")
+    assert types(story) == ["ENQUEUED", "MOVED"]
+    moved = story[-1]
+    assert moved.details["to_queue"] == dst and moved.actor.role == "admin"
+    new_id = moved.details["to_enqueue_id"]
+    assert new_id != eid
+    # and the history by name tells the whole story, across both ids
+    by_name = history(secured, name=name)
+    assert {e.enqueue_id for e in by_name} >= {eid} and "MOVED" in types(by_name)
+    # and the stream carried the same events, each with a cursor
+    seen = []
+    for response in watcher:
+        seen.append(response.event)
+        if any(e.type == T.EVENT_TYPE_MOVED for e in seen):
+            break
+    watcher.cancel()
+    assert [e.id for e in seen if e.enqueue_id == eid] == [e.id for e in story]
+    assert all(e.cursor for e in seen)

@@ -1,0 +1,35 @@
+"""What a webhook request carries and what an answer means (services/domain/webhooks.py): pure logic."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+
+import pytest
+
+from services.domain import webhooks
+from services.domain.events import Actor, EventType, of_queue
+
+
+@pytest.mark.parametrize("status, outcome", [
+    (200, "delivered"), (204, "delivered"), (None, "retry"), (500, "retry"), (503, "retry"), (429, "retry"), (408, "retry"),
+    (400, "refused"), (401, "refused"), (404, "refused"), (410, "refused"), (301, "refused"),
+])
+def test_what_an_answer_means(status, outcome):
+    assert webhooks.verdict(status) == outcome
+
+
+def test_the_backoff_doubles_up_to_its_cap():
+    assert [webhooks.backoff_s(n, 0.5, 5) for n in range(1, 7)] == [0.5, 1, 2, 4, 5, 5]
+
+
+def test_a_batch_is_signed_over_the_timestamp_and_the_body():
+    e = of_queue(EventType.QUEUE_CREATED, "q", "v1", actor=Actor.component("test"))
+    body = webhooks.batch_body([e])
+    h = webhooks.headers(b"secret", 1700000000, body)
+    assert h["Content-Type"] == "application/cloudevents-batch+json"
+    assert h["Mailqueue-Signature"] == "sha256=" + hmac.new(b"secret", b"1700000000." + body, hashlib.sha256).hexdigest()
+    assert webhooks.signature(b"secret", 1700000001, body) != h["Mailqueue-Signature"]  # a replayed body with a new time fails
+    (ce,) = json.loads(body)
+    assert (ce["specversion"], ce["id"], ce["type"], ce["source"]) == ("1.0", e.id, "io.mailqueue.event.queue_created", "mailqueue/q")

@@ -1,0 +1,3 @@
+from services.runtime.webhooks import main
+
+main()
