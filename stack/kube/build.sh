@@ -6,15 +6,9 @@
 # pods). Everything comes from the Go module proxy.
 # Cold: about 7 minutes on 2 cores (hyperkube is most of it); cached: nothing is rebuilt.
 set -euo pipefail
-HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-CACHE_DIR="${MAILQUEUE_CACHE_DIR:-$HOME/.cache/mailqueue-stack}"
-KUBE_VERSION=v1.34.4
-COREDNS_VERSION=v1.11.3
-METRICS_SERVER_VERSION=v0.8.0
-CRICTL_VERSION=v1.34.0
-KUBE_ROUTER_VERSION=v2.1.0
-BIN="$CACHE_DIR/kubernetes-$KUBE_VERSION/bin"
-say() { printf '[kube] %s\n' "$*" >&2; }
+# The versions, $BIN and say: lib.sh.
+# shellcheck source=stack/kube/lib.sh
+source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/lib.sh"
 
 export CGO_ENABLED=0 GOFLAGS=-trimpath
 mkdir -p "$BIN"
@@ -40,10 +34,10 @@ go_tool() {
   say "building $name ($mod) with go install (once per machine)"
   GOBIN="$BIN" nice go install -ldflags "-s -w" "$mod"
 }
-go_tool coredns "github.com/coredns/coredns@$COREDNS_VERSION"
-go_tool metrics-server "sigs.k8s.io/metrics-server/cmd/metrics-server@$METRICS_SERVER_VERSION"
-go_tool crictl "sigs.k8s.io/cri-tools/cmd/crictl@$CRICTL_VERSION"
-go_tool kube-router "github.com/cloudnativelabs/kube-router/v2/cmd/kube-router@$KUBE_ROUTER_VERSION"
+go_tool coredns "github.com/coredns/coredns@v$COREDNS_VERSION"
+go_tool metrics-server "sigs.k8s.io/metrics-server/cmd/metrics-server@v$METRICS_SERVER_VERSION"
+go_tool crictl "sigs.k8s.io/cri-tools/cmd/crictl@v$CRICTL_VERSION"
+go_tool kube-router "github.com/cloudnativelabs/kube-router/v2/cmd/kube-router@v$KUBE_ROUTER_VERSION"
 # nettest: standard library only, a few seconds; rebuilt when its source changes.
 if [[ ! -x "$BIN/nettest" || "$HERE/nettest/main.go" -nt "$BIN/nettest" ]]; then
   (cd "$HERE/nettest" && go build -ldflags "-s -w" -o "$BIN/nettest" .)
