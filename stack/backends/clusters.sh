@@ -25,25 +25,50 @@ cluster_cassandra_launch() {
     "$([[ $i == 1 ]] && echo true || echo "$bootstrap")"
 }
 
+# cluster_cassandra_relaunch_exited I: start node I again if its process exited (a joining node
+# can give up on gossip, "Unable to gossip with any peers"), showing its last lines; dies when
+# it exited three times. Counts in the caller's $relaunched.
+cluster_cassandra_relaunch_exited() {
+  local i=$1
+  pid_of "cluster/cassandra$i" >/dev/null && return 0
+  [[ $relaunched == *$i$i* ]] && die "cluster/cassandra$i exited three times; read $LOG_DIR/cluster/cassandra$i.log and .out"
+  say "cluster/cassandra$i exited while starting; its last lines:"
+  tail -n 15 "$LOG_DIR/cluster/cassandra$i.out" "$LOG_DIR/cluster/cassandra$i.log" >&2 2>/dev/null || true
+  relaunched+=$i
+  cluster_cassandra_launch "$i"
+}
+
+cluster_cassandra_last_errors() {
+  say "cluster/cassandra$1 (pid $(pid_of "cluster/cassandra$1" || echo none)): its last warnings and errors:"
+  grep -E " (WARN|ERROR) |Replaying|replay complete" "$LOG_DIR/cluster/cassandra$1.log" 2>/dev/null | tail -n 8 | cut -c1-300 >&2 || true
+}
+
+# cluster_cassandra_wait_node I SECONDS: node I answers CQL. A restarted node first replays its
+# commit log (tens of seconds on a busy 2-core machine), then gossips with the seed; an exited
+# process is started again (cluster_cassandra_relaunch_exited), progress said every 20 s.
+cluster_cassandra_wait_node() {
+  local i=$1 seconds=$2 start=$SECONDS relaunched=""
+  until cluster_cassandra_healthy "$i" >/dev/null 2>&1; do
+    cluster_cassandra_relaunch_exited "$i"
+    if (( SECONDS - start > seconds )); then
+      cluster_cassandra_last_errors "$i"
+      die "cassandra$i did not answer within ${seconds}s. Read $LOG_DIR/cluster/cassandra$i.log, then run 'stack/stack.sh node start cassandra$i' again."
+    fi
+    (( (SECONDS - start) % 20 < 2 )) && say "waiting for cassandra$i ($((SECONDS - start))s): $(tail -n 1 "$LOG_DIR/cluster/cassandra$i.log" 2>/dev/null | cut -c1-160)"
+    sleep 1
+  done
+  say "cassandra$i answers after $((SECONDS - start))s"
+}
+
 # cluster_cassandra_wait_ring SECONDS: wait until node 1 sees the three nodes up, saying which are
 # up every 20 s. A node whose process exited meanwhile is shown (its last lines) and started again,
 # twice at most; at the deadline, every node's last errors are shown before giving up.
 cluster_cassandra_wait_ring() {
   local seconds=$1 start=$SECONDS line i relaunched=""
   until line=$(cluster_cassandra_ring 2>/dev/null); do
-    for i in 2 3; do
-      pid_of "cluster/cassandra$i" >/dev/null && continue
-      [[ $relaunched == *$i$i* ]] && die "cluster/cassandra$i exited three times; read $LOG_DIR/cluster/cassandra$i.log and .out"
-      say "cluster/cassandra$i exited while joining; its last lines:"
-      tail -n 15 "$LOG_DIR/cluster/cassandra$i.out" "$LOG_DIR/cluster/cassandra$i.log" >&2 2>/dev/null || true
-      relaunched+=$i
-      cluster_cassandra_launch "$i"
-    done
+    for i in 2 3; do cluster_cassandra_relaunch_exited "$i"; done
     if (( SECONDS - start > seconds )); then
-      for i in 1 2 3; do
-        say "cluster/cassandra$i (pid $(pid_of "cluster/cassandra$i" || echo none)): its last warnings and errors:"
-        grep -E " (WARN|ERROR) " "$LOG_DIR/cluster/cassandra$i.log" 2>/dev/null | tail -n 8 | cut -c1-300 >&2 || true
-      done
+      for i in 1 2 3; do cluster_cassandra_last_errors "$i"; done
       die "cassandra ring (3 nodes up) not formed within ${seconds}s (nodes up: ${line:-none}). Read $LOG_DIR/cluster/cassandra*.log, then run 'stack/stack.sh down --cluster' and 'stack/stack.sh up --cluster' again."
     fi
     (( (SECONDS - start) % 20 < 5 )) && say "waiting for cassandra ring (3 nodes up) ($((SECONDS - start))s; up: ${line:-none})"
@@ -235,8 +260,7 @@ node() {
     start)
       if [[ $name == cassandra* ]]; then
         pid_of "cluster/$name" >/dev/null || cluster_cassandra_launch "$i"
-        eval "node_ok() { cluster_cassandra_healthy $i; }"
-        wait_for "$name" 240 node_ok "$LOG_DIR/cluster/$name.log"
+        cluster_cassandra_wait_node "$i" 420
       else
         pid_of "cluster/$name" >/dev/null || cluster_rabbit_launch "$i"
         eval "node_ok() { cluster_rabbit_healthy $i; }"

@@ -29,7 +29,7 @@ REPORT = os.path.join(ROOT, ".stack", "cluster-faults.jsonl")
 
 
 def node(action: str, name: str) -> None:
-    stack("node", action, name, timeout=300)
+    stack("node", action, name, timeout=480)
 
 
 def list_queues(*columns: str) -> list[dict]:
