@@ -6,10 +6,12 @@ Rows are written without null cells: absent values are left unset (nulls are tom
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
+import time
 
-from cassandra import Unauthorized
+from cassandra import InvalidRequest, Unauthorized
 from cassandra.cluster import Cluster, Session
 
 from services.domain.names import table
@@ -199,9 +201,34 @@ def create(session: Session, keyspace: str, replication: str) -> None:
     The role that runs it owns what it creates (Cassandra grants the creator every permission):
     with authorization on, that is the schema role, never a service's (``migrate``).
     """
-    session.execute(f"CREATE KEYSPACE IF NOT EXISTS {keyspace} WITH replication = {replication}", timeout=60)
+    _ddl(session, f"CREATE KEYSPACE IF NOT EXISTS {keyspace} WITH replication = {replication}")
     for ddl in [*TABLES, *MIGRATIONS, *INDEXES]:
-        session.execute(ddl.format(ks=keyspace), timeout=60)
+        _ddl(session, ddl.format(ks=keyspace))
+
+
+#: How long a DDL statement is retried while its coordinator does not know the keyspace or table
+#: the statement before it created.
+SCHEMA_AGREEMENT_S = 120.0
+
+
+def _ddl(session: Session, statement: str) -> None:
+    """Run one DDL statement. On a cluster, the node that coordinates it may not have the schema
+    change before it yet: the driver waits up to 10 s for agreement after each change, and a node
+    that restarted under load (seen after the cluster tier's node faults) can take longer. Such a
+    statement answers "Keyspace ... doesn't exist" (or an unconfigured table); it is retried, after
+    waiting for the nodes to agree, for up to SCHEMA_AGREEMENT_S."""
+    deadline = time.monotonic() + SCHEMA_AGREEMENT_S
+    while True:
+        try:
+            session.execute(statement, timeout=60)
+            return
+        except InvalidRequest as e:
+            if not any(m in str(e) for m in ("doesn't exist", "unconfigured table")) or time.monotonic() > deadline:
+                raise
+            log.warning("schema not agreed yet, retrying", extra={"statement": statement[:80], "error": str(e)[:200]})
+            with contextlib.suppress(Exception):  # the retry is the check
+                session.cluster.control_connection.wait_for_schema_agreement(wait_time=10)
+            time.sleep(1)
 
 
 #: The permissions a service's role gets on the keyspace: read and write rows. Nothing else: no
