@@ -5,14 +5,15 @@ over time: each call's blob write, row write and publish would leave alone, one 
 network write each, and the backends pay per request. Here a call's item runs at once when fewer
 than ``running`` groups are running (a lone caller pays no wait); otherwise it waits, with every
 item that arrives meanwhile, until a running group finishes, and then they run as the next group
-(``Enqueuer._run_group``: each step for every mail in the same event-loop turn), at most ``size``
+(``GroupWrites.run_group`` in services/app/enqueue_group.py: each step for every mail in the same event-loop turn), at most ``size``
 to a group. So groups grow with the load by themselves, as the calls that arrive while the
 backends answer the groups before them, like the view's group commit
 (services/adapters/cassandra/group_commit.py). Each call still gets its own outcome, once its
 mail is durable.
 
 A caller that leaves (cancelled, its deadline passed) while its item waits takes it out of the
-group: nothing of it is written. Once its group runs, the group finishes without it.
+group: nothing of it is written, and the runner's ``withdrawn`` hears of it (an idempotency claim to release).
+Once its group runs, the group finishes it, answered or not.
 
 Not one primitive with the view's group commit and group read
 (services/adapters/cassandra/group_commit.py, group_read.py), which gather one Cassandra request
@@ -25,8 +26,8 @@ which the adapters may not import.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Generic, TypeVar
+from collections.abc import Sequence
+from typing import Generic, Protocol, TypeVar
 
 from prometheus_client import Histogram
 
@@ -36,12 +37,21 @@ R = TypeVar("R")
 GROUP = Histogram("mailqueue_enqueue_grouped_calls", "Enqueues run together as one group",
                   buckets=(1, 2, 4, 8, 16, 32, 64, 128))
 
-RunGroup = Callable[[Sequence[T]], Awaitable[list[R | BaseException]]]
+
+
+class GroupRunner(Protocol[T, R]):
+    """What runs the groups (services/app/enqueue_group.py's GroupWrites)."""
+
+    async def run_group(self, items: Sequence[T]) -> list[R | BaseException]:
+        """Every item's outcome, in order."""
+
+    def withdrawn(self, item: T) -> None:
+        """``item``'s caller left before its group ran (nothing of it was written)."""
 
 
 class Grouper(Generic[T, R]):
-    def __init__(self, run_group: RunGroup[T, R], running: int = 1, size: int = 128) -> None:
-        self._run_group = run_group
+    def __init__(self, runner: GroupRunner[T, R], running: int = 1, size: int = 128) -> None:
+        self._runner = runner
         self.running, self.size = running, size
         self._waiting: list[tuple[T, asyncio.Future[R]]] = []
         self._running: set[asyncio.Task[None]] = set()
@@ -58,6 +68,7 @@ class Grouper(Generic[T, R]):
         except asyncio.CancelledError:
             if entry in self._waiting:  # not started: nothing of it is written
                 self._waiting.remove(entry)
+                self._runner.withdrawn(item)
             raise
 
     def _next(self) -> None:
@@ -76,7 +87,7 @@ class Grouper(Generic[T, R]):
 
     async def _run(self, group: list[tuple[T, asyncio.Future[R]]]) -> None:
         try:
-            outcomes: list[R | BaseException] = await self._run_group([item for item, _ in group])
+            outcomes: list[R | BaseException] = await self._runner.run_group([item for item, _ in group])
         except BaseException as e:  # noqa: BLE001 - every caller of the group gets it
             outcomes = [e] * len(group)
         for (_, answer), outcome in zip(group, outcomes, strict=True):

@@ -6,6 +6,17 @@ from collections.abc import Sequence
 from services.app.grouping import Grouper
 
 
+class Runner:
+    """A GroupRunner from a function; it notes the withdrawn items."""
+
+    def __init__(self, run_group) -> None:
+        self.run_group = run_group
+        self.withdrawn_items: list[int] = []
+
+    def withdrawn(self, item: int) -> None:
+        self.withdrawn_items.append(item)
+
+
 def test_a_lone_call_runs_at_once_and_calls_that_arrive_meanwhile_run_as_the_next_group():
     async def scenario() -> tuple[list[int], list[list[int]]]:
         groups: list[list[int]] = []
@@ -22,7 +33,7 @@ def test_a_lone_call_runs_at_once_and_calls_that_arrive_meanwhile_run_as_the_nex
             for _ in range(3):
                 await asyncio.sleep(0)
 
-        g: Grouper[int, int] = Grouper(run_group, running=1, size=4)
+        g: Grouper[int, int] = Grouper(Runner(run_group), running=1, size=4)
         first = asyncio.ensure_future(g.submit(0))  # nothing running: at once, alone
         await turns()
         assert groups == [[0]]
@@ -47,7 +58,7 @@ def test_each_call_gets_its_own_error_and_the_others_their_results():
         async def run_group(items: Sequence[int]) -> list[int | BaseException]:
             return [ValueError(f"bad {i}") if i % 2 else i for i in items]
 
-        g: Grouper[int, int] = Grouper(run_group, running=1, size=10)
+        g: Grouper[int, int] = Grouper(Runner(run_group), running=1, size=10)
         return await asyncio.gather(*(g.submit(i) for i in range(4)), return_exceptions=True)
 
     outcomes = asyncio.run(scenario())
@@ -55,7 +66,7 @@ def test_each_call_gets_its_own_error_and_the_others_their_results():
     assert [str(outcomes[1]), str(outcomes[3])] == ["bad 1", "bad 3"]
 
 
-def test_a_call_cancelled_while_waiting_is_taken_out_of_its_group():
+def test_a_call_cancelled_while_waiting_is_taken_out_of_its_group_and_its_runner_told():
     async def scenario() -> tuple[list[object], list[list[int]]]:
         groups: list[list[int]] = []
 
@@ -63,17 +74,19 @@ def test_a_call_cancelled_while_waiting_is_taken_out_of_its_group():
             groups.append(list(items))
             return list(items)
 
-        g: Grouper[int, int] = Grouper(run_group, running=1, size=10)
+        runner = Runner(run_group)
+        g: Grouper[int, int] = Grouper(runner, running=1, size=10)
         running = asyncio.ensure_future(g.submit(-1))  # runs at once; the next three wait for it
         waiting = [asyncio.ensure_future(g.submit(i)) for i in range(3)]
         await asyncio.sleep(0)
         waiting[1].cancel()
         await running
         done = await asyncio.gather(*waiting, return_exceptions=True)
-        return [d for d in done if isinstance(d, int)], groups
+        return [d for d in done if isinstance(d, int)], groups, runner.withdrawn_items
 
-    answered, groups = asyncio.run(scenario())
+    answered, groups, withdrawn = asyncio.run(scenario())
     assert answered == [0, 2] and groups == [[-1], [0, 2]]  # the cancelled call's item was never run
+    assert withdrawn == [1]  # and its runner heard of it (an idempotency claim to release)
 
 
 def test_a_group_that_fails_as_a_whole_fails_each_of_its_calls():
@@ -81,7 +94,7 @@ def test_a_group_that_fails_as_a_whole_fails_each_of_its_calls():
         async def run_group(items: Sequence[int]) -> list[int | BaseException]:
             raise ConnectionError("backend gone")
 
-        g: Grouper[int, int] = Grouper(run_group, running=1, size=10)
+        g: Grouper[int, int] = Grouper(Runner(run_group), running=1, size=10)
         return await asyncio.gather(*(g.submit(i) for i in range(3)), return_exceptions=True)
 
     assert [type(o) for o in asyncio.run(scenario())] == [ConnectionError] * 3

@@ -1,0 +1,108 @@
+"""Undoing a failed enqueue (DESIGN §4), eventually.
+
+An enqueue that fails after its view row may have been written (a timeout can land the write)
+is undone: the mail is marked deleted (with its counters, if they were bumped), so a message it
+may have published is skipped and nothing half-enqueued is browsed or delivered; **then** its
+idempotency claim is released. In that order: while the mark has not landed, the claim stays, so
+a retry with the key takes over this enqueue id (one mail, whatever was written) and never makes
+a second mail beside a live one (services/app/key_claims.py).
+
+An undo that fails too (the outage that failed the enqueue, a quorum lost with a write already on
+one replica) is retried in the background until it lands, so the half-written row never
+surfaces once the backend is back; the caller's answer is not delayed by that outage. Blobs are
+content-addressed and shared, so a failed enqueue leaves its blob for the retention sweep.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import datetime as dt
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+
+from prometheus_client import Gauge
+
+from services.app import counters
+from services.app.key_claims import KeyClaims, undo_time
+from services.app.retry import retrying
+from services.domain import model
+from services.domain.backoff import Backoff
+from services.domain.errors import BackendUnavailable
+from services.ports.view import View
+
+log = logging.getLogger(__name__)
+
+COMPENSATIONS_PENDING = Gauge(
+    "mailqueue_enqueue_compensations_pending", "Undo writes of failed enqueues waiting for Cassandra to answer",
+)
+#: Undo writes that failed are retried in the background with this policy, until they land.
+COMPENSATION_BACKOFF = Backoff("enqueue compensation", initial_s=0.5, multiplier=2.0, max_s=10.0)
+#: Past this many pending undo writes, new ones are only logged (an outage of hours under load).
+MAX_PENDING_COMPENSATIONS = 100_000
+
+
+@dataclasses.dataclass
+class Attempt:
+    """How far a failed attempt got: what its undo has to cover."""
+
+    written: model.QueuedMail | None = None  # its view row may exist
+    counted: bool = False  # and its counters were bumped
+
+
+class Compensation:
+    def __init__(self, view: View, claims: KeyClaims) -> None:
+        self._view = view
+        self._claims = claims
+        self._pending: set[asyncio.Task[None]] = set()
+
+    async def undo(self, queue: str, key: str, enqueue_id: uuid.UUID, started: dt.datetime, attempt: Attempt) -> None:
+        """Undo a failed attempt (eventually): its mail marked deleted if its row may exist, then
+        its idempotency claim (``key``, claimed at ``started``) released. Until the release lands,
+        this process knows the claim failed and a retry here takes it over at once."""
+        if key:
+            self._claims.failed(queue, key, enqueue_id)
+        written = attempt.written
+
+        async def undo() -> None:  # retried until it lands; the mark (and its counters) once
+            nonlocal written
+            if written is not None and attempt.counted:
+                await counters.mark(self._view, written, "enqueue failed", written_at=undo_time(started))
+            elif written is not None:
+                await self._view.mails.mark(queue, enqueue_id, "enqueue failed", undo_time(started))
+            written = None
+            if key:
+                await self._claims.release(queue, key, enqueue_id, started)
+
+        if written is not None or key:
+            await self.eventually(undo, "undo a failed enqueue")
+
+    def undo_later(self, queue: str, key: str, enqueue_id: uuid.UUID, started: dt.datetime) -> None:
+        """``undo`` of an attempt that wrote nothing, from code that cannot wait (a caller that left)."""
+        self._track(asyncio.ensure_future(self.undo(queue, key, enqueue_id, started, Attempt())), "undo a withdrawn enqueue")
+
+    async def eventually(self, op: Callable[[], Awaitable[None]], what: str) -> None:
+        """Run a compensating (or bookkeeping) write; if the backend does not answer, keep retrying
+        it in the background."""
+        try:
+            await op()
+            return
+        except BackendUnavailable as e:
+            log.warning("could not %s, retrying in the background: %s", what, e)
+        if len(self._pending) >= MAX_PENDING_COMPENSATIONS:
+            log.error("could not %s and %d undo writes are pending already: given up", what, len(self._pending))
+            return
+        self._track(asyncio.ensure_future(retrying(op, COMPENSATION_BACKOFF, (BackendUnavailable,), log)), what)
+
+    def _track(self, task: asyncio.Task[None], what: str) -> None:
+        self._pending.add(task)
+        COMPENSATIONS_PENDING.inc()
+
+        def done(t: asyncio.Task[None]) -> None:
+            self._pending.discard(t)
+            COMPENSATIONS_PENDING.dec()
+            if not t.cancelled() and t.exception() is not None:
+                log.error("could not %s: %s", what, t.exception())
+
+        task.add_done_callback(done)
