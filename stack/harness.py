@@ -102,7 +102,7 @@ def prepare(env: dict[str, str]) -> None:
 
 def broker_parameters(env: Mapping[str, str] | None = None):  # noqa: ANN201
     """pika's parameters for the broker ``env`` names (default: this process's), over TLS."""
-    from services.adapters.rabbitmq.broker import connection_parameters
+    from services.adapters.rabbitmq.connection import connection_parameters
     from services.runtime.settings import rabbitmq_from_env
 
     settings = rabbitmq_from_env(os.environ if env is None else env)

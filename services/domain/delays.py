@@ -9,7 +9,7 @@ is 0. The delivery exchange routes by the queue name to the work queue. So a mes
 exactly ``n`` units in total, through at most ``LEVELS`` queues, and nothing in our processes
 keeps a timer. (The NServiceBus RabbitMQ transport routes delays the same way.)
 
-Pure functions, unit-tested; the declarations are in services/adapters/rabbitmq/broker.py.
+Pure functions, unit-tested; the declarations are in services/adapters/rabbitmq/topology.py.
 """
 
 from __future__ import annotations

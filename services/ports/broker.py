@@ -1,4 +1,4 @@
-"""The message broker interface: what the domain needs from RabbitMQ (see services/adapters/rabbitmq/broker.py).
+"""The message broker interface: what the domain needs from RabbitMQ (see services/adapters/rabbitmq/, broker.py and the modules it names).
 
 Contracts:
 - ``publish`` returns only once the broker confirmed the message is durably routed to the

@@ -14,7 +14,7 @@ import pytest
 from cassandra import Unauthorized
 
 from services.adapters.cassandra.session import connect
-from services.adapters.rabbitmq.broker import connection_parameters
+from services.adapters.rabbitmq.connection import connection_parameters
 from services.adapters.s3.client import Bucket
 from services.domain import names
 from services.domain.errors import BackendUnavailable

@@ -11,7 +11,8 @@ import pika
 import pytest
 
 from services.adapters.rabbitmq import message_format
-from services.adapters.rabbitmq.channels import Publisher, Waiters
+from services.adapters.rabbitmq.channels import Waiters
+from services.adapters.rabbitmq.publishing import Publisher
 from services.domain.errors import BackendUnavailable
 from tests.unit.aio import run
 

@@ -1,5 +1,11 @@
 """Group commit: writes to one partition that meet in time go to Cassandra as one batch.
 
+Not the same primitive as group_read.py, though both send what one key gathers by the next loop
+turn: a write batch is one atomic request with one outcome for all its callers and at most
+``IN_FLIGHT`` per partition (the rest waits for one to finish), where a read sends all that waits
+at once with no bound and hands each caller its own row; nor services/app/grouping.py's Grouper
+(see there).
+
 Under load, many enqueues write a row into the same (queue, slice, bucket) partition at about
 the same moment. Each request costs the driver ~0.1 ms of CPU in the service and Cassandra a
 mutation of its own; a single-partition UNLOGGED batch is one request and one mutation, applied
@@ -9,12 +15,6 @@ Per partition, at most ``IN_FLIGHT`` batches are outstanding; writes that arrive
 and leave together with the next batch (up to ``MAX_STATEMENTS``). Without load a write leaves
 at the next event-loop turn, alone, so latency only grows when batching pays for it. Every
 caller gets its batch's outcome: success, or the batch's error.
-
-Not one primitive with group_read.py (a queue's reads, all that wait sent at once with no bound,
-a row per caller) or services/app/grouping.py (whole enqueues, a lone call run at once, each its
-own outcome, a caller who leaves withdrawn): a group commit is one partition's writes as one
-atomic UNLOGGED batch with ``IN_FLIGHT`` per partition and one outcome for all, and app/ code is
-out of an adapter's reach.
 """
 
 from __future__ import annotations

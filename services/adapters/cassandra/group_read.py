@@ -1,17 +1,17 @@
 """Grouped point reads: reads of one queue's per-mail rows that meet in time go as one IN query.
 
+Not the same primitive as group_commit.py, though both send what one key gathers by the next
+loop turn: a read changes nothing, so all that waits leaves at once with no bound in flight, its
+keys deduplicated into one IN query whose rows go back each to its own caller, where a write batch
+keeps at most ``IN_FLIGHT`` per partition and gives one outcome to all; nor services/app/
+grouping.py's Grouper (see there).
+
 Dequeue reads every delivered mail's deleted mark (``deleted_mails``); RabbitMQ hands a consumer
 its prefetch in bursts, and browse checks a slice's marks 64 at a time. Each request costs the
 driver ~0.1 ms of CPU in the service, so reads that arrive in the same event-loop turn leave
 together: ``WHERE queue_name = ? AND enqueue_id IN ?``, up to ``MAX_KEYS`` keys per request.
 Without load a read leaves alone at the next loop turn. Every caller gets its own row (or None),
 or the request's error.
-
-Not one primitive with group_commit.py (one partition's writes, at most ``IN_FLIGHT`` batches per
-partition, one outcome for the batch) or services/app/grouping.py (whole enqueues, each its own
-outcome, a caller who leaves withdrawn): a read changes nothing, so everything waiting for a
-queue leaves at the next loop turn with no bound in flight, its keys deduplicated into one IN
-query whose rows are handed out by key.
 """
 
 from __future__ import annotations

@@ -1,0 +1,96 @@
+"""Consuming from RabbitMQ: deliveries become ``Message`` objects the use-cases read.
+
+Contract: ``subscribe`` opens one channel with one consumer per RabbitMQ queue, each with
+``prefetch`` unacknowledged messages (per-consumer QoS): delivery tags stay unique on the channel,
+and a busy delivery class never takes another's credit. A subscription that fails or is cancelled
+half-way closes its channel (nothing is left holding messages). Once the channel closes, or the
+broker cancels the consumer (its queue was deleted), every ``get`` fails with BackendUnavailable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from typing import Any
+
+from pika.channel import Channel
+
+from services.adapters.rabbitmq import message_format
+from services.adapters.rabbitmq.channels import Waiters, unavailable
+from services.adapters.rabbitmq.connection import NodeConnection
+from services.ports.broker import Consumer, Message
+
+_CLOSED = object()
+
+
+class RabbitMQConsumer(Consumer):
+    def __init__(self, channel: Channel, waiters: Waiters) -> None:
+        self._channel = channel
+        self._waiters = waiters
+        self._inbox: asyncio.Queue[Any] = asyncio.Queue()
+        self._cancelled: str | None = None
+        channel.add_on_close_callback(lambda _ch, reason: self._inbox.put_nowait(_CLOSED))
+        # The broker cancels a consumer whose queue was deleted (DeleteQueue): end like a closed channel.
+        channel.add_on_cancel_callback(lambda _frame: self._on_cancel())
+
+    def _on_cancel(self) -> None:
+        self._cancelled = "consumer cancelled by the broker: its queue was deleted"
+        self._inbox.put_nowait(_CLOSED)
+
+    def on_message(self, priority: str, _ch: Channel, method: Any, props: Any, body: bytes) -> None:
+        d = message_format.decode(props.headers, body)
+        self._inbox.put_nowait(message_format.RabbitMQMessage(
+            method.delivery_tag, d.mail_bytes, bool(method.redelivered), props.message_id, d.delivery_count,
+            d.generation, d.death_reason, priority, d.delayed, d.content, d.reservation,
+        ))
+
+    def drain(self) -> list[Message]:
+        items = []
+        while not self._inbox.empty():
+            item = self._inbox.get_nowait()
+            if item is _CLOSED:
+                self._inbox.put_nowait(_CLOSED)
+                break
+            items.append(item)
+        return items
+
+    async def get(self) -> Message:
+        item = await self._inbox.get()
+        if item is _CLOSED:
+            self._inbox.put_nowait(_CLOSED)  # every later get fails too
+            raise unavailable(self._cancelled or self._waiters.closed_reason or "consumer channel closed")
+        return item
+
+    def _ensure_open(self) -> None:
+        if not self._channel.is_open:
+            raise unavailable(self._waiters.closed_reason or "consumer channel closed")
+
+    async def ack(self, delivery_tag: int) -> None:
+        self._ensure_open()
+        self._channel.basic_ack(delivery_tag)
+
+    async def dead_letter(self, delivery_tag: int) -> None:
+        self._ensure_open()
+        self._channel.basic_nack(delivery_tag, requeue=False)
+
+    async def close(self) -> None:
+        if self._channel.is_open:
+            self._channel.close()
+
+
+async def subscribe(connection: NodeConnection, rabbit_queues: dict[str, str], prefetch: int) -> RabbitMQConsumer:
+    """One channel, one consumer per queue (``rabbit_queues`` maps a priority to its queue)."""
+    channel, w = await connection.channel()
+    consumer = RabbitMQConsumer(channel, w)
+    try:
+        await connection.call(w, channel.basic_qos, prefetch_count=prefetch)
+        for priority, rabbit_queue in rabbit_queues.items():
+            on_message = functools.partial(consumer.on_message, priority)
+            fut = w.call(lambda callback, q=rabbit_queue, m=on_message: channel.basic_consume(q, m, auto_ack=False, callback=callback))
+            await connection.answer(fut, "basic.consume")
+    except BaseException:
+        # Failed or cancelled (a client that leaves while subscribing): a consumer nobody owns
+        # would take up to ``prefetch`` messages and hold them unacked until the process ends.
+        await consumer.close()
+        raise
+    return consumer
