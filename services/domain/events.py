@@ -49,6 +49,8 @@ class EventType(enum.Enum):
     RULE_CHANGED = "rule_changed"
     SHAPING_CHANGED = "shaping_changed"
     QUOTA_CHANGED = "quota_changed"
+    FLUSHED = "flushed"
+    RELEASED = "released"
 
 
 @dataclasses.dataclass(frozen=True)
