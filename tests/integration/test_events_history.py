@@ -314,6 +314,17 @@ def test_a_moved_mail_keeps_its_story_under_its_new_id_and_the_stream_carries_it
     watcher.cancel()
     assert [e.id for e in seen if e.enqueue_id == eid] == [e.id for e in story]
     assert all(e.cursor for e in seen)
+    # And once delivered from the queue it went to, its history by its first id, or by name, tells the
+    # whole story: the move followed to the new id
+    consumer = StreamConsumer(stub(secured, "dequeue", "consumer"), dst)
+    try:
+        consumer.answer(consumer.next(), "SUCCESS")
+        whole = wait_until(lambda: (h := history(secured, enqueue_id=eid)) and len(h) >= 4 and h, 30, what="DELIVERED")
+    finally:
+        consumer.close()
+    assert types(whole) == ["ENQUEUED", "MOVED", "HANDED_OUT", "DELIVERED"]
+    assert [e.enqueue_id for e in whole] == [eid, eid, new_id, new_id] and whole[-1].queue == dst
+    assert [e.id for e in history(secured, name=name)] == [e.id for e in whole]
 
 
 def queue_events(s, queue: str, *kinds: str, count: int) -> list:
@@ -370,13 +381,15 @@ def test_lifting_a_hold_rule_releases_its_mails_each_recorded_with_the_operator(
         wait_until(lambda: "HELD" in types(history(secured, enqueue_id=eid)), 15, what="HELD")
         # When the operator lifts the rule
         assert admin.LiftRule(admin_pb2.LiftRuleRequest(rule_id=rule_id)).released == 1
+        assert consumer.next().mail.enqueue_id == eid
+        story = wait_until(lambda: (h := history(secured, enqueue_id=eid)) and len(h) >= 4 and h, 30, what="HANDED_OUT")
     finally:
         consumer.close()
-    # Then the mail's history says HELD by the rule, then RELEASED by the operator, naming the rule;
-    # and the stream carries the rule's RULE_CHANGED, added then removed, by the operator
-    story = history(secured, enqueue_id=eid)
-    assert types(story) == ["ENQUEUED", "HELD", "RELEASED"]  # held before any hand-out; no consumer since
-    held, released = story[1:]
+    # Then the mail's history says HELD by the rule (never handed out), then RELEASED by the operator,
+    # naming the rule, then handed out; and the stream carries the rule's RULE_CHANGED, added then
+    # removed, by the operator
+    assert types(story) == ["ENQUEUED", "HELD", "RELEASED", "HANDED_OUT"]
+    held, released = story[1:3]
     assert (held.actor.kind, held.actor.identity, held.details["rule_id"]) == (T.ACTOR_KIND_COMPONENT, "rule", rule_id)
     assert (released.actor.role, released.details["rule_id"]) == ("admin", rule_id)
     changes = queue_events(secured, queue, "RULE_CHANGED", count=2)
