@@ -53,25 +53,32 @@ class Admin:
     def drop_queue(self, queue: str, force: bool) -> AsyncIterator[DropProgress]:
         return drop_queue(self._view, self._broker, self._state, self.live_mails, queue, force, events=self._events)
 
-    async def flush(self, queue: str, f: BrowseFilter) -> int:
+    async def flush(self, queue: str, f: BrowseFilter, lifted: model.Rule | None = None) -> int:
         """Make every delayed mail matching ``f`` deliverable now, in enqueue order.
 
-        Each gets a new generation: published to the work queue, then recorded, so the copy still
-        waiting in the delay ladder is skipped when it arrives (the mail is delivered once).
+        Each gets a new generation: recorded FLUSHED (RELEASED when ``lifted``, the hold rule being
+        lifted, held it), in batches, then published to the work queue and rescheduled, so the
+        copy still waiting in the delay ladder is skipped when it arrives (the mail is delivered once).
         """
         queue = await self._browser.existing(queue)
         f = dataclasses.replace(f, schedule="delayed", now=model.utcnow() + dt.timedelta(milliseconds=1))
+
+        async def make_due(pair: tuple[model.QueuedMail, model.QueuedMail]) -> bool:
+            q, flushed = pair
+            await self._broker.publish(flushed)
+            await self._view.mails.reschedule(flushed)
+            await counters.bump(self._view, q, delayed=-1, held=-1 if counts.is_held(q) else 0)
+            return True
+
+        batch = admin_events.RecordedFirst(self._events, make_due)
         count = 0
         async for q in self.live_mails(queue, "flush"):
             if not f.matches(q):
                 continue
-            now = model.utcnow()
-            flushed = dataclasses.replace(q, deliver_at=now, generation=q.generation + 1,
+            flushed = dataclasses.replace(q, deliver_at=model.utcnow(), generation=q.generation + 1,
                                           held_by=counts.NOT_HELD if q.held_by is not None else None)
-            await self._broker.publish(flushed)
-            await self._view.mails.reschedule(flushed)
-            await counters.bump(self._view, q, delayed=-1, held=-1 if counts.is_held(q) else 0)
-            count += 1
+            count += await batch.add((q, flushed), admin_events.flushed(flushed, lifted))
+        count += await batch.flush()
         await self._view.counter_buffer.flush()  # a GetSize here after the answer reflects it
         return count
 
@@ -115,16 +122,22 @@ class Admin:
         return before, await self._view.mails.size(queue)
 
     async def republish(self, queue: str, older_than: dt.timedelta) -> int:
-        """Publish again every live mail enqueued before ``now - older_than`` (heals a lossy broker)."""
+        """Publish again every live mail enqueued before ``now - older_than`` (heals a lossy broker),
+        each recorded REPUBLISHED (the caller as actor), in batches, before it is published."""
         if older_than < dt.timedelta(0):
             raise InvalidArgument("older_than must not be negative")
         queue = await self._browser.existing(queue)
         cutoff = model.utcnow() - older_than
+
+        async def publish(q: model.QueuedMail) -> bool:
+            await self._broker.publish(q, max(q.due() - model.utcnow(), dt.timedelta(0)))
+            return True
+
+        batch = admin_events.RecordedFirst(self._events, publish)
         count = 0
         async for q in self.live_mails(queue, "republish", until=cutoff):
-            await self._broker.publish(q, max(q.due() - model.utcnow(), dt.timedelta(0)))
-            count += 1
-        return count
+            count += await batch.add(q, admin_events.republished_by_caller(q))
+        return count + await batch.flush()
 
     async def update_browse_start(self, queue: str) -> dt.datetime | None:
         return await browse_start.update(self._view, await self._browser.existing(queue))
@@ -188,7 +201,8 @@ class Admin:
         return rule, applied
 
     async def lift_rule(self, rule_id: uuid.UUID) -> int:
-        """End the rule now; a hold rule's held mails become deliverable, in enqueue order."""
+        """End the rule now (recorded RULE_CHANGED "removed"); a hold rule's held mails become
+        deliverable, in enqueue order, each recorded RELEASED."""
         rule = await self._view.rules.get(rule_id)
         if rule is None:
             raise NotFound(f"rule {rule_id} does not exist or has expired (mailq rules lists the rules in force)")
@@ -198,7 +212,7 @@ class Admin:
             return 0
         released = 0
         for queue in [rule.queue] if rule.queue else await self._view.queues.all():
-            released += await self.flush(queue, BrowseFilter(held_by=rule_id))
+            released += await self.flush(queue, BrowseFilter(held_by=rule_id), lifted=rule)
         return released
 
 

@@ -1,6 +1,7 @@
 """The events of what operators and the queue's own components do (the audit trail): moves,
-deletes, clears, purges, redrives, rules applied to queued mail, the healer's republishes, and
-the queue- and install-level changes (queues, configuration, retry policies, rules, shaping).
+deletes, clears, purges, redrives, flushes, rules applied to queued mail (and lifted), republishes
+(the healer's and RepublishNotProcessed's), and the queue- and install-level changes (queues,
+configuration, retry policies, rules, shaping).
 
 Ids (services/domain/events.py ``event_id``) are derived from the change only, never from when or
 by whom it was made, so a change carried out again (a call retried after a lost answer, the
@@ -103,6 +104,23 @@ def bounced_by(mail: model.QueuedMail, rule: model.Rule, reason: str) -> Event:
 def republished(again: model.QueuedMail) -> Event:
     """The healer published again a mail whose message was lost (``again``: its new generation)."""
     return of_mail(EventType.REPUBLISHED, again, step=again.generation, actor=HEALER)
+
+
+def republished_by_caller(mail: model.QueuedMail) -> Event:
+    """An operator's RepublishNotProcessed published ``mail`` again (same generation: the copy
+    dequeue meets second is skipped). One id per mail and generation: the call retried, or made
+    again before the mail moved on, writes the same event."""
+    return of_mail(EventType.REPUBLISHED, mail, step=mail.generation, discriminator="operator", details={"by": "operator"})
+
+
+def flushed(again: model.QueuedMail, lifted: model.Rule | None = None) -> Event:
+    """``again`` (the mail's new generation) made deliverable now: by Flush (FLUSHED), or by lifting
+    the hold rule ``lifted`` (RELEASED). The new generation is the step: a Flush retried after a
+    crash before the mail was rescheduled computes the same generation, so the same id."""
+    if lifted is None:
+        return of_mail(EventType.FLUSHED, again, step=again.generation)
+    return of_mail(EventType.RELEASED, again, step=again.generation, discriminator=str(lifted.rule_id),
+                   details={"rule_id": str(lifted.rule_id)})
 
 
 def queue_created(queue: str, incarnation: str) -> Event:

@@ -33,8 +33,8 @@ async def create_queue(view: View, broker: Broker, queue: str, policy: RetryPoli
     browse/content start (``IF NOT EXISTS``), then QUEUE_CREATED is recorded (while the queue does
     not exist yet), then the queue row, so a queue is listed only once everything it needs exists.
     A crash half-way is healed by a retry. The event's id names the queue's incarnation (its browse
-    start, kept by a retry, moved on by a deletion): one id for a creation retried, a new one for
-    a queue made again under a deleted one's name.
+    start, kept by a retry, and when the name was last deleted): one id for a creation retried, a
+    new one for a queue made again under a deleted one's name (its browse start may be the same).
     """
     validation.queue_name(queue)
     if policy is not None:
@@ -46,7 +46,9 @@ async def create_queue(view: View, broker: Broker, queue: str, policy: RetryPoli
     config = await view.config.current()
     await view.starts.initialise(queue, slice_start(utcnow(), config.slice_window))
     if not exists:
-        await admin_events.record(events, [admin_events.queue_created(queue, await _incarnation(view, queue))])
+        dropped = await view.queues.dropped_at(queue)  # a name made again after a DeleteQueue: another incarnation
+        incarnation = await _incarnation(view, queue) + (f"|after {dropped.isoformat()}" if dropped else "")
+        await admin_events.record(events, [admin_events.queue_created(queue, incarnation)])
     return await view.queues.create(queue)
 
 

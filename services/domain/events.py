@@ -49,6 +49,8 @@ class EventType(enum.Enum):
     RULE_CHANGED = "rule_changed"
     SHAPING_CHANGED = "shaping_changed"
     QUOTA_CHANGED = "quota_changed"
+    FLUSHED = "flushed"
+    RELEASED = "released"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,3 +138,20 @@ def of_queue(
         id=event_id(kind, queue, None, 0, discriminator), time=at or model.utcnow(), type=kind, queue=queue, enqueue_id=None,
         actor=actor or current_actor.get(), replica=replica, details=dict(details or {}),
     )
+
+
+#: Events that give the mail a new enqueue id (details "to_enqueue_id"): its story goes on there.
+LANDINGS = (EventType.MOVED, EventType.REDRIVEN)
+#: Within one millisecond, events of one attempt sort by the order a mail lives them.
+_RANK = {EventType.ENQUEUED: 0, EventType.HANDED_OUT: 1}
+
+
+def ordered(events: list[Event]) -> list[Event]:
+    """Oldest first; ties (one millisecond) by attempt, then a hand-out before its answer."""
+    return sorted(events, key=lambda e: (e.time, e.attempt, _RANK.get(e.type, 2), e.id))
+
+
+def landed_id(e: Event) -> uuid.UUID | None:
+    """The enqueue id a move or a redrive gave the mail (None for any other event)."""
+    to = e.details.get("to_enqueue_id") if e.type in LANDINGS else None
+    return uuid.UUID(to) if to else None

@@ -9,7 +9,7 @@ import grpc
 import pika
 import pytest
 
-from mailqueue.v1 import admin_pb2, browse_pb2
+from mailqueue.v1 import admin_pb2, browse_pb2, events_pb2, events_pb2_grpc
 from services.domain import names
 from stack.harness import broker_parameters, wait_until
 from tests.integration.helpers import StreamConsumer, inline, simple_mail
@@ -100,6 +100,16 @@ def test_a_forced_delete_takes_its_mails_topology_and_consumers_and_the_name_can
     consumer = StreamConsumer(suite.dequeue_stub, queue)
     assert consumer.next().mail.mail.name == "new"
     consumer.close()
+    # The event stream tells it: created, deleted (once it can no longer be refused), its 5 mails
+    # deleted with it (reason: the queue was), created again (another incarnation: another id)
+    watch = events_pb2_grpc.EventServiceStub(suite.browse.channel()).WatchEvents(events_pb2.WatchEventsRequest(
+        queues=[queue], from_oldest=True, types=[events_pb2.EVENT_TYPE_QUEUE_CREATED, events_pb2.EVENT_TYPE_QUEUE_DELETED,
+                                                 events_pb2.EVENT_TYPE_DELETED]), timeout=30)
+    seen = [next(watch).event for _ in range(8)]
+    watch.cancel()
+    assert [events_pb2.EventType.Name(e.type)[11:] for e in seen] == ["QUEUE_CREATED", "QUEUE_DELETED"] + [
+        "DELETED"] * 5 + ["QUEUE_CREATED"]
+    assert len({e.id for e in seen}) == 8 and all(e.reason for e in seen[2:7]) and seen[1].details["force"] == "true"
 
 
 def test_mailq_drop_from_another_directory(suite):

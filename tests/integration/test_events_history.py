@@ -11,12 +11,13 @@ import pathlib
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 
 import grpc
 import pytest
 
-from mailqueue.v1 import admin_pb2, admin_pb2_grpc, dequeue_pb2_grpc, enqueue_pb2_grpc, events_pb2, events_pb2_grpc
+from mailqueue.v1 import admin_pb2, admin_pb2_grpc, browse_pb2, dequeue_pb2_grpc, enqueue_pb2_grpc, events_pb2, events_pb2_grpc, shaping_pb2
 from services.adapters.grpc_channels import blocking_channel
 from stack.harness import wait_until
 from tests.integration.helpers import StreamConsumer, code_of, inline, simple_mail
@@ -313,3 +314,148 @@ def test_a_moved_mail_keeps_its_story_under_its_new_id_and_the_stream_carries_it
     watcher.cancel()
     assert [e.id for e in seen if e.enqueue_id == eid] == [e.id for e in story]
     assert all(e.cursor for e in seen)
+    # And once delivered from the queue it went to, its history by its first id, or by name, tells the
+    # whole story: the move followed to the new id
+    consumer = StreamConsumer(stub(secured, "dequeue", "consumer"), dst)
+    try:
+        consumer.answer(consumer.next(), "SUCCESS")
+        whole = wait_until(lambda: (h := history(secured, enqueue_id=eid)) and len(h) >= 4 and h, 30, what="DELIVERED")
+    finally:
+        consumer.close()
+    assert types(whole) == ["ENQUEUED", "MOVED", "HANDED_OUT", "DELIVERED"]
+    assert [e.enqueue_id for e in whole] == [eid, eid, new_id, new_id] and whole[-1].queue == dst
+    assert [e.id for e in history(secured, name=name)] == [e.id for e in whole]
+
+
+def queue_events(s, queue: str, *kinds: str, count: int) -> list:
+    """The first ``count`` events of ``queue`` of those types in the stream (from the oldest kept)."""
+    call = stub(s, "events", "reader").WatchEvents(T.WatchEventsRequest(
+        queues=[queue], from_oldest=True, types=[T.EventType.Value(f"EVENT_TYPE_{k}") for k in kinds]), timeout=30)
+    seen = []
+    for response in call:
+        seen.append(response.event)
+        if len(seen) == count:
+            break
+    call.cancel()
+    return seen
+
+
+def test_flush_and_republish_name_the_operator_and_a_retried_republish_is_the_same_event(secured):  # ~1 s
+    # Given a delayed mail and a ready one
+    queue = new_queue(secured)
+    enqueue = stub(secured, "enqueue", "producer")
+    request = inline(queue, simple_mail("later"))
+    request.delay.FromSeconds(3600)
+    later = enqueue.Enqueue(request).receipt.enqueue_id
+    ready = enqueue.Enqueue(inline(queue, simple_mail("ready"))).receipt.enqueue_id
+    admin = stub(secured, "admin", "admin")
+    # When a refused Flush and RepublishNotProcessed (no such queue) are made, then the queue is flushed
+    # and republished twice (a retried call)
+    absent = admin_pb2.FlushRequest(queue=f"absent-{uuid.uuid4().hex[:6]}")
+    assert code_of(lambda: admin.Flush(absent)) == grpc.StatusCode.NOT_FOUND
+    assert admin.Flush(admin_pb2.FlushRequest(queue=queue)).flushed == 1
+    for _ in range(2):
+        assert admin.RepublishNotProcessed(admin_pb2.RepublishNotProcessedRequest(queue=queue)).republished == 2
+    # Then the delayed mail's history says FLUSHED, then REPUBLISHED, by the admin; the ready one's
+    # REPUBLISHED once (same id for the retried call), by the admin
+    assert types(history(secured, enqueue_id=later)) == ["ENQUEUED", "FLUSHED", "REPUBLISHED"]
+    story = history(secured, enqueue_id=ready)
+    assert types(story) == ["ENQUEUED", "REPUBLISHED"] and story[-1].details["by"] == "operator"
+    assert all((e.actor.role, e.actor.identity) == ("admin", identity("admin"))
+               for e in [*history(secured, enqueue_id=later)[1:], story[-1]])
+
+
+def test_lifting_a_hold_rule_releases_its_mails_each_recorded_with_the_operator(secured):  # ~3 s
+    # Given a hold rule in force on every dequeue replica and a mail it held (recorded HELD, actor rule)
+    queue = new_queue(secured)
+    admin = stub(secured, "admin", "admin")
+    rule = admin_pb2.Rule(kind=admin_pb2.RULE_KIND_HOLD, reason="audit", queue=queue, sender="held@example.com")
+    rule.expires_at.FromSeconds(int(time.time()) + 3600)
+    rule_id = admin.AddRule(admin_pb2.AddRuleRequest(rule=rule)).rule.rule_id
+    dequeuer = secured.dequeue.app.service()
+    wait_until(lambda: any(str(r.rule_id) == rule_id for r in secured.run(dequeuer.rules.current())), 10, what="the rule")
+    eid = stub(secured, "enqueue", "producer").Enqueue(
+        inline(queue, simple_mail("held", sender="held@example.com"))).receipt.enqueue_id
+    consumer = StreamConsumer(stub(secured, "dequeue", "consumer"), queue)
+    try:
+        wait_until(lambda: "HELD" in types(history(secured, enqueue_id=eid)), 15, what="HELD")
+        # When the operator lifts the rule
+        assert admin.LiftRule(admin_pb2.LiftRuleRequest(rule_id=rule_id)).released == 1
+        assert consumer.next().mail.enqueue_id == eid
+        story = wait_until(lambda: (h := history(secured, enqueue_id=eid)) and len(h) >= 4 and h, 30, what="HANDED_OUT")
+    finally:
+        consumer.close()
+    # Then the mail's history says HELD by the rule (never handed out), then RELEASED by the operator,
+    # naming the rule, then handed out; and the stream carries the rule's RULE_CHANGED, added then
+    # removed, by the operator
+    assert types(story) == ["ENQUEUED", "HELD", "RELEASED", "HANDED_OUT"]
+    held, released = story[1:3]
+    assert (held.actor.kind, held.actor.identity, held.details["rule_id"]) == (T.ACTOR_KIND_COMPONENT, "rule", rule_id)
+    assert (released.actor.role, released.details["rule_id"]) == ("admin", rule_id)
+    changes = queue_events(secured, queue, "RULE_CHANGED", count=2)
+    assert [(e.details["change"], e.details["rule_id"], e.actor.role) for e in changes] == [
+        ("added", rule_id, "admin"), ("removed", rule_id, "admin")]
+
+
+def test_an_expiry_a_reject_and_an_operators_redrive_purge_and_clear_are_each_recorded(secured):  # ~4 s
+    # Given a queue whose mails expire at their first RETRY, two mails consumed there, and a third queue
+    admin = stub(secured, "admin", "admin")
+    queue, other = f"ev-{uuid.uuid4().hex[:8]}", new_queue(secured)
+    admin.CreateQueue(admin_pb2.CreateQueueRequest(queue=queue, retry_policy=browse_pb2.RetryPolicy(max_attempts=1)))
+    enqueue = stub(secured, "enqueue", "producer")
+    names = {k: f"{k}-{uuid.uuid4().hex[:6]}" for k in ("expired", "rejected", "cleared")}
+    ids = {k: enqueue.Enqueue(inline(queue, simple_mail(names[k]))).receipt.enqueue_id for k in ("expired", "rejected")}
+    # When a consumer answers RETRY to one (its last attempt) and REJECT to the other
+    consumer = StreamConsumer(stub(secured, "dequeue", "consumer"), queue)
+    try:
+        for d in (consumer.next(), consumer.next()):
+            expiring = d.mail.enqueue_id == ids["expired"]
+            consumer.answer(d, "RETRY" if expiring else "REJECT", "451 later" if expiring else "550 no such user")
+        wait_until(lambda: all(len(history(secured, enqueue_id=i)) >= 3 for i in ids.values()), 30, what="the answers")
+    finally:
+        consumer.close()
+    # and an operator redrives the rejected one, purges the expired one and clears a third mail
+    ids["cleared"] = enqueue.Enqueue(inline(queue, simple_mail(names["cleared"]))).receipt.enqueue_id
+    redrive = admin_pb2.RedriveDeadLettersRequest(queue=queue, to_queue=other, filter=browse_pb2.DeadLetterFilter(name=names["rejected"]))
+    assert list(admin.RedriveDeadLetters(redrive))[-1].redriven == 1
+    purge = admin_pb2.PurgeDeadLettersRequest(queue=queue, filter=browse_pb2.DeadLetterFilter(name=names["expired"]))
+    assert list(admin.PurgeDeadLetters(purge))[-1].purged == 1
+    assert list(admin.ClearQueue(admin_pb2.ClearQueueRequest(queue=queue)))[-1].progress.deleted == 1
+    # Then each mail's story ends with what was done to it, and by whom
+    story = {k: history(secured, enqueue_id=i) for k, i in ids.items()}
+    assert types(story["expired"]) == ["ENQUEUED", "HANDED_OUT", "EXPIRED", "PURGED"]
+    assert types(story["rejected"]) == ["ENQUEUED", "HANDED_OUT", "REJECTED", "REDRIVEN"]
+    assert types(story["cleared"]) == ["ENQUEUED", "CLEARED"]
+    expired, rejected, redriven = story["expired"][2], story["rejected"][2], story["rejected"][3]
+    assert (expired.actor.kind, expired.actor.identity) == (T.ACTOR_KIND_COMPONENT, "expiry") and "max_attempts 1" in expired.reason
+    assert (rejected.actor.role, rejected.reason) == ("consumer", "550 no such user")
+    assert redriven.details["to_queue"] == other and story["expired"][3].actor.role == story["cleared"][1].actor.role == "admin"
+
+
+def test_retry_policy_throttle_and_bounce_changes_are_recorded_and_a_refused_one_is_not(secured):  # ~2 s
+    # Given a queue with a mail
+    admin = stub(secured, "admin", "admin")
+    queue = new_queue(secured)
+    eid = stub(secured, "enqueue", "producer").Enqueue(inline(queue, simple_mail("bounce-me", sender="b@example.com"))).receipt.enqueue_id
+    # When an operator's retry-policy change is refused, then two are made; a throttle is set; and a
+    # bounce rule is added that matches the queued mail
+    update = lambda **p: admin.UpdateRetryPolicy(admin_pb2.UpdateRetryPolicyRequest(  # noqa: E731
+        queue=queue, retry_policy=browse_pb2.RetryPolicy(**p)))
+    assert code_of(lambda: update(multiplier=0.5)) == grpc.StatusCode.INVALID_ARGUMENT
+    update(max_attempts=7)
+    update(max_attempts=9)
+    admin.SetThrottle(admin_pb2.SetThrottleRequest(throttle=shaping_pb2.Throttle(
+        destination="slow.example", queue=queue, rate=shaping_pb2.Rate(count=5, per=shaping_pb2.RATE_PERIOD_SECOND))))
+    rule = admin_pb2.Rule(kind=admin_pb2.RULE_KIND_BOUNCE, reason="spam run", queue=queue, sender="b@example.com")
+    rule.expires_at.FromSeconds(int(time.time()) + 3600)
+    added = admin.AddRule(admin_pb2.AddRuleRequest(rule=rule))
+    assert added.applied == 1
+    # Then the stream has the two policy changes only (the refused one recorded nothing), with what
+    # changed; the throttle; the rule; and the bounced mail's history names the operator and the rule
+    changes = queue_events(secured, queue, "CONFIG_CHANGED", "SHAPING_CHANGED", "RULE_CHANGED", count=4)
+    assert [(types([e])[0], e.actor.role) for e in changes] == [
+        ("CONFIG_CHANGED", "admin"), ("CONFIG_CHANGED", "admin"), ("SHAPING_CHANGED", "admin"), ("RULE_CHANGED", "admin")]
+    assert [(e.details["setting"], e.details["max_attempts"]) for e in changes[:2]] == [("retry_policy", "7"), ("retry_policy", "9")]
+    assert changes[2].details["destination"] == "slow.example" and changes[3].details["change"] == "added"
+    bounced = history(secured, enqueue_id=eid)[-1]
+    assert (types([bounced]), bounced.actor.role, bounced.details["rule_id"]) == (["BOUNCED"], "admin", added.rule.rule_id)

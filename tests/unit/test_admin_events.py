@@ -83,6 +83,21 @@ def test_a_republish_is_the_healers_and_each_generation_has_its_own_id():
     assert admin_events.republished(dataclasses.replace(q, generation=1)).id == one.id
 
 
+def test_an_operators_republish_flush_and_release_are_the_callers_and_a_retried_one_has_the_same_id():
+    q = mail()
+    caller = Actor("caller", "admin", "token:0123456789ab")
+    rule = model.Rule(uuid.uuid4(), "hold", q.enqueued_at, q.enqueued_at + dt.timedelta(hours=1))
+    again = dataclasses.replace(q, generation=1)
+    with acting_as(caller):
+        events = [admin_events.republished_by_caller(q), admin_events.flushed(again), admin_events.flushed(again, rule)]
+        retried = [admin_events.republished_by_caller(q), admin_events.flushed(again), admin_events.flushed(again, rule)]
+    assert [e.type for e in events] == [EventType.REPUBLISHED, EventType.FLUSHED, EventType.RELEASED]
+    assert [e.id for e in retried] == [e.id for e in events] and len({e.id for e in events}) == 3
+    assert all(e.actor == caller for e in events) and events[2].details == {"rule_id": str(rule.rule_id)}
+    assert events[0].id != admin_events.republished(q).id  # the healer's republish of that copy is another change
+    assert admin_events.flushed(dataclasses.replace(q, generation=2)).id != events[1].id  # flushed again later
+
+
 def test_a_setting_change_names_what_changed_and_no_change_is_no_event():
     before = {"max_attempts": "5", "multiplier": "2.0"}
     after = {"max_attempts": "8", "multiplier": "2.0"}

@@ -6,10 +6,9 @@ import uuid
 import pytest
 
 from mailqueue.v1 import events_pb2
-from services.adapters.cassandra.event_log import ordered
 from services.contract import events_serde as s
 from services.domain.errors import InvalidArgument
-from services.domain.events import Actor, Event, EventType
+from services.domain.events import Actor, Event, EventType, ordered
 
 AT = dt.datetime(2026, 11, 27, 10, 0, 0, 123000, tzinfo=dt.timezone.utc)
 
@@ -48,3 +47,34 @@ def test_a_history_request_names_one_mail_or_one_name():
                 events_pb2.GetMailHistoryRequest(enqueue_id="12ab")):
         with pytest.raises(InvalidArgument):
             s.history_request_from_proto(bad)
+
+
+class Partitions:
+    """An EventLog read side holding each mail's events (a double of the port, not of Cassandra)."""
+
+    def __init__(self, events: list[Event]) -> None:
+        self.events, self.reads = events, 0
+
+    async def history(self, enqueue_id: uuid.UUID) -> list[Event]:
+        self.reads += 1
+        return [e for e in self.events if e.enqueue_id == enqueue_id]
+
+
+def test_a_history_by_id_follows_the_moves_and_redrives_a_partition_read_each():
+    import asyncio
+
+    from services.app.history import History
+
+    a, b, c = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+    caller = Actor("caller", "admin", "anonymous")
+    at = lambda n: AT + dt.timedelta(seconds=n)  # noqa: E731
+    events = [Event(str(uuid.uuid4()), at(0), EventType.ENQUEUED, "q", a, caller),
+              Event(str(uuid.uuid4()), at(1), EventType.MOVED, "q", a, caller, details={"to_enqueue_id": str(b)}),
+              Event(str(uuid.uuid4()), at(2), EventType.REDRIVEN, "r", b, caller, details={"to_enqueue_id": str(c)}),
+              Event(str(uuid.uuid4()), at(3), EventType.DELIVERED, "q", c, caller),
+              Event(str(uuid.uuid4()), at(4), EventType.MOVED, "q", c, caller, details={"to_enqueue_id": str(a)})]  # a loop
+    log = Partitions(events)
+    story = asyncio.run(History(log).of(a, None))  # type: ignore[arg-type]
+    assert [e.id for e in story] == [e.id for e in events] and log.reads == 3
+    looped = Partitions(events)  # from c, the loop back to a: each partition read once
+    assert len(asyncio.run(History(looped).of(c, None))) == 5 and looped.reads == 3  # type: ignore[arg-type]

@@ -5,8 +5,9 @@ Storage (services/adapters/cassandra/schema.py):
 - ``mail_history_v1``: one partition per enqueue id, one row per event id. Reading a mail's
   history is one partition read, whatever the queue's depth or the history's size; an event
   written twice (a change carried out again after a crash) overwrites its own row.
-- ``mail_history_names_v1``: name -> (time, enqueue id), written with each ENQUEUED event, newest
-  first: a history by name reads that partition (at most ``limit`` mails), then each mail's.
+- ``mail_history_names_v1``: name -> (time, enqueue id), written with each ENQUEUED event and with
+  each MOVED or REDRIVEN one (for the id the mail landed under), newest first: a history by name
+  reads that partition (at most ``limit`` mails), then each mail's.
 
 Bounded by TTL, not by a sweep: every row is written ``USING TTL`` the history retention
 (MAILQUEUE_HISTORY_RETENTION_S). A sweep would delete rows, and each delete is a tombstone that
@@ -42,7 +43,7 @@ from prometheus_client import Histogram
 
 from services.adapters.cassandra.schema import MAIL_HISTORY, MAIL_HISTORY_NAMES
 from services.adapters.cassandra.session import execute
-from services.domain.events import Actor, Event, EventType
+from services.domain.events import Actor, Event, EventType, landed_id, ordered
 
 #: Statements per request at most (Cassandra warns past 10 partitions in an unlogged batch).
 BATCH_STATEMENTS = 8
@@ -114,6 +115,9 @@ class CassandraEventLog:
         rows: list[_Row] = [(self._insert, values, size)]
         if e.type is EventType.ENQUEUED and e.name:
             rows.append((self._insert_name, (e.name, e.time, e.enqueue_id, e.queue, self._ttl), 80 + len(e.name)))
+        landed = landed_id(e)
+        if landed is not None and e.name:  # the name's mails include the copy a move or redrive made
+            rows.append((self._insert_name, (e.name, e.time, landed, e.details.get("to_queue", ""), self._ttl), 80 + len(e.name)))
         return rows
 
     def _send(self) -> None:
@@ -165,15 +169,6 @@ class CassandraEventLog:
         ids = list(dict.fromkeys(r.enqueue_id for r in rows))
         histories = await asyncio.gather(*(self.history(i) for i in ids))
         return ordered([e for h in histories for e in h])
-
-
-#: Within one millisecond, events of one attempt sort by the order a mail lives them.
-_RANK = {EventType.ENQUEUED: 0, EventType.HANDED_OUT: 1}
-
-
-def ordered(events: list[Event]) -> list[Event]:
-    """Oldest first; ties (one millisecond) by attempt, then a hand-out before its answer."""
-    return sorted(events, key=lambda e: (e.time, e.attempt, _RANK.get(e.type, 2), e.id))
 
 
 def _event(r: Any) -> Event:

@@ -4,6 +4,8 @@ The view's DAOs are one module per table; cells.py reads and writes their values
 
 from __future__ import annotations
 
+import datetime as dt
+
 from cassandra.cluster import Session
 
 from services.adapters.cassandra import schema
@@ -24,7 +26,7 @@ class QueuesDAO:
         dropped = f"{keyspace}.{schema.DROPPED_QUEUES}"
         self._drop = session.prepare(f"INSERT INTO {dropped} (queue_name, dropped_at) VALUES (?, ?)")
         self._undrop = session.prepare(f"DELETE FROM {dropped} WHERE queue_name = ?")
-        self._is_dropped = session.prepare(f"SELECT queue_name FROM {dropped} WHERE queue_name = ?")
+        self._is_dropped = session.prepare(f"SELECT queue_name, dropped_at FROM {dropped} WHERE queue_name = ?")
         self._all_dropped = f"SELECT queue_name FROM {dropped}"
 
     async def create(self, queue: str) -> bool:
@@ -50,6 +52,11 @@ class QueuesDAO:
 
     async def dropped(self, queue: str) -> bool:
         return bool(await execute(self._session, self._is_dropped, (queue,)))
+
+    async def dropped_at(self, queue: str) -> dt.datetime | None:
+        """When the queue of that name was last dropped (None: never; a queue made again keeps it)."""
+        rows = await execute(self._session, self._is_dropped, (queue,))
+        return rows[0].dropped_at.replace(tzinfo=dt.timezone.utc) if rows and rows[0].dropped_at else None
 
     async def all_dropped(self) -> list[str]:
         return sorted(r.queue_name for r in await execute_all(self._session, self._all_dropped))
