@@ -247,6 +247,50 @@ def test_depth_limit_refuses_writes_nothing_and_accepts_once_drained(quota_suite
                what="the drained queue accepting")
 
 
+def test_queued_bytes_limit_refuses_writes_nothing_and_accepts_once_drained(quota_suite):
+    # Given a queue limited to 250 queued bytes, holding two mails of 100 bytes each
+    s = quota_suite
+    queue = s.new_queue()
+    set_quota(s, kind=kind("queue"), subject=queue, max_queued_bytes=250)
+    wait_until(lambda: all(r.metric("mailqueue_quota_limit", kind="queue", subject=queue, limit="max_queued_bytes") == 250
+                           for r in s.replicas), timeout=PROPAGATION_S * 2, what="the bytes limit on both replicas")
+    stub = s.stubs[1]
+    sized = lambda i: f"Subject: b{i}\r\n\r\n".encode().ljust(100, b"x")  # noqa: E731
+    for i in range(2):
+        assert enqueue(stub, inline(queue, simple_mail(f"b{i}"), sized(i))) is None
+    # (under the bytes limit: a third is accepted, counted from the counters, not a scan)
+    wait_until(lambda: all(r.metric("mailqueue_quota_use_ratio", kind="queue", subject=queue, limit="max_queued_bytes") == 0.8
+                           for r in s.replicas), timeout=PROPAGATION_S * 2, what="200 of 250 bytes seen")
+    assert enqueue(stub, inline(queue, simple_mail("b2"), sized(2))) is None
+    wait_until(lambda: all(r.metric("mailqueue_quota_use_ratio", kind="queue", subject=queue, limit="max_queued_bytes") >= 1
+                           for r in s.replicas), timeout=PROPAGATION_S * 2, what="the queue seen at its bytes limit")
+    # When one more comes, on either replica, with content no other mail has
+    content = f"Subject: refused {time.monotonic_ns()}\r\n\r\nnot queued\r\n".encode()
+    for r_stub in s.stubs:
+        e = enqueue(r_stub, inline(queue, simple_mail("over", sender="z@bytes.test"), content))
+        # Then it is refused, naming the bytes limit, with a wait
+        assert e is not None and e.code() == EXHAUSTED, e
+        retry, failure = details(e)
+        assert failure.violations[0].subject == f"queue:{queue}"
+        assert failure.violations[0].description.startswith("max_queued_bytes"), failure
+        assert "300 bytes" in failure.violations[0].description and retry.retry_delay.seconds >= 1
+    # And it wrote nothing: no view row, no broker message, no blob
+    assert sorted(m.mail.name for m in s.browsed_mails(queue)) == ["b0", "b1", "b2"]
+    assert message_count(queue) == 3
+    with pytest.raises(grpc.RpcError) as stat:
+        s.blob_stub.Stat(blob_pb2.StatRequest(blob_id=hashlib.sha256(content).hexdigest()))
+    assert stat.value.code() == grpc.StatusCode.NOT_FOUND
+    # When the queue is drained (its mails leave: their bytes are taken off), it accepts again
+    consumer = StreamConsumer(s.dequeue_stub, queue)
+    for d in consumer.take(3):
+        consumer.answer(d, "SUCCESS", "")
+    consumer.close()
+    wait_until(lambda: all(r.metric("mailqueue_quota_use_ratio", kind="queue", subject=queue, limit="max_queued_bytes") == 0
+                           for r in s.replicas), timeout=PROPAGATION_S * 3, what="the drained queue's bytes gone")
+    for r_stub in s.stubs:
+        assert enqueue(r_stub, inline(queue, simple_mail("after"), content)) is None
+
+
 def test_a_batch_answers_each_mail_with_its_own_status(quota_suite):
     s = quota_suite
     queue = s.new_queue()
@@ -288,6 +332,8 @@ def test_bad_quota_input_is_refused_and_writes_nothing(quota_suite):
         "bytes without burst": admin_pb2.SetQuotaRequest(quota=Q(kind=kind("tenant"), subject="acme", bytes_per_s=100)),
         "depth on a tenant": admin_pb2.SetQuotaRequest(quota=Q(kind=kind("tenant"), subject="acme", max_queued_mails=5)),
         "depth zero": admin_pb2.SetQuotaRequest(quota=Q(kind=kind("queue"), subject=queue, max_queued_mails=0)),
+        "bytes depth on a sender": admin_pb2.SetQuotaRequest(quota=Q(kind=kind("sender"), subject="a@b.org", max_queued_bytes=9)),
+        "bytes depth zero": admin_pb2.SetQuotaRequest(quota=Q(kind=kind("queue"), subject=queue, max_queued_bytes=0)),
         "bad sender": admin_pb2.SetQuotaRequest(quota=Q(kind=kind("sender"), subject="nobody", mails_per_s=1)),
         "bad domain": admin_pb2.SetQuotaRequest(quota=Q(kind=kind("sender_domain"), subject="a..b", mails_per_s=1)),
         "empty tenant": admin_pb2.SetQuotaRequest(quota=Q(kind=kind("tenant"), subject="", mails_per_s=1)),
@@ -318,10 +364,10 @@ def test_mailq_quota_set_list_clear_is_audited(quota_suite):
     s = quota_suite
     queue = s.new_queue()
     out = mailq(s, "quota", "set", "queue", queue, "--mails-per-s", "50", "--burst-mails", "100", "--max-queued", "1000",
-                "--exempt-bounces", "--exempt-sender", "Postmaster@Ours.test").stdout
+                "--max-queued-bytes", "5000000", "--exempt-bounces", "--exempt-sender", "Postmaster@Ours.test").stdout
     assert queue in out and "50/s burst 100" in out and "bounces, postmaster@ours.test" in out
     listed = mailq(s, "quota", "list", "--kind", "queue").stdout
-    assert queue in listed and "1000" in listed and "2 enqueue replica(s)" in listed
+    assert queue in listed and "1000" in listed and "5000000" in listed and "2 enqueue replica(s)" in listed
     assert "cleared" in mailq(s, "quota", "clear", "queue", queue).stdout
     assert "no such quota" in mailq(s, "quota", "clear", "queue", queue).stdout
     assert "give --mails-per-s" in mailq(s, "quota", "set", "tenant", "acme", ok=False).stderr
