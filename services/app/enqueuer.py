@@ -219,7 +219,16 @@ class Enqueuer:
         self, queue: str, mail: model.Mail, write_content: ContentWriter, key: str, when: Schedule, priority: str,
         carried: bytes | None = None, size: int = 0,
     ) -> model.EnqueueResult:
-        await self._check(queue, mail, key, when, size)
+        try:
+            await self._check(queue, mail, key, when, size)
+        except quotas.QuotaExceeded:
+            # A resend of a mail already enqueued gets its earlier answer, not a refusal: it adds
+            # nothing to the queue. One read, only when a keyed mail is refused.
+            done = await self._view.idempotency.committed(queue, key) if key else None
+            if done is None:
+                raise
+            await self._events.record([mail_events.resent(queue, mail, done)])
+            return done
         enqueue_id = uuid.uuid4()
         # This attempt's instant (to the millisecond, as Cassandra keeps the claim's): its claim
         # time, and the write time of its undo marks (see services/app/key_claims.py).
@@ -233,6 +242,9 @@ class Enqueuer:
                 await self._undo(queue, key, enqueue_id, started, _Attempt())
                 raise
             if isinstance(earlier, model.EnqueueResult):
+                # A resend is charged once, with its first send: what the check took is given back.
+                if self.quotas is not None:
+                    self.quotas.refund(self._facts(queue, mail, size))
                 # Answered again: its ENQUEUED event again (same id), marked resent.
                 await self._events.record([mail_events.resent(queue, mail, earlier)])
                 return earlier

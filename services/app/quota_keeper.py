@@ -161,6 +161,16 @@ class QuotaKeeper:
             if limiter is not None:
                 limiter.take(now, facts.size)
 
+    def refund(self, facts: quotas.Facts) -> None:
+        """Give back what ``check`` took for a mail that was not enqueued after all (an idempotent
+        resend answered with its earlier enqueue): a resend is charged once, with its first send."""
+        now = time.time()
+        for q in quotas.applying(self._quotas, facts):
+            for what, cost in (("mails", 1.0), ("bytes", float(facts.size))):
+                limiter = self._limiters.get((q.key, what))
+                if limiter is not None:
+                    limiter.give_back(now, cost)
+
     def _joining(self) -> float | None:
         if self._members == 1 and self._seen_since is not None:
             return None

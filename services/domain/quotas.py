@@ -195,6 +195,10 @@ class Gcra:
         """Take ``cost`` (allowed or not: a stream's bytes are charged once streamed)."""
         self.tat = max(self.tat, now) + cost / self.rate
 
+    def give_back(self, now: float, cost: float) -> None:
+        """Undo a ``take`` of ``cost`` (never to more than an idle limiter's credit)."""
+        self.tat = max(self.tat - cost / self.rate, now)
+
     def use(self, now: float) -> float:
         """The part of the burst in use now (0 idle, 1 full: the next mail waits)."""
         return min(1.0, max(0.0, self.tat - now) * self.rate / self.burst) if self.burst else 0.0
