@@ -433,8 +433,8 @@ def test_a_tenant_under_its_rate_keeps_its_latency_beside_one_over_it(quota_suit
     B sends 40 mails/s (two paced callers, one per replica) in 8 rounds of 2 s, alternately alone
     and beside acme offering 50 mails/s against its 5/s (two paced callers): alternating rounds
     let the other work on this shared 2-core machine weigh on both sides alike. The issue asks for
-    B's p99 within 10 % of alone. That cannot be asserted here: 5 runs at load average 25-34 gave
-    beside/alone p99 ratios of 1.86, 0.19, 0.66, 0.63 and 1.33 (B's p99 alone 0.9-6.5 s), so the
+    B's p99 within 10 % of alone. That cannot be asserted here: 6 runs at load average 17-34 gave
+    beside/alone p99 ratios of 1.86, 0.19, 0.66, 0.63, 1.33 and 0.73 (B's p99 alone 0.9-6.5 s), so the
     machine's noise is tens of times the 10 % to be shown. The test asserts what the noise cannot
     fake: no B call refused by a quota, acme refused, and B's p99 beside acme at most 2x alone
     plus 0.5 s (above every ratio measured but one, 1.86, which the 0.5 s covers at those p99s);
