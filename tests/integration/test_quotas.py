@@ -430,10 +430,10 @@ def test_a_tenant_under_its_rate_keeps_its_latency_beside_one_over_it(quota_suit
     """Fairness (issue #50 item 4): acme offers 10x its rate; the other tenant (B), under its own,
     is never refused by a quota and keeps its latency.
 
-    B sends 40 mails/s (two paced callers, one per replica) in 8 rounds of 2 s, alternately alone
+    B sends 40 mails/s (two paced callers, one per replica) in 6 rounds of 2 s, alternately alone
     and beside acme offering 50 mails/s against its 5/s (two paced callers): alternating rounds
     let the other work on this shared 2-core machine weigh on both sides alike. The issue asks for
-    B's p99 within 10 % of alone. That cannot be asserted here: 6 runs at load average 17-34 gave
+    B's p99 within 10 % of alone. That cannot be asserted here: 6 runs (of 8 rounds) at load average 17-34 gave
     beside/alone p99 ratios of 1.86, 0.19, 0.66, 0.63, 1.33 and 0.73 (B's p99 alone 0.9-6.5 s), so the
     machine's noise is tens of times the 10 % to be shown. The test asserts what the noise cannot
     fake: no B call refused by a quota, acme refused, and B's p99 beside acme at most 2x alone
@@ -465,7 +465,7 @@ def test_a_tenant_under_its_rate_keeps_its_latency_beside_one_over_it(quota_suit
             t.join()
         return out
 
-    for round_ in range(8):
+    for round_ in range(6):
         with_acme = round_ % 2 == 1
         b = [(s.stubs[n], queue, b_auth, 20, 2.0, f"b{round_}-{n}-") for n in (0, 1)]
         a = [(s.stubs[n], queue, AUTH, 25, 2.0, f"a{round_}-{n}-") for n in (0, 1)] if with_acme else []
@@ -477,11 +477,11 @@ def test_a_tenant_under_its_rate_keeps_its_latency_beside_one_over_it(quota_suit
             a_refused.extend(errors)
     ratio = p99(beside) / p99(alone)
     print(f"B alone: {len(alone)} mails, p99 {1000 * p99(alone):.1f} ms; beside acme: {len(beside)} mails, "
-          f"p99 {1000 * p99(beside):.1f} ms (ratio {ratio:.2f}); acme refused {len(a_refused)} of 400; "
+          f"p99 {1000 * p99(beside):.1f} ms (ratio {ratio:.2f}); acme refused {len(a_refused)} of 300; "
           f"B's other errors: {sorted(str(e.code()) for e in b_errors)}")
     # (a call of B that failed otherwise, a deadline on an overloaded machine, is not a refusal)
     assert [e for e in b_errors if e.code() == EXHAUSTED] == [], [e.details() for e in b_errors]
-    assert len([e for e in a_refused if e.code() == EXHAUSTED]) > 250  # of 400 offered, at most ~50 accepted
+    assert len([e for e in a_refused if e.code() == EXHAUSTED]) > 200  # of 300 offered, at most ~40 accepted
     assert p99(beside) <= 2 * p99(alone) + 0.5
     for subject in ("acme", other):
         assert clear_quota(s, "tenant", subject)
