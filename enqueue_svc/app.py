@@ -9,6 +9,7 @@ from enqueue_svc.servicer import EnqueueServicer
 from mailqueue.v1 import enqueue_pb2_grpc
 from services.app.enqueuer import Enqueuer
 from services.app.quota_keeper import QuotaKeeper
+from services.domain import quotas
 from services.runtime.backends import Backends
 from services.runtime.queue_app import QueueApp
 
@@ -25,8 +26,9 @@ class EnqueueApp(QueueApp[Enqueuer]):
         return [(enqueue_pb2_grpc.add_EnqueueServiceServicer_to_server, EnqueueServicer(self.service), "mailqueue.v1.EnqueueService")]
 
     def build(self, b: Backends) -> Enqueuer:
-        async def depth(queue: str) -> int:
-            return (await b.view.mails.size(queue)).size
+        async def depth(queue: str) -> quotas.Depth:
+            c = await b.view.mails.size(queue)
+            return quotas.Depth(c.size, c.bytes)
 
         keeper = QuotaKeeper(b.view.quotas, depth)
         return Enqueuer(b.view, b.broker, b.blobs, self.settings.limits, b.state, b.events, keeper)

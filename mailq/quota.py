@@ -18,16 +18,17 @@ def _text(q: quotas_pb2.Quota) -> list[str]:
     mails = f"{q.mails_per_s:g}/s burst {q.burst_mails}" if q.HasField("mails_per_s") else "-"
     size = f"{q.bytes_per_s:g} B/s burst {q.burst_bytes}" if q.HasField("bytes_per_s") else "-"
     depth = str(q.max_queued_mails) if q.HasField("max_queued_mails") else "-"
+    depth_bytes = str(q.max_queued_bytes) if q.HasField("max_queued_bytes") else "-"
     exempt = ", ".join([*(["bounces"] if q.exempt_bounces else []), *q.exempt_senders]) or "-"
-    return [_NAMES.get(q.kind, "?"), q.subject, mails, size, depth, exempt]
+    return [_NAMES.get(q.kind, "?"), q.subject, mails, size, depth, depth_bytes, exempt]
 
 
-HEADER = ["KIND", "SUBJECT", "MAILS", "BYTES", "MAX QUEUED", "EXEMPT"]
+HEADER = ["KIND", "SUBJECT", "MAILS", "BYTES", "MAX QUEUED", "MAX QUEUED BYTES", "EXEMPT"]
 
 
 def cmd_set(c: Any, a: argparse.Namespace) -> None:
-    if a.mails_per_s is None and a.bytes_per_s is None and a.max_queued is None:
-        raise UsageError("mailq quota set: give --mails-per-s, --bytes-per-s or --max-queued")
+    if a.mails_per_s is None and a.bytes_per_s is None and a.max_queued is None and a.max_queued_bytes is None:
+        raise UsageError("mailq quota set: give --mails-per-s, --bytes-per-s, --max-queued or --max-queued-bytes")
     q = quotas_pb2.Quota(kind=_KINDS[a.kind], subject=a.subject, burst_mails=a.burst_mails or 0, burst_bytes=a.burst_bytes or 0,
                          exempt_bounces=a.exempt_bounces, exempt_senders=a.exempt_sender or [])
     if a.mails_per_s is not None:
@@ -36,6 +37,8 @@ def cmd_set(c: Any, a: argparse.Namespace) -> None:
         q.bytes_per_s = a.bytes_per_s
     if a.max_queued is not None:
         q.max_queued_mails = a.max_queued
+    if a.max_queued_bytes is not None:
+        q.max_queued_bytes = a.max_queued_bytes
     r = c.admin.SetQuota(admin_pb2.SetQuotaRequest(quota=q)).quota
     print_table([_text(r)], HEADER)
 
@@ -62,6 +65,8 @@ def register(sub: Any) -> None:
     s.add_argument("--bytes-per-s", type=float, help="content bytes per second at most")
     s.add_argument("--burst-bytes", type=int, help="bytes at once above the rate (at least the largest mail)")
     s.add_argument("--max-queued", type=int, help="queues only: refuse new mail while the queue holds this many")
+    s.add_argument("--max-queued-bytes", type=int,
+                   help="queues only: refuse new mail while the queue's mails hold this many content bytes")
     s.add_argument("--exempt-bounces", action="store_true", help="bounces (the empty sender) pass this quota")
     s.add_argument("--exempt-sender", action="append", metavar="ADDRESS", help="this sender passes this quota (repeatable)")
     s.set_defaults(fn=cmd_set)

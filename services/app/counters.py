@@ -15,7 +15,9 @@ if TYPE_CHECKING:
 
 async def bump(view: View, q: model.QueuedMail, **deltas: int) -> None:
     """Add ``deltas`` (kind=delta) to the mail's slice counters; best effort, gathered in the
-    process for a moment (services/adapters/cassandra/counter_buffer.py)."""
+    process for a moment (services/adapters/cassandra/counter_buffer.py). A mail counted
+    ``enqueued`` adds its size to ``bytes``, one counted ``gone`` takes it off."""
+    deltas["bytes"] = (deltas.get("enqueued", 0) - deltas.get("gone", 0)) * q.size
     for kind, delta in deltas.items():
         if delta:
             await view.counter_buffer.add(q.queue, kind, q.slice_start, delta)

@@ -126,7 +126,16 @@ class Enqueuer:
     async def _enqueue(self, item: Pending, content: ContentWriter | None = None) -> model.EnqueueResult:
         """Steps 1-4 of the module's docstring. ``content`` stores or checks the content before the
         group (a stream, blob refs); None for inline content, which the group stores."""
-        await self._check(item)
+        try:
+            await self._check(item)
+        except quotas.QuotaExceeded:
+            # A resend of a mail already enqueued gets its earlier answer, not a refusal: it adds
+            # nothing to the queue. One read, only when a keyed mail is refused.
+            done = await self._view.idempotency.committed(item.queue, item.key) if item.key else None
+            if done is None:
+                raise
+            await self._events.record([mail_events.resent(item.queue, item.mail, done)])
+            return done
         if item.key:
             claimed = await self._claim(item)
             if isinstance(claimed, model.EnqueueResult):
@@ -178,6 +187,8 @@ class Enqueuer:
             await self._compensation.undo(item.queue, item.key, enqueue_id, started, Attempt())
             raise
         if isinstance(earlier, model.EnqueueResult):
+            if self.quotas is not None:  # a resend is charged once, with its first send: the check's take given back
+                self.quotas.refund(self._facts(item))
             await self._events.record([mail_events.resent(item.queue, item.mail, earlier)])
             return earlier
         return dataclasses.replace(item, enqueue_id=earlier, started=started)

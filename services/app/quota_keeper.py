@@ -9,8 +9,8 @@ every other member has seen it and re-split; a killed member's share returns to 
 ``MEMBER_TTL_S``.
 
 **How fast a change reaches every replica:** a quota set, changed or cleared is enforced by every
-enqueue replica within ``REFRESH_S`` plus one Cassandra read (about 1 s). A depth limit is checked
-against the queue's counters as read at the last refresh, which are themselves gathered for
+enqueue replica within ``REFRESH_S`` plus one Cassandra read (about 1 s). A depth limit (queued
+mails or queued bytes) is checked against the queue's counters as read at the last refresh, which are themselves gathered for
 ``MAILQUEUE_COUNTER_FLUSH_S``: a queue may pass its depth limit by what all replicas accept in
 ``REFRESH_S + MAILQUEUE_COUNTER_FLUSH_S``.
 
@@ -36,11 +36,11 @@ log = logging.getLogger(__name__)
 
 REFUSED = Counter("mailqueue_quota_refused_total", "Enqueues refused by a quota (nothing written), per quota and limit",
                   ["kind", "subject", "limit"])
-LIMIT = Gauge("mailqueue_quota_limit", "Each quota's limit as set (whole cluster): mails/s, bytes/s or queued mails",
+LIMIT = Gauge("mailqueue_quota_limit", "Each quota's limit as set (whole cluster): mails/s, bytes/s, queued mails or queued bytes",
               ["kind", "subject", "limit"])
 USE = Gauge("mailqueue_quota_use_ratio",
             "How much of a quota is in use, 0 to 1, as this process sees it: its part of the rate's burst, or a "
-            "queue's queued mails over its depth limit (alert before 1: at 1 mails are refused)", ["kind", "subject", "limit"])
+            "queue's queued mails or bytes over its depth limit (alert before 1: at 1 mails are refused)", ["kind", "subject", "limit"])
 MEMBERS = Gauge("mailqueue_quota_members", "Enqueue processes sharing the quota rates, as this process last read them")
 
 #: How often a member reads the quotas and writes its heartbeat.
@@ -50,19 +50,19 @@ MEMBER_TTL_S = 3
 #: A new member enforces rates only once every other member has had time to see it.
 JOIN_AFTER_S = 1.5 * REFRESH_S
 
-Depth = Callable[[str], Awaitable[int]]
+Depth = Callable[[str], Awaitable[quotas.Depth]]
 
 
 class QuotaKeeper:
     def __init__(self, store: QuotaStore, depth: Depth, member: str | None = None) -> None:
-        """``depth(queue)``: the queue's queued mails from its counters (read once a refresh, for
-        the queues with a depth limit only)."""
+        """``depth(queue)``: the queue's queued mails and bytes from its counters (read once a
+        refresh, for the queues with a depth limit only)."""
         self._store = store
         self._depth_of = depth
         self.member = member or uuid.uuid4().hex
         self._quotas: dict[tuple[str, str], quotas.Quota] = {}
         self._limiters: dict[tuple[tuple[str, str], str], quotas.Gcra] = {}
-        self._depth: dict[str, int] = {}
+        self._depth: dict[str, quotas.Depth] = {}
         self._members = 1
         self._seen_since: float | None = None
         #: Refreshed at least once (until then no quota is known: nothing is refused).
@@ -83,14 +83,14 @@ class QuotaKeeper:
         snap = await self._store.snapshot()
         depth = {}
         for q in snap.quotas:
-            if q.kind == "queue" and q.max_queued_mails is not None:
+            if q.kind == "queue" and q.has_depth:
                 depth[q.subject] = await self._depth_of(q.subject)
         self.apply(snap, depth)
 
     async def leave(self) -> None:
         await self._store.leave(self.member)
 
-    def apply(self, snap: QuotaSnapshot, depth: dict[str, int]) -> None:
+    def apply(self, snap: QuotaSnapshot, depth: dict[str, quotas.Depth]) -> None:
         """Take a snapshot in: the quotas, this member's split of their rates (a limiter whose
         rate changed keeps its state), the depths."""
         # Once seen, a member stays joined: its heartbeat may expire between a slow write and the
@@ -101,7 +101,7 @@ class QuotaKeeper:
         self._members = len(set(snap.members) | {self.member})
         MEMBERS.set(self._members)
         for (kind, subject) in set(self._quotas) - {q.key for q in snap.quotas}:
-            for limit in ("mails_per_s", "bytes_per_s", "max_queued_mails"):
+            for limit in ("mails_per_s", "bytes_per_s", "max_queued_mails", "max_queued_bytes"):
                 for g in (LIMIT, USE):
                     try:
                         g.remove(kind, subject, limit)
@@ -117,7 +117,7 @@ class QuotaKeeper:
                 found.rate, found.burst = rate, burst
                 limiters[(q.key, what)] = found
             for limit, value in (("mails_per_s", q.mails_per_s), ("bytes_per_s", q.bytes_per_s),
-                                 ("max_queued_mails", q.max_queued_mails)):
+                                 ("max_queued_mails", q.max_queued_mails), ("max_queued_bytes", q.max_queued_bytes)):
                 if value is not None:
                     LIMIT.labels(q.kind, q.subject, limit).set(value)
         self._limiters = limiters
@@ -130,8 +130,11 @@ class QuotaKeeper:
         for (key, what), g in self._limiters.items():
             USE.labels(key[0], key[1], f"{what}_per_s").set(g.use(now))
         for q in self._quotas.values():
+            held = self._depth.get(q.subject, quotas.Depth())
             if q.max_queued_mails is not None:
-                USE.labels(q.kind, q.subject, "max_queued_mails").set(self._depth.get(q.subject, 0) / q.max_queued_mails)
+                USE.labels(q.kind, q.subject, "max_queued_mails").set(held.mails / q.max_queued_mails)
+            if q.max_queued_bytes is not None:
+                USE.labels(q.kind, q.subject, "max_queued_bytes").set(held.bytes / q.max_queued_bytes)
 
     def check(self, facts: quotas.Facts) -> None:
         """Take the mail of ``facts`` from every quota that applies, or raise QuotaExceeded (nothing
@@ -157,6 +160,16 @@ class QuotaKeeper:
             limiter = self._limiters.get((q.key, "bytes"))
             if limiter is not None:
                 limiter.take(now, facts.size)
+
+    def refund(self, facts: quotas.Facts) -> None:
+        """Give back what ``check`` took for a mail that was not enqueued after all (an idempotent
+        resend answered with its earlier enqueue): a resend is charged once, with its first send."""
+        now = time.time()
+        for q in quotas.applying(self._quotas, facts):
+            for what, cost in (("mails", 1.0), ("bytes", float(facts.size))):
+                limiter = self._limiters.get((q.key, what))
+                if limiter is not None:
+                    limiter.give_back(now, cost)
 
     def _joining(self) -> float | None:
         if self._members == 1 and self._seen_since is not None:

@@ -23,13 +23,14 @@ def kind_to_proto(kind: str) -> quotas_pb2.QuotaKind.ValueType:
 
 def quota_from_proto(pb: quotas_pb2.Quota) -> quotas.Quota:
     """The quota of ``pb``, validated (InvalidArgument naming the field)."""
-    if pb.burst_mails > 2**31 or pb.burst_bytes > 2**62 or pb.max_queued_mails > 2**62:
-        raise InvalidArgument("burst_mails, burst_bytes or max_queued_mails is out of range")
+    if pb.burst_mails > 2**31 or pb.burst_bytes > 2**62 or pb.max_queued_mails > 2**62 or pb.max_queued_bytes > 2**62:
+        raise InvalidArgument("burst_mails, burst_bytes, max_queued_mails or max_queued_bytes is out of range")
     return quotas.validate(quotas.Quota(
         kind=kind_from_proto(pb.kind), subject=pb.subject,
         mails_per_s=pb.mails_per_s if pb.HasField("mails_per_s") else None, burst_mails=pb.burst_mails or 1,
         bytes_per_s=pb.bytes_per_s if pb.HasField("bytes_per_s") else None, burst_bytes=pb.burst_bytes,
         max_queued_mails=pb.max_queued_mails if pb.HasField("max_queued_mails") else None,
+        max_queued_bytes=pb.max_queued_bytes if pb.HasField("max_queued_bytes") else None,
         exempt_bounces=pb.exempt_bounces, exempt_senders=tuple(pb.exempt_senders),
     ))
 
@@ -43,4 +44,6 @@ def quota_to_proto(q: quotas.Quota) -> quotas_pb2.Quota:
         pb.bytes_per_s = q.bytes_per_s
     if q.max_queued_mails is not None:
         pb.max_queued_mails = q.max_queued_mails
+    if q.max_queued_bytes is not None:
+        pb.max_queued_bytes = q.max_queued_bytes
     return pb

@@ -5,9 +5,11 @@ For each queue and each enqueue slice, four Cassandra counters:
 - ``gone``: +1 when a live mail is marked (dequeued, deleted, dead-lettered, expired, bounced);
 - ``delayed``: +1 when a mail is published with a delay (enqueue, RETRY, hold), -1 when that
   message arrives due, or when the delay ends otherwise (Flush, delete);
-- ``held``: +1 when a hold rule re-schedules a mail, -1 when it comes back or is released.
+- ``held``: +1 when a hold rule re-schedules a mail, -1 when it comes back or is released;
+- ``bytes``: + the mail's content size with its ``enqueued``, - it with its ``gone`` (the queued
+  bytes a queue's ``max_queued_bytes`` quota is checked against: services/domain/quotas.py).
 
-size = sum(enqueued - gone), delayed and held are their sums (held is part of delayed), over the
+size = sum(enqueued - gone), delayed, held and bytes are their sums (held is part of delayed), over the
 slices from browse start: one partition read, whatever the history. Counters are approximate by
 design: an update that timed out may or may not have applied and is not retried (a retry could
 count twice), and a crash between a mark and its counter update loses the update. Every update is
@@ -25,7 +27,7 @@ import uuid
 
 from services.domain import model
 
-KINDS = ("enqueued", "gone", "delayed", "held")
+KINDS = ("enqueued", "gone", "delayed", "held", "bytes")
 #: held_by of a mail no hold rule holds any more (no null cells: a value, not an absent cell).
 NOT_HELD = uuid.UUID(int=0)
 
@@ -42,6 +44,8 @@ class Counts:
     #: Start of the oldest slice with a live mail, and with a live mail that is not delayed.
     oldest_slice: dt.datetime | None = None
     oldest_ready_slice: dt.datetime | None = None
+    #: Content bytes of the live mails (mails counted before this counter existed count 0).
+    bytes: int = 0
 
     @property
     def ready(self) -> int:
@@ -54,16 +58,18 @@ def summarize(raw: dict[str, dict[dt.datetime, int]], browse_start: dt.datetime 
         return Counts()
     slices = sorted({s for per_kind in raw.values() for s in per_kind if s >= browse_start})
     get = lambda kind, s: raw.get(kind, {}).get(s, 0)  # noqa: E731
-    size = delayed = held = 0
+    size = delayed = held = queued_bytes = 0
     oldest = oldest_ready = None
     for s in slices:
         live = get("enqueued", s) - get("gone", s)
         size, delayed, held = size + live, delayed + get("delayed", s), held + get("held", s)
+        queued_bytes += get("bytes", s)
         if live > 0 and oldest is None:
             oldest = s
         if live - get("delayed", s) > 0 and oldest_ready is None:
             oldest_ready = s
-    return Counts(max(size, 0), max(min(delayed, size), 0), max(min(held, delayed), 0), oldest, oldest_ready)
+    return Counts(max(size, 0), max(min(delayed, size), 0), max(min(held, delayed), 0), oldest, oldest_ready,
+                  max(queued_bytes, 0) if size > 0 else 0)
 
 
 def gone_deltas(
@@ -90,8 +96,9 @@ def exact_deltas(
     live mails (pure; unit-tested). The difference in live mails goes to ``gone``."""
     exact: dict[dt.datetime, dict[str, int]] = {}
     for q in live:
-        e = exact.setdefault(q.slice_start, {"live": 0, "delayed": 0, "held": 0})
+        e = exact.setdefault(q.slice_start, {"live": 0, "delayed": 0, "held": 0, "bytes": 0})
         e["live"] += 1
+        e["bytes"] += q.size
         if q.due() > now:
             e["delayed"] += 1
             e["held"] += is_held(q)
@@ -99,10 +106,10 @@ def exact_deltas(
     out = []
     get = lambda kind, s: raw.get(kind, {}).get(s, 0)  # noqa: E731
     for s in sorted(slices):
-        e = exact.get(s, {"live": 0, "delayed": 0, "held": 0})
+        e = exact.get(s, {"live": 0, "delayed": 0, "held": 0, "bytes": 0})
         counted_live = get("enqueued", s) - get("gone", s)
         for kind, delta in (("gone", counted_live - e["live"]), ("delayed", e["delayed"] - get("delayed", s)),
-                            ("held", e["held"] - get("held", s))):
+                            ("held", e["held"] - get("held", s)), ("bytes", e["bytes"] - get("bytes", s))):
             if delta:
                 out.append((s, kind, delta))
     return out

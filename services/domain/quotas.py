@@ -5,8 +5,9 @@
 - **Rates** in mails/s and bytes/s, each with a **burst** (how many mails, how many bytes may
   come at once above the rate), enforced by GCRA (the generic cell rate algorithm: one
   "theoretical arrival time" per limit, no timer, no window edges).
-- A **depth** limit (queues only): a queue holding ``max_queued_mails`` or more refuses new mail,
-  checked against the queue's counters (services/domain/counts.py), never a scan.
+- **Depth** limits (queues only): a queue holding ``max_queued_mails`` mails or more, or
+  ``max_queued_bytes`` content bytes or more, refuses new mail, checked against the queue's
+  counters (services/domain/counts.py: ``size`` and ``bytes``), never a scan.
 - **Exemptions**: a quota may let bounces (the empty sender) and named senders through.
 
 A mail is refused when any quota that applies to it would be exceeded; a refused mail takes
@@ -51,6 +52,8 @@ class Quota:
     burst_bytes: int = 0
     #: Queues only: no new mail while the queue holds this many.
     max_queued_mails: int | None = None
+    #: Queues only: no new mail while the queue's mails hold this many content bytes.
+    max_queued_bytes: int | None = None
     #: Bounces (empty sender) pass this quota.
     exempt_bounces: bool = False
     #: These senders pass this quota (exact addresses, lower case).
@@ -59,6 +62,11 @@ class Quota:
     @property
     def key(self) -> tuple[str, str]:
         return (self.kind, self.subject)
+
+    @property
+    def has_depth(self) -> bool:
+        """Whether a depth limit (mails or bytes) is set: the queue's counters are read for it."""
+        return self.max_queued_mails is not None or self.max_queued_bytes is not None
 
     def exempts(self, sender: str) -> bool:
         if not sender:
@@ -79,13 +87,15 @@ def validate(q: Quota) -> Quota:
         raise InvalidArgument(f"burst_mails must be at least 1 with a mail rate: {q.burst_mails}")
     if q.bytes_per_s is not None and q.burst_bytes < 1:
         raise InvalidArgument(f"burst_bytes must be at least 1 with a byte rate (at least the largest mail): {q.burst_bytes}")
-    if q.max_queued_mails is not None:
+    for name, depth in (("max_queued_mails", q.max_queued_mails), ("max_queued_bytes", q.max_queued_bytes)):
+        if depth is None:
+            continue
         if q.kind != "queue":
-            raise InvalidArgument("max_queued_mails is a queue's limit: set it on a quota of kind queue")
-        if q.max_queued_mails < 1:
-            raise InvalidArgument(f"max_queued_mails must be at least 1, or unset: {q.max_queued_mails}")
-    if q.mails_per_s is None and q.bytes_per_s is None and q.max_queued_mails is None:
-        raise InvalidArgument("a quota needs a limit: mails_per_s, bytes_per_s or max_queued_mails")
+            raise InvalidArgument(f"{name} is a queue's limit: set it on a quota of kind queue")
+        if depth < 1:
+            raise InvalidArgument(f"{name} must be at least 1, or unset: {depth}")
+    if q.mails_per_s is None and q.bytes_per_s is None and not q.has_depth:
+        raise InvalidArgument("a quota needs a limit: mails_per_s, bytes_per_s, max_queued_mails or max_queued_bytes")
     senders = tuple(sorted({s.strip().lower() for s in q.exempt_senders}))
     for s in senders:
         if "@" not in s or len(s) > MAX_SUBJECT:
@@ -148,7 +158,7 @@ class Refusal:
 
     kind: str
     subject: str
-    #: "mails_per_s", "bytes_per_s" or "max_queued_mails".
+    #: "mails_per_s", "bytes_per_s", "max_queued_mails" or "max_queued_bytes".
     limit: str
     retry_after_s: float
     description: str
@@ -185,6 +195,10 @@ class Gcra:
         """Take ``cost`` (allowed or not: a stream's bytes are charged once streamed)."""
         self.tat = max(self.tat, now) + cost / self.rate
 
+    def give_back(self, now: float, cost: float) -> None:
+        """Undo a ``take`` of ``cost`` (never to more than an idle limiter's credit)."""
+        self.tat = max(self.tat - cost / self.rate, now)
+
     def use(self, now: float) -> float:
         """The part of the burst in use now (0 idle, 1 full: the next mail waits)."""
         return min(1.0, max(0.0, self.tat - now) * self.rate / self.burst) if self.burst else 0.0
@@ -210,22 +224,32 @@ def applying(quotas: dict[tuple[str, str], Quota], facts: Facts) -> list[Quota]:
     return [q for q in found if q is not None and not q.exempts(facts.sender)]
 
 
+@dataclasses.dataclass(frozen=True)
+class Depth:
+    """A queue's standing content as last read from its counters."""
+
+    mails: int = 0
+    bytes: int = 0
+
+
 def decide(
-    quotas: list[Quota], limiters: dict[tuple[tuple[str, str], str], Gcra], depth: dict[str, int], facts: Facts,
+    quotas: list[Quota], limiters: dict[tuple[tuple[str, str], str], Gcra], depth: dict[str, Depth], facts: Facts,
     now: float,
 ) -> Refusal | None:
     """None: every quota of ``quotas`` (those applying, see ``applying``) lets the mail pass, and
     it is taken from each; else the first refusal (the longest wait), nothing taken from any.
 
-    ``limiters``: the GCRA of each (quota key, "mails"/"bytes"); ``depth``: queued mails per
-    queue as last read from the counters."""
+    ``limiters``: the GCRA of each (quota key, "mails"/"bytes"); ``depth``: queued mails and
+    bytes per queue as last read from the counters."""
     worst: Refusal | None = None
     takes: list[tuple[Gcra, float]] = []
     for q in quotas:
-        if q.max_queued_mails is not None and depth.get(q.subject, 0) >= q.max_queued_mails:
-            r = Refusal(q.kind, q.subject, "max_queued_mails", DEPTH_RETRY_S,
-                        f"queue {q.subject} holds {depth.get(q.subject, 0)} mails, its limit is {q.max_queued_mails}")
-            worst = r if worst is None or r.retry_after_s > worst.retry_after_s else worst
+        held = depth.get(q.subject, Depth())
+        for limit, value, unit, cap in (("max_queued_mails", held.mails, "mails", q.max_queued_mails),
+                                        ("max_queued_bytes", held.bytes, "bytes", q.max_queued_bytes)):
+            if cap is not None and value >= cap:
+                r = Refusal(q.kind, q.subject, limit, DEPTH_RETRY_S, f"queue {q.subject} holds {value} {unit}, its {limit} is {cap}")
+                worst = r if worst is None or r.retry_after_s > worst.retry_after_s else worst
         for what, cost, rate in (("mails", 1.0, q.mails_per_s), ("bytes", float(facts.size), q.bytes_per_s)):
             limiter = limiters.get((q.key, what))
             if rate is None or limiter is None:

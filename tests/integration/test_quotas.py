@@ -247,6 +247,79 @@ def test_depth_limit_refuses_writes_nothing_and_accepts_once_drained(quota_suite
                what="the drained queue accepting")
 
 
+def test_queued_bytes_limit_refuses_writes_nothing_and_accepts_once_drained(quota_suite):
+    # Given a queue limited to 250 queued bytes, holding two mails of 100 bytes each
+    s = quota_suite
+    queue = s.new_queue()
+    set_quota(s, kind=kind("queue"), subject=queue, max_queued_bytes=250)
+    wait_until(lambda: all(r.metric("mailqueue_quota_limit", kind="queue", subject=queue, limit="max_queued_bytes") == 250
+                           for r in s.replicas), timeout=PROPAGATION_S * 2, what="the bytes limit on both replicas")
+    stub = s.stubs[1]
+    sized = lambda i: f"Subject: b{i}\r\n\r\n".encode().ljust(100, b"x")  # noqa: E731
+    for i in range(2):
+        assert enqueue(stub, inline(queue, simple_mail(f"b{i}"), sized(i))) is None
+    # (under the bytes limit: a third is accepted, counted from the counters, not a scan)
+    wait_until(lambda: all(r.metric("mailqueue_quota_use_ratio", kind="queue", subject=queue, limit="max_queued_bytes") == 0.8
+                           for r in s.replicas), timeout=PROPAGATION_S * 2, what="200 of 250 bytes seen")
+    assert enqueue(stub, inline(queue, simple_mail("b2"), sized(2))) is None
+    wait_until(lambda: all(r.metric("mailqueue_quota_use_ratio", kind="queue", subject=queue, limit="max_queued_bytes") >= 1
+                           for r in s.replicas), timeout=PROPAGATION_S * 2, what="the queue seen at its bytes limit")
+    # When one more comes, on either replica, with content no other mail has
+    content = f"Subject: refused {time.monotonic_ns()}\r\n\r\nnot queued\r\n".encode()
+    for r_stub in s.stubs:
+        e = enqueue(r_stub, inline(queue, simple_mail("over", sender="z@bytes.test"), content))
+        # Then it is refused, naming the bytes limit, with a wait
+        assert e is not None and e.code() == EXHAUSTED, e
+        retry, failure = details(e)
+        assert failure.violations[0].subject == f"queue:{queue}"
+        assert failure.violations[0].description.startswith("max_queued_bytes"), failure
+        assert "300 bytes" in failure.violations[0].description and retry.retry_delay.seconds >= 1
+    # And it wrote nothing: no view row, no broker message, no blob
+    assert sorted(m.mail.name for m in s.browsed_mails(queue)) == ["b0", "b1", "b2"]
+    assert message_count(queue) == 3
+    with pytest.raises(grpc.RpcError) as stat:
+        s.blob_stub.Stat(blob_pb2.StatRequest(blob_id=hashlib.sha256(content).hexdigest()))
+    assert stat.value.code() == grpc.StatusCode.NOT_FOUND
+    # When the queue is drained (its mails leave: their bytes are taken off), it accepts again
+    consumer = StreamConsumer(s.dequeue_stub, queue)
+    for d in consumer.take(3):
+        consumer.answer(d, "SUCCESS", "")
+    consumer.close()
+    wait_until(lambda: all(r.metric("mailqueue_quota_use_ratio", kind="queue", subject=queue, limit="max_queued_bytes") == 0
+                           for r in s.replicas), timeout=PROPAGATION_S * 3, what="the drained queue's bytes gone")
+    for r_stub in s.stubs:
+        assert enqueue(r_stub, inline(queue, simple_mail("after"), content)) is None
+
+
+def test_an_idempotent_resend_is_answered_and_not_charged_again(quota_suite):
+    # Given a sender's quota of 10 mails at once (5 per replica; 10 if a replica missed the other's
+    # heartbeat), refilling at 0.01 mail/s (none within the test), and one keyed mail sent
+    s = quota_suite
+    queue = s.new_queue()
+    sender = f"k{time.monotonic_ns()}@resend.test"
+    set_quota(s, kind=kind("sender"), subject=sender, mails_per_s=0.01, burst_mails=10)
+    wait_until(lambda: all(r.metric("mailqueue_quota_limit", kind="sender", subject=sender) > 0 for r in s.replicas),
+               timeout=PROPAGATION_S * 2, what="the sender's quota on both replicas")
+    stub = s.stubs[0]
+    keyed = inline(queue, simple_mail("keyed", sender=sender), key=f"key-{sender}")
+    first = stub.Enqueue(keyed, metadata=AUTH, timeout=10).receipt
+    # When it is resent 6 times (more than this replica's share of 5), each resend is answered with
+    # the first enqueue, never refused
+    for _ in range(6):
+        again = stub.Enqueue(keyed, metadata=AUTH, timeout=10).receipt
+        assert again.enqueue_id == first.enqueue_id and again.duplicate
+    # Then the resends took nothing: new mails still get the rest of the share (4 or 9), then are refused
+    accepted = 0
+    for i in range(11):
+        e = enqueue(stub, inline(queue, simple_mail(f"new{i}", sender=sender)))
+        if e is not None:
+            assert e.code() == EXHAUSTED and details(e)[1].violations[0].subject == f"sender:{sender}"
+            break
+        accepted += 1
+    assert accepted in (4, 9), accepted
+    assert sorted(m.mail.name for m in s.browsed_mails(queue)) == sorted(["keyed", *(f"new{i}" for i in range(accepted))])
+
+
 def test_a_batch_answers_each_mail_with_its_own_status(quota_suite):
     s = quota_suite
     queue = s.new_queue()
@@ -288,6 +361,8 @@ def test_bad_quota_input_is_refused_and_writes_nothing(quota_suite):
         "bytes without burst": admin_pb2.SetQuotaRequest(quota=Q(kind=kind("tenant"), subject="acme", bytes_per_s=100)),
         "depth on a tenant": admin_pb2.SetQuotaRequest(quota=Q(kind=kind("tenant"), subject="acme", max_queued_mails=5)),
         "depth zero": admin_pb2.SetQuotaRequest(quota=Q(kind=kind("queue"), subject=queue, max_queued_mails=0)),
+        "bytes depth on a sender": admin_pb2.SetQuotaRequest(quota=Q(kind=kind("sender"), subject="a@b.org", max_queued_bytes=9)),
+        "bytes depth zero": admin_pb2.SetQuotaRequest(quota=Q(kind=kind("queue"), subject=queue, max_queued_bytes=0)),
         "bad sender": admin_pb2.SetQuotaRequest(quota=Q(kind=kind("sender"), subject="nobody", mails_per_s=1)),
         "bad domain": admin_pb2.SetQuotaRequest(quota=Q(kind=kind("sender_domain"), subject="a..b", mails_per_s=1)),
         "empty tenant": admin_pb2.SetQuotaRequest(quota=Q(kind=kind("tenant"), subject="", mails_per_s=1)),
@@ -318,10 +393,10 @@ def test_mailq_quota_set_list_clear_is_audited(quota_suite):
     s = quota_suite
     queue = s.new_queue()
     out = mailq(s, "quota", "set", "queue", queue, "--mails-per-s", "50", "--burst-mails", "100", "--max-queued", "1000",
-                "--exempt-bounces", "--exempt-sender", "Postmaster@Ours.test").stdout
+                "--max-queued-bytes", "5000000", "--exempt-bounces", "--exempt-sender", "Postmaster@Ours.test").stdout
     assert queue in out and "50/s burst 100" in out and "bounces, postmaster@ours.test" in out
     listed = mailq(s, "quota", "list", "--kind", "queue").stdout
-    assert queue in listed and "1000" in listed and "2 enqueue replica(s)" in listed
+    assert queue in listed and "1000" in listed and "5000000" in listed and "2 enqueue replica(s)" in listed
     assert "cleared" in mailq(s, "quota", "clear", "queue", queue).stdout
     assert "no such quota" in mailq(s, "quota", "clear", "queue", queue).stdout
     assert "give --mails-per-s" in mailq(s, "quota", "set", "tenant", "acme", ok=False).stderr
@@ -334,34 +409,79 @@ def test_mailq_quota_set_list_clear_is_audited(quota_suite):
     assert got[0].details["quota"] == f"queue:{queue}" and got[0].details["mails_per_s"] == "50.0"
 
 
-def test_a_tenant_over_its_rate_does_not_refuse_another(quota_suite):
-    # Given acme at 5 mails/s, and the tenant of a token that names none (its identity) at 1,000/s
+def paced_latencies(stub, queue: str, auth, per_s: float, seconds: float, name: str) -> tuple[list[float], list]:
+    """Enqueue ``per_s`` mails a second for ``seconds`` on ``stub`` (one caller, on a fixed schedule:
+    a slow answer does not lower the offered load); (latencies of the accepted, the errors)."""
+    latencies, errors, clock = [], [], threading.Event()
+    began = time.monotonic()
+    for i in range(int(per_s * seconds)):
+        clock.wait(max(0.0, began + i / per_s - time.monotonic()))  # the schedule, not a wait for state
+        sent = time.monotonic()
+        e = enqueue(stub, inline(queue, simple_mail(f"{name}{i}")), auth)
+        (errors.append(e) if e is not None else latencies.append(time.monotonic() - sent))
+    return latencies, errors
+
+
+def p99(values: list[float]) -> float:
+    return sorted(values)[max(0, int(len(values) * 0.99) - 1)]
+
+
+def test_a_tenant_under_its_rate_keeps_its_latency_beside_one_over_it(quota_suite):
+    """Fairness (issue #50 item 4): acme offers 10x its rate; the other tenant (B), under its own,
+    is never refused by a quota and keeps its latency.
+
+    B sends 40 mails/s (two paced callers, one per replica) in 6 rounds of 2 s, alternately alone
+    and beside acme offering 50 mails/s against its 5/s (two paced callers): alternating rounds
+    let the other work on this shared 2-core machine weigh on both sides alike. The issue asks for
+    B's p99 within 10 % of alone. That cannot be asserted here: 6 runs (of 8 rounds) at load average 17-34 gave
+    beside/alone p99 ratios of 1.86, 0.19, 0.66, 0.63, 1.33 and 0.73 (B's p99 alone 0.9-6.5 s), so the
+    machine's noise is tens of times the 10 % to be shown. The test asserts what the noise cannot
+    fake: no B call refused by a quota, acme refused, and B's p99 beside acme at most 2x alone
+    plus 0.5 s (above every ratio measured but one, 1.86, which the 0.5 s covers at those p99s);
+    a quota path that made B wait on acme (a lock held across a refusal, B's calls charged to
+    acme or queued behind its refusals) adds acme's 50 calls/s to every B call. The figures are
+    printed; run on a quiet machine to read the 10 %."""
     s = quota_suite
     queue = s.new_queue()
     other = "token:" + hashlib.sha256(OTHER.encode()).hexdigest()[:12]
+    b_auth = (("authorization", f"Bearer {OTHER}"),)
     set_quota(s, kind=kind("tenant"), subject="acme", mails_per_s=5, burst_mails=2)
     set_quota(s, kind=kind("tenant"), subject=other, mails_per_s=1000, burst_mails=100)
-    wait_until(lambda: all(r.metric("mailqueue_quota_limit", kind="tenant", subject=other) == 1000 for r in s.replicas),
+    wait_until(lambda: all(r.metric("mailqueue_quota_limit", kind="tenant", subject=other) == 1000
+                           and r.metric("mailqueue_quota_limit", kind="tenant", subject="acme") == 5 for r in s.replicas),
                timeout=PROPAGATION_S * 2, what="both quotas on both replicas")
-    # When acme floods both replicas while the other tenant sends 20 mails
-    stop, flooded = threading.Event(), []
+    alone, beside, b_errors, a_refused = [], [], [], []
 
-    def flood(stub) -> None:
-        while not stop.is_set():
-            flooded.append(enqueue(stub, inline(queue, simple_mail("flood"))))
+    def run(callers: list[tuple]) -> list[tuple[list[float], list]]:
+        out: list = [None] * len(callers)
 
-    threads = [threading.Thread(target=flood, args=(stub,)) for stub in s.stubs]
-    for t in threads:
-        t.start()
-    try:
-        mine = [enqueue(s.stubs[i % 2], inline(queue, simple_mail(f"other{i}")), (("authorization", f"Bearer {OTHER}"),))
-                for i in range(20)]
-    finally:
-        stop.set()
+        def call(n: int) -> None:
+            out[n] = paced_latencies(*callers[n])
+
+        threads = [threading.Thread(target=call, args=(n,)) for n in range(len(callers))]
+        for t in threads:
+            t.start()
         for t in threads:
             t.join()
-    # Then acme is refused and the other tenant never is
-    assert any(e is not None and e.code() == EXHAUSTED for e in flooded)
-    assert mine == [None] * 20
+        return out
+
+    for round_ in range(6):
+        with_acme = round_ % 2 == 1
+        b = [(s.stubs[n], queue, b_auth, 20, 2.0, f"b{round_}-{n}-") for n in (0, 1)]
+        a = [(s.stubs[n], queue, AUTH, 25, 2.0, f"a{round_}-{n}-") for n in (0, 1)] if with_acme else []
+        results = run(b + a)
+        for lat, errors in results[:2]:
+            (beside if with_acme else alone).extend(lat)
+            b_errors.extend(errors)
+        for _, errors in results[2:]:
+            a_refused.extend(errors)
+    ratio = p99(beside) / p99(alone)
+    print(f"B alone: {len(alone)} mails, p99 {1000 * p99(alone):.1f} ms; beside acme: {len(beside)} mails, "
+          f"p99 {1000 * p99(beside):.1f} ms (ratio {ratio:.2f}); acme refused {len(a_refused)} of 300; "
+          f"B's other errors: {sorted(str(e.code()) for e in b_errors)}")
+    # (a call of B that failed otherwise, a deadline on an overloaded machine, is not a refusal)
+    assert [e for e in b_errors if e.code() == EXHAUSTED] == [], [e.details() for e in b_errors]
+    assert len([e for e in a_refused if e.code() == EXHAUSTED]) > 200  # of 300 offered, at most ~40 accepted
+    assert p99(beside) <= 2 * p99(alone) + 0.5
     for subject in ("acme", other):
         assert clear_quota(s, "tenant", subject)

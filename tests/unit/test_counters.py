@@ -13,22 +13,23 @@ T0 = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
 H = dt.timedelta(hours=1)
 
 
-def mail(slice_start, due=None, held=False) -> model.QueuedMail:
-    return model.QueuedMail("q", uuid.uuid4(), slice_start, model.Mail("n", "", ("a@b.c",)), (), 0, slice_start, 0,
+def mail(slice_start, due=None, held=False, size=0) -> model.QueuedMail:
+    return model.QueuedMail("q", uuid.uuid4(), slice_start, model.Mail("n", "", ("a@b.c",)), (), size, slice_start, 0,
                             deliver_at=due, held_by=uuid.uuid4() if held else None)
 
 
 def test_exact_deltas_move_every_counter_to_the_live_mails():
-    raw = {"enqueued": {T0: 10, T0 + H: 3}, "gone": {T0: 6, T0 + H: 3}, "delayed": {T0: 2}, "held": {T0: 1}}
-    live = [mail(T0), mail(T0, due=T0 + 9 * H), mail(T0 + H, due=T0 + 9 * H, held=True)]
+    raw = {"enqueued": {T0: 10, T0 + H: 3}, "gone": {T0: 6, T0 + H: 3}, "delayed": {T0: 2}, "held": {T0: 1},
+           "bytes": {T0: 400}}
+    live = [mail(T0, size=100), mail(T0, due=T0 + 9 * H, size=200), mail(T0 + H, due=T0 + 9 * H, held=True, size=50)]
     deltas = counts.exact_deltas(raw, live, T0, T0 + 2 * H)
-    assert sorted(deltas) == sorted([(T0, "gone", 2), (T0, "delayed", -1), (T0, "held", -1),
-                                     (T0 + H, "gone", -1), (T0 + H, "delayed", 1), (T0 + H, "held", 1)])
+    assert sorted(deltas) == sorted([(T0, "gone", 2), (T0, "delayed", -1), (T0, "held", -1), (T0, "bytes", -100),
+                                     (T0 + H, "gone", -1), (T0 + H, "delayed", 1), (T0 + H, "held", 1), (T0 + H, "bytes", 50)])
     healed = {k: dict(v) for k, v in raw.items()}
     for s, kind, delta in deltas:
         healed.setdefault(kind, {})[s] = healed.get(kind, {}).get(s, 0) + delta
     c = counts.summarize(healed, T0)
-    assert (c.size, c.delayed, c.held) == (3, 2, 1)
+    assert (c.size, c.delayed, c.held, c.bytes) == (3, 2, 1, 350)
 
 
 def test_slices_before_browse_start_are_ignored():

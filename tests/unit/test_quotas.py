@@ -70,9 +70,17 @@ def test_a_mail_larger_than_the_byte_burst_passes_an_idle_limiter_and_owes_the_r
 def test_depth_refuses_at_the_limit_and_passes_below():
     quota = q.Quota("queue", "outbound", max_queued_mails=3)
     facts = q.Facts("", "a@x.org", "outbound")
-    r = q.decide([quota], {}, {"outbound": 3}, facts, 0.0)
+    r = q.decide([quota], {}, {"outbound": q.Depth(3)}, facts, 0.0)
     assert r is not None and r.limit == "max_queued_mails" and r.retry_after_s == q.DEPTH_RETRY_S
-    assert q.decide([quota], {}, {"outbound": 2}, facts, 0.0) is None
+    assert q.decide([quota], {}, {"outbound": q.Depth(2)}, facts, 0.0) is None
+
+
+def test_queued_bytes_refuse_at_the_limit_and_pass_below():
+    quota = q.Quota("queue", "outbound", max_queued_bytes=1000)
+    facts = q.Facts("", "a@x.org", "outbound", size=10)
+    r = q.decide([quota], {}, {"outbound": q.Depth(1, 1000)}, facts, 0.0)
+    assert r is not None and r.limit == "max_queued_bytes" and "1000 bytes" in r.description
+    assert q.decide([quota], {}, {"outbound": q.Depth(500, 999)}, facts, 0.0) is None
 
 
 def test_exemptions_bounces_and_named_senders():
@@ -105,6 +113,8 @@ def test_validate_normalizes():
     (q.Quota("tenant", "acme", bytes_per_s=10), "burst_bytes"),
     (q.Quota("tenant", "acme", max_queued_mails=5), "queue's limit"),
     (q.Quota("queue", "outbound", max_queued_mails=0), "max_queued_mails"),
+    (q.Quota("sender", "a@b.org", max_queued_bytes=5), "queue's limit"),
+    (q.Quota("queue", "outbound", max_queued_bytes=0), "max_queued_bytes"),
     (q.Quota("sender", "no-at-sign", mails_per_s=1), "not an address"),
     (q.Quota("sender_domain", "bad domain", mails_per_s=1), "not a domain"),
     (q.Quota("tenant", "", mails_per_s=1), "tenant"),
@@ -143,7 +153,8 @@ def test_serde_round_trips_and_unset_limits_stay_unset():
     from services.contract import quotas_serde
 
     for quota in (q.Quota("tenant", "acme", mails_per_s=2.5, burst_mails=3, exempt_bounces=True, exempt_senders=("a@b.org",)),
-                  q.Quota("queue", "outbound", bytes_per_s=1e6, burst_bytes=10**7, max_queued_mails=1000)):
+                  q.Quota("queue", "outbound", bytes_per_s=1e6, burst_bytes=10**7, max_queued_mails=1000),
+                  q.Quota("queue", "outbound", max_queued_bytes=10**9)):
         assert quotas_serde.quota_from_proto(quotas_serde.quota_to_proto(quota)) == quota
     pb = quotas_serde.quota_to_proto(q.Quota("queue", "outbound", max_queued_mails=5))
     assert not pb.HasField("mails_per_s") and not pb.HasField("bytes_per_s")

@@ -34,6 +34,8 @@ class IdempotencyDAO:
             f"UPDATE {t} SET committed = true, enqueued_at = ?, blob_ids = ?, size = ? "
             "WHERE queue_name = ? AND idempotency_key = ?"
         )
+        self._committed = session.prepare(
+            f"SELECT enqueue_id, enqueued_at, blob_ids, size, committed FROM {t} WHERE queue_name = ? AND idempotency_key = ?")
         self._release = session.prepare(
             f"DELETE FROM {t} WHERE queue_name = ? AND idempotency_key = ? IF enqueue_id = ? AND claimed_at = ?"
         )
@@ -49,6 +51,14 @@ class IdempotencyDAO:
         if r.committed:
             result = model.EnqueueResult(r.enqueue_id, utc(r.enqueued_at), tuple(r.blob_ids or ()), r.size or 0, duplicate=True)
         return model.IdempotencyClaim(r.enqueue_id, utc(r.claimed_at), result, getattr(r, "owner", None))
+
+    async def committed(self, queue: str, key: str) -> model.EnqueueResult | None:
+        """The committed enqueue of ``key`` (duplicate=True), or None (no claim, or not committed)."""
+        rows = await execute(self._session, self._committed, (queue, key))
+        if not rows or not rows[0].committed:
+            return None
+        r = rows[0]
+        return model.EnqueueResult(r.enqueue_id, utc(r.enqueued_at), tuple(r.blob_ids or ()), r.size or 0, duplicate=True)
 
     async def take_over(self, queue: str, key: str, now: dt.datetime, seen: dt.datetime,
                         owner: uuid.UUID | None = None) -> bool:

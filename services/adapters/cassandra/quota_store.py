@@ -21,6 +21,7 @@ PART = 1
 def _body(q: quotas.Quota) -> str:
     return json.dumps({"mails_per_s": q.mails_per_s, "burst_mails": q.burst_mails, "bytes_per_s": q.bytes_per_s,
                        "burst_bytes": q.burst_bytes, "max_queued_mails": q.max_queued_mails,
+                       "max_queued_bytes": q.max_queued_bytes,
                        "exempt_bounces": q.exempt_bounces, "exempt_senders": list(q.exempt_senders)})
 
 
@@ -28,8 +29,8 @@ def _quota(name: str, body: str) -> quotas.Quota:
     kind, _, subject = name.partition("|")
     b = json.loads(body)
     return quotas.Quota(kind, subject, b.get("mails_per_s"), int(b.get("burst_mails") or 1), b.get("bytes_per_s"),
-                        int(b.get("burst_bytes") or 0), b.get("max_queued_mails"), bool(b.get("exempt_bounces")),
-                        tuple(b.get("exempt_senders") or ()))
+                        int(b.get("burst_bytes") or 0), b.get("max_queued_mails"), b.get("max_queued_bytes"),
+                        bool(b.get("exempt_bounces")), tuple(b.get("exempt_senders") or ()))
 
 
 class QuotaStore:
