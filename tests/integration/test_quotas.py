@@ -106,6 +106,21 @@ def details(call) -> tuple[error_details_pb2.RetryInfo, error_details_pb2.QuotaF
     return retry, failure
 
 
+def refused_on_every_replica(s, queue: str, sender: str, limit: str, says: str = "") -> bytes:
+    """One mail over ``queue``'s ``limit``, sent to each replica with content no other mail has:
+    each answers RESOURCE_EXHAUSTED naming the queue and the limit (and ``says``), with a wait of
+    1 s or more. The content, so that the caller checks no blob holds it."""
+    content = f"Subject: refused {time.monotonic_ns()}\r\n\r\nnot queued\r\n".encode()
+    for r_stub in s.stubs:
+        e = enqueue(r_stub, inline(queue, simple_mail("over", sender=sender), content))
+        assert e is not None and e.code() == EXHAUSTED, e
+        retry, failure = details(e)
+        assert failure.violations[0].subject == f"queue:{queue}"
+        assert failure.violations[0].description.startswith(limit), failure
+        assert says in failure.violations[0].description and retry.retry_delay.seconds >= 1
+    return content
+
+
 def test_two_replicas_share_a_tenant_rate(quota_suite):
     # Given the tenant acme limited to 2 mails/s with a burst of 2, across both replicas (a low
     # rate, so that four clients exceed it even on a loaded machine where an accepted call takes 1 s)
@@ -208,16 +223,8 @@ def test_depth_limit_refuses_writes_nothing_and_accepts_once_drained(quota_suite
     # The counters (read each refresh) show the queue full on both replicas
     wait_until(lambda: all(r.metric("mailqueue_quota_use_ratio", kind="queue", subject=queue, limit="max_queued_mails") >= 1
                            for r in s.replicas), timeout=PROPAGATION_S * 2, what="the depth seen full")
-    # When one more comes, with content no other mail has
-    content = f"Subject: refused {time.monotonic_ns()}\r\n\r\nnot queued\r\n".encode()
-    for r_stub in s.stubs:
-        e = enqueue(r_stub, inline(queue, simple_mail("over", sender="z@depth.test"), content))
-        # Then it is refused with the depth limit named, and a wait
-        assert e is not None and e.code() == EXHAUSTED, e
-        retry, failure = details(e)
-        assert failure.violations[0].subject == f"queue:{queue}"
-        assert failure.violations[0].description.startswith("max_queued_mails")
-        assert retry.retry_delay.seconds >= 1
+    # When one more comes, with content no other mail has, it is refused with the limit named
+    content = refused_on_every_replica(s, queue, "z@depth.test", "max_queued_mails")
     # A streamed mail is refused the same way, before its content is stored
     def parts():
         yield enqueue_pb2.EnqueueStreamRequest(header=enqueue_pb2.EnqueueHeader(
@@ -264,16 +271,8 @@ def test_queued_bytes_limit_refuses_writes_nothing_and_accepts_once_drained(quot
     assert enqueue(stub, inline(queue, simple_mail("b2"), sized(2))) is None
     wait_until(lambda: all(r.metric("mailqueue_quota_use_ratio", kind="queue", subject=queue, limit="max_queued_bytes") >= 1
                            for r in s.replicas), timeout=PROPAGATION_S * 2, what="the queue seen at its bytes limit")
-    # When one more comes, on either replica, with content no other mail has
-    content = f"Subject: refused {time.monotonic_ns()}\r\n\r\nnot queued\r\n".encode()
-    for r_stub in s.stubs:
-        e = enqueue(r_stub, inline(queue, simple_mail("over", sender="z@bytes.test"), content))
-        # Then it is refused, naming the bytes limit, with a wait
-        assert e is not None and e.code() == EXHAUSTED, e
-        retry, failure = details(e)
-        assert failure.violations[0].subject == f"queue:{queue}"
-        assert failure.violations[0].description.startswith("max_queued_bytes"), failure
-        assert "300 bytes" in failure.violations[0].description and retry.retry_delay.seconds >= 1
+    # When one more comes, on either replica, with content no other mail has, it is refused
+    content = refused_on_every_replica(s, queue, "z@bytes.test", "max_queued_bytes", "300 bytes")
     # And it wrote nothing: no view row, no broker message, no blob
     assert sorted(m.mail.name for m in s.browsed_mails(queue)) == ["b0", "b1", "b2"]
     assert message_count(queue) == 3
