@@ -3,7 +3,9 @@
     python stack/provision.py credentials DIR        make what is missing under DIR/<role>/
     python stack/provision.py cassandra DIR HOST:PORT CA [--replication N]
     python stack/provision.py minio DIR ENDPOINT CA BUCKET_PATTERN...
-    python stack/provision.py rabbitmq-users DIR     print "user<TAB>configure<TAB>write<TAB>read<TAB>tags" lines
+    python stack/provision.py rabbitmq-users-eval DIR   print one Erlang expression for rabbitmqctl eval that
+                                                      makes every user, its permissions and tags (one call:
+                                                      each rabbitmqctl start costs 1-3 s on a busy machine)
 
 DIR/<role>/ holds one file per key, the shape of a Kubernetes Secret mounted as a folder
 (MAILQUEUE_CREDENTIALS_DIR): cassandra-username, cassandra-password, rabbitmq-username,
@@ -232,9 +234,22 @@ def minio(folder: str, endpoint: str, ca: str, buckets: list[str]) -> None:
                 raise
 
 
-def rabbitmq_users() -> None:
+def _erlang_binary(text: str) -> str:
+    return '<<"' + text.replace("\\", "\\\\").replace('"', '\\"') + '">>'
+
+
+def rabbitmq_users_eval(folder: str) -> None:
+    users = []
     for role, (configure, write, read, tags) in RABBITMQ.items():
-        print("\t".join((role, user(role), configure, write, read, tags)))
+        password_file = os.path.abspath(os.path.join(folder, role, "rabbitmq-password"))
+        fields = [_erlang_binary(user(role)), '"' + password_file.replace("\\", "\\\\").replace('"', '\\"') + '"',
+                  *(_erlang_binary(p) for p in (configure, write, read)), "[" + ",".join(tags.split()) + "]"]
+        users.append("{" + ", ".join(fields) + "}")
+    print("M = rabbit_auth_backend_internal, A = <<\"stack\">>, lists:foreach(fun({U, F, C, W, R, T}) ->"
+          " {ok, P} = file:read_file(F), Pw = string:trim(P),"
+          " case M:lookup_user(U) of {ok, _} -> M:change_password(U, Pw, A); _ -> M:add_user(U, Pw, A) end,"
+          " ok = M:set_permissions(U, <<\"/\">>, C, W, R, A), ok = M:set_tags(U, T, A) end, ["
+          + ", ".join(users) + "]), (catch M:delete_user(<<\"guest\">>, A)), ok.")
 
 
 def main(argv: list[str]) -> int:
@@ -254,8 +269,8 @@ def main(argv: list[str]) -> int:
     elif command == "cassandra-ring":
         hosts, port, ca = rest
         cassandra_ring(folder, hosts, int(port), ca)
-    elif command == "rabbitmq-users":
-        rabbitmq_users()
+    elif command == "rabbitmq-users-eval":
+        rabbitmq_users_eval(folder)
     else:
         print(__doc__, file=sys.stderr)
         return 2

@@ -61,18 +61,9 @@ EOF
 # rabbit_users CTL...: one user per role (stack/provision.py says which permissions), passwords
 # read by the node from their files (never on a command line); guest is deleted.
 rabbit_users() {
-  local role user configure write read tags file
   "$@" await_startup </dev/null >/dev/null
-  while IFS=$'\t' read -r role user configure write read tags; do
-    file="$CREDENTIALS_DIR/$role/rabbitmq-password"
-    "$@" eval "{ok, P} = file:read_file(\"$file\"), U = <<\"$user\">>, W = string:trim(P),
-      case rabbit_auth_backend_internal:lookup_user(U) of
-        {ok, _} -> rabbit_auth_backend_internal:change_password(U, W, <<\"stack\">>);
-        _ -> rabbit_auth_backend_internal:add_user(U, W, <<\"stack\">>) end." </dev/null >/dev/null
-    "$@" set_permissions -p / "$user" "$configure" "$write" "$read" </dev/null >/dev/null
-    "$@" set_user_tags "$user" $tags </dev/null >/dev/null
-  done < <("$PY" "$ROOT/stack/provision.py" rabbitmq-users "$CREDENTIALS_DIR")
-  "$@" delete_user guest >/dev/null 2>&1 || true
+  # One eval for every user, its permissions and tags, and the guest user's removal.
+  "$@" eval "$("$PY" "$ROOT/stack/provision.py" rabbitmq-users-eval "$CREDENTIALS_DIR")" </dev/null >/dev/null
 }
 
 rabbit_start() {

@@ -27,7 +27,7 @@ def stack(*args: str, check: bool = True, timeout: float = 600) -> subprocess.Co
 def cluster_env() -> dict[str, str]:
     """The clusters up (started when they are down); the environment that points services at them."""
     if stack("status", "--cluster", check=False).returncode != 0:
-        stack("up", "--cluster")
+        stack("up", "--cluster", timeout=840)
     env = {}
     for line in stack("cluster-env").stdout.splitlines():
         key, _, value = line.partition("=")

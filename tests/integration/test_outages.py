@@ -109,6 +109,8 @@ def test_a_transient_cassandra_error_requeues_the_delivery_instead_of_losing_it(
     c.answer(d)
     c.close()
     assert dead_letter_count(queue) == 0
+    # The services' driver marked the frozen node down; it reconnects within its policy's 10 s.
+    wait_until(lambda: enqueue_ok(suite, queue), 60, interval=0.5, what="enqueue to work again after Cassandra resumed")
 
 
 def _retried_on_error(suite, queue: str) -> float:

@@ -50,14 +50,14 @@ class Record:
         self.acked_at: dict[str, float] = {}
         self.latencies: list[float] = []  # seconds per OK Enqueue
         self.codes: collections.Counter = collections.Counter()  # "enqueue OK", "dequeue UNAVAILABLE", ...
-        self.details: dict[str, str] = {}  # a detail per code other than OK and UNAVAILABLE
+        self.details: dict[str, str] = {}  # the first detail of each code other than OK
         self.ok_enqueues: list[float] = []
         self.deliveries: list[float] = []
 
     def code(self, kind: str, code: grpc.StatusCode, detail: str = "") -> None:
         with self.lock:
             self.codes[f"{kind} {code.name}"] += 1
-            if code not in (grpc.StatusCode.OK, grpc.StatusCode.UNAVAILABLE):
+            if code != grpc.StatusCode.OK:
                 self.details.setdefault(f"{kind} {code.name}", detail[:300])
 
 

@@ -59,6 +59,16 @@ def pods(component: str, ready_only: bool = False) -> list[dict]:
     return items
 
 
+def pod_phases() -> list[tuple[str, str, str]]:
+    """Every pod of the namespace: name, phase, and why it is not scheduled (e.g. Insufficient cpu)."""
+    out = []
+    for p in get("pods")["items"]:
+        why = next((c.get("message", "") for c in p.get("status", {}).get("conditions", [])
+                    if c["type"] == "PodScheduled" and c["status"] != "True"), "")
+        out.append((p["metadata"]["name"], p.get("status", {}).get("phase", "?"), why))
+    return out
+
+
 def is_ready(pod: dict) -> bool:
     return any(c["type"] == "Ready" and c["status"] == "True" for c in pod.get("status", {}).get("conditions", []))
 
