@@ -1,7 +1,7 @@
 # Two images from one file; `make image` builds both with podman (stack/image.sh), and CI runs them
 # on a real Kubernetes in `make test-kubernetes`:
-#   podman build --target services -t mailqueue .        four entry points: python -m enqueue_svc |
-#                                                        dequeue_svc | browse_svc | blob_svc
+#   podman build --target services -t mailqueue .        five entry points: python -m enqueue_svc |
+#                                                        dequeue_svc | browse_svc | blob_svc | webhook_svc
 #   podman build --target sweep -t mailqueue-sweep .     the retention sweep: python -m spark.sweep
 #                                                        (adds a Java 17 runtime, pyspark and the
 #                                                        Spark Cassandra Connector jars)
@@ -14,6 +14,7 @@ COPY enqueue_svc enqueue_svc
 COPY dequeue_svc dequeue_svc
 COPY browse_svc browse_svc
 COPY blob_svc blob_svc
+COPY webhook_svc webhook_svc
 COPY mailq mailq
 COPY spark spark
 RUN pip install --no-cache-dir -c constraints.txt grpcio-tools \
@@ -32,7 +33,7 @@ COPY constraints.txt /tmp/constraints.txt
 RUN pip install --no-cache-dir -c /tmp/constraints.txt /wheels/*.whl && rm -rf /wheels /tmp/constraints.txt
 USER 10001:10001
 ENV PYTHONUNBUFFERED=1 MAILQUEUE_HOST=0.0.0.0
-EXPOSE 50051 50052 50053 50054
+EXPOSE 50051 50052 50053 50054 50055
 CMD ["python", "-m", "enqueue_svc"]
 
 FROM services AS sweep

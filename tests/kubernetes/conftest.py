@@ -58,10 +58,10 @@ def applied(cluster: None) -> Applied:
     available_s: dict[str, float] = {}
 
     def all_available() -> bool:
-        for c in kube.COMPONENTS:
+        for c in kube.DEPLOYMENTS:
             if c not in available_s and kube.available(c):
                 available_s[c] = round(time.monotonic() - start, 1)
-        return len(available_s) == len(kube.COMPONENTS)
+        return len(available_s) == len(kube.DEPLOYMENTS)
 
     wait_until(all_available, 240, interval=1, what="every Deployment Available")
     print(f"[kubernetes] kubectl apply -k: {apply_s} s; Available after (s): {available_s}")

@@ -20,7 +20,9 @@ KUBE = os.path.join(ROOT, "stack", "kube", "kube.sh")
 OVERLAY = os.path.join(ROOT, "k8s", "overlays", "local")
 NAMESPACE = "mailqueue-dev"
 COMPONENTS = ("enqueue", "dequeue", "browse", "blob")
-PORTS = {"enqueue": 50051, "dequeue": 50052, "browse": 50053, "blob": 50054}
+#: Every Deployment of the overlay: the four above and webhook_svc (no Service clients call).
+DEPLOYMENTS = (*COMPONENTS, "webhook")
+PORTS = {"enqueue": 50051, "dequeue": 50052, "browse": 50053, "blob": 50054, "webhook": 50055}
 
 
 def kubectl(*args: str, check: bool = True, timeout: float = 120, stdin: str | None = None) -> subprocess.CompletedProcess:
