@@ -89,7 +89,9 @@ down() {
   done
   for m in /run/netns/cni-*; do
     [[ -e $m ]] || continue
-    umount "$m" 2>/dev/null || true; rm -f "$m"
+    # A namespace some process still holds is detached (lazy unmount): its file goes once free.
+    umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true
+    rm -f "$m" 2>/dev/null || say "network namespace $m still busy: left for the system to free"
   done
   [[ -z $(ls -A "$CONTAINERD_TASKS" 2>/dev/null) ]] && rm -rf "${CNI_IPAM_DIR:?}"/*
   iptables_cleanup
