@@ -234,15 +234,19 @@ def minio(folder: str, endpoint: str, ca: str, buckets: list[str]) -> None:
                 raise
 
 
+def _erlang_string(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
 def _erlang_binary(text: str) -> str:
-    return '<<"' + text.replace("\\", "\\\\").replace('"', '\\"') + '">>'
+    return "<<" + _erlang_string(text) + ">>"
 
 
 def rabbitmq_users_eval(folder: str) -> None:
     users = []
     for role, (configure, write, read, tags) in RABBITMQ.items():
         password_file = os.path.abspath(os.path.join(folder, role, "rabbitmq-password"))
-        fields = [_erlang_binary(user(role)), '"' + password_file.replace("\\", "\\\\").replace('"', '\\"') + '"',
+        fields = [_erlang_binary(user(role)), _erlang_string(password_file),
                   *(_erlang_binary(p) for p in (configure, write, read)), "[" + ",".join(tags.split()) + "]"]
         users.append("{" + ", ".join(fields) + "}")
     print("M = rabbit_auth_backend_internal, A = <<\"stack\">>, lists:foreach(fun({U, F, C, W, R, T}) ->"

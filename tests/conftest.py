@@ -36,12 +36,19 @@ MANIFESTS = KUBERNETES / "manifests"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    default = float(config.getini("timeout") or 300)
     for item in items:
         parents = pathlib.Path(str(item.fspath)).parents
         if INTEGRATION in parents or CONTRACT in parents:
             item.add_marker(pytest.mark.integration)
         if CLUSTER in parents:
             item.add_marker(pytest.mark.cluster)
+            # The first cluster test also starts the clusters (stack.sh up --cluster: 288 s here,
+            # over 300 s on CI's machine): each cluster test gets 600 s more than its own limit, so
+            # the set-up is bounded by its own waits (the fixture's subprocess timeout).
+            own = item.get_closest_marker("timeout")
+            limit = float(own.args[0]) if own and own.args else default
+            item.add_marker(pytest.mark.timeout(limit + 600), append=False)
         if MANIFESTS in parents:
             item.add_marker(pytest.mark.k8s)
         elif KUBERNETES in parents:
@@ -49,15 +56,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # Tests that stop a backend run last, so an outage never overlaps another test; then the
     # Kubernetes tier (it stops the broker too), then the cluster tier (its own nodes, faults of
     # its own).
-    # The first cluster test also starts the clusters (stack.sh up --cluster: 288 s here, over
-    # 300 s on CI's machine): each cluster test gets 600 s more than its own limit, so the set-up
-    # is bounded by its own waits (the fixture's subprocess timeout), not by pytest-timeout.
-    default = config.getini("timeout")
-    for item in items:
-        if item.get_closest_marker("cluster") is not None:
-            own = item.get_closest_marker("timeout")
-            limit = float(own.args[0]) if own and own.args else float(default or 300)
-            item.add_marker(pytest.mark.timeout(limit + 600), append=False)
     items.sort(key=lambda item: (item.get_closest_marker("cluster") is not None,
                                  item.get_closest_marker("kubernetes") is not None,
                                  item.get_closest_marker("outage") is not None))

@@ -208,6 +208,9 @@ def test_the_autoscaler_scales_enqueue_out_under_load_and_back_in(applied):
         timeline.append((round(time.monotonic() - start), replicas, f"{cpu}%"))
         return replicas
 
+    def with_timeline(e: AssertionError) -> AssertionError:
+        return AssertionError(f"{e}; (s, replicas, cpu of request): {timeline}; pods: {kube.pod_phases()}")
+
     # The base's target (70 % of the request); the local overlay requests 100m a pod, so the
     # scheduler always has room for the extra replicas (at 250m a third enqueue pod stayed Pending,
     # and a Pending pod counts as 100 % when the autoscaler considers scaling in).
@@ -216,7 +219,7 @@ def test_the_autoscaler_scales_enqueue_out_under_load_and_back_in(applied):
         try:
             wait_until(lambda: sample() > floor, 420, interval=5, what="the autoscaler to add enqueue replicas")
         except AssertionError as e:
-            raise AssertionError(f"{e}; (s, replicas, cpu of request): {timeline}; pods: {kube.pod_phases()}") from None
+            raise with_timeline(e) from None
         peak = max(r for _, r, _ in timeline)
         wait_until(lambda: kube.available("enqueue") and len(kube.pods("enqueue", ready_only=True)) > floor, 180,
                    interval=2, what="the new replica Ready")
@@ -225,7 +228,7 @@ def test_the_autoscaler_scales_enqueue_out_under_load_and_back_in(applied):
     try:
         wait_until(lambda: sample() == floor, 420, interval=5, what="the autoscaler to scale enqueue back in")
     except AssertionError as e:
-        raise AssertionError(f"{e}; (s, replicas, cpu of request): {timeline}; pods: {kube.pod_phases()}") from None
+        raise with_timeline(e) from None
     for record in records:
         assert record["lost"] == [], record["lost"][:10]
         codes_only_ok_or_unavailable(record)
