@@ -127,9 +127,10 @@ def after_success(record: Record) -> list[Again]:
 
 
 class Adversary:
-    def __init__(self, enqueue_stub, dequeue_stub, queue: str, seed: int, clients: int = 8, seconds: float = 4.0) -> None:
+    def __init__(self, enqueue_stub, dequeue_stub, queue: str, seed: int, clients: int = 8, seconds: float = 4.0,
+                 min_acked: int = 0) -> None:
         self.enqueue, self.dequeue, self.queue = enqueue_stub, dequeue_stub, queue
-        self.seed, self.clients, self.seconds = seed, clients, seconds
+        self.seed, self.clients, self.seconds, self.min_acked = seed, clients, seconds, min_acked
         self.record = Record()
         self.lock = threading.Lock()
         self.stop = threading.Event()
@@ -140,7 +141,12 @@ class Adversary:
         threads = [threading.Thread(target=self._client, args=(i,), daemon=True) for i in range(self.clients)]
         for t in threads:
             t.start()
+        # At least ``seconds`` of play, and on a loaded machine longer, until ``min_acked`` mails
+        # were acknowledged (at most 8 times ``seconds``): the moves, not the clock, make the test.
+        started = time.monotonic()
         self.stop.wait(self.seconds)
+        while len(self.record.acked) < self.min_acked and time.monotonic() - started < self.seconds * 8:
+            self.stop.wait(0.1)
         self.stop.set()
         for t in threads:
             t.join(DEADLINE_S * 2)
@@ -612,11 +618,11 @@ class Played:
 
 
 def play(enqueue_stub, dequeue_stub, browse_stub, queue: str, seed: int, decided, clients: int = 8,
-         seconds: float = 4.0, deadline_s: float = 60.0) -> Played:
+         seconds: float = 4.0, deadline_s: float = 60.0, min_acked: int = 0) -> Played:
     """Run the adversary on ``queue``, read GetSize once its streams ended, then drain the queue
     until it is empty and ``decided(enqueue_id)`` holds for every acknowledged mail (the mail is
     gone from the view: delivered, or dead), or the deadline."""
-    record = Adversary(enqueue_stub, dequeue_stub, queue, seed, clients, seconds).run()
+    record = Adversary(enqueue_stub, dequeue_stub, queue, seed, clients, seconds, min_acked).run()
     size = sizes(browse_stub, queue)
     undecided = set(record.acked)
 

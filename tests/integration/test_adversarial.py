@@ -19,6 +19,8 @@ from tests.integration.helpers import deleted_reason
 
 #: Far below the healer's grace: what is not delivered by then waits for a broker message that is gone.
 DEADLINE_S = 60.0
+#: The play goes on past its 4 s until this many mails were acknowledged (a loaded machine acked 25-48 in 4 s).
+MIN_ACKED = 50
 #: The suite plays 10 seeds (about 10 s each); `python -m tests.adversary --seeds 0-19` plays more.
 SEEDS = range(10)
 
@@ -28,10 +30,10 @@ def test_an_adversarial_client_strands_no_acknowledged_mail(process_suite, seed)
     s = process_suite
     queue = s.new_queue(max_attempts=3)
     played = play(s.enqueue_stub, s.dequeue_stub, s.browse_stub, queue, seed,
-                  lambda eid: deleted_reason(s, queue, uuid.UUID(eid)) is not None, deadline_s=DEADLINE_S)
+                  lambda eid: deleted_reason(s, queue, uuid.UUID(eid)) is not None, deadline_s=DEADLINE_S, min_acked=MIN_ACKED)
     record, size = played.record, played.size
     assert record.wrong == []
-    assert len(record.acked) > 50, record.calls  # the traffic happened
+    assert len(record.acked) >= MIN_ACKED, record.calls  # the traffic happened
     assert played.stranded == [], (
         f"seed {seed}: {len(played.stranded)} of {len(record.acked)} acknowledged mails stranded:\n"
         + "\n".join(f"  {eid}: {s.run(s.view.mails.state(queue, uuid.UUID(eid)))}" for eid in played.stranded[:10])

@@ -81,6 +81,13 @@ def set_quota(s, **fields) -> quotas_pb2.Quota:
     return s.admin_stub.SetQuota(admin_pb2.SetQuotaRequest(quota=quotas_pb2.Quota(**fields))).quota
 
 
+def set_sender_quota(s, sender: str, burst_mails: int) -> None:
+    """A sender's burst refilling at 0.01 mail/s (nothing within a test), once every replica has it."""
+    set_quota(s, kind=kind("sender"), subject=sender, mails_per_s=0.01, burst_mails=burst_mails)
+    wait_until(lambda: all(r.metric("mailqueue_quota_limit", kind="sender", subject=sender) > 0 for r in s.replicas),
+               timeout=PROPAGATION_S * 2, what="the sender's quota on both replicas")
+
+
 def clear_quota(s, kind_name: str, subject: str) -> bool:
     return s.admin_stub.ClearQuota(admin_pb2.ClearQuotaRequest(kind=kind(kind_name), subject=subject)).cleared
 
@@ -296,9 +303,7 @@ def test_an_idempotent_resend_is_answered_and_not_charged_again(quota_suite):
     s = quota_suite
     queue = s.new_queue()
     sender = f"k{time.monotonic_ns()}@resend.test"
-    set_quota(s, kind=kind("sender"), subject=sender, mails_per_s=0.01, burst_mails=10)
-    wait_until(lambda: all(r.metric("mailqueue_quota_limit", kind="sender", subject=sender) > 0 for r in s.replicas),
-               timeout=PROPAGATION_S * 2, what="the sender's quota on both replicas")
+    set_sender_quota(s, sender, burst_mails=10)
     stub = s.stubs[0]
     keyed = inline(queue, simple_mail("keyed", sender=sender), key=f"key-{sender}")
     first = stub.Enqueue(keyed, metadata=AUTH, timeout=10).receipt
@@ -324,9 +329,7 @@ def test_a_batch_answers_each_mail_with_its_own_status(quota_suite):
     queue = s.new_queue()
     sender = f"b{time.monotonic_ns()}@batch.test"
     # A burst of 2 split between 2 replicas: 1 each (2 if a replica missed the other's heartbeat)
-    set_quota(s, kind=kind("sender"), subject=sender, mails_per_s=0.01, burst_mails=2)
-    wait_until(lambda: all(r.metric("mailqueue_quota_limit", kind="sender", subject=sender) > 0 for r in s.replicas),
-               timeout=PROPAGATION_S * 2, what="the sender's quota on both replicas")
+    set_sender_quota(s, sender, burst_mails=2)
     other = s.stubs[1]
     batch = enqueue_pb2.EnqueueBatchesRequest(mails=[
         enqueue_pb2.EnqueueManyRequest(sequence=i, request=inline(queue, simple_mail(f"m{i}", sender=sender if i % 2 else "")))
