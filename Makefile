@@ -77,13 +77,13 @@ env:
 	@printf 'export PATH="%s:%s:$$PATH"\n' "$(CURDIR)/.venv/bin" "$(GO_TOOLS)"
 	@printf 'export MAILQ_TLS_CA="%s"\n' "$${MAILQUEUE_STACK_DIR:-$(CURDIR)/.stack}/pki/ca.crt"
 
-# The test command (README, CI): installs, starts the stack and the services if they are down,
-# lints the protos (buf lint + buf breaking), builds the docs site (mkdocs --strict), builds the
-# images, starts the single-node Kubernetes,
-# and runs every tier (Python, Go, Node, grpcurl, the offline k8s checks, the Kubernetes tier, then
-# the cluster tier, which starts the clusters itself when it gets there).
-test: up lint docs kustomize contract spark-connector image kube-up
-	$(PY) -m pytest
+# The test command (README, CI): installs, starts the stack if it is down, lints the protos (buf
+# lint + buf breaking), builds the docs site (mkdocs --strict), then runs every tier in lanes
+# (tests/lanes.py): unit, contract and integration beside the cluster tier, the Spark sweep and
+# the images with the single-node Kubernetes; then alone the outage tests and the Kubernetes tier.
+# `python -m pytest` runs the same tests one after the other.
+test: up lint docs kustomize contract spark-connector
+	$(PY) -m tests.lanes
 
 # Fast tier: pure logic, no servers.
 test-unit: install
