@@ -77,13 +77,15 @@ def run_ghz(queue: str, seconds: float, concurrency: int, connections: int, size
                    "-t", f"{CALL_TIMEOUT_S}s",
                    "-D", data, "-O", "json", "-o", out, f"127.0.0.1:{PORTS['enqueue']}"]
         began = time.monotonic()
-        proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        meter = CpuMeter(services or {}, statements)
-        status, usage = wait_for(proc, seconds + CALL_TIMEOUT_S + 30)
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        elapsed = time.monotonic() - began
-        if proc.returncode != 0:
-            raise SystemExit(f"ghz failed ({proc.returncode}): {proc.stderr.read()[-2000:] if proc.stderr else ''}")
+        with open(os.path.join(tmp, "stderr"), "w+") as err:  # a file: a full pipe would stop ghz
+            proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=err)
+            meter = CpuMeter(services or {}, statements)
+            status, usage = wait_for(proc, seconds + CALL_TIMEOUT_S + 30)
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            elapsed = time.monotonic() - began
+            if proc.returncode != 0 or not os.path.exists(out):
+                err.seek(0)
+                raise SystemExit(f"ghz ended with {proc.returncode} after {elapsed:.0f} s: {err.read()[-2000:]}")
         with open(out) as f:
             r = json.load(f)
     codes = r.get("statusCodeDistribution") or {}
