@@ -131,6 +131,13 @@ def parse() -> argparse.Namespace:
     return a
 
 
+def phase_lines(path: str, r: dict[str, Any]) -> str:
+    """A phase's report: rate and latency (and errors), CPU per mail, Cassandra requests per mail."""
+    errors = r.get("errors")
+    return (report(path, r) + (f"  (errors: {errors})" if errors else "")
+            + f"\n           {r['cpu']}\n           {statements_line(r['stmts'])}")
+
+
 def main() -> None:
     a = parse()
     phases = ["direct", *a.paths]
@@ -142,7 +149,8 @@ def main() -> None:
             bench.measure(path, "warm", a.warm_seconds, 0)
         for rnd in range(a.rounds):
             for path in (phases if rnd % 2 == 0 else phases[::-1]):
-                results[(rnd, path)] = bench.measure(path, f"round {rnd + 1}", a.seconds, a.warmup)
+                r = results[(rnd, path)] = bench.measure(path, f"round {rnd + 1}", a.seconds, a.warmup)
+                print(f"round {rnd + 1}: {phase_lines(path, r)}", flush=True)  # a run cut short keeps its phases
     finally:
         bench.close()
     print(f"\nenqueue of {a.size} B mails, concurrency {a.concurrency} (ghz: {a.connections} connections), gRPC over TLS, "
@@ -150,11 +158,7 @@ def main() -> None:
     for rnd in range(a.rounds):
         print(f"round {rnd + 1} ({' '.join(phases if rnd % 2 == 0 else phases[::-1])}):")
         for path in phases:
-            r = results[(rnd, path)]
-            errors = r.get("errors")
-            print(report(path, r) + (f"  (errors: {errors})" if errors else ""))
-            print(f"           {r['cpu']}")
-            print(f"           {statements_line(r['stmts'])}")
+            print(phase_lines(path, results[(rnd, path)]))
         base = results[(rnd, "direct")]["per_s"]
         print(f"round {rnd + 1} ratio to direct: " + ", ".join(f"{p} {results[(rnd, p)]['per_s'] / base:.2f}" for p in a.paths))
     for path in a.paths:
