@@ -6,8 +6,10 @@ its client. Built once per machine by ``make ghz`` (go install github.com/bojand
 into ~/.cache/mailqueue-stack/ghz-v0.93.0); MAILQUEUE_GHZ names another binary.
 
 Every call carries distinct content (no deduplication shortcut): the request is a ghz template whose
-``inline_content`` is URL-safe base64 with the call's own UUID in the middle (36 characters of the
-base64 alphabet decode to 27 bytes), the rest padding to ``size`` bytes.
+``inline_content`` is base64 with 32 random letters and digits of ghz's ``randomString`` in the
+middle (characters of the base64 alphabet: they decode to 24 random bytes), the rest padding to
+``size`` bytes. (ghz decodes bytes fields as standard base64 only: its per-call UUID, with its
+dashes, is not.)
 """
 
 from __future__ import annotations
@@ -55,9 +57,9 @@ def binary() -> str:
 def request_template(queue: str, size: int) -> dict[str, Any]:
     """An EnqueueRequest in protobuf JSON whose content is ``size`` bytes, distinct per call."""
     head = b"Subject: bench ghz\r\n\r\n"
-    head += b"x" * (-len(head) % 3)  # whole base64 groups: the UUID's characters start a group
-    tail = b"\r\n" + b"x" * max(size - len(head) - 27 - 2, 0)
-    content = (base64.urlsafe_b64encode(head).decode() + "{{.UUID}}" + base64.urlsafe_b64encode(tail).decode())
+    head += b"x" * (-len(head) % 3)  # whole base64 groups: the random characters start a group
+    tail = b"\r\n" + b"x" * max(size - len(head) - 24 - 2, 0)
+    content = base64.b64encode(head).decode() + "{{randomString 32}}" + base64.b64encode(tail).decode()
     return {"queue": queue, "mail": {"name": "bench", "sender": "a@example.com", "recipients": ["b@example.org"]},
             "inlineContent": content}
 
