@@ -90,6 +90,7 @@ def run_ghz(queue: str, seconds: float, concurrency: int, connections: int, size
                 raise SystemExit(f"ghz ended with {proc.returncode} after {elapsed:.0f} s: {err.read()[-2000:]}")
         with open(out) as f:
             r = json.load(f)
+    # The calls in flight when -z ends are closed by ghz: up to -c of them come back Unavailable.
     codes = r.get("statusCodeDistribution") or {}
     ok = int(codes.get("OK", 0))
     latency = {int(p["percentage"]): p["latency"] / 1e6 for p in r.get("latencyDistribution") or []}
