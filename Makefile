@@ -8,11 +8,13 @@ KUSTOMIZE_VERSION := v5.7.1
 KUSTOMIZE := $(HOME)/.cache/mailqueue-stack/kustomize-$(KUSTOMIZE_VERSION)/kustomize
 export KUSTOMIZE
 GO_TOOLS := $(HOME)/.cache/mailqueue-stack/go-tools
+GHZ_VERSION := v0.93.0
+GHZ := $(HOME)/.cache/mailqueue-stack/ghz-$(GHZ_VERSION)/ghz
 NODE_MODULES := tests/contract/node/node_modules/.installed
 DOCS_NODE_MODULES := docs/node_modules/.installed
 STUBS := mailqueue/.generated
 
-.PHONY: docs env install proto up down status run stop sweep spark-connector test test-unit test-integration test-k8s test-contract test-cluster test-kubernetes up-cluster down-cluster kube-up kube-down image contract lint kustomize clean
+.PHONY: docs env install proto up down status run stop sweep ghz bench-enqueue spark-connector test test-unit test-integration test-k8s test-contract test-cluster test-kubernetes up-cluster down-cluster kube-up kube-down image contract lint kustomize clean
 
 install: .venv/.installed
 
@@ -141,6 +143,19 @@ $(GO_TOOLS)/protoc-gen-go $(GO_TOOLS)/protoc-gen-go-grpc $(GO_TOOLS)/grpcurl:
 	GOBIN=$(GO_TOOLS) go install github.com/fullstorydev/grpcurl/cmd/grpcurl@v1.9.4
 
 grpcurl: $(GO_TOOLS)/grpcurl
+
+# Benchmarks (docs/pages/benchmarks.md). ghz, a gRPC load client in Go, drives the enqueue
+# bench's ghz phase (bench/ghz.py finds it here, or MAILQUEUE_GHZ names another).
+$(GHZ):
+	@echo "[make] building ghz $(GHZ_VERSION) with go install (once per machine)"
+	GOBIN=$(dir $(GHZ)) go install github.com/bojand/ghz/cmd/ghz@$(GHZ_VERSION)
+
+ghz: $(GHZ)
+
+# The enqueue paths against the direct writes, in alternating order over rounds, with ghz as a
+# second client: make bench-enqueue ARGS="--rounds 3 --seconds 20".
+bench-enqueue: up ghz
+	$(PY) -m bench.enqueue_rounds $(ARGS)
 
 # The docs site (docs/mkdocs.yml) into docs/site, strict: a warning (a broken link or anchor, a
 # page missing from the navigation) fails the build (never with --quiet: it hides the warnings

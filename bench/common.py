@@ -149,6 +149,7 @@ def drop_queues(queues: list[str]) -> None:
 async def load(
     op: Callable[[int], Awaitable[None]], concurrency: int, seconds: float, label: str,
     warmup: float = 5.0, services: dict[str, int] | None = None, rate: float = 0.0,
+    statements: Callable[[], dict[str, float]] | None = None,
 ) -> dict[str, Any]:
     """Run ``op`` from ``concurrency`` workers for ``warmup`` + ``seconds``; report the last ``seconds``.
 
@@ -156,16 +157,19 @@ async def load(
     its slot, ``concurrency`` at most in flight) to measure latency below the peak.
 
     Only operations started after the warm-up count (fresh processes, connections, JIT and caches
-    settle first). ``services`` (name -> pid) get their CPU time per operation measured over the
-    same window, with the stack's servers and this process.
+    settle first); a call that ends with a gRPC error is counted in ``errors`` by status, not
+    measured. ``services`` (name -> pid) get their CPU time per operation measured over the same
+    window, with the stack's servers and this process; ``statements`` (``cassandra_statements``
+    of the process that writes) its Cassandra requests per operation, by kind (``stmts``).
     """
     latencies: list[float] = []
+    errors: dict[str, int] = {}
     counter = 0
     began = time.monotonic()
     measure_from = began + warmup
     deadline = measure_from + seconds
     meter: list[CpuMeter] = []
-    asyncio.get_running_loop().call_later(warmup, lambda: meter.append(CpuMeter(services or {})))
+    asyncio.get_running_loop().call_later(warmup, lambda: meter.append(CpuMeter(services or {}, statements)))
 
     async def worker() -> None:
         nonlocal counter
@@ -175,7 +179,11 @@ async def load(
                 await asyncio.sleep(wait)
                 now = time.monotonic()
             start = time.perf_counter()
-            await op(counter)
+            try:
+                await op(counter)
+            except grpc.aio.AioRpcError as e:  # a refused call is counted, not measured
+                errors[e.code().name] = errors.get(e.code().name, 0) + 1
+                continue
             if now >= measure_from:
                 latencies.append(time.perf_counter() - start)
 
@@ -192,9 +200,11 @@ async def load(
     return {
         "ops": len(latencies),
         "per_s": len(latencies) / elapsed,
-        "p50_ms": 1000 * statistics.median(latencies),
-        "p99_ms": 1000 * latencies[int(len(latencies) * 0.99) - 1],
-        "cpu": meter[0].per_op(len(latencies)),
+        "p50_ms": 1000 * statistics.median(latencies) if latencies else float("nan"),
+        "p99_ms": 1000 * latencies[max(int(len(latencies) * 0.99) - 1, 0)] if latencies else float("nan"),
+        "cpu": meter[0].per_op(max(len(latencies), 1)),
+        "stmts": meter[0].statements_per_op(len(latencies)),
+        "errors": errors,
     }
 
 
@@ -223,14 +233,28 @@ def cpu_seconds(pid: int) -> float:
 
 
 class CpuMeter:
-    """CPU time per operation of every process a phase runs on: where the cores go."""
+    """CPU time per operation of every process a phase runs on: where the cores go; and, given a
+    ``statements`` source, the Cassandra requests per operation by kind over the same window."""
 
-    def __init__(self, services: dict[str, int]) -> None:
+    def __init__(self, services: dict[str, int], statements: Callable[[], dict[str, float]] | None = None) -> None:
         self._pids = {**services, **stack_pids(), "bench": os.getpid()}
         self._start = {name: cpu_seconds(pid) for name, pid in self._pids.items()}
+        self._statements = statements
+        self._statements_start = statements() if statements else {}
 
-    def per_op(self, ops: float) -> str:
+    def statements_per_op(self, ops: float) -> dict[str, float]:
+        """Cassandra requests per operation since the start, by kind (empty without a source)."""
+        if self._statements is None:
+            return {}
+        now = self._statements()
+        return {k: (n - self._statements_start.get(k, 0.0)) / max(ops, 1) for k, n in now.items()
+                if n > self._statements_start.get(k, 0.0)}
+
+    def per_op(self, ops: float, others: dict[str, float] | None = None) -> str:
+        """CPU ms per operation of each process; ``others``: CPU seconds of processes measured
+        another way over the same window (a load client run as a child: its rusage)."""
         used = {name: 1000 * (cpu_seconds(pid) - self._start[name]) / ops for name, pid in self._pids.items()}
+        used.update({name: 1000 * seconds / ops for name, seconds in (others or {}).items()})
         total = sum(used.values()) or 1e-9  # a phase too short to be measured (a busy machine)
         parts = ", ".join(f"{name} {ms:.2f}" for name, ms in used.items())
         cores = os.cpu_count() or 1
@@ -264,6 +288,27 @@ def settle(label: str, deadline_s: float = 180.0) -> float:
             print(f"  [{label}] stack still busy ({busy:.2f} of a core) after {waited:.0f} s: measuring anyway",
                   file=sys.stderr)
             return waited
+
+
+def cassandra_statements(metrics_port: int | None = None) -> dict[str, float]:
+    """mailqueue_cassandra_statements_total by kind: of the service serving metrics on
+    ``metrics_port``, or (None) of this process (the direct path's writes)."""
+    if metrics_port is not None:
+        import re
+        import urllib.request
+
+        body = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
+        return {k: float(v) for k, v in
+                re.findall(r'^mailqueue_cassandra_statements_total\{kind="([^"]*)"\} (\S+)$', body, re.M)}
+    from services.adapters.cassandra.statement_kinds import STATEMENTS
+
+    return {s.labels["kind"]: s.value for m in STATEMENTS.collect() for s in m.samples if s.name.endswith("_total")}
+
+
+def statements_line(per_op: dict[str, float]) -> str:
+    """``Cassandra requests per mail: total (kind n, ...)``, the largest first."""
+    shown = ", ".join(f"{k} {v:.2f}" for k, v in sorted(per_op.items(), key=lambda kv: -kv[1]) if v >= 0.005)
+    return f"Cassandra requests per mail: {sum(per_op.values()):.2f} ({shown})"
 
 
 def report(name: str, r: dict[str, float]) -> str:

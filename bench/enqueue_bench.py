@@ -66,10 +66,19 @@ def content(i: int, size: int) -> bytes:
     return head + b"x" * (size - len(head))
 
 
+def channel_to(credentials: grpc.ChannelCredentials | None) -> grpc.aio.Channel:
+    """An asyncio channel to the bench's enqueue_svc: over TLS given ``credentials``."""
+    target = f"127.0.0.1:{PORTS['enqueue']}"
+    return grpc.aio.secure_channel(target, credentials) if credentials else grpc.aio.insecure_channel(target)
+
+
 async def via_grpc(
     queue: str, seconds: float, concurrency: int, size: int, warmup: float, services: dict[str, int], rate: float = 0.0,
+    credentials: grpc.ChannelCredentials | None = None, statements: Any = None,
 ) -> dict[str, Any]:
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{PORTS['enqueue']}")
+    """Unary Enqueues from ``concurrency`` callers (``rate``: paced); ``credentials``: over TLS;
+    ``statements``: a Cassandra request counter to read (common.load)."""
+    channel = channel_to(credentials)
     stub = enqueue_pb2_grpc.EnqueueServiceStub(channel)
     mail = mail_pb2.Mail(name="bench", sender="a@example.com", recipients=["b@example.org"])
 
@@ -77,13 +86,16 @@ async def via_grpc(
         await stub.Enqueue(enqueue_pb2.EnqueueRequest(queue=queue, mail=mail, inline_content=content(i, size)))
 
     try:
-        return await load(op, concurrency, seconds, f"grpc@{rate:.0f}/s" if rate else "grpc", warmup, services, rate)
+        return await load(op, concurrency, seconds, f"grpc@{rate:.0f}/s" if rate else "grpc", warmup, services, rate, statements)
     finally:
         await channel.close()
 
 
-async def via_grpc_stream(queue: str, seconds: float, concurrency: int, size: int, warmup: float, services: dict[str, int]) -> dict[str, Any]:
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{PORTS['enqueue']}")
+async def via_grpc_stream(
+    queue: str, seconds: float, concurrency: int, size: int, warmup: float, services: dict[str, int],
+    credentials: grpc.ChannelCredentials | None = None, statements: Any = None,
+) -> dict[str, Any]:
+    channel = channel_to(credentials)
     stub = enqueue_pb2_grpc.EnqueueServiceStub(channel)
     mail = mail_pb2.Mail(name="bench", sender="a@example.com", recipients=["b@example.org"])
     chunk = 64 * 1024
@@ -99,24 +111,24 @@ async def via_grpc_stream(queue: str, seconds: float, concurrency: int, size: in
         await stub.EnqueueStream(requests())
 
     try:
-        return await load(op, concurrency, seconds, "grpc-stream", warmup, services)
+        return await load(op, concurrency, seconds, "grpc-stream", warmup, services, statements=statements)
     finally:
         await channel.close()
 
 
 async def via_grpc_many(
     queue: str, seconds: float, window: int, size: int, warmup: float, services: dict[str, int], batch: int = 1,
-    credentials: grpc.ChannelCredentials | None = None,
+    credentials: grpc.ChannelCredentials | None = None, statements: Any = None,
 ) -> dict[str, Any]:
     """One EnqueueMany stream with ``window`` mails unanswered at most; ``batch`` above 1: one
-    EnqueueBatches stream sending ``batch`` mails per message. ``credentials``: over TLS."""
+    EnqueueBatches stream sending ``batch`` mails per message. ``credentials``: over TLS;
+    ``statements``: a Cassandra request counter to read (common.load)."""
     import statistics
     import time
 
     from bench.common import CpuMeter
 
-    target = f"127.0.0.1:{PORTS['enqueue']}"
-    channel = grpc.aio.secure_channel(target, credentials) if credentials else grpc.aio.insecure_channel(target)
+    channel = channel_to(credentials)
     stub = enqueue_pb2_grpc.EnqueueServiceStub(channel)
     mail = mail_pb2.Mail(name="bench", sender="a@example.com", recipients=["b@example.org"])
     credit = asyncio.Semaphore(window)
@@ -125,7 +137,7 @@ async def via_grpc_many(
     began = time.monotonic()
     measure_from, deadline = began + warmup, began + warmup + seconds
     meter: list[CpuMeter] = []
-    asyncio.get_running_loop().call_later(warmup, lambda: meter.append(CpuMeter(services)))
+    asyncio.get_running_loop().call_later(warmup, lambda: meter.append(CpuMeter(services, statements)))
 
     async def requests():
         i = 0
@@ -168,7 +180,7 @@ async def via_grpc_many(
     elapsed = time.monotonic() - measure_from
     return {"ops": len(latencies), "per_s": len(latencies) / elapsed, "p50_ms": 1000 * statistics.median(latencies),
             "p99_ms": 1000 * latencies[int(len(latencies) * 0.99) - 1], "cpu": meter[0].per_op(len(latencies)),
-            "errors": errors}
+            "stmts": meter[0].statements_per_op(len(latencies)), "errors": errors}
 
 
 async def floor(seconds: float, concurrency: int, warmup: float, services: dict[str, int]) -> dict[str, Any]:
@@ -186,7 +198,9 @@ async def floor(seconds: float, concurrency: int, warmup: float, services: dict[
         await channel.close()
 
 
-async def direct(settings: Settings, queue: str, seconds: float, concurrency: int, size: int, warmup: float) -> dict[str, Any]:
+async def direct(
+    settings: Settings, queue: str, seconds: float, concurrency: int, size: int, warmup: float, statements: Any = None,
+) -> dict[str, Any]:
     view = await View.open(settings.cassandra)
     broker = RabbitMQBroker(settings.rabbitmq)
     blobs = await blob_store(settings, view)  # the services' layout: small content in Cassandra
@@ -205,7 +219,7 @@ async def direct(settings: Settings, queue: str, seconds: float, concurrency: in
         await broker.publish(q, content=settings.limits.carried(data, len(data)))
 
     try:
-        return await load(op, concurrency, seconds, "direct", warmup)
+        return await load(op, concurrency, seconds, "direct", warmup, statements=statements)
     finally:
         await broker.close()
         view.close()

@@ -43,6 +43,7 @@ from prometheus_client import Histogram
 
 from services.adapters.cassandra.schema import MAIL_HISTORY, MAIL_HISTORY_NAMES
 from services.adapters.cassandra.session import execute
+from services.adapters.cassandra.statement_kinds import batch_kind
 from services.domain.events import Actor, Event, EventType, landed_id, ordered
 
 #: Statements per request at most (Cassandra warns past 10 partitions in an unlogged batch).
@@ -156,7 +157,7 @@ class CassandraEventLog:
         batch = BatchStatement(batch_type=BatchType.UNLOGGED)
         for statement, values, _ in rows:
             batch.add(statement, values)
-        await execute(self._session, batch)
+        await execute(self._session, batch, kind=batch_kind(rows[0][0]))
 
     # ------------------------------------------------------------------ reading
     async def history(self, enqueue_id: uuid.UUID) -> list[Event]:

@@ -28,6 +28,7 @@ from cassandra.query import BatchStatement, BatchType
 from prometheus_client import Histogram
 
 from services.adapters.cassandra.session import execute
+from services.adapters.cassandra.statement_kinds import batch_kind
 
 MAX_STATEMENTS = 64
 IN_FLIGHT = 2
@@ -77,15 +78,17 @@ class GroupCommit:
     async def _write(self, partition: Hashable, group: list[_Write]) -> None:
         try:
             BATCH_SIZE.observe(len(group))
+            kind = None
             if len(group) == 1:
                 statement, params, _ = group[0]
                 request: Any = statement.bind(params)
             else:
+                kind = batch_kind(group[0][0])
                 request = BatchStatement(batch_type=BatchType.UNLOGGED)
                 for statement, params, _ in group:
                     request.add(statement, params)
             try:
-                await execute(self._session, request)
+                await execute(self._session, request, kind=kind)
             except BaseException as e:  # noqa: BLE001 - every caller gets the batch's error
                 for _, _, done in group:
                     if not done.done():

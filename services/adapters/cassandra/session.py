@@ -20,6 +20,7 @@ from cassandra.protocol import ErrorMessage
 from cassandra.query import named_tuple_factory
 
 from services.adapters.cassandra.settings import CassandraSettings
+from services.adapters.cassandra.statement_kinds import count
 from services.domain.errors import BackendUnavailable
 
 log = logging.getLogger(__name__)
@@ -115,12 +116,14 @@ def connect(settings: CassandraSettings) -> tuple[Cluster, Session]:
         raise BackendUnavailable("cassandra", f"cannot connect to {settings.hosts}:{settings.port} ({e})") from e
 
 
-async def execute(session: Session, statement: Any, params: Any = None) -> list[Any]:
+async def execute(session: Session, statement: Any, params: Any = None, kind: str | None = None) -> list[Any]:
     """Run one statement without blocking the event loop; return the first page of rows.
 
     Use only for statements whose result fits one page (writes, point reads); large reads page
-    with :func:`execute_all`.
+    with :func:`execute_all`. ``kind``: how a batch is counted (statement_kinds.py), else the
+    statement's own kind.
     """
+    count(statement, kind)
     loop = asyncio.get_running_loop()
     fut: asyncio.Future[list[Any]] = loop.create_future()
 
@@ -158,7 +161,7 @@ def _give_up(fut: asyncio.Future[Any], after_s: float) -> None:
 
 async def execute_all(session: Session, statement: Any, params: Any = None) -> list[Any]:
     """Run a read and fetch every page (in a worker thread)."""
-
+    count(statement)
     return await _in_thread(lambda: list(session.execute(statement, params)))
 
 
@@ -179,6 +182,7 @@ async def execute_page(
     the first), and the paging state of the rest (None: no more rows)."""
     bound = statement.bind(params)
     bound.fetch_size = fetch
+    count(statement)
 
     def run() -> tuple[list[Any], bytes | None]:
         rs = session.execute(bound, paging_state=paging_state)
