@@ -23,6 +23,7 @@ import datetime as dt
 import json
 import logging
 import os
+import socket
 import sys
 import time
 from typing import Any
@@ -34,8 +35,9 @@ from services.adapters.s3.settings import S3Settings
 from services.domain import retention, slices
 from services.domain.durations import parse_duration
 from services.domain.errors import BackendUnavailable, ConfigurationError, InvalidArgument
+from services.domain.settings import EventSettings
 from services.runtime import logs
-from services.runtime.settings import cassandra_from_env, s3_from_env
+from services.runtime.settings import cassandra_from_env, events_from_env, s3_from_env
 from spark import buckets, executors, session
 
 log = logging.getLogger("spark.sweep")
@@ -83,6 +85,8 @@ class Context:
     started: dt.datetime
     loop: asyncio.AbstractEventLoop
     view: View
+    #: Whether SWEPT events are written, and their TTL (MAILQUEUE_EVENTS, MAILQUEUE_HISTORY_RETENTION_S).
+    events: EventSettings = dataclasses.field(default_factory=EventSettings)
 
     def run(self, coro: Any) -> Any:
         return self.loop.run_until_complete(coro)
@@ -191,7 +195,8 @@ def _move_content_starts(ctx: Context, plans: list[retention.QueuePlan], first_l
 
 
 def _drop_dead_slices(ctx: Context, spark: Any, rows: Any, checked: Any, starts_df: Any, summary: retention.Summary) -> None:
-    """3. Rows before the new content start: their marks, then their partitions."""
+    """3. Rows before the new content start: a SWEPT event for each mail, then their marks, then
+    their partitions (events first: a crash after them writes the same event ids again)."""
     from pyspark.sql import functions as F
 
     a, ks = ctx.args, ctx.cassandra.keyspace
@@ -207,6 +212,7 @@ def _drop_dead_slices(ctx: Context, spark: Any, rows: Any, checked: Any, starts_
                            F.countDistinct("queue_name", "slice_ms").alias("slices")).first()
     summary.rows, summary.partitions, summary.slices = int(found.rows or 0), int(found.partitions), int(found.slices)
     summary.marks = doomed_marks.count()
+    summary.events = summary.rows if ctx.events.enabled else 0
     if a.orphan_marks:
         # Marks whose row never landed (an enqueue that failed after writing nothing): a full scan.
         every_mark = _table(spark, ctx, schema.DELETED_MAILS).select(*KEYS, F.unix_millis("deleted_at").alias("deleted_ms"))
@@ -222,6 +228,14 @@ def _drop_dead_slices(ctx: Context, spark: Any, rows: Any, checked: Any, starts_
     if a.dry_run:
         return
     # Nothing found, nothing to run: no Spark job, no task connecting to Cassandra for nothing.
+    done = spark.sparkContext.accumulator(0)
+    if summary.events:
+        record = executors.record_swept(ctx.cassandra, ks, ctx.events.history_retention_s, ctx.started,
+                                        f"{socket.gethostname()}/sweep", done)
+        dead.select(*KEYS, "slice_ms").coalesce(a.parallelism).foreachPartition(record)
+        summary.events = done.value
+    log.info("swept events recorded", extra={"events": done.value})
+    _failpoint("after-events")
     done = spark.sparkContext.accumulator(0)
     if summary.marks:
         doomed_marks.coalesce(a.parallelism).foreachPartition(executors.delete_marks(ctx.cassandra, ks, done))
@@ -314,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     logs.configure("sweep", os.environ.get("MAILQUEUE_LOG_LEVEL", "INFO"))
     try:
-        cassandra, s3 = cassandra_from_env(), s3_from_env()
+        cassandra, s3, events = cassandra_from_env(), s3_from_env(), events_from_env()
         jars = session.connector_jars(args.jars)
     except (ConfigurationError, session.MissingJars) as e:
         return _fail(EXIT_USAGE, str(e))
@@ -325,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         view = loop.run_until_complete(View.open(cassandra))
         buckets.ping(s3)
-        ctx = Context(args, cassandra, s3, started, loop, view)
+        ctx = Context(args, cassandra, s3, started, loop, view, events)
         spark = session.build(args.master, jars, cassandra, shuffle_partitions=max(4, 2 * args.parallelism))
         try:
             summary = sweep(ctx, spark)

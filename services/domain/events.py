@@ -66,6 +66,8 @@ class Actor:
         return cls("component", "", name)
 
 
+#: The retention sweep (spark/sweep.py): the actor of its SWEPT events.
+SWEEP = Actor.component("sweep")
 #: A caller with no credentials (access control off): what the interceptor sets when it knows no more.
 ANONYMOUS = Actor("caller", "", "anonymous")
 #: The actor of the change being made, set per RPC by the interceptor, or by a component.

@@ -86,6 +86,8 @@ class Summary:
     orphan_marks: int = 0
     blobs: int = 0
     bytes_reclaimed: int = 0
+    #: SWEPT events written to the mail history (one per row deleted; 0 with MAILQUEUE_EVENTS=off).
+    events: int = 0
     live_slices_held: list[dict[str, str]] = dataclasses.field(default_factory=list)
     content_starts: dict[str, str] = dataclasses.field(default_factory=dict)
     duration_s: float = 0.0
@@ -97,6 +99,7 @@ class Summary:
             f"  slices    {verb} {self.slices} ({self.partitions} partitions, {self.rows} rows)",
             f"  marks     {verb} {self.marks} (of which {self.orphan_marks} orphans)",
             f"  blobs     {verb} {self.blobs} ({self.bytes_reclaimed} bytes reclaimed)",
+            f"  events    {'would record' if self.dry_run else 'recorded'} {self.events} swept (mail history)",
         ]
         for queue, start in sorted(self.content_starts.items()):
             out.append(f"  queue {queue}: content start {'would be' if self.dry_run else 'is'} {start}")

@@ -194,3 +194,73 @@ def test_a_stream_deleted_under_a_watcher_is_unavailable_and_declared_again_by_t
     again = watch(stub, from_oldest=True, queues=[queue])
     assert next(again).event.details["i"] == "2"  # the new stream holds what was published since
     again.cancel()
+
+
+class Watcher:
+    """A WatchEvents call read in a thread: its events, then how it ended (None: still open)."""
+
+    def __init__(self, stub, **request) -> None:
+        self.call = stub.WatchEvents(events_pb2.WatchEventsRequest(**request), timeout=120)
+        self.events: list[events_pb2.Event] = []
+        self.ended: grpc.RpcError | None = None
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        try:
+            for answer in self.call:
+                self.events.append(answer.event)
+        except grpc.RpcError as e:
+            self.ended = e
+
+
+def test_a_watcher_resumes_from_its_cursor_across_a_sigkill_and_restart_of_browse_svc(suite, keyspace):
+    """Mails enqueued (enqueue_svc records their events) while the browse_svc process a watcher
+    follows is killed mid-burst and started again: resumed from its last cursor, the watcher gets
+    that event again, then every later one, each once: every acknowledged enqueue is there."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from stack.harness import ServiceProcess, service_env
+    from tests.integration.helpers import inline, simple_mail
+
+    queue = suite.new_queue()
+    browse = ServiceProcess("browse", service_env(keyspace))
+    try:
+        stub = events_pb2_grpc.EventServiceStub(browse.channel())
+        only = {"queues": [queue], "types": [events_pb2.EVENT_TYPE_ENQUEUED]}
+        first = Watcher(stub, **only)  # from the next event recorded: probe until it reads one
+
+        def reading() -> bool:
+            if not first.events:
+                suite.enqueue_stub.Enqueue(inline(queue, simple_mail("probe")))
+            return bool(first.events)
+
+        wait_until(reading, 30, interval=0.2, what="the watcher reading")
+        acked: list[str] = []
+
+        def enqueue(i: int) -> None:
+            acked.append(suite.enqueue_stub.Enqueue(inline(queue, simple_mail(f"m{i}")), timeout=30).receipt.enqueue_id)
+
+        with ThreadPoolExecutor(8) as pool:
+            burst = [pool.submit(enqueue, i) for i in range(200)]
+            wait_until(lambda: len(first.events) >= 50, 60, what="50 events read before the kill")
+            browse.kill9()
+            first.thread.join(30)
+            assert first.ended is not None and first.ended.code() == grpc.StatusCode.UNAVAILABLE, first.ended
+            killed_at, last = len(acked), first.events[-1]
+            browse.start()
+            second = Watcher(events_pb2_grpc.EventServiceStub(browse.channel()), cursor=last.cursor, **only)
+            for f in burst:
+                f.result()
+        assert killed_at < len(acked)  # the burst went on while browse_svc was down
+        wait_until(lambda: {e.enqueue_id for e in second.events} >= set(acked) - {e.enqueue_id for e in first.events},
+                   60, what="every acknowledged enqueue after the cursor")
+        second.call.cancel()
+        seen = first.events + second.events[1:]
+        assert second.events[0].id == last.id and second.events[0].cursor == last.cursor
+        assert len({e.id for e in seen}) == len(seen), "an event twice past the resume point"
+        assert set(acked) <= {e.enqueue_id for e in seen}
+        cursors = [int(e.cursor) for e in seen]
+        assert cursors == sorted(cursors)
+    finally:
+        browse.stop()

@@ -22,7 +22,7 @@ import grpc
 import pika
 import pytest
 
-from mailqueue.v1 import admin_pb2, blob_pb2, browse_pb2
+from mailqueue.v1 import admin_pb2, blob_pb2, browse_pb2, events_pb2, events_pb2_grpc
 from services.adapters.cassandra import schema
 from services.adapters.cassandra.session import execute
 from services.domain import model, slices
@@ -345,6 +345,17 @@ def test_sweep_drops_dead_slices_marks_and_blobs_and_keeps_live_mails(sweep_suit
 
     done = sh.done
     assert {k: done[k] for k in ("rows", "marks", "blobs")} == totals
+    # One SWEPT event per row removed, in each mail's history, by the sweep component; the rerun
+    # (reswept) removes no row and writes none.
+    assert planned["events"] == done["events"] == totals["rows"] and reswept["events"] == 0
+    events = events_pb2_grpc.EventServiceStub(s.browse.channel())
+    for mail in (main.dead[0], stale.dead[0]):
+        story = list(events.GetMailHistory(events_pb2.GetMailHistoryRequest(enqueue_id=mail)).events)
+        last = story[-1]
+        assert [e.type for e in story].count(events_pb2.EVENT_TYPE_SWEPT) == 1, story
+        assert (last.type, last.actor.kind, last.actor.identity, last.enqueue_id) == (
+            events_pb2.EVENT_TYPE_SWEPT, events_pb2.ACTOR_KIND_COMPONENT, "sweep", mail), last
+        assert "removed by the retention sweep" in last.reason and last.id
     # main and delayed span two slices at least, stale, deleted and dead_letters one.
     assert done["slices"] >= 2 + 1 + 1 + 2 + 1 and done["partitions"] == done["slices"] and done["bytes_reclaimed"] > 0
     for key in ("main", "stale"):
@@ -403,6 +414,11 @@ def test_a_sweep_killed_at_each_step_then_rerun_converges(sweep_suite):
     # Two slices, or three when the machine is slow enough for the second half to cross a 1 s window.
     spanned = {slices.slice_start(r.enqueued_at.ToDatetime(dt.timezone.utc), dt.timedelta(seconds=1)) for r in dead}
     assert {k: done[k] for k in ("rows", "marks", "slices")} == {"rows": 6, "marks": 0, "slices": len(spanned)}
+    # The killed run wrote the SWEPT events already; written again, each has the same id: one per mail.
+    events = events_pb2_grpc.EventServiceStub(s.browse.channel())
+    for r in dead:
+        story = events.GetMailHistory(events_pb2.GetMailHistoryRequest(enqueue_id=r.enqueue_id)).events
+        assert [e.type for e in story].count(events_pb2.EVENT_TYPE_SWEPT) == 1, story
     # Converged: the state a complete sweep leaves, read directly (that a rerun then finds
     # nothing is test_sweep_drops_dead_slices_marks_and_blobs_and_keeps_live_mails' last run).
     assert rows_before(s, queue, began, browse_start) == []
