@@ -86,11 +86,6 @@ class GroupWrites:
         self._view, self._broker, self._blobs, self._limits, self._state = view, broker, blobs, limits, state
         self._events, self._compensation = events, compensation
 
-    def withdrawn(self, item: Pending) -> None:
-        """Its caller left before its group ran: nothing of it is written; its claim is released."""
-        if item.key:
-            self._compensation.undo_later(item.queue, item.key, item.enqueue_id, item.started)
-
     async def run_group(self, items: Sequence[Pending]) -> list[model.EnqueueResult | BaseException]:
         """Enqueue the checked mails of concurrent calls as one group: each step is taken for every
         mail of the group in the same event-loop turn (the blob writes of inline content, then the
@@ -143,8 +138,11 @@ class GroupWrites:
             for i in live:
                 await counters.bump(self._view, queued[i], enqueued=1, delayed=1 if queued[i].deliver_at is not None else 0)
                 attempts[i].counted = True
-            sent = await asyncio.gather(*(self._publish(queued[i], self._carried(items[i])) for i in live),
-                                        return_exceptions=True)
+            sent = await asyncio.gather(*(self._broker.publish(
+                queued[i],
+                queued[i].deliver_at - queued[i].enqueued_at if queued[i].deliver_at is not None else dt.timedelta(0),
+                content=self._limits.carried(items[i].content, len(items[i].content or b"")),  # small inline content
+            ) for i in live), return_exceptions=True)
             live = _survivors(live, sent, failed)
             if live:  # the group's ENQUEUED events in one record; unrecorded, the mails are undone
                 try:
@@ -188,13 +186,6 @@ class GroupWrites:
             slice_start=start, bucket=bucket_of(it.mail.name, str(enqueue_id), config.bucket_count),
             deliver_at=schedule.deliver_at(now, *it.when), priority=it.priority, traceparent=it.traceparent,
         )
-
-    async def _publish(self, queued: model.QueuedMail, carried: bytes | None) -> None:
-        delay = queued.deliver_at - queued.enqueued_at if queued.deliver_at is not None else dt.timedelta(0)
-        await self._broker.publish(queued, delay, content=carried)
-
-    def _carried(self, item: Pending) -> bytes | None:
-        return self._limits.carried(item.content, len(item.content)) if item.content is not None else None
 
 
 def _survivors(live: list[int], outcomes: Sequence[object], failed: Callable[[int, BaseException], None]) -> list[int]:

@@ -4,13 +4,17 @@ refs, a stream) and however many a call carries (Enqueue, EnqueueMany, EnqueueBa
 1. ``_check``: the mail is valid, its queue exists, the broker does not block publishers (a
    RabbitMQ memory or disk alarm: refused at once, nothing written), and, last, its quotas
    (services/app/quota_keeper.py: a mail refused for anything else takes nothing from a quota).
-2. With an idempotency key, ``_claim``: the earlier enqueue's result answered again, or this
-   attempt's enqueue id (services/app/key_claims.py).
+2. With an idempotency key, its claim (services/app/key_claims.py): the earlier enqueue's result
+   answered again, or this attempt's enqueue id.
 3. Content the call brings before the group: a stream put in the blob store, blob refs checked.
-4. The mail joins a group (services/app/grouping.py; a lone call is a group of one) and
-   ``GroupWrites.run_group`` (services/app/enqueue_group.py) takes each step for every mail of the group together: inline content's blob
-   writes, the view rows, the counters, the confirmed publishes, the ENQUEUED events, the
-   idempotency commits. Each mail keeps its own outcome.
+4. The mail joins a group (``Grouper.submit``, services/app/grouping.py; a lone call is a group of
+   one, run at once) and ``GroupWrites.run_group`` (services/app/enqueue_group.py) takes each step
+   for every mail of the group together: inline content's blob writes, the view rows, the
+   counters, the confirmed publishes, the ENQUEUED events, the idempotency commits. Each mail
+   keeps its own outcome.
+
+Steps 1-4 are ``_enqueue``, one method read top to bottom; each content form only builds its
+``Pending`` mail (and, for a stream or blob refs, the step 3 that stores or checks its content).
 
 A mail is acknowledged only after its blob, its view row and its confirmed RabbitMQ message all
 exist. On any failure after the row may have been written, the mail is undone (marked deleted,
@@ -65,8 +69,7 @@ class Enqueuer:
         compensation = Compensation(view, self.claims)
         self._compensation = compensation
         #: A lone call is a group of one (services/app/grouping.py, services/app/enqueue_group.py).
-        self._grouper: Grouper[Pending, model.EnqueueResult] = Grouper(
-            GroupWrites(view, broker, blobs, limits, state, self._events, compensation))
+        self._grouper = Grouper(GroupWrites(view, broker, blobs, limits, state, self._events, compensation), compensation)
 
     # ------------------------------------------------------------------ the three content forms
     async def enqueue_inline(
@@ -86,8 +89,6 @@ class Enqueuer:
     ) -> model.EnqueueResult:
         if not blob_ids:
             raise InvalidArgument("blob_refs must name at least one blob")
-        for b in blob_ids:
-            validation.blob_id(b)
 
         async def refs() -> tuple[tuple[str, ...], int]:
             size = 0
@@ -99,7 +100,7 @@ class Enqueuer:
             self._check_mail_size(size)
             return tuple(blob_ids), size
 
-        return await self._enqueue(Pending(queue, mail, when, priority, key=key), refs)
+        return await self._enqueue(Pending(queue, mail, when, priority, blob_ids=tuple(blob_ids), key=key), refs)
 
     async def enqueue_stream(
         self, queue: str, mail: model.Mail, chunks: AsyncIterator[bytes], key: str = "", when: Schedule = (None, None),
@@ -126,43 +127,57 @@ class Enqueuer:
     async def _enqueue(self, item: Pending, content: ContentWriter | None = None) -> model.EnqueueResult:
         """Steps 1-4 of the module's docstring. ``content`` stores or checks the content before the
         group (a stream, blob refs); None for inline content, which the group stores."""
+        facts = quotas.Facts(quotas.current_tenant.get(), item.mail.sender, item.queue, item.size)
+        earlier: model.EnqueueResult | None = None
         try:
-            await self._check(item)
+            await self._check(item, facts)
         except quotas.QuotaExceeded:
             # A resend of a mail already enqueued gets its earlier answer, not a refusal: it adds
             # nothing to the queue. One read, only when a keyed mail is refused.
-            done = await self._view.idempotency.committed(item.queue, item.key) if item.key else None
-            if done is None:
+            earlier = await self._view.idempotency.committed(item.queue, item.key) if item.key else None
+            if earlier is None:
                 raise
-            await self._events.record([mail_events.resent(item.queue, item.mail, done)])
-            return done
-        if item.key:
-            claimed = await self._claim(item)
-            if isinstance(claimed, model.EnqueueResult):
-                return claimed
-            item = claimed
-        if content is not None:
-            try:
+        # Step 2 claims the key: the earlier enqueue's result (answered again), or the enqueue id to
+        # use (a new one, or the one of an attempt taken over); the claim's instant is kept to the
+        # millisecond, as Cassandra keeps it: the write time of its undo marks (services/app/key_claims.py).
+        enqueue_id, started = uuid.uuid4(), to_millis(model.utcnow())
+        storing = False  # step 3 began: whatever fails in it (nothing is written yet) releases the claim
+        try:
+            if item.key and earlier is None:
+                held = await self.claims.claim(item.queue, item.key, enqueue_id, started)
+                if isinstance(held, model.EnqueueResult):
+                    earlier = held
+                    if self.quotas is not None:  # a resend is charged once, with its first send
+                        self.quotas.refund(facts)
+                else:
+                    enqueue_id = held
+                    item = dataclasses.replace(item, enqueue_id=enqueue_id, started=started)
+            if earlier is None and content is not None:
+                storing = True
                 blob_ids, size = await content()
-            except BaseException as e:
-                if isinstance(e, BackendUnavailable):
-                    ENQUEUE_FAILED.labels(item.queue).inc()
-                if item.key:  # nothing written yet: the claim released
-                    await self._compensation.undo(item.queue, item.key, item.enqueue_id, item.started, Attempt())
-                raise
-            item = dataclasses.replace(item, blob_ids=blob_ids, size=size)
+                item = dataclasses.replace(item, blob_ids=blob_ids, size=size)
+        except BaseException as e:
+            if storing and isinstance(e, BackendUnavailable):
+                ENQUEUE_FAILED.labels(item.queue).inc()
+            # A claim that timed out may have landed: released (if it is ours), or the client's
+            # retry would find it in progress until it is abandoned.
+            if item.key and (storing or isinstance(e, BackendUnavailable)):
+                await self._compensation.undo(item.queue, item.key, enqueue_id, started, Attempt())
+            raise
+        if earlier is not None:  # its ENQUEUED event recorded again, with the same id, marked resent
+            await self._events.record([mail_events.resent(item.queue, item.mail, earlier)])
+            return earlier
         result = await self._grouper.submit(item)
         if content is not None and self.quotas is not None:  # its bytes were not known at the check
-            self.quotas.charge(self._facts(item))
+            self.quotas.charge(dataclasses.replace(facts, size=item.size))
         return result
 
-    def _facts(self, item: Pending) -> quotas.Facts:
-        return quotas.Facts(quotas.current_tenant.get(), item.mail.sender, item.queue, item.size)
-
-    async def _check(self, item: Pending) -> None:
+    async def _check(self, item: Pending, facts: quotas.Facts) -> None:
         """Refuse what is invalid, what could not be published now, or what a quota refuses (last:
         a mail refused for anything else takes nothing from a quota), before anything is written.
-        ``item.size``: the content's bytes when known before writing (inline content), else 0."""
+        ``facts.size``: the content's bytes when known before writing (inline content), else 0."""
+        for b in item.blob_ids:
+            validation.blob_id(b)
         validation.queue_name(item.queue)
         validation.mail(item.mail, self._limits)
         schedule.deliver_at(model.utcnow(), *item.when)
@@ -171,24 +186,4 @@ class Enqueuer:
         await self._state.require_queue(item.queue)
         refuse_if_blocked(self._broker, item.queue)
         if self.quotas is not None:
-            self.quotas.check(self._facts(item))
-
-    async def _claim(self, item: Pending) -> model.EnqueueResult | Pending:
-        """Claim ``item``'s key: the earlier enqueue's result (answered again, its ENQUEUED event
-        recorded again with the same id, marked resent), or the item with its enqueue id (a new
-        one, or the one of an attempt taken over) and the claim's instant (to the millisecond, as
-        Cassandra keeps it: the write time of its undo marks, see services/app/key_claims.py)."""
-        enqueue_id, started = uuid.uuid4(), to_millis(model.utcnow())
-        try:
-            earlier = await self.claims.claim(item.queue, item.key, enqueue_id, started)
-        except BackendUnavailable:
-            # The claim may have landed though it timed out: release it (if it is ours), or the
-            # client's retry would find it in progress until it is abandoned.
-            await self._compensation.undo(item.queue, item.key, enqueue_id, started, Attempt())
-            raise
-        if isinstance(earlier, model.EnqueueResult):
-            if self.quotas is not None:  # a resend is charged once, with its first send: the check's take given back
-                self.quotas.refund(self._facts(item))
-            await self._events.record([mail_events.resent(item.queue, item.mail, earlier)])
-            return earlier
-        return dataclasses.replace(item, enqueue_id=earlier, started=started)
+            self.quotas.check(facts)

@@ -5,15 +5,15 @@ over time: each call's blob write, row write and publish would leave alone, one 
 network write each, and the backends pay per request. Here a call's item runs at once when fewer
 than ``running`` groups are running (a lone caller pays no wait); otherwise it waits, with every
 item that arrives meanwhile, until a running group finishes, and then they run as the next group
-(``GroupWrites.run_group`` in services/app/enqueue_group.py: each step for every mail in the same event-loop turn), at most ``size``
-to a group. So groups grow with the load by themselves, as the calls that arrive while the
+(``GroupWrites.run_group`` in services/app/enqueue_group.py: each step for every mail in the
+same event-loop turn), at most ``size`` to a group. So groups grow with the load by themselves, as the calls that arrive while the
 backends answer the groups before them, like the view's group commit
 (services/adapters/cassandra/group_commit.py). Each call still gets its own outcome, once its
 mail is durable.
 
 A caller that leaves (cancelled, its deadline passed) while its item waits takes it out of the
-group: nothing of it is written, and the runner's ``withdrawn`` hears of it (an idempotency claim to release).
-Once its group runs, the group finishes it, answered or not.
+group: nothing of it is written, and its idempotency claim, if any, is released
+(services/app/compensation.py). Once its group runs, the group finishes it, answered or not.
 
 Not one primitive with the view's group commit and group read
 (services/adapters/cassandra/group_commit.py, group_read.py), which gather one Cassandra request
@@ -26,55 +26,52 @@ which the adapters may not import.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
-from typing import Generic, Protocol, TypeVar
 
 from prometheus_client import Histogram
 
-T = TypeVar("T")
-R = TypeVar("R")
+from services.app.compensation import Compensation
+from services.app.enqueue_group import GroupWrites, Pending
+from services.domain import model
 
 GROUP = Histogram("mailqueue_enqueue_grouped_calls", "Enqueues run together as one group",
                   buckets=(1, 2, 4, 8, 16, 32, 64, 128))
 
+#: A waiting call: its mail and its answer.
+Entry = tuple[Pending, asyncio.Future[model.EnqueueResult]]
 
 
-class GroupRunner(Protocol[T, R]):
-    """What runs the groups (services/app/enqueue_group.py's GroupWrites)."""
-
-    async def run_group(self, items: Sequence[T]) -> list[R | BaseException]:
-        """Every item's outcome, in order."""
-
-    def withdrawn(self, item: T) -> None:
-        """``item``'s caller left before its group ran (nothing of it was written)."""
-
-
-class Grouper(Generic[T, R]):
-    def __init__(self, runner: GroupRunner[T, R], running: int = 1, size: int = 128) -> None:
-        self._runner = runner
+class Grouper:
+    def __init__(self, writes: GroupWrites, compensation: Compensation, running: int = 1, size: int = 128) -> None:
+        self._writes, self._compensation = writes, compensation
         self.running, self.size = running, size
-        self._waiting: list[tuple[T, asyncio.Future[R]]] = []
+        self._waiting: list[Entry] = []
         self._running: set[asyncio.Task[None]] = set()
 
-    async def submit(self, item: T) -> R:
+    async def submit(self, item: Pending) -> model.EnqueueResult:
         """The outcome of ``item``, run in a group (its error raised as the call's own)."""
-        answer: asyncio.Future[R] = asyncio.get_running_loop().create_future()
+        answer: asyncio.Future[model.EnqueueResult] = asyncio.get_running_loop().create_future()
         entry = (item, answer)
-        self._waiting.append(entry)
-        if len(self._running) < self.running:
-            self._next()
+        if not self._waiting and len(self._running) < self.running:  # a lone call: a group of one, at once
+            self._start([entry])
+        else:
+            self._waiting.append(entry)
+            if len(self._running) < self.running:
+                self._next()
         try:
             return await asyncio.shield(answer)
         except asyncio.CancelledError:
-            if entry in self._waiting:  # not started: nothing of it is written
+            if entry in self._waiting:  # not started: nothing of it is written; its claim is released
                 self._waiting.remove(entry)
-                self._runner.withdrawn(item)
+                if item.key:
+                    self._compensation.undo_later(item.queue, item.key, item.enqueue_id, item.started)
             raise
 
     def _next(self) -> None:
         group, self._waiting = self._waiting[:self.size], self._waiting[self.size:]
-        if not group:
-            return
+        if group:
+            self._start(group)
+
+    def _start(self, group: list[Entry]) -> None:
         GROUP.observe(len(group))
         task = asyncio.ensure_future(self._run(group))
         self._running.add(task)
@@ -85,9 +82,10 @@ class Grouper(Generic[T, R]):
         if self._waiting and len(self._running) < self.running:
             self._next()
 
-    async def _run(self, group: list[tuple[T, asyncio.Future[R]]]) -> None:
+    async def _run(self, group: list[Entry]) -> None:
+        items = [item for item, _ in group]
         try:
-            outcomes: list[R | BaseException] = await self._runner.run_group([item for item, _ in group])
+            outcomes = await self._writes.run_group(items)
         except BaseException as e:  # noqa: BLE001 - every caller of the group gets it
             outcomes = [e] * len(group)
         for (_, answer), outcome in zip(group, outcomes, strict=True):

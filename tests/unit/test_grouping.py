@@ -1,20 +1,38 @@
 """The unary-call grouper (services/app/grouping.py): pure asyncio, no backends."""
 
 import asyncio
+import dataclasses
 from collections.abc import Sequence
 
 from services.app.grouping import Grouper
 
 
 class Runner:
-    """A GroupRunner from a function; it notes the withdrawn items."""
+    """GroupWrites' part the grouper calls, from a function."""
 
     def __init__(self, run_group) -> None:
         self.run_group = run_group
-        self.withdrawn_items: list[int] = []
 
-    def withdrawn(self, item: int) -> None:
-        self.withdrawn_items.append(item)
+
+class Compensation:
+    """Compensation's part the grouper calls: it notes the claims released."""
+
+    def __init__(self) -> None:
+        self.released: list[str] = []
+
+    def undo_later(self, queue, key, enqueue_id, started) -> None:
+        self.released.append(key)
+
+
+@dataclasses.dataclass(frozen=True)
+class Mail:
+    """What the grouper reads of a waiting mail: its idempotency key ("": none)."""
+
+    n: int
+    key: str = ""
+    queue: str = "q"
+    enqueue_id: None = None
+    started: None = None
 
 
 def test_a_lone_call_runs_at_once_and_calls_that_arrive_meanwhile_run_as_the_next_group():
@@ -33,7 +51,7 @@ def test_a_lone_call_runs_at_once_and_calls_that_arrive_meanwhile_run_as_the_nex
             for _ in range(3):
                 await asyncio.sleep(0)
 
-        g: Grouper[int, int] = Grouper(Runner(run_group), running=1, size=4)
+        g: Grouper[int, int] = Grouper(Runner(run_group), Compensation(), running=1, size=4)
         first = asyncio.ensure_future(g.submit(0))  # nothing running: at once, alone
         await turns()
         assert groups == [[0]]
@@ -58,7 +76,7 @@ def test_each_call_gets_its_own_error_and_the_others_their_results():
         async def run_group(items: Sequence[int]) -> list[int | BaseException]:
             return [ValueError(f"bad {i}") if i % 2 else i for i in items]
 
-        g: Grouper[int, int] = Grouper(Runner(run_group), running=1, size=10)
+        g: Grouper[int, int] = Grouper(Runner(run_group), Compensation(), running=1, size=10)
         return await asyncio.gather(*(g.submit(i) for i in range(4)), return_exceptions=True)
 
     outcomes = asyncio.run(scenario())
@@ -66,27 +84,28 @@ def test_each_call_gets_its_own_error_and_the_others_their_results():
     assert [str(outcomes[1]), str(outcomes[3])] == ["bad 1", "bad 3"]
 
 
-def test_a_call_cancelled_while_waiting_is_taken_out_of_its_group_and_its_runner_told():
-    async def scenario() -> tuple[list[object], list[list[int]]]:
+def test_a_call_cancelled_while_waiting_is_taken_out_of_its_group_and_its_claim_released():
+    async def scenario() -> tuple[list[object], list[list[int]], list[str]]:
         groups: list[list[int]] = []
 
-        async def run_group(items: Sequence[int]) -> list[int | BaseException]:
-            groups.append(list(items))
-            return list(items)
+        async def run_group(items: Sequence[Mail]) -> list[int | BaseException]:
+            groups.append([m.n for m in items])
+            return [m.n for m in items]
 
-        runner = Runner(run_group)
-        g: Grouper[int, int] = Grouper(runner, running=1, size=10)
-        running = asyncio.ensure_future(g.submit(-1))  # runs at once; the next three wait for it
-        waiting = [asyncio.ensure_future(g.submit(i)) for i in range(3)]
+        compensation = Compensation()
+        g = Grouper(Runner(run_group), compensation, running=1, size=10)
+        running = asyncio.ensure_future(g.submit(Mail(-1)))  # runs at once; the next four wait for it
+        waiting = [asyncio.ensure_future(g.submit(Mail(i, key=f"k{i}" if i < 3 else ""))) for i in range(4)]
         await asyncio.sleep(0)
         waiting[1].cancel()
+        waiting[3].cancel()  # no key: nothing to release
         await running
         done = await asyncio.gather(*waiting, return_exceptions=True)
-        return [d for d in done if isinstance(d, int)], groups, runner.withdrawn_items
+        return [d for d in done if isinstance(d, int)], groups, compensation.released
 
-    answered, groups, withdrawn = asyncio.run(scenario())
-    assert answered == [0, 2] and groups == [[-1], [0, 2]]  # the cancelled call's item was never run
-    assert withdrawn == [1]  # and its runner heard of it (an idempotency claim to release)
+    answered, groups, released = asyncio.run(scenario())
+    assert answered == [0, 2] and groups == [[-1], [0, 2]]  # the cancelled calls' mails were never run
+    assert released == ["k1"]  # and the keyed one's idempotency claim is released
 
 
 def test_a_group_that_fails_as_a_whole_fails_each_of_its_calls():
@@ -94,7 +113,7 @@ def test_a_group_that_fails_as_a_whole_fails_each_of_its_calls():
         async def run_group(items: Sequence[int]) -> list[int | BaseException]:
             raise ConnectionError("backend gone")
 
-        g: Grouper[int, int] = Grouper(Runner(run_group), running=1, size=10)
+        g: Grouper[int, int] = Grouper(Runner(run_group), Compensation(), running=1, size=10)
         return await asyncio.gather(*(g.submit(i) for i in range(3)), return_exceptions=True)
 
     assert [type(o) for o in asyncio.run(scenario())] == [ConnectionError] * 3
