@@ -397,8 +397,10 @@ def drop_keyspace(name: str, env: Mapping[str, str] | None = None) -> None:
 
 
 def drop_event_stream(keyspace: str, env: Mapping[str, str] | None = None) -> None:
-    """Delete the event stream of the view in ``keyspace`` and its exchange (browse_svc declares
-    them at start-up): a test's stream does not stay on the broker's disk for its retention."""
+    """Delete the broker objects of the view in ``keyspace``: its event stream and exchange
+    (browse_svc declares them at start-up; a test's stream does not stay on the broker's disk for
+    its retention) and its dead-letter marks queue (dequeue_svc's: a quorum queue, left behind it
+    costs the broker a Raft member for good)."""
     import pika
 
     from services.domain import names
@@ -408,6 +410,7 @@ def drop_event_stream(keyspace: str, env: Mapping[str, str] | None = None) -> No
             ch = conn.channel()
             ch.queue_delete(names.event_stream(keyspace))
             ch.exchange_delete(names.event_stream(keyspace))
+            ch.queue_delete(names.dead_letter_marks_queue(keyspace))
     except pika.exceptions.AMQPError:
         pass  # a test that stopped the broker: the stream stays, bounded by its retention
 
