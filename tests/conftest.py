@@ -111,6 +111,14 @@ def grpc_server(grpc_addr, grpc_add_to_server, grpc_servicer, aio_loop):
 CREATED_QUEUES: list[str] = []
 
 
+def own_queue(prefix: str) -> str:
+    """A queue name of the current test's own (``prefix-`` and 8 hex digits), its RabbitMQ queues
+    removed after the test like Suite.new_queue's."""
+    name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    CREATED_QUEUES.append(name)
+    return name
+
+
 @pytest.fixture(autouse=True)
 def _drop_created_queues():
     yield

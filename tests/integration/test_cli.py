@@ -8,7 +8,8 @@ import pty
 import subprocess
 import sys
 import tempfile
-import uuid
+
+from tests.conftest import own_queue
 
 #: The console script `pip install` made, as an operator calls it.
 MAILQ = pathlib.Path(sys.executable).parent / "mailq"
@@ -23,7 +24,7 @@ def mailq(suite, *args: str, ok: bool = True) -> subprocess.CompletedProcess:
 
 
 def test_an_operator_session(suite, tmp_path):
-    queue = f"cli-{uuid.uuid4().hex[:8]}"
+    queue = own_queue("cli")
     eml = tmp_path / "m.eml"
     eml.write_bytes(b"Subject: hi\r\n\r\nhello\r\n")
     assert "created" in mailq(suite, "create", queue).stdout
@@ -53,7 +54,7 @@ def test_an_operator_session(suite, tmp_path):
 
 
 def test_delays_flush_and_retry_policy_from_the_command_line(suite, tmp_path):
-    queue = f"cli-{uuid.uuid4().hex[:8]}"
+    queue = own_queue("cli")
     eml = tmp_path / "m.eml"
     eml.write_bytes(b"Subject: later\r\n\r\nhello\r\n")
     assert "created" in mailq(suite, "create", queue, "--initial-backoff", "30s", "--max-attempts", "3").stdout
@@ -85,7 +86,7 @@ def test_errors_say_what_to_do(suite):
 
 
 def test_hold_rules_and_release_from_the_command_line(suite):
-    queue = f"cli-{uuid.uuid4().hex[:8]}"
+    queue = own_queue("cli")
     mailq(suite, "create", queue)
     out = mailq(suite, "hold", "--queue", queue, "--domain", "slow.example", "--for", "2h", "--reason", "their MX is down").stdout
     rule_id = out.split()[0]

@@ -20,6 +20,7 @@ from services.domain import names
 from services.domain.events import Actor, EventType, event_id, of_queue
 from services.domain.events import Event as DomainEvent
 from stack.harness import new_keyspace, service_env, stack, wait_until
+from tests.conftest import own_queue
 from tests.inprocess import RunningApp
 
 pytestmark = pytest.mark.integration
@@ -65,7 +66,7 @@ def take(call, n: int) -> list[events_pb2.Event]:
 
 
 def test_resume_from_the_last_cursor_after_leaving_mid_burst_misses_nothing(browse, stub):
-    queue = f"ev-{uuid.uuid4().hex[:8]}"
+    queue = own_queue("ev")
     sent = events(queue, 600)
     first = watch(stub, from_oldest=True, queues=[queue])
     publish(browse, sent[:50])
@@ -93,7 +94,7 @@ def test_resume_from_the_last_cursor_after_leaving_mid_burst_misses_nothing(brow
 
 
 def test_filters_apply_on_the_server(browse, stub):
-    q1, q2 = (f"ev-{uuid.uuid4().hex[:8]}" for _ in range(2))
+    q1, q2 = (own_queue("ev") for _ in range(2))
     before = take(watch(stub, from_oldest=True), 1)  # any event: its cursor is before this test's
     publish(browse, events(q1, 20) + events(q2, 20) + events(q1, 5, EventType.DELIVERED, 100) + events(q2, 5, EventType.DELIVERED, 200))
     sentinel = events(q1, 1, EventType.DELIVERED, 300)
@@ -178,7 +179,7 @@ def test_a_stream_deleted_under_a_watcher_is_unavailable_and_declared_again_by_t
     from services.domain.errors import BackendUnavailable
     from stack.harness import broker_parameters
 
-    queue = f"ev-{uuid.uuid4().hex[:8]}"
+    queue = own_queue("ev")
     stream = names.event_stream(browse.app.settings.cassandra.keyspace)
     call = watch(stub, from_oldest=True, queues=[queue])
     publish(browse, events(queue, 1))

@@ -20,6 +20,7 @@ import pytest
 from mailqueue.v1 import admin_pb2, admin_pb2_grpc, browse_pb2, dequeue_pb2_grpc, enqueue_pb2_grpc, events_pb2, events_pb2_grpc, shaping_pb2
 from services.adapters.grpc_channels import blocking_channel
 from stack.harness import wait_until
+from tests.conftest import own_queue
 from tests.integration.helpers import StreamConsumer, code_of, inline, simple_mail
 
 TOKENS = {role: role[0] * 24 for role in ("admin", "producer", "consumer", "reader")}
@@ -50,7 +51,7 @@ def stub(s, service, role):
 
 
 def new_queue(s) -> str:
-    queue = f"ev-{uuid.uuid4().hex[:8]}"
+    queue = own_queue("ev")
     stub(s, "admin", "admin").CreateQueue(admin_pb2.CreateQueueRequest(queue=queue))
     return queue
 
@@ -400,7 +401,7 @@ def test_lifting_a_hold_rule_releases_its_mails_each_recorded_with_the_operator(
 def test_an_expiry_a_reject_and_an_operators_redrive_purge_and_clear_are_each_recorded(secured):  # ~4 s
     # Given a queue whose mails expire at their first RETRY, two mails consumed there, and a third queue
     admin = stub(secured, "admin", "admin")
-    queue, other = f"ev-{uuid.uuid4().hex[:8]}", new_queue(secured)
+    queue, other = own_queue("ev"), new_queue(secured)
     admin.CreateQueue(admin_pb2.CreateQueueRequest(queue=queue, retry_policy=browse_pb2.RetryPolicy(max_attempts=1)))
     enqueue = stub(secured, "enqueue", "producer")
     names = {k: f"{k}-{uuid.uuid4().hex[:6]}" for k in ("expired", "rejected", "cleared")}
