@@ -14,7 +14,7 @@ NODE_MODULES := tests/contract/node/node_modules/.installed
 DOCS_NODE_MODULES := docs/node_modules/.installed
 STUBS := mailqueue/.generated
 
-.PHONY: docs env install proto up down status run stop sweep ghz bench-enqueue spark-connector test test-unit test-integration test-k8s test-contract test-cluster test-kubernetes up-cluster down-cluster kube-up kube-down image contract lint kustomize clean
+.PHONY: docs env install proto up down status run stop sweep ghz bench-enqueue spark-connector test test-lanes test-unit test-integration test-k8s test-contract test-cluster test-kubernetes up-cluster down-cluster kube-up kube-down image contract lint kustomize clean
 
 install: .venv/.installed
 
@@ -79,12 +79,19 @@ env:
 	@printf 'export PATH="%s:%s:$$PATH"\n' "$(CURDIR)/.venv/bin" "$(GO_TOOLS)"
 	@printf 'export MAILQ_TLS_CA="%s"\n' "$${MAILQUEUE_STACK_DIR:-$(CURDIR)/.stack}/pki/ca.crt"
 
-# The test command (README, CI): installs, starts the stack if it is down, lints the protos (buf
-# lint + buf breaking), builds the docs site (mkdocs --strict), then runs every tier in lanes
-# (tests/lanes.py): unit, contract and integration beside the cluster tier, the Spark sweep and
-# the images with the single-node Kubernetes; then alone the outage tests and the Kubernetes tier.
-# `python -m pytest` runs the same tests one after the other.
-test: up lint docs kustomize contract spark-connector
+# The test command (README, CI): installs, starts the stack and the services if they are down,
+# lints the protos (buf lint + buf breaking), builds the docs site (mkdocs --strict), builds the
+# images, starts the single-node Kubernetes,
+# and runs every tier (Python, Go, Node, grpcurl, the offline k8s checks, the Kubernetes tier, then
+# the cluster tier, which starts the clusters itself when it gets there).
+test: up lint docs kustomize contract spark-connector image kube-up
+	$(PY) -m pytest
+
+# The same tests in lanes (tests/lanes.py): unit, contract and integration beside the cluster
+# tier, the Spark sweep and the image/Kubernetes start-up; then alone the outage tests and the
+# Kubernetes tier. Not yet the test command: on 2 cores the lanes are CPU-bound and one
+# timing-sensitive test failed under the contention (docs/pages/development/testing.md).
+test-lanes: up lint docs kustomize contract spark-connector
 	$(PY) -m tests.lanes
 
 # Fast tier: pure logic, no servers.

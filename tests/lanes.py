@@ -1,7 +1,8 @@
-"""`make test`: every tier, in two lanes at once where they share nothing, then alone the tiers
-that stop a shared backend.
+"""`make test-lanes`: every tier, in two lanes at once where they share nothing, then alone the
+tiers that stop a shared backend. Not yet the test command (`make test` runs `python -m pytest`):
+on 2 cores the lanes are CPU-bound (docs/pages/development/testing.md has a run's figures).
 
-    python -m tests.lanes            # what make test runs (after up, lint, docs, contract, ...)
+    python -m tests.lanes            # what make test-lanes runs (after up, lint, docs, contract, ...)
     python -m tests.lanes --plan     # print the steps, run nothing
     python -m tests.lanes --without-alone   # the two lanes only (the backends stay up throughout)
 
@@ -91,7 +92,7 @@ def run_lane(steps: list[Step], out) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="every test tier, in lanes (make test)")
+    parser = argparse.ArgumentParser(description="every test tier, in lanes (make test-lanes)")
     parser.add_argument("--plan", action="store_true", help="print the steps and run nothing")
     parser.add_argument("--without-alone", action="store_true",
                         help="run the two lanes only, not the outage and Kubernetes tiers after them")

@@ -1,4 +1,4 @@
-"""make test's lanes (tests/lanes.py) run every test exactly once: each kind of test (its markers,
+"""make test-lanes' lanes (tests/lanes.py) run every test exactly once: each kind of test (its markers,
 and whether it is one of the Spark sweep's) is selected by one step, and by one only."""
 
 from __future__ import annotations
