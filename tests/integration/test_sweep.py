@@ -36,6 +36,10 @@ from tests.integration.helpers import (
 )
 from tests.integration.test_browse_admin import next_slice
 
+#: The first test also sets up the shared sweep runs (three Spark runs: 217 s on a quiet 2-core
+#: machine, over 300 s beside other work); each test's bound is 600 s (each run has its own 300 s).
+pytestmark = pytest.mark.timeout(600)
+
 
 @pytest.fixture(scope="module")
 def sweep_suite(aio_loop, running_stack) -> Suite:
