@@ -133,9 +133,28 @@ provision_backends() {
   "$PY" "$ROOT/stack/provision.py" minio "$CREDENTIALS_DIR" "127.0.0.1:$MINIO_PORT" "$PKI_DIR/ca.crt" "${S3_BUCKETS[@]}"
 }
 
+# one_up_at_a_time: one `up` at a time (a test session and an operator, say). A second Cassandra
+# launched on the data directory of one still starting fails on its files and leaves its PID in
+# cassandra.pid. The second `up` waits, then finds every backend healthy and starts nothing. A lock
+# directory holding the PID, not flock: the servers started would inherit a flock's descriptor and
+# hold it for their whole life; a holder killed with SIGKILL leaves a PID that is gone, taken over.
+one_up_at_a_time() {
+  local lock="$STACK_DIR/up.lock.d" holder waited=0
+  while ! mkdir "$lock" 2>/dev/null; do
+    holder=$(cat "$lock/pid" 2>/dev/null) || holder=""
+    if [[ -n $holder ]] && ! kill -0 "$holder" 2>/dev/null; then rm -rf "$lock"; continue; fi
+    (( waited % 30 == 0 )) && say "waiting for another 'stack/stack.sh up' (PID ${holder:-starting}) to finish"
+    (( waited++ < 900 )) || die "another 'stack/stack.sh up' (PID $holder) has run for 15 minutes: is it stuck? (ps $holder; remove $lock once it is gone)"
+    sleep 1
+  done
+  echo $$ >"$lock/pid"
+  trap 'rm -rf "$STACK_DIR/up.lock.d"' EXIT
+}
+
 up() {
   [[ -x $PY ]] || die "no Python environment at $PY: run 'make install' first"
   mkdir -p "$STACK_DIR" "$LOG_DIR"
+  one_up_at_a_time
   # Installs first (each is skipped once done), then start whatever is not healthy.
   rabbit_install
   cassandra_install
