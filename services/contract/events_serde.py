@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
+from collections.abc import Sequence
 
 from mailqueue.v1 import events_pb2
 from services.contract.serde import timestamp_to_proto
@@ -51,8 +52,18 @@ def event_to_proto(e: Event) -> events_pb2.Event:
 
 
 def event_to_bytes(e: Event) -> bytes:
-    """The event stream's message body."""
+    """One event, serialized (the event stream's message body before EventBatch)."""
     return event_to_proto(e).SerializeToString()
+
+
+def batch_to_bytes(events: Sequence[Event]) -> bytes:
+    """The event stream's message body: an EventBatch of ``events``, in order."""
+    return events_pb2.EventBatch(events=[event_to_proto(e) for e in events]).SerializeToString()
+
+
+def batch_from_bytes(body: bytes) -> list[events_pb2.Event]:
+    """The events of an EventBatch body, in order (DecodeError if it is none)."""
+    return list(events_pb2.EventBatch.FromString(body).events)
 
 
 def event_from_proto(pb: events_pb2.Event, cursor: str = "") -> Event:

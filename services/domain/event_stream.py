@@ -1,8 +1,11 @@
 """The event stream's cursors and filters (services/ports/events.py: EventStream.watch).
 
-A cursor is an event's position in the stream (RabbitMQ's stream offset), written as a decimal
-string: resuming from cursor N sends event N again, then every event after it. The stream also
-starts at its oldest event kept (``FIRST``) or at the next event recorded (``NEXT``).
+The stream holds messages (RabbitMQ stream offsets), each an EventBatch of the events recorded
+together. An event's cursor names its message and its place in it, as one decimal number:
+``offset * 2**INDEX_BITS + index``. Cursors so grow with the stream, as the offsets do, and a
+client may compare them as numbers. Resuming from a cursor sends that event again, then every event
+after it. The stream also starts at its oldest event kept (``FIRST``) or at the next event
+recorded (``NEXT``).
 """
 
 from __future__ import annotations
@@ -15,25 +18,48 @@ from services.domain.events import Event, EventType
 
 FIRST = "first"
 NEXT = "next"
-#: The largest offset a cursor may name (a stream offset is a signed 64-bit integer).
-MAX_OFFSET = 2**63 - 1
+#: The bits of a cursor that give the event's place in its message.
+INDEX_BITS = 16
+#: Events in one stream message at most (a cursor's index must hold each one's place).
+MAX_PER_MESSAGE = 1000
+#: The largest cursor (a signed 64-bit integer; a stream offset is one, too).
+MAX_CURSOR = 2**63 - 1
 
 
-def start(cursor: str, from_oldest: bool = False) -> int | str:
-    """Where a watch starts: a cursor's offset, or FIRST (from_oldest), or NEXT. A cursor that is
-    not a decimal offset is INVALID_ARGUMENT: nothing is read."""
+@dataclasses.dataclass(frozen=True)
+class Start:
+    """Where a watch starts: the stream offset to consume from (a number, FIRST or NEXT), and the
+    first event to send of the message at that offset (the ones before it were sent already)."""
+
+    offset: int | str
+    index: int = 0
+
+    def wants(self, offset: int, index: int) -> bool:
+        """Whether the event at (offset, index) is at or after the start."""
+        if not isinstance(self.offset, int):
+            return True
+        return (offset, index) >= (self.offset, self.index)
+
+
+def start(cursor: str, from_oldest: bool = False) -> Start:
+    """Where a watch starts: a cursor's event, or FIRST (from_oldest), or NEXT. A cursor that is not
+    a decimal number below 2**63 is INVALID_ARGUMENT: nothing is read."""
     if not cursor:
-        return FIRST if from_oldest else NEXT
-    if not (cursor.isascii() and cursor.isdigit()) or len(cursor) > 19 or int(cursor) > MAX_OFFSET:
+        return Start(FIRST if from_oldest else NEXT)
+    if not (cursor.isascii() and cursor.isdigit()) or len(cursor) > 19 or int(cursor) > MAX_CURSOR:
         raise InvalidArgument(
             f"cursor {cursor[:40]!r} is not a cursor of this stream: give the cursor of an event WatchEvents sent "
             "(a decimal number), or none to watch from now on (from_oldest: from the oldest event kept)"
         )
-    return int(cursor)
+    c = int(cursor)
+    return Start(c >> INDEX_BITS, c & (2**INDEX_BITS - 1))
 
 
-def cursor_of(offset: int) -> str:
-    return str(offset)
+def cursor_of(offset: int, index: int = 0) -> str:
+    """The cursor of the ``index``-th event of the message at ``offset``."""
+    if not 0 <= index < 2**INDEX_BITS:
+        raise ValueError(f"an event's place in its message is {index}: at most {2**INDEX_BITS - 1}")
+    return str(offset << INDEX_BITS | index)
 
 
 @dataclasses.dataclass(frozen=True)

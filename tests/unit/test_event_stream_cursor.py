@@ -5,15 +5,26 @@ from __future__ import annotations
 import pytest
 
 from services.domain.errors import InvalidArgument
-from services.domain.event_stream import FIRST, NEXT, EventFilter, start
+from services.domain.event_stream import FIRST, INDEX_BITS, MAX_PER_MESSAGE, NEXT, EventFilter, Start, cursor_of, start
 from services.domain.events import ANONYMOUS, EventType, of_queue
 
 
 def test_where_a_watch_starts():
-    assert start("", from_oldest=False) == NEXT
-    assert start("", from_oldest=True) == FIRST
-    assert start("0") == 0 and start("42", from_oldest=True) == 42  # a cursor wins over from_oldest
-    assert start(str(2**63 - 1)) == 2**63 - 1
+    assert start("", from_oldest=False) == Start(NEXT)
+    assert start("", from_oldest=True) == Start(FIRST)
+    assert start("0") == Start(0, 0)
+    assert start(cursor_of(42, 7), from_oldest=True) == Start(42, 7)  # a cursor wins over from_oldest
+    assert start(str(2**63 - 1)) == Start(2**(63 - INDEX_BITS) - 1, 2**INDEX_BITS - 1)
+
+
+def test_a_cursor_names_a_message_and_a_place_in_it_and_grows_with_both():
+    cursors = [int(cursor_of(offset, index)) for offset in (0, 1, 5, 2**40) for index in (0, 1, MAX_PER_MESSAGE - 1)]
+    assert cursors == sorted(cursors) and len(set(cursors)) == len(cursors)
+    with pytest.raises(ValueError):
+        cursor_of(3, 2**INDEX_BITS)
+    begin = start(cursor_of(10, 3))
+    assert [begin.wants(o, i) for o, i in ((9, 900), (10, 2), (10, 3), (10, 4), (11, 0))] == [False, False, True, True, True]
+    assert Start(FIRST).wants(0, 0) and Start(NEXT).wants(7, 1)
 
 
 @pytest.mark.parametrize("cursor", ["abc", "-1", "+1", "1.5", " 7", "7 ", "١٢", str(2**63), "9" * 40, "first", "next"])
@@ -44,3 +55,27 @@ def test_an_event_survives_the_stream_format_with_its_cursor():
     assert event_from_bytes(event_to_bytes(e), "17") == Event(**{**e.__dict__, "cursor": "17"})
     queue_level = Event(**{**e.__dict__, "enqueue_id": None, "actor": Actor.component("healer")})
     assert event_from_bytes(event_to_bytes(queue_level)) == queue_level
+
+
+def test_events_recorded_together_leave_as_messages_of_bounded_count_and_size_in_order():
+    import datetime as dt
+
+    from services.adapters.rabbitmq.event_stream import MESSAGE_BYTES, _messages
+    from services.contract.events_serde import batch_from_bytes, batch_to_bytes, event_from_proto
+    from services.domain.events import Event
+
+    def event(i: int, reason: str = "") -> Event:
+        return Event(id=f"e{i}", time=dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc), type=EventType.DELIVERED,
+                     queue="q", enqueue_id=None, actor=ANONYMOUS, reason=reason)
+
+    small = [event(i) for i in range(2500)]
+    parts = _messages(small)
+    assert [len(p) for p in parts] == [MAX_PER_MESSAGE, MAX_PER_MESSAGE, 500]
+    assert [e.id for p in parts for e in p] == [e.id for e in small]
+    large = [event(i, "x" * 100_000) for i in range(7)]
+    assert [len(p) for p in _messages(large)] == [5, 2]  # about MESSAGE_BYTES each
+    assert all(len(batch_to_bytes(p)) < MESSAGE_BYTES * 1.5 for p in _messages(large))
+    assert _messages([]) == [] and [len(p) for p in _messages(large[:1] * 1)] == [1]
+    body = batch_to_bytes(small[:3])
+    assert [event_from_proto(pb, str(i)) for i, pb in enumerate(batch_from_bytes(body))] == \
+        [Event(**{**e.__dict__, "cursor": str(i)}) for i, e in enumerate(small[:3])]

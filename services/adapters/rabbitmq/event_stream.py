@@ -6,13 +6,18 @@ write to the default exchange). The stream keeps events for ``event_stream_reten
 (``x-max-age``) and at most ``event_stream_max_bytes`` (``x-max-length-bytes``); RabbitMQ removes
 whole segments (``x-stream-max-segment-size-bytes``, a tenth of the cap), oldest first.
 
-- ``publish(events)`` (a sink of the EventLog): every event is a message (body: the serialized
-  mailqueue.v1.Event, message_id: the event id), all published at once on the broker's confirm
-  channel, with one wait for every confirm: never a round trip per event.
+- ``record(events)`` (a sink of the EventLog): the events of every ``record`` call that meet in
+  one event-loop turn, and of those that arrive while a publish is out, leave together as one
+  message (an EventBatch, protos/mailqueue/v1/events.proto; at most MAX_PER_MESSAGE events and
+  about MESSAGE_BYTES), published on the broker's confirm channel with one wait for every
+  confirm. The broker's cost is per message: a message per event cost it as much as the mail's
+  own publish (a delivery's two events, twice that).
 - ``watch(cursor)``: a consumer on a channel of its own, with a prefetch and manual acks (what a
-  stream consumer needs), from ``x-stream-offset`` = the cursor's offset, "first" or "next". Each
-  event's cursor is its message's offset (the ``x-stream-offset`` header). The channel closes when
-  the caller stops iterating (a client that leaves), so no consumer outlives its watcher.
+  stream consumer needs), from ``x-stream-offset`` = the cursor's message, "first" or "next". Each
+  event's cursor names its message's offset (the ``x-stream-offset`` header) and its place in it
+  (services/domain/event_stream.py); the events before the cursor's, in its message, are skipped.
+  The channel closes when the caller stops iterating (a client that leaves), so no consumer
+  outlives its watcher.
 """
 
 from __future__ import annotations
@@ -35,9 +40,13 @@ from services.domain.events import Event
 
 log = logging.getLogger(__name__)
 
-#: Events a watcher's consumer may hold unacknowledged (a stream consumer needs a prefetch).
-PREFETCH = 500
+#: Messages (event batches) a watcher's consumer may hold unacknowledged (a stream consumer needs a prefetch).
+PREFETCH = 100
+#: A message's type: an EventBatch; a message of the older type holds one Event.
+BATCH_TYPE = "mailqueue.v1.EventBatch"
 EVENT_TYPE = "mailqueue.v1.Event"
+#: A stream message's body, about, at most (events are a few hundred bytes each).
+MESSAGE_BYTES = 512 * 1024
 
 
 class RabbitMQEventStream:
@@ -49,6 +58,9 @@ class RabbitMQEventStream:
         self._declared = False
         #: False once a declaration was refused (dequeue_svc's user may not configure).
         self._may_configure = True
+        #: The record calls whose events wait for the next publish, and the task publishing.
+        self._waiting: list[tuple[Sequence[Event], asyncio.Future[None]]] = []
+        self._sending: asyncio.Task[None] | None = None
 
     def arguments(self) -> dict[str, Any]:
         """The stream's declaration: its retention by age and by size, in segments of a tenth of the size."""
@@ -110,22 +122,52 @@ class RabbitMQEventStream:
         """Returns once the broker confirmed every event; BackendUnavailable (PublishersBlocked
         while the broker blocks publishers) otherwise, and a retry publishes the same event ids."""
         await self.declare()
-        messages = [message_format.Encoded(events_serde.event_to_bytes(e), {}, e.id, type=EVENT_TYPE) for e in events]
         try:
-            await self._broker.publish_batch(self.name, "", messages)
+            await self._broker.publish_batch(self.name, "", [
+                message_format.Encoded(events_serde.batch_to_bytes(part), {}, part[0].id, type=BATCH_TYPE)
+                for part in _messages(events)])
         except BackendUnavailable as e:
             if "NOT_FOUND" in str(e) or "unroutable" in str(e):
                 self._declared = False  # removed since (an operator, a reset): declared again next time
             raise
 
     async def record(self, events: Sequence[Event]) -> None:
-        """As a sink of the event log (services/adapters/cassandra/event_log.py): ``publish``."""
-        await self.publish(events)
+        """As a sink of the event log (services/adapters/cassandra/event_log.py): published with
+        the events of the other callers that meet it (see the module's docstring); returns once
+        the broker confirmed them, BackendUnavailable otherwise."""
+        if not events:
+            return
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+        done.add_done_callback(_retrieved)
+        self._waiting.append((events, done))
+        if self._sending is None:
+            self._sending = loop.create_task(self._send())
+        await asyncio.shield(done)  # a cancelled caller does not cancel the others' publish
+
+    async def _send(self) -> None:
+        """Publish what waits, one group after the other, until nothing does."""
+        try:
+            await asyncio.sleep(0)  # the callers of this loop turn join the first group
+            while self._waiting:
+                group, self._waiting = self._waiting, []
+                try:
+                    await self.publish([e for events, _ in group for e in events])
+                except Exception as e:  # noqa: BLE001 - every caller of the group gets the failure
+                    for _, done in group:
+                        if not done.done():
+                            done.set_exception(e)
+                else:
+                    for _, done in group:
+                        if not done.done():
+                            done.set_result(None)
+        finally:
+            self._sending = None
 
     async def watch(self, cursor: str | None, from_oldest: bool = False) -> AsyncIterator[Event]:
         """Events from ``cursor`` (that event first), or from the oldest kept, or from the next one
         recorded; InvalidArgument for a malformed cursor before anything is read."""
-        offset = event_stream.start(cursor or "", from_oldest)
+        begin = event_stream.start(cursor or "", from_oldest)
         await self.declare()
         channel, w = await self._broker.open_channel()
         inbox: asyncio.Queue[Any] = asyncio.Queue()
@@ -135,7 +177,7 @@ class RabbitMQEventStream:
             await self._broker.answer(w, channel.basic_qos, prefetch_count=self._prefetch)
             fut = w.call(lambda callback: channel.basic_consume(
                 self.name, lambda _ch, method, props, body: inbox.put_nowait((method.delivery_tag, props, body)),
-                auto_ack=False, arguments={"x-stream-offset": offset}, callback=callback))
+                auto_ack=False, arguments={"x-stream-offset": begin.offset}, callback=callback))
             await asyncio.wait_for(fut, self._settings.connect_timeout_s)
             unacked = 0
             while True:
@@ -147,8 +189,7 @@ class RabbitMQEventStream:
                 if unacked >= self._prefetch // 2:  # credit back in halves: the broker keeps sending
                     channel.basic_ack(tag, multiple=True)
                     unacked = 0
-                event = self._event(props, body)
-                if event is not None:
+                for event in self._events(props, body, begin):
                     yield event
         except asyncio.TimeoutError:
             raise unavailable(f"no answer to basic.consume on {self.name} within {self._settings.connect_timeout_s}s") from None
@@ -156,11 +197,37 @@ class RabbitMQEventStream:
             if channel.is_open:
                 channel.close()
 
-    def _event(self, props: Any, body: bytes) -> Event | None:
+    def _events(self, props: Any, body: bytes, begin: event_stream.Start) -> list[Event]:
+        """The events of one message at or after ``begin``, each with its cursor (a message that
+        holds no events: logged and skipped)."""
         offset = (props.headers or {}).get("x-stream-offset")
         try:
-            return events_serde.event_from_bytes(body, event_stream.cursor_of(int(offset)))
+            at = int(offset)
+            if props.type == EVENT_TYPE:  # one event per message, as written before EventBatch
+                return [events_serde.event_from_bytes(body, event_stream.cursor_of(at))] if begin.wants(at, 0) else []
+            return [events_serde.event_from_proto(pb, event_stream.cursor_of(at, i))
+                    for i, pb in enumerate(events_serde.batch_from_bytes(body)) if begin.wants(at, i)]
         except (DecodeError, ValueError, TypeError) as e:
             log.warning("skipped a message of the event stream that is not an event", extra={"stream": self.name, "offset": offset,
                                                                                            "error": str(e)[:200]})
-            return None
+            return []
+
+
+def _messages(events: Sequence[Event]) -> list[Sequence[Event]]:
+    """``events`` in order, cut into messages of at most MAX_PER_MESSAGE events and about MESSAGE_BYTES."""
+    parts: list[Sequence[Event]] = []
+    first, size = 0, 0
+    for i, e in enumerate(events):
+        weight = 300 + len(e.reason) + len(e.name) + len(e.sender) + len(e.traceparent) + sum(map(len, e.details.values()))
+        if i > first and (i - first >= event_stream.MAX_PER_MESSAGE or size + weight > MESSAGE_BYTES):
+            parts.append(events[first:i])
+            first, size = i, 0
+        size += weight
+    if first < len(events):
+        parts.append(events[first:])
+    return parts
+
+
+def _retrieved(done: asyncio.Future[None]) -> None:
+    if not done.cancelled():
+        done.exception()
