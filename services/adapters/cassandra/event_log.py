@@ -24,17 +24,20 @@ Cassandra's cross-partition (10) and size (5 KiB) warning thresholds: each batch
 partitions), all sent at once: never a round trip per event. Each caller waits for the batches
 holding its rows, and gets BackendUnavailable if one failed.
 
-Composition: after the history, ``record`` awaits each extra sink given at construction (the
-event stream), in order; it returns once every sink has taken the events.
+Composition: ``record`` writes the history and hands the events to each extra sink given at
+construction (the event stream) at once; it returns once the history holds them and every sink
+has taken them, and raises the first failure. A change is carried out only after that, so a
+failure of either leaves the change undone, to be done again with the same event ids.
 """
 
 from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import functools
 import socket
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from typing import Any, Protocol
 
 from cassandra.cluster import Session
@@ -93,8 +96,10 @@ class CassandraEventLog:
 
     # ------------------------------------------------------------------ writing
     async def record(self, events: Sequence[Event]) -> None:
-        """Durable in the history, then taken by each sink; BackendUnavailable otherwise."""
+        """Durable in the history and taken by each sink; BackendUnavailable otherwise (the
+        history and the sinks are written at once: a change waits for the slower, not the sum)."""
         rows = [row for e in events if e.enqueue_id is not None for row in self._rows(e)]
+        waits: list[Awaitable[None]] = [sink.record(events) for sink in self._sinks]
         if rows:
             loop = asyncio.get_running_loop()
             done: asyncio.Future[None] = loop.create_future()
@@ -103,9 +108,11 @@ class CassandraEventLog:
             if not self._scheduled:
                 self._scheduled = True
                 loop.call_soon(self._send)
-            await asyncio.shield(done)  # a cancelled caller does not cancel the others' batches
-        for sink in self._sinks:
-            await sink.record(events)
+            waits.append(asyncio.shield(done))  # a cancelled caller does not cancel the others' batches
+        if len(waits) == 1:
+            await waits[0]
+        elif waits:
+            await asyncio.gather(*waits)
 
     def _rows(self, e: Event) -> list[_Row]:
         # Absent values are left unset, never null (a null cell is a tombstone).
@@ -139,9 +146,14 @@ class CassandraEventLog:
                     mine.append(len(batches) - 1)
             holding.append(mine)
         loop = asyncio.get_running_loop()
-        sent = [self._keep(loop.create_task(self._write(b))) for b in batches]
-        for mine, (_, done) in zip(holding, waiting, strict=True):
-            self._keep(loop.create_task(_settle([sent[i] for i in mine], done)))
+        callers = [_Caller(done, len(mine)) for mine, (_, done) in zip(holding, waiting, strict=True)]
+        held_by: list[list[_Caller]] = [[] for _ in batches]
+        for mine, caller in zip(holding, callers, strict=True):
+            for i in mine:
+                held_by[i].append(caller)
+        for batch, holders in zip(batches, held_by, strict=True):
+            task = self._keep(loop.create_task(self._write(batch)))
+            task.add_done_callback(functools.partial(_settle, holders=holders))
 
     def _keep(self, task: asyncio.Task[None]) -> asyncio.Task[None]:
         self._tasks.add(task)
@@ -181,15 +193,29 @@ def _event(r: Any) -> Event:
     )
 
 
-async def _settle(batches: list[asyncio.Task[None]], done: asyncio.Future[None]) -> None:
-    outcomes = await asyncio.gather(*batches, return_exceptions=True)
-    failed = next((o for o in outcomes if isinstance(o, BaseException)), None)
-    if done.done():
-        return
-    if failed is not None:
-        done.set_exception(failed)
-    else:
-        done.set_result(None)
+class _Caller:
+    """A record call waiting for its batches: its answer is set when the last one is written, or
+    when one failed."""
+
+    __slots__ = ("done", "left")
+
+    def __init__(self, done: asyncio.Future[None], batches: int) -> None:
+        self.done, self.left = done, batches
+
+
+def _settle(batch: asyncio.Task[None], holders: list[_Caller]) -> None:
+    failed = None if batch.cancelled() else batch.exception()
+    for c in holders:
+        if c.done.done():
+            continue
+        if batch.cancelled():
+            c.done.cancel()
+        elif failed is not None:
+            c.done.set_exception(failed)
+        else:
+            c.left -= 1
+            if c.left == 0:
+                c.done.set_result(None)
 
 
 def _set(value: Any) -> Any:
