@@ -20,11 +20,17 @@ Each round, for every queue:
    dead letter and counting it).
 4. **Rows without a message** (an Enqueue killed between its row and its publish): when the
    queue's work queues hold no ready message, a live mail that became deliverable more than the
-   grace ago and is still there has no message waiting, so it is published again under a new
-   generation (``reschedule``, as Flush does): an old copy that still exists somewhere (in the
-   delay ladder, or handed out and answered later) is stale and skipped, so the mail is delivered
-   once. While the queue has a backlog this waits: the mail may just be behind it. Only the rows
-   this round read are looked at.
+   grace ago may have no message waiting. It may also be in a consumer's hands, handed out and
+   not answered yet: the last mails of a backlog that drains are, and the broker counts them as
+   neither ready nor gone. So such a row is a suspect first, and is published again only when it
+   has been seen so, in every round that read it, for a whole grace: a delivery answered
+   meanwhile takes it out of the live mails, a row that stays has no message. It is published
+   under a new generation (``reschedule``, as Flush does): an old copy that still exists
+   somewhere (in the delay ladder) is stale and skipped, so the mail is delivered once. While the
+   queue has a backlog this waits: the mail may just be behind it. Only the rows this round read
+   are looked at. A consumer that holds one mail unanswered for longer than the grace while its
+   queue has no ready message gets it again: the grace (900 s by default) is chosen above the
+   longest delivery.
 
 Cost per queue and round: at most ``rows_per_round`` mail rows and their marks (plus a page per
 bucket read ahead), the counters partition once, the two journal partitions once, the kind
@@ -72,6 +78,7 @@ class _Pass:
     rows: AsyncIterator[model.QueuedMail]  # where the last round stopped
     live: dict[dt.datetime, int] = dataclasses.field(default_factory=dict)  # live mails per slice so far
     checked: dt.datetime = dt.datetime.min.replace(tzinfo=dt.timezone.utc)  # slices before it are checked
+    suspects: set[tuple[uuid.UUID, int]] = dataclasses.field(default_factory=set)  # suspects read so far
 
 
 @dataclasses.dataclass
@@ -100,6 +107,8 @@ class Healer:
         self.member = uuid.uuid4().hex
         self._drift: dict[str, dict[dt.datetime, int]] = {}  # per queue, each slice's drift when last checked
         self._dead_drift: dict[str, list[tuple[str, int]]] = {}
+        #: Per queue, the rows suspected of having no message, and since when (see ``_stranded``).
+        self._suspected: dict[str, dict[tuple[uuid.UUID, int], dt.datetime]] = {}
 
     async def run_forever(self) -> None:
         while True:
@@ -149,8 +158,11 @@ class Healer:
         h.counters = await self._counters(queue, p, None if finished else read[-1].slice_start if read else p.checked)
         if finished:
             del self._passes[queue]
-        stranded = [q for q in read if q.due() < now - self.grace and not counts.is_held(q)]
-        if stranded and await self._broker.ready_messages(queue) == 0:
+        suspects = [q for q in read if q.due() < now - self.grace and not counts.is_held(q)]
+        if suspects and await self._broker.ready_messages(queue) != 0:
+            suspects = []  # behind a backlog, maybe: nothing is suspect while messages wait
+        stranded = self._stranded(queue, read, suspects, p, finished, now)
+        if stranded:
             # Recorded first (same ids when the next round publishes them again after a crash).
             await admin_events.record(self._events, [admin_events.republished(
                 dataclasses.replace(q, generation=q.generation + 1)) for q in stranded])
@@ -166,6 +178,26 @@ class Healer:
         if any(dataclasses.astuple(h)):
             log.warning("healed", extra={"queue": queue, **dataclasses.asdict(h)})
         return h
+
+    def _stranded(self, queue: str, read: list[model.QueuedMail], suspects: list[model.QueuedMail], p: _Pass,
+                  finished: bool, now: dt.datetime) -> list[model.QueuedMail]:
+        """The suspects seen without a message for a whole grace: since the first round that saw
+        them so, every round that read them did. A row read again and no longer suspect (answered,
+        rescheduled, a message waiting) starts over; at the end of a pass, the suspects it did not
+        read (gone) are forgotten."""
+        since = self._suspected.setdefault(queue, {})
+        suspect = {(q.enqueue_id, q.generation) for q in suspects}
+        p.suspects |= suspect
+        for q in read:
+            key = (q.enqueue_id, q.generation)
+            if key in suspect:
+                since.setdefault(key, now)
+            else:
+                since.pop(key, None)
+        stranded = [q for q in suspects if now - since[(q.enqueue_id, q.generation)] >= self.grace]
+        if finished:
+            self._suspected[queue] = {k: t for k, t in since.items() if k in p.suspects}
+        return stranded
 
     async def _dead_letter_counters(self, queue: str) -> int:
         """The dead-letter counters against the repository (its kind column), corrected when the

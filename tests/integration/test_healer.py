@@ -230,3 +230,53 @@ def test_a_round_at_depth_reads_its_share_of_rows_and_a_drift_is_still_healed(ai
         healer.stop()
         s.stop()
         drop_keyspace(keyspace)
+
+
+def test_mails_in_a_consumers_hands_when_the_backlog_is_gone_are_not_published_again(healed):
+    """The last mails of a backlog that drains are handed out and not answered yet: the broker
+    counts no ready message, and they are live and deliverable for longer than the grace, as a
+    row without a message would be. A healer round while a consumer holds them must not publish
+    them again (each would then be delivered twice): a row is republished only once it has been
+    seen without a message for a whole grace."""
+    s = healed
+    for h in s.healers:  # one healer of this test's own: its grace (4 s) outlasts the hold below
+        h.stop()
+    healer = ServiceProcess("browse", {**{k: v for k, v in s.browse.env.items() if k not in PORTS},
+                                       "MAILQUEUE_HEAL_INTERVAL_S": "1", "MAILQUEUE_HEAL_GRACE_S": "4"}, metrics=True)
+    consumer = None
+    try:
+        queue = s.new_queue()
+        names = [f"backlog-{i}" for i in range(20)]
+        for name in names:
+            s.enqueue_mail(queue, name)
+
+        def rounds() -> float:
+            return healer.metric("mailqueue_healer_rounds_total")
+
+        # Deliverable for longer than the grace: six more rounds (at least a second apart) after
+        # the last enqueue (the first ones wait for the stopped healers' lease to end).
+        enqueued = rounds()
+        wait_until(lambda: rounds() >= enqueued + 6, 60, interval=0.2, what="six healer rounds (the mails deliverable for > 4 s)")
+        # Room for more: a copy published again would be handed out beside the one held.
+        consumer = StreamConsumer(s.dequeue_stub, queue, prefetch=2 * len(names))
+        held = [consumer.next(timeout=30) for _ in names]
+        assert sorted(d.mail.mail.name for d in held) == sorted(names)
+        # Two whole rounds while every mail is in the consumer's hands and no message is ready.
+        seen = rounds()
+        wait_until(lambda: rounds() >= seen + 2, 30, interval=0.05, what="two healer rounds while the mails are held")
+        consumer.answer_all(held)
+        wait_until(lambda: s.browsed_names(queue) == [], 30, interval=0.2, what="every mail answered")
+        seen = rounds()
+        wait_until(lambda: rounds() >= seen + 5, 30, interval=0.2, what="five more rounds (past the grace)")
+        again = []
+        with pytest.raises(q.Empty):
+            again.append(consumer.next(timeout=1))
+        republished = healer.metric("mailqueue_healer_repairs_total", queue=queue, kind="republish")
+        print(f"\nhealer: {len(names)} mails held through 2 rounds with no message ready; {republished:.0f} republished")
+        assert republished == 0
+    finally:
+        if consumer is not None:
+            consumer.close()
+        healer.stop()
+        for h in s.healers:
+            h.start()
