@@ -157,6 +157,11 @@ class RabbitMQEventStream:
                     for _, done in group:
                         if not done.done():
                             done.set_exception(e)
+                except BaseException:  # cancelled (the service stops): no caller waits for ever
+                    for _, done in (*group, *self._waiting):
+                        done.cancel()
+                    self._waiting = []
+                    raise
                 else:
                     for _, done in group:
                         if not done.done():
