@@ -97,7 +97,17 @@ def finish(services, load: Load, name: str, fault_at: float, healed_at: float, *
         try:
             _no_live_rows(services, load, load.queue)
         except AssertionError as e:
-            rows_left = e
+            # A mail delivered once whose SUCCESS was refused while the node hung (not confirmed to
+            # the consumer, nothing changed) is owed a redelivery; the broker may keep its message
+            # checked out to a channel of the hung node as above (seen once in a clean-clone run:
+            # one live row, delivered once, never again in 90 s). The same repair, then check again.
+            figures["unsettled_stuck_in_broker"] = str(e)[:300]
+            figures["republished_unsettled"] = services.admin.RepublishNotProcessed(admin_pb2.RepublishNotProcessedRequest(
+                queue=load.queue, older_than=duration_pb2.Duration(seconds=30)), timeout=120).republished
+            try:
+                _no_live_rows(services, load, load.queue)
+            except AssertionError as again:
+                rows_left = again
     load.stop()
     figures.update(first_delivery_after_heal_s=_round(load.first_delivery(healed_at)), acked=len(load.acked),
                    lost=len(missing), confirmed=len(load.confirmed), codes=dict(load.codes(fault_at)))
