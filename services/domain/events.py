@@ -114,6 +114,12 @@ class Event:
     cursor: str = ""
 
 
+def text_bytes(e: Event) -> int:
+    """The characters of an event's free-text fields: what makes one event larger than another
+    (a history batch and a stream message are bounded by it)."""
+    return len(e.reason) + len(e.name) + len(e.sender) + len(e.traceparent) + sum(map(len, e.details.values()))
+
+
 def of_mail(
     kind: EventType, mail: model.QueuedMail, *, step: int | str | None = None, reason: str = "", replica: str = "",
     details: Mapping[str, str] | None = None, discriminator: str = "", actor: Actor | None = None,

@@ -47,7 +47,7 @@ from prometheus_client import Histogram
 from services.adapters.cassandra.schema import MAIL_HISTORY, MAIL_HISTORY_NAMES
 from services.adapters.cassandra.session import execute
 from services.adapters.cassandra.statement_kinds import batch_kind
-from services.domain.events import Actor, Event, EventType, landed_id, ordered
+from services.domain.events import Actor, Event, EventType, landed_id, ordered, text_bytes
 
 #: Statements per request at most (Cassandra warns past 10 partitions in an unlogged batch).
 BATCH_STATEMENTS = 8
@@ -117,7 +117,7 @@ class CassandraEventLog:
         values = (e.enqueue_id, e.id, e.time, e.type.value, *map(_set, (e.queue, e.name, e.sender)), e.attempt,
                   *map(_set, (e.reason, e.replica or self.replica, e.actor.kind, e.actor.role, e.actor.identity,
                               e.traceparent, dict(e.details))), self._ttl)
-        size = 200 + len(e.reason) + len(e.name) + len(e.sender) + len(e.traceparent) + sum(map(len, e.details.values()))
+        size = 200 + text_bytes(e)
         rows: list[_Row] = [(self._insert, values, size)]
         if e.type is EventType.ENQUEUED and e.name:
             rows.append((self._insert_name, (e.name, e.time, e.enqueue_id, e.queue, self._ttl), 80 + len(e.name)))

@@ -36,7 +36,7 @@ from services.adapters.rabbitmq.settings import RabbitMQSettings
 from services.contract import events_serde
 from services.domain import event_stream, names
 from services.domain.errors import BackendUnavailable
-from services.domain.events import Event
+from services.domain.events import Event, text_bytes
 
 log = logging.getLogger(__name__)
 
@@ -223,7 +223,7 @@ def _messages(events: Sequence[Event]) -> list[Sequence[Event]]:
     parts: list[Sequence[Event]] = []
     first, size = 0, 0
     for i, e in enumerate(events):
-        weight = 300 + len(e.reason) + len(e.name) + len(e.sender) + len(e.traceparent) + sum(map(len, e.details.values()))
+        weight = 300 + text_bytes(e)
         if i > first and (i - first >= event_stream.MAX_PER_MESSAGE or size + weight > MESSAGE_BYTES):
             parts.append(events[first:i])
             first, size = i, 0
