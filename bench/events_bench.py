@@ -3,8 +3,9 @@
     .venv/bin/python -m bench.events_bench [--rounds 2] [--seconds 10] [--warmup 3] [--concurrency 128]
         [--batch 32] [--prefetch 128] [--size 10240] [--settle 60]
 
-Each round runs both modes back to back (off, then on; services started with MAILQUEUE_EVENTS=off,
-then true, on one keyspace): an EnqueueBatches phase (``--batch`` mails per message,
+Each round runs both modes back to back (off then on, on then off in the next round: a later phase
+meets the earlier one's flushes and compactions; services started with MAILQUEUE_EVENTS=off or
+true, on one keyspace): an EnqueueBatches phase (``--batch`` mails per message,
 ``--concurrency`` in flight) for ``--seconds``, then a batched Dequeue (max_batch ``--batch``,
 SUCCESS for each) of the mails just enqueued. With events on, each enqueue records ENQUEUED and
 each delivery HANDED_OUT and DELIVERED (services/adapters/cassandra/event_log.py). The CPU per
@@ -62,12 +63,13 @@ def main() -> None:
     keyspace = new_keyspace()
     results: list[dict[str, tuple[dict[str, Any], dict[str, Any]]]] = []
     for i in range(a.rounds):
-        results.append({mode: phase(a, keyspace, mode, i) for mode in MODES})
+        order = MODES if i % 2 == 0 else MODES[::-1]  # alternate which mode runs first (warm-up, compactions)
+        results.append({mode: phase(a, keyspace, mode, i) for mode in order})
     print(f"\nevents off / on, {a.size} B mails, EnqueueBatches {a.batch} x {a.concurrency} in flight for {a.seconds:.0f} s, "
           f"then Dequeue max_batch {a.batch} prefetch {a.prefetch}; keyspace {keyspace}")
     enqueue_ratios, dequeue_ratios = [], []
     for i, r in enumerate(results, 1):
-        for mode in MODES:
+        for mode in r:
             e, d = r[mode]
             print(f"round {i} events={mode}: {report('enqueue', e)}\n           {e['cpu']}")
             print(f"           dequeue {d['per_s']:.1f}/s ({d['n']} mails)\n           {d['cpu']}")

@@ -3,6 +3,7 @@ process, no backend call), against what a mail costs enqueue_svc on the benchmar
 
     .venv/bin/python -m bench.quota_bench [--mails 200000]
     .venv/bin/python -m bench.quota_bench --end-to-end [--seconds 10] [--warmup 3] [--concurrency 64] [--batch 32]
+    .venv/bin/python -m bench.quota_bench --fairness [--rounds 6] [--seconds 10] [--beta-rate 100] [--acme-rate 20] [--over 10]
 
 A QuotaKeeper is given a snapshot by hand (no store: the refresh runs once a second, not per
 mail) and checks ``--mails`` mails in three cases: no quota at all; quotas that do not apply to the
@@ -15,6 +16,14 @@ EnqueueBatches (``--batch`` mails per message), each once with no quota and once
 applying to every mail (its queue, with both depth limits too; its sender; its sender domain;
 each with a mail and a byte rate, never binding), each phase on a new queue after the stack
 settles (at most ``SETTLE_S``). No access control: no tenant quota.
+
+``--fairness``: one tenant over its rate beside one under it (the quotas page's promise). With
+access control on (tokens naming the tenants ``acme`` and ``beta``), acme gets a rate of
+``--acme-rate`` mails/s; beta one it never reaches. Beta sends paced unary Enqueues at
+``--beta-rate`` for ``--seconds`` per round, in rounds that rotate three cases: beta alone; acme
+beside it at its own rate (all accepted: the load the quota allows); acme beside it offering
+``--over`` times its rate (the excess refused). Beta's p99 is compared between the cases, over
+every round of each, and beta's refusals counted (there must be none).
 """
 
 from __future__ import annotations
@@ -113,6 +122,111 @@ def end_to_end(a: argparse.Namespace) -> None:
         print(f"|   | CPU per mail: {r['cpu']} | | | | | |")
 
 
+ACME, BETA, OPERATOR = "acmeacmeacmeacme0001", "betabetabetabeta0002", "operatoroperator0003"
+
+
+def fairness(a: argparse.Namespace) -> None:
+    import grpc
+
+    from bench import enqueue_bench as eb
+    from bench.common import PORTS, bench_queue, metric, new_keyspace, settle, start_services, stop
+    from mailqueue.v1 import admin_pb2, admin_pb2_grpc, enqueue_pb2, enqueue_pb2_grpc, mail_pb2, quotas_pb2
+
+    tokens = f"producer@acme:{ACME},producer@beta:{BETA},operator:{OPERATOR}"
+    procs = start_services(new_keyspace(), ["blob", "enqueue", "browse"], metrics={"enqueue": eb.ENQUEUE_METRICS},
+                           extra={"MAILQUEUE_TOKENS": tokens})
+    auth = {who: (("authorization", f"Bearer {token}"),) for who, token in (("acme", ACME), ("beta", BETA), ("op", OPERATOR))}
+    admin = admin_pb2_grpc.AdminServiceStub(grpc.insecure_channel(f"127.0.0.1:{PORTS['browse']}"))
+    queue = bench_queue("bench-fair")
+    admin.CreateQueue(admin_pb2.CreateQueueRequest(queue=queue), metadata=auth["op"])
+    for tenant, rate in (("acme", a.acme_rate), ("beta", 1e6)):
+        q = quotas_pb2.Quota(kind=quotas_pb2.QUOTA_KIND_TENANT, subject=tenant, mails_per_s=rate, burst_mails=max(1, int(rate / 4)))
+        admin.SetQuota(admin_pb2.SetQuotaRequest(quota=q), metadata=auth["op"])
+    wait_metric(lambda: metric(eb.ENQUEUE_METRICS, "mailqueue_quota_limit", kind="tenant", subject="acme") == a.acme_rate)
+    mail = mail_pb2.Mail(name="fair", sender="a@example.com", recipients=["b@example.org"])
+
+    async def paced(stub: Any, who: str, rate: float, seconds: float) -> tuple[list[float], list[str]]:
+        loop = asyncio.get_running_loop()
+        latencies: list[float] = []
+        codes: list[str] = []
+
+        async def one(i: int) -> None:
+            began = time.perf_counter()
+            try:
+                await stub.Enqueue(enqueue_pb2.EnqueueRequest(queue=queue, mail=mail, inline_content=eb.content(i, 10_240)),
+                                   metadata=auth[who], timeout=30)
+                latencies.append(time.perf_counter() - began)
+            except grpc.aio.AioRpcError as e:
+                codes.append(e.code().name)
+
+        start, calls = loop.time(), []
+        for i in range(int(rate * seconds)):
+            wait = start + i / rate - loop.time()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            calls.append(asyncio.ensure_future(one(i)))
+        await asyncio.gather(*calls)
+        return latencies, codes
+
+    async def round_(case: str) -> tuple[list[float], list[str], list[str]]:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{PORTS['enqueue']}") as channel:
+            stub = enqueue_pb2_grpc.EnqueueServiceStub(channel)
+            acme_rate = {"alone": 0.0, "acme at its rate": a.acme_rate * 0.9, "acme over": a.acme_rate * a.over}[case]
+            runs = [paced(stub, "beta", a.beta_rate, a.seconds)]
+            if acme_rate:
+                runs.append(paced(stub, "acme", acme_rate, a.seconds))
+            out = await asyncio.gather(*runs)
+            lat, codes = out[0]
+            return lat, codes, out[1][1] if acme_rate else []
+
+    cases = ("alone", "acme at its rate", "acme over")
+    beta: dict[str, list[float]] = {c: [] for c in cases}
+    per_round: dict[str, list[float]] = {c: [] for c in cases}
+    beta_refused: dict[str, int] = dict.fromkeys(cases, 0)
+    acme_refused: dict[str, int] = dict.fromkeys(cases, 0)
+    try:
+        settle("fairness", SETTLE_S)
+        asyncio.run(paced_warmup(a, paced))
+        for r in range(a.rounds):
+            for case in cases[r % 3:] + cases[:r % 3]:  # each case first, second and third in turn
+                lat, codes, acme_codes = asyncio.run(round_(case))
+                beta[case].extend(lat)
+                per_round[case].append(p99(lat))
+                beta_refused[case] += codes.count("RESOURCE_EXHAUSTED")
+                acme_refused[case] += acme_codes.count("RESOURCE_EXHAUSTED")
+                print(f"  round {r + 1} {case}: beta {len(lat)} ok, p99 {1000 * p99(lat):.1f} ms, errors {codes[:3]}; "
+                      f"acme refused {acme_codes.count('RESOURCE_EXHAUSTED')}", flush=True)
+    finally:
+        stop(procs)
+    print(f"\nbeta {a.beta_rate:.0f} mails/s (10 KiB, unary, paced), acme's rate {a.acme_rate:.0f}/s; {a.rounds} rounds of "
+          f"{a.seconds:.0f} s per case, the cases rotated")
+    print("| case | beta mails | beta p50 ms | beta p99 ms | of alone | median of per-round p99 ms | beta refused | acme refused |")
+    print("|---|---|---|---|---|---|---|---|")
+    for case in cases:
+        print(f"| {case} | {len(beta[case])} | {1000 * pct(beta[case], 0.5):.1f} | {1000 * p99(beta[case]):.1f} | "
+              f"{p99(beta[case]) / p99(beta['alone']):.3f} | {1000 * sorted(per_round[case])[len(per_round[case]) // 2]:.1f} | "
+              f"{beta_refused[case]} | {acme_refused[case]} |")
+
+
+async def paced_warmup(a: argparse.Namespace, paced: Any) -> None:
+    import grpc
+
+    from bench.common import PORTS
+    from mailqueue.v1 import enqueue_pb2_grpc
+
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{PORTS['enqueue']}") as channel:
+        await paced(enqueue_pb2_grpc.EnqueueServiceStub(channel), "beta", a.beta_rate, a.warmup)
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+def p99(values: list[float]) -> float:
+    return pct(values, 0.99)
+
+
 def wait_metric(ok: Any, timeout: float = 10.0) -> None:
     import time as t
 
@@ -131,7 +245,17 @@ def main() -> None:
     p.add_argument("--warmup", type=float, default=3)
     p.add_argument("--concurrency", type=int, default=64)
     p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--fairness", action="store_true", help="a tenant under its rate beside one over it (p99s)")
+    p.add_argument("--rounds", type=int, default=6)
+    p.add_argument("--beta-rate", type=float, default=100)
+    p.add_argument("--acme-rate", type=float, default=20)
+    p.add_argument("--over", type=float, default=10)
     a = p.parse_args()
+    if a.fairness:
+        from bench.common import run
+
+        run(lambda: fairness(a))
+        return
     if a.end_to_end:
         from bench.common import run
 

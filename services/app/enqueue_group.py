@@ -24,7 +24,7 @@ from prometheus_client import Counter
 from services.app import counters, mail_events
 from services.app.compensation import Attempt, Compensation
 from services.app.queue_state import QueueState
-from services.domain import model, schedule, trace
+from services.domain import history_keys, model, schedule, trace
 from services.domain.errors import PublishersBlocked
 from services.domain.settings import LimitSettings
 from services.domain.slices import bucket_of, slice_start
@@ -97,7 +97,8 @@ class GroupWrites:
         out: list[model.EnqueueResult | BaseException | None] = [None] * len(items)
         now = to_millis(model.utcnow())
         started = [it.started or now for it in items]
-        ids = [it.enqueue_id or uuid.uuid4() for it in items]
+        fresh = iter(history_keys.new_ids(sum(1 for it in items if it.enqueue_id is None)))
+        ids = [it.enqueue_id or next(fresh) for it in items]  # a fresh group shares history partitions
         attempts: dict[int, Attempt] = {}
         queued: dict[int, model.QueuedMail] = {}
 

@@ -56,9 +56,41 @@ def event_to_bytes(e: Event) -> bytes:
     return event_to_proto(e).SerializeToString()
 
 
-def batch_to_bytes(events: Sequence[Event]) -> bytes:
-    """The event stream's message body: an EventBatch of ``events``, in order."""
-    return events_pb2.EventBatch(events=[event_to_proto(e) for e in events]).SerializeToString()
+def batch_to_bytes(events: Sequence[Event], replica: str = "") -> bytes:
+    """An EventBatch of ``events``, in order (the event stream's message body, a history row's
+    events); ``replica`` names the recording process where an event names none."""
+    return batch_of_encoded(encode_each(events, replica))
+
+
+def encode_each(events: Sequence[Event], replica: str = "") -> list[bytes]:
+    """Each event serialized (an Event message), ``replica`` filled in where an event names none:
+    encoded once, then joined into as many EventBatch bodies as need them (``batch_of_encoded``)."""
+    out = []
+    for e in events:
+        pb = event_to_proto(e)
+        if replica and not pb.replica:
+            pb.replica = replica
+        out.append(pb.SerializeToString())
+    return out
+
+
+def batch_of_encoded(encoded: Sequence[bytes]) -> bytes:
+    """The EventBatch of serialized events, without decoding them: a repeated message field is
+    its elements' bytes, each behind the field's tag and its length (the protobuf wire format)."""
+    return b"".join(_BATCH_EVENTS_TAG + _varint(len(b)) + b for b in encoded)
+
+
+#: EventBatch.events: field 1, wire type 2 (length-delimited).
+_BATCH_EVENTS_TAG = bytes([1 << 3 | 2])
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n > 0x7F:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
 
 
 def batch_from_bytes(body: bytes) -> list[events_pb2.Event]:

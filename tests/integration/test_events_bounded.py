@@ -17,8 +17,8 @@ import uuid
 
 import pytest
 
-from services.adapters.cassandra.schema import HISTORY_TTL_S, MAIL_HISTORY
-from services.domain import model
+from services.adapters.cassandra.schema import HISTORY_TTL_S, MAIL_HISTORY, MAIL_HISTORY_GROUPS
+from services.domain import history_keys, model
 from services.domain.events import Actor, Event, EventType, event_id
 from stack.harness import new_keyspace, service_env, stack_dir
 from tests.inprocess import RunningApp
@@ -61,8 +61,9 @@ def capped_stream(aio_loop, running_stack):
 
 def mail_events(queue: str, n: int, start: int = 0, pad: str = "") -> list[Event]:
     actor = Actor.component("test")
-    return [Event(id=event_id(EventType.DELIVERED, queue, uuid.UUID(int=i + 1), i), time=model.utcnow(), type=EventType.DELIVERED,
-                  queue=queue, enqueue_id=uuid.UUID(int=i + 1), actor=actor, attempt=1, details={"pad": pad} if pad else {})
+    ids = history_keys.new_ids(n)
+    return [Event(id=event_id(EventType.DELIVERED, queue, ids[i - start], i), time=model.utcnow(), type=EventType.DELIVERED,
+                  queue=queue, enqueue_id=ids[i - start], actor=actor, attempt=1, details={"pad": pad} if pad else {})
             for i in range(start, start + n)]
 
 
@@ -72,13 +73,15 @@ def test_history_rows_expire_within_the_retention(browse):
     backends = browse.app.backends()
     browse.loop.run(backends.events.record(sent))
     session, ks = backends.view.session, browse.app.settings.cassandra.keyspace
-    ttls = [r[0] for e in sent for r in session.execute(
-        f"SELECT TTL(type) FROM {ks}.{MAIL_HISTORY} WHERE enqueue_id = %s", (e.enqueue_id,))]
-    # One row per event, each gone within the retention: rows = events of the last 60 s.
-    assert len(ttls) == len(sent) and all(0 < t <= RETENTION_S for t in ttls), ttls
-    (table,) = session.execute("SELECT default_time_to_live, compaction FROM system_schema.tables "
-                               "WHERE keyspace_name = %s AND table_name = %s", (ks, MAIL_HISTORY))
-    assert table.default_time_to_live == HISTORY_TTL_S and "TimeWindowCompactionStrategy" in table.compaction["class"]
+    (key,) = {history_keys.history_key(e.enqueue_id) for e in sent if e.enqueue_id}
+    ttls = [r[0] for r in session.execute(f"SELECT TTL(events) FROM {ks}.{MAIL_HISTORY_GROUPS} WHERE history_key = %s", (key,))]
+    # The 40 events of one group's write: one row, gone within the retention. Rows = writes of the last 60 s.
+    assert len(ttls) == 1 and all(0 < t <= RETENTION_S for t in ttls), ttls
+    for table_name in (MAIL_HISTORY_GROUPS, MAIL_HISTORY):  # the per-event table holds the sweep's events
+        (table,) = session.execute("SELECT default_time_to_live, compaction FROM system_schema.tables "
+                                   "WHERE keyspace_name = %s AND table_name = %s", (ks, table_name))
+        assert table.default_time_to_live == HISTORY_TTL_S and "TimeWindowCompactionStrategy" in table.compaction["class"]
+    assert [e.id for e in browse.loop.run(backends.events.history(sent[7].enqueue_id))] == [sent[7].id]
 
 
 def segments(stream: str) -> list[int]:

@@ -460,3 +460,37 @@ def test_retry_policy_throttle_and_bounce_changes_are_recorded_and_a_refused_one
     assert changes[2].details["destination"] == "slow.example" and changes[3].details["change"] == "added"
     bounced = history(secured, enqueue_id=eid)[-1]
     assert (types([bounced]), bounced.actor.role, bounced.details["rule_id"]) == (["BOUNCED"], "admin", added.rule.rule_id)
+
+
+def test_a_group_of_mails_is_a_history_row_per_write_and_a_name_row_per_group(secured):
+    # Given 60 mails of one name (a campaign's) enqueued in one EnqueueBatches call
+    from mailqueue.v1 import enqueue_pb2
+    from services.adapters.cassandra.schema import MAIL_HISTORY_GROUPS, MAIL_HISTORY_NAMES
+    from services.domain.history_keys import history_key
+
+    queue, name = new_queue(secured), f"campaign-{uuid.uuid4().hex[:6]}"
+    many = [enqueue_pb2.EnqueueManyRequest(sequence=i, request=inline(queue, simple_mail(name))) for i in range(60)]
+    answers = [r for b in stub(secured, "enqueue", "producer").EnqueueBatches(
+        iter([enqueue_pb2.EnqueueBatchesRequest(mails=many)]), timeout=60) for r in b.results]
+    ids = [uuid.UUID(r.receipt.enqueue_id) for r in answers]
+    assert len(ids) == 60 and len(set(ids)) == 60
+    # Then their 60 ENQUEUED events are a row per history key, not one per event: the mails of a
+    # group share a key; and the name is a row per key, not one per mail
+    keys = {history_key(i) for i in ids}
+    session, ks = secured.view.session, secured.keyspace
+    rows = sum(len(list(session.execute(f"SELECT written FROM {ks}.{MAIL_HISTORY_GROUPS} WHERE history_key = %s", (k,))))
+               for k in keys)
+    day = int(time.time()) // 86_400
+    name_rows = len(list(session.execute(f"SELECT at FROM {ks}.{MAIL_HISTORY_NAMES} WHERE name = %s AND day IN (%s, %s)",
+                                         (name, day - 1, day))))
+    print(f"60 mails enqueued together: {len(keys)} history keys, {rows} history rows, {name_rows} name rows")
+    assert len(keys) <= 4 and rows == len(keys) and name_rows == len(keys)
+    # And once delivered, every mail's story is whole, by its id and by the name
+    consumer = StreamConsumer(stub(secured, "dequeue", "consumer"), queue)
+    try:
+        for _ in range(60):
+            consumer.answer(consumer.next(), "SUCCESS")
+    finally:
+        consumer.close()
+    wait_until(lambda: len(history(secured, name=name)) == 180, 30, what="60 mails' ENQUEUED, HANDED_OUT, DELIVERED by name")
+    assert types(history(secured, enqueue_id=str(ids[17]))) == ["ENQUEUED", "HANDED_OUT", "DELIVERED"]

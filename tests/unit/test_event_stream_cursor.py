@@ -69,13 +69,13 @@ def test_events_recorded_together_leave_as_messages_of_bounded_count_and_size_in
                      queue="q", enqueue_id=None, actor=ANONYMOUS, reason=reason)
 
     small = [event(i) for i in range(2500)]
-    parts = _messages(small)
+    parts = [small[first:end] for first, end in _messages(small)]
     assert [len(p) for p in parts] == [MAX_PER_MESSAGE, MAX_PER_MESSAGE, 500]
     assert [e.id for p in parts for e in p] == [e.id for e in small]
     large = [event(i, "x" * 100_000) for i in range(7)]
-    assert [len(p) for p in _messages(large)] == [5, 2]  # about MESSAGE_BYTES each
-    assert all(len(batch_to_bytes(p)) < MESSAGE_BYTES * 1.5 for p in _messages(large))
-    assert _messages([]) == [] and [len(p) for p in _messages(large[:1] * 1)] == [1]
+    assert _messages(large) == [(0, 5), (5, 7)]  # about MESSAGE_BYTES each
+    assert all(len(batch_to_bytes(large[first:end])) < MESSAGE_BYTES * 1.5 for first, end in _messages(large))
+    assert _messages([]) == [] and _messages(large[:1]) == [(0, 1)]
     body = batch_to_bytes(small[:3])
     assert [event_from_proto(pb, str(i)) for i, pb in enumerate(batch_from_bytes(body))] == \
         [Event(**{**e.__dict__, "cursor": str(i)}) for i, e in enumerate(small[:3])]

@@ -78,3 +78,16 @@ def test_a_history_by_id_follows_the_moves_and_redrives_a_partition_read_each():
     assert [e.id for e in story] == [e.id for e in events] and log.reads == 3
     looped = Partitions(events)  # from c, the loop back to a: each partition read once
     assert len(asyncio.run(History(looped).of(c, None))) == 5 and looped.reads == 3  # type: ignore[arg-type]
+
+
+def test_a_batch_joined_from_encoded_events_is_the_batch_protobuf_writes():
+    # Given events, one of them over 127 bytes of text (a two-byte length on the wire), one naming no replica
+    events = [event(), event(reason="x" * 300), event(replica="")]
+    # When each is encoded once and the batch joined from those bytes
+    joined = s.batch_of_encoded(s.encode_each(events, replica="h/enqueue"))
+    # Then it is byte for byte the EventBatch protobuf serializes, and the replica is filled in where none was named
+    expected = events_pb2.EventBatch(events=[s.event_to_proto(e) for e in events])
+    expected.events[2].replica = "h/enqueue"
+    assert joined == expected.SerializeToString()
+    assert [s.event_from_proto(pb).replica for pb in s.batch_from_bytes(joined)] == ["h/dequeue", "h/dequeue", "h/enqueue"]
+    assert s.batch_of_encoded([]) == b""

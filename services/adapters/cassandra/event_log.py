@@ -2,27 +2,36 @@
 
 Storage (services/adapters/cassandra/schema.py):
 
-- ``mail_history_v1``: one partition per enqueue id, one row per event id. Reading a mail's
-  history is one partition read, whatever the queue's depth or the history's size; an event
-  written twice (a change carried out again after a crash) overwrites its own row.
-- ``mail_history_names_v1``: name -> (time, enqueue id), written with each ENQUEUED event and with
-  each MOVED or REDRIVEN one (for the id the mail landed under), newest first: a history by name
-  reads that partition (at most ``limit`` mails), then each mail's.
+- ``mail_history_groups_v1``: one partition per history key, the prefix the enqueue ids of one
+  group share (services/domain/history_keys.py); a row per write, holding that write's events of
+  the key's mails as one ``mailqueue.v1.EventBatch``. The events of a change to many mails (a
+  group enqueued, a batch handed out or answered) are one row per key, not one per event: the
+  cost of the history is per write, not per mail. Reading a mail's history is one partition read
+  (the key comes from the id), whatever the queue's depth or the history's size; an event
+  written twice (a change carried out again after a crash) is kept once by its id.
+- ``mail_history_v1``: one partition per enqueue id, one row per event: the retention sweep's
+  events (spark/executors.py writes them there, a row each), and history recorded before the
+  grouped table. A history reads both partitions at once.
+- ``mail_history_name_days_v1``: (name, day) -> the history keys holding mails of that name, newest
+  first: a row per write and key, written with the ENQUEUED events and with each MOVED or
+  REDRIVEN one (for the key of the id the mail landed under). Mails of one name enqueued together
+  are one row, and a name's rows are split by day, so a popular name (a campaign's) neither makes
+  a row per mail nor a partition without bound. A history by name reads the retention's days at
+  once, then the keys' partitions (at most ``limit``), keeping the events of that name.
 
 Bounded by TTL, not by a sweep: every row is written ``USING TTL`` the history retention
 (MAILQUEUE_HISTORY_RETENTION_S). A sweep would delete rows, and each delete is a tombstone that
 reads must skip until compaction purges it after gc_grace; a TTL'd row expires in place. The
 tables use TimeWindowCompactionStrategy with day windows: rows written on one day share SSTables
 that expire together and are dropped whole, unread, once their last row has expired, so expired
-history is never read or compacted row by row. A history partition is written a few times
-within a mail's life and read rarely: exactly the pattern TWCS serves (no overwrite across
-windows beyond a mail's retries).
+history is never read or compacted row by row.
 
-Batching: ``record`` calls that meet in one event-loop turn share requests. Their rows leave as
-UNLOGGED batches of at most ``BATCH_STATEMENTS`` statements and about ``BATCH_BYTES`` (under
-Cassandra's cross-partition (10) and size (5 KiB) warning thresholds: each batch spans
-partitions), all sent at once: never a round trip per event. Each caller waits for the batches
-holding its rows, and gets BackendUnavailable if one failed.
+Batching: ``record`` calls that meet in one event-loop turn share requests: their events of one
+history key are one row, and small rows leave as UNLOGGED batches of at most
+``BATCH_STATEMENTS`` statements and about ``BATCH_BYTES`` (under Cassandra's cross-partition (10)
+and size (5 KiB) warning thresholds), a larger row alone, all sent at once: never a round trip
+per event. Each caller waits for the requests holding its rows, and gets BackendUnavailable if
+one failed.
 
 Composition: after the history, ``record`` awaits each extra sink given at construction (the
 event stream), in order; it returns once every sink has taken the events. (Both at once was
@@ -41,14 +50,18 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from cassandra.cluster import Session
-from cassandra.query import UNSET_VALUE, BatchStatement, BatchType
+from cassandra.query import BatchStatement, BatchType
 from prometheus_client import Histogram
 
-from services.adapters.cassandra.schema import MAIL_HISTORY, MAIL_HISTORY_NAMES
+from services.adapters.cassandra.schema import MAIL_HISTORY, MAIL_HISTORY_GROUPS, MAIL_HISTORY_NAMES
 from services.adapters.cassandra.session import execute
 from services.adapters.cassandra.statement_kinds import batch_kind
-from services.domain.events import Actor, Event, EventType, landed_id, ordered, text_bytes
+from services.contract import events_serde
+from services.domain import model
+from services.domain.events import Actor, Event, EventType, landed_id, ordered
+from services.domain.history_keys import history_key
 
+DAY_S = 86_400
 #: Statements per request at most (Cassandra warns past 10 partitions in an unlogged batch).
 BATCH_STATEMENTS = 8
 #: Bytes of values per request, about (Cassandra warns past a 5 KiB batch).
@@ -63,11 +76,11 @@ BATCH_SIZE = Histogram(
 class EventSink(Protocol):
     """Somewhere else events go after the history (the event stream): ``record`` returns once they are taken."""
 
-    async def record(self, events: Sequence[Event]) -> None: ...
+    async def record(self, events: Sequence[Event], encoded: Sequence[bytes] | None = None) -> None: ...
 
 
 _Row = tuple[Any, tuple[Any, ...], int]
-_Waiting = tuple[list[_Row], "asyncio.Future[None]"]
+_Waiting = tuple[dict[uuid.UUID, list[bytes]], dict[tuple[str, uuid.UUID], dt.datetime], "asyncio.Future[None]"]
 
 
 class CassandraEventLog:
@@ -75,20 +88,20 @@ class CassandraEventLog:
                  sinks: Sequence[EventSink] = ()) -> None:
         self._session = session
         self._ttl = retention_s
+        self._days = retention_s // DAY_S + 2  # the days a name's rows can be in (and one of clock skew)
         self._sinks = tuple(sinks)
         #: The process that records (host name and service) when an event names none.
         self.replica = replica or socket.gethostname()
-        self._insert = session.prepare(
-            f"INSERT INTO {keyspace}.{MAIL_HISTORY} (enqueue_id, event_id, at, type, queue_name, name, sender, attempt, "
-            "reason, replica, actor_kind, actor_role, actor_identity, traceparent, details) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) USING TTL ?"
+        self._insert_group = session.prepare(
+            f"INSERT INTO {keyspace}.{MAIL_HISTORY_GROUPS} (history_key, written, events) VALUES (?, now(), ?) USING TTL ?"
         )
         self._insert_name = session.prepare(
-            f"INSERT INTO {keyspace}.{MAIL_HISTORY_NAMES} (name, at, enqueue_id, queue_name) VALUES (?, ?, ?, ?) USING TTL ?"
+            f"INSERT INTO {keyspace}.{MAIL_HISTORY_NAMES} (name, day, at, history_key) VALUES (?, ?, ?, ?) USING TTL ?"
         )
         self._select = session.prepare(f"SELECT * FROM {keyspace}.{MAIL_HISTORY} WHERE enqueue_id = ?")
+        self._select_group = session.prepare(f"SELECT events FROM {keyspace}.{MAIL_HISTORY_GROUPS} WHERE history_key = ?")
         self._select_names = session.prepare(
-            f"SELECT enqueue_id FROM {keyspace}.{MAIL_HISTORY_NAMES} WHERE name = ? LIMIT ?"
+            f"SELECT history_key FROM {keyspace}.{MAIL_HISTORY_NAMES} WHERE name = ? AND day = ? LIMIT ?"
         )
         self._waiting: list[_Waiting] = []
         self._scheduled = False
@@ -99,59 +112,68 @@ class CassandraEventLog:
         """Durable in the history, then taken by each sink; BackendUnavailable otherwise. In that
         order, not at once: a history that cannot be written (Cassandra down) leaves nothing in
         the stream either, so a change that is then not carried out has no event anywhere."""
-        rows = [row for e in events if e.enqueue_id is not None for row in self._rows(e)]
-        if rows:
+        encoded = events_serde.encode_each(events, self.replica)  # once, for the history and the stream
+        keyed: dict[uuid.UUID, list[bytes]] = {}
+        names: dict[tuple[str, uuid.UUID], dt.datetime] = {}  # (name, history key) -> when
+        for e, body in zip(events, encoded, strict=True):
+            if e.enqueue_id is None:
+                continue
+            key = history_key(e.enqueue_id)
+            keyed.setdefault(key, []).append(body)
+            if e.name and e.type is EventType.ENQUEUED:
+                names.setdefault((e.name, key), e.time)
+            landed = landed_id(e)
+            if landed is not None and e.name:  # the name's mails include the copy a move or redrive made
+                names.setdefault((e.name, history_key(landed)), e.time)
+        if keyed:
             loop = asyncio.get_running_loop()
             done: asyncio.Future[None] = loop.create_future()
             done.add_done_callback(_retrieved)
-            self._waiting.append((rows, done))
+            self._waiting.append((keyed, names, done))
             if not self._scheduled:
                 self._scheduled = True
                 loop.call_soon(self._send)
-            await asyncio.shield(done)  # a cancelled caller does not cancel the others' batches
+            await done  # a cancelled caller cancels its own answer, never the requests others wait for
         for sink in self._sinks:
-            await sink.record(events)
-
-    def _rows(self, e: Event) -> list[_Row]:
-        # Absent values are left unset, never null (a null cell is a tombstone).
-        values = (e.enqueue_id, e.id, e.time, e.type.value, *map(_set, (e.queue, e.name, e.sender)), e.attempt,
-                  *map(_set, (e.reason, e.replica or self.replica, e.actor.kind, e.actor.role, e.actor.identity,
-                              e.traceparent, dict(e.details))), self._ttl)
-        size = 200 + text_bytes(e)
-        rows: list[_Row] = [(self._insert, values, size)]
-        if e.type is EventType.ENQUEUED and e.name:
-            rows.append((self._insert_name, (e.name, e.time, e.enqueue_id, e.queue, self._ttl), 80 + len(e.name)))
-        landed = landed_id(e)
-        if landed is not None and e.name:  # the name's mails include the copy a move or redrive made
-            rows.append((self._insert_name, (e.name, e.time, landed, e.details.get("to_queue", ""), self._ttl), 80 + len(e.name)))
-        return rows
+            await sink.record(events, encoded)
 
     def _send(self) -> None:
+        """The events of every caller of this loop turn: one row per history key (callers that
+        meet on a key share its row), plus the name rows; small rows packed into unlogged
+        batches, a large one alone; each caller answered when the requests holding its rows are."""
         self._scheduled = False
         waiting, self._waiting = self._waiting, []
-        batches: list[list[_Row]] = [[]]
-        size = 0
-        holding: list[list[int]] = []  # per caller, the batches that hold its rows
-        for rows, _ in waiting:
-            mine: list[int] = []
-            for row in rows:
-                if batches[-1] and (len(batches[-1]) >= BATCH_STATEMENTS or size + row[2] > BATCH_BYTES):
-                    batches.append([])
-                    size = 0
-                batches[-1].append(row)
-                size += row[2]
-                if not mine or mine[-1] != len(batches) - 1:
-                    mine.append(len(batches) - 1)
-            holding.append(mine)
+        keyed: dict[uuid.UUID, tuple[list[bytes], list[int]]] = {}
+        named: dict[tuple[str, uuid.UUID], tuple[dt.datetime, list[int]]] = {}
+        for c, (by_key, names, _) in enumerate(waiting):
+            for key, events in by_key.items():
+                held = keyed.setdefault(key, ([], []))
+                held[0].extend(events)
+                held[1].append(c)
+            for name_key, at in names.items():
+                named.setdefault(name_key, (at, []))[1].append(c)
+        rows: list[tuple[_Row, list[int]]] = []
+        for (name, key), (at, callers) in named.items():
+            rows.append(((self._insert_name, (name, day_of(at), at, key, self._ttl), 80 + len(name)), callers))
+        for key, (encoded, callers) in keyed.items():
+            body = events_serde.batch_of_encoded(encoded)
+            rows.append(((self._insert_group, (key, body, self._ttl), 40 + len(body)), callers))
+        requests: list[list[_Row]] = []
+        holders: list[set[int]] = []
+        size = BATCH_BYTES
+        for row, callers in rows:
+            if len(requests[-1] if requests else ()) >= BATCH_STATEMENTS or size + row[2] > BATCH_BYTES:
+                requests.append([])
+                holders.append(set())
+                size = 0
+            requests[-1].append(row)
+            holders[-1].update(callers)
+            size += row[2]
+        answers = [_Caller(done, sum(c in h for h in holders)) for c, (_, _, done) in enumerate(waiting)]
         loop = asyncio.get_running_loop()
-        callers = [_Caller(done, len(mine)) for mine, (_, done) in zip(holding, waiting, strict=True)]
-        held_by: list[list[_Caller]] = [[] for _ in batches]
-        for mine, caller in zip(holding, callers, strict=True):
-            for i in mine:
-                held_by[i].append(caller)
-        for batch, holders in zip(batches, held_by, strict=True):
-            task = self._keep(loop.create_task(self._write(batch)))
-            task.add_done_callback(functools.partial(_settle, holders=holders))
+        for request, held in zip(requests, holders, strict=True):
+            task = self._keep(loop.create_task(self._write(request)))
+            task.add_done_callback(functools.partial(_settle, holders=[answers[c] for c in held]))
 
     def _keep(self, task: asyncio.Task[None]) -> asyncio.Task[None]:
         self._tasks.add(task)
@@ -171,15 +193,49 @@ class CassandraEventLog:
 
     # ------------------------------------------------------------------ reading
     async def history(self, enqueue_id: uuid.UUID) -> list[Event]:
-        """The mail's events, oldest first: one partition read."""
-        return ordered([_event(r) for r in await execute(self._session, self._select, (enqueue_id,))])
+        """The mail's events, oldest first: its history key's partition (the events the services
+        recorded), and its own partition of the per-event table (the sweep's), read at once; an
+        event written twice is kept once."""
+        grouped, single = await asyncio.gather(
+            execute(self._session, self._select_group, (history_key(enqueue_id),)),
+            execute(self._session, self._select, (enqueue_id,)),
+        )
+        mine = str(enqueue_id)
+        found = {e.id: e for r in grouped for e in _events_of(r.events, enqueue_id=mine)}
+        found.update((e.id, e) for e in map(_event, single))
+        return ordered(list(found.values()))
 
     async def history_by_name(self, name: str, limit: int = 100) -> list[Event]:
-        """The events of the (at most ``limit``, newest) mails of a name, oldest first."""
-        rows = await execute(self._session, self._select_names, (name, limit))
-        ids = list(dict.fromkeys(r.enqueue_id for r in rows))
-        histories = await asyncio.gather(*(self.history(i) for i in ids))
-        return ordered([e for h in histories for e in h])
+        """The events of the (at most ``limit``, newest) mails of a name, oldest first: the name's
+        days of the retention, read at once; then the history keys they name (at most ``limit``);
+        then the sweep's events of those mails."""
+        today = day_of(model.utcnow())
+        days = await asyncio.gather(*(execute(self._session, self._select_names, (name, today - d, limit))
+                                      for d in range(self._days)))
+        keys = list(dict.fromkeys(r.history_key for rows in days for r in rows))[:limit]
+        parts = await asyncio.gather(*(execute(self._session, self._select_group, (k,)) for k in keys))
+        found = {e.id: e for rows in parts for r in rows for e in _events_of(r.events, name=name)}
+        first: dict[uuid.UUID, dt.datetime] = {}
+        for e in found.values():
+            if e.enqueue_id is not None and (e.enqueue_id not in first or e.time < first[e.enqueue_id]):
+                first[e.enqueue_id] = e.time
+        mails = sorted(first, key=lambda i: first[i], reverse=True)[:limit]
+        singles = await asyncio.gather(*(execute(self._session, self._select, (i,)) for i in mails))
+        kept = set(mails)
+        events = {i: e for i, e in found.items() if e.enqueue_id in kept}
+        events.update((e.id, e) for rows in singles for e in map(_event, rows))
+        return ordered(list(events.values()))
+
+
+def day_of(at: dt.datetime) -> int:
+    """Days since the epoch (UTC): a name's partition of the day."""
+    return int(at.timestamp()) // DAY_S
+
+
+def _events_of(body: bytes, enqueue_id: str = "", name: str = "") -> list[Event]:
+    """The events of a history row of one mail (``enqueue_id``) or of one name."""
+    return [events_serde.event_from_proto(pb) for pb in events_serde.batch_from_bytes(body)
+            if (pb.enqueue_id == enqueue_id if enqueue_id else pb.name == name)]
 
 
 def _event(r: Any) -> Event:
@@ -214,10 +270,6 @@ def _settle(batch: asyncio.Task[None], holders: list[_Caller]) -> None:
             c.left -= 1
             if c.left == 0:
                 c.done.set_result(None)
-
-
-def _set(value: Any) -> Any:
-    return value if value not in ("", {}) else UNSET_VALUE
 
 
 def _retrieved(done: asyncio.Future[None]) -> None:

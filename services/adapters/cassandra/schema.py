@@ -38,7 +38,8 @@ BLOBS = table("blobs")
 SHAPING = table("traffic_shaping")
 SHAPING_FAILURES = table("shaping_failures")
 MAIL_HISTORY = table("mail_history")
-MAIL_HISTORY_NAMES = table("mail_history_names")
+MAIL_HISTORY_NAMES = table("mail_history_name_days")
+MAIL_HISTORY_GROUPS = table("mail_history_groups")
 
 #: The history tables' TTL when a write names none (MAILQUEUE_HISTORY_RETENTION_S, 7 days, names it per write).
 HISTORY_TTL_S = 7 * 24 * 3600
@@ -153,13 +154,19 @@ TABLES = [
     ) WITH default_time_to_live = {HISTORY_TTL_S} AND gc_grace_seconds = {HISTORY_GC_GRACE_S}
       AND compaction = {_HISTORY_COMPACTION}
       AND comment = 'Every event of a mail (services/domain/events.py), one partition per enqueue id: a history costs one partition read at any depth. A change written twice has one event id, so one row. Each row with a TTL of the history retention; never deleted (TWCS drops expired days whole).'""",
+    f"""CREATE TABLE IF NOT EXISTS {{ks}}.{MAIL_HISTORY_GROUPS} (
+        history_key uuid, written timeuuid, events blob,
+        PRIMARY KEY ((history_key), written)
+    ) WITH default_time_to_live = {HISTORY_TTL_S} AND gc_grace_seconds = {HISTORY_GC_GRACE_S}
+      AND compaction = {_HISTORY_COMPACTION}
+      AND comment = 'The events the services record, one partition per history key (the shared prefix of the enqueue ids of a group, services/domain/history_keys.py): a row per write, holding the events of that write for the mails of the key (a mailqueue.v1.EventBatch). A mail history is one partition read; each row with a TTL of the history retention; never deleted.'""",
     f"""CREATE TABLE IF NOT EXISTS {{ks}}.{MAIL_HISTORY_NAMES} (
-        name text, at timestamp, enqueue_id uuid, queue_name text,
-        PRIMARY KEY ((name), at, enqueue_id)
-    ) WITH CLUSTERING ORDER BY (at DESC, enqueue_id ASC)
+        name text, day int, at timestamp, history_key uuid,
+        PRIMARY KEY ((name, day), at, history_key)
+    ) WITH CLUSTERING ORDER BY (at DESC, history_key ASC)
       AND default_time_to_live = {HISTORY_TTL_S} AND gc_grace_seconds = {HISTORY_GC_GRACE_S}
       AND compaction = {_HISTORY_COMPACTION}
-      AND comment = 'The mails of a name, newest first (GetMailHistory by name): a row per enqueue, written with its ENQUEUED event, with the same TTL as mail_history_v1.'""",
+      AND comment = 'The history keys holding the mails of a name, newest first, one partition per name and day (days since the epoch, UTC): a row per write and key (mails of one name enqueued together are one row), so no name makes a partition grow without bound. GetMailHistory by name reads the days of the retention at once. Same TTL as mail_history_groups_v1.'""",
     f"""CREATE TABLE IF NOT EXISTS {{ks}}.{WEBHOOK_CHECKPOINTS} (
         endpoint text PRIMARY KEY, cursor text, updated timestamp
     ) WITH comment = 'Per webhook endpoint: the event-stream cursor of the last event it took (webhook_svc resumes after it). Overwritten in place, never deleted: no tombstones.'""",

@@ -59,7 +59,7 @@ class RabbitMQEventStream:
         #: False once a declaration was refused (dequeue_svc's user may not configure).
         self._may_configure = True
         #: The record calls whose events wait for the next publish, and the task publishing.
-        self._waiting: list[tuple[Sequence[Event], asyncio.Future[None]]] = []
+        self._waiting: list[tuple[Sequence[Event], Sequence[bytes], asyncio.Future[None]]] = []
         self._sending: asyncio.Task[None] | None = None
 
     def arguments(self) -> dict[str, Any]:
@@ -118,20 +118,23 @@ class RabbitMQEventStream:
             if channel.is_open:
                 channel.close()
 
-    async def publish(self, events: Sequence[Event]) -> None:
+    async def publish(self, events: Sequence[Event], encoded: Sequence[bytes] | None = None) -> None:
         """Returns once the broker confirmed every event; BackendUnavailable (PublishersBlocked
-        while the broker blocks publishers) otherwise, and a retry publishes the same event ids."""
+        while the broker blocks publishers) otherwise, and a retry publishes the same event ids.
+        ``encoded``: the events already serialized (events_serde.encode_each), in order."""
         await self.declare()
+        if encoded is None:
+            encoded = events_serde.encode_each(events)
         try:
             await self._broker.publish_batch(self.name, "", [
-                message_format.Encoded(events_serde.batch_to_bytes(part), {}, part[0].id, type=BATCH_TYPE)
-                for part in _messages(events)])
+                message_format.Encoded(events_serde.batch_of_encoded(encoded[first:end]), {}, events[first].id, type=BATCH_TYPE)
+                for first, end in _messages(events)])
         except BackendUnavailable as e:
             if "NOT_FOUND" in str(e) or "unroutable" in str(e):
                 self._declared = False  # removed since (an operator, a reset): declared again next time
             raise
 
-    async def record(self, events: Sequence[Event]) -> None:
+    async def record(self, events: Sequence[Event], encoded: Sequence[bytes] | None = None) -> None:
         """As a sink of the event log (services/adapters/cassandra/event_log.py): published with
         the events of the other callers that meet it (see the module's docstring); returns once
         the broker confirmed them, BackendUnavailable otherwise."""
@@ -140,10 +143,10 @@ class RabbitMQEventStream:
         loop = asyncio.get_running_loop()
         done: asyncio.Future[None] = loop.create_future()
         done.add_done_callback(_retrieved)
-        self._waiting.append((events, done))
+        self._waiting.append((events, encoded or events_serde.encode_each(events), done))
         if self._sending is None:
             self._sending = loop.create_task(self._send())
-        await asyncio.shield(done)  # a cancelled caller does not cancel the others' publish
+        await done  # a cancelled caller cancels its own answer, never the publish others wait for
 
     async def _send(self) -> None:
         """Publish what waits, one group after the other, until nothing does."""
@@ -152,18 +155,19 @@ class RabbitMQEventStream:
             while self._waiting:
                 group, self._waiting = self._waiting, []
                 try:
-                    await self.publish([e for events, _ in group for e in events])
+                    await self.publish([e for events, _, _ in group for e in events],
+                                       [b for _, encoded, _ in group for b in encoded])
                 except Exception as e:  # noqa: BLE001 - every caller of the group gets the failure
-                    for _, done in group:
+                    for _, _, done in group:
                         if not done.done():
                             done.set_exception(e)
                 except BaseException:  # cancelled (the service stops): no caller waits for ever
-                    for _, done in (*group, *self._waiting):
+                    for _, _, done in (*group, *self._waiting):
                         done.cancel()
                     self._waiting = []
                     raise
                 else:
-                    for _, done in group:
+                    for _, _, done in group:
                         if not done.done():
                             done.set_result(None)
         finally:
@@ -218,18 +222,19 @@ class RabbitMQEventStream:
             return []
 
 
-def _messages(events: Sequence[Event]) -> list[Sequence[Event]]:
-    """``events`` in order, cut into messages of at most MAX_PER_MESSAGE events and about MESSAGE_BYTES."""
-    parts: list[Sequence[Event]] = []
+def _messages(events: Sequence[Event]) -> list[tuple[int, int]]:
+    """``events`` in order, cut into messages of at most MAX_PER_MESSAGE events and about
+    MESSAGE_BYTES: each message's (first, end) indexes."""
+    parts: list[tuple[int, int]] = []
     first, size = 0, 0
     for i, e in enumerate(events):
         weight = 300 + text_bytes(e)
         if i > first and (i - first >= event_stream.MAX_PER_MESSAGE or size + weight > MESSAGE_BYTES):
-            parts.append(events[first:i])
+            parts.append((first, i))
             first, size = i, 0
         size += weight
     if first < len(events):
-        parts.append(events[first:])
+        parts.append((first, len(events)))
     return parts
 
 
