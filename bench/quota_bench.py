@@ -30,6 +30,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import os
+import subprocess
+import sys
 import time
 from typing import Any
 
@@ -132,7 +136,7 @@ def fairness(a: argparse.Namespace) -> None:
     from bench.common import PORTS, bench_queue, metric, new_keyspace, settle, start_services, stop
     from mailqueue.v1 import admin_pb2, admin_pb2_grpc, enqueue_pb2, enqueue_pb2_grpc, mail_pb2, quotas_pb2
 
-    tokens = f"producer@acme:{ACME},producer@beta:{BETA},operator:{OPERATOR}"
+    tokens = f"producer@acme:{ACME},producer@beta:{BETA},admin:{OPERATOR}"
     procs = start_services(new_keyspace(), ["blob", "enqueue", "browse"], metrics={"enqueue": eb.ENQUEUE_METRICS},
                            extra={"MAILQUEUE_TOKENS": tokens})
     auth = {who: (("authorization", f"Bearer {token}"),) for who, token in (("acme", ACME), ("beta", BETA), ("op", OPERATOR))}
@@ -168,28 +172,31 @@ def fairness(a: argparse.Namespace) -> None:
         await asyncio.gather(*calls)
         return latencies, codes
 
-    async def round_(case: str) -> tuple[list[float], list[str], list[str]]:
+    async def round_(case: str) -> tuple[list[float], list[str], list[str], float]:
+        """Beta's calls from this process; acme's from a process of its own (as another tenant's
+        client would be: its client work does not slow beta's); enqueue_svc's CPU over the round."""
+        acme_rate = {"alone": 0.0, "acme at its rate": a.acme_rate * 0.9, "acme over": a.acme_rate * a.over}[case]
+        acme = subprocess.Popen([sys.executable, "-m", "bench.quota_bench", "--acme-load", str(acme_rate), "--queue", queue,
+                                 "--seconds", str(a.seconds)], stdout=subprocess.PIPE, text=True) if acme_rate else None
+        cpu = cpu_s(procs[1].pid)
         async with grpc.aio.insecure_channel(f"127.0.0.1:{PORTS['enqueue']}") as channel:
-            stub = enqueue_pb2_grpc.EnqueueServiceStub(channel)
-            acme_rate = {"alone": 0.0, "acme at its rate": a.acme_rate * 0.9, "acme over": a.acme_rate * a.over}[case]
-            runs = [paced(stub, "beta", a.beta_rate, a.seconds)]
-            if acme_rate:
-                runs.append(paced(stub, "acme", acme_rate, a.seconds))
-            out = await asyncio.gather(*runs)
-            lat, codes = out[0]
-            return lat, codes, out[1][1] if acme_rate else []
+            lat, codes = await paced(enqueue_pb2_grpc.EnqueueServiceStub(channel), "beta", a.beta_rate, a.seconds)
+        acme_codes = json.loads(acme.communicate(timeout=120)[0]) if acme else []
+        return lat, codes, acme_codes, cpu_s(procs[1].pid) - cpu
 
     cases = ("alone", "acme at its rate", "acme over")
     beta: dict[str, list[float]] = {c: [] for c in cases}
     per_round: dict[str, list[float]] = {c: [] for c in cases}
     beta_refused: dict[str, int] = dict.fromkeys(cases, 0)
     acme_refused: dict[str, int] = dict.fromkeys(cases, 0)
+    enqueue_cpu: dict[str, float] = dict.fromkeys(cases, 0.0)
     try:
         settle("fairness", SETTLE_S)
         asyncio.run(paced_warmup(a, paced))
         for r in range(a.rounds):
             for case in cases[r % 3:] + cases[:r % 3]:  # each case first, second and third in turn
-                lat, codes, acme_codes = asyncio.run(round_(case))
+                lat, codes, acme_codes, cpu = asyncio.run(round_(case))
+                enqueue_cpu[case] += cpu
                 beta[case].extend(lat)
                 per_round[case].append(p99(lat))
                 beta_refused[case] += codes.count("RESOURCE_EXHAUSTED")
@@ -200,12 +207,57 @@ def fairness(a: argparse.Namespace) -> None:
         stop(procs)
     print(f"\nbeta {a.beta_rate:.0f} mails/s (10 KiB, unary, paced), acme's rate {a.acme_rate:.0f}/s; {a.rounds} rounds of "
           f"{a.seconds:.0f} s per case, the cases rotated")
-    print("| case | beta mails | beta p50 ms | beta p99 ms | of alone | median of per-round p99 ms | beta refused | acme refused |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| case | beta mails | beta p50 ms | beta p99 ms | of alone | median of per-round p99 ms | beta refused | acme refused "
+          "| enqueue_svc CPU, share of a core |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for case in cases:
         print(f"| {case} | {len(beta[case])} | {1000 * pct(beta[case], 0.5):.1f} | {1000 * p99(beta[case]):.1f} | "
               f"{p99(beta[case]) / p99(beta['alone']):.3f} | {1000 * sorted(per_round[case])[len(per_round[case]) // 2]:.1f} | "
-              f"{beta_refused[case]} | {acme_refused[case]} |")
+              f"{beta_refused[case]} | {acme_refused[case]} | {enqueue_cpu[case] / (a.rounds * a.seconds):.2f} |")
+
+
+def cpu_s(pid: int) -> float:
+    """User and system CPU seconds of a process so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def acme_load(a: argparse.Namespace) -> None:
+    """``--acme-load RATE``: acme's paced unary Enqueues for ``--seconds``; prints the codes of the
+    calls that failed, as JSON."""
+    import grpc
+
+    from bench import enqueue_bench as eb
+    from bench.common import PORTS
+    from mailqueue.v1 import enqueue_pb2, enqueue_pb2_grpc, mail_pb2
+
+    mail = mail_pb2.Mail(name="fair-acme", sender="a@example.com", recipients=["b@example.org"])
+    auth = (("authorization", f"Bearer {ACME}"),)
+
+    async def run() -> list[str]:
+        codes: list[str] = []
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{PORTS['enqueue']}") as channel:
+            stub = enqueue_pb2_grpc.EnqueueServiceStub(channel)
+
+            async def one(i: int) -> None:
+                try:
+                    await stub.Enqueue(enqueue_pb2.EnqueueRequest(queue=a.queue, mail=mail, inline_content=eb.content(i, 10_240)),
+                                       metadata=auth, timeout=30)
+                except grpc.aio.AioRpcError as e:
+                    codes.append(e.code().name)
+
+            loop, calls = asyncio.get_running_loop(), []
+            start = loop.time()
+            for i in range(int(a.acme_load * a.seconds)):
+                wait = start + i / a.acme_load - loop.time()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                calls.append(asyncio.ensure_future(one(i)))
+            await asyncio.gather(*calls)
+        return codes
+
+    print(json.dumps(asyncio.run(run())))
 
 
 async def paced_warmup(a: argparse.Namespace, paced: Any) -> None:
@@ -250,7 +302,12 @@ def main() -> None:
     p.add_argument("--beta-rate", type=float, default=100)
     p.add_argument("--acme-rate", type=float, default=20)
     p.add_argument("--over", type=float, default=10)
+    p.add_argument("--acme-load", type=float, default=0.0, help=argparse.SUPPRESS)
+    p.add_argument("--queue", default="", help=argparse.SUPPRESS)
     a = p.parse_args()
+    if a.acme_load:
+        acme_load(a)
+        return
     if a.fairness:
         from bench.common import run
 
