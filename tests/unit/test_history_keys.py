@@ -20,8 +20,15 @@ def test_the_ids_stay_random_version_4_uuids():
     assert sorted(ids) != ids or len(ids) < 2  # the low bits are drawn, not counted
 
 
+def test_the_ids_of_a_group_differ_in_their_first_characters():
+    # mailq prints and accepts 8-character prefixes: a group's mails keep distinct ones
+    ids = new_ids(PER_KEY)
+    assert len({str(i)[:8] for i in ids}) == len(ids)
+    assert len({str(i)[9:] for i in ids}) == 1  # the rest is the group's
+
+
 def test_any_id_has_a_key_and_a_key_is_its_own():
     lone = uuid.uuid4()
-    assert history_key(lone).int == lone.int & ~((1 << 32) - 1)
+    assert history_key(lone).int == lone.int & ((1 << 96) - 1)
     assert history_key(history_key(lone)) == history_key(lone)
     assert new_ids(0) == []

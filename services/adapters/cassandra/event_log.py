@@ -2,7 +2,7 @@
 
 Storage (services/adapters/cassandra/schema.py):
 
-- ``mail_history_groups_v1``: one partition per history key, the prefix the enqueue ids of one
+- ``mail_history_groups_v1``: one partition per history key, the 96 bits the enqueue ids of one
   group share (services/domain/history_keys.py); a row per write, holding that write's events of
   the key's mails as one ``mailqueue.v1.EventBatch``. The events of a change to many mails (a
   group enqueued, a batch handed out or answered) are one row per key, not one per event: the
@@ -54,7 +54,7 @@ from cassandra.query import BatchStatement, BatchType
 from prometheus_client import Histogram
 
 from services.adapters.cassandra.schema import MAIL_HISTORY, MAIL_HISTORY_GROUPS, MAIL_HISTORY_NAMES
-from services.adapters.cassandra.session import execute
+from services.adapters.cassandra.session import execute, execute_all
 from services.adapters.cassandra.statement_kinds import batch_kind
 from services.contract import events_serde
 from services.domain import model
@@ -197,7 +197,7 @@ class CassandraEventLog:
         recorded), and its own partition of the per-event table (the sweep's), read at once; an
         event written twice is kept once."""
         grouped, single = await asyncio.gather(
-            execute(self._session, self._select_group, (history_key(enqueue_id),)),
+            execute_all(self._session, self._select_group, (history_key(enqueue_id),)),  # a row per write: may be pages
             execute(self._session, self._select, (enqueue_id,)),
         )
         mine = str(enqueue_id)
@@ -211,9 +211,9 @@ class CassandraEventLog:
         then the sweep's events of those mails."""
         today = day_of(model.utcnow())
         days = await asyncio.gather(*(execute(self._session, self._select_names, (name, today - d, limit))
-                                      for d in range(self._days)))
+                                      for d in range(-1, self._days)))  # from tomorrow: a writer's clock ahead
         keys = list(dict.fromkeys(r.history_key for rows in days for r in rows))[:limit]
-        parts = await asyncio.gather(*(execute(self._session, self._select_group, (k,)) for k in keys))
+        parts = await asyncio.gather(*(execute_all(self._session, self._select_group, (k,)) for k in keys))
         found = {e.id: e for rows in parts for r in rows for e in _events_of(r.events, name=name)}
         first: dict[uuid.UUID, dt.datetime] = {}
         for e in found.values():
