@@ -11,7 +11,7 @@ from tests.soak import soak
 pytestmark = [pytest.mark.outage, pytest.mark.timeout(900)]
 
 #: Seconds of traffic before the disturbances, and again after them.
-PHASE_S = 10.0
+PHASE_S = 20.0
 #: Seconds of traffic after the recovery that are not measured: the backends' own warm-up after a
 #: restart (every call in them is still judged).
 SETTLE_S = 20.0
