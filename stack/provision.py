@@ -116,6 +116,33 @@ def _cassandra_session(hosts: str | list[str], port: int, ca: str, username: str
     return cluster, cluster.connect()
 
 
+#: How long a new cluster may take to let its default superuser log in.
+DEFAULT_SUPERUSER_WAIT_S = 150.0
+
+
+def _default_superuser(host: str, port: int, ca: str):  # noqa: ANN202 - (Cluster, Session)
+    """A session as the default superuser of a new cluster, once it may log in. A node of a ring
+    still forming creates that role late, and a login tried before caches its absence for up to
+    the roles cache's validity (60 s): "cassandra is not permitted to log in" (seen once on a
+    clean-clone run's 3-node cluster). So the login is retried, every 5 s, for
+    DEFAULT_SUPERUSER_WAIT_S."""
+    import time
+
+    from cassandra import AuthenticationFailed
+    from cassandra.cluster import NoHostAvailable
+
+    deadline = time.monotonic() + DEFAULT_SUPERUSER_WAIT_S
+    while True:
+        try:
+            return _cassandra_session(host, port, ca, "cassandra", "cassandra")
+        except (NoHostAvailable, AuthenticationFailed) as e:
+            if time.monotonic() > deadline:
+                raise
+            print(f"[stack] cassandra: the default superuser may not log in yet, retrying in 5 s ({str(e)[:160]})",
+                  file=sys.stderr, flush=True)
+            time.sleep(5)
+
+
 def cassandra(folder: str, address: str, ca: str, replication: int) -> None:
     """The roles, their passwords, the schema role's CREATE; the default superuser dropped."""
     from cassandra import AuthenticationFailed
@@ -127,7 +154,7 @@ def cassandra(folder: str, address: str, ca: str, replication: int) -> None:
         cluster, session = _cassandra_session(host, int(port), ca, operator, password)
     except (NoHostAvailable, AuthenticationFailed):
         # A new cluster: only the default superuser exists. Make ours with it, then leave it.
-        cluster, session = _cassandra_session(host, int(port), ca, "cassandra", "cassandra")
+        cluster, session = _default_superuser(host, int(port), ca)
         if replication > 1:
             session.execute("ALTER KEYSPACE system_auth WITH replication = "
                             f"{{'class': 'NetworkTopologyStrategy', 'datacenter1': {replication}}}", timeout=60)
