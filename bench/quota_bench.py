@@ -134,44 +134,19 @@ def fairness(a: argparse.Namespace) -> None:
 
     from bench import enqueue_bench as eb
     from bench.common import PORTS, bench_queue, metric, new_keyspace, settle, start_services, stop
-    from mailqueue.v1 import admin_pb2, admin_pb2_grpc, enqueue_pb2, enqueue_pb2_grpc, mail_pb2, quotas_pb2
+    from mailqueue.v1 import admin_pb2, admin_pb2_grpc, quotas_pb2
 
     tokens = f"producer@acme:{ACME},producer@beta:{BETA},admin:{OPERATOR}"
     procs = start_services(new_keyspace(), ["blob", "enqueue", "browse"], metrics={"enqueue": eb.ENQUEUE_METRICS},
                            extra={"MAILQUEUE_TOKENS": tokens})
-    auth = {who: (("authorization", f"Bearer {token}"),) for who, token in (("acme", ACME), ("beta", BETA), ("op", OPERATOR))}
+    operator = (("authorization", f"Bearer {OPERATOR}"),)
     admin = admin_pb2_grpc.AdminServiceStub(grpc.insecure_channel(f"127.0.0.1:{PORTS['browse']}"))
     queue = bench_queue("bench-fair")
-    admin.CreateQueue(admin_pb2.CreateQueueRequest(queue=queue), metadata=auth["op"])
+    admin.CreateQueue(admin_pb2.CreateQueueRequest(queue=queue), metadata=operator)
     for tenant, rate in (("acme", a.acme_rate), ("beta", 1e6)):
         q = quotas_pb2.Quota(kind=quotas_pb2.QUOTA_KIND_TENANT, subject=tenant, mails_per_s=rate, burst_mails=max(1, int(rate / 4)))
-        admin.SetQuota(admin_pb2.SetQuotaRequest(quota=q), metadata=auth["op"])
+        admin.SetQuota(admin_pb2.SetQuotaRequest(quota=q), metadata=operator)
     wait_metric(lambda: metric(eb.ENQUEUE_METRICS, "mailqueue_quota_limit", kind="tenant", subject="acme") == a.acme_rate)
-    mail = mail_pb2.Mail(name="fair", sender="a@example.com", recipients=["b@example.org"])
-
-    async def paced(stub: Any, who: str, rate: float, seconds: float) -> tuple[list[float], list[str]]:
-        loop = asyncio.get_running_loop()
-        latencies: list[float] = []
-        codes: list[str] = []
-
-        async def one(i: int) -> None:
-            began = time.perf_counter()
-            try:
-                await stub.Enqueue(enqueue_pb2.EnqueueRequest(queue=queue, mail=mail, inline_content=eb.content(i, 10_240)),
-                                   metadata=auth[who], timeout=30)
-                latencies.append(time.perf_counter() - began)
-            except grpc.aio.AioRpcError as e:
-                codes.append(e.code().name)
-
-        start, calls = loop.time(), []
-        for i in range(int(rate * seconds)):
-            wait = start + i / rate - loop.time()
-            if wait > 0:
-                await asyncio.sleep(wait)
-            calls.append(asyncio.ensure_future(one(i)))
-        await asyncio.gather(*calls)
-        return latencies, codes
-
     async def round_(case: str) -> tuple[list[float], list[str], list[str], float]:
         """Beta's calls from this process; acme's from a process of its own (as another tenant's
         client would be: its client work does not slow beta's); enqueue_svc's CPU over the round."""
@@ -179,8 +154,7 @@ def fairness(a: argparse.Namespace) -> None:
         acme = subprocess.Popen([sys.executable, "-m", "bench.quota_bench", "--acme-load", str(acme_rate), "--queue", queue,
                                  "--seconds", str(a.seconds)], stdout=subprocess.PIPE, text=True) if acme_rate else None
         cpu = cpu_s(procs[1].pid)
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{PORTS['enqueue']}") as channel:
-            lat, codes = await paced(enqueue_pb2_grpc.EnqueueServiceStub(channel), "beta", a.beta_rate, a.seconds)
+        lat, codes = await paced(queue, "fair", BETA, a.beta_rate, a.seconds)
         acme_codes = json.loads(acme.communicate(timeout=120)[0]) if acme else []
         return lat, codes, acme_codes, cpu_s(procs[1].pid) - cpu
 
@@ -192,7 +166,7 @@ def fairness(a: argparse.Namespace) -> None:
     enqueue_cpu: dict[str, float] = dict.fromkeys(cases, 0.0)
     try:
         settle("fairness", SETTLE_S)
-        asyncio.run(paced_warmup(a, paced))
+        asyncio.run(paced(queue, "fair", BETA, a.beta_rate, a.warmup))
         for r in range(a.rounds):
             for case in cases[r % 3:] + cases[:r % 3]:  # each case first, second and third in turn
                 lat, codes, acme_codes, cpu = asyncio.run(round_(case))
@@ -226,48 +200,43 @@ def cpu_s(pid: int) -> float:
 def acme_load(a: argparse.Namespace) -> None:
     """``--acme-load RATE``: acme's paced unary Enqueues for ``--seconds``; prints the codes of the
     calls that failed, as JSON."""
+    print(json.dumps(asyncio.run(paced(a.queue, "fair-acme", ACME, a.acme_load, a.seconds))[1]))
+
+
+async def paced(queue: str, name: str, token: str, rate: float, seconds: float) -> tuple[list[float], list[str]]:
+    """Unary Enqueues of 10 KiB at ``rate`` a second for ``seconds`` (started on time whatever the
+    answers take), with ``token``: the latencies of the calls answered OK, the codes of the others."""
     import grpc
 
     from bench import enqueue_bench as eb
     from bench.common import PORTS
     from mailqueue.v1 import enqueue_pb2, enqueue_pb2_grpc, mail_pb2
 
-    mail = mail_pb2.Mail(name="fair-acme", sender="a@example.com", recipients=["b@example.org"])
-    auth = (("authorization", f"Bearer {ACME}"),)
-
-    async def run() -> list[str]:
-        codes: list[str] = []
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{PORTS['enqueue']}") as channel:
-            stub = enqueue_pb2_grpc.EnqueueServiceStub(channel)
-
-            async def one(i: int) -> None:
-                try:
-                    await stub.Enqueue(enqueue_pb2.EnqueueRequest(queue=a.queue, mail=mail, inline_content=eb.content(i, 10_240)),
-                                       metadata=auth, timeout=30)
-                except grpc.aio.AioRpcError as e:
-                    codes.append(e.code().name)
-
-            loop, calls = asyncio.get_running_loop(), []
-            start = loop.time()
-            for i in range(int(a.acme_load * a.seconds)):
-                wait = start + i / a.acme_load - loop.time()
-                if wait > 0:
-                    await asyncio.sleep(wait)
-                calls.append(asyncio.ensure_future(one(i)))
-            await asyncio.gather(*calls)
-        return codes
-
-    print(json.dumps(asyncio.run(run())))
-
-
-async def paced_warmup(a: argparse.Namespace, paced: Any) -> None:
-    import grpc
-
-    from bench.common import PORTS
-    from mailqueue.v1 import enqueue_pb2_grpc
-
+    mail = mail_pb2.Mail(name=name, sender="a@example.com", recipients=["b@example.org"])
+    auth = (("authorization", f"Bearer {token}"),)
+    latencies: list[float] = []
+    codes: list[str] = []
     async with grpc.aio.insecure_channel(f"127.0.0.1:{PORTS['enqueue']}") as channel:
-        await paced(enqueue_pb2_grpc.EnqueueServiceStub(channel), "beta", a.beta_rate, a.warmup)
+        stub = enqueue_pb2_grpc.EnqueueServiceStub(channel)
+
+        async def one(i: int) -> None:
+            began = time.perf_counter()
+            try:
+                await stub.Enqueue(enqueue_pb2.EnqueueRequest(queue=queue, mail=mail, inline_content=eb.content(i, 10_240)),
+                                   metadata=auth, timeout=30)
+                latencies.append(time.perf_counter() - began)
+            except grpc.aio.AioRpcError as e:
+                codes.append(e.code().name)
+
+        loop, calls = asyncio.get_running_loop(), []
+        start = loop.time()
+        for i in range(int(rate * seconds)):
+            wait = start + i / rate - loop.time()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            calls.append(asyncio.ensure_future(one(i)))
+        await asyncio.gather(*calls)
+    return latencies, codes
 
 
 def pct(values: list[float], q: float) -> float:
