@@ -52,14 +52,17 @@ async def fill(settings: Settings, queue: str, n: int, size: int) -> None:
     view.close()
 
 
-def result(label: str, n: int, seconds: float, cpu: str) -> dict[str, Any]:
+def result(label: str, n: int, seconds: float, cpu: str, **more: Any) -> dict[str, Any]:
     print(f"{label:<10} {n:>7} mails in {seconds:6.2f} s  {n / seconds:>8.1f}/s", file=sys.stderr)
-    return {"n": n, "seconds": seconds, "per_s": n / seconds, "cpu": cpu}
+    return {"n": n, "seconds": seconds, "per_s": n / seconds, "cpu": cpu, **more}
 
 
-async def via_grpc(queue: str, n: int, prefetch: int, warmup: int, services: dict[str, int], batch: int = 1) -> dict[str, Any]:
+async def via_grpc(queue: str, n: int, prefetch: int, warmup: int, services: dict[str, int], batch: int = 1,
+                   statements: Any = None) -> dict[str, Any]:
     """One Dequeue stream answering SUCCESS; ``batch`` above 1: deliveries and outcomes batched
-    (Subscribe.max_batch, Outcomes), one Outcomes message per Deliveries message."""
+    (Subscribe.max_batch, Outcomes), one Outcomes message per Deliveries message. ``statements``:
+    a Cassandra request counter to read (common.cassandra_statements); the result also gives the
+    mails per Deliveries message (``per_message``)."""
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{PORTS['dequeue']}")
     stub = dequeue_pb2_grpc.DequeueServiceStub(channel)
     outcomes: asyncio.Queue = asyncio.Queue()
@@ -71,15 +74,16 @@ async def via_grpc(queue: str, n: int, prefetch: int, warmup: int, services: dic
             yield await outcomes.get()
 
     call = stub.Dequeue(requests())
-    done = 0
-    start, meter = time.monotonic(), CpuMeter(services)
+    done = messages = 0
+    start, meter = time.monotonic(), CpuMeter(services, statements)
     async for response in call:
         kind = response.WhichOneof("kind")
         if kind == "subscribed":
             continue
         deliveries = [response.delivery] if kind == "delivery" else list(response.deliveries.deliveries)
         if done <= warmup < done + len(deliveries):
-            start, meter = time.monotonic(), CpuMeter(services)
+            start, meter, messages = time.monotonic(), CpuMeter(services, statements), 0
+        messages += 1
         for d in deliveries:
             assert d.content_inline and len(d.content) == d.mail.size
         answers = [dequeue_pb2.Outcome(delivery_tag=d.delivery_tag, kind=dequeue_pb2.OUTCOME_KIND_SUCCESS) for d in deliveries]
@@ -91,9 +95,11 @@ async def via_grpc(queue: str, n: int, prefetch: int, warmup: int, services: dic
     elapsed = time.monotonic() - start
     timed = done - warmup
     cpu = meter.per_op(timed)
+    stmts = meter.statements_per_op(timed)
     call.cancel()
     await channel.close()
-    return result("grpc" if batch == 1 else f"grpc-batch{batch}", timed, elapsed, cpu)
+    return result("grpc" if batch == 1 else f"grpc-batch{batch}", timed, elapsed, cpu, stmts=stmts,
+                  per_message=timed / max(messages, 1))
 
 
 async def direct(settings: Settings, queue: str, n: int, prefetch: int, warmup: int) -> dict[str, Any]:

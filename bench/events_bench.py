@@ -17,33 +17,49 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import statistics
 import sys
 from typing import Any
 
 import grpc
 
-from bench.common import PORTS, bench_queue, new_keyspace, report, run, settle, start_services, stop
+from bench.common import (
+    PORTS,
+    bench_queue,
+    cassandra_statements,
+    new_keyspace,
+    report,
+    run,
+    settle,
+    start_services,
+    statements_line,
+    stop,
+)
 from bench.dequeue_bench import via_grpc as dequeue_batched
 from bench.enqueue_bench import via_grpc_many
 from mailqueue.v1 import admin_pb2, admin_pb2_grpc
 
 MODES = ("off", "true")
+#: Prometheus ports of the bench's services: their Cassandra requests per mail, by kind.
+METRICS = {"enqueue": 56061, "dequeue": 56062}
 
 
 def phase(a: argparse.Namespace, keyspace: str, mode: str, i: int) -> tuple[dict[str, Any], dict[str, Any]]:
     """One mode: services started with MAILQUEUE_EVENTS=mode, enqueue then dequeue on a new queue."""
-    procs = start_services(keyspace, ["enqueue", "dequeue", "browse"], extra={"MAILQUEUE_EVENTS": mode})
+    procs = start_services(keyspace, ["enqueue", "dequeue", "browse"], metrics=METRICS, extra={"MAILQUEUE_EVENTS": mode})
     try:
         queue = bench_queue(f"bench-events-{mode}{i}")
         admin = admin_pb2_grpc.AdminServiceStub(grpc.insecure_channel(f"127.0.0.1:{PORTS['browse']}"))
         admin.CreateQueue(admin_pb2.CreateQueueRequest(queue=queue))
         services = {"enqueue_svc": procs[0].pid, "dequeue_svc": procs[1].pid, "browse_svc": procs[2].pid}
         settle(f"round {i + 1} events={mode} enqueue", a.settle)
-        e = asyncio.run(via_grpc_many(queue, a.seconds, a.concurrency, a.size, a.warmup, services, a.batch))
+        e = asyncio.run(via_grpc_many(queue, a.seconds, a.concurrency, a.size, a.warmup, services, a.batch,
+                                      statements=functools.partial(cassandra_statements, METRICS["enqueue"])))
         settle(f"round {i + 1} events={mode} dequeue", a.settle)
         warmup = min(500, e["ops"] // 5)
-        d = asyncio.run(dequeue_batched(queue, int(e["ops"]) - warmup, a.prefetch, warmup, services, a.batch))
+        d = asyncio.run(dequeue_batched(queue, int(e["ops"]) - warmup, a.prefetch, warmup, services, a.batch,
+                                        functools.partial(cassandra_statements, METRICS["dequeue"])))
         return e, d
     finally:
         stop(procs)
@@ -71,8 +87,9 @@ def main() -> None:
     for i, r in enumerate(results, 1):
         for mode in r:
             e, d = r[mode]
-            print(f"round {i} events={mode}: {report('enqueue', e)}\n           {e['cpu']}")
-            print(f"           dequeue {d['per_s']:.1f}/s ({d['n']} mails)\n           {d['cpu']}")
+            print(f"round {i} events={mode}: {report('enqueue', e)}\n           {e['cpu']}\n           {statements_line(e['stmts'])}")
+            print(f"           dequeue {d['per_s']:.1f}/s ({d['n']} mails, {d['per_message']:.1f} per Deliveries message)"
+                  f"\n           {d['cpu']}\n           {statements_line(d['stmts'])}")
         enqueue_ratios.append(r["true"][0]["per_s"] / r["off"][0]["per_s"])
         dequeue_ratios.append(r["true"][1]["per_s"] / r["off"][1]["per_s"])
         print(f"round {i} ratio on/off: enqueue {enqueue_ratios[-1]:.2f}, dequeue {dequeue_ratios[-1]:.2f}")
