@@ -64,7 +64,7 @@ up-cluster: install spark-connector
 down-cluster:
 	stack/stack.sh down --cluster
 
-# Install, start the stack and the four services, print where each listens.
+# Install, start the stack and the services (the four and webhook_svc), print where each listens.
 run: up
 	stack/services.sh start
 

@@ -20,8 +20,8 @@ Who may do what (docs/pages/deploying/security.md):
   superuser is dropped.
 - RabbitMQ: enqueue declares the topology and publishes, and may not consume a work queue;
   dequeue consumes and publishes retries, and may not declare or delete anything (no configure
-  permission); browse (admin: drop, move, replay) may do all three on ``mailqueue.*``. guest is
-  deleted.
+  permission); browse (admin: drop, move, replay) may do all three on ``mailqueue.*``; webhook
+  may only read the event streams. guest is deleted.
 - S3: enqueue and blob put and get blobs; dequeue and browse get them; every role may list the
   bucket (S3 answers 403 instead of 404 for a missing key otherwise); only the sweep and blob_svc
   (its BlobService.Delete, which only the admin role may call) delete blobs. Nobody but the operator (MinIO's root) creates or removes a bucket.
@@ -39,6 +39,7 @@ ROLES: dict[str, tuple[str, ...]] = {
     "dequeue": ("cassandra", "rabbitmq", "s3"),
     "browse": ("cassandra", "rabbitmq", "s3"),
     "blob": ("cassandra", "s3"),
+    "webhook": ("cassandra", "rabbitmq"),
     "sweep": ("cassandra", "s3"),
     "schema": ("cassandra",),
     "operator": ("cassandra", "rabbitmq", "s3"),
@@ -51,6 +52,8 @@ RABBITMQ: dict[str, tuple[str, str, str, str]] = {
     "enqueue": (_ANY, _ANY, _NOT_WORK, ""),
     "dequeue": ("^$", _ANY, _ANY, ""),
     "browse": (_ANY, _ANY, _ANY, ""),
+    # webhook_svc only consumes the event streams (mailqueue._events.<keyspace>, declared by browse_svc).
+    "webhook": ("^$", "^$", r"^mailqueue\._events\.", ""),
     "operator": (".*", ".*", ".*", "administrator"),
 }
 #: S3 actions per role, on the blobs of the buckets (and, for the sweep, the bucket's listing and

@@ -1,4 +1,4 @@
-"""Start, stop or show the four services as local background processes (logs under .stack/logs).
+"""Start, stop or show the services (the four, and webhook_svc) as local background processes (logs under .stack/logs).
 
     python -m stack.services start | stop | status       (what stack/services.sh runs)
 
@@ -17,7 +17,7 @@ import time
 from stack import harness
 
 #: (name, gRPC port); each serves its metrics on port + 1000.
-SERVICES = [("blob", 50054), ("enqueue", 50051), ("dequeue", 50052), ("browse", 50053)]
+SERVICES = [("blob", 50054), ("enqueue", 50051), ("dequeue", 50052), ("browse", 50053), ("webhook", 50055)]
 
 
 def stack_dir() -> str:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Start, stop or show the four services as local background processes (logs under .stack/logs).
+# Start, stop or show the services (the four and webhook_svc) as local background processes (logs under .stack/logs).
 #   stack/services.sh start | stop | status
 # They serve gRPC over TLS (the local CA's certificate, stack/pki.sh) and reach the backends over
 # TLS, each with its own credential. A client trusts .stack/pki/ca.crt:

@@ -27,7 +27,7 @@ from services.runtime.settings import cassandra_from_env
 log = logging.getLogger("mailqueue.migrate")
 
 #: The roles stack/provision.py creates, one per component that reads and writes the view.
-DEFAULT_ROLES = "mailqueue_enqueue,mailqueue_dequeue,mailqueue_browse,mailqueue_blob,mailqueue_sweep"
+DEFAULT_ROLES = "mailqueue_enqueue,mailqueue_dequeue,mailqueue_browse,mailqueue_blob,mailqueue_webhook,mailqueue_sweep"
 
 
 def service_roles(env: Mapping[str, str]) -> tuple[str, ...]:

@@ -1,4 +1,4 @@
-"""Contract tests drive the four services on their default ports, as a client in any language would.
+"""Contract tests drive the four services (and webhook_svc) on their default ports, as a client in any language would.
 
 The services are the ones `make run` starts (stack/services.sh); they are started here when down.
 They serve TLS with the local CA's certificate (.stack/pki/ca.crt, what clients trust).
@@ -14,6 +14,8 @@ import pytest
 from stack.harness import ROOT, is_serving
 
 TARGETS = {"enqueue": "localhost:50051", "dequeue": "localhost:50052", "browse": "localhost:50053", "blob": "localhost:50054"}
+#: webhook_svc, which `make run` starts too (it serves health, reflection and metrics only).
+WEBHOOK = "localhost:50055"
 CA = os.path.join(ROOT, ".stack", "pki", "ca.crt")
 TOOLS = os.path.join(os.path.expanduser("~"), ".cache", "mailqueue-stack", "go-tools")
 
@@ -27,7 +29,7 @@ def credentials():  # noqa: ANN201
 
 @pytest.fixture(scope="session")
 def services(running_stack: None) -> dict[str, str]:
-    if not all(is_serving(t, credentials()) for t in TARGETS.values()):
+    if not all(is_serving(t, credentials()) for t in (*TARGETS.values(), WEBHOOK)):
         r = subprocess.run([os.path.join(ROOT, "stack", "services.sh"), "start"], capture_output=True, text=True)
         if r.returncode != 0:
             pytest.fail(f"stack/services.sh start failed:\n{r.stdout}\n{r.stderr}")

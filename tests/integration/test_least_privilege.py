@@ -21,7 +21,7 @@ from services.domain.errors import BackendUnavailable
 from services.runtime.settings import cassandra_from_env, rabbitmq_from_env, s3_from_env
 from stack.harness import credentials_dir, service_env
 
-SERVICES = ("enqueue", "dequeue", "browse", "blob", "sweep")
+SERVICES = ("enqueue", "dequeue", "browse", "blob", "webhook", "sweep")
 
 
 def as_role(role: str, keyspace: str) -> dict[str, str]:
@@ -99,9 +99,26 @@ def test_rabbitmq_users_may_only_do_their_work(keyspace, running_stack):
         assert _refused(lambda: conn.channel().queue_declare(f"mailqueue.{queue}.rogue"))
         # Outside the suite's names, nobody may do anything.
         assert _refused(lambda: conn.channel().queue_declare("not-ours"))
+    stream = f"mailqueue._events.lp-{uuid.uuid4().hex[:8]}"  # an event stream (browse_svc declares them)
+    with _broker_as("browse", keyspace) as conn:
+        conn.channel().queue_declare(stream, durable=True, arguments={"x-queue-type": "stream"})
+    with _broker_as("webhook", keyspace) as conn:  # webhook_svc reads the event streams...
+        ch = conn.channel()
+        ch.basic_qos(prefetch_count=10)
+        ch.basic_cancel(ch.basic_consume(stream, lambda *_: None, arguments={"x-stream-offset": "first"}))
+        # ... and nothing else: no work queue, no publish, no declare.
+        assert _refused(lambda: conn.channel().basic_get(work))
+        assert _refused(lambda: conn.channel().queue_declare(f"mailqueue.{queue}.rogue"))
+
+        def publish() -> None:
+            ch = conn.channel()
+            ch.confirm_delivery()
+            ch.basic_publish(names.exchange(queue), "", b"y")
+        assert _refused(publish)
     with _broker_as("browse", keyspace) as conn:  # the admin service drops queues
         ch = conn.channel()
         ch.queue_delete(work)
+        ch.queue_delete(stream)
         ch.exchange_delete(names.exchange(queue))
 
 

@@ -112,4 +112,4 @@ def test_status_of_a_stack_dir_with_nothing_running(tmp_path, monkeypatch, capsy
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split() == ["SERVICE", "GRPC", "PID", "METRICS", "HEALTH"]
     assert lines[1] == f"{'blob':<10} {'127.0.0.1:50054':<18} {'-':<8} {':51054':<10} DOWN"
-    assert [line.split()[0] for line in lines[1:]] == ["blob", "enqueue", "dequeue", "browse"]
+    assert [line.split()[0] for line in lines[1:]] == ["blob", "enqueue", "dequeue", "browse", "webhook"]
