@@ -9,7 +9,8 @@ true, on one keyspace): an EnqueueBatches phase (``--batch`` mails per message,
 ``--concurrency`` in flight) for ``--seconds``, then a batched Dequeue (max_batch ``--batch``,
 SUCCESS for each) of the mails just enqueued. With events on, each enqueue records ENQUEUED and
 each delivery HANDED_OUT and DELIVERED (services/adapters/cassandra/event_log.py). The CPU per
-mail of each process is printed per phase; the ratio on/off per round, and their median. Needs
+mail of each process is printed per phase, with the Cassandra requests per mail by kind; the
+ratio on/off per round (rates, and all processes' CPU per mail off/on), and their medians. Needs
 the stack up (stack/stack.sh up) and the bench ports free.
 """
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import re
 import statistics
 import sys
 from typing import Any
@@ -65,6 +67,11 @@ def phase(a: argparse.Namespace, keyspace: str, mode: str, i: int) -> tuple[dict
         stop(procs)
 
 
+def total_cpu(line: str) -> float:
+    """The total of a CPU-per-op line (common.CpuMeter.per_op): every process's ms per mail."""
+    return float(re.search(r"; total ([0-9.]+)", line).group(1))  # type: ignore[union-attr]
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=2)
@@ -83,7 +90,7 @@ def main() -> None:
         results.append({mode: phase(a, keyspace, mode, i) for mode in order})
     print(f"\nevents off / on, {a.size} B mails, EnqueueBatches {a.batch} x {a.concurrency} in flight for {a.seconds:.0f} s, "
           f"then Dequeue max_batch {a.batch} prefetch {a.prefetch}; keyspace {keyspace}")
-    enqueue_ratios, dequeue_ratios = [], []
+    enqueue_ratios, dequeue_ratios, enqueue_cpu, dequeue_cpu = [], [], [], []
     for i, r in enumerate(results, 1):
         for mode in r:
             e, d = r[mode]
@@ -92,10 +99,16 @@ def main() -> None:
                   f"\n           {d['cpu']}\n           {statements_line(d['stmts'])}")
         enqueue_ratios.append(r["true"][0]["per_s"] / r["off"][0]["per_s"])
         dequeue_ratios.append(r["true"][1]["per_s"] / r["off"][1]["per_s"])
-        print(f"round {i} ratio on/off: enqueue {enqueue_ratios[-1]:.2f}, dequeue {dequeue_ratios[-1]:.2f}")
-    print(f"ratio on/off, median of {len(results)} rounds: enqueue {statistics.median(enqueue_ratios):.2f} "
-          f"(each {', '.join(f'{x:.2f}' for x in enqueue_ratios)}), dequeue {statistics.median(dequeue_ratios):.2f} "
-          f"(each {', '.join(f'{x:.2f}' for x in dequeue_ratios)})")
+        # The same comparison by CPU: all processes' CPU per mail off / on (a rate is also moved by
+        # what else the machine does in that window; CPU per mail much less so).
+        enqueue_cpu.append(total_cpu(r["off"][0]["cpu"]) / total_cpu(r["true"][0]["cpu"]))
+        dequeue_cpu.append(total_cpu(r["off"][1]["cpu"]) / total_cpu(r["true"][1]["cpu"]))
+        print(f"round {i} ratio on/off: enqueue {enqueue_ratios[-1]:.2f}, dequeue {dequeue_ratios[-1]:.2f}; "
+              f"CPU per mail off/on: enqueue {enqueue_cpu[-1]:.2f}, dequeue {dequeue_cpu[-1]:.2f}")
+    for label, ratios in (("ratio on/off", (enqueue_ratios, dequeue_ratios)), ("CPU per mail off/on", (enqueue_cpu, dequeue_cpu))):
+        print(f"{label}, median of {len(results)} rounds: enqueue {statistics.median(ratios[0]):.2f} "
+              f"(each {', '.join(f'{x:.2f}' for x in ratios[0])}), dequeue {statistics.median(ratios[1]):.2f} "
+              f"(each {', '.join(f'{x:.2f}' for x in ratios[1])})")
     sys.stdout.flush()
 
 

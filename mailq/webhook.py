@@ -29,7 +29,7 @@ def cmd_add(c: Any, a: argparse.Namespace) -> None:
     if a.max_age_s is not None:
         w.max_age.FromTimedelta(dt.timedelta(seconds=a.max_age_s))
     r = c.webhooks.AddWebhook(webhooks_pb2.AddWebhookRequest(webhook=w)).webhook
-    print(f"added webhook {r.name}: {r.url} ({_filters(r)}; events older than {r.max_age.ToTimedelta()} dropped)")
+    print(f"added webhook {r.name}: {r.url} ({_filters(r)}; events older than {r.max_age.ToTimedelta().total_seconds():g} s dropped)")
 
 
 def _filters(r: webhooks_pb2.Webhook) -> str:

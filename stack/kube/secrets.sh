@@ -9,8 +9,8 @@ secrets() {
   apply_secret mailqueue-tls --type kubernetes.io/tls --from-file=tls.crt="$stack_pki/services.crt" \
     --from-file=tls.key="$stack_pki/services.key" --from-file=ca.crt="$stack_pki/ca.crt"
   apply_secret mailqueue-backend-ca --from-file=ca.crt="$stack_pki/ca.crt"
-  for c in enqueue dequeue browse blob sweep schema; do
+  for c in enqueue dequeue browse blob webhook sweep schema; do
     apply_secret "mailqueue-$c-credentials" --from-file="$creds/$c/"
   done
-  say "secrets in $ns: mailqueue-tls, mailqueue-backend-ca, mailqueue-{enqueue,dequeue,browse,blob,sweep,schema}-credentials"
+  say "secrets in $ns: mailqueue-tls, mailqueue-backend-ca, mailqueue-{enqueue,dequeue,browse,blob,webhook,sweep,schema}-credentials"
 }

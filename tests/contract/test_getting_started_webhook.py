@@ -59,8 +59,10 @@ def test_the_pages_receiver_gets_each_delivered_mails_event_signed(services, tmp
     mail.write_bytes(b"Subject: hi\r\n\r\nhello\r\n")
     try:
         mailq("create", queue, cwd=tmp_path)
-        mailq("webhook", "add", hook, HOOK, "--secret-file", str(secret), "--events", "delivered", "dead_lettered",
-              cwd=tmp_path)
+        added = mailq("webhook", "add", hook, HOOK, "--secret-file", str(secret), "--events", "delivered", "dead_lettered",
+                      cwd=tmp_path)
+        assert added.strip() == (f"added webhook {hook}: {HOOK} (delivered,dead_lettered of every queue; "
+                                 "events older than 86400 s dropped)"), added
         delivered: list[str] = []
         deadline = time.monotonic() + DEADLINE_S
         seen: list[str] = []
