@@ -69,7 +69,7 @@ def phase(a: argparse.Namespace, keyspace: str, mode: str, i: int) -> tuple[dict
 
 def total_cpu(line: str) -> float:
     """The total of a CPU-per-op line (common.CpuMeter.per_op): every process's ms per mail."""
-    return float(re.search(r"; total ([0-9.]+)", line).group(1))  # type: ignore[union-attr]
+    return max(float(re.search(r"; total ([0-9.]+)", line).group(1)), 1e-9)  # type: ignore[union-attr]
 
 
 def main() -> None:

@@ -14,7 +14,7 @@
 #   stack/stack.sh cluster-env                the MAILQUEUE_* variables that point services at the clusters
 #   stack/stack.sh env [ROLE]                 the MAILQUEUE_* variables of ROLE (default operator) on
 #       the single node: backends over TLS, its own credential (roles: enqueue, dequeue, browse,
-#       blob, sweep, schema, operator; stack/provision.py says what each may do)
+#       blob, webhook, sweep, schema, operator; stack/provision.py says what each may do)
 #   stack/stack.sh rabbitmqctl --node N ARGS...   rabbitmqctl against cluster node N (1-3)
 #
 # Data and logs live under $MAILQUEUE_STACK_DIR (default: .stack/ in the project, git-ignored).

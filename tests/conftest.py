@@ -23,7 +23,16 @@ from mailqueue.v1 import (
     mail_pb2,
 )
 from services.runtime.interceptors import ErrorsAndMetrics
-from stack.harness import ServiceProcess, drop_keyspace, drop_queues, new_keyspace, service_env, stack, stack_env
+from stack.harness import (
+    ServiceProcess,
+    credentials_dir,
+    drop_keyspace,
+    drop_queues,
+    new_keyspace,
+    service_env,
+    stack,
+    stack_env,
+)
 from tests.inprocess import LoopThread, RunningApp
 
 INTEGRATION = pathlib.Path(__file__).parent / "integration"
@@ -67,15 +76,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session")
 def running_stack() -> None:
-    """The real Cassandra, RabbitMQ and MinIO; started by stack/stack.sh when they are down."""
-    if stack("status", check=False).returncode != 0:
+    """The real Cassandra, RabbitMQ and MinIO; started by stack/stack.sh when they are down, or
+    provisioned again when a role has no credential yet (a stack made before the role existed)."""
+    import os
+
+    from stack.provision import ROLES
+
+    unprovisioned = [r for r in ROLES if not os.path.isdir(credentials_dir(r))]
+    if unprovisioned or stack("status", check=False).returncode != 0:
         result = stack("up", check=False)
         if result.returncode != 0:
             pytest.fail(f"stack/stack.sh up failed:\n{result.stderr[-3000:]}")
     # The tests reach the backends as the operator, over TLS; each service they start runs with
     # its own credential (harness.as_service).
-    import os
-
     os.environ.update(stack_env("operator"))
 
 

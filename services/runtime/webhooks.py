@@ -132,8 +132,8 @@ class WebhookApp(server.App):
     async def connect(self) -> None:
         cassandra, rabbitmq = self.settings.cassandra, self.settings.rabbitmq
         view = await View.open(cassandra)
+        broker = RabbitMQBroker(rabbitmq, cassandra.keyspace)
         try:
-            broker = RabbitMQBroker(rabbitmq, cassandra.keyspace)
             stream = RabbitMQEventStream(broker, cassandra.keyspace, rabbitmq)
             await stream.declare()  # the stream is reachable
             registry = CassandraWebhooks(view.session, cassandra.keyspace)
@@ -150,6 +150,9 @@ class WebhookApp(server.App):
             fleet = EndpointFleet(load, run)
             await fleet.reload()  # SERVING only once the endpoints are loaded
         except BaseException:
+            # Tried again by the supervisor (until browse_svc has declared the stream, which this
+            # role may not): nothing of this attempt stays open.
+            await broker.close()
             view.close()
             raise
         self._view, self._broker, self.fleet = view, broker, fleet

@@ -1,6 +1,6 @@
 """Every shell block of the docs runs as pasted, in order, against `make run`.
 
-Given the four services on their default ports (the ones `make run` starts; started here when down,
+Given the services on their default ports (the ones `make run` starts; started here when down,
 as for every contract test) and a shell as a person opens one (no venv, no go tools on PATH, no
 MAILQ_* variable, no make of a caller), in the project folder,
 when each page's shell blocks run in one fresh bash, in the order of the page (`set -euo pipefail`:

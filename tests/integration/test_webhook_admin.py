@@ -88,7 +88,7 @@ def test_webhook_svc_follows_the_registrations_and_serves_health(aio_loop, suite
     (tmp_path / "secret").write_bytes(secret)
     receiver = Receiver()
     port, metrics_port = free_port(), free_port()
-    env = as_service("browse", service_env(suite.keyspace, MAILQUEUE_PORT=str(port), MAILQUEUE_METRICS_PORT=str(metrics_port),
+    env = as_service("webhook", service_env(suite.keyspace, MAILQUEUE_PORT=str(port), MAILQUEUE_METRICS_PORT=str(metrics_port),
                                            MAILQUEUE_WEBHOOK_RELOAD_S="0.5", MAILQUEUE_WEBHOOK_BACKOFF_CAP_S="1"))
     webhooks = subprocess.Popen([sys.executable, "-m", "webhook_svc"], env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     target = f"127.0.0.1:{port}"

@@ -106,7 +106,7 @@ def sink(aio_loop, keyspace):
 def start_webhooks(keyspace: str, endpoints: list[dict], tmp_path, metrics_port: int = 0) -> subprocess.Popen:
     path = tmp_path / f"webhooks-{uuid.uuid4().hex[:6]}.json"
     path.write_text(json.dumps(endpoints))
-    env = as_service("browse", service_env(keyspace, MAILQUEUE_WEBHOOKS_FILE=str(path), MAILQUEUE_WEBHOOK_BACKOFF_CAP_S="1",
+    env = as_service("webhook", service_env(keyspace, MAILQUEUE_WEBHOOKS_FILE=str(path), MAILQUEUE_WEBHOOK_BACKOFF_CAP_S="1",
                                               MAILQUEUE_PORT=str(free_port()),
                                               MAILQUEUE_METRICS_PORT=str(metrics_port)))
     return subprocess.Popen([sys.executable, "-m", "webhook_svc"], env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

@@ -70,9 +70,7 @@ def test_every_deployment_is_probed_limited_and_hardened(rendered):
             # Certificates and credentials: whole Secrets, read-only, no subPath (rotation).
             secrets = {v["name"]: v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v}
             component = d["metadata"]["name"].removeprefix("mailqueue-")
-            # (local: webhook_svc uses browse's until stack/kube/kube.sh makes its own; the local overlay's item 6)
-            own = "browse" if (overlay, component) == ("local", "webhook") else component
-            assert secrets["tls"].startswith("mailqueue-tls") and secrets["credentials"].startswith(f"mailqueue-{own}-credentials")
+            assert secrets["tls"].startswith("mailqueue-tls") and secrets["credentials"].startswith(f"mailqueue-{component}-credentials")
             for m in c["volumeMounts"]:
                 if m["name"] in secrets:
                     assert m["readOnly"] is True and "subPath" not in m, m
