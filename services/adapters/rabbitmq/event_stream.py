@@ -28,6 +28,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from google.protobuf.message import DecodeError
+from prometheus_client import Counter
 
 from services.adapters.rabbitmq import message_format
 from services.adapters.rabbitmq.broker import RabbitMQBroker
@@ -39,6 +40,11 @@ from services.domain.errors import BackendUnavailable
 from services.domain.events import Event, text_bytes
 
 log = logging.getLogger(__name__)
+
+#: What reached the stream, confirmed: messages, and the events they hold (their ratio: how well
+#: the events of concurrent changes share a message; the broker's cost is per message).
+PUBLISHED = Counter("mailqueue_event_stream_published_total", "Messages and events published to the event stream, confirmed",
+                    ["unit"])
 
 #: Messages (event batches) a watcher's consumer may hold unacknowledged (a stream consumer needs a prefetch).
 PREFETCH = 100
@@ -125,10 +131,12 @@ class RabbitMQEventStream:
         await self.declare()
         if encoded is None:
             encoded = events_serde.encode_each(events)
+        messages = [message_format.Encoded(events_serde.batch_of_encoded(encoded[first:end]), {}, events[first].id, type=BATCH_TYPE)
+                    for first, end in _messages(events)]
         try:
-            await self._broker.publish_batch(self.name, "", [
-                message_format.Encoded(events_serde.batch_of_encoded(encoded[first:end]), {}, events[first].id, type=BATCH_TYPE)
-                for first, end in _messages(events)])
+            await self._broker.publish_batch(self.name, "", messages)
+            PUBLISHED.labels("messages").inc(len(messages))
+            PUBLISHED.labels("events").inc(len(events))
         except BackendUnavailable as e:
             if "NOT_FOUND" in str(e) or "unroutable" in str(e):
                 self._declared = False  # removed since (an operator, a reset): declared again next time
