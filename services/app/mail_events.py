@@ -13,10 +13,10 @@ policy's expiry (``expiry``).
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 import uuid
 from collections.abc import Sequence
+from typing import Any
 
 from services.domain import model
 from services.domain.events import Actor, Event, EventType, of_mail
@@ -57,30 +57,28 @@ def _attempt(mail: model.QueuedMail) -> int:
 
 
 def handed_out(mail: model.QueuedMail, delivery_count: int) -> Event:
-    e = of_mail(EventType.HANDED_OUT, mail, step=_attempt(mail), discriminator=str(delivery_count))
-    return _at_attempt(e, mail)
+    return _of_attempt(EventType.HANDED_OUT, mail, discriminator=str(delivery_count))
 
 
 def delivered(mail: model.QueuedMail) -> Event:
-    return _at_attempt(of_mail(EventType.DELIVERED, mail, step=_attempt(mail)), mail)
+    return _of_attempt(EventType.DELIVERED, mail)
 
 
 def retry_scheduled(mail: model.QueuedMail, error: str, next_attempt_at: dt.datetime) -> Event:
-    e = of_mail(EventType.RETRY_SCHEDULED, mail, step=_attempt(mail), reason=error,
-                details={"next_attempt_at": next_attempt_at.astimezone(dt.timezone.utc).isoformat()})
-    return _at_attempt(e, mail)
+    return _of_attempt(EventType.RETRY_SCHEDULED, mail, reason=error,
+                       details={"next_attempt_at": next_attempt_at.astimezone(dt.timezone.utc).isoformat()})
 
 
 def rejected(mail: model.QueuedMail, error: str) -> Event:
-    return _at_attempt(of_mail(EventType.REJECTED, mail, step=_attempt(mail), reason=error), mail)
+    return _of_attempt(EventType.REJECTED, mail, reason=error)
 
 
 def expired(mail: model.QueuedMail, reason: str) -> Event:
-    return _at_attempt(of_mail(EventType.EXPIRED, mail, step=_attempt(mail), reason=reason, actor=EXPIRY), mail)
+    return _of_attempt(EventType.EXPIRED, mail, reason=reason, actor=EXPIRY)
 
 
 def dead_lettered(mail: model.QueuedMail, reason: str) -> Event:
-    return _at_attempt(of_mail(EventType.DEAD_LETTERED, mail, step=_attempt(mail), reason=reason), mail)
+    return _of_attempt(EventType.DEAD_LETTERED, mail, reason=reason)
 
 
 def held(mail: model.QueuedMail, rule: model.Rule) -> Event:
@@ -93,6 +91,7 @@ def bounced(mail: model.QueuedMail, rule: model.Rule, reason: str) -> Event:
                    details={"rule_id": str(rule.rule_id)})
 
 
-def _at_attempt(e: Event, mail: model.QueuedMail) -> Event:
-    """The event of the delivery attempt under way (of_mail gives the RETRYs so far)."""
-    return dataclasses.replace(e, attempt=_attempt(mail))
+def _of_attempt(kind: EventType, mail: model.QueuedMail, **fields: Any) -> Event:
+    """An event of the delivery attempt under way (the mail's ``attempts`` counts the RETRYs so far)."""
+    attempt = _attempt(mail)
+    return of_mail(kind, mail, step=attempt, attempt=attempt, **fields)

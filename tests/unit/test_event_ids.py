@@ -1,0 +1,37 @@
+"""Event ids: the same change, the same id, in the form uuid5 gives (ids written before and after
+the faster derivation must match, or a change carried out again would be kept twice)."""
+
+import random
+import string
+import uuid
+
+from services.app import mail_events
+from services.domain import model
+from services.domain.events import EVENT_IDS, EventType, event_id, uuid5_text
+
+
+def test_uuid5_text_is_uuid5_for_any_name():
+    rng = random.Random(7)
+    alphabet = string.printable + "éß漢|"
+    names = ["", "|", "delivered|q|" + str(uuid.UUID(int=0)) + "|1|"]
+    names += ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 120))) for _ in range(2000)]
+    for name in names:
+        assert uuid5_text(name) == str(uuid.uuid5(EVENT_IDS, name)), name
+
+
+def test_an_ids_inputs_are_kind_queue_mail_step_and_discriminator():
+    mail_id = uuid.UUID("7d0f6c1e-3c1a-4b8e-9a51-0d9e3f1f2a10")
+    assert event_id(EventType.DELIVERED, "q", mail_id, 2) == str(uuid.uuid5(EVENT_IDS, f"delivered|q|{mail_id}|2|"))
+    assert event_id(EventType.DELIVERED, "q", mail_id, 2) != event_id(EventType.DELIVERED, "q", mail_id, 3)
+    assert event_id(EventType.HANDED_OUT, "q", mail_id, 1, "2") != event_id(EventType.HANDED_OUT, "q", mail_id, 1, "1")
+
+
+def test_a_deliverys_events_carry_the_attempt_under_way():
+    now = model.utcnow()
+    mail = model.QueuedMail("q", uuid.uuid4(), now, model.Mail(name="n", sender="a@example.com", recipients=("b@example.org",)),
+                            ("a" * 64,), 10, now, 0, attempts=2)  # two RETRYs so far: the third attempt
+    for e in (mail_events.handed_out(mail, 1), mail_events.delivered(mail), mail_events.rejected(mail, "550"),
+              mail_events.retry_scheduled(mail, "451", now), mail_events.dead_lettered(mail, "x"), mail_events.expired(mail, "y")):
+        assert e.attempt == 3, e.type
+        assert e.id == event_id(e.type, "q", mail.enqueue_id, 3, "1" if e.type is EventType.HANDED_OUT else "")
+    assert mail_events.enqueued(mail).attempt == 2  # not a delivery's: the mail's count as it is
