@@ -1,9 +1,13 @@
 """What events cost: the batched enqueue and dequeue rates with the mail history on and off, in one run.
 
     .venv/bin/python -m bench.events_bench [--rounds 2] [--seconds 10] [--warmup 3] [--concurrency 128]
-        [--batch 32] [--prefetch 128] [--size 10240] [--settle 60]
+        [--batch 32] [--prefetch 128] [--size 10240] [--settle 60] [--modes off,true]
 
-Each round runs both modes back to back (off then on, on then off in the next round: a later phase
+``--modes off,true,history,unwritten`` tells the parts apart: the history without the stream, and
+events made and encoded but written nowhere (MAILQUEUE_EVENTS values for measuring only). The
+summary then compares each mode with the first, and prints each process's mean CPU per mail by mode.
+
+Each round runs the modes back to back (off then on, on then off in the next round: a later phase
 meets the earlier one's flushes and compactions; services started with MAILQUEUE_EVENTS=off or
 true, on one keyspace): an EnqueueBatches phase (``--batch`` mails per message,
 ``--concurrency`` in flight) for ``--seconds``, then a batched Dequeue (max_batch ``--batch``,
@@ -67,6 +71,16 @@ def phase(a: argparse.Namespace, keyspace: str, mode: str, i: int) -> tuple[dict
         stop(procs)
 
 
+#: The processes a CPU-per-op line names, in the order of the summary.
+PROCESSES = ("enqueue_svc", "dequeue_svc", "browse_svc", "cassandra", "rabbitmq", "total")
+
+
+def cpu_of(line: str, process: str) -> float:
+    """One process's ms per mail in a CPU-per-op line (0 when it is not named)."""
+    m = re.search(rf"(?:[:,] |; ){process} ([0-9.]+)", line)
+    return float(m.group(1)) if m else 0.0
+
+
 def total_cpu(line: str) -> float:
     """The total of a CPU-per-op line (common.CpuMeter.per_op): every process's ms per mail."""
     return max(float(re.search(r"; total ([0-9.]+)", line).group(1)), 1e-9)  # type: ignore[union-attr]
@@ -82,33 +96,43 @@ def main() -> None:
     p.add_argument("--prefetch", type=int, default=128)
     p.add_argument("--size", type=int, default=10 * 1024)
     p.add_argument("--settle", type=float, default=60, help="seconds at most to wait for an idle stack before a phase")
+    p.add_argument("--modes", default=",".join(MODES),
+                   help="MAILQUEUE_EVENTS values, the first the base the others are compared with: off, true, "
+                        "and, to tell the parts apart, history (no stream) and unwritten (events made, not written)")
     a = p.parse_args()
+    modes = a.modes.split(",")
     keyspace = new_keyspace()
     results: list[dict[str, tuple[dict[str, Any], dict[str, Any]]]] = []
     for i in range(a.rounds):
-        order = MODES if i % 2 == 0 else MODES[::-1]  # alternate which mode runs first (warm-up, compactions)
+        order = modes if i % 2 == 0 else modes[::-1]  # alternate which mode runs first (warm-up, compactions)
         results.append({mode: phase(a, keyspace, mode, i) for mode in order})
     print(f"\nevents off / on, {a.size} B mails, EnqueueBatches {a.batch} x {a.concurrency} in flight for {a.seconds:.0f} s, "
           f"then Dequeue max_batch {a.batch} prefetch {a.prefetch}; keyspace {keyspace}")
-    enqueue_ratios, dequeue_ratios, enqueue_cpu, dequeue_cpu = [], [], [], []
+    base = modes[0]
     for i, r in enumerate(results, 1):
         for mode in r:
             e, d = r[mode]
             print(f"round {i} events={mode}: {report('enqueue', e)}\n           {e['cpu']}\n           {statements_line(e['stmts'])}")
             print(f"           dequeue {d['per_s']:.1f}/s ({d['n']} mails, {d['per_message']:.1f} per Deliveries message)"
                   f"\n           {d['cpu']}\n           {statements_line(d['stmts'])}")
-        enqueue_ratios.append(r["true"][0]["per_s"] / r["off"][0]["per_s"])
-        dequeue_ratios.append(r["true"][1]["per_s"] / r["off"][1]["per_s"])
-        # The same comparison by CPU: all processes' CPU per mail off / on (a rate is also moved by
-        # what else the machine does in that window; CPU per mail much less so).
-        enqueue_cpu.append(total_cpu(r["off"][0]["cpu"]) / total_cpu(r["true"][0]["cpu"]))
-        dequeue_cpu.append(total_cpu(r["off"][1]["cpu"]) / total_cpu(r["true"][1]["cpu"]))
-        print(f"round {i} ratio on/off: enqueue {enqueue_ratios[-1]:.2f}, dequeue {dequeue_ratios[-1]:.2f}; "
-              f"CPU per mail off/on: enqueue {enqueue_cpu[-1]:.2f}, dequeue {dequeue_cpu[-1]:.2f}")
-    for label, ratios in (("ratio on/off", (enqueue_ratios, dequeue_ratios)), ("CPU per mail off/on", (enqueue_cpu, dequeue_cpu))):
-        print(f"{label}, median of {len(results)} rounds: enqueue {statistics.median(ratios[0]):.2f} "
-              f"(each {', '.join(f'{x:.2f}' for x in ratios[0])}), dequeue {statistics.median(ratios[1]):.2f} "
-              f"(each {', '.join(f'{x:.2f}' for x in ratios[1])})")
+    for mode in modes[1:]:
+        ratios: dict[str, list[float]] = {"enqueue": [], "dequeue": [], "enqueue CPU": [], "dequeue CPU": []}
+        for r in results:
+            for k, path in (("enqueue", 0), ("dequeue", 1)):
+                ratios[k].append(r[mode][path]["per_s"] / r[base][path]["per_s"])
+                # The same comparison by CPU: all processes' CPU per mail base / mode (a rate is
+                # also moved by what else the machine does in that window; CPU per mail much less so).
+                ratios[f"{k} CPU"].append(total_cpu(r[base][path]["cpu"]) / total_cpu(r[mode][path]["cpu"]))
+        for label, (e, d) in ((f"ratio {mode}/{base}", ("enqueue", "dequeue")), (f"CPU per mail {base}/{mode}", ("enqueue CPU", "dequeue CPU"))):
+            print(f"{label}, median of {len(results)} rounds: enqueue {statistics.median(ratios[e]):.2f} "
+                  f"(each {', '.join(f'{x:.2f}' for x in ratios[e])}), dequeue {statistics.median(ratios[d]):.2f} "
+                  f"(each {', '.join(f'{x:.2f}' for x in ratios[d])})")
+    for path, k in (("enqueue", 0), ("dequeue", 1)):
+        print(f"{path}: mean CPU ms per mail over the rounds, by process and mode")
+        for process in PROCESSES:
+            means = {m: statistics.mean(cpu_of(r[m][k]["cpu"], process) for r in results) for m in modes}
+            print(f"  {process:12s} " + "  ".join(f"{m} {v:.2f}" for m, v in means.items())
+                  + "".join(f"  ({m} {means[m] - means[base]:+.2f})" for m in modes[1:]))
     sys.stdout.flush()
 
 

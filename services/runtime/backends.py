@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import socket
+from collections.abc import Sequence
 
 from services.adapters.blob_service import RemoteBlobStore
 from services.adapters.cassandra.blobs import CassandraBlobStore
@@ -16,7 +17,9 @@ from services.adapters.s3.store import S3BlobStore
 from services.adapters.tiered import TieredBlobStore
 from services.app.mail_events import Unrecorded
 from services.app.queue_state import QueueState
+from services.contract import events_serde
 from services.domain.errors import ConfigurationError, FailedPrecondition, InvalidArgument
+from services.domain.events import Event
 from services.domain.view_config import merge
 from services.ports.blobstore import BlobStore
 from services.ports.broker import Broker
@@ -57,7 +60,21 @@ def event_log(settings: Settings, view: View, stream: RabbitMQEventStream) -> Ev
     if not settings.events.enabled:
         return Unrecorded()
     replica = f"{socket.gethostname()}/{settings.server.service}"
-    return CassandraEventLog(view.session, settings.cassandra.keyspace, settings.events.history_retention_s, replica, sinks=(stream,))
+    if settings.events.sinks == "unwritten":
+        return Unwritten(replica)
+    sinks = () if settings.events.sinks == "history" else (stream,)
+    return CassandraEventLog(view.session, settings.cassandra.keyspace, settings.events.history_retention_s, replica, sinks=sinks)
+
+
+class Unwritten(Unrecorded):
+    """MAILQUEUE_EVENTS=unwritten, only to measure: each event is made and encoded as for the
+    history and the stream, then dropped (what making events costs, apart from writing them)."""
+
+    def __init__(self, replica: str) -> None:
+        self._replica = replica
+
+    async def record(self, events: Sequence[Event]) -> None:
+        events_serde.encode_each(events, self._replica)
 
 
 class BlobBackends:

@@ -221,11 +221,19 @@ def limits_from_env(env: Mapping[str, str] = os.environ) -> LimitSettings:
     )
 
 
+#: MAILQUEUE_EVENTS values that record in part, only to measure (bench.events_bench --modes).
+MEASURED_EVENT_SINKS = ("history", "unwritten")
+
+
 def events_from_env(env: Mapping[str, str] = os.environ) -> EventSettings:
     """Events and the mail history (docs/pages/concepts/events.md)."""
+    raw = _get(env, "EVENTS", "true").strip().lower()
+    sinks = raw if raw in MEASURED_EVENT_SINKS else "all"
     return EventSettings(
-        #: MAILQUEUE_EVENTS=off records nothing (to measure the cost of events; bench/).
-        enabled=_bool(env, "EVENTS", True),
+        #: MAILQUEUE_EVENTS=off records nothing (to measure the cost of events; bench/); "history"
+        #: and "unwritten" record in part, to measure what each part costs (EventSettings.sinks).
+        enabled=True if sinks != "all" else _bool(env, "EVENTS", True),
+        sinks=sinks,
         #: Seconds each history row is kept (its TTL); the history of a mail older than that is gone.
         history_retention_s=_int(env, "HISTORY_RETENTION_S", EventSettings.history_retention_s, 60),
     )

@@ -4,7 +4,7 @@ import pytest
 
 from services.domain.errors import ConfigurationError
 from services.domain.settings import LimitSettings
-from services.runtime.settings import Settings
+from services.runtime.settings import Settings, events_from_env
 
 
 def test_defaults_are_local_and_safe():
@@ -95,3 +95,17 @@ def test_tls_identities_map_a_uri_san_or_cn_to_a_role():
     for bad in ("spiffe://x=root", "=admin", "ops"):
         with pytest.raises(ConfigurationError, match="identity=role"):
             parse_identities(bad)
+
+
+@pytest.mark.parametrize("value, enabled, sinks", [
+    ("true", True, "all"), ("on", True, "all"), ("off", False, "all"), ("false", False, "all"),
+    ("history", True, "history"), ("unwritten", True, "unwritten"), (" History ", True, "history"),
+])
+def test_events_setting_records_all_none_or_one_part_to_measure(value, enabled, sinks):
+    e = events_from_env({"MAILQUEUE_EVENTS": value})
+    assert (e.enabled, e.sinks) == (enabled, sinks)
+
+
+def test_events_setting_refuses_anything_else():
+    with pytest.raises(ConfigurationError, match="MAILQUEUE_EVENTS='stream'"):
+        events_from_env({"MAILQUEUE_EVENTS": "stream"})
