@@ -34,6 +34,7 @@ from bench.common import (
     PORTS,
     bench_queue,
     cassandra_statements,
+    metric,
     new_keyspace,
     report,
     run,
@@ -66,6 +67,10 @@ def phase(a: argparse.Namespace, keyspace: str, mode: str, i: int) -> tuple[dict
         warmup = min(500, e["ops"] // 5)
         d = asyncio.run(dequeue_batched(queue, int(e["ops"]) - warmup, a.prefetch, warmup, services, a.batch,
                                         functools.partial(cassandra_statements, METRICS["dequeue"])))
+        # The event stream's messages from dequeue_svc (started for this mode: its counts are the
+        # phase's), per mail it handed out; and the events each held.
+        published = {u: metric(METRICS["dequeue"], "mailqueue_event_stream_published_total", unit=u) for u in ("messages", "events")}
+        d["stream"] = (published["messages"] / max(d["n"] + warmup, 1), published["events"] / max(published["messages"], 1))
         return e, d
     finally:
         stop(procs)
@@ -113,7 +118,8 @@ def main() -> None:
         for mode in r:
             e, d = r[mode]
             print(f"round {i} events={mode}: {report('enqueue', e)}\n           {e['cpu']}\n           {statements_line(e['stmts'])}")
-            print(f"           dequeue {d['per_s']:.1f}/s ({d['n']} mails, {d['per_message']:.1f} per Deliveries message)"
+            print(f"           dequeue {d['per_s']:.1f}/s ({d['n']} mails, {d['per_message']:.1f} per Deliveries message; "
+                  f"{d['stream'][0]:.3f} event-stream messages per mail, {d['stream'][1]:.0f} events each)"
                   f"\n           {d['cpu']}\n           {statements_line(d['stmts'])}")
     for mode in modes[1:]:
         ratios: dict[str, list[float]] = {"enqueue": [], "dequeue": [], "enqueue CPU": [], "dequeue CPU": []}
