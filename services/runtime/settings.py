@@ -232,7 +232,7 @@ def events_from_env(env: Mapping[str, str] = os.environ) -> EventSettings:
     return EventSettings(
         #: MAILQUEUE_EVENTS=off records nothing (to measure the cost of events; bench/); "history"
         #: and "unwritten" record in part, to measure what each part costs (EventSettings.sinks).
-        enabled=True if sinks != "all" else _bool(env, "EVENTS", True),
+        enabled=sinks != "all" or _bool(env, "EVENTS", True),
         sinks=sinks,
         #: Seconds each history row is kept (its TTL); the history of a mail older than that is gone.
         history_retention_s=_int(env, "HISTORY_RETENTION_S", EventSettings.history_retention_s, 60),
