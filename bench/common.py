@@ -232,15 +232,34 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def tree_cpu_seconds(pid: int) -> float:
+    """``cpu_seconds`` of a process and its live descendants (a service's workers under their
+    supervisor, services/runtime/workers.py)."""
+    total = cpu_seconds(pid)
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            children = [int(c) for c in f.read().split()]
+    except OSError:
+        return total
+    for child in children:
+        with contextlib.suppress(OSError):
+            total += tree_cpu_seconds(child)
+    return total
+
+
 class CpuMeter:
     """CPU time per operation of every process a phase runs on: where the cores go; and, given a
     ``statements`` source, the Cassandra requests per operation by kind over the same window."""
 
     def __init__(self, services: dict[str, int], statements: Callable[[], dict[str, float]] | None = None) -> None:
         self._pids = {**services, **stack_pids(), "bench": os.getpid()}
-        self._start = {name: cpu_seconds(pid) for name, pid in self._pids.items()}
+        self._trees = set(services)  # a service may be workers under a supervisor
+        self._start = {name: self._cpu(name, pid) for name, pid in self._pids.items()}
         self._statements = statements
         self._statements_start = statements() if statements else {}
+
+    def _cpu(self, name: str, pid: int) -> float:
+        return tree_cpu_seconds(pid) if name in self._trees else cpu_seconds(pid)
 
     def statements_per_op(self, ops: float) -> dict[str, float]:
         """Cassandra requests per operation since the start, by kind (empty without a source)."""
@@ -253,7 +272,7 @@ class CpuMeter:
     def per_op(self, ops: float, others: dict[str, float] | None = None) -> str:
         """CPU ms per operation of each process; ``others``: CPU seconds of processes measured
         another way over the same window (a load client run as a child: its rusage)."""
-        used = {name: 1000 * (cpu_seconds(pid) - self._start[name]) / ops for name, pid in self._pids.items()}
+        used = {name: 1000 * (self._cpu(name, pid) - self._start[name]) / ops for name, pid in self._pids.items()}
         used.update({name: 1000 * seconds / ops for name, seconds in (others or {}).items()})
         total = sum(used.values()) or 1e-9  # a phase too short to be measured (a busy machine)
         parts = ", ".join(f"{name} {ms:.2f}" for name, ms in used.items())

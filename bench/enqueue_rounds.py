@@ -3,7 +3,7 @@ two load clients (the Python one and ghz).
 
     make ghz          # once: ghz for the ghz phase (bench/ghz.py)
     .venv/bin/python -m bench.enqueue_rounds [--rounds 3] [--seconds 15] [--warmup 3] [--concurrency 128]
-        [--size 10240] [--paths unary,ghz] [--warm-seconds 10] [--connections 4] [--settle-s 180]
+        [--size 10240] [--paths unary,ghz] [--warm-seconds 10] [--connections 4] [--settle-s 180] [--workers 1]
 
 Paths (``--paths``, besides ``direct``, always measured): ``unary`` (Enqueue from the Python client,
 ``--concurrency`` callers), ``ghz`` (Enqueue from ghz, ``-c --concurrency --connections N``),
@@ -68,9 +68,11 @@ class Bench:
             self.credentials = grpc.ssl_channel_credentials(f.read())
         tls = {"MAILQUEUE_TLS_CERT_FILE": os.path.join(PKI, "services.crt"),
                "MAILQUEUE_TLS_KEY_FILE": os.path.join(PKI, "services.key")}
-        self.procs = start_services(keyspace, ["blob", "enqueue", "browse"], metrics={"enqueue": ENQUEUE_METRICS},
-                                    extra=tls, credentials=self.credentials)
-        self.services = {"blob_svc": self.procs[0].pid, "enqueue_svc": self.procs[1].pid}
+        # --workers applies to enqueue_svc alone: the others' background rounds would double too.
+        self.procs = start_services(keyspace, ["enqueue"], metrics={"enqueue": ENQUEUE_METRICS},
+                                    extra={**tls, "MAILQUEUE_WORKERS": str(a.workers)}, credentials=self.credentials)
+        self.procs += start_services(keyspace, ["blob", "browse"], extra=tls, credentials=self.credentials)
+        self.services = {"blob_svc": self.procs[1].pid, "enqueue_svc": self.procs[0].pid}
         self.admin = admin_pb2_grpc.AdminServiceStub(
             grpc.secure_channel(f"127.0.0.1:{PORTS['browse']}", self.credentials))
         self.settings = Settings.from_env("enqueue", {**os.environ, "MAILQUEUE_CASSANDRA_KEYSPACE": keyspace})
@@ -120,6 +122,8 @@ def parse() -> argparse.Namespace:
     p.add_argument("--size", type=int, default=10 * 1024)
     p.add_argument("--settle-s", type=float, default=180,
                    help="most seconds to wait for an idle stack before each phase (then it measures anyway, and says so)")
+    p.add_argument("--workers", type=int, default=1,
+                   help="MAILQUEUE_WORKERS of enqueue_svc: its processes on its port (services/runtime/workers.py)")
     p.add_argument("--paths", default="unary,ghz", help="comma-separated: unary, ghz, stream, many, batchN")
     a = p.parse_args()
     a.paths = [x.strip() for x in a.paths.split(",") if x.strip()]
@@ -154,6 +158,7 @@ def main() -> None:
     finally:
         bench.close()
     print(f"\nenqueue of {a.size} B mails, concurrency {a.concurrency} (ghz: {a.connections} connections), gRPC over TLS, "
+          f"enqueue_svc in {a.workers} worker process(es), "
           f"{a.seconds:.0f} s each after {a.warmup:.0f} s of warm-up, {a.rounds} rounds in alternating order, keyspace {keyspace}")
     for rnd in range(a.rounds):
         print(f"round {rnd + 1} ({' '.join(phases if rnd % 2 == 0 else phases[::-1])}):")

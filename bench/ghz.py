@@ -64,17 +64,35 @@ def request_template(queue: str, size: int) -> dict[str, Any]:
             "inlineContent": content}
 
 
+def health_protoset(folder: str) -> str:
+    """grpc.health.v1's descriptor as a protoset file for ghz (the Python server's reflection does
+    not resolve a method's symbol, which ghz asks for)."""
+    from google.protobuf import descriptor_pb2
+    from grpc_health.v1 import health_pb2
+
+    path = os.path.join(folder, "health.protoset")
+    with open(path, "wb") as f:
+        f.write(descriptor_pb2.FileDescriptorSet(
+            file=[descriptor_pb2.FileDescriptorProto.FromString(health_pb2.DESCRIPTOR.serialized_pb)]).SerializeToString())
+    return path
+
+
 def run_ghz(queue: str, seconds: float, concurrency: int, connections: int, size: int, ca_file: str,
-            services: dict[str, int] | None = None, statements: Any = None) -> dict[str, Any]:
+            services: dict[str, int] | None = None, statements: Any = None, call: str = CALL) -> dict[str, Any]:
     """One ghz run of ``seconds`` against the bench's enqueue_svc over TLS: the common.load result
     (ops, per_s, p50_ms, p99_ms, cpu, stmts) with ``errors``; with ``services``, CPU per mail of
-    each process, ghz's own from its rusage."""
+    each process, ghz's own from its rusage. ``call``: another method than Enqueue, found by
+    its protoset and called with an empty request: grpc.health.v1.Health/Check, the gRPC floor."""
     with tempfile.TemporaryDirectory() as tmp:
         data, out = os.path.join(tmp, "request.json"), os.path.join(tmp, "report.json")
         with open(data, "w") as f:
-            json.dump(request_template(queue, size), f)
-        command = [binary(), "--proto", os.path.join(ROOT, "protos", "mailqueue", "v1", "enqueue.proto"),
-                   "--import-paths", os.path.join(ROOT, "protos"), "--call", CALL, "--cacert", ca_file,
+            json.dump(request_template(queue, size) if call == CALL else {}, f)
+        if call == CALL:
+            described = ["--proto", os.path.join(ROOT, "protos", "mailqueue", "v1", "enqueue.proto"),
+                         "--import-paths", os.path.join(ROOT, "protos")]
+        else:
+            described = ["--protoset", health_protoset(tmp)]
+        command = [binary(), *described, "--call", call, "--cacert", ca_file,
                    "-c", str(concurrency), "--connections", str(connections), "-z", f"{seconds:g}s",
                    "-t", f"{CALL_TIMEOUT_S}s",
                    "-D", data, "-O", "json", "-o", out, f"127.0.0.1:{PORTS['enqueue']}"]

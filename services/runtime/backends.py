@@ -59,7 +59,7 @@ def event_log(settings: Settings, view: View, stream: RabbitMQEventStream) -> Ev
     stream, or nowhere with MAILQUEUE_EVENTS=off."""
     if not settings.events.enabled:
         return Unrecorded()
-    replica = f"{socket.gethostname()}/{settings.server.service}"
+    replica = f"{socket.gethostname()}/{settings.server.service}" + (f"/{settings.server.worker}" if settings.server.worker else "")
     if settings.events.sinks == "unwritten":
         return Unwritten(replica)
     sinks = () if settings.events.sinks == "history" else (stream,)

@@ -11,9 +11,10 @@ _STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
 
 
 class JsonFormatter(logging.Formatter):
-    def __init__(self, service: str) -> None:
+    def __init__(self, service: str, worker: int = 0) -> None:
         super().__init__()
         self.service = service
+        self.worker = worker
 
     def format(self, record: logging.LogRecord) -> str:
         entry = {
@@ -23,6 +24,8 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "msg": record.getMessage(),
         }
+        if self.worker:  # one of several processes of this service (services/runtime/workers.py)
+            entry["worker"] = self.worker
         for key, value in vars(record).items():
             if key not in _STANDARD and not key.startswith("_"):
                 entry[key] = value if isinstance(value, (int, float, bool, str, type(None))) else str(value)
@@ -31,9 +34,9 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, ensure_ascii=False)
 
 
-def configure(service: str, level: str = "INFO") -> None:
+def configure(service: str, level: str = "INFO", worker: int = 0) -> None:
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter(service))
+    handler.setFormatter(JsonFormatter(service, worker))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)

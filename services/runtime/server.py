@@ -33,7 +33,7 @@ from prometheus_client import Gauge, start_http_server
 
 from services.adapters.grpc_channels import MAX_MESSAGE
 from services.domain.errors import BackendUnavailable, ConfigurationError
-from services.runtime import logs
+from services.runtime import logs, workers
 from services.runtime.auth import TokenAuth, check_exposure, check_transport
 from services.runtime.interceptors import ErrorsAndMetrics
 from services.runtime.settings import Settings
@@ -205,7 +205,7 @@ async def checked(app: App) -> None:
 
 async def serve(app: App) -> None:
     s = app.settings.server
-    logs.configure(app.name, s.log_level)
+    logs.configure(app.name, s.log_level, worker=s.worker)
     watchdog = LoopWatchdog(asyncio.get_running_loop())
     watchdog.start()
     if s.metrics_port:
@@ -269,4 +269,8 @@ def main(app_factory: Callable[[Settings], App], name: str) -> None:
     except ConfigurationError as e:
         print(f"{name}: refusing to start: {e}", file=sys.stderr)
         sys.exit(2)
+    if settings.server.workers > 1 and not settings.server.worker:
+        logs.configure(name, settings.server.log_level)
+        sys.exit(workers.Supervisor(app_factory.__module__.partition(".")[0], settings.server).run())
+    workers.attach(settings.server)
     asyncio.run(serve(app_factory(settings)))

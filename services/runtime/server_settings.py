@@ -56,3 +56,7 @@ class ServerSettings:
     heal_interval_s: float = 300.0
     heal_grace_s: float = 900.0
     heal_rows_per_round: int = 20_000
+    #: Processes serving this service's port (services/runtime/workers.py); 1: this process alone.
+    workers: int = 1
+    #: In one of those processes: its index (1..workers), set by their supervisor; 0 otherwise.
+    worker: int = 0

@@ -356,7 +356,19 @@ def server_from_env(service: str, env: Mapping[str, str] = os.environ) -> Server
         #: Mail rows a healer round reads per queue at most: a deep queue is passed over in several
         #: rounds, so a round costs the same at any depth.
         heal_rows_per_round=_int(env, "HEAL_ROWS_PER_ROUND", 20_000, 100),
+        #: Worker processes on the same port (SO_REUSEPORT), under a supervisor that serves their
+        #: metrics (services/runtime/workers.py): a pod that can use more than one core.
+        workers=_workers(env, port),
+        #: Set by that supervisor in each worker's environment: the worker's index.
+        worker=_int(env, "WORKER", 0, 0),
     )
+
+
+def _workers(env: Mapping[str, str], port: int) -> int:
+    workers = _int(env, "WORKERS", 1, 1, 64)
+    if workers > 1 and not port:
+        raise ConfigurationError("MAILQUEUE_WORKERS > 1 needs a fixed MAILQUEUE_PORT: the workers share it (0 gives each its own)")
+    return workers
 
 
 @dataclasses.dataclass(frozen=True)

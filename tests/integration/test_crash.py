@@ -21,6 +21,42 @@ from stack.harness import ServiceProcess, service_env, wait_until
 from tests.integration.helpers import StreamConsumer, heal_counters, inline, message_count, one_event_each, simple_mail, view_rows
 
 
+class Producers:
+    """``threads`` producers calling ``call`` (an enqueue, returning its enqueue id) until stopped:
+    the ids acknowledged, and the calls that failed (each producer pauses ``pause`` s after one,
+    as a client retrying would)."""
+
+    def __init__(self, call, threads: int, pause: float = 0.0) -> None:
+        self.call, self.threads, self.pause = call, threads, pause
+        self.acknowledged: list[str] = []
+        self.failed = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._running = [threading.Thread(target=self._produce, daemon=True) for _ in range(threads)]
+
+    def _produce(self) -> None:
+        while not self._stop.is_set():
+            try:
+                enqueue_id = self.call()
+            except grpc.RpcError:
+                with self._lock:
+                    self.failed += 1
+                self._stop.wait(self.pause)
+                continue
+            with self._lock:
+                self.acknowledged.append(enqueue_id)
+
+    def start(self) -> None:
+        for t in self._running:
+            t.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        for t in self._running:
+            if t.is_alive():
+                t.join(15)
+
+
 def enqueue_many(stub, queue: str, n: int, workers: int = 16) -> list[str]:
     def one(i: int) -> str:
         return stub.Enqueue(inline(queue, simple_mail(f"m{i}")), timeout=30).receipt.enqueue_id
@@ -125,38 +161,19 @@ def test_kill_9_of_enqueue_svc_mid_load_loses_no_acknowledged_mail(suite, keyspa
     env = service_env(keyspace, MAILQUEUE_BLOB_TARGET=suite.blob.target)
     e1 = ServiceProcess("enqueue", env)
     queue = suite.new_queue()
-    acknowledged: list[str] = []
-    failed = 0
-    lock = threading.Lock()
-    stop = threading.Event()
-
-    def produce() -> None:
-        nonlocal failed
-        stub = enqueue_pb2_grpc.EnqueueServiceStub(grpc.insecure_channel(e1.target))
-        while not stop.is_set():
-            try:
-                r = stub.Enqueue(inline(queue, simple_mail(uuid.uuid4().hex)), timeout=10)
-            except grpc.RpcError:
-                with lock:
-                    failed += 1
-                stop.wait(0.05)  # a producer's retry pause while the service is down
-                continue
-            with lock:
-                acknowledged.append(r.receipt.enqueue_id)
-
+    stub = enqueue_pb2_grpc.EnqueueServiceStub(grpc.insecure_channel(e1.target))
     # 24 producers at once: their calls run in groups (services/app/grouping.py), so the kill
     # lands in the middle of groups too.
-    producers = [threading.Thread(target=produce, daemon=True) for _ in range(24)]
+    load = Producers(lambda: stub.Enqueue(inline(queue, simple_mail(uuid.uuid4().hex)), timeout=10).receipt.enqueue_id, 24,
+                     pause=0.05)
+    acknowledged = load.acknowledged
     try:
-        for t in producers:
-            t.start()
+        load.start()
         wait_until(lambda: len(acknowledged) >= 150, 60, interval=0.02, what="load under way")
         e1.kill9()
         e1.start()  # start-up is recovery: nothing to replay, nothing to repair
         wait_until(lambda: len(acknowledged) >= 300, 60, interval=0.05, what="load resumed after restart")
-        stop.set()
-        for t in producers:
-            t.join(15)
+        load.stop()
         drain = Drain()
         for i in range(2):
             drain.run(suite.dequeue.target, queue, f"consumer{i}")
@@ -166,10 +183,10 @@ def test_kill_9_of_enqueue_svc_mid_load_loses_no_acknowledged_mail(suite, keyspa
         drain.join()
         extra = set(drain.deliveries) - set(acknowledged)
         duplicates = sum(n - 1 for n in drain.deliveries.values())
-        print(f"\nkill -9 enqueue_svc: {len(acknowledged)} acknowledged, all delivered; {failed} attempts failed "
+        print(f"\nkill -9 enqueue_svc: {len(acknowledged)} acknowledged, all delivered; {load.failed} attempts failed "
               f"during the outage; {len(extra)} unacknowledged mails delivered; {duplicates} duplicates")
         assert duplicates == 0
-        assert len(extra) <= len(producers)  # at most one in-flight enqueue per producer completed without its reply
+        assert len(extra) <= load.threads  # at most one in-flight enqueue per producer completed without its reply
         # Every delivered mail: one ENQUEUED and one DELIVERED event id, in history and stream. Others
         # with events: an enqueue cut by the kill after its record, its mail queued but not yet published
         # (the healer republishes it), reported.
@@ -178,7 +195,7 @@ def test_kill_9_of_enqueue_svc_mid_load_loses_no_acknowledged_mail(suite, keyspa
               f"{other} other mails with events")
         heal_counters(suite, queue)
     finally:
-        stop.set()
+        load.stop()
         e1.stop()
 
 

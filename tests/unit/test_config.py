@@ -14,6 +14,12 @@ def test_defaults_are_local_and_safe():
     assert s.view.slice_window_s is None  # the stored configuration is kept unless told otherwise
 
 
+def test_one_process_unless_workers_are_asked_for():
+    assert (Settings.from_env("enqueue", env={}).server.workers, Settings.from_env("enqueue", env={}).server.worker) == (1, 0)
+    s = Settings.from_env("dequeue", env={"MAILQUEUE_WORKERS": "4", "MAILQUEUE_WORKER": "3"})
+    assert (s.server.workers, s.server.worker, s.server.port) == (4, 3, 50052)
+
+
 def test_environment_overrides():
     s = Settings.from_env(
         "blob",
@@ -35,6 +41,10 @@ def test_environment_overrides():
         ({"MAILQUEUE_S3_SECURE": "maybe"}, "not a boolean"),
         # A delivery with its content must fit one 16 MiB gRPC message (and one GetBytes answer).
         ({"MAILQUEUE_DEQUEUE_INLINE_BYTES": str(16 * 1024 * 1024)}, "MAILQUEUE_DEQUEUE_INLINE_BYTES=16777216 must be <= 15728640"),
+        ({"MAILQUEUE_WORKERS": "0"}, "MAILQUEUE_WORKERS=0 must be >= 1"),
+        ({"MAILQUEUE_WORKERS": "65"}, "MAILQUEUE_WORKERS=65 must be <= 64"),
+        # Workers share one port: with port 0 each would bind a port of its own, unknown to clients.
+        ({"MAILQUEUE_WORKERS": "2", "MAILQUEUE_PORT": "0"}, "MAILQUEUE_WORKERS > 1 needs a fixed MAILQUEUE_PORT"),
     ],
 )
 def test_bad_values_name_the_variable(env, message):
