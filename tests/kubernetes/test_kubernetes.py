@@ -4,7 +4,7 @@ In the order an operator meets them: the Deployments become Available under the 
 the scheduled sweep; clients in pods reach every Service by name, spread over the replicas; the
 autoscaler scales enqueue out under load and back in; a rolling update of enqueue, dequeue and
 browse under load; readiness with the broker stopped; the PodDisruptionBudgets against evictions;
-the NetworkPolicies. Each test prints its figures (docs/pages/deploying/local-kubernetes.md quotes them).
+the NetworkPolicies; SIGKILL inside a pod, and a pod of two workers. Each test prints its figures (docs/pages/deploying/local-kubernetes.md quotes them).
 """
 
 from __future__ import annotations
@@ -419,6 +419,56 @@ def test_a_service_killed_with_sigkill_inside_its_pod_is_restarted_and_loses_no_
     assert not bad, (bad, record["details"])
     print(f"SIGKILL of {list(killed)} under load: restarted and Ready after {back:.1f} s; acked {record['acked']}, "
           f"lost 0; codes {record['codes']}")
+
+
+@pytest.mark.timeout(420)
+def test_a_pod_of_two_workers_passes_its_probes_and_starts_a_killed_worker_again(applied):
+    """MAILQUEUE_WORKERS=2 in a pod of enqueue's own template (a Deployment of one replica beside
+    enqueue's, deleted after): the kubelet's probes pass, the pod's one metrics port serves both
+    workers, and a worker killed with SIGKILL is started again inside the pod (no container restart)."""
+    import copy
+    import os
+    import signal
+
+    base = kube.get("deployment", kube.deployment("enqueue"))
+    name, variant = "mailqueue-enqueue-workers", {"mailqueue.test/variant": "workers"}
+    template = copy.deepcopy(base["spec"]["template"])
+    template["metadata"]["labels"] = {**template["metadata"]["labels"], **variant}
+    container = template["spec"]["containers"][0]
+    container["env"] = [e for e in container["env"] if e["name"] != "MAILQUEUE_WORKERS"] + [{"name": "MAILQUEUE_WORKERS", "value": "2"}]
+    kube.apply([{"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "labels": base["metadata"]["labels"]},
+                 "spec": {"replicas": 1, "selector": {"matchLabels": {**base["spec"]["selector"]["matchLabels"], **variant}},
+                          "template": template}}])
+
+    def pod() -> dict | None:
+        items = [p for p in kube.get("pods", selector="mailqueue.test/variant=workers")["items"]
+                 if not p["metadata"].get("deletionTimestamp")]
+        return items[0] if items and kube.is_ready(items[0]) else None
+
+    def workers(pid: int) -> list[int]:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(c) for c in f.read().split()]
+
+    try:
+        started = time.monotonic()
+        ready = wait_until(pod, 240, interval=1, what="the pod of two workers Ready under the kubelet's probes")
+        took = time.monotonic() - started
+        supervisor, ip = kube.host_pid(ready), ready["status"]["podIP"]
+        first = workers(supervisor)
+        assert len(first) == 2, first
+        assert kube.metric(ip, "enqueue", "mailqueue_serving") == 2  # a series per worker, one port
+        probes = wait_until(lambda: kube.metric(ip, "enqueue", "mailqueue_rpc_total", method="Check"), 60, interval=1,
+                            what="the probes counted")
+        os.kill(first[0], signal.SIGKILL)
+        wait_until(lambda: len(workers(supervisor)) == 2 and first[0] not in workers(supervisor), 60, interval=0.5,
+                   what="the killed worker started again")
+        wait_until(lambda: kube.metric(ip, "enqueue", "mailqueue_serving") == 2, 60, interval=1, what="both SERVING again")
+        assert kube.restarts(ready["metadata"]["name"]) == 0
+        assert kube.is_ready(kube.get("pod", ready["metadata"]["name"]))
+        print(f"a pod of 2 workers: Ready after {took:.1f} s, {probes:.0f} probe calls counted on its one metrics port; "
+              f"a worker killed with SIGKILL started again, no container restart")
+    finally:
+        kube.ns("delete", "deployment", name, "--wait=false", check=False)
 
 
 # ---------------------------------------------------------------------------------- access
