@@ -103,6 +103,9 @@ class QuotaKeeper:
         for (kind, subject) in set(self._quotas) - {q.key for q in snap.quotas}:
             for limit in ("mails_per_s", "bytes_per_s", "max_queued_mails", "max_queued_bytes"):
                 for g in (LIMIT, USE):
+                    # NaN first: with several workers (prometheus_client's multiprocess mode)
+                    # remove() keeps the series, which must then show no value, not the last.
+                    g.labels(kind, subject, limit).set(float("nan"))
                     try:
                         g.remove(kind, subject, limit)
                     except KeyError:

@@ -271,6 +271,9 @@ def main(app_factory: Callable[[Settings], App], name: str) -> None:
         sys.exit(2)
     if settings.server.workers > 1 and not settings.server.worker:
         logs.configure(name, settings.server.log_level)
-        sys.exit(workers.Supervisor(app_factory.__module__.partition(".")[0], settings.server).run())
+        # The package run as ``python -m <package>`` (webhook_svc's app lives in services.runtime).
+        spec = getattr(sys.modules["__main__"], "__spec__", None)
+        package = spec.parent if spec is not None and spec.parent else app_factory.__module__.partition(".")[0]
+        sys.exit(workers.Supervisor(package, settings.server).run())
     workers.attach(settings.server)
     asyncio.run(serve(app_factory(settings)))

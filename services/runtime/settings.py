@@ -358,14 +358,16 @@ def server_from_env(service: str, env: Mapping[str, str] = os.environ) -> Server
         heal_rows_per_round=_int(env, "HEAL_ROWS_PER_ROUND", 20_000, 100),
         #: Worker processes on the same port (SO_REUSEPORT), under a supervisor that serves their
         #: metrics (services/runtime/workers.py): a pod that can use more than one core.
-        workers=_workers(env, port),
+        workers=_workers(env, port, service),
         #: Set by that supervisor in each worker's environment: the worker's index.
         worker=_int(env, "WORKER", 0, 0),
     )
 
 
-def _workers(env: Mapping[str, str], port: int) -> int:
+def _workers(env: Mapping[str, str], port: int, service: str) -> int:
     workers = _int(env, "WORKERS", 1, 1, 64)
+    if workers > 1 and service == "webhook":
+        raise ConfigurationError("MAILQUEUE_WORKERS must be 1 for webhook_svc: one process delivers each endpoint's events in order")
     if workers > 1 and not port:
         raise ConfigurationError("MAILQUEUE_WORKERS > 1 needs a fixed MAILQUEUE_PORT: the workers share it (0 gives each its own)")
     return workers

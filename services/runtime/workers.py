@@ -14,6 +14,8 @@ between replicas: each has its own claims, limiter share and background rounds.
 - **Crash-only:** a worker that ends without being asked is started again (start-up is
   recovery), after a pause that doubles, from 1 s to 30 s, while it keeps ending within 10 s of
   its start. One that refuses to start (exit 2: its configuration) stops them all, with exit 2.
+- **Not for webhook_svc:** its deliverer must be one process (k8s/base/webhook.yaml); more than
+  one worker is refused there (services/runtime/settings.py).
 - **Stopping:** SIGTERM or SIGINT is passed to every worker (each drains as a single process
   does: lameduck, then grace); the supervisor exits once they have all ended. A second signal is
   passed on too (it cuts the lameduck short).
@@ -83,6 +85,8 @@ class Supervisor:
         self.workers[index] = proc
         self.started_at[index] = time.monotonic()
         log.info("worker started", extra={"worker": index, "pid": proc.pid})
+        if self.stopping:  # a signal handled while it started did not reach it
+            proc.send_signal(signal.SIGTERM)
 
     def signal_all(self, signum: int) -> None:
         for proc in self.workers.values():
@@ -101,8 +105,19 @@ class Supervisor:
             return
         from prometheus_client import CollectorRegistry, multiprocess, start_http_server
 
+        class Collector(multiprocess.MultiProcessCollector):
+            """A scrape that meets the files of a worker that just ended reads them again."""
+
+            def collect(self):  # noqa: ANN202 - prometheus_client's signature
+                for _ in range(3):
+                    try:
+                        return list(super().collect())
+                    except FileNotFoundError:
+                        continue
+                return []
+
         registry = CollectorRegistry()
-        multiprocess.MultiProcessCollector(registry, path=self.folder)
+        Collector(registry, path=self.folder)
         start_http_server(self.settings.metrics_port, addr=self.settings.host, registry=registry)
 
     def ended(self, index: int, proc: subprocess.Popen[bytes]) -> None:
@@ -120,8 +135,9 @@ class Supervisor:
             self.due.clear()
             self.signal_all(signal.SIGTERM)
             return
-        quick = time.monotonic() - self.started_at[index] < STEADY_S
-        pause = min(self.pauses.get(index, FIRST_PAUSE_S / 2) * 2, LAST_PAUSE_S) if quick else FIRST_PAUSE_S
+        if time.monotonic() - self.started_at[index] >= STEADY_S:
+            self.pauses.pop(index, None)  # it ran steadily: the next pause is the first again
+        pause = min(self.pauses.get(index, FIRST_PAUSE_S / 2) * 2, LAST_PAUSE_S)
         self.pauses[index] = pause
         self.due[index] = time.monotonic() + pause
         log.warning("worker ended: starting it again", extra={"worker": index, "pid": proc.pid, "exit": code, "pause_s": pause})
@@ -135,7 +151,7 @@ class Supervisor:
                                            "metrics_port": self.settings.metrics_port or "off"})
             for index in range(1, self.settings.workers + 1):
                 self.start(index)
-            while self.workers or self.due:
+            while self.workers or (self.due and not self.stopping):
                 for index, proc in list(self.workers.items()):
                     if proc.poll() is not None:
                         self.ended(index, proc)

@@ -456,7 +456,9 @@ def test_a_pod_of_two_workers_passes_its_probes_and_starts_a_killed_worker_again
         supervisor, ip = kube.host_pid(ready), ready["status"]["podIP"]
         first = workers(supervisor)
         assert len(first) == 2, first
-        assert kube.metric(ip, "enqueue", "mailqueue_serving") == 2  # a series per worker, one port
+        # Ready once a probe reached one SERVING worker; the other may still be connecting.
+        wait_until(lambda: kube.metric(ip, "enqueue", "mailqueue_serving") == 2, 60, interval=1,
+                   what="both workers SERVING, a series each on the pod's one metrics port")
         probes = wait_until(lambda: kube.metric(ip, "enqueue", "mailqueue_rpc_total", method="Check"), 60, interval=1,
                             what="the probes counted")
         os.kill(first[0], signal.SIGKILL)

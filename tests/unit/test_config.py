@@ -119,3 +119,9 @@ def test_events_setting_records_all_none_or_one_part_to_measure(value, enabled, 
 def test_events_setting_refuses_anything_else():
     with pytest.raises(ConfigurationError, match="MAILQUEUE_EVENTS='stream'"):
         events_from_env({"MAILQUEUE_EVENTS": "stream"})
+
+
+def test_webhook_svc_refuses_workers_its_deliverer_is_one_process():
+    with pytest.raises(ConfigurationError, match="MAILQUEUE_WORKERS must be 1 for webhook_svc"):
+        Settings.from_env("webhook", env={"MAILQUEUE_WORKERS": "2"})
+    assert Settings.from_env("webhook", env={"MAILQUEUE_WORKERS": "1"}).server.workers == 1
