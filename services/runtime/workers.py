@@ -62,6 +62,15 @@ def attach(settings: ServerSettings) -> None:
         sys.exit(0)  # the supervisor died before prctl took effect
 
 
+def next_pause(last: float | None, ran_s: float) -> float:
+    """Seconds before starting again a worker that ended after ``ran_s`` seconds, the pause
+    before its last start being ``last`` (None: none yet): doubled while it keeps ending within
+    STEADY_S, from FIRST_PAUSE_S to LAST_PAUSE_S; FIRST_PAUSE_S again after a steady run."""
+    if last is None or ran_s >= STEADY_S:
+        return FIRST_PAUSE_S
+    return min(last * 2, LAST_PAUSE_S)
+
+
 class Supervisor:
     """Starts, restarts and stops the workers of one service; serves their metrics."""
 
@@ -135,10 +144,7 @@ class Supervisor:
             self.due.clear()
             self.signal_all(signal.SIGTERM)
             return
-        if time.monotonic() - self.started_at[index] >= STEADY_S:
-            self.pauses.pop(index, None)  # it ran steadily: the next pause is the first again
-        pause = min(self.pauses.get(index, FIRST_PAUSE_S / 2) * 2, LAST_PAUSE_S)
-        self.pauses[index] = pause
+        pause = self.pauses[index] = next_pause(self.pauses.get(index), time.monotonic() - self.started_at[index])
         self.due[index] = time.monotonic() + pause
         log.warning("worker ended: starting it again", extra={"worker": index, "pid": proc.pid, "exit": code, "pause_s": pause})
 
