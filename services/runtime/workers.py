@@ -36,6 +36,8 @@ import sys
 import tempfile
 import time
 
+from prometheus_client import CollectorRegistry, multiprocess, start_http_server
+
 from services.runtime.server_settings import ServerSettings
 
 log = logging.getLogger(__name__)
@@ -71,6 +73,18 @@ def next_pause(last: float | None, ran_s: float) -> float:
     return min(last * 2, LAST_PAUSE_S)
 
 
+class _Collector(multiprocess.MultiProcessCollector):
+    """The workers' metrics files; a scrape that meets those of a worker that just ended reads again."""
+
+    def collect(self):  # noqa: ANN202 - prometheus_client's signature
+        for _ in range(3):
+            try:
+                return list(super().collect())
+            except FileNotFoundError:
+                continue
+        return []
+
+
 class Supervisor:
     """Starts, restarts and stops the workers of one service; serves their metrics."""
 
@@ -102,31 +116,22 @@ class Supervisor:
             if proc.poll() is None:
                 proc.send_signal(signum)
 
-    def on_signal(self, signum: int, _frame: object) -> None:
-        if not self.stopping:
-            log.info("stopping the workers", extra={"signal": signal.Signals(signum).name, "workers": len(self.workers)})
+    def stop_all(self) -> None:
+        """No more starts; SIGTERM to every worker (again, if told again)."""
         self.stopping = True
         self.due.clear()
         self.signal_all(signal.SIGTERM)
 
+    def on_signal(self, signum: int, _frame: object) -> None:
+        if not self.stopping:
+            log.info("stopping the workers", extra={"signal": signal.Signals(signum).name, "workers": len(self.workers)})
+        self.stop_all()
+
     def serve_metrics(self) -> None:
         if not self.settings.metrics_port:
             return
-        from prometheus_client import CollectorRegistry, multiprocess, start_http_server
-
-        class Collector(multiprocess.MultiProcessCollector):
-            """A scrape that meets the files of a worker that just ended reads them again."""
-
-            def collect(self):  # noqa: ANN202 - prometheus_client's signature
-                for _ in range(3):
-                    try:
-                        return list(super().collect())
-                    except FileNotFoundError:
-                        continue
-                return []
-
         registry = CollectorRegistry()
-        Collector(registry, path=self.folder)
+        _Collector(registry, path=self.folder)
         start_http_server(self.settings.metrics_port, addr=self.settings.host, registry=registry)
 
     def ended(self, index: int, proc: subprocess.Popen[bytes]) -> None:
@@ -140,9 +145,8 @@ class Supervisor:
             return
         if code == REFUSED:
             log.critical("a worker refused to start: stopping them all", extra={"worker": index, "pid": proc.pid})
-            self.refused = self.stopping = True
-            self.due.clear()
-            self.signal_all(signal.SIGTERM)
+            self.refused = True
+            self.stop_all()
             return
         pause = self.pauses[index] = next_pause(self.pauses.get(index), time.monotonic() - self.started_at[index])
         self.due[index] = time.monotonic() + pause
