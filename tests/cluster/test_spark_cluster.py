@@ -30,7 +30,7 @@ def sweep(env: dict[str, str], master: str, *args: str) -> dict:
     p = subprocess.run(
         [sys.executable, "-m", "spark.sweep", "--master", master, "--grace", "0s", "--blob-grace", "0s",
          "--summary-file", summary, *args],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+        cwd=ROOT, env={**env, "MAILQUEUE_SPARK_JAVA_OPTIONS": "quick"}, capture_output=True, text=True, timeout=600,
     )
     assert p.returncode == 0, f"rc={p.returncode}\n{p.stdout}\n{p.stderr[-3000:]}"
     with open(summary, encoding="utf-8") as f:

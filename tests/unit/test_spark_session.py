@@ -3,7 +3,7 @@ machine (stack.sh up --cluster), the operator's address otherwise."""
 
 import pytest
 
-from spark.session import _loopback_master
+from spark.session import LOG4J_CONFIG, QUICK_START, _loopback_master, java_options
 
 
 @pytest.mark.parametrize("master, loopback", [
@@ -17,3 +17,14 @@ from spark.session import _loopback_master
 ])
 def test_a_standalone_master_on_this_machine_is_recognised(master, loopback):
     assert _loopback_master(master) is loopback
+
+
+@pytest.mark.parametrize("spec, extra", [
+    (None, ""),
+    ("", ""),
+    ("quick", " " + QUICK_START),
+    (" quick ", " " + QUICK_START),
+    ("-Xss4m", " -Xss4m"),
+])
+def test_the_jvm_options_keep_the_log_configuration_and_add_the_operators(spec, extra):
+    assert java_options(spec) == f"-Dlog4j2.configurationFile={LOG4J_CONFIG}{extra}"
