@@ -85,7 +85,7 @@ env:
 # and runs every tier (Python, Go, Node, grpcurl, the offline k8s checks, the Kubernetes tier, then
 # the cluster tier, which starts the clusters itself when it gets there).
 test: up lint docs kustomize contract spark-connector image kube-up
-	$(PY) -m pytest
+	$(PY) -m pytest --junitxml=.stack/logs/test-results.xml
 
 # The same tests in lanes (tests/lanes.py): unit, contract and integration beside the cluster
 # tier, the Spark sweep and the image/Kubernetes start-up; then alone the outage tests and the

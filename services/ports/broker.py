@@ -55,7 +55,9 @@ class Consumer(abc.ABC):
         """The next delivery (waits). Raises BackendUnavailable when the channel died."""
 
     @abc.abstractmethod
-    async def ack(self, delivery_tag: int) -> None: ...
+    async def ack(self, delivery_tag: int) -> None:
+        """Acknowledge a delivery. It may leave a moment later, with others: write what the ack
+        stands for first (a process that dies before it left has the message delivered again)."""
 
     @abc.abstractmethod
     async def dead_letter(self, delivery_tag: int) -> None:

@@ -5,6 +5,12 @@ Contract: ``subscribe`` opens one channel with one consumer per RabbitMQ queue, 
 and a busy delivery class never takes another's credit. A subscription that fails or is cancelled
 half-way closes its channel (nothing is left holding messages). Once the channel closes, or the
 broker cancels the consumer (its queue was deleted), every ``get`` fails with BackendUnavailable.
+
+Acks are gathered for ``ACK_DELAY_S`` and leave together: the oldest run of outstanding tags as
+one ``basic.ack`` with ``multiple``, the rest one by one. Each ack sent alone is a TLS record and
+a system call of its own. An ack still waiting when the process dies is a message delivered
+again, which the view then skips: every caller writes what the ack stands for (the deleted mark,
+the new schedule) before it acks.
 """
 
 from __future__ import annotations
@@ -22,6 +28,22 @@ from services.ports.broker import Consumer, Message
 
 _CLOSED = object()
 
+#: How long an ack waits for others to leave with it.
+ACK_DELAY_S = 0.002
+
+
+def ack_frames(outstanding: list[int], acked: set[int]) -> tuple[int | None, list[int]]:
+    """How to ack ``acked``, given every outstanding tag of the channel in order: the highest tag
+    of the oldest run that is wholly acked (one ``multiple`` ack, when the run has two or more),
+    and the tags to ack one by one."""
+    run = 0
+    while run < len(outstanding) and outstanding[run] in acked:
+        run += 1
+    if run < 2:
+        return None, sorted(acked)
+    covered = set(outstanding[:run])
+    return outstanding[run - 1], sorted(acked - covered)
+
 
 class RabbitMQConsumer(Consumer):
     def __init__(self, channel: Channel, waiters: Waiters) -> None:
@@ -29,6 +51,10 @@ class RabbitMQConsumer(Consumer):
         self._waiters = waiters
         self._inbox: asyncio.Queue[Any] = asyncio.Queue()
         self._cancelled: str | None = None
+        #: Tags delivered on the channel and not acked nor rejected yet, in delivery order.
+        self._outstanding: dict[int, None] = {}
+        self._acks: set[int] = set()
+        self._flush: asyncio.TimerHandle | None = None
         channel.add_on_close_callback(lambda _ch, reason: self._inbox.put_nowait(_CLOSED))
         # The broker cancels a consumer whose queue was deleted (DeleteQueue): end like a closed channel.
         channel.add_on_cancel_callback(lambda _frame: self._on_cancel())
@@ -39,6 +65,7 @@ class RabbitMQConsumer(Consumer):
 
     def on_message(self, priority: str, _ch: Channel, method: Any, props: Any, body: bytes) -> None:
         d = message_format.decode(props.headers, body)
+        self._outstanding[method.delivery_tag] = None
         self._inbox.put_nowait(message_format.RabbitMQMessage(
             method.delivery_tag, d.mail_bytes, bool(method.redelivered), props.message_id, d.delivery_count,
             d.generation, d.death_reason, priority, d.delayed, d.content, d.reservation,
@@ -67,13 +94,33 @@ class RabbitMQConsumer(Consumer):
 
     async def ack(self, delivery_tag: int) -> None:
         self._ensure_open()
-        self._channel.basic_ack(delivery_tag)
+        self._acks.add(delivery_tag)
+        if self._flush is None:
+            self._flush = asyncio.get_running_loop().call_later(ACK_DELAY_S, self.flush_acks)
+
+    def flush_acks(self) -> None:
+        """Send the acks gathered so far (at once, not after ``ACK_DELAY_S``)."""
+        if self._flush is not None:
+            self._flush.cancel()
+            self._flush = None
+        acks, self._acks = self._acks, set()
+        if not acks or not self._channel.is_open:
+            return  # a closed channel's messages go back to the queue: the view skips them
+        multiple, singles = ack_frames(list(self._outstanding), acks)
+        if multiple is not None:
+            self._channel.basic_ack(multiple, multiple=True)
+        for tag in singles:
+            self._channel.basic_ack(tag)
+        for tag in acks:
+            self._outstanding.pop(tag, None)
 
     async def dead_letter(self, delivery_tag: int) -> None:
         self._ensure_open()
         self._channel.basic_nack(delivery_tag, requeue=False)
+        self._outstanding.pop(delivery_tag, None)
 
     async def close(self) -> None:
+        self.flush_acks()
         if self._channel.is_open:
             self._channel.close()
 
