@@ -14,7 +14,7 @@ NODE_MODULES := tests/contract/node/node_modules/.installed
 DOCS_NODE_MODULES := docs/node_modules/.installed
 STUBS := mailqueue/.generated
 
-.PHONY: docs env install proto up down status run stop sweep ghz bench-enqueue spark-connector test test-lanes test-unit test-integration test-k8s test-contract test-cluster test-kubernetes up-cluster down-cluster kube-up kube-down image contract lint kustomize clean
+.PHONY: docs env install proto up down status run stop sweep ghz bench-enqueue spark-connector test test-lanes test-unit test-integration test-k8s test-contract test-cluster test-kubernetes up-cluster down-cluster kube-up kube-down kube-install image contract lint kustomize clean
 
 install: .venv/.installed
 
@@ -81,10 +81,10 @@ env:
 
 # The test command (README, CI): installs, starts the stack and the services if they are down,
 # lints the protos (buf lint + buf breaking), builds the docs site (mkdocs --strict), builds the
-# images, starts the single-node Kubernetes,
+# images and the single-node Kubernetes (started by its tier, stopped after it),
 # and runs every tier (Python, Go, Node, grpcurl, the offline k8s checks, the Kubernetes tier, then
 # the cluster tier, which starts the clusters itself when it gets there).
-test: up lint docs kustomize contract spark-connector image kube-up
+test: up lint docs kustomize contract spark-connector image kube-install
 	$(PY) -m pytest --junitxml=.stack/logs/test-results.xml
 
 # The same tests in lanes (tests/lanes.py): unit, contract and integration beside the cluster
@@ -108,6 +108,10 @@ kube-up: up image
 
 kube-down:
 	stack/kube/kube.sh down
+
+# The cluster's binaries and packages (built and installed once per machine), nothing started.
+kube-install:
+	stack/kube/kube.sh install
 
 # The local overlay applied with `kubectl apply -k` on that cluster, driven from pods: probes,
 # clients by Service name, autoscaling, a rolling update under load, readiness, disruption

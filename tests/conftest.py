@@ -63,6 +63,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.k8s)
         elif KUBERNETES in parents:
             item.add_marker(pytest.mark.kubernetes)
+            # The first test of the tier also starts the cluster when it is down (stack/kube/kube.sh
+            # up: about 100 s warm) and applies the overlay: 300 s more than each test's own limit.
+            own = item.get_closest_marker("timeout")
+            limit = float(own.args[0]) if own and own.args else default
+            item.add_marker(pytest.mark.timeout(limit + 300), append=False)
     # Tests that stop a backend run last, so an outage never overlaps another test; then the
     # Kubernetes tier (it stops the broker too), then the cluster tier (its own nodes, faults of
     # its own): in it, the Spark standalone sweep first, on clusters no fault has touched yet (after

@@ -2,7 +2,8 @@
 # exactly what up started (state and binaries kept: the next up is warm). Sourced by kube.sh after
 # lib.sh and the job files whose steps it calls.
 
-up() {
+# install: what `up` needs that is built or downloaded once per machine, nothing started.
+install() {
   [[ $(id -u) == 0 ]] || die "the cluster needs root (containerd, iptables, the bridge): run as root"
   [[ -x $KUBECTL ]] || die "no kubectl at $KUBECTL (set MAILQUEUE_KUBECTL)"
   mkdir -p "$KDIR" "$RUN" "$LOGS"
@@ -10,6 +11,10 @@ up() {
   timing "build (cached: $BIN)"
   packages
   timing "packages (apt, once per machine)"
+}
+
+up() {
+  install
   certificates
   configs
   timing "certificates, kubeconfigs, configs"

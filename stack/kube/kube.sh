@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # A real single-node Kubernetes (v1.34) on this machine: plain background processes, no registry.
 #
+#   stack/kube/kube.sh install        build the binaries and install the packages (once per machine), start nothing
 #   stack/kube/kube.sh up             build (once per machine), install packages (once), certificates,
 #                                     start containerd, etcd, the control plane, kubelet, kube-proxy,
 #                                     kube-router (NetworkPolicy only), CoreDNS, metrics-server and the
@@ -37,6 +38,7 @@ for part in host config images status components cluster check secrets; do
 done
 
 case "${1:-}" in
+  install) install ;;
   up) up ;;
   secrets) secrets "${2:?usage: kube.sh secrets NAMESPACE}" ;;
   down) down ;;
@@ -44,5 +46,5 @@ case "${1:-}" in
   env) echo "export KUBECONFIG=$ADMIN_KUBECONFIG" ;;
   import-images) import_images ;;
   check) check ;;
-  *) echo "usage: $0 up|down|status|env|import-images|secrets NAMESPACE|check" >&2; exit 2 ;;
+  *) echo "usage: $0 install|up|down|status|env|import-images|secrets NAMESPACE|check" >&2; exit 2 ;;
 esac

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import subprocess
 import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -29,19 +30,27 @@ class Applied:
     apply_s: float
 
 
-@pytest.fixture(scope="session")
-def cluster(running_stack: None) -> None:
-    """The cluster of stack/kube/kube.sh, started when it is down, with the images imported."""
+@pytest.fixture(scope="package")
+def cluster(running_stack: None) -> Iterator[None]:
+    """The cluster of stack/kube/kube.sh, with the images imported. Started when it is down, and
+    then stopped after the tier (``make test`` starts it only here, so it does not idle through
+    the other tiers); a cluster that was up already (``make kube-up``) is left running."""
+    started = False
     if subprocess.run([kube.KUBE, "status"], capture_output=True).returncode != 0:
         r = subprocess.run([kube.KUBE, "up"], capture_output=True, text=True)
         if r.returncode != 0:
             pytest.fail(f"stack/kube/kube.sh up failed:\n{r.stderr[-3000:]}")
+        started = True
+        print(f"\n[kubernetes] stack/kube/kube.sh up: {r.stderr.strip().splitlines()[-1] if r.stderr.strip() else 'done'}")
     r = subprocess.run([kube.KUBE, "import-images"], capture_output=True, text=True)
     if r.returncode != 0:
         pytest.fail(f"stack/kube/kube.sh import-images failed (run `make image` first):\n{r.stderr[-3000:]}")
+    yield
+    if started:
+        subprocess.run([kube.KUBE, "down"], capture_output=True, text=True)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def applied(cluster: None) -> Applied:
     if kube.kubectl("get", "namespace", kube.NAMESPACE, check=False).returncode == 0:
         print(f"[kubernetes] deleting the namespace {kube.NAMESPACE} of an earlier run")
