@@ -49,6 +49,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     files = by_file(report)
     total = sum(s for s, _ in files.values())
+    if not files or total <= 0:
+        print(f"{report}: no timed tests", file=sys.stderr)
+        return 1
     tiers: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0])
     for f, (s, n) in files.items():
         tiers[tier(f)][0] += s

@@ -2,8 +2,8 @@
 # exactly what up started (state and binaries kept: the next up is warm). Sourced by kube.sh after
 # lib.sh and the job files whose steps it calls.
 
-# install: what `up` needs that is built or downloaded once per machine, nothing started.
-install() {
+# prepare: what `up` needs that is built or downloaded once per machine, nothing started.
+prepare() {
   [[ $(id -u) == 0 ]] || die "the cluster needs root (containerd, iptables, the bridge): run as root"
   [[ -x $KUBECTL ]] || die "no kubectl at $KUBECTL (set MAILQUEUE_KUBECTL)"
   mkdir -p "$KDIR" "$RUN" "$LOGS"
@@ -14,7 +14,7 @@ install() {
 }
 
 up() {
-  install
+  prepare
   certificates
   configs
   timing "certificates, kubeconfigs, configs"

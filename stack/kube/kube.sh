@@ -38,7 +38,7 @@ for part in host config images status components cluster check secrets; do
 done
 
 case "${1:-}" in
-  install) install ;;
+  install) prepare ;;
   up) up ;;
   secrets) secrets "${2:?usage: kube.sh secrets NAMESPACE}" ;;
   down) down ;;

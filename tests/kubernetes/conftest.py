@@ -35,19 +35,20 @@ def cluster(running_stack: None) -> Iterator[None]:
     """The cluster of stack/kube/kube.sh, with the images imported. Started when it is down, and
     then stopped after the tier (``make test`` starts it only here, so it does not idle through
     the other tiers); a cluster that was up already (``make kube-up``) is left running."""
-    started = False
-    if subprocess.run([kube.KUBE, "status"], capture_output=True).returncode != 0:
-        r = subprocess.run([kube.KUBE, "up"], capture_output=True, text=True)
+    started = subprocess.run([kube.KUBE, "status"], capture_output=True).returncode != 0
+    try:
+        if started:
+            r = subprocess.run([kube.KUBE, "up"], capture_output=True, text=True)
+            if r.returncode != 0:
+                pytest.fail(f"stack/kube/kube.sh up failed:\n{r.stderr[-3000:]}")
+            print(f"\n[kubernetes] stack/kube/kube.sh up: {r.stderr.strip().splitlines()[-1] if r.stderr.strip() else 'done'}")
+        r = subprocess.run([kube.KUBE, "import-images"], capture_output=True, text=True)
         if r.returncode != 0:
-            pytest.fail(f"stack/kube/kube.sh up failed:\n{r.stderr[-3000:]}")
-        started = True
-        print(f"\n[kubernetes] stack/kube/kube.sh up: {r.stderr.strip().splitlines()[-1] if r.stderr.strip() else 'done'}")
-    r = subprocess.run([kube.KUBE, "import-images"], capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.fail(f"stack/kube/kube.sh import-images failed (run `make image` first):\n{r.stderr[-3000:]}")
-    yield
-    if started:
-        subprocess.run([kube.KUBE, "down"], capture_output=True, text=True)
+            pytest.fail(f"stack/kube/kube.sh import-images failed (run `make image` first):\n{r.stderr[-3000:]}")
+        yield
+    finally:
+        if started:  # also after a start that failed half-way: down stops what up left
+            subprocess.run([kube.KUBE, "down"], capture_output=True, text=True)
 
 
 @pytest.fixture(scope="package")

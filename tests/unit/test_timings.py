@@ -27,3 +27,10 @@ def test_a_report_adds_up_by_file_and_by_tier(tmp_path, capsys):
 def test_no_report_says_how_to_get_one(tmp_path, capsys):
     assert main([str(tmp_path / "none.xml")]) == 2
     assert "run make test" in capsys.readouterr().err
+
+
+def test_a_report_without_timed_tests_says_so(tmp_path, capsys):
+    report = tmp_path / "empty.xml"
+    report.write_text('<?xml version="1.0"?><testsuites><testsuite name="pytest"/></testsuites>')
+    assert main([str(report)]) == 1
+    assert "no timed tests" in capsys.readouterr().err

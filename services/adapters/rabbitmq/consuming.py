@@ -8,9 +8,11 @@ broker cancels the consumer (its queue was deleted), every ``get`` fails with Ba
 
 Acks are gathered for ``ACK_DELAY_S`` and leave together: the oldest run of outstanding tags as
 one ``basic.ack`` with ``multiple``, the rest one by one. Each ack sent alone is a TLS record and
-a system call of its own. An ack still waiting when the process dies is a message delivered
-again, which the view then skips: every caller writes what the ack stands for (the deleted mark,
-the new schedule) before it acks.
+a system call of its own. An ack still waiting when the process or the channel dies is a message
+delivered again, as when a process dies just before its ack: a settled mail's mark makes the view
+skip it; a message that was published again unchanged (a wait, a stream's unsent messages) is
+then a second copy of the same generation: a duplicate delivery at worst, as when a process dies
+between that publish and its ack.
 """
 
 from __future__ import annotations
@@ -64,8 +66,8 @@ class RabbitMQConsumer(Consumer):
         self._inbox.put_nowait(_CLOSED)
 
     def on_message(self, priority: str, _ch: Channel, method: Any, props: Any, body: bytes) -> None:
+        self._outstanding[method.delivery_tag] = None  # before decoding: a message that fails it is still out
         d = message_format.decode(props.headers, body)
-        self._outstanding[method.delivery_tag] = None
         self._inbox.put_nowait(message_format.RabbitMQMessage(
             method.delivery_tag, d.mail_bytes, bool(method.redelivered), props.message_id, d.delivery_count,
             d.generation, d.death_reason, priority, d.delayed, d.content, d.reservation,
@@ -118,11 +120,14 @@ class RabbitMQConsumer(Consumer):
         self._ensure_open()
         self._channel.basic_nack(delivery_tag, requeue=False)
         self._outstanding.pop(delivery_tag, None)
+        self._acks.discard(delivery_tag)  # answered once: a pending ack of it would close the channel
 
     async def close(self) -> None:
-        self.flush_acks()
-        if self._channel.is_open:
-            self._channel.close()
+        try:
+            self.flush_acks()
+        finally:
+            if self._channel.is_open:
+                self._channel.close()
 
 
 async def subscribe(connection: NodeConnection, rabbit_queues: dict[str, str], prefetch: int) -> RabbitMQConsumer:
