@@ -45,6 +45,13 @@ KUBERNETES = pathlib.Path(__file__).parent / "kubernetes"
 MANIFESTS = KUBERNETES / "manifests"
 
 
+def _extend_timeout(item: pytest.Item, default: float, extra: float) -> None:
+    """The item's own timeout (or the default) plus ``extra`` seconds: a tier's set-up in its first test."""
+    own = item.get_closest_marker("timeout")
+    limit = float(own.args[0]) if own and own.args else default
+    item.add_marker(pytest.mark.timeout(limit + extra), append=False)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     default = float(config.getini("timeout") or 300)
     for item in items:
@@ -56,18 +63,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             # The first cluster test also starts the clusters (stack.sh up --cluster: 288 s here,
             # over 300 s on CI's machine): each cluster test gets 600 s more than its own limit, so
             # the set-up is bounded by its own waits (the fixture's subprocess timeout).
-            own = item.get_closest_marker("timeout")
-            limit = float(own.args[0]) if own and own.args else default
-            item.add_marker(pytest.mark.timeout(limit + 600), append=False)
+            _extend_timeout(item, default, 600)
         if MANIFESTS in parents:
             item.add_marker(pytest.mark.k8s)
         elif KUBERNETES in parents:
             item.add_marker(pytest.mark.kubernetes)
             # The first test of the tier also starts the cluster when it is down (stack/kube/kube.sh
             # up: about 100 s warm) and applies the overlay: 300 s more than each test's own limit.
-            own = item.get_closest_marker("timeout")
-            limit = float(own.args[0]) if own and own.args else default
-            item.add_marker(pytest.mark.timeout(limit + 300), append=False)
+            _extend_timeout(item, default, 300)
     # Tests that stop a backend run last, so an outage never overlaps another test; then the
     # Kubernetes tier (it stops the broker too), then the cluster tier (its own nodes, faults of
     # its own): in it, the Spark standalone sweep first, on clusters no fault has touched yet (after
