@@ -34,6 +34,8 @@ PY="${MAILQUEUE_PYTHON:-$ROOT/.venv/bin/python}"
 CASSANDRA_VERSION=5.0.9
 CASSANDRA_PORT="${MAILQUEUE_CASSANDRA_PORT:-9042}"
 CASSANDRA_STORAGE_PORT="${MAILQUEUE_CASSANDRA_STORAGE_PORT:-7000}"
+# JMX on loopback only (what nodetool talks to: the benches flush the memtables between phases).
+CASSANDRA_JMX_PORT="${MAILQUEUE_CASSANDRA_JMX_PORT:-7199}"
 CASSANDRA_HEAP="${MAILQUEUE_CASSANDRA_HEAP:-1G}"
 # AMQP over TLS only (5671, the amqps port); no plaintext listener.
 RABBITMQ_PORT="${MAILQUEUE_RABBITMQ_PORT:-5671}"
@@ -241,5 +243,6 @@ case "${1:-} ${2:-}" in
   "env "*) env_of "${2:-operator}" ;;
   "rabbitmqctl --node") shift 2; i=$1; shift; rabbit_env_node "$i"; exec "$RABBIT_BIN/rabbitmqctl" "$@" ;;
   "rabbitmqctl "*) shift; rabbit_env; exec "$RABBIT_BIN/rabbitmqctl" "$@" ;;
-  *) echo "usage: $0 up|down|status [--cluster] | up --plaintext-loopback | env [--plaintext-loopback] [ROLE] | node kill|stop|cont|start|pid NAME | cluster-env | env [ROLE] | rabbitmqctl [--node N] ARGS..." >&2; exit 2 ;;
+  "nodetool "*) shift; cassandra_nodetool "$@" ;;
+  *) echo "usage: $0 up|down|status [--cluster] | up --plaintext-loopback | env [--plaintext-loopback] [ROLE] | node kill|stop|cont|start|pid NAME | cluster-env | env [ROLE] | rabbitmqctl [--node N] ARGS... | nodetool ARGS..." >&2; exit 2 ;;
 esac

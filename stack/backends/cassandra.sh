@@ -30,10 +30,14 @@ java17() {
   die "cassandra: no JDK 17 found: apt-get install openjdk-17-jdk-headless"
 }
 
-# cassandra_launch NAME ADDRESS PORT STORAGE_PORT HEAP CLUSTER SEEDS AUTO_BOOTSTRAP: start one node in
-# the background (data in $STACK_DIR/NAME, PID in $STACK_DIR/NAME.pid); the caller waits for it.
+# cassandra_launch NAME ADDRESS PORT STORAGE_PORT HEAP CLUSTER SEEDS AUTO_BOOTSTRAP [JMX_PORT]: start one
+# node in the background (data in $STACK_DIR/NAME, PID in $STACK_DIR/NAME.pid); the caller waits for
+# it. JMX_PORT: local JMX (bound to loopback, as Cassandra's own cassandra-env.sh does by default) for
+# nodetool; none without it (the cluster's nodes share one loopback).
 cassandra_launch() {
-  local name=$1 address=$2 port=$3 storage_port=$4 heap=$5 cluster=$6 seeds=$7 auto_bootstrap=$8
+  local name=$1 address=$2 port=$3 storage_port=$4 heap=$5 cluster=$6 seeds=$7 auto_bootstrap=$8 jmx_port=${9:-}
+  local jmx=()
+  [[ -n $jmx_port ]] && jmx=(-Dcassandra.jmx.local.port="$jmx_port")
   local dir="$STACK_DIR/$name" log="$LOG_DIR/$name.log"
   mkdir -p "$dir" "$(dirname "$log")"
   sed -e "s#@DIR@#$dir#g" -e "s#@PORT@#$port#g" -e "s#@STORAGE_PORT@#$storage_port#g" -e "s#@ADDRESS@#$address#g" \
@@ -72,7 +76,7 @@ cassandra_launch() {
   say "$name: starting on $address:$port (heap $heap, log $log)"
   nohup "$(java17)" -Xms"$heap" -Xmx"$heap" -XX:+UseG1GC -XX:+ParallelRefProcEnabled \
     -Xss256k -XX:+HeapDumpOnOutOfMemoryError -XX:HeapDumpPath="$dir" \
-    "${opens[@]}" \
+    "${opens[@]}" "${jmx[@]}" \
     -Dio.netty.tryReflectionSetAccessible=true \
     -javaagent:"$jamm" \
     -Dcassandra.config="file://$dir/cassandra.yaml" \
@@ -90,9 +94,21 @@ cassandra_launch() {
   echo $! >"$STACK_DIR/$name.pid"
 }
 
+# cassandra_nodetool ARGS...: nodetool against the single node's local JMX port (e.g. `flush`: the
+# benches flush the memtables between phases, so that no phase pays for the one before it).
+cassandra_nodetool() {
+  exec "$(java17)" -Xmx128m --add-exports java.base/jdk.internal.misc=ALL-UNNAMED \
+    --add-exports java.base/jdk.internal.ref=ALL-UNNAMED --add-exports java.rmi/sun.rmi.registry=ALL-UNNAMED \
+    --add-opens java.base/sun.nio.ch=ALL-UNNAMED --add-opens java.base/java.io=ALL-UNNAMED \
+    --add-opens java.base/java.lang=ALL-UNNAMED --add-opens java.base/java.nio=ALL-UNNAMED \
+    -Dlogback.configurationFile="file://$ROOT/stack/cassandra/logback.xml" -Dmailqueue.cassandra.log=/dev/null \
+    -Duser.home="$STACK_DIR" \
+    -cp "$CASSANDRA_LIB/*" org.apache.cassandra.tools.NodeTool -h 127.0.0.1 -p "$CASSANDRA_JMX_PORT" "$@"
+}
+
 cassandra_start() {
   [[ $PLAINTEXT_LOOPBACK == 1 ]] && CASSANDRA_ENCRYPTION_OPTIONAL=true
   cassandra_launch cassandra 127.0.0.1 "$CASSANDRA_PORT" "$CASSANDRA_STORAGE_PORT" "$CASSANDRA_HEAP" mailqueue-local \
-    "127.0.0.1:$CASSANDRA_STORAGE_PORT" true
+    "127.0.0.1:$CASSANDRA_STORAGE_PORT" true "$CASSANDRA_JMX_PORT"
   wait_for cassandra 180 cassandra_healthy "$LOG_DIR/cassandra.log (and $LOG_DIR/cassandra.out)"
 }
