@@ -1,6 +1,8 @@
 """Per-process caches of what rarely changes: queue existence, view configuration, browse start.
 
-Only positive facts are cached (a queue created a moment ago is found at once), for
+A fact found stale is read once, however many callers ask for it meanwhile (a stream's first
+deliveries are prepared at once: each read it before). Only positive facts are cached (a queue
+created a moment ago is found at once), for
 ``config_ttl_s``: a deleted queue stops accepting mail on every replica within it (DeleteQueue
 waits that long before it removes the queue's RabbitMQ topology). Browse start is
 cached for at most ``browse_start_ttl_s``: it never moves past ``now - slice_window``, so a short
@@ -9,13 +11,17 @@ staleness cannot make a node write behind it.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Hashable
+from typing import Any, TypeVar
 
 from services.domain import model
 from services.domain.errors import NotFound
 from services.ports.view import View
+
+T = TypeVar("T")
 
 
 class QueueState:
@@ -28,6 +34,8 @@ class QueueState:
         self._browse: dict[str, tuple[float, dt.datetime | None]] = {}
         self._content: dict[str, tuple[float, dt.datetime | None]] = {}
         self._policies: dict[str, tuple[float, model.RetryPolicy]] = {}
+        #: Reads under way, by what they read: a caller that finds the same fact stale waits for it.
+        self._reading: dict[Hashable, asyncio.Future[Any]] = {}
 
     @property
     def ttl_s(self) -> float:
@@ -38,7 +46,7 @@ class QueueState:
         now = time.monotonic()
         if now - self._known.get(queue, -1e18) <= self._config_ttl:
             return
-        if not await self._view.queues.exists(queue):
+        if not await self._once(("exists", queue), lambda: self._view.queues.exists(queue)):
             self._known.pop(queue, None)
             raise NotFound(f"queue {queue!r} does not exist: create it with AdminService.CreateQueue (mailq create {queue})")  # queue is validated: short
         self._known[queue] = now
@@ -50,7 +58,7 @@ class QueueState:
     async def config(self) -> model.ViewConfig:
         now = time.monotonic()
         if self._config is None or now - self._config[0] > self._config_ttl:
-            self._config = (now, await self._view.config.current())
+            self._config = (now, await self._once("config", self._view.config.current))
         return self._config[1]
 
     def forget_config(self) -> None:
@@ -61,7 +69,7 @@ class QueueState:
         now = time.monotonic()
         cached = self._policies.get(queue)
         if cached is None or now - cached[0] > self._config_ttl:
-            cached = (now, await self._view.retry_policies.get(queue))
+            cached = (now, await self._once(("policy", queue), lambda: self._view.retry_policies.get(queue)))
             self._policies[queue] = cached
         return cached[1]
 
@@ -88,18 +96,33 @@ class QueueState:
         browse_start = await self.browse_start(queue)
         if browse_start is None or slice_start >= browse_start:
             return False
-        self._content.pop(queue, None)
-        content_start = await self.content_start(queue)
-        return content_start is not None and slice_start < content_start
+        # Its own read, not one already under way (which may have begun before the mark was read).
+        fresh = await self._view.starts.content_start(queue)
+        self._content[queue] = (time.monotonic(), fresh)
+        return fresh is not None and slice_start < fresh
 
-    @staticmethod
     async def _cached(
-        cache: dict[str, tuple[float, dt.datetime | None]], queue: str, ttl: float,
+        self, cache: dict[str, tuple[float, dt.datetime | None]], queue: str, ttl: float,
         load: Callable[[str], Awaitable[dt.datetime | None]],
     ) -> dt.datetime | None:
         now = time.monotonic()
         cached = cache.get(queue)
         if cached is None or now - cached[0] > ttl:
-            cached = (now, await load(queue))
+            cached = (now, await self._once((id(cache), queue), lambda: load(queue)))
             cache[queue] = cached
         return cached[1]
+
+    async def _once(self, key: Hashable, read: Callable[[], Awaitable[T]]) -> T:
+        """``read()``, or the same read already under way (shielded: a caller cancelled does not
+        cancel it for the others); its error raised to each caller."""
+        reading = self._reading.get(key)
+        if reading is None:
+            reading = self._reading[key] = asyncio.ensure_future(read())
+            reading.add_done_callback(lambda done: self._read_done(key, done))
+        return await asyncio.shield(reading)
+
+    def _read_done(self, key: Hashable, done: asyncio.Future[Any]) -> None:
+        if self._reading.get(key) is done:
+            del self._reading[key]
+        if not done.cancelled():
+            done.exception()  # each waiter raises it: never "never retrieved"

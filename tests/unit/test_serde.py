@@ -131,3 +131,20 @@ def test_a_move_filter_from_proto_combines_ids_with_the_other_conditions():
     assert serde.move_filter_from_proto(admin_pb2.MoveMailsRequest(queue="q", to_queue="t"), now).enqueue_ids is None
     with pytest.raises(InvalidArgument, match="is not a UUID"):
         serde.move_filter_from_proto(admin_pb2.MoveMailsRequest(queue="q", to_queue="t", enqueue_ids=[one, "x"]), now)
+
+
+@pytest.mark.parametrize("instant", [
+    dt.datetime(2026, 11, 29, 2, 41, 9, 123456, tzinfo=dt.timezone.utc),
+    dt.datetime(1969, 12, 31, 23, 59, 59, 500000, tzinfo=dt.timezone.utc),  # before the epoch: nanos stay positive
+    dt.datetime(1000, 1, 1, tzinfo=dt.timezone.utc),
+    dt.datetime(2026, 11, 29, 7, 41, 9, 1, tzinfo=dt.timezone(dt.timedelta(hours=5))),
+])
+def test_an_instant_becomes_the_timestamp_protobuf_itself_makes(instant):
+    from google.protobuf import timestamp_pb2
+
+    from services.contract.serde import timestamp_to_proto
+
+    expected = timestamp_pb2.Timestamp()
+    expected.FromDatetime(instant.astimezone(dt.timezone.utc))
+    assert timestamp_to_proto(instant) == expected
+    assert timestamp_to_proto(instant).ToDatetime(tzinfo=dt.timezone.utc) == instant

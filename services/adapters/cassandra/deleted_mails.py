@@ -13,6 +13,7 @@ from cassandra.query import UNSET_VALUE
 
 from services.adapters.cassandra import schema
 from services.adapters.cassandra.cells import micros, unset_if_empty, utc
+from services.adapters.cassandra.group_commit import CROSS_PARTITION_IN_FLIGHT, CROSS_PARTITION_STATEMENTS, GroupCommit
 from services.adapters.cassandra.group_read import GroupRead
 from services.adapters.cassandra.session import execute
 from services.domain import model
@@ -46,14 +47,16 @@ class DeletedMailsDAO:
             "WHERE queue_name = ? AND enqueue_id IN ?"
         )
         self._reads = GroupRead(self._fetch)
+        #: Marks of one queue that meet in time share a request (a delivery's SUCCESS, a burst's).
+        self._marks = GroupCommit(session, CROSS_PARTITION_STATEMENTS, CROSS_PARTITION_IN_FLIGHT)
 
     async def mark(self, queue: str, enqueue_id: uuid.UUID, reason: str, written_at: dt.datetime | None = None) -> None:
         """Mark the mail gone. ``written_at``: the mark's write time in Cassandra (last write
         wins), for an undo that must lose against a later ``unmark`` even when it lands later."""
         if written_at is None:
-            await execute(self._session, self._mark, (queue, enqueue_id, reason, model.utcnow()))
+            await self._marks.execute(queue, self._mark, (queue, enqueue_id, reason, model.utcnow()))
         else:
-            await execute(self._session, self._mark_at, (queue, enqueue_id, reason, written_at, micros(written_at)))
+            await self._marks.execute(queue, self._mark_at, (queue, enqueue_id, reason, written_at, micros(written_at)))
 
     async def unmark(self, queue: str, enqueue_id: uuid.UUID, at: dt.datetime) -> None:
         """Remove a mark written before ``at`` (one written after it stays)."""

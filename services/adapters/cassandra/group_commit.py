@@ -12,7 +12,14 @@ mutation of its own; a single-partition UNLOGGED batch is one request and one mu
 atomically (Cassandra checks batch sizes only for batches that span partitions).
 
 Per partition, at most ``IN_FLIGHT`` batches are outstanding; writes that arrive meanwhile wait
-and leave together with the next batch (up to ``MAX_STATEMENTS``). Without load a write leaves
+and leave together with the next batch (up to ``MAX_STATEMENTS``).
+
+The key need not be one Cassandra partition: the deleted marks (one partition per mail) are
+grouped by queue, at most ``CROSS_PARTITION_STATEMENTS`` per batch (Cassandra warns past 10
+partitions in an unlogged batch) and more in flight. Such a batch is one request instead of one
+per mail (the driver's CPU per request in the service, the coordinator's per request), not
+atomic: a failed batch may have applied some of its writes, as a timed-out single write may
+have; every caller gets the error and treats it as not written. Without load a write leaves
 at the next event-loop turn, alone, so latency only grows when batching pays for it. Every
 caller gets its batch's outcome: success, or the batch's error.
 """
@@ -32,6 +39,9 @@ from services.adapters.cassandra.statement_kinds import batch_kind
 
 MAX_STATEMENTS = 64
 IN_FLIGHT = 2
+#: A batch's statements, and the batches in flight per key, when a key spans partitions.
+CROSS_PARTITION_STATEMENTS = 8
+CROSS_PARTITION_IN_FLIGHT = 4
 
 BATCH_SIZE = Histogram(
     "mailqueue_view_group_commit_statements", "Statements per group-committed Cassandra request",
@@ -42,8 +52,10 @@ _Write = tuple[Any, Any, "asyncio.Future[None]"]
 
 
 class GroupCommit:
-    def __init__(self, session: Session) -> None:
+    def __init__(self, session: Session, max_statements: int = MAX_STATEMENTS, in_flight: int = IN_FLIGHT) -> None:
         self._session = session
+        self._max_statements = max_statements
+        self._max_in_flight = in_flight
         self._waiting: dict[Hashable, list[_Write]] = {}
         self._in_flight: dict[Hashable, int] = {}
         self._scheduled: set[Hashable] = set()
@@ -63,8 +75,8 @@ class GroupCommit:
     def _send(self, partition: Hashable) -> None:
         self._scheduled.discard(partition)
         waiting = self._waiting.get(partition)
-        while waiting and self._in_flight.get(partition, 0) < IN_FLIGHT:
-            group, rest = waiting[:MAX_STATEMENTS], waiting[MAX_STATEMENTS:]
+        while waiting and self._in_flight.get(partition, 0) < self._max_in_flight:
+            group, rest = waiting[:self._max_statements], waiting[self._max_statements:]
             if rest:
                 self._waiting[partition] = waiting = rest
             else:
