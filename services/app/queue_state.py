@@ -1,12 +1,12 @@
 """Per-process caches of what rarely changes: queue existence, view configuration, browse start.
 
-A fact found stale is read once, however many callers ask for it meanwhile (a stream's first
-deliveries are prepared at once: each read it before). Only positive facts are cached (a queue
-created a moment ago is found at once), for
+A cached fact found stale is read once, however many callers ask for it meanwhile (a stream's
+first deliveries are prepared at once: each read it before); a queue's existence is read by each
+caller. Only positive facts are cached (a queue created a moment ago is found at once), for
 ``config_ttl_s``: a deleted queue stops accepting mail on every replica within it (DeleteQueue
-waits that long before it removes the queue's RabbitMQ topology). Browse start is
-cached for at most ``browse_start_ttl_s``: it never moves past ``now - slice_window``, so a short
-staleness cannot make a node write behind it.
+waits that long before it removes the queue's RabbitMQ topology). Browse start is cached for at
+most ``browse_start_ttl_s``: it never moves past ``now - slice_window``, so a short staleness
+cannot make a node write behind it.
 """
 
 from __future__ import annotations
@@ -46,7 +46,9 @@ class QueueState:
         now = time.monotonic()
         if now - self._known.get(queue, -1e18) <= self._config_ttl:
             return
-        if not await self._once(("exists", queue), lambda: self._view.queues.exists(queue)):
+        # Its own read, never one already under way: one begun before the queue was created would
+        # answer NOT_FOUND to a caller that came after (a created queue is found at once).
+        if not await self._view.queues.exists(queue):
             self._known.pop(queue, None)
             raise NotFound(f"queue {queue!r} does not exist: create it with AdminService.CreateQueue (mailq create {queue})")  # queue is validated: short
         self._known[queue] = now
