@@ -56,6 +56,7 @@ class QueueState:
     def forget_queue(self, queue: str) -> None:
         self._known.pop(queue, None)
         self._policies.pop(queue, None)
+        self._reading.pop(("policy", queue), None)  # a read under way may predate the change
 
     async def config(self) -> model.ViewConfig:
         now = time.monotonic()
@@ -65,6 +66,7 @@ class QueueState:
 
     def forget_config(self) -> None:
         self._config = None
+        self._reading.pop("config", None)  # a read under way may predate the change
 
     async def retry_policy(self, queue: str) -> model.RetryPolicy:
         """Cached like the configuration: a change reaches every replica within ``config_ttl_s``."""
@@ -77,6 +79,7 @@ class QueueState:
 
     def forget_retry_policy(self, queue: str) -> None:
         self._policies.pop(queue, None)
+        self._reading.pop(("policy", queue), None)
 
     async def browse_start(self, queue: str) -> dt.datetime | None:
         return await self._cached(self._browse, queue, self._browse_ttl, self._view.starts.browse_start)

@@ -21,15 +21,18 @@ class RuleBook:
         #: The read under way: callers that find the rules stale meanwhile wait for it, rather than
         #: each reading them (a stream's first deliveries, prepared at once, were a read each).
         self._reading: asyncio.Future[list[model.Rule]] | None = None
+        #: Bumped by ``forget``: a read begun before it neither answers later callers nor is kept.
+        self._generation = 0
 
     async def current(self) -> list[model.Rule]:
+        found = self._rules
         if time.monotonic() - self._read_at > self._refresh_s:
             if self._reading is None:
-                self._reading = asyncio.ensure_future(self._read())
+                self._reading = asyncio.ensure_future(self._read(self._generation))
                 self._reading.add_done_callback(self._read_done)
-            await asyncio.shield(self._reading)  # one caller cancelled does not cancel the others' read
+            found = await asyncio.shield(self._reading)  # one caller cancelled does not cancel the others' read
         now = model.utcnow()
-        return [r for r in self._rules if r.expires_at > now]
+        return [r for r in found if r.expires_at > now]
 
     async def first_match(self, q: model.QueuedMail) -> model.Rule | None:
         """The bounce rule matching the mail, else the hold rule matching it, else None.
@@ -45,15 +48,20 @@ class RuleBook:
             self.forget()  # lifted since this process read it
         return None
 
-    async def _read(self) -> list[model.Rule]:
-        self._rules = await self._store.all()
-        self._read_at = time.monotonic()
-        return self._rules
+    async def _read(self, generation: int) -> list[model.Rule]:
+        found = await self._store.all()
+        if generation == self._generation:  # not forgotten meanwhile: kept
+            self._rules, self._read_at = found, time.monotonic()
+        return found
 
     def _read_done(self, reading: asyncio.Future[list[model.Rule]]) -> None:
-        self._reading = None
+        if self._reading is reading:
+            self._reading = None
         if not reading.cancelled():
             reading.exception()  # read here: each waiter raises it; none left unretrieved
 
     def forget(self) -> None:
+        """Read the rules again at the next ask: a read under way now may predate a change."""
         self._read_at = -1e9
+        self._generation += 1
+        self._reading = None

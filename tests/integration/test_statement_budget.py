@@ -1,9 +1,10 @@
-"""Cassandra requests per mail on each enqueue path, counted, not timed: a path that starts sending
-more statements per mail than its budget fails here, whatever the machine's speed.
+"""Cassandra requests per mail on each enqueue path and on a batched Dequeue, counted, not timed: a
+path that starts sending more statements per mail than its budget fails here, whatever the
+machine's speed.
 
-The counts come from enqueue_svc's own /metrics (mailqueue_cassandra_statements_total, by kind:
+The counts come from the service's own /metrics (mailqueue_cassandra_statements_total, by kind:
 services/adapters/cassandra/statement_kinds.py), read before and after the path's mails, on the
-process suite (enqueue_svc as a process; counter updates written at once, MAILQUEUE_COUNTER_FLUSH_S=0,
+process suite (the services as processes; counter updates written at once, MAILQUEUE_COUNTER_FLUSH_S=0,
 so they are counted per mail here where production gathers them).
 
 Unary calls go one at a time: each is a group of its own (services/app/grouping.py), the most a

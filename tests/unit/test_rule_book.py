@@ -71,3 +71,34 @@ def test_a_cancelled_caller_does_not_cancel_the_read_others_wait_for():
 
     assert run(main()) == []
     assert store.reads == 1
+
+
+def test_after_forget_a_caller_never_joins_the_read_begun_before_it():
+    """A rule lifted while a read is under way: the second look reads again, so a rule still in
+    force (here: the read after the lift finds the hold rule B) is applied, not skipped."""
+    import datetime as dt
+    import types
+
+    later = dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=1)
+    lifted, kept = (types.SimpleNamespace(rule_id=i, expires_at=later) for i in ("lifted", "kept"))
+    reads = []
+
+    class Lifting(Store):
+        async def all(self):
+            n = len(reads)
+            reads.append(n)
+            await asyncio.sleep(0)
+            return [lifted] if n == 0 else [kept]
+
+    async def main():
+        book = RuleBook(Lifting(), refresh_s=60)
+        first = asyncio.ensure_future(book.current())  # the read that predates the lift
+        await asyncio.sleep(0)
+        book.forget()  # the caller found `lifted` gone
+        again = await book.current()
+        return await first, again, await book.current()
+
+    before, again, cached = run(main())
+    assert [r.rule_id for r in before] == ["lifted"]
+    assert [r.rule_id for r in again] == ["kept"] and [r.rule_id for r in cached] == ["kept"]
+    assert len(reads) == 2
