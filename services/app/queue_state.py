@@ -11,17 +11,14 @@ cannot make a node write behind it.
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 import time
-from collections.abc import Awaitable, Callable, Hashable
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable
 
+from services.app.shared_reads import SharedReads
 from services.domain import model
 from services.domain.errors import NotFound
 from services.ports.view import View
-
-T = TypeVar("T")
 
 
 class QueueState:
@@ -35,7 +32,7 @@ class QueueState:
         self._content: dict[str, tuple[float, dt.datetime | None]] = {}
         self._policies: dict[str, tuple[float, model.RetryPolicy]] = {}
         #: Reads under way, by what they read: a caller that finds the same fact stale waits for it.
-        self._reading: dict[Hashable, asyncio.Future[Any]] = {}
+        self._reads = SharedReads()
 
     @property
     def ttl_s(self) -> float:
@@ -56,30 +53,30 @@ class QueueState:
     def forget_queue(self, queue: str) -> None:
         self._known.pop(queue, None)
         self._policies.pop(queue, None)
-        self._reading.pop(("policy", queue), None)  # a read under way may predate the change
+        self._reads.forget(("policy", queue))  # a read under way may predate the change
 
     async def config(self) -> model.ViewConfig:
         now = time.monotonic()
         if self._config is None or now - self._config[0] > self._config_ttl:
-            self._config = (now, await self._once("config", self._view.config.current))
+            self._config = (now, await self._reads.get("config", self._view.config.current))
         return self._config[1]
 
     def forget_config(self) -> None:
         self._config = None
-        self._reading.pop("config", None)  # a read under way may predate the change
+        self._reads.forget("config")  # a read under way may predate the change
 
     async def retry_policy(self, queue: str) -> model.RetryPolicy:
         """Cached like the configuration: a change reaches every replica within ``config_ttl_s``."""
         now = time.monotonic()
         cached = self._policies.get(queue)
         if cached is None or now - cached[0] > self._config_ttl:
-            cached = (now, await self._once(("policy", queue), lambda: self._view.retry_policies.get(queue)))
+            cached = (now, await self._reads.get(("policy", queue), lambda: self._view.retry_policies.get(queue)))
             self._policies[queue] = cached
         return cached[1]
 
     def forget_retry_policy(self, queue: str) -> None:
         self._policies.pop(queue, None)
-        self._reading.pop(("policy", queue), None)
+        self._reads.forget(("policy", queue))
 
     async def browse_start(self, queue: str) -> dt.datetime | None:
         return await self._cached(self._browse, queue, self._browse_ttl, self._view.starts.browse_start)
@@ -113,21 +110,6 @@ class QueueState:
         now = time.monotonic()
         cached = cache.get(queue)
         if cached is None or now - cached[0] > ttl:
-            cached = (now, await self._once((id(cache), queue), lambda: load(queue)))
+            cached = (now, await self._reads.get((id(cache), queue), lambda: load(queue)))
             cache[queue] = cached
         return cached[1]
-
-    async def _once(self, key: Hashable, read: Callable[[], Awaitable[T]]) -> T:
-        """``read()``, or the same read already under way (shielded: a caller cancelled does not
-        cancel it for the others); its error raised to each caller."""
-        reading = self._reading.get(key)
-        if reading is None:
-            reading = self._reading[key] = asyncio.ensure_future(read())
-            reading.add_done_callback(lambda done: self._read_done(key, done))
-        return await asyncio.shield(reading)
-
-    def _read_done(self, key: Hashable, done: asyncio.Future[Any]) -> None:
-        if self._reading.get(key) is done:
-            del self._reading[key]
-        if not done.cancelled():
-            done.exception()  # each waiter raises it: never "never retrieved"

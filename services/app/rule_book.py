@@ -3,9 +3,9 @@ matching rule read again before it is applied (the rules themselves: services/do
 
 from __future__ import annotations
 
-import asyncio
 import time
 
+from services.app.shared_reads import SharedReads
 from services.domain import model, rules
 from services.ports.view import Rules
 
@@ -20,17 +20,14 @@ class RuleBook:
         self._rules: list[model.Rule] = []
         #: The read under way: callers that find the rules stale meanwhile wait for it, rather than
         #: each reading them (a stream's first deliveries, prepared at once, were a read each).
-        self._reading: asyncio.Future[list[model.Rule]] | None = None
+        self._reads = SharedReads()
         #: Bumped by ``forget``: a read begun before it neither answers later callers nor is kept.
         self._generation = 0
 
     async def current(self) -> list[model.Rule]:
         found = self._rules
         if time.monotonic() - self._read_at > self._refresh_s:
-            if self._reading is None:
-                self._reading = asyncio.ensure_future(self._read(self._generation))
-                self._reading.add_done_callback(self._read_done)
-            found = await asyncio.shield(self._reading)  # one caller cancelled does not cancel the others' read
+            found = await self._reads.get("rules", lambda: self._read(self._generation))
         now = model.utcnow()
         return [r for r in found if r.expires_at > now]
 
@@ -54,14 +51,8 @@ class RuleBook:
             self._rules, self._read_at = found, time.monotonic()
         return found
 
-    def _read_done(self, reading: asyncio.Future[list[model.Rule]]) -> None:
-        if self._reading is reading:
-            self._reading = None
-        if not reading.cancelled():
-            reading.exception()  # read here: each waiter raises it; none left unretrieved
-
     def forget(self) -> None:
         """Read the rules again at the next ask: a read under way now may predate a change."""
         self._read_at = -1e9
         self._generation += 1
-        self._reading = None
+        self._reads.forget("rules")

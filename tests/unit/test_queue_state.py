@@ -8,64 +8,72 @@ from services.app.queue_state import QueueState
 from tests.unit.aio import run
 
 
-def view(reads: list[str]):
-    async def current():
-        reads.append("config")
-        n = reads.count("config")  # this read's number, whatever runs beside it
-        await asyncio.sleep(0)
-        return f"config-{n}"
+class Reads:
+    """The view's reads as the cache makes them: each recorded, held until ``release`` is set."""
 
-    async def policy(queue):
-        reads.append(queue)
-        await asyncio.sleep(0)
-        return f"policy-{queue}-{len(reads)}"
+    def __init__(self) -> None:
+        self.made: list[str] = []
+        self.started = asyncio.Event()
+        self.release = asyncio.Event()
 
-    async def exists(queue):
-        reads.append(f"exists {queue}")
-        await asyncio.sleep(0)
-        return True
+    async def read(self, what: str) -> str:
+        self.made.append(what)
+        n = self.made.count(what)  # this read's number, whatever runs beside it
+        self.started.set()
+        await self.release.wait()
+        return f"{what}-{n}"
 
-    return types.SimpleNamespace(config=types.SimpleNamespace(current=current),
-                                 retry_policies=types.SimpleNamespace(get=policy),
-                                 queues=types.SimpleNamespace(exists=exists))
+    def view(self):
+        async def exists(queue):
+            return bool(await self.read(f"exists {queue}"))
+
+        return types.SimpleNamespace(
+            config=types.SimpleNamespace(current=lambda: self.read("config")),
+            retry_policies=types.SimpleNamespace(get=lambda queue: self.read(f"policy {queue}")),
+            queues=types.SimpleNamespace(exists=exists))
 
 
 def test_callers_that_find_a_fact_stale_at_once_share_one_read():
-    reads: list[str] = []
+    reads = Reads()
 
     async def main():
-        state = QueueState(view(reads))
-        configs = await asyncio.gather(*(state.config() for _ in range(20)))
-        policies = await asyncio.gather(*(state.retry_policy("q") for _ in range(20)), state.retry_policy("other"))
-        return configs, policies
+        state = QueueState(reads.view())
+        asked = [asyncio.ensure_future(c) for c in
+                 [*(state.config() for _ in range(20)), *(state.retry_policy("q") for _ in range(20)), state.retry_policy("other")]]
+        await reads.started.wait()
+        reads.release.set()
+        return await asyncio.gather(*asked)
 
-    configs, policies = run(main())
-    assert set(configs) == {"config-1"} and len(set(policies[:20])) == 1
-    assert sorted(reads) == ["config", "other", "q"]
+    answers = run(main())
+    assert set(answers[:20]) == {"config-1"} and set(answers[20:40]) == {"policy q-1"} and answers[40] == "policy other-1"
+    assert sorted(reads.made) == ["config", "policy other", "policy q"]
 
 
 def test_a_queue_s_existence_is_read_by_each_caller():
-    reads: list[str] = []
+    reads = Reads()
 
     async def main():
-        state = QueueState(view(reads))
-        await asyncio.gather(*(state.require_queue("q") for _ in range(3)))
+        state = QueueState(reads.view())
+        asked = [asyncio.ensure_future(state.require_queue("q")) for _ in range(3)]
+        await reads.started.wait()
+        reads.release.set()
+        await asyncio.gather(*asked)
 
     run(main())
-    assert reads == ["exists q"] * 3
+    assert reads.made == ["exists q"] * 3
 
 
 def test_after_forget_a_caller_reads_again_rather_than_join_the_read_under_way():
-    reads: list[str] = []
+    reads = Reads()
 
     async def main():
-        state = QueueState(view(reads))
+        state = QueueState(reads.view())
         first = asyncio.ensure_future(state.config())
-        await asyncio.sleep(0)  # its read is under way
+        await reads.started.wait()  # its read is under way
         state.forget_config()  # the configuration changed meanwhile
-        second = await state.config()
-        return await first, second
+        second = asyncio.ensure_future(state.config())
+        reads.release.set()
+        return await first, await second
 
-    first, second = run(main())
-    assert first == "config-1" and second == "config-2"
-    assert reads == ["config", "config"]
+    assert run(main()) == ("config-1", "config-2")
+    assert reads.made == ["config", "config"]
