@@ -21,7 +21,8 @@ class DequeueApp(QueueApp[Dequeuer]):
         return [(dequeue_pb2_grpc.add_DequeueServiceServicer_to_server, DequeueServicer(self.service), "mailqueue.v1.DequeueService")]
 
     def build(self, b: Backends) -> Dequeuer:
-        self._dequeuer = Dequeuer(b.view, b.broker, b.blobs, self.settings.limits, b.state, b.events)
+        self._dequeuer = Dequeuer(b.view, b.broker, b.blobs, self.settings.limits, b.state, b.events,
+                                  self.settings.events.handout_delay_ms / 1000)
         return self._dequeuer
 
     def background(self, b: Backends) -> list[Coroutine[Any, Any, None]]:

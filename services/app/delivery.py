@@ -77,6 +77,8 @@ class DequeueSide(Protocol):
     claims: Claims
     #: Where each change of a mail is recorded, before it is carried out.
     events: EventLog
+    #: Seconds a hand-out event waits to be written with its answer's (services/app/handouts.py).
+    handout_event_delay_s: float
 
     def carry(self, mail: model.QueuedMail, content: bytes | None) -> bytes | None: ...
 

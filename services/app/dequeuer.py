@@ -28,11 +28,13 @@ log = logging.getLogger(__name__)
 class Dequeuer:
     def __init__(
         self, view: View, broker: Broker, blobs: BlobStore, limits: LimitSettings, state: QueueState,
-        events: EventLog | None = None,
+        events: EventLog | None = None, handout_event_delay_s: float = 1.0,
     ) -> None:
         self.view = view
         #: Where the hand-outs, answers and rule actions are recorded (services/app/mail_events.py).
         self.events: EventLog = events if events is not None else mail_events.Unrecorded()
+        #: A hand-out event is written with its answer's, or on its own after this (services/app/handouts.py).
+        self.handout_event_delay_s = handout_event_delay_s
         self.broker = broker
         self.blobs = blobs
         self.limits = limits

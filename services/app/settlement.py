@@ -21,12 +21,14 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import logging
+from collections.abc import Sequence
 
 from prometheus_client import Counter
 
 from services.app import counters, mail_events
 from services.app.delivery import Delivery, Outcome, Stream
 from services.domain import delays, model, schedule
+from services.domain.events import Event
 
 log = logging.getLogger(__name__)
 
@@ -34,17 +36,22 @@ OUTCOMES = Counter("mailqueue_outcomes_total", "Consumer outcomes", ["queue", "o
 EXPIRED = Counter("mailqueue_expired_total", "Mails expired by their queue's retry policy", ["queue"])
 
 
-async def settle(s: Stream, d: Delivery, outcome: Outcome, error_message: str = "", retry_after: dt.timedelta | None = None) -> None:
+async def settle(
+    s: Stream, d: Delivery, outcome: Outcome, error_message: str = "", retry_after: dt.timedelta | None = None,
+    handed: Sequence[Event] = (),
+) -> None:
+    """``handed``: the delivery's hand-out event not written yet (services/app/handouts.py),
+    recorded with the answer's, before it."""
     try:
         if outcome is Outcome.SUCCESS:
-            await s.side.events.record([mail_events.delivered(d.mail)])
+            await s.side.events.record([*handed, mail_events.delivered(d.mail)])
             await s.side.mark_deleted(d.mail, "dequeued")
             await s.ack(d.tag)
         elif outcome is Outcome.RETRY:
-            await retry(s, d, model.truncated(error_message), retry_after)
+            await retry(s, d, model.truncated(error_message), retry_after, handed)
         else:
             reason = f"dead-lettered: {error_message}" if error_message else "dead-lettered"
-            await s.side.events.record([mail_events.rejected(d.mail, model.truncated(error_message))])
+            await s.side.events.record([*handed, mail_events.rejected(d.mail, model.truncated(error_message))])
             await s.side.mark_deleted(d.mail, model.truncated(reason))
             await s.dead_letter(d.tag)
     finally:
@@ -54,7 +61,7 @@ async def settle(s: Stream, d: Delivery, outcome: Outcome, error_message: str = 
     OUTCOMES.labels(s.queue, outcome.name).inc()
 
 
-async def retry(s: Stream, d: Delivery, error: str, retry_after: dt.timedelta | None) -> None:
+async def retry(s: Stream, d: Delivery, error: str, retry_after: dt.timedelta | None, handed: Sequence[Event] = ()) -> None:
     """Count the attempt; publish the mail again with its backoff, record it, then ack.
 
     A crash before the record leaves two copies with one generation (a duplicate delivery at
@@ -66,7 +73,7 @@ async def retry(s: Stream, d: Delivery, error: str, retry_after: dt.timedelta | 
     if isinstance(next_attempt, schedule.Expired):
         log.info("mail expired", extra={"queue": s.queue, "enqueue_id": str(mail.enqueue_id), "reason": next_attempt.reason})
         reason = f"{next_attempt.reason}: {error}" if error else next_attempt.reason
-        await side.events.record([mail_events.expired(mail, model.truncated(reason))])
+        await side.events.record([*handed, mail_events.expired(mail, model.truncated(reason))])
         await side.mark_deleted(mail, model.truncated(reason))
         # Its last attempt recorded too: the dead letter shows it (services/app/dead_letter_recorder.py).
         await side.view.mails.reschedule(dataclasses.replace(mail, attempts=attempts, last_error=error, generation=mail.generation + 1))
@@ -79,7 +86,7 @@ async def retry(s: Stream, d: Delivery, error: str, retry_after: dt.timedelta | 
     # mail over if it comes back at once, while another copy of this generation arriving meanwhile
     # is a duplicate (released here first, such a copy was judged against the old record and
     # delivered beside the new one: two copies of the mail out at once).
-    await side.events.record([mail_events.retry_scheduled(mail, error, next_attempt.deliver_at)])
+    await side.events.record([*handed, mail_events.retry_scheduled(mail, error, next_attempt.deliver_at)])
     await side.broker.publish(again, next_attempt.deliver_at - now, content=side.carry(mail, d.content))
     await side.view.mails.reschedule(again)
     await counters.bump(side.view, again, delayed=1 if delays.units(next_attempt.deliver_at - now) else 0)

@@ -32,6 +32,7 @@ from prometheus_client import Counter
 from services.app import actions, closing, mail_events, settlement, verdict
 from services.app.claims import Claim
 from services.app.delivery import DEFAULT_PREFETCH, Delivery, DequeueSide, Outcome, Stream
+from services.app.handouts import HandOuts
 from services.app.retry import retrying
 from services.app.shaper import Wait
 from services.app.verdict import Action
@@ -93,6 +94,8 @@ class Subscription:
         self._committing: set[asyncio.Future[object]] = set()
         #: False once the client half-closed: nothing more is handed out.
         self._handing_out = True
+        #: Hand-out events held to be written with their answer's (services/app/handouts.py).
+        self._handouts = HandOuts(side.events, side.handout_event_delay_s, queue)
 
     async def _pump_messages(self) -> None:
         try:
@@ -143,9 +146,11 @@ class Subscription:
         return out
 
     async def record_handed_out(self, batch: list[Delivery]) -> None:
-        """Record the hand-out of deliveries ``ready`` gave, before they are sent (one record for
-        the batch). Raises BackendUnavailable: the stream then fails, and gives them back unsent."""
-        await self._side.events.record([mail_events.handed_out(d.mail, d.delivery_count) for d in batch])
+        """Record the hand-out of deliveries ``ready`` gave, before they are sent: held to be
+        written with their answers (services/app/handouts.py), or written now (one record for the
+        batch) when the delay is 0. Raises BackendUnavailable then: the stream fails, and gives
+        them back unsent."""
+        await self._handouts.handed([(d.tag, mail_events.handed_out(d.mail, d.delivery_count)) for d in batch])
 
     def stop_handing_out(self) -> None:
         """The client half-closed: it can answer nothing more, so nothing more is handed out (what
@@ -227,7 +232,15 @@ class Subscription:
         # To the end once the tag is taken, whatever happens to the stream: a RETRY cut between
         # its publish and its ack would leave two copies (the new one, and the old one given back
         # by the closing channel), a SUCCESS cut after its mark would lose its counter update.
-        await self._to_the_end(settlement.settle(self._stream, delivery, outcome, error_message, retry_after))
+        await self._to_the_end(self._settled(delivery, outcome, error_message, retry_after))
+
+    async def _settled(self, delivery: Delivery, outcome: Outcome, error_message: str, retry_after: dt.timedelta | None) -> None:
+        handed = await self._handouts.answered(delivery.tag)
+        try:
+            await settlement.settle(self._stream, delivery, outcome, error_message, retry_after, handed=handed)
+        except BaseException:
+            self._handouts.unanswered(delivery.tag, handed)
+            raise
 
     async def close(self) -> None:
         """Stop consuming and give back what the stream holds (services/app/closing.py), once
@@ -250,5 +263,6 @@ class Subscription:
                         if t.done() and not t.cancelled() and t.exception() is None and t.result() is not None]
             await closing.close(self._stream, prepared, list(self._unanswered.values()))
         finally:
+            await self._handouts.close()
             await self._stream.consumer.close()
 

@@ -59,3 +59,6 @@ class EventSettings:
     sinks: str = "all"
     #: Seconds a history row lives (its TTL): 7 days.
     history_retention_s: int = 7 * 24 * 3600
+    #: Milliseconds a HANDED_OUT event waits to be written with its answer's event; unanswered by
+    #: then, it is written on its own. 0: written before the delivery is sent.
+    handout_delay_ms: int = 1000

@@ -97,6 +97,30 @@ def test_a_retried_then_delivered_mail_tells_its_story_with_its_actors(secured):
         "enqueued", "handed_out", "retry_scheduled", "handed_out", "delivered"]
 
 
+def test_a_mail_out_unanswered_shows_its_hand_out_within_the_delay_and_once_answered_each_event_once(secured):
+    # Given a mail handed out to a consumer that does not answer yet (the hand-out event waits for
+    # the answer's, MAILQUEUE_HANDOUT_EVENT_DELAY_MS, 1 s by default, then is written alone)
+    queue = new_queue(secured)
+    eid = stub(secured, "enqueue", "producer").Enqueue(inline(queue, simple_mail("out"))).receipt.enqueue_id
+    consumer = StreamConsumer(stub(secured, "dequeue", "consumer"), queue)
+    try:
+        delivery = consumer.next()
+        handed_at = time.monotonic()
+        # When its history is read while it is out
+        story = wait_until(lambda: (h := history(secured, enqueue_id=eid)) and len(h) >= 2 and h, 10, what="HANDED_OUT")
+        shown_after = time.monotonic() - handed_at
+        # Then it shows the hand-out within the delay (and the poll's pace), before any answer
+        print(f"HANDED_OUT of an unanswered delivery in the history {shown_after:.2f} s after the delivery was read")
+        assert types(story) == ["ENQUEUED", "HANDED_OUT"] and shown_after < 3
+        # And once answered, the story has each event once, the hand-out not written again
+        consumer.answer(delivery, "SUCCESS")
+        story = wait_until(lambda: (h := history(secured, enqueue_id=eid)) and len(h) >= 3 and h, 30, what="DELIVERED")
+    finally:
+        consumer.close()
+    assert types(story) == ["ENQUEUED", "HANDED_OUT", "DELIVERED"]
+    assert len({e.id for e in story}) == 3
+
+
 def test_a_refused_enqueue_leaves_no_event(secured):
     queue = new_queue(secured)
     name = f"refused-{uuid.uuid4().hex[:6]}"

@@ -121,6 +121,14 @@ def test_events_setting_refuses_anything_else():
         events_from_env({"MAILQUEUE_EVENTS": "stream"})
 
 
+def test_hand_out_event_delay_defaults_to_a_second_takes_zero_and_refuses_past_a_minute():
+    assert events_from_env({}).handout_delay_ms == 1000
+    assert events_from_env({"MAILQUEUE_HANDOUT_EVENT_DELAY_MS": "0"}).handout_delay_ms == 0
+    for bad, match in (("-1", ">= 0"), ("60001", "<= 60000"), ("1s", "not an integer")):
+        with pytest.raises(ConfigurationError, match=f"MAILQUEUE_HANDOUT_EVENT_DELAY_MS.*{match}"):
+            events_from_env({"MAILQUEUE_HANDOUT_EVENT_DELAY_MS": bad})
+
+
 def test_webhook_svc_refuses_workers_its_deliverer_is_one_process():
     with pytest.raises(ConfigurationError, match="MAILQUEUE_WORKERS must be 1 for webhook_svc"):
         Settings.from_env("webhook", env={"MAILQUEUE_WORKERS": "2"})
