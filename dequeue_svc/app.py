@@ -3,6 +3,7 @@ the traffic shaping refresh."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Coroutine
 from typing import Any
 
@@ -12,6 +13,12 @@ from services.app import dead_letter_recorder
 from services.app.dequeuer import Dequeuer
 from services.runtime.backends import Backends
 from services.runtime.queue_app import QueueApp
+
+log = logging.getLogger(__name__)
+
+#: Seconds the streams cancelled at shutdown have to give back what they hold and write their
+#: held hand-out events, before the backends close under them.
+DRAIN_S = 10.0
 
 
 class DequeueApp(QueueApp[Dequeuer]):
@@ -28,3 +35,10 @@ class DequeueApp(QueueApp[Dequeuer]):
     def background(self, b: Backends) -> list[Coroutine[Any, Any, None]]:
         # The dead-letter recorder, and the shaping state read (and heartbeat) every second.
         return [dead_letter_recorder.mark_forever(b.view, b.broker), self._dequeuer.shaper.run_forever()]
+
+    async def close(self) -> None:
+        if self._service is not None:
+            left = await self._dequeuer.drain(DRAIN_S)
+            if left:
+                log.warning("streams still closing when the backends close", extra={"streams": left, "waited_s": DRAIN_S})
+        await super().close()

@@ -84,6 +84,9 @@ class DequeueSide(Protocol):
 
     async def mark_deleted(self, mail: model.QueuedMail, reason: str) -> None: ...
 
+    def closed(self, sub: object) -> None:
+        """A subscription of this process ended."""
+
 
 @dataclasses.dataclass
 class Stream:

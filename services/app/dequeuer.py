@@ -6,6 +6,7 @@ mails in flight here, the operator rules as this process sees them, and mark-del
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 
 from services.app import browse_start, counters, mail_events
@@ -40,6 +41,9 @@ class Dequeuer:
         self.limits = limits
         self.state = state
         self._background: set[asyncio.Task[None]] = set()
+        #: Subscriptions not closed yet (``drain`` waits for them at shutdown).
+        self._open: set[Subscription] = set()
+        self._all_closed = asyncio.Event()
         self._updating: set[str] = set()  # queues whose browse start update is running here
         #: One claim per mail being prepared or handed out by this process.
         self.claims = Claims()
@@ -58,7 +62,28 @@ class Dequeuer:
         await self.state.require_queue(queue)
         consumer = await self.broker.consume(queue, prefetch or DEFAULT_PREFETCH)
         self.shaper.consuming(+1)
-        return Subscription(self, queue, consumer, prefetch or DEFAULT_PREFETCH, max(max_batch, 1))
+        sub = Subscription(self, queue, consumer, prefetch or DEFAULT_PREFETCH, max(max_batch, 1))
+        self._open.add(sub)
+        return sub
+
+    def closed(self, sub: Subscription) -> None:
+        """A subscription ended (its close ran to its end)."""
+        self._open.discard(sub)
+        self._all_closed.set()
+
+    async def drain(self, timeout_s: float) -> int:
+        """Wait, up to ``timeout_s``, for the subscriptions still open to close (the server
+        stopped: their streams are cancelled, and each gives back what it holds and writes its
+        held hand-out events) before the backends close under them. Returns how many did not."""
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while self._open:
+            self._all_closed.clear()
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                break
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._all_closed.wait(), left)
+        return len(self._open)
 
     def carry(self, mail: model.QueuedMail, content: bytes | None) -> bytes | None:
         """The content to carry in a message published again: small mail's only."""

@@ -263,6 +263,9 @@ class Subscription:
                         if t.done() and not t.cancelled() and t.exception() is None and t.result() is not None]
             await closing.close(self._stream, prepared, list(self._unanswered.values()))
         finally:
-            await self._handouts.close()
-            await self._stream.consumer.close()
+            try:
+                await self._handouts.close()
+                await self._stream.consumer.close()
+            finally:
+                self._side.closed(self)
 

@@ -146,3 +146,50 @@ def test_sigterm_with_a_lameduck_goes_not_serving_keeps_answering_then_exits(key
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_sigterm_of_dequeue_svc_writes_the_hand_outs_its_open_streams_hold(suite):
+    """A graceful stop (a rolling update) loses no event: the streams cancelled at the end of the
+    grace give back their deliveries and write the HANDED_OUT events they still hold before the
+    process closes its backends (dequeue_svc/app.py, ``Dequeuer.drain``)."""
+    import signal
+
+    import grpc
+
+    from mailqueue.v1 import dequeue_pb2_grpc, events_pb2, events_pb2_grpc
+    from tests.integration.helpers import StreamConsumer, enqueue_names
+
+    # Given a dequeue_svc process whose hand-out events wait a minute for their answers, and a
+    # consumer holding a batch of its deliveries unanswered
+    port = free_port()
+    env = service_env(suite.keyspace, MAILQUEUE_PORT=str(port), MAILQUEUE_HANDOUT_EVENT_DELAY_MS="60000",
+                      MAILQUEUE_SHUTDOWN_GRACE_S="1", MAILQUEUE_LAMEDUCK_S="0")
+    proc = start_process("dequeue_svc", env)
+    target = f"127.0.0.1:{port}"
+    queue = suite.new_queue()
+    enqueue_names(suite, queue, [f"m-{i}" for i in range(150)])  # more than one batch: some to give back at the stop
+    consumer = None
+    try:
+        wait_until(lambda: health(target) == health_pb2.HealthCheckResponse.SERVING, 60, what="SERVING")
+        consumer = StreamConsumer(dequeue_pb2_grpc.DequeueServiceStub(grpc.insecure_channel(target)), queue,
+                                  prefetch=128, max_batch=64)
+        handed = [d.mail.enqueue_id for d in consumer.response().deliveries.deliveries]
+        eid = handed[0]
+
+        def history() -> list[str]:
+            events = events_pb2_grpc.EventServiceStub(suite.browse.channel()).GetMailHistory(events_pb2.GetMailHistoryRequest(enqueue_id=eid)).events
+            return [events_pb2.EventType.Name(e.type) for e in events]
+
+        assert history() == ["EVENT_TYPE_ENQUEUED"]  # held, not written
+        # When the client leaves and the process is stopped with SIGTERM at once
+        consumer.cancel()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0, proc.stderr.read()[-2000:] if proc.stderr else ""
+        # Then the hand-out is in the history, and the process logged no lost event
+        assert history() == ["EVENT_TYPE_ENQUEUED", "EVENT_TYPE_HANDED_OUT"]
+        assert "hand-out events lost" not in (proc.stderr.read() if proc.stderr else "")
+    finally:
+        if consumer is not None:
+            consumer.close()
+        if proc.poll() is None:
+            proc.kill()
