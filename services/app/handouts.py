@@ -75,12 +75,14 @@ class HandOuts:
         return []
 
     def unanswered(self, tag: int, handed: Sequence[Event]) -> None:
-        """The answer that took ``handed`` failed (its record, or a step after it): held again, to
-        be written on its own (twice at worst: the history and the stream's consumers drop an
-        event id seen before)."""
+        """The answer that took ``handed`` failed before its record was written: held again, to
+        be written on its own (at once when the stream is closing)."""
         if handed:
             self._held[tag] = (handed[0], time.monotonic())
-            self._arm()
+            if self._closed:
+                self._flush([tag])
+            else:
+                self._arm()
 
     async def close(self) -> None:
         """Write what is still held (the stream ends: those mails go back), and wait for the writes
@@ -114,15 +116,19 @@ class HandOuts:
         self._arm()
 
     def _flush(self, tags: list[int]) -> None:
-        task = asyncio.ensure_future(self._write([(tag, self._held.pop(tag)[0]) for tag in tags]))
-        self._flushes.add(task)
-        task.add_done_callback(self._flushes.discard)
-
-    async def _write(self, batch: list[tuple[int, Event]]) -> None:
+        """Write ``tags``' events on their own. They move from held to being written at once, in
+        this step: an answer that comes before the write task runs waits for it, never records
+        its own event ahead of the hand-out."""
+        batch = [(tag, self._held.pop(tag)[0]) for tag in tags]
         write: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         write.add_done_callback(_retrieved)
         for tag, event in batch:
             self._writing[tag] = (event, write)
+        task = asyncio.ensure_future(self._write(batch, write))
+        self._flushes.add(task)
+        task.add_done_callback(self._flushes.discard)
+
+    async def _write(self, batch: list[tuple[int, Event]], write: asyncio.Future[None]) -> None:
         try:
             await self._events.record([e for _, e in batch])
             write.set_result(None)

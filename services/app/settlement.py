@@ -21,12 +21,11 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import logging
-from collections.abc import Sequence
 
 from prometheus_client import Counter
 
 from services.app import counters, mail_events
-from services.app.delivery import Delivery, Outcome, Stream
+from services.app.delivery import Delivery, DequeueSide, Outcome, Stream
 from services.domain import delays, model, schedule
 from services.domain.events import Event
 
@@ -38,20 +37,22 @@ EXPIRED = Counter("mailqueue_expired_total", "Mails expired by their queue's ret
 
 async def settle(
     s: Stream, d: Delivery, outcome: Outcome, error_message: str = "", retry_after: dt.timedelta | None = None,
-    handed: Sequence[Event] = (),
+    handed: list[Event] | None = None,
 ) -> None:
     """``handed``: the delivery's hand-out event not written yet (services/app/handouts.py),
-    recorded with the answer's, before it."""
+    recorded with the answer's, before it; the list is emptied once that record is written (a
+    step failing after it must not hold the event again)."""
+    handed = [] if handed is None else handed
     try:
         if outcome is Outcome.SUCCESS:
-            await s.side.events.record([*handed, mail_events.delivered(d.mail)])
+            await _record(s.side, handed, mail_events.delivered(d.mail))
             await s.side.mark_deleted(d.mail, "dequeued")
             await s.ack(d.tag)
         elif outcome is Outcome.RETRY:
             await retry(s, d, model.truncated(error_message), retry_after, handed)
         else:
             reason = f"dead-lettered: {error_message}" if error_message else "dead-lettered"
-            await s.side.events.record([*handed, mail_events.rejected(d.mail, model.truncated(error_message))])
+            await _record(s.side, handed, mail_events.rejected(d.mail, model.truncated(error_message)))
             await s.side.mark_deleted(d.mail, model.truncated(reason))
             await s.dead_letter(d.tag)
     finally:
@@ -61,19 +62,20 @@ async def settle(
     OUTCOMES.labels(s.queue, outcome.name).inc()
 
 
-async def retry(s: Stream, d: Delivery, error: str, retry_after: dt.timedelta | None, handed: Sequence[Event] = ()) -> None:
+async def retry(s: Stream, d: Delivery, error: str, retry_after: dt.timedelta | None, handed: list[Event] | None = None) -> None:
     """Count the attempt; publish the mail again with its backoff, record it, then ack.
 
     A crash before the record leaves two copies with one generation (a duplicate delivery at
     worst); after it, the redelivered original is older than the record and is skipped.
     """
     mail, now, side = d.mail, model.utcnow(), s.side
+    handed = [] if handed is None else handed
     attempts = mail.attempts + 1
     next_attempt = schedule.next_attempt(await side.state.retry_policy(s.queue), attempts, mail.enqueued_at, now, retry_after)
     if isinstance(next_attempt, schedule.Expired):
         log.info("mail expired", extra={"queue": s.queue, "enqueue_id": str(mail.enqueue_id), "reason": next_attempt.reason})
         reason = f"{next_attempt.reason}: {error}" if error else next_attempt.reason
-        await side.events.record([*handed, mail_events.expired(mail, model.truncated(reason))])
+        await _record(side, handed, mail_events.expired(mail, model.truncated(reason)))
         await side.mark_deleted(mail, model.truncated(reason))
         # Its last attempt recorded too: the dead letter shows it (services/app/dead_letter_recorder.py).
         await side.view.mails.reschedule(dataclasses.replace(mail, attempts=attempts, last_error=error, generation=mail.generation + 1))
@@ -86,11 +88,17 @@ async def retry(s: Stream, d: Delivery, error: str, retry_after: dt.timedelta | 
     # mail over if it comes back at once, while another copy of this generation arriving meanwhile
     # is a duplicate (released here first, such a copy was judged against the old record and
     # delivered beside the new one: two copies of the mail out at once).
-    await side.events.record([*handed, mail_events.retry_scheduled(mail, error, next_attempt.deliver_at)])
+    await _record(side, handed, mail_events.retry_scheduled(mail, error, next_attempt.deliver_at))
     await side.broker.publish(again, next_attempt.deliver_at - now, content=side.carry(mail, d.content))
     await side.view.mails.reschedule(again)
     await counters.bump(side.view, again, delayed=1 if delays.units(next_attempt.deliver_at - now) else 0)
     await s.ack(d.tag)
+
+
+async def _record(side: DequeueSide, handed: list[Event], event: Event) -> None:
+    """The answer's event, after the hand-out's still held (``handed``, emptied once written)."""
+    await side.events.record([*handed, event])
+    handed.clear()
 
 
 def retries_exhausted(delivery_count: int, limit: int | None) -> bool:

@@ -259,13 +259,18 @@ class Subscription:
             await asyncio.gather(*preparing, return_exceptions=True)  # let them unwind (and release) first
             while self._committing:  # answers and verdicts under way end first: they ack what they end
                 await asyncio.gather(*self._committing, return_exceptions=True)
+            # The held hand-outs before what the give-back records (a delivery on its last attempt
+            # is dead-lettered there): a mail's events keep their order.
+            await self._handouts.close()
             prepared = [t.result() for t in self._scheduler.queued()
                         if t.done() and not t.cancelled() and t.exception() is None and t.result() is not None]
             await closing.close(self._stream, prepared, list(self._unanswered.values()))
         finally:
             try:
-                await self._handouts.close()
-                await self._stream.consumer.close()
+                try:
+                    await self._stream.consumer.close()
+                finally:
+                    await self._handouts.close()  # already closed, unless something above failed
             finally:
                 self._side.closed(self)
 

@@ -149,3 +149,47 @@ def test_a_failed_answer_holds_its_hand_out_again():
 
     records, event = run(go())
     assert records == [[event]]
+
+
+def test_an_answer_right_after_the_timer_fired_waits_for_the_hand_out_write_it_began():
+    async def go():
+        log = Log()
+        h = HandOuts(log, 30.0)
+        one = handed_out(1)
+        await h.handed([one])
+        h._flush([1])  # the timer's step: the write task has not run yet
+        carried = await h.answered(1)  # the next step: the answer
+        written_before_the_answer = list(log.records)
+        await h.close()
+        return carried, written_before_the_answer, one[1]
+
+    carried, written, event = run(go())
+    assert carried == [] and written == [[event]]  # the hand-out first, then (by the caller) the answer
+
+
+def test_an_answer_whose_record_was_written_does_not_hold_its_hand_out_again():
+    from services.app import settlement
+
+    class Side:
+        def __init__(self, fail):
+            self.events = Log()
+            self.events.fail = fail
+
+    async def go():
+        ok, failing = Side(None), Side(BackendUnavailable("cassandra", "down"))
+        written, unwritten = [handed_out(1)[1]], [handed_out(2)[1]]
+        await settlement._record(ok, written, handed_out(1)[1])
+        try:
+            await settlement._record(failing, unwritten, handed_out(2)[1])
+        except BackendUnavailable:
+            pass
+        return written, len(unwritten)
+
+    written, unwritten = run(go())
+    assert written == [] and unwritten == 1  # a step failing after the record holds nothing again
+
+
+def test_the_broker_window_is_half_again_the_credit_and_one_for_a_prefetch_of_one():
+    from services.app.dequeuer import broker_window
+
+    assert [broker_window(p) for p in (1, 2, 16, 128)] == [1, 3, 24, 192]
