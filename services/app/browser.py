@@ -89,6 +89,7 @@ class Browser:
             start = max(start, slice_start(from_ms(after.partition), config.slice_window))
         if since is not None:
             start = max(start, slice_start(since, config.slice_window))
+        yielded = 0
         for s in slices_between(start, end, config.slice_window):
             if until is not None and s > until:
                 return
@@ -97,10 +98,15 @@ class Browser:
                 if slice_ms(s) < after.partition:
                     continue
                 resume = (after.enqueued_at, after.id) if slice_ms(s) == after.partition else None
-            async for rows in self._view.mails.live_pages(queue, s, config.bucket_count, op, first_page, max_page, resume):
+            # A caller that may stop early asked for ``first_page`` rows in all: a slice after the
+            # first is asked only what the slices before did not give (a page that spans two slices
+            # reads a page, not two).
+            page = first_page - yielded if yielded < first_page < max_page else first_page
+            async for rows in self._view.mails.live_pages(queue, s, config.bucket_count, op, page, max_page, resume):
                 for row in rows:
                     if until is not None and row.enqueued_at >= until:
                         return
+                    yielded += 1
                     yield row
 
     async def candidates(

@@ -126,3 +126,30 @@ def test_browse_by_an_enqueue_id_that_is_not_a_uuid_is_invalid_argument(suite):
         list(suite.browse_stub.Browse(browse_pb2.BrowseRequest(queue=queue, enqueue_id="not-a-uuid")))
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "not-a-uuid" in e.value.details() and "not a UUID" in e.value.details()
+
+
+def test_a_page_that_spans_slices_reads_a_page_not_a_page_per_slice(fast_suite):
+    """A page whose mails lie in two slices (here 1 s wide) reads the rest of the first and only
+    what is missing of the next (a page that crossed a slice's end read 193 rows for 100)."""
+    from tests.integration.test_browse_admin import next_slice
+
+    s = fast_suite
+    queue = s.new_queue()
+    names = []
+    for part in range(3):  # 3 slices of 150 mails: pages of 100 start and end inside slices
+        next_slice()
+        names += fill(s, queue, 150, prefix=f"s{part}")
+    buckets = s.info(queue).configuration.bucket_count
+    paged, costs, token = [], [], ""
+    while True:
+        rows0, marks0 = counted(s, "browse")
+        responses = list(s.browse_stub.Browse(browse_pb2.BrowseRequest(queue=queue, page_size=PAGE, page_token=token)))
+        rows1, marks1 = counted(s, "browse")
+        costs.append((rows1 - rows0, marks1 - marks0))
+        paged += [r.mail.mail.name for r in responses]
+        token = responses[-1].next_page_token
+        if not token:
+            break
+    print(f"{len(paged)} mails in 3 slices, pages of {PAGE}: rows and marks read per page {costs}")
+    assert len(paged) == len(names) and sorted(paged) == names  # each once (a batch's order is its instants')
+    assert all(rows <= buckets * (PAGE + 1) and marks <= PAGE + 1 for rows, marks in costs), costs
