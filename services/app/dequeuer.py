@@ -26,15 +26,6 @@ from services.ports.view import View
 log = logging.getLogger(__name__)
 
 
-def broker_window(prefetch: int) -> int:
-    """The messages the broker may send a subscription unacked: half again its client's credit
-    (``prefetch`` unanswered deliveries). An answer frees the client's credit at once, but its
-    message stays unacked until its record, mark and ack are written: with a window of exactly
-    ``prefetch``, those writes held back the next deliveries, and every event written with an
-    answer made the bursts smaller. One subscribing with a prefetch of 1 still holds one."""
-    return prefetch + prefetch // 2
-
-
 class Dequeuer:
     def __init__(
         self, view: View, broker: Broker, blobs: BlobStore, limits: LimitSettings, state: QueueState,
@@ -69,7 +60,7 @@ class Dequeuer:
         if max_batch > self.limits.max_prefetch:
             raise InvalidArgument(f"max_batch {max_batch} is over the maximum of {self.limits.max_prefetch}")
         await self.state.require_queue(queue)
-        consumer = await self.broker.consume(queue, broker_window(prefetch or DEFAULT_PREFETCH))
+        consumer = await self.broker.consume(queue, prefetch or DEFAULT_PREFETCH)
         self.shaper.consuming(+1)
         sub = Subscription(self, queue, consumer, prefetch or DEFAULT_PREFETCH, max(max_batch, 1))
         self._open.add(sub)

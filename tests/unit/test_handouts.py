@@ -187,9 +187,3 @@ def test_an_answer_whose_record_was_written_does_not_hold_its_hand_out_again():
 
     written, unwritten = run(go())
     assert written == [] and unwritten == 1  # a step failing after the record holds nothing again
-
-
-def test_the_broker_window_is_half_again_the_credit_and_one_for_a_prefetch_of_one():
-    from services.app.dequeuer import broker_window
-
-    assert [broker_window(p) for p in (1, 2, 16, 128)] == [1, 3, 24, 192]
