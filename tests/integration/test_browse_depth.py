@@ -26,6 +26,23 @@ def counted(suite, op: str) -> tuple[float, float]:
             suite.metric("browse", "mailqueue_view_marks_read_total", op=op))
 
 
+def paged_with_costs(suite, queue: str) -> tuple[list, list[tuple[float, float]]]:
+    """Every mail of the queue, Browsed PAGE at a time, and the (rows, marks) each page read;
+    only a page's last message carries the token, and only the last page may be short."""
+    paged, costs, token = [], [], ""
+    while True:
+        rows0, marks0 = counted(suite, "browse")
+        responses = list(suite.browse_stub.Browse(browse_pb2.BrowseRequest(queue=queue, page_size=PAGE, page_token=token)))
+        rows1, marks1 = counted(suite, "browse")
+        costs.append((rows1 - rows0, marks1 - marks0))
+        assert all(not r.next_page_token for r in responses[:-1])
+        token = responses[-1].next_page_token
+        assert len(responses) == PAGE or not token
+        paged += [r.mail for r in responses]
+        if not token:
+            return paged, costs
+
+
 @pytest.fixture(scope="module")
 def deep(suite) -> tuple[str, list[str]]:
     """A queue of DEPTH mails enqueued by EnqueueBatches (their names), read and paged by the tests
@@ -61,18 +78,7 @@ def test_paging_a_deep_queue_of_batches_gives_each_mail_once_in_browse_order_and
     print(f"{DEPTH} mails, {len(per_instant)} distinct instants, up to {max(per_instant.values())} in one ms")
     assert len(everything) == DEPTH and max(per_instant.values()) > 1
     buckets = suite.info(queue).configuration.bucket_count
-    paged, costs, token = [], [], ""
-    while True:
-        rows0, marks0 = counted(suite, "browse")
-        responses = list(suite.browse_stub.Browse(browse_pb2.BrowseRequest(queue=queue, page_size=PAGE, page_token=token)))
-        rows1, marks1 = counted(suite, "browse")
-        costs.append((rows1 - rows0, marks1 - marks0))
-        assert all(not r.next_page_token for r in responses[:-1])  # only a page's last message carries it
-        token = responses[-1].next_page_token
-        assert len(responses) == PAGE or not token  # only the last page may be short
-        paged += [r.mail for r in responses]
-        if not token:
-            break
+    paged, costs = paged_with_costs(suite, queue)
     # Every mail once, in the order of one unpaged Browse, in 30 full pages (none empty),
     assert [m.enqueue_id for m in paged] == [m.enqueue_id for m in everything]
     assert len(costs) == DEPTH // PAGE
@@ -140,16 +146,8 @@ def test_a_page_that_spans_slices_reads_a_page_not_a_page_per_slice(fast_suite):
         next_slice()
         names += fill(s, queue, 150, prefix=f"s{part}")
     buckets = s.info(queue).configuration.bucket_count
-    paged, costs, token = [], [], ""
-    while True:
-        rows0, marks0 = counted(s, "browse")
-        responses = list(s.browse_stub.Browse(browse_pb2.BrowseRequest(queue=queue, page_size=PAGE, page_token=token)))
-        rows1, marks1 = counted(s, "browse")
-        costs.append((rows1 - rows0, marks1 - marks0))
-        paged += [r.mail.mail.name for r in responses]
-        token = responses[-1].next_page_token
-        if not token:
-            break
+    mails, costs = paged_with_costs(s, queue)
+    paged = [m.mail.name for m in mails]
     print(f"{len(paged)} mails in 3 slices, pages of {PAGE}: rows and marks read per page {costs}")
     assert len(paged) == len(names) and sorted(paged) == names  # each once (a batch's order is its instants')
     assert all(rows <= buckets * (PAGE + 1) and marks <= PAGE + 1 for rows, marks in costs), costs
