@@ -4,16 +4,17 @@ A consumer that answers within ``delay_s`` of the hand-out (most do, in millisec
 HANDED_OUT event written in the same history row and stream message as the answer's event
 (DELIVERED, RETRY_SCHEDULED, ...): one write per mail instead of two, and nothing written before
 the delivery is sent. A hand-out not answered within ``delay_s`` is written on its own, so the
-history shows a mail out with its consumer at most ``delay_s`` late; so are those still held when
-the stream closes (the mails go back to the queue).
+history shows a mail out with its consumer about ``delay_s`` late (a failed write is tried again
+each ``delay_s``); so are those still held when the stream closes, before its give-back.
 
 What this gives up: a process killed (SIGKILL) holds no record of the hand-outs of its last
 ``delay_s``. Their mails come back and are handed out again, and that hand-out is recorded; the
 history then shows the attempt that was answered, not the one the crash cut. ``delay_s`` 0 writes
 each hand-out before it is sent, one write per hand-out batch.
 
-Order per mail is kept: an answer whose hand-out is being written waits for that write, and
-carries the event itself when that write failed.
+Order per mail is kept within the stream: an answer whose hand-out is being written waits for
+that write, and carries the event itself when that write failed. (Across streams it is not: a mail
+whose consumer's channel died goes to another stream at once, which may record before this one.)
 """
 
 from __future__ import annotations

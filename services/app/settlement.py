@@ -62,14 +62,13 @@ async def settle(
     OUTCOMES.labels(s.queue, outcome.name).inc()
 
 
-async def retry(s: Stream, d: Delivery, error: str, retry_after: dt.timedelta | None, handed: list[Event] | None = None) -> None:
+async def retry(s: Stream, d: Delivery, error: str, retry_after: dt.timedelta | None, handed: list[Event]) -> None:
     """Count the attempt; publish the mail again with its backoff, record it, then ack.
 
     A crash before the record leaves two copies with one generation (a duplicate delivery at
     worst); after it, the redelivered original is older than the record and is skipped.
     """
     mail, now, side = d.mail, model.utcnow(), s.side
-    handed = [] if handed is None else handed
     attempts = mail.attempts + 1
     next_attempt = schedule.next_attempt(await side.state.retry_policy(s.queue), attempts, mail.enqueued_at, now, retry_after)
     if isinstance(next_attempt, schedule.Expired):

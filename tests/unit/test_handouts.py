@@ -105,10 +105,8 @@ def test_an_answer_meeting_a_write_under_way_waits_for_it_and_carries_the_event_
         log.fail = BackendUnavailable("cassandra", "down")
         await h.handed([one])
         await asyncio.wait_for(log.started.wait(), 5)  # the timed write has begun, held at the log
-        answer = asyncio.create_task(h.answered(1))
-        await asyncio.sleep(0)  # the answer now waits for that write
-        log.hold.set()
-        carried = await answer
+        asyncio.get_running_loop().call_soon(log.hold.set)  # released once the answer waits for it
+        carried = await h.answered(1)
         log.fail = None
         await h.close()
         return carried, one[1], log.records
