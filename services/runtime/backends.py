@@ -101,11 +101,12 @@ class BlobBackends:
 
 
 class Backends:
-    def __init__(self, view: View, broker: Broker, blobs: BlobStore, stream: RabbitMQEventStream, events: EventLog | None = None) -> None:
+    def __init__(self, view: View, broker: Broker, blobs: BlobStore, stream: RabbitMQEventStream, events: EventLog | None = None,
+                 queue_cache_s: float = 10.0) -> None:
         self.view = view
         self.broker = broker
         self.blobs = blobs
-        self.state = QueueState(view)
+        self.state = QueueState(view, config_ttl_s=queue_cache_s)
         #: Where every service records its events (services/ports/events.py).
         self.events: EventLog = events if events is not None else Unrecorded()
         #: The event stream (declared on first use; browse_svc declares it at start-up), also a sink of ``events``.
@@ -128,7 +129,7 @@ class Backends:
         except BaseException:
             view.close()
             raise
-        return cls(view, broker, blobs, stream, events)
+        return cls(view, broker, blobs, stream, events, settings.queue_cache_s)
 
     async def check(self) -> None:
         await self.view.ping()

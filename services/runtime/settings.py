@@ -386,6 +386,9 @@ class Settings:
     limits: LimitSettings
     view: ViewSettings
     events: EventSettings = dataclasses.field(default_factory=EventSettings)
+    #: How long a process trusts its cached queue list and view configuration
+    #: (services/app/queue_state.py): DeleteQueue waits this long. The same on every service.
+    queue_cache_s: float = 10.0
 
     @classmethod
     def from_env(cls, service: str, env: Mapping[str, str] = os.environ) -> Settings:
@@ -397,4 +400,5 @@ class Settings:
             limits=limits_from_env(env),
             view=view_from_env(env),
             events=events_from_env(env),
+            queue_cache_s=_float(env, "QUEUE_CACHE_S", 10.0, 0.1),
         )

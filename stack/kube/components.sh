@@ -49,7 +49,8 @@ start_controllers() {
     --service-cluster-ip-range="$SERVICE_CIDR" \
     --cluster-signing-cert-file="$PKI/ca.crt" --cluster-signing-key-file="$PKI/ca.key" \
     --root-ca-file="$PKI/ca.crt" --service-account-private-key-file="$PKI/sa.key" \
-    --use-service-account-credentials=true --profiling=false
+    --use-service-account-credentials=true --profiling=false \
+    --horizontal-pod-autoscaler-sync-period=5s
   daemon kube-scheduler "" "$BIN/kube-scheduler" \
     --kubeconfig="$KDIR/scheduler.kubeconfig" \
     --authentication-kubeconfig="$KDIR/scheduler.kubeconfig" \

@@ -11,9 +11,21 @@ import pytest
 
 from mailqueue.v1 import admin_pb2, browse_pb2, events_pb2, events_pb2_grpc
 from services.domain import names
-from stack.harness import broker_parameters, wait_until
+from stack.harness import broker_parameters, new_keyspace, wait_until
+from tests.conftest import Suite
 from tests.integration.helpers import StreamConsumer, inline, simple_mail
 from tests.integration.test_cli import mailq
+
+#: Each DeleteQueue waits out every replica's queue cache (MAILQUEUE_QUEUE_CACHE_S, 10 s by
+#: default): this module's services trust theirs for 1 s.
+CACHE = {"MAILQUEUE_QUEUE_CACHE_S": "1"}
+
+
+@pytest.fixture(scope="module")
+def suite(aio_loop, running_stack) -> Suite:
+    s = Suite(aio_loop, new_keyspace(), **CACHE)
+    yield s
+    s.stop(drop=True)
 
 
 def amqp_exists(amqp_queue: str) -> bool:
@@ -145,7 +157,7 @@ def test_dead_letters_refuse_a_plain_delete_and_a_forced_one_purges_them(suite):
     assert info.dead_lettered == 0
 
 
-def test_a_forced_delete_killed_mid_way_is_completed_by_running_it_again(suite, keyspace):
+def test_a_forced_delete_killed_mid_way_is_completed_by_running_it_again(suite):
     """browse_svc SIGKILLed at a random instant of a forced DeleteQueue (300 live mails, 100 dead
     letters); run again, the delete completes: the name made again is an empty queue."""
     from mailqueue.v1 import admin_pb2_grpc
@@ -156,7 +168,7 @@ def test_a_forced_delete_killed_mid_way_is_completed_by_running_it_again(suite, 
     queue = suite.new_queue()
     reject_all(suite, queue, [f"dead{i}" for i in range(100)])
     many = enqueue_many(suite, queue, 300)
-    proc = ServiceProcess("browse", service_env(keyspace, MAILQUEUE_BLOB_TARGET=suite.blob.target))
+    proc = ServiceProcess("browse", service_env(suite.keyspace, MAILQUEUE_BLOB_TARGET=suite.blob.target, **CACHE))
     try:
         stream = admin_pb2_grpc.AdminServiceStub(proc.channel()).DeleteQueue(
             admin_pb2.DeleteQueueRequest(queue=queue, force=True), timeout=120)

@@ -172,6 +172,17 @@ def run_pod(pod: dict, timeout: float = 300) -> tuple[str, str]:
     return phase, ns("logs", name).stdout
 
 
+def run_pods(pods: list[dict], timeout: float = 300) -> list[tuple[str, str]]:
+    """``run_pod`` for several pods at once (created together, so they run side by side); (phase,
+    log) of each, in order."""
+    names = [p["metadata"]["name"] for p in pods]
+    ns("delete", "pod", *names, "--ignore-not-found", "--wait=true")
+    apply(pods)
+    ended = lambda name: get("pod", name).get("status", {}).get("phase") in ("Succeeded", "Failed")  # noqa: E731
+    wait_until(lambda: all(ended(n) for n in names), timeout, interval=1, what=f"pods {names} to end")
+    return [(get("pod", n)["status"]["phase"], ns("logs", n).stdout) for n in names]
+
+
 def start_pod(pod: dict) -> str:
     name = pod["metadata"]["name"]
     ns("delete", "pod", name, "--ignore-not-found", "--wait=true")
