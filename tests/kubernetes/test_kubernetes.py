@@ -118,41 +118,6 @@ def test_a_renewed_certificate_secret_is_served_without_restarts_while_clients_s
           f"{record['acked']} mails through the rotation, lost 0; codes {record['codes']}")
 
 
-# ---------------------------------------------------------------------------------- g. sweep
-@pytest.mark.timeout(420)
-def test_the_sweep_cronjob_fires_on_schedule_as_its_own_account_and_never_overlaps(applied):
-    started = time.monotonic()
-    seen_active: list[int] = []
-
-    def completed_job() -> dict | None:
-        seen_active.append(len(kube.get("cronjob", "mailqueue-sweep").get("status", {}).get("active") or []))
-        jobs = [j for j in kube.get("jobs")["items"]
-                if any(o["kind"] == "CronJob" and o["name"] == "mailqueue-sweep" for o in j["metadata"].get("ownerReferences", []))]
-        return next((j for j in jobs if j.get("status", {}).get("succeeded")), None)
-
-    job = wait_until(completed_job, 360, interval=2, what="a scheduled sweep to complete")
-    took = time.monotonic() - started
-    kube.ns("patch", "cronjob", "mailqueue-sweep", "-p", '{"spec": {"suspend": true}}')  # the later tests measure load
-    # A Job retries a failed pod (backoffLimit 2): the one that succeeded is the sweep's run.
-    pods = kube.get("pods", selector=f"job-name={job['metadata']['name']}")["items"]
-    failed = [p["metadata"]["name"] for p in pods if p["status"].get("phase") == "Failed"]
-    [pod] = [p for p in pods if p["status"].get("phase") == "Succeeded"]
-    assert all(p["spec"]["serviceAccountName"] == "mailqueue-sweep" for p in pods)
-    assert max(seen_active) <= 1  # concurrencyPolicy Forbid: never two at once
-    log = kube.ns("logs", pod["metadata"]["name"]).stdout
-    for name in failed:  # why an attempt failed, for whoever reads the run
-        print(f"failed attempt {name}: {kube.ns('logs', name).stdout.strip()[-600:]}")
-    duration = (_time(job["status"]["completionTime"]) - _time(job["status"]["startTime"]))
-    print(f"scheduled sweep {job['metadata']['name']}: completed {took:.0f} s into the test, ran {duration:.0f} s; "
-          f"active jobs seen at once: {max(seen_active)}; failed attempts before it: {failed}; last log line: {log.strip().splitlines()[-1][:200]}")
-
-
-def _time(text: str) -> float:
-    import datetime as dt
-
-    return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-
-
 # ---------------------------------------------------------------------------------- b. clients by name
 def test_clients_in_pods_reach_every_service_by_name_spread_over_the_replicas(applied):
     # The Go contract client's scenarios, built static and run in a pod of the image.
@@ -203,6 +168,43 @@ def test_clients_in_pods_reach_every_service_by_name_spread_over_the_replicas(ap
 def _served(pod: dict, component: str) -> float:
     method = "Enqueue" if component == "enqueue" else "Dequeue"
     return kube.metric(pod["status"]["podIP"], component, "mailqueue_rpc_total", method=method)
+
+
+# ---------------------------------------------------------------------------------- g. sweep
+# After the clients' test: by then the every-minute CronJob has usually run once (the sweep's
+# Spark job then runs beside tests that do not measure load; it is suspended before those that do).
+@pytest.mark.timeout(420)
+def test_the_sweep_cronjob_fires_on_schedule_as_its_own_account_and_never_overlaps(applied):
+    started = time.monotonic()
+    seen_active: list[int] = []
+
+    def completed_job() -> dict | None:
+        seen_active.append(len(kube.get("cronjob", "mailqueue-sweep").get("status", {}).get("active") or []))
+        jobs = [j for j in kube.get("jobs")["items"]
+                if any(o["kind"] == "CronJob" and o["name"] == "mailqueue-sweep" for o in j["metadata"].get("ownerReferences", []))]
+        return next((j for j in jobs if j.get("status", {}).get("succeeded")), None)
+
+    job = wait_until(completed_job, 360, interval=2, what="a scheduled sweep to complete")
+    took = time.monotonic() - started
+    kube.ns("patch", "cronjob", "mailqueue-sweep", "-p", '{"spec": {"suspend": true}}')  # the later tests measure load
+    # A Job retries a failed pod (backoffLimit 2): the one that succeeded is the sweep's run.
+    pods = kube.get("pods", selector=f"job-name={job['metadata']['name']}")["items"]
+    failed = [p["metadata"]["name"] for p in pods if p["status"].get("phase") == "Failed"]
+    [pod] = [p for p in pods if p["status"].get("phase") == "Succeeded"]
+    assert all(p["spec"]["serviceAccountName"] == "mailqueue-sweep" for p in pods)
+    assert max(seen_active) <= 1  # concurrencyPolicy Forbid: never two at once
+    log = kube.ns("logs", pod["metadata"]["name"]).stdout
+    for name in failed:  # why an attempt failed, for whoever reads the run
+        print(f"failed attempt {name}: {kube.ns('logs', name).stdout.strip()[-600:]}")
+    duration = (_time(job["status"]["completionTime"]) - _time(job["status"]["startTime"]))
+    print(f"scheduled sweep {job['metadata']['name']}: completed {took:.0f} s into the test, ran {duration:.0f} s; "
+          f"active jobs seen at once: {max(seen_active)}; failed attempts before it: {failed}; last log line: {log.strip().splitlines()[-1][:200]}")
+
+
+def _time(text: str) -> float:
+    import datetime as dt
+
+    return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
 # ---------------------------------------------------------------------------------- c. autoscaling
