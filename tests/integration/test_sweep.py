@@ -268,6 +268,7 @@ def swept(sweep_suite) -> Shared:
         c.answer(d, "REJECT", "550 no such user")
     c.close()
     wait_until(lambda: dead_letter_names(s, dl.name) == ["large", "small"], 30, what="both mails dead letters")
+    sh.extra["large_in_s3"] = not in_small_table(s, large.blob_ids[0])
 
     # orphan: a live mail; its orphan marks are written once its browse start is known.
     s.enqueue_mail(q["orphan"].name, "live", b"x")
@@ -309,10 +310,27 @@ def swept(sweep_suite) -> Shared:
 @pytest.fixture(scope="module")
 def reswept(sweep_suite, swept) -> dict:
     """A second run after the complete one, on the queues that had nothing new (main, stale,
-    delayed) and the orphan one, looking for orphan marks this time."""
-    q = swept.queues
-    return sweep(sweep_suite, *(a for k in ("main", "stale", "delayed", "orphan") for a in ("--queue", q[k].name)),
+    delayed), the orphan one, looking for orphan marks this time, and dead_letters after its
+    dead letters were dealt with: the large one redriven and delivered, then both purged (one
+    Spark run for what two would otherwise check: a run costs 20-30 s)."""
+    s, sh = sweep_suite, swept
+    q = sh.queues
+    dl = q["dead_letters"]
+    sh.extra["dl_redriven"] = list(s.admin_stub.RedriveDeadLetters(admin_pb2.RedriveDeadLettersRequest(
+        queue=dl.name, filter=browse_pb2.DeadLetterFilter(name="large"))))[-1].redriven
+    sh.extra["dl_delivered"] = drain(s, dl.name, 1)
+    sh.extra["dl_purged"] = list(s.admin_stub.PurgeDeadLetters(admin_pb2.PurgeDeadLettersRequest(queue=dl.name, all=True)))[-1].purged
+    sh.extra["dl_left"] = dead_letter_names(s, dl.name)
+    advance_browse_start(s, dl.name)
+    return sweep(s, *(a for k in ("main", "stale", "delayed", "orphan", "dead_letters") for a in ("--queue", q[k].name)),
                  "--orphan-marks")
+
+
+#: What the second run finds: nothing more in main, stale and delayed; the orphan queue's old
+#: mark; in dead_letters the redriven mail's row and mark (delivered since), the two contents no
+#: dead letter holds any more (one in the small-blob table, one in S3), and two orphan marks: the
+#: redrive and the purge each mark their dead letter's mail, whose row the first run dropped.
+RESWEPT = {"rows": 1, "marks": 1 + 1 + 2, "blobs": 2, "slices": 1, "events": 1, "orphan_marks": 1 + 2}
 
 
 def dead_letter_names(s: Suite, queue: str) -> list[str]:
@@ -357,7 +375,7 @@ def test_sweep_drops_dead_slices_marks_and_blobs_and_keeps_live_mails(sweep_suit
     assert {k: done[k] for k in ("rows", "marks", "blobs")} == totals
     # One SWEPT event per row removed, in each mail's history, by the sweep component; the rerun
     # (reswept) removes no row and writes none.
-    assert planned["events"] == done["events"] == totals["rows"] and reswept["events"] == 0
+    assert planned["events"] == done["events"] == totals["rows"] and reswept["events"] == RESWEPT["events"]
     events = events_pb2_grpc.EventServiceStub(s.browse.channel())
     for mail in (main.dead[0], stale.dead[0]):
         story = list(events.GetMailHistory(events_pb2.GetMailHistoryRequest(enqueue_id=mail)).events)
@@ -375,11 +393,10 @@ def test_sweep_drops_dead_slices_marks_and_blobs_and_keeps_live_mails(sweep_suit
     assert sh.after["stale"]["blobs"] == ([False], [])
     assert sh.after["main"]["content_start"] == main.browse_start
 
-    # Run again, nothing more is found for these queues (the one mark is the orphan queue's, on
-    # request: test_orphan_marks_are_collected_on_request).
+    # Run again, nothing more is found for these queues (what it finds is the orphan queue's mark,
+    # on request, test_orphan_marks_are_collected_on_request, and dead_letters', test_dead_letters_...).
     again = reswept
-    assert {k: again[k] for k in ("rows", "marks", "blobs", "slices")} == {"rows": 0, "marks": 1, "blobs": 0, "slices": 0}
-    assert again["orphan_marks"] == 1
+    assert {k: again[k] for k in RESWEPT} == RESWEPT
     assert content_start(s, main.name) == main.browse_start
 
     # The operator-deleted mails lost their marks with their slice: dequeue skips them as swept.
@@ -444,9 +461,9 @@ def test_orphan_marks_are_collected_on_request(sweep_suite, swept, reswept):
     # Not looked for by default (the shared run of every queue): the old mark is still there.
     assert sh.planned["orphan_marks"] == 0 and sh.done["orphan_marks"] == 0
     assert sh.extra["orphan_marks_after"] == ("enqueue failed", "enqueue failed")
-    # On request: the old one only; the other queues of that run had no mark left to drop.
+    # On request: the old one only (the run's other orphan marks are dead_letters': RESWEPT).
     done = reswept
-    assert done["orphan_marks"] == 1 and done["marks"] == 1
+    assert done["orphan_marks"] == RESWEPT["orphan_marks"] and done["marks"] == RESWEPT["marks"]
     assert mark(s, queue, str(sh.extra["orphan_old"])) is None
     assert mark(s, queue, str(sh.extra["orphan_recent"])) == "enqueue failed"
     assert drain(s, queue, 1) == {"live": b"x"}
@@ -579,7 +596,7 @@ def test_a_deleted_queues_content_is_swept(sweep_suite, swept):
     assert sh.after["deleted"]["blobs"] == ([False] * 3, [])
 
 
-def test_dead_letters_keep_their_content_until_purged(sweep_suite, swept):
+def test_dead_letters_keep_their_content_until_purged(sweep_suite, swept, reswept):
     """The sweep drops a dead letter's row with its slice, never its content: a redrive after the
     sweep delivers it whole; once the dead letter is purged, the next sweep takes the content."""
     s, sh = sweep_suite, swept
@@ -588,14 +605,13 @@ def test_dead_letters_keep_their_content_until_purged(sweep_suite, swept):
     assert sh.before["dead_letters"]["rows"] == 2
     assert sh.after["dead_letters"]["rows"] == 0  # their rows are swept...
     assert sh.after["dead_letters"]["blobs"] == ([], [True, True])  # ...their content is not
-    assert blob_exists(s, small) and blob_exists(s, large)
-    assert not in_small_table(s, large)  # the large one is an S3 object
-    final = list(s.admin_stub.RedriveDeadLetters(admin_pb2.RedriveDeadLettersRequest(
-        queue=q.name, filter=browse_pb2.DeadLetterFilter(name="large"))))[-1]
-    assert final.redriven == 1
-    assert drain(s, q.name, 1) == {"large": sh.extra["large_content"]}
-    purged = list(s.admin_stub.PurgeDeadLetters(admin_pb2.PurgeDeadLettersRequest(queue=q.name, all=True)))[-1]
-    assert purged.purged == 1 and dead_letter_names(s, q.name) == []
-    advance_browse_start(s, q.name)
-    sweep(s, "--queue", q.name)
-    assert not blob_exists(s, small) and not blob_exists(s, large)
+    assert sh.extra["large_in_s3"]  # the large one is an S3 object
+    # After that run (the reswept fixture): the large one redriven, delivered whole; both purged.
+    assert sh.extra["dl_redriven"] == 1
+    assert sh.extra["dl_delivered"] == {"large": sh.extra["large_content"]}
+    assert sh.extra["dl_purged"] == 1 and sh.extra["dl_left"] == []
+    # The next run took both contents (RESWEPT: blobs 2).
+    assert reswept["content_starts"][q.name]
+    assert not blob_exists(s, small) and not blob_exists(s, large) and not in_small_table(s, small)
+    # The marks the redrive and the purge wrote, for rows the first run had dropped: collected as orphans.
+    assert [mark(s, q.name, e) for e in q.dead] == [None, None]
