@@ -52,6 +52,14 @@ def test_bad_values_name_the_variable(env, message):
         Settings.from_env("enqueue", env=env)
 
 
+def test_the_queue_cache_lasts_10_s_unless_set_and_never_less_than_a_tenth():
+    assert Settings.from_env("browse", env={}).queue_cache_s == 10.0
+    assert Settings.from_env("enqueue", env={"MAILQUEUE_QUEUE_CACHE_S": "1.5"}).queue_cache_s == 1.5
+    for bad, match in (("0", "must be a finite number >= 0.1"), ("soon", "is not a number")):
+        with pytest.raises(ConfigurationError, match=f"MAILQUEUE_QUEUE_CACHE_S.*{match}"):
+            Settings.from_env("browse", env={"MAILQUEUE_QUEUE_CACHE_S": bad})
+
+
 def test_the_domain_errors_and_the_sweep_need_no_grpc():
     import subprocess
     import sys
