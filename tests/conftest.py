@@ -5,6 +5,7 @@ tests/cluster `cluster`, tests/kubernetes `kubernetes` but for tests/kubernetes/
 from __future__ import annotations
 
 import datetime as dt
+import os
 import pathlib
 import queue as queue_mod
 import threading
@@ -148,31 +149,47 @@ def own_queue(prefix: str) -> str:
 
 class _Dropper:
     """Removes each test's RabbitMQ queues in a thread of its own while the next test runs (a
-    removal is a TLS connection and a quorum queue delete per class: about 0.3 s a test)."""
+    removal is a TLS connection and a quorum queue delete per class: about 0.3 s a test). A test
+    that stops a backend, or the Kubernetes and cluster tiers, first waits for it to be idle: an
+    outage never overlaps a removal (its queues would be left, and slow the broker's restarts)."""
 
     def __init__(self) -> None:
-        self._batches: queue_mod.Queue[list[str] | None] = queue_mod.Queue()
+        self._batches: queue_mod.Queue[tuple[list[str], dict[str, str]] | None] = queue_mod.Queue()
         self._thread: threading.Thread | None = None
+        #: Removals that failed otherwise than on a stopped broker, shown at the end of the session.
+        self.failures: list[str] = []
 
     def drop(self, names: list[str]) -> None:
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="drop-created-queues", daemon=True)
             self._thread.start()
-        self._batches.put(names)
+        self._batches.put((names, dict(os.environ)))  # the broker the test used, not the next one's
 
     def _run(self) -> None:
         import pika
 
-        while (names := self._batches.get()) is not None:
+        while (batch := self._batches.get()) is not None:
+            names, env = batch
             try:
-                drop_queues(names)  # every class's work queue, the dead-letter queue, the exchanges
+                drop_queues(names, env)  # every class's work queue, the dead-letter queue, the exchanges
             except (pika.exceptions.AMQPError, OSError):
                 pass  # a test that stopped the broker: its queues stay
+            except Exception as e:  # noqa: BLE001 - the thread goes on with the next test's queues
+                self.failures.append(f"{names}: {e!r}")
+            finally:
+                self._batches.task_done()
+        self._batches.task_done()
+
+    def wait_idle(self) -> None:
+        if self._thread is not None:
+            self._batches.join()
 
     def close(self) -> None:
         if self._thread is not None:
             self._batches.put(None)
             self._thread.join(120)
+        if self.failures:
+            print(f"\n[tests] RabbitMQ queues not removed after {len(self.failures)} test(s): {self.failures[:3]}")
 
 
 _DROPPER = _Dropper()
@@ -185,7 +202,9 @@ def _dropped_at_the_end():
 
 
 @pytest.fixture(autouse=True)
-def _drop_created_queues():
+def _drop_created_queues(request: pytest.FixtureRequest):
+    if any(request.node.get_closest_marker(m) for m in ("outage", "kubernetes", "cluster")):
+        _DROPPER.wait_idle()
     yield
     if CREATED_QUEUES:
         _DROPPER.drop(list(CREATED_QUEUES))

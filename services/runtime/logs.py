@@ -34,6 +34,22 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, ensure_ascii=False)
 
 
+class HandledChannelCloses(logging.Filter):
+    """pika logs every channel the broker closes as a WARNING. Two of them are how the RabbitMQ
+    adapter asks (services/adapters/rabbitmq/topology.py): a passive declare answered 404 while
+    it waits for a queue another service declares, and a declaration answered 403 to a user who
+    may not configure (dequeue_svc's). The adapter handles both: those lines are left out. Every
+    other close (406 PRECONDITION_FAILED, 320, ...) stays a warning."""
+
+    HANDLED = (403, 404)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno != logging.WARNING or not str(record.msg).startswith("Received remote Channel.Close"):
+            return True
+        code = record.args[0] if isinstance(record.args, tuple) and record.args else None
+        return code not in self.HANDLED
+
+
 def configure(service: str, level: str = "INFO", worker: int = 0) -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter(service, worker))
@@ -42,3 +58,6 @@ def configure(service: str, level: str = "INFO", worker: int = 0) -> None:
     root.setLevel(level)
     for noisy in ("pika", "cassandra"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
+    channel = logging.getLogger("pika.channel")
+    if root.level > logging.DEBUG and not any(isinstance(f, HandledChannelCloses) for f in channel.filters):
+        channel.addFilter(HandledChannelCloses())

@@ -18,10 +18,11 @@ import grpc
 import pytest
 from google.protobuf import duration_pb2
 
-from mailqueue.v1 import admin_pb2, browse_pb2, browse_pb2_grpc, enqueue_pb2, enqueue_pb2_grpc, mail_pb2
+from mailqueue.v1 import admin_pb2, browse_pb2, browse_pb2_grpc, dequeue_pb2_grpc, enqueue_pb2, enqueue_pb2_grpc, mail_pb2
 from services.domain import names
 from stack.harness import ROOT, wait_until
 from tests.cluster.conftest import stack
+from tests.integration.helpers import StreamConsumer
 from tests.load import Load
 
 #: Mails acknowledged before a fault, so that it hits traffic in flight.
@@ -267,5 +268,31 @@ def test_cassandra_nodes_killed_one_then_two_then_restarted(services):
                refusal_latency_max_s=max(lat for _, _, lat in refusals), restart_s=round(healed_at - started, 1),
                first_ok_enqueue_after_quorum_back_s=round(first_ok, 2))
     finally:
-        out, _ = third.communicate(timeout=480)
+        try:
+            out, _ = third.communicate(timeout=480)
+        except subprocess.TimeoutExpired:
+            third.kill()
+            out, _ = third.communicate()
+            raise
     assert third.returncode == 0, f"stack.sh node start cassandra3 failed:\n{out[-3000:]}"
+    # All three nodes back: the services serve, and a mail goes in and out.
+    services.wait_serving()
+    after = services.new_queue()
+
+    def enqueued_after() -> bool:
+        try:
+            stub.Enqueue(enqueue_pb2.EnqueueRequest(queue=after, mail=mail_pb2.Mail(name="after", recipients=["x@example.org"]),
+                                                    inline_content=b"after"), timeout=30)
+            return True
+        except grpc.RpcError as e:
+            assert e.code() == grpc.StatusCode.UNAVAILABLE, e
+            return False
+
+    wait_until(enqueued_after, 60, interval=0.5, what="an enqueue with the three nodes back")
+    consumer = StreamConsumer(dequeue_pb2_grpc.DequeueServiceStub(grpc.insecure_channel(services.dequeue.target)), after)
+    try:
+        delivered = consumer.next(timeout=60)
+        consumer.answer(delivered)
+    finally:
+        consumer.close()
+    assert delivered.mail.mail.name == "after"

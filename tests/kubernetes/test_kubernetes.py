@@ -401,6 +401,8 @@ def test_network_policies_keep_admin_and_blob_to_those_they_name(applied):
     }
     ran = kube.run_pods([kube.client_pod(name, ["python", "-c", probe, target], labels=labels)
                          for name, target, labels in probes.values()], timeout=120)
+    # Each probe ran and said what it met (a pod that crashed says neither: not a refusal).
+    assert all(phase == "Succeeded" and ("ANSWERED" in log or "REFUSED" in log) for phase, log in ran), ran
     results = {what: "ANSWERED" in log for what, (_, log) in zip(probes, ran, strict=True)}
     print(f"NetworkPolicy (kube-router): {results}")
     assert results == {"admin from an unlabelled pod": False, "admin from a mailqueue-admin pod": True,
