@@ -13,7 +13,8 @@ history then shows the attempt that was answered, not the one the crash cut. ``d
 each hand-out before it is sent, one write per hand-out batch.
 
 Order per mail is kept within the stream: an answer whose hand-out is being written waits for
-that write, and carries the event itself when that write failed. (Across streams it is not: a mail
+that write, and carries the event itself when that write failed (an answer that leaves while it
+waits leaves the event to be written on its own, as if unanswered). (Across streams it is not: a mail
 whose consumer's channel died goes to another stream at once, which may record before this one.)
 """
 
@@ -68,7 +69,11 @@ class HandOuts:
         try:
             await asyncio.shield(write)
         except asyncio.CancelledError:
-            if not write.cancelled():  # this caller cancelled, not the write
+            if not write.cancelled():  # this caller cancelled, not the write: the event is not carried
+                if not write.done():
+                    self._writing[tag] = writing  # a failing write holds it again
+                elif write.exception() is not None:
+                    self.unanswered(tag, [event])
                 raise
             return [event]
         except Exception:  # noqa: BLE001 - written with the answer instead

@@ -185,3 +185,32 @@ def test_an_answer_whose_record_was_written_does_not_hold_its_hand_out_again():
 
     written, unwritten = run(go())
     assert written == [] and unwritten == 1  # a step failing after the record holds nothing again
+
+
+def test_an_answer_cancelled_while_it_waits_for_a_failing_write_leaves_the_event_held_again():
+    async def go():
+        log = Log()
+        h = HandOuts(log, 0.01)
+        one = handed_out(1)
+        log.hold = asyncio.Event()
+        log.fail = BackendUnavailable("cassandra", "down")
+        await h.handed([one])
+        await asyncio.wait_for(log.started.wait(), 5)  # the timed write has begun, held at the log
+        waiting = asyncio.ensure_future(h.answered(1))
+        for _ in range(100):  # until the answer has taken the event and waits for that write
+            if 1 not in h._writing:
+                break
+            await asyncio.sleep(0)
+        waiting.cancel()  # its caller leaves (the stream ends, the server stops)
+        try:
+            await waiting
+        except asyncio.CancelledError:
+            pass
+        log.hold.set()  # the write fails
+        await log.next_record()
+        log.fail = None
+        await h.close()  # still held: written now, not lost with the answer that left
+        return log.records, one[1]
+
+    records, event = run(go())
+    assert records == [[event]]
