@@ -96,15 +96,21 @@ def test_delay_zero_writes_before_returning_and_a_failure_is_raised():
     assert written == [[event]] and raised and answered == []
 
 
+async def failing_write_under_way() -> tuple[Log, HandOuts, tuple]:
+    """One hand-out whose timed write has begun and is held at the log, set to fail once released."""
+    log = Log()
+    h = HandOuts(log, 0.01)
+    one = handed_out(1)
+    log.hold = asyncio.Event()
+    log.fail = BackendUnavailable("cassandra", "down")
+    await h.handed([one])
+    await asyncio.wait_for(log.started.wait(), 5)
+    return log, h, one
+
+
 def test_an_answer_meeting_a_write_under_way_waits_for_it_and_carries_the_event_when_it_failed():
     async def go():
-        log = Log()
-        h = HandOuts(log, 0.01)
-        one = handed_out(1)
-        log.hold = asyncio.Event()
-        log.fail = BackendUnavailable("cassandra", "down")
-        await h.handed([one])
-        await asyncio.wait_for(log.started.wait(), 5)  # the timed write has begun, held at the log
+        log, h, one = await failing_write_under_way()
         asyncio.get_running_loop().call_soon(log.hold.set)  # released once the answer waits for it
         carried = await h.answered(1)
         log.fail = None
@@ -189,13 +195,7 @@ def test_an_answer_whose_record_was_written_does_not_hold_its_hand_out_again():
 
 def test_an_answer_cancelled_while_it_waits_for_a_failing_write_leaves_the_event_held_again():
     async def go():
-        log = Log()
-        h = HandOuts(log, 0.01)
-        one = handed_out(1)
-        log.hold = asyncio.Event()
-        log.fail = BackendUnavailable("cassandra", "down")
-        await h.handed([one])
-        await asyncio.wait_for(log.started.wait(), 5)  # the timed write has begun, held at the log
+        log, h, one = await failing_write_under_way()
         waiting = asyncio.ensure_future(h.answered(1))
         for _ in range(100):  # until the answer has taken the event and waits for that write
             if 1 not in h._writing:
