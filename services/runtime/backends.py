@@ -102,7 +102,7 @@ class BlobBackends:
 
 class Backends:
     def __init__(self, view: View, broker: Broker, blobs: BlobStore, stream: RabbitMQEventStream, events: EventLog | None = None,
-                 queue_cache_s: float = 10.0) -> None:
+                 *, queue_cache_s: float) -> None:
         self.view = view
         self.broker = broker
         self.blobs = blobs
@@ -129,7 +129,7 @@ class Backends:
         except BaseException:
             view.close()
             raise
-        return cls(view, broker, blobs, stream, events, settings.queue_cache_s)
+        return cls(view, broker, blobs, stream, events, queue_cache_s=settings.queue_cache_s)
 
     async def check(self) -> None:
         await self.view.ping()

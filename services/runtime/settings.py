@@ -386,8 +386,8 @@ class Settings:
     limits: LimitSettings
     view: ViewSettings
     events: EventSettings = dataclasses.field(default_factory=EventSettings)
-    #: How long a process trusts its cached queue list and view configuration
-    #: (services/app/queue_state.py): DeleteQueue waits this long. The same on every service.
+    #: How long a process trusts what it cached of each queue and the view configuration
+    #: (services/app/queue_state.py): DeleteQueue waits browse_svc's, at least every other's.
     queue_cache_s: float = 10.0
 
     @classmethod
@@ -400,5 +400,5 @@ class Settings:
             limits=limits_from_env(env),
             view=view_from_env(env),
             events=events_from_env(env),
-            queue_cache_s=_float(env, "QUEUE_CACHE_S", 10.0, 0.1),
+            queue_cache_s=_float(env, "QUEUE_CACHE_S", cls.queue_cache_s, 0.1),
         )

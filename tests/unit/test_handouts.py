@@ -196,16 +196,12 @@ def test_an_answer_whose_record_was_written_does_not_hold_its_hand_out_again():
 def test_an_answer_cancelled_while_it_waits_for_a_failing_write_leaves_the_event_held_again():
     async def go():
         log, h, one = await failing_write_under_way()
-        waiting = asyncio.ensure_future(h.answered(1))
-        for _ in range(100):  # until the answer has taken the event and waits for that write
-            if 1 not in h._writing:
-                break
-            await asyncio.sleep(0)
-        waiting.cancel()  # its caller leaves (the stream ends, the server stops)
-        try:
-            await waiting
+        answer = h.answered(1)
+        shielded = answer.send(None)  # run to its wait on that write: the event taken, not carried yet
+        try:  # its caller leaves there (the stream ends, the server stops), as a task's cancel does
+            answer.throw(asyncio.CancelledError())
         except asyncio.CancelledError:
-            pass
+            shielded.cancel()
         log.hold.set()  # the write fails
         await log.next_record()
         log.fail = None
