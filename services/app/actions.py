@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 
 from prometheus_client import Counter
 
-from services.app import counters, mail_events
+from services.app import counters, mail_events, settlement
 from services.app.claims import Claim
 from services.app.delivery import Delivery, Stream
 from services.app.shaper import Wait
@@ -54,6 +54,11 @@ async def deliver(s: Stream, step: Step) -> Delivery:
 
 
 async def skip(s: Stream, step: Step) -> None:
+    """Acked, not handed out. A mail marked delivered whose answered message came back has its
+    DELIVERED event written again first: the answer's writes may have left only the mark
+    (services/app/settlement.py ``delivered``)."""
+    if settlement.redelivered_after_success(step.message.redelivered, step.verdict.state, step.mail):
+        await settlement.delivered_again(s.side, step.mail)
     await s.ack(step.message.delivery_tag, step.verdict.reason)
 
 

@@ -7,17 +7,19 @@
   past the queue's retry policy expires the mail: marked and dead-lettered.
 - REJECT marks the mail dead-lettered and routes it to the dead-letter queue.
 
-Each answer's event (DELIVERED, RETRY_SCHEDULED, REJECTED, EXPIRED, DEAD_LETTERED) is recorded
-first, before anything changes: if it cannot be, nothing changed and the mail goes back to the
-queue (delivered again, answered again: the same event id). Recorded after the change, an
-outage between the two would leave a delivered mail without its DELIVERED event for ever (the
-redelivered message is then skipped, never answered again).
+The events of RETRY and REJECT (RETRY_SCHEDULED, REJECTED, EXPIRED, DEAD_LETTERED) are recorded
+first, before anything changes: if one cannot be, nothing changed and the mail goes back to the
+queue (delivered again, answered again: the same event id). A SUCCESS writes its DELIVERED event
+and its deleted mark at once (``delivered``): its ack waits for one round of writes, not two in
+a row. Marked without its event, the mail comes back and is skipped, and the skip writes the
+event first (services/app/actions.py ``skip``): a delivered mail never ends without its event.
 
 Whatever happens, the delivery ends: its claim and its room at its destination are given back.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import datetime as dt
 import logging
@@ -27,7 +29,7 @@ from prometheus_client import Counter
 from services.app import counters, mail_events
 from services.app.delivery import Delivery, DequeueSide, Outcome, Stream
 from services.domain import delays, model, schedule
-from services.domain.events import Event
+from services.domain.events import Event, EventType
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +47,7 @@ async def settle(
     handed = [] if handed is None else handed
     try:
         if outcome is Outcome.SUCCESS:
-            await _record(s.side, handed, mail_events.delivered(d.mail))
-            await s.side.mark_deleted(d.mail, "dequeued")
+            await delivered(s, d, handed)
             await s.ack(d.tag)
         elif outcome is Outcome.RETRY:
             await retry(s, d, model.truncated(error_message), retry_after, handed)
@@ -60,6 +61,48 @@ async def settle(
     if outcome is Outcome.RETRY:
         s.side.shaper.observe_retry(d.mail, error_message)
     OUTCOMES.labels(s.queue, outcome.name).inc()
+
+
+#: The deleted mark of a mail a consumer answered SUCCESS for.
+DEQUEUED = "dequeued"
+
+
+async def delivered(s: Stream, d: Delivery, handed: list[Event]) -> None:
+    """The DELIVERED event and the deleted mark, written at once: the ack waits for one round of
+    writes, not two in a row. Either may be written without the other: the answer then fails and
+    the mail goes back to the queue. Marked, it comes back and is skipped, and the skip writes its
+    event (``delivered_again``); not marked, it is delivered and answered again (the same id).
+
+    A delivery the broker would dead-letter if it went back (its delivery limit reached) would
+    never come back to be skipped: its event is written first, then its mark, as RETRY and REJECT
+    do."""
+    event = mail_events.delivered(d.mail)
+    if retries_exhausted(d.delivery_count, s.side.broker.delivery_limit):
+        await _record(s.side, handed, event)
+        await s.side.mark_deleted(d.mail, DEQUEUED)
+        return
+    mark = asyncio.ensure_future(s.side.mark_deleted(d.mail, DEQUEUED))  # one task (gather's two cost a core's 2 %)
+    try:
+        await _record(s.side, handed, event)
+    except BaseException:
+        mark.add_done_callback(_retrieved)  # the answer fails either way; the mark's end is read, not awaited
+        raise
+    await mark
+
+
+def redelivered_after_success(redelivered: bool, state: model.MailState | None, mail: model.QueuedMail) -> bool:
+    """A mail marked delivered whose message came back (the broker's redelivered flag), in the
+    generation it has: the copy a SUCCESS answered, whose writes may have left the mark alone."""
+    return (redelivered and state is not None and state.deleted and state.reason == DEQUEUED
+            and state.generation == mail.generation)
+
+
+async def delivered_again(side: DequeueSide, mail: model.QueuedMail) -> None:
+    """The DELIVERED event of a mail skipped by ``redelivered_after_success``, written again: the
+    one in its history if there is one (its own time and actor; the stream may lack it), else a new
+    one of this copy. One read and one write, only for a delivered mail's message that came back."""
+    told = [e for e in await side.events.history(mail.enqueue_id) if e.type is EventType.DELIVERED]
+    await side.events.record(told[-1:] or [mail_events.delivered(mail)])
 
 
 async def retry(s: Stream, d: Delivery, error: str, retry_after: dt.timedelta | None, handed: list[Event]) -> None:
@@ -98,6 +141,11 @@ async def _record(side: DequeueSide, handed: list[Event], event: Event) -> None:
     """The answer's event, after the hand-out's still held (``handed``, emptied once written)."""
     await side.events.record([*handed, event])
     handed.clear()
+
+
+def _retrieved(task: asyncio.Future[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("a deleted mark failed with its event: %s", task.exception())
 
 
 def retries_exhausted(delivery_count: int, limit: int | None) -> bool:

@@ -518,3 +518,54 @@ def test_a_group_of_mails_is_a_history_row_per_write_and_a_name_row_per_group(se
         consumer.close()
     wait_until(lambda: len(history(secured, name=name)) == 180, 30, what="60 mails' ENQUEUED, HANDED_OUT, DELIVERED by name")
     assert types(history(secured, enqueue_id=str(ids[17]))) == ["ENQUEUED", "HANDED_OUT", "DELIVERED"]
+
+
+def test_a_success_whose_event_reached_no_stream_is_not_handed_out_again_and_its_event_is_written_when_it_comes_back(secured):
+    """A SUCCESS writes its DELIVERED event and its deleted mark at once. When the event cannot
+    reach the stream (deleted under dequeue_svc, which may not declare it again), the answer fails
+    with the mark written: the mail comes back, is skipped (it was delivered, it is not handed out
+    again), and the skip writes its event. One DELIVERED, in the history and in the stream. Last
+    of the module: it deletes the module's event stream."""
+    import pika
+
+    from services.domain import names
+    from stack.harness import broker_parameters
+
+    # Given a mail handed out, and the event stream deleted under dequeue_svc
+    queue = new_queue(secured)
+    eid = stub(secured, "enqueue", "producer").Enqueue(inline(queue, simple_mail("lost-stream"))).receipt.enqueue_id
+    consumer = StreamConsumer(stub(secured, "dequeue", "consumer"), queue)
+    delivery = consumer.next()
+    with pika.BlockingConnection(broker_parameters()) as conn:
+        conn.channel().queue_delete(names.event_stream(secured.keyspace))
+    try:
+        # When the consumer answers SUCCESS: the event reaches the history, not the stream
+        consumer.answer(delivery, "SUCCESS")
+        with pytest.raises(EOFError, match="UNAVAILABLE"):
+            consumer.response(timeout=30)
+    finally:
+        consumer.cancel()
+    assert types(history(secured, enqueue_id=eid)) == ["ENQUEUED", "HANDED_OUT", "DELIVERED"]
+    # And once the stream is back (as browse_svc declares it), the mail comes back to a consumer
+    stream = secured.browse.app.backends().stream
+    with pika.BlockingConnection(broker_parameters()) as conn:
+        channel = conn.channel()
+        channel.queue_declare(stream.name, durable=True, arguments=stream.arguments())
+        channel.queue_bind(stream.name, stream.name)
+    skipped = ("dequeue", "mailqueue_skipped_total")
+    before = secured.metric(*skipped, queue=queue, reason="deleted")
+    again = StreamConsumer(stub(secured, "dequeue", "consumer"), queue)
+    try:
+        wait_until(lambda: secured.metric(*skipped, queue=queue, reason="deleted") > before, 30, what="the mail skipped")
+    finally:
+        again.close()
+    # Then it was handed out once, and its DELIVERED event is in the history once and in the stream
+    assert secured.metric("dequeue", "mailqueue_delivered_total", queue=queue) == 1
+    story = history(secured, enqueue_id=eid)
+    assert types(story) == ["ENQUEUED", "HANDED_OUT", "DELIVERED"]
+    watch = stub(secured, "events", "reader").WatchEvents(
+        T.WatchEventsRequest(from_oldest=True, queues=[queue], types=[T.EVENT_TYPE_DELIVERED]), timeout=30)
+    try:
+        assert next(watch).event.id == story[-1].id
+    finally:
+        watch.cancel()
