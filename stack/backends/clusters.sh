@@ -197,6 +197,11 @@ cluster_up() {
   cluster_cassandra_wait_ring 480
   # Roles (system_auth replicated on the 3 nodes: a node down does not stop logins), users, policies.
   provision_backends 127.0.0.1:"$CLUSTER_CASSANDRA_PORT" 3
+  # Every node lets the operator in before the status: a node asked for that role before it was
+  # made caches its absence until a background refresh (roles_update_interval, 10 s), and a busy
+  # node may miss the ping's 2 s connect. A clean-clone CI run failed here: the ring was formed
+  # and provisioned, then cassandra3 showed DOWN in the status that ends `up`.
+  for i in 1 2 3; do cluster_cassandra_wait_node "$i" 180; done
   cluster_spark_start
   cluster_status
 }
