@@ -3,10 +3,12 @@
     mailq queues                         list queues
     mailq show Q                         size (ready, delayed), oldest mail, retry policy, configuration
     mailq browse Q [--sender S] [--recipient R] [--name N] [--id ID] [--ready | --delayed] [--limit N] [--json]
+                   [--page-size N] [--page-token T]
     mailq size Q [--exact]               from the queue's counters (cheap) or by reading every live mail
     mailq shape Q [--top 20]             Postfix qshape: recipient domain x age buckets (minutes), then
                                          each shaped destination: in flight, delivered/s, waiting, limits
     mailq reconcile Q                    rewrite the queue's counters from an exact count
+    mailq drop Q [--force]               delete a queue (with its live mails and dead letters: --force)
     mailq create Q [--initial-backoff 1m] [--multiplier 2] [--max-backoff 1h] [--max-attempts 20] [--max-age 5d]
     mailq retry-policy Q [--initial-backoff 1m] [--multiplier 2] [--max-backoff 1h] [--max-attempts 20] [--max-age 5d]
     mailq delete Q (--sender S | --recipient R | --name N | --id ID [ID ...])
@@ -26,11 +28,12 @@
                     [--exempt-bounces] [--exempt-sender A ...]   KIND: tenant, sender, sender-domain, queue
     mailq quota clear KIND SUBJECT | list [--kind KIND]     over a quota Enqueue answers RESOURCE_EXHAUSTED
     mailq dead list Q [--reason expired ...] [--sender S] [--recipient R] [--name N] [--limit N] [--json]
+                      [--page-size N] [--page-token T]
     mailq dead count Q [--exact]         dead letters by reason
     mailq dead redrive Q [--to T] [--rate 100] [--keep-attempts] [--limit N] [filters]   back to a queue, N/s
     mailq dead purge Q (--older-than 7d | filters | --all)
     mailq enqueue Q FILE.eml --from A --to B [--to C] [--name N] [--delay 10m] [--priority high|normal|low]
-    mailq dequeue Q [-n N] [--ack success|retry|reject] [--retry-after 5m] [--out DIR]
+    mailq dequeue Q [-n N] [--ack success|retry|reject] [--retry-after 5m] [--out DIR] [--wait 10]
     mailq trace ID [--queue Q] | trace --name N [--json]   what happened to a mail: its events, times and actors
     mailq webhook add NAME URL --secret-file PATH [--events TYPE...] [--queues Q...] [--max-age-s N] [--from-oldest]
     mailq webhook list | webhook remove NAME   the endpoints webhook_svc delivers events to
@@ -74,6 +77,21 @@ HINTS = {
     grpc.StatusCode.NOT_FOUND: "check the name (`mailq queues` lists queues)",
     grpc.StatusCode.UNIMPLEMENTED: "the server is older than this mailq",
 }
+
+#: NOT_FOUND from a command whose subject is not a queue: where its names are listed.
+NOT_FOUND_HINTS = {
+    "webhook": "check the name (`mailq webhook list` lists the endpoints)",
+    "quota": "check the kind and subject (`mailq quota list` lists the quotas)",
+    "release": "check the rule id (`mailq rules` lists the rules in force)",
+    "trace": "a delivered or removed mail has no live copy: give its full enqueue id, or --name",
+}
+
+
+def hint(code: grpc.StatusCode, command: str) -> str:
+    """What to do about a failed call of ``command``."""
+    if code is grpc.StatusCode.NOT_FOUND and command in NOT_FOUND_HINTS:
+        return NOT_FOUND_HINTS[command]
+    return HINTS.get(code, "")
 
 #: The modules that hold the commands, each adding its own with ``register(sub)``, in this order:
 #: queues (queues, show, size, create, retry-policy, shape, reconcile, drop, config), mails (browse, delete,
@@ -121,8 +139,8 @@ def run(argv: list[str] | None) -> int:
         print(e, file=sys.stderr)
         return EXIT_USAGE
     except grpc.RpcError as e:
-        hint = HINTS.get(e.code(), "")
-        print(f"mailq {a.command}: {e.code().name}: {e.details()}" + (f"\n  hint: {hint}" if hint else ""), file=sys.stderr)
+        what = hint(e.code(), a.command)
+        print(f"mailq {a.command}: {e.code().name}: {e.details()}" + (f"\n  hint: {what}" if what else ""), file=sys.stderr)
         return EXIT_ERROR
     except BrokenPipeError:
         raise

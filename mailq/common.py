@@ -76,7 +76,11 @@ def tls_credentials(a: argparse.Namespace) -> grpc.ChannelCredentials | None:
         except OSError as e:
             raise SystemExit(f"mailq: {path}: {e.strerror}") from None
 
-    return grpc.ssl_channel_credentials(read(ca), read(key) if key else None, read(cert) if cert else None)
+    trusted = read(ca)
+    if b"-----BEGIN CERTIFICATE-----" not in trusted:
+        raise UsageError(f"mailq: the CA file {ca} (--tls-ca or MAILQ_TLS_CA) holds no PEM certificate: give the CA "
+                         "that signed the services' certificates (make run: .stack/pki/ca.crt)")
+    return grpc.ssl_channel_credentials(trusted, read(key) if key else None, read(cert) if cert else None)
 
 
 def queue_command(sub: Any, name: str, fn: Callable[[Client, argparse.Namespace], None], help: str) -> argparse.ArgumentParser:

@@ -47,7 +47,8 @@ def cmd_trace(c: Client, a: argparse.Namespace) -> None:
     if bool(a.id) == bool(a.name):
         raise UsageError("mailq trace: give an enqueue id or --name (one of them)")
     if a.id:
-        (full,) = ids.resolve([a.id], lambda: _live_mails(c, a.queue), f"queue {a.queue}" if a.queue else "any queue")
+        (full,) = ids.resolve([a.id], lambda: _live_mails(c, a.queue), f"queue {a.queue}" if a.queue else "any queue",
+                              "a prefix names live mails only: for a delivered or removed mail give its full id, or --name")
         request = events_pb2.GetMailHistoryRequest(enqueue_id=full)
     else:
         request = events_pb2.GetMailHistoryRequest(name=a.name)

@@ -21,19 +21,21 @@ CHUNK = 1024 * 1024
 
 
 def cmd_enqueue(c: Client, a: argparse.Namespace) -> None:
+    """The file is opened before the call: one that cannot be read (missing, a folder, no
+    permission) is an OSError naming it, exit 1, and nothing is sent (opened inside the request
+    stream, gRPC reported only "Exception iterating requests")."""
     mail = mail_pb2.Mail(name=a.name, sender=a.sender, recipients=a.to)
+    header = enqueue_pb2.EnqueueHeader(queue=a.queue, mail=mail, priority=getattr(mail_pb2, f"PRIORITY_{a.priority.upper()}"))
+    if a.delay is not None:
+        header.delay.CopyFrom(duration(a.delay))
 
-    def requests() -> Iterator[enqueue_pb2.EnqueueStreamRequest]:
-        header = enqueue_pb2.EnqueueHeader(queue=a.queue, mail=mail,
-                                           priority=getattr(mail_pb2, f"PRIORITY_{a.priority.upper()}"))
-        if a.delay is not None:
-            header.delay.CopyFrom(duration(a.delay))
-        yield enqueue_pb2.EnqueueStreamRequest(header=header)
-        with open(a.file, "rb") as f:
+    with open(a.file, "rb") as f:
+        def requests() -> Iterator[enqueue_pb2.EnqueueStreamRequest]:
+            yield enqueue_pb2.EnqueueStreamRequest(header=header)
             while chunk := f.read(CHUNK):
                 yield enqueue_pb2.EnqueueStreamRequest(chunk=chunk)
 
-    r = c.enqueue.EnqueueStream(requests()).receipt
+        r = c.enqueue.EnqueueStream(requests()).receipt
     print(f"{r.enqueue_id} queued ({r.size} bytes)")
 
 
@@ -92,7 +94,7 @@ def answer(c: Client, a: argparse.Namespace, d: dequeue_pb2.Delivery, kind: int,
         with open(os.path.join(a.out, f"{d.mail.enqueue_id}.eml"), "wb") as f:
             f.write(content)
     print(f"{d.mail.enqueue_id} {d.mail.mail.sender or '<>'} -> {','.join(d.mail.mail.recipients)} "
-          f"[{a.ack}] attempts {d.mail.attempts}")
+          f"[{a.ack}] attempt {d.mail.attempts + 1}")  # as mailq trace numbers it (ATTEMPT)
     outcome = dequeue_pb2.Outcome(delivery_tag=d.delivery_tag, kind=kind)
     if a.retry_after is not None:
         outcome.retry_after.CopyFrom(duration(a.retry_after))
@@ -110,7 +112,7 @@ def register(sub: Any) -> None:
     s.add_argument("--priority", choices=("high", "normal", "low"), default="normal")
     s = queue_command(sub, "dequeue", cmd_dequeue, "receive mails and answer them (success, retry or reject)")
     s.add_argument("-n", type=int, default=1, help="how many mails (default 1)")
-    s.add_argument("--ack", choices=("success", "retry", "reject"), default="success")
+    s.add_argument("--ack", choices=("success", "retry", "reject"), default="success", help="the answer to each mail (default success)")
     s.add_argument("--retry-after", type=duration_arg, help="with --ack retry: deliver again after this")
     s.add_argument("--out", help="write each mail's content to DIR/<id>.eml")
     s.add_argument("--wait", type=float, default=10,

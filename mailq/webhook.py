@@ -24,7 +24,12 @@ def _type_name(value: int) -> str:
 
 
 def cmd_add(c: Any, a: argparse.Namespace) -> None:
-    w = webhooks_pb2.Webhook(name=a.name, url=a.url, secret_file=os.path.abspath(a.secret_file) if a.secret_file else "",
+    # The path is webhook_svc's, on its machine or in its pod: a relative one would be made absolute
+    # against this shell's folder, which webhook_svc does not share (the API refuses one too).
+    if not os.path.isabs(a.secret_file):
+        raise UsageError(f"mailq webhook add: --secret-file {a.secret_file!r} is relative: give the absolute path "
+                         "as webhook_svc sees it (Kubernetes: where the Secret is mounted)")
+    w = webhooks_pb2.Webhook(name=a.name, url=a.url, secret_file=a.secret_file,
                              event_types=[_event_type(t) for t in a.events or ()], queues=a.queues or [], from_oldest=a.from_oldest)
     if a.max_age_s is not None:
         w.max_age.FromTimedelta(dt.timedelta(seconds=a.max_age_s))
@@ -56,7 +61,7 @@ def register(sub: Any) -> None:
     s.add_argument("name", help="its name (letters, digits, '-', '_', '.'): it keys its checkpoint")
     s.add_argument("url", help="http:// or https:// URL the batches are POSTed to")
     s.add_argument("--secret-file", required=True, metavar="PATH",
-                   help="file holding the HMAC secret, as webhook_svc sees it (Kubernetes: a mounted Secret); the secret never crosses the API")
+                   help="absolute path of the file holding the HMAC secret, as webhook_svc sees it (Kubernetes: a mounted Secret); the secret never crosses the API")
     s.add_argument("--events", nargs="+", metavar="TYPE", help="only these event types (delivered, dead_lettered, ...; default: every one)")
     s.add_argument("--queues", nargs="+", metavar="Q", help="only these queues' events (default: every queue)")
     s.add_argument("--max-age-s", type=float, metavar="N", help="drop (count, log) events older than N seconds when sent (default 86400)")

@@ -66,7 +66,7 @@ def test_delays_flush_and_retry_policy_from_the_command_line(suite, tmp_path):
     assert eid[:8] not in mailq(suite, "browse", queue, "--ready").stdout
     assert "1 mail(s) flushed" in mailq(suite, "flush", queue, "--domain", "example.org").stdout
     got = mailq(suite, "dequeue", queue, "--ack", "retry", "--retry-after", "5m").stdout
-    assert eid in got and "attempts 0" in got
+    assert eid in got and "attempt 1" in got
     row = json.loads(mailq(suite, "browse", queue, "--json", "--id", eid[:8]).stdout)  # the 8 characters browse prints
     assert row["enqueue_id"] == eid and row["attempts"] == 1 and "deliver_at" in row
     assert "name" not in row["mail"]  # no --name: no name (not the file's, which every mail of it would share)
@@ -170,3 +170,28 @@ def test_usage_errors_exit_2(suite):
     assert r.returncode == 2 and "give --slice-window, --buckets or --pace" in r.stderr
     r = run(suite, "flush", "x", "--domain", "a.org", "--name", "n")
     assert r.returncode == 2 and "at most one of" in r.stderr
+
+
+def test_what_mailq_cannot_use_is_named_with_what_to_do(suite, tmp_path):
+    """An unreadable file, a malformed id, a relative secret file, a CA that is no certificate: each
+    named, with what to give, before any call; the usage ones exit 2. A NOT_FOUND hints where the
+    command's own names are listed."""
+    queue = own_queue("cli")
+    mailq(suite, "create", queue)
+    for missing in (str(tmp_path / "nofile.eml"), str(tmp_path)):
+        r = mailq(suite, "enqueue", queue, missing, "--to", "b@example.org", ok=False)
+        assert r.returncode == 1 and missing in r.stderr and "Exception iterating" not in r.stderr, r.stderr
+    assert "(0 ready, 0 delayed, 0 held)" in mailq(suite, "show", queue).stdout  # nothing was sent
+    r = run(suite, "trace", "nonsense")
+    assert r.returncode == 2 and "hexadecimal digits" in r.stderr
+    r = run(suite, "trace", "deadbeef")
+    assert r.returncode == 1 and "for a delivered or removed mail give its full id, or --name" in r.stderr
+    r = run(suite, "webhook", "add", "rel", "http://127.0.0.1:9/hooks", "--secret-file", "secret")
+    assert r.returncode == 2 and "'secret' is relative: give the absolute path as webhook_svc sees it" in r.stderr
+    assert "rel" not in mailq(suite, "webhook", "list").stdout
+    not_pem = tmp_path / "not-a-ca.pem"
+    not_pem.write_text("localhost\n")
+    r = run(suite, "--tls-ca", str(not_pem), "queues")
+    assert r.returncode == 2 and "holds no PEM certificate" in r.stderr, r.stderr
+    r = mailq(suite, "webhook", "remove", "no-such-hook", ok=False)
+    assert "NOT_FOUND" in r.stderr and "mailq webhook list" in r.stderr and "mailq queues" not in r.stderr

@@ -2,6 +2,7 @@
 
 import pytest
 
+from mailq.common import UsageError
 from mailq.ids import SHOWN, resolve
 from mailqueue.v1 import mail_pb2
 
@@ -41,12 +42,20 @@ def test_the_candidates_listed_are_bounded():
     assert f"{SHOWN + 5} mails of queue q match" in str(e.value) and "... and 5 more" in str(e.value)
 
 
+def test_a_prefix_that_names_nothing_is_refused_with_what_to_do():
+    with pytest.raises(SystemExit, match="no live mail of queue q has an enqueue id starting with 'deadbeef' "
+                                         r"\(mailq browse lists them\)"):
+        resolve(["deadbeef"], lambda: mails(A, B), "queue q")
+    with pytest.raises(SystemExit, match=r"'deadbeef' \(give its full id\)"):
+        resolve(["deadbeef"], lambda: mails(A, B), "queue q", "give its full id")
+
+
 @pytest.mark.parametrize("given,message", [
-    (["deadbeef"], "no live mail of queue q has an enqueue id starting with 'deadbeef'"),
     (["3f2"], "at least 4"),
     (["3f2a!"], "hexadecimal digits"),
     (["xyzw"], "hexadecimal digits"),
 ])
-def test_a_prefix_that_names_nothing_or_is_no_prefix_is_refused(given, message):
-    with pytest.raises(SystemExit, match=message):
-        resolve(given, lambda: mails(A, B), "queue q")
+def test_a_text_that_is_no_prefix_is_a_usage_error(given, message):
+    """Exit status 2, as for any wrong command line (mailq --help)."""
+    with pytest.raises(UsageError, match=message):
+        resolve(given, lambda: pytest.fail("a malformed id reads nothing"), "queue q")
