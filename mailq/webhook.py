@@ -61,7 +61,8 @@ def register(sub: Any) -> None:
     s.add_argument("name", help="its name (letters, digits, '-', '_', '.'): it keys its checkpoint")
     s.add_argument("url", help="http:// or https:// URL the batches are POSTed to")
     s.add_argument("--secret-file", required=True, metavar="PATH",
-                   help="absolute path of the file holding the HMAC secret, as webhook_svc sees it (Kubernetes: a mounted Secret); the secret never crosses the API")
+                   help="absolute path of the file holding the HMAC secret, as webhook_svc sees it (Kubernetes: a mounted Secret); "
+                   "the secret never crosses the API")
     s.add_argument("--events", nargs="+", metavar="TYPE", help="only these event types (delivered, dead_lettered, ...; default: every one)")
     s.add_argument("--queues", nargs="+", metavar="Q", help="only these queues' events (default: every queue)")
     s.add_argument("--max-age-s", type=float, metavar="N", help="drop (count, log) events older than N seconds when sent (default 86400)")
