@@ -14,6 +14,7 @@ from services.app import event_watch
 from services.app.history import History
 from services.contract import events_serde
 from services.domain.event_stream import EventFilter
+from services.domain.validation import queue_name
 from services.ports.events import EventStream
 
 
@@ -32,7 +33,8 @@ class EventServicer(events_pb2_grpc.EventServiceServicer):
     async def WatchEvents(
         self, request: events_pb2.WatchEventsRequest, context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[events_pb2.WatchEventsResponse]:
-        wanted = EventFilter.of(request.queues, [events_serde.event_type_from_proto(t) for t in request.types])
+        # A queue name no queue can have would match nothing, silently: refused like an unknown type.
+        wanted = EventFilter.of([queue_name(q) for q in request.queues], [events_serde.event_type_from_proto(t) for t in request.types])
         events = event_watch.watch(self._stream(), request.cursor, request.from_oldest, wanted)
         async with contextlib.aclosing(events):
             async for e in events:

@@ -13,6 +13,7 @@ from services.app import admin_events
 from services.app.queue_state import QueueState
 from services.domain import model, shaping
 from services.domain.events import EventType
+from services.domain.validation import queue_name
 from services.ports.events import EventLog
 from services.ports.shaping import ShapingStore
 
@@ -44,6 +45,8 @@ class ShapingAdmin:
         return t
 
     async def clear_throttle(self, queue: str, destination: str) -> bool:
+        if queue:
+            queue_name(queue)
         destination = shaping.destination_name(destination)
         before = next((x for x in (await self._store.snapshot()).throttles if x.key == (queue, destination)), None)
         await self._record("throttle", destination, queue, before, None)
@@ -90,7 +93,7 @@ class ShapingAdmin:
 
     async def listing(self, queue: str = "") -> Listing:
         if queue:
-            await self._state.require_queue(queue)
+            await self._state.require_queue(queue_name(queue))
         snap = await self._store.snapshot()
         throttles = shaping.applying_to(snap.throttles, queue) if queue else sorted(
             snap.throttles, key=lambda t: (t.destination, t.queue))

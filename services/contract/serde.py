@@ -40,7 +40,9 @@ def timestamp_to_proto(value: dt.datetime) -> timestamp_pb2.Timestamp:
 def timestamp_from_proto(ts: timestamp_pb2.Timestamp, field: str = "timestamp") -> dt.datetime:
     """A client's Timestamp as a datetime; InvalidArgument outside [TIMESTAMP_MIN, TIMESTAMP_MAX)."""
     low, high = TIMESTAMP_MIN.timestamp(), TIMESTAMP_MAX.timestamp()
-    if not (low <= ts.seconds < high and 0 <= ts.nanos <= _NANOS):
+    if not 0 <= ts.nanos <= _NANOS:
+        raise InvalidArgument(f"{field} is not a valid Timestamp: nanos {ts.nanos} is outside 0 to {_NANOS}")
+    if not low <= ts.seconds < high:
         raise InvalidArgument(
             f"{field} is out of range: use an instant from {TIMESTAMP_MIN:%Y-%m-%d} to {TIMESTAMP_MAX:%Y-%m-%d} (UTC)"
         )

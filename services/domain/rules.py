@@ -20,7 +20,8 @@ import datetime as dt
 import uuid
 
 from services.domain import filters, model
-from services.domain.errors import InvalidArgument, NotFound
+from services.domain.errors import InvalidArgument
+from services.domain.shaping import destination_name
 from services.domain.validation import queue_name, shown
 
 #: Longest a rule may live.
@@ -53,9 +54,7 @@ def validate(rule: model.Rule, now: dt.datetime) -> model.Rule:
         raise InvalidArgument("a rule needs a condition: queue, recipient_domain, sender or name")
     if rule.queue:
         queue_name(rule.queue)
-    domain = rule.recipient_domain.lower()
-    if domain and ("@" in domain or len(domain) > 255 or not domain.strip(".")):
-        raise InvalidArgument(f"rule.recipient_domain {shown(rule.recipient_domain)} is not a domain name")
+    domain = destination_name(rule.recipient_domain, "rule.recipient_domain") if rule.recipient_domain else ""
     for field in ("sender", "name", "reason"):
         if len(getattr(rule, field)) > 1000:
             raise InvalidArgument(f"rule.{field} is longer than 1000 characters")
@@ -83,4 +82,4 @@ def parse_id(value: str) -> uuid.UUID:
     try:
         return uuid.UUID(value)
     except ValueError:
-        raise NotFound(f"rule {shown(value)} does not exist (ids are UUIDs: mailq rules lists them)") from None
+        raise InvalidArgument(f"rule id {shown(value)} is not a UUID (mailq rules lists the rules' ids)") from None

@@ -39,6 +39,9 @@ REFRESH_S = 1.0
 MEMBER_TTL_S = 3
 #: A new member takes a share only once every other member has had time to see it.
 JOIN_AFTER_S = 1.5 * REFRESH_S
+#: The longest pattern a shaping rule takes (it is matched against every RETRY's error message,
+#: and carried in its SHAPING_CHANGED event): a rule's other texts are bounded alike.
+MAX_PATTERN = 1000
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,62})(\.[a-z0-9]([a-z0-9-]{0,62}))*$")
 
 
@@ -183,6 +186,8 @@ def validate_site(s: Site) -> Site:
 def validate_rule(r: AutoRule) -> AutoRule:
     if not r.pattern:
         raise InvalidArgument("a shaping rule needs a pattern of RETRY error messages")
+    if len(r.pattern) > MAX_PATTERN:
+        raise InvalidArgument(f"pattern is {len(r.pattern)} characters long: at most {MAX_PATTERN}")
     try:
         re.compile(r.pattern)
     except re.error as e:

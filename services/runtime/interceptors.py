@@ -6,6 +6,7 @@ stack trace and answered INTERNAL without one. A client never sees UNKNOWN.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -86,30 +87,40 @@ async def _fail(context: grpc.aio.ServicerContext, method: str, e: BaseException
     await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method}; the server log has the details")
 
 
-def _code(context: grpc.aio.ServicerContext) -> str:
+def _code(context: grpc.aio.ServicerContext, cancelled: bool = False) -> str:
+    """The call's status as the client saw it: a handler cancelled (the client left, or its
+    deadline passed) has no code of its own and is not OK."""
     code = context.code()
-    return code.name if isinstance(code, grpc.StatusCode) else "OK"
+    if isinstance(code, grpc.StatusCode):
+        return code.name
+    if not cancelled:
+        return "OK"
+    remaining = context.time_remaining()
+    return "DEADLINE_EXCEEDED" if remaining is not None and remaining <= 0 else "CANCELLED"
 
 
 def _unary(method: str, fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
     async def handler(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        start = time.perf_counter()
+        start, cancelled = time.perf_counter(), False
         try:
             return await fn(_checked(request), context)
         except (grpc.aio.AbortError, GeneratorExit):
+            raise
+        except asyncio.CancelledError:
+            cancelled = True
             raise
         except Exception as e:  # noqa: BLE001 - the boundary where every error gets a status
             await _fail(context, method, e)
         finally:
             LATENCY.labels(method).observe(time.perf_counter() - start)
-            RPCS.labels(method, _code(context)).inc()
+            RPCS.labels(method, _code(context, cancelled)).inc()
 
     return handler
 
 
 def _streaming(method: str, fn: Callable[..., AsyncIterator[Any]]) -> Callable[..., AsyncIterator[Any]]:
     async def handler(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-        start = time.perf_counter()
+        start, cancelled = time.perf_counter(), False
         try:
             result = fn(_checked(request), context)
             if hasattr(result, "__aiter__"):
@@ -117,13 +128,19 @@ def _streaming(method: str, fn: Callable[..., AsyncIterator[Any]]) -> Callable[.
                     yield response
             else:  # a handler that writes with context.write() and returns
                 await result
-        except (grpc.aio.AbortError, GeneratorExit):
+        except GeneratorExit:
+            cancelled = True  # closed by grpc: the client went away or its deadline passed
+            raise
+        except grpc.aio.AbortError:
+            raise
+        except asyncio.CancelledError:
+            cancelled = True
             raise
         except Exception as e:  # noqa: BLE001
             await _fail(context, method, e)
         finally:
             LATENCY.labels(method).observe(time.perf_counter() - start)
-            RPCS.labels(method, _code(context)).inc()
+            RPCS.labels(method, _code(context, cancelled)).inc()
 
     return handler
 

@@ -111,11 +111,38 @@ def test_filters_apply_on_the_server(browse, stub):
 @pytest.mark.parametrize("request_fields", [
     {"cursor": "abc"}, {"cursor": "-1"}, {"cursor": "1.5"}, {"cursor": "99999999999999999999"}, {"cursor": " 7"},
     {"types": [999]}, {"types": [events_pb2.EVENT_TYPE_UNSPECIFIED]},
+    # a queue filter no queue can match (it matched nothing, silently, until the deadline)
+    {"queues": ["!!bad"]}, {"queues": ["ok", ""]}, {"queues": ["q" * 101]},
 ])
-def test_a_malformed_cursor_or_type_is_invalid_argument(stub, request_fields):
+def test_a_malformed_cursor_type_or_queue_is_invalid_argument(stub, request_fields):
     with pytest.raises(grpc.RpcError) as e:
         next(watch(stub, **request_fields))
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, e.value.details()
+
+
+def rpcs(code: str) -> float:
+    from prometheus_client import REGISTRY  # browse_svc runs in this process
+
+    return sum(s.value for m in REGISTRY.collect() for s in m.samples
+               if s.name == "mailqueue_rpc_total" and s.labels.get("method") == "WatchEvents" and s.labels.get("code") == code)
+
+
+def test_a_watch_that_leaves_or_runs_out_of_time_is_counted_so_not_ok(browse, stub):
+    """mailqueue_rpc_total{code}: a watcher's cancel is CANCELLED and a deadline DEADLINE_EXCEEDED,
+    as its client saw them (they were counted OK)."""
+    publish(browse, events(own_queue("ev"), 1))  # an event for each watch from the oldest to get
+    before = {c: rpcs(c) for c in ("OK", "CANCELLED", "DEADLINE_EXCEEDED")}
+    for _ in range(3):
+        call = watch(stub, from_oldest=True)
+        next(call)
+        call.cancel()
+    late = stub.WatchEvents(events_pb2.WatchEventsRequest(), timeout=0.5)  # at the next event: none comes
+    with pytest.raises(grpc.RpcError) as e:
+        next(late)
+    assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    wait_until(lambda: rpcs("CANCELLED") - before["CANCELLED"] == 3 and rpcs("DEADLINE_EXCEEDED") - before["DEADLINE_EXCEEDED"] == 1,
+               timeout=10, what="3 watches counted CANCELLED and 1 DEADLINE_EXCEEDED")
+    assert rpcs("OK") == before["OK"]
 
 
 def test_a_service_that_may_not_declare_publishes_only_once_the_stream_exists(aio_loop, running_stack):

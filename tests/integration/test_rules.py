@@ -91,12 +91,18 @@ def test_bounce_dead_letters_queued_and_new_matching_mails_with_the_rule_reason(
     (admin_pb2.Rule(kind=admin_pb2.RULE_KIND_HOLD), "needs a condition"),
     (admin_pb2.Rule(queue="q"), "kind"),
     (admin_pb2.Rule(kind=admin_pb2.RULE_KIND_HOLD, recipient_domain="a@b"), "not a domain"),
+    # as a throttle's or a site's domain: letters, digits, '-' and '.'
+    (admin_pb2.Rule(kind=admin_pb2.RULE_KIND_HOLD, recipient_domain="not a domain <x>"), "not a domain"),
     (admin_pb2.Rule(kind=admin_pb2.RULE_KIND_HOLD, queue="bad name"), "queue name"),
 ])
 def test_invalid_rules_are_refused(suite, rule, message):
+    if rule.kind:
+        rule.expires_at.FromDatetime(dt.datetime.utcnow() + dt.timedelta(hours=1))  # refused for its field alone
+    before = suite.admin_stub.ListRules(admin_pb2.ListRulesRequest())
     with pytest.raises(grpc.RpcError) as e:
         suite.admin_stub.AddRule(admin_pb2.AddRuleRequest(rule=rule))
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and message in e.value.details()
+    assert suite.admin_stub.ListRules(admin_pb2.ListRulesRequest()) == before  # nothing written
 
 
 def test_a_rule_beyond_30_days_or_in_the_past_is_refused_and_an_unknown_id_is_not_found(suite):
@@ -104,9 +110,10 @@ def test_a_rule_beyond_30_days_or_in_the_past_is_refused_and_an_unknown_id_is_no
         with pytest.raises(grpc.RpcError) as e:
             add_rule(suite, "hold", seconds=seconds, queue="anything")
         assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    for rule_id in (str(uuid.uuid4()), "not-a-uuid"):
+    for rule_id, code in ((str(uuid.uuid4()), grpc.StatusCode.NOT_FOUND), ("not-a-uuid", grpc.StatusCode.INVALID_ARGUMENT),
+                          ("zz", grpc.StatusCode.INVALID_ARGUMENT)):
         with pytest.raises(grpc.RpcError) as e:
             suite.admin_stub.LiftRule(admin_pb2.LiftRuleRequest(rule_id=rule_id))
-        assert e.value.code() == grpc.StatusCode.NOT_FOUND
+        assert e.value.code() == code, rule_id
 
 

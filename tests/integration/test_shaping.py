@@ -76,7 +76,14 @@ def test_bad_shaping_input_is_refused_and_writes_nothing(suite):
         "slow without floor": (admin.SetShapingRule, rule(action=shaping_pb2.SHAPING_ACTION_SLOW)),
         "threshold zero": (admin.SetShapingRule, rule(threshold=0)),
         "bad rule id": (admin.SetShapingRule, rule(rule_id="a b")),
+        "pattern over 1000 characters": (admin.SetShapingRule, rule(pattern="a" * 1001)),
         "clear bad destination": (admin.ClearThrottle, admin_pb2.ClearThrottleRequest(destination="")),
+        # a queue name no queue can have, checked before any read (one of 70,000 characters was
+        # Cassandra's InvalidRequest for a key over 64 KiB, answered UNAVAILABLE: "retry it")
+        "clear bad queue": (admin.ClearThrottle, admin_pb2.ClearThrottleRequest(destination="x.test", queue="!!")),
+        "clear huge queue": (admin.ClearThrottle, admin_pb2.ClearThrottleRequest(destination="x.test", queue="q" * 70_000)),
+        "list bad queue": (admin.ListThrottles, admin_pb2.ListThrottlesRequest(queue="!!bad")),
+        "list huge queue": (admin.ListThrottles, admin_pb2.ListThrottlesRequest(queue="q" * 70_000)),
         "lift bad destination": (admin.LiftEffect, admin_pb2.LiftEffectRequest(destination="?")),
     }
     for name, (call, request) in cases.items():

@@ -3,8 +3,8 @@
 import types
 
 import pytest
-from cassandra import OperationTimedOut, Unavailable
-from cassandra.protocol import ErrorMessage
+from cassandra import InvalidRequest, OperationTimedOut, Unauthorized, Unavailable
+from cassandra.protocol import ErrorMessage, SyntaxException
 
 from services.adapters.cassandra import session
 from services.adapters.cassandra.session import execute, unavailable
@@ -24,6 +24,12 @@ def server_error(code: int) -> ErrorMessage:
     (OperationTimedOut("client timeout"), True),
     (server_error(0x2000), False),  # syntax error: a bug, never retried
     (server_error(0x2200), False),  # invalid query
+    # the driver's own classes (DriverException, otherwise an outage): a key over 64 KiB is a bug of
+    # ours (an unchecked name), never "retry it"
+    (InvalidRequest("Key length of 70000 is longer than maximum of 65535"), False),
+    (SyntaxException(0x2000, "line 1:0 no viable alternative", {}), False),
+    # answered also when a role's permissions cannot be read (too few replicas up): an outage
+    (Unauthorized("Unable to perform authorization of permissions"), True),
     (ValueError("a bug of ours"), False),
 ])
 def test_availability_errors_are_retryable_and_query_errors_are_not(error, retryable):

@@ -69,11 +69,17 @@ def test_retry_policy_round_trips_and_unset_fields_keep_the_base():
     assert serde.retry_policy_from_proto(browse_pb2.RetryPolicy(max_attempts=9), p) == dataclasses.replace(p, max_attempts=9)
 
 
-@pytest.mark.parametrize("seconds,nanos", [(-62135596800, 0), (253402300799, 999999999), (0, -1), (0, 10**9)])
-def test_out_of_range_timestamps_are_invalid_argument(seconds, nanos):
+@pytest.mark.parametrize("seconds,nanos,message", [
+    (-62135596800, 0, "t is out of range: use an instant from 1000-01-01"),
+    (253402300799, 999999999, "t is out of range"),
+    # seconds in range, nanos not: the nanos are named, not the instant's range
+    (0, -1, "t is not a valid Timestamp: nanos -1 is outside 0 to 999999999"),
+    (1_700_000_000, 10**9, "t is not a valid Timestamp: nanos 1000000000 is outside"),
+])
+def test_out_of_range_timestamps_are_invalid_argument(seconds, nanos, message):
     from google.protobuf import timestamp_pb2
 
-    with pytest.raises(InvalidArgument, match="out of range"):
+    with pytest.raises(InvalidArgument, match=message):
         serde.timestamp_from_proto(timestamp_pb2.Timestamp(seconds=seconds, nanos=nanos), "t")
 
 

@@ -12,11 +12,11 @@ import ssl
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
-from cassandra import ConsistencyLevel, DriverException
+from cassandra import ConsistencyLevel, DriverException, InvalidRequest
 from cassandra.auth import PlainTextAuthProvider
 from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, NoHostAvailable, Session
 from cassandra.policies import DCAwareRoundRobinPolicy, ExponentialReconnectionPolicy, TokenAwarePolicy
-from cassandra.protocol import ErrorMessage
+from cassandra.protocol import ErrorMessage, SyntaxException
 from cassandra.query import named_tuple_factory
 
 from services.adapters.cassandra.settings import CassandraSettings
@@ -34,7 +34,16 @@ UNAVAILABLE_ERRORS: tuple[type[BaseException], ...] = (DriverException, NoHostAv
 UNAVAILABLE_CODES = frozenset({0x1001, 0x1002, 0x1600, 0x1700})
 
 
+#: Driver errors that say the request itself is wrong (a key over 64 KiB, a malformed query): no
+#: retry can succeed, so they are not an outage but a server defect (INTERNAL, logged with its
+#: trace). Unauthorized stays an outage: Cassandra answers it too when it cannot read a role's
+#: permissions (too few replicas up).
+REQUEST_ERRORS: tuple[type[BaseException], ...] = (InvalidRequest, SyntaxException)
+
+
 def unavailable(e: BaseException) -> bool:
+    if isinstance(e, REQUEST_ERRORS):
+        return False
     return isinstance(e, UNAVAILABLE_ERRORS) or (isinstance(e, ErrorMessage) and getattr(e, "code", None) in UNAVAILABLE_CODES)
 
 
