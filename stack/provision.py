@@ -283,7 +283,7 @@ def rabbitmq_users_eval(folder: str) -> None:
           " {ok, P} = file:read_file(F), Pw = string:trim(P),"
           " case M:lookup_user(U) of {ok, _} -> M:change_password(U, Pw, A); _ -> M:add_user(U, Pw, A) end,"
           " ok = M:set_permissions(U, <<\"/\">>, C, W, R, A), ok = M:set_tags(U, T, A) end, ["
-          + ", ".join(users) + "]), (catch M:delete_user(<<\"guest\">>, A)), ok.")
+          + ", ".join(users) + "]), case M:lookup_user(<<\"guest\">>) of {ok, _} -> M:delete_user(<<\"guest\">>, A); _ -> ok end, ok.")
 
 
 def main(argv: list[str]) -> int:

@@ -67,9 +67,9 @@ def test_the_pages_receiver_gets_each_delivered_mails_event_signed(services, tmp
     mail.write_bytes(b"Subject: hi\r\n\r\nhello\r\n")
     try:
         mailq("create", queue, cwd=tmp_path)
-        added = mailq("webhook", "add", hook, HOOK, "--secret-file", str(secret), "--events", "delivered", "dead_lettered",
-                      cwd=tmp_path)
-        assert added.strip() == (f"added webhook {hook}: {HOOK} (delivered,dead_lettered of every queue; "
+        added = mailq("webhook", "add", hook, HOOK, "--secret-file", str(secret), "--events", "delivered", "rejected", "expired",
+                      "dead_lettered", cwd=tmp_path)
+        assert added.strip() == (f"added webhook {hook}: {HOOK} (delivered,rejected,expired,dead_lettered of every queue; "
                                  "events older than 86400 s dropped)"), added
         delivered: list[str] = []
         deadline = time.monotonic() + DEADLINE_S
@@ -91,6 +91,12 @@ def test_the_pages_receiver_gets_each_delivered_mails_event_signed(services, tmp
         # Every mail delivered after the first one seen reaches it too (at least once, in order).
         rest = delivered[delivered.index(seen[0]):]
         wait_until(lambda: all(i in out.read_text() for i in rest), 30, 0.2, what=f"every mail from {seen[0]} at the receiver")
+        # A mail its consumer rejects is a dead letter: its REJECTED event is the one the page's
+        # filter must take (a reject writes no DEAD_LETTERED; the page's filter missed it).
+        rejected = mailq("enqueue", queue, str(mail), "--to", "b@example.org", cwd=tmp_path).split()[0]
+        mailq("dequeue", queue, "-n", "1", "--ack", "reject", cwd=tmp_path)
+        wait_until(lambda: re.search(rf"io\.mailqueue\.event\.rejected {queue} {rejected}$", out.read_text(), re.M), 30, 0.2,
+                   what="the rejected mail's event at the receiver")
     finally:
         subprocess.run([os.path.join(ROOT, ".venv", "bin", "mailq"), "webhook", "remove", hook],
                        env={**os.environ, "MAILQ_TLS_CA": CA}, capture_output=True, timeout=60)
