@@ -33,8 +33,10 @@ class EventServicer(events_pb2_grpc.EventServiceServicer):
     async def WatchEvents(
         self, request: events_pb2.WatchEventsRequest, context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[events_pb2.WatchEventsResponse]:
-        # A queue name no queue can have would match nothing, silently: refused like an unknown type.
-        wanted = EventFilter.of([queue_name(q) for q in request.queues], [events_serde.event_type_from_proto(t) for t in request.types])
+        # A queue name no queue can have would match nothing, silently: refused like an unknown type
+        # ("" selects the install's own events, which name no queue).
+        wanted = EventFilter.of([q and queue_name(q) for q in request.queues],
+                                [events_serde.event_type_from_proto(t) for t in request.types])
         events = event_watch.watch(self._stream(), request.cursor, request.from_oldest, wanted)
         async with contextlib.aclosing(events):
             async for e in events:

@@ -83,7 +83,6 @@ NOT_FOUND_HINTS = {
     "webhook": "check the name (`mailq webhook list` lists the endpoints)",
     "quota": "check the kind and subject (`mailq quota list` lists the quotas)",
     "release": "check the rule id (`mailq rules` lists the rules in force)",
-    "trace": "a delivered or removed mail has no live copy: give its full enqueue id, or --name",
 }
 
 

@@ -19,9 +19,8 @@ from __future__ import annotations
 import datetime as dt
 import uuid
 
-from services.domain import filters, model
+from services.domain import filters, model, validation
 from services.domain.errors import InvalidArgument
-from services.domain.shaping import destination_name
 from services.domain.validation import queue_name, shown
 
 #: Longest a rule may live.
@@ -54,7 +53,7 @@ def validate(rule: model.Rule, now: dt.datetime) -> model.Rule:
         raise InvalidArgument("a rule needs a condition: queue, recipient_domain, sender or name")
     if rule.queue:
         queue_name(rule.queue)
-    domain = destination_name(rule.recipient_domain, "rule.recipient_domain") if rule.recipient_domain else ""
+    domain = validation.domain(rule.recipient_domain, "rule.recipient_domain") if rule.recipient_domain else ""
     for field in ("sender", "name", "reason"):
         if len(getattr(rule, field)) > 1000:
             raise InvalidArgument(f"rule.{field} is longer than 1000 characters")

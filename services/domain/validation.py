@@ -19,6 +19,7 @@ _LOCAL = rf"(?:{_ATOM}(?:\.{_ATOM})*|\"(?:[^\"\\\r\n]|\\.)+\")"
 _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
 _DOMAIN = rf"(?:{_LABEL}(?:\.{_LABEL})*|\[[0-9A-Fa-f:.]+\]|\[IPv6:[0-9A-Fa-f:.]+\])"
 ADDRESS = re.compile(rf"{_LOCAL}@{_DOMAIN}")
+DOMAIN = re.compile(_DOMAIN)
 BLOB_ID = re.compile(r"[0-9a-f]{64}")
 #: Longest piece of a client's value echoed in an error message (gRPC metadata is limited to 8 KiB).
 SHOWN_CHARS = 80
@@ -42,6 +43,14 @@ def address(value: str, field: str) -> str:
     if len(value) > 320 or not ADDRESS.fullmatch(value) or len(value.rsplit("@", 1)[0]) > 64:
         raise InvalidArgument(f"{field} {shown(value)} is not a valid mail address (local@domain, at most 320 characters)")
     return value
+
+
+def domain(value: str, field: str) -> str:
+    """A mail domain as recipients' addresses have it (an address literal too), lower-cased."""
+    if len(value) > 255 or not DOMAIN.fullmatch(value):
+        raise InvalidArgument(f"{field} {shown(value)} is not a domain name (letters, digits, '-' and '.', "
+                              "or an address literal: [192.0.2.1])")
+    return value.lower()
 
 
 def blob_id(value: str) -> str:

@@ -15,11 +15,16 @@ import urllib.parse
 
 from services.domain.errors import InvalidArgument
 from services.domain.events import EventType
+from services.domain.validation import queue_name, shown
 
 #: An endpoint's name: it keys its checkpoint (webhook_checkpoints_v1) and its metrics' label.
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 #: An endpoint's maximum event age when the registration names none.
 DEFAULT_MAX_AGE_S = 24 * 3600.0
+#: The longest URL taken (browsers and proxies keep to about 2,000; it is in every CONFIG_CHANGED event).
+MAX_URL = 2000
+#: The longest secret file path taken (Linux's PATH_MAX).
+MAX_PATH = 4096
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,18 +53,45 @@ def name_of(name: str) -> str:
     return name
 
 
+def url_of(text: str) -> str:
+    """``text`` if webhook_svc can POST to it: http or https, a host, a port in range, no user or
+    password (they would be in every listing and event), no fragment (never sent), no space or
+    control character, at most MAX_URL characters; InvalidArgument saying what is wrong."""
+    wrong = f"webhook url {shown(text)}"
+    if len(text) > MAX_URL:
+        raise InvalidArgument(f"{wrong} is {len(text)} characters long: at most {MAX_URL}")
+    if not text.isprintable() or " " in text:
+        raise InvalidArgument(f"{wrong} holds a space or a control character: percent-encode them")
+    try:
+        url = urllib.parse.urlsplit(text)
+        url.port  # noqa: B018 - raises ValueError outside 0-65535
+    except ValueError as e:
+        raise InvalidArgument(f"{wrong} is not a URL: {e}") from None
+    if url.scheme not in ("http", "https") or not url.hostname:
+        raise InvalidArgument(f"{wrong} is not an http:// or https:// URL with a host")
+    if url.username is not None or url.password is not None:
+        raise InvalidArgument(f"{wrong} carries a user or password: it would be shown in every listing and event; "
+                              "the endpoint authenticates the batches by their signature")
+    if url.fragment or text.endswith("#"):
+        raise InvalidArgument(f"{wrong} has a fragment (#...), which is never sent: leave it out")
+    return text
+
+
 def validate(r: Registration) -> Registration:
     """``r`` with its defaults applied, or InvalidArgument naming the first field that is wrong."""
     name_of(r.name)
-    url = urllib.parse.urlsplit(r.url)
-    if url.scheme not in ("http", "https") or not url.hostname:
-        raise InvalidArgument(f"webhook url {r.url!r} is not an http:// or https:// URL with a host")
+    url_of(r.url)
     if not r.secret_file.startswith("/"):
-        raise InvalidArgument(f"webhook secret_file {r.secret_file!r} is not an absolute path (the secret's file as "
+        raise InvalidArgument(f"webhook secret_file {shown(r.secret_file)} is not an absolute path (the secret's file as "
                               "webhook_svc sees it, e.g. a mounted Secret: /var/run/secrets/webhooks/NAME)")
+    if len(r.secret_file) > MAX_PATH or not r.secret_file.isprintable():
+        raise InvalidArgument(f"webhook secret_file {shown(r.secret_file)} is not a path webhook_svc can open: "
+                              f"at most {MAX_PATH} printable characters")
     if r.max_age_s < 0:
         raise InvalidArgument(f"webhook max_age {r.max_age_s:g} s is negative")
     if any(not q for q in r.queues):
         raise InvalidArgument("webhook queues: an empty queue name")
+    for q in r.queues:
+        queue_name(q)  # a name no queue can have would match nothing, silently
     return dataclasses.replace(r, max_age_s=r.max_age_s or DEFAULT_MAX_AGE_S, types=tuple(dict.fromkeys(r.types)),
                                queues=tuple(dict.fromkeys(r.queues)))

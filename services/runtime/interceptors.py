@@ -87,6 +87,11 @@ async def _fail(context: grpc.aio.ServicerContext, method: str, e: BaseException
     await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method}; the server log has the details")
 
 
+#: The server's deadline runs from the request's arrival, a little after the client's: a client
+#: cancelling at its own deadline reaches the server that much before the server's.
+DEADLINE_SLACK_S = 0.1
+
+
 def _code(context: grpc.aio.ServicerContext, cancelled: bool = False) -> str:
     """The call's status as the client saw it: a handler cancelled (the client left, or its
     deadline passed) has no code of its own and is not OK."""
@@ -96,7 +101,7 @@ def _code(context: grpc.aio.ServicerContext, cancelled: bool = False) -> str:
     if not cancelled:
         return "OK"
     remaining = context.time_remaining()
-    return "DEADLINE_EXCEEDED" if remaining is not None and remaining <= 0 else "CANCELLED"
+    return "DEADLINE_EXCEEDED" if remaining is not None and remaining <= DEADLINE_SLACK_S else "CANCELLED"
 
 
 def _unary(method: str, fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:

@@ -112,7 +112,7 @@ def test_filters_apply_on_the_server(browse, stub):
     {"cursor": "abc"}, {"cursor": "-1"}, {"cursor": "1.5"}, {"cursor": "99999999999999999999"}, {"cursor": " 7"},
     {"types": [999]}, {"types": [events_pb2.EVENT_TYPE_UNSPECIFIED]},
     # a queue filter no queue can match (it matched nothing, silently, until the deadline)
-    {"queues": ["!!bad"]}, {"queues": ["ok", ""]}, {"queues": ["q" * 101]},
+    {"queues": ["!!bad"]}, {"queues": ["ok", "a b"]}, {"queues": ["q" * 101]},
 ])
 def test_a_malformed_cursor_type_or_queue_is_invalid_argument(stub, request_fields):
     with pytest.raises(grpc.RpcError) as e:

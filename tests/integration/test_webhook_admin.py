@@ -55,6 +55,12 @@ def test_bad_registrations_get_a_precise_status_and_write_nothing(suite, tmp_pat
     assert code(add(secret_file="relative/x")) == grpc.StatusCode.INVALID_ARGUMENT
     assert code(add(event_types=[0])) == grpc.StatusCode.INVALID_ARGUMENT  # unspecified
     assert code(add(event_types=[999])) == grpc.StatusCode.INVALID_ARGUMENT  # unknown
+    # each taken before, then failing at every POST (or INTERNAL at once), or matching nothing
+    for url in ("http://[::1/x", "http://h:99999/x", "http://user:pw@hooks.example/in", "https://hooks.example/in#f",
+                "http://hooks.example/x\r\nX: y", "http://a b/", "https://hooks.example/" + "x" * 2000):
+        assert code(add(url=url)) == grpc.StatusCode.INVALID_ARGUMENT, url
+    assert code(add(secret_file="/secrets/x\x00y")) == grpc.StatusCode.INVALID_ARGUMENT
+    assert code(add(queues=["!!bad"])) == grpc.StatusCode.INVALID_ARGUMENT
     assert code(lambda: stub.AddWebhook(webhooks_pb2.AddWebhookRequest())) == grpc.StatusCode.INVALID_ARGUMENT
     assert code(lambda: stub.RemoveWebhook(webhooks_pb2.RemoveWebhookRequest(name=f"{prefix}-none"))) == grpc.StatusCode.NOT_FOUND
     assert [w.name for w in stub.ListWebhooks(webhooks_pb2.ListWebhooksRequest()).webhooks if w.name.startswith(prefix)] == []

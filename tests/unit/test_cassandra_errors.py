@@ -4,7 +4,7 @@ import types
 
 import pytest
 from cassandra import InvalidRequest, OperationTimedOut, Unauthorized, Unavailable
-from cassandra.protocol import ErrorMessage, SyntaxException
+from cassandra.protocol import ErrorMessage
 
 from services.adapters.cassandra import session
 from services.adapters.cassandra.session import execute, unavailable
@@ -24,11 +24,13 @@ def server_error(code: int) -> ErrorMessage:
     (OperationTimedOut("client timeout"), True),
     (server_error(0x2000), False),  # syntax error: a bug, never retried
     (server_error(0x2200), False),  # invalid query
-    # the driver's own classes (DriverException, otherwise an outage): a key over 64 KiB is a bug of
-    # ours (an unchecked name), never "retry it"
+    # InvalidRequest is a DriverException (an outage, but for this): a key over 64 KiB is a bug of
+    # ours (an unchecked name), never "retry it"...
     (InvalidRequest("Key length of 70000 is longer than maximum of 65535"), False),
-    (SyntaxException(0x2000, "line 1:0 no viable alternative", {}), False),
-    # answered also when a role's permissions cannot be read (too few replicas up): an outage
+    # ... while a node that restarted under load answers for a while that a table does not exist
+    (InvalidRequest("unconfigured table enqueued_mails_v1"), True),
+    (InvalidRequest("Keyspace mailqueue_x doesn't exist"), True),
+    # (a guard) answered also when a role's permissions cannot be read (too few replicas up): an outage
     (Unauthorized("Unable to perform authorization of permissions"), True),
     (ValueError("a bug of ours"), False),
 ])

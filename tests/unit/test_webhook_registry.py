@@ -21,6 +21,13 @@ OK = Registration("billing", "https://billing.example/hooks", "/secrets/billing"
     ("name", "", "empty"), ("name", "a b", "invalid"), ("name", "x" * 65, "invalid"),
     ("url", "ftp://h/", "http"), ("url", "https://", "http"), ("url", "billing.example", "http"),
     ("secret_file", "secrets/x", "absolute"), ("max_age_s", -1.0, "negative"), ("queues", ("",), "empty queue"),
+    # found by a hostile client: each was taken, then failed at every POST, or never matched
+    ("url", "http://[::1/x", "not a URL"), ("url", "http://h:99999/x", "not a URL"),
+    ("url", "http://user:pw@h/x", "user or password"), ("url", "http://h/x#frag", "fragment"),
+    ("url", "http://h/x\r\nX: y", "control character"), ("url", "http://a b/", "space"),
+    ("url", "http://h/" + "x" * 2000, "at most 2000"),
+    ("secret_file", "/s\x00x", "printable"), ("secret_file", "/" + "s" * 4096, "at most 4096"),
+    ("queues", ("!!bad",), "queue name"), ("queues", ("q" * 101,), "queue name"),
 ])
 def test_a_bad_registration_is_refused_naming_the_field(field, value, says):
     with pytest.raises(InvalidArgument, match=says):

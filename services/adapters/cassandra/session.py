@@ -16,7 +16,7 @@ from cassandra import ConsistencyLevel, DriverException, InvalidRequest
 from cassandra.auth import PlainTextAuthProvider
 from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, NoHostAvailable, Session
 from cassandra.policies import DCAwareRoundRobinPolicy, ExponentialReconnectionPolicy, TokenAwarePolicy
-from cassandra.protocol import ErrorMessage, SyntaxException
+from cassandra.protocol import ErrorMessage
 from cassandra.query import named_tuple_factory
 
 from services.adapters.cassandra.settings import CassandraSettings
@@ -34,15 +34,21 @@ UNAVAILABLE_ERRORS: tuple[type[BaseException], ...] = (DriverException, NoHostAv
 UNAVAILABLE_CODES = frozenset({0x1001, 0x1002, 0x1600, 0x1700})
 
 
-#: Driver errors that say the request itself is wrong (a key over 64 KiB, a malformed query): no
-#: retry can succeed, so they are not an outage but a server defect (INTERNAL, logged with its
-#: trace). Unauthorized stays an outage: Cassandra answers it too when it cannot read a role's
-#: permissions (too few replicas up).
-REQUEST_ERRORS: tuple[type[BaseException], ...] = (InvalidRequest, SyntaxException)
+#: What an InvalidRequest says when it is an outage after all: a node that restarted under load
+#: answers for a while that a table or keyspace it has not loaded yet does not exist (schema.py).
+SCHEMA_NOT_LOADED = ("unconfigured table", "doesn't exist", "does not exist")
+
+
+def request_defect(e: BaseException) -> bool:
+    """An InvalidRequest that says the request itself is wrong (a key over 64 KiB): no retry can
+    succeed, so it is not an outage but a server defect (INTERNAL, logged with its trace), never
+    "retry it". Unauthorized stays an outage: Cassandra answers it too when it cannot read a role's
+    permissions (too few replicas up)."""
+    return isinstance(e, InvalidRequest) and not any(m in str(e) for m in SCHEMA_NOT_LOADED)
 
 
 def unavailable(e: BaseException) -> bool:
-    if isinstance(e, REQUEST_ERRORS):
+    if request_defect(e):
         return False
     return isinstance(e, UNAVAILABLE_ERRORS) or (isinstance(e, ErrorMessage) and getattr(e, "code", None) in UNAVAILABLE_CODES)
 
