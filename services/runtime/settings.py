@@ -163,6 +163,9 @@ def broker_urls(env: Mapping[str, str]) -> tuple[str, ...]:
     if many and one:
         raise ConfigurationError("set MAILQUEUE_RABBITMQ_URLS or MAILQUEUE_RABBITMQ_URL, not both")
     if not many:
+        if one and not one.startswith(("amqp://", "amqps://")):
+            raise ConfigurationError(f"MAILQUEUE_RABBITMQ_URL: {one.split('@')[-1]!r} is not an amqp:// or amqps:// URL "
+                                     "(amqps://host:5671/%2F)")
         return (one or RabbitMQSettings.urls[0],)
     urls = tuple(u.strip() for u in many.split(",") if u.strip())
     for u in urls:
@@ -319,13 +322,34 @@ def _tokens(env: Mapping[str, str]) -> dict[str, str]:
     return parse_tokens(spec)
 
 
+#: The levels MAILQUEUE_LOG_LEVEL takes (Python's logging levels).
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def _metrics_port(env: Mapping[str, str], port: int) -> int:
+    """MAILQUEUE_METRICS_PORT, by default the port + 1000: refused above 65535 with the variable to
+    set (a port past 65535 was taken and wrapped around, or failed to bind with a traceback)."""
+    default = port + METRICS_PORT_OFFSET if port else 0
+    if "MAILQUEUE_METRICS_PORT" not in env and default > 65535:
+        raise ConfigurationError(f"MAILQUEUE_PORT={port}: its metrics port (port + {METRICS_PORT_OFFSET}) would be {default}, "
+                                 "above 65535: set MAILQUEUE_METRICS_PORT")
+    return _int(env, "METRICS_PORT", default, 0, 65535)
+
+
+def _log_level(env: Mapping[str, str]) -> str:
+    level = _get(env, "LOG_LEVEL", "INFO").upper()
+    if level not in LOG_LEVELS:
+        raise ConfigurationError(f"MAILQUEUE_LOG_LEVEL={_get(env, 'LOG_LEVEL', '')!r}: use one of {', '.join(LOG_LEVELS)}")
+    return level
+
+
 def server_from_env(service: str, env: Mapping[str, str] = os.environ) -> ServerSettings:
-    port = _int(env, "PORT", SERVICE_PORTS[service], 0)
+    port = _int(env, "PORT", SERVICE_PORTS[service], 0, 65535)
     return ServerSettings(
         service=service,
         host=_get(env, "HOST", "127.0.0.1"),
         port=port,
-        metrics_port=_int(env, "METRICS_PORT", port + METRICS_PORT_OFFSET if port else 0, 0),
+        metrics_port=_metrics_port(env, port),
         #: Seconds a connection lives before the server asks the client to reconnect (re-resolve).
         max_connection_age_s=_int(env, "MAX_CONNECTION_AGE_S", 300, 1),
         #: Seconds SIGTERM waits for in-flight RPCs.
@@ -338,7 +362,7 @@ def server_from_env(service: str, env: Mapping[str, str] = os.environ) -> Server
         #: Target of blob_svc for enqueue and dequeue's content above the small-blob limit; "" (the
         #: default): they read and write S3 themselves, one hop less (docs/pages/benchmarks.md).
         blob_target=_get(env, "BLOB_TARGET", ""),
-        log_level=_get(env, "LOG_LEVEL", "INFO").upper(),
+        log_level=_log_level(env),
         #: Bearer tokens accepted by this server, token -> role (empty: no access control).
         tokens=_tokens(env),
         #: Token this service presents to other services (enqueue/dequeue -> blob_svc).

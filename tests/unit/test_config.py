@@ -36,6 +36,13 @@ def test_environment_overrides():
     ({"MAILQUEUE_SHUTDOWN_GRACE_S": "soon"}, "MAILQUEUE_SHUTDOWN_GRACE_S='soon' is not a number"),
     ({"MAILQUEUE_CASSANDRA_TIMEOUT_S": "inf"}, "MAILQUEUE_CASSANDRA_TIMEOUT_S=inf must be a finite number"),
         ({"MAILQUEUE_PORT": "x"}, "MAILQUEUE_PORT='x' is not an integer"),
+        # found starting a service by hand: 70000 was taken and bound 4464 (70000 - 65536), or failed
+        # to bind with a traceback naming no variable
+        ({"MAILQUEUE_PORT": "70000", "MAILQUEUE_METRICS_PORT": "0"}, "MAILQUEUE_PORT=70000 must be <= 65535"),
+        ({"MAILQUEUE_METRICS_PORT": "70000"}, "MAILQUEUE_METRICS_PORT=70000 must be <= 65535"),
+        ({"MAILQUEUE_PORT": "65000"}, "would be 66000, above 65535: set MAILQUEUE_METRICS_PORT"),
+        ({"MAILQUEUE_LOG_LEVEL": "verbose"}, "MAILQUEUE_LOG_LEVEL='verbose': use one of DEBUG, INFO, WARNING, ERROR, CRITICAL"),
+        ({"MAILQUEUE_RABBITMQ_URL": "127.0.0.1:5671"}, "MAILQUEUE_RABBITMQ_URL: '127.0.0.1:5671' is not an amqp:// or amqps:// URL"),
         ({"MAILQUEUE_BUCKET_COUNT": "0"}, "MAILQUEUE_BUCKET_COUNT=0 must be >= 1"),
         ({"MAILQUEUE_RABBITMQ_QUEUE_TYPE": "stream"}, "use quorum or classic"),
         ({"MAILQUEUE_S3_SECURE": "maybe"}, "not a boolean"),
