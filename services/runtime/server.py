@@ -24,7 +24,7 @@ import logging
 import signal
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -209,8 +209,16 @@ async def serve(app: App) -> None:
     watchdog = LoopWatchdog(asyncio.get_running_loop())
     watchdog.start()
     if s.metrics_port:
-        start_http_server(s.metrics_port, addr=s.host)
-    served = create_server(app)
+        try:
+            start_http_server(s.metrics_port, addr=s.host)
+        except OSError as e:
+            _refuse(f"MAILQUEUE_METRICS_PORT={s.metrics_port}: cannot listen on {s.host}:{s.metrics_port} ({e.strerror}): "
+                    "another process has it (a second copy of this service?); stop it or set another port")
+    try:
+        served = create_server(app)
+    except RuntimeError as e:  # grpc's "Failed to bind to address ...", nothing more precise
+        _refuse(f"MAILQUEUE_PORT={s.port}: cannot listen on {s.host}:{s.port} ({e}): another process has the port, "
+                "or the certificate and key do not load (MAILQUEUE_TLS_CERT_FILE, MAILQUEUE_TLS_KEY_FILE: PEM, one pair)")
     server, port = served.server, served.port
     await server.start()
     probes = await health_only_server(served, s.host, s.health_port) if s.health_port else None
@@ -259,6 +267,13 @@ async def serve(app: App) -> None:
     await app.close()
     watchdog.stop()
     log.info("stopped")
+
+
+def _refuse(reason: str) -> NoReturn:
+    """A start-up the operator must mend (a port taken, files that do not load): one log line
+    naming the variable, exit 2, as a configuration refused before the start."""
+    log.critical("refusing to start: %s", reason)
+    sys.exit(2)
 
 
 def main(app_factory: Callable[[Settings], App], name: str) -> None:

@@ -57,6 +57,25 @@ def test_a_service_process_is_not_serving_until_its_backends_answer(keyspace):
         proc.wait()
 
 
+@pytest.mark.parametrize("held", ["MAILQUEUE_PORT", "MAILQUEUE_METRICS_PORT"])
+def test_a_port_another_process_holds_refuses_start_up_naming_it(keyspace, held):
+    """Exit 2 and one line naming the variable and the address, like any configuration refused
+    (it was exit 1 with grpc's or http.server's traceback, naming no variable)."""
+    import socket
+
+    port, metrics = free_port(), free_port()
+    env = service_env(keyspace, MAILQUEUE_PORT=str(port), MAILQUEUE_METRICS_PORT=str(metrics))
+    taken = port if held == "MAILQUEUE_PORT" else metrics
+    with socket.socket() as other:  # a listener without SO_REUSEPORT: the port is taken
+        other.bind(("127.0.0.1", taken))
+        other.listen()
+        proc = start_process("enqueue_svc", env)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2, err
+    assert f"refusing to start: {held}={taken}: cannot listen on 127.0.0.1:{taken}" in err, err
+    assert "Traceback" not in err, err
+
+
 def test_a_service_process_serves_once_the_stack_is_up(keyspace, running_stack):
     port, metrics = free_port(), free_port()
     env = service_env(keyspace, MAILQUEUE_PORT=str(port), MAILQUEUE_METRICS_PORT=str(metrics))
