@@ -125,6 +125,9 @@ def create_server(app: App, host: str | None = None, port: int | None = None) ->
             ("grpc.max_send_message_length", MAX_MESSAGE),
             ("grpc.keepalive_permit_without_calls", 1),
             ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+            # Workers share their port (services/runtime/workers.py); a single process holds its
+            # own: a second copy started by mistake is refused, not handed half the connections.
+            ("grpc.so_reuseport", 1 if s.worker else 0),
         ],
     )
     names = []
@@ -206,6 +209,8 @@ async def checked(app: App) -> None:
 async def serve(app: App) -> None:
     s = app.settings.server
     logs.configure(app.name, s.log_level, worker=s.worker)
+    for name, meant in app.settings.misspelled:
+        log.warning("%s is set but not read: did you mean %s?", name, meant, extra={"variable": name, "meant": meant})
     watchdog = LoopWatchdog(asyncio.get_running_loop())
     watchdog.start()
     if s.metrics_port:

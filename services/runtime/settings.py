@@ -13,8 +13,10 @@ services/domain/settings.py, ServerSettings and TLSSettings in services/runtime/
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 from services.adapters.cassandra.settings import CassandraSettings
 from services.adapters.rabbitmq.settings import RabbitMQSettings
@@ -71,6 +73,9 @@ def _credential(env: Mapping[str, str], file_name: str, variable: str, default: 
     of command lines, process listings and logs."""
     folder = env.get("MAILQUEUE_CREDENTIALS_DIR")
     if folder:
+        if not os.path.isdir(folder):  # else every backend's default login (guest, minioadmin) is tried, and refused
+            raise ConfigurationError(f"MAILQUEUE_CREDENTIALS_DIR={folder!r} is not a folder: mount the service's "
+                                     "credentials Secret there (one file per key), or unset it")
         path = os.path.join(folder, file_name)
         try:
             with open(path) as f:
@@ -414,8 +419,18 @@ class Settings:
     #: (services/app/queue_state.py): DeleteQueue waits browse_svc's, at least every other's.
     queue_cache_s: float = 10.0
 
+    #: MAILQUEUE_* variables set but never read, each with the read one it is closest to (a
+    #: misspelling: ``misspelled``); the server logs a warning for each at start-up.
+    misspelled: tuple[tuple[str, str], ...] = ()
+
     @classmethod
     def from_env(cls, service: str, env: Mapping[str, str] = os.environ) -> Settings:
+        reads = Reads(env)
+        settings = cls._read(service, reads)
+        return dataclasses.replace(settings, misspelled=misspelled(env, reads.names))
+
+    @classmethod
+    def _read(cls, service: str, env: Mapping[str, str]) -> Settings:
         return cls(
             server=server_from_env(service, env),
             cassandra=cassandra_from_env(env),
@@ -426,3 +441,44 @@ class Settings:
             events=events_from_env(env),
             queue_cache_s=_float(env, "QUEUE_CACHE_S", cls.queue_cache_s, 0.1),
         )
+
+
+class Reads(Mapping[str, str]):
+    """``env``, remembering every name looked up in it."""
+
+    def __init__(self, env: Mapping[str, str]) -> None:
+        self._env = env
+        self.names: set[str] = set()
+
+    def __getitem__(self, name: str) -> str:
+        self.names.add(name)
+        return self._env[name]
+
+    def get(self, name: str, default: Any = None) -> Any:
+        self.names.add(name)
+        return self._env.get(name, default)
+
+    def __contains__(self, name: object) -> bool:
+        if isinstance(name, str):
+            self.names.add(name)
+        return name in self._env
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._env)
+
+    def __len__(self) -> int:
+        return len(self._env)
+
+
+def misspelled(env: Mapping[str, str], read: set[str]) -> tuple[tuple[str, str], ...]:
+    """The MAILQUEUE_* variables of ``env`` not in ``read`` that are one slip away from a name that
+    is (``MAILQUEUE_CASANDRA_HOSTS``: ``MAILQUEUE_CASSANDRA_HOSTS``), each with that name. A
+    variable close to none is left alone: tools and other components read their own."""
+    known = sorted(n for n in read if n.startswith("MAILQUEUE_"))
+    out = []
+    for name in sorted(env):
+        if name.startswith("MAILQUEUE_") and name not in read:
+            close = difflib.get_close_matches(name, known, n=1, cutoff=0.85)
+            if close:
+                out.append((name, close[0]))
+    return tuple(out)

@@ -78,7 +78,7 @@ def test_a_port_another_process_holds_refuses_start_up_naming_it(keyspace, held)
 
 def test_a_service_process_serves_once_the_stack_is_up(keyspace, running_stack):
     port, metrics = free_port(), free_port()
-    env = service_env(keyspace, MAILQUEUE_PORT=str(port), MAILQUEUE_METRICS_PORT=str(metrics))
+    env = service_env(keyspace, MAILQUEUE_PORT=str(port), MAILQUEUE_METRICS_PORT=str(metrics), MAILQUEUE_LOG_LEVL="DEBUG")
     proc = start_process("blob_svc", env)
     try:
         target = f"127.0.0.1:{port}"
@@ -87,9 +87,18 @@ def test_a_service_process_serves_once_the_stack_is_up(keyspace, running_stack):
         assert "mailqueue.v1.BlobService" in listed_services(target)
         body = urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=5).read().decode()
         assert "mailqueue_serving 1.0" in body and "mailqueue_rpc_total" in body
+        # A second copy on its port is refused: grpc's SO_REUSEPORT would hand it half the connections
+        second = start_process("blob_svc", {**env, "MAILQUEUE_METRICS_PORT": str(free_port())})
+        _, err = second.communicate(timeout=60)
+        assert second.returncode == 2, err
+        assert f"refusing to start: MAILQUEUE_PORT={port}: cannot listen on 127.0.0.1:{port}" in err, err
+        assert health(target) == health_pb2.HealthCheckResponse.SERVING
     finally:
         proc.terminate()
-        assert proc.wait(20) == 0
+        _, err = proc.communicate(timeout=20)
+    assert proc.returncode == 0, err
+    # A misspelled variable is named at start-up with the one it would have set (it used to be ignored, silently)
+    assert "MAILQUEUE_LOG_LEVL is set but not read: did you mean MAILQUEUE_LOG_LEVEL?" in err, err
 
 
 def test_a_violating_view_configuration_refuses_start_up(running_stack):

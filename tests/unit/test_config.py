@@ -148,3 +148,14 @@ def test_webhook_svc_refuses_workers_its_deliverer_is_one_process():
     with pytest.raises(ConfigurationError, match="MAILQUEUE_WORKERS must be 1 for webhook_svc"):
         Settings.from_env("webhook", env={"MAILQUEUE_WORKERS": "2"})
     assert Settings.from_env("webhook", env={"MAILQUEUE_WORKERS": "1"}).server.workers == 1
+
+
+def test_a_misspelled_variable_is_named_with_the_one_it_is_closest_to():
+    # Given a typo in one variable and a variable that is some other tool's
+    env = {"MAILQUEUE_CASANDRA_HOSTS": "10.0.0.1", "MAILQUEUE_BENCH_STACK": "cluster", "MAILQUEUE_PORT": "50051",
+           "MAILQ_TARGET": "x", "MAILQUEUE_TOKEN": "s3cret"}
+    # When the settings are read
+    s = Settings.from_env("enqueue", env)
+    # Then the typo is named with what it would have set; the variables close to nothing read are left alone
+    assert s.misspelled == (("MAILQUEUE_CASANDRA_HOSTS", "MAILQUEUE_CASSANDRA_HOSTS"), ("MAILQUEUE_TOKEN", "MAILQUEUE_TOKENS"))
+    assert Settings.from_env("enqueue", {"MAILQUEUE_CASSANDRA_HOSTS": "10.0.0.1"}).misspelled == ()

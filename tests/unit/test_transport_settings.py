@@ -48,3 +48,11 @@ def test_a_missing_file_in_the_folder_leaves_the_variable_and_a_ca_file_must_exi
     ca.write_text("x")
     s3 = s3_from_env({"MAILQUEUE_S3_CA_FILE": str(ca)})
     assert s3.secure and s3.ca_file == str(ca)  # a CA means HTTPS
+
+
+def test_a_credentials_folder_that_is_not_there_is_refused_not_replaced_by_default_logins(tmp_path):
+    # A typo in the mount path used to fall back to guest and minioadmin: each backend then refused the login
+    for missing in (tmp_path / "nowhere", tmp_path / "ca.pem"):
+        (tmp_path / "ca.pem").write_text("x")
+        with pytest.raises(ConfigurationError, match="MAILQUEUE_CREDENTIALS_DIR=.* is not a folder"):
+            cassandra_from_env({"MAILQUEUE_CREDENTIALS_DIR": str(missing)})
