@@ -45,6 +45,8 @@ MEMBERS = Gauge("mailqueue_quota_members", "Enqueue processes sharing the quota 
 
 #: How often a member reads the quotas and writes its heartbeat.
 REFRESH_S = 1.0
+#: A refresh failing again and again is said once, then every this many refreshes.
+SAY_EVERY = 30
 #: A member whose heartbeat is older than this has left (killed): the others take its share.
 MEMBER_TTL_S = 3
 #: A new member enforces rates only once every other member has had time to see it.
@@ -69,13 +71,21 @@ class QuotaKeeper:
         self.loaded = False
 
     async def run_forever(self) -> None:
+        failures = 0
         while True:
             try:
                 await self.refresh()
             except BackendUnavailable as e:
-                log.warning("quotas not refreshed (the last ones read stay in force): %s", e)
+                failures += 1
+                if failures == 1 or failures % SAY_EVERY == 0:  # once, then every 30 s (it was every second)
+                    log.warning("quotas not refreshed for %d s (the last ones read stay in force): %s",
+                                failures * REFRESH_S, e, extra={"failures": failures})
             except Exception:  # a bug must not stop the refresh for the life of the process
                 log.exception("quotas not refreshed")
+            else:
+                if failures:
+                    log.info("quotas refreshed again", extra={"failures": failures})
+                failures = 0
             await asyncio.sleep(REFRESH_S)
 
     async def refresh(self) -> None:

@@ -6,6 +6,7 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Callable
 
 _STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
 
@@ -50,9 +51,44 @@ class HandledChannelCloses(logging.Filter):
         return code not in self.HANDLED
 
 
+class Repeats(logging.Filter):
+    """The client libraries (pika, the Cassandra driver) log every failed connection attempt, in
+    several lines each: during a backend outage that was about 410 lines a minute from one
+    service. Here each of their messages (logger, level and text before its arguments) passes
+    once per ``window_s``; the next one to pass says how many were left out
+    (``suppressed``). The services' own lines always pass: they say a failure once, then at a pace."""
+
+    LIBRARIES = ("pika", "cassandra")
+    #: Messages remembered at most (they are the libraries' fixed texts: a few dozen).
+    MAX_KEPT = 1000
+
+    def __init__(self, window_s: float = 30.0, clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__()
+        self._window, self._clock = window_s, clock
+        self._seen: dict[tuple[str, int, str], list[float]] = {}  # key -> [passed at, left out since]
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name.partition(".")[0] not in self.LIBRARIES:
+            return True
+        key = (record.name, record.levelno, str(record.msg))
+        now = self._clock()
+        seen = self._seen.get(key)
+        if seen is not None and now - seen[0] < self._window:
+            seen[1] += 1
+            return False
+        if seen is not None and seen[1]:
+            record.suppressed = int(seen[1])
+        if len(self._seen) >= self.MAX_KEPT:
+            self._seen.clear()
+        self._seen[key] = [now, 0]
+        return True
+
+
 def configure(service: str, level: str = "INFO", worker: int = 0) -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter(service, worker))
+    if logging.getLevelName(level) != logging.DEBUG:  # DEBUG shows every line
+        handler.addFilter(Repeats())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)

@@ -76,6 +76,29 @@ def test_a_port_another_process_holds_refuses_start_up_naming_it(keyspace, held)
     assert "Traceback" not in err, err
 
 
+def test_a_refused_rabbitmq_login_is_named_as_such_with_what_to_check(keyspace, running_stack, tmp_path):
+    # Given a service whose RabbitMQ password file is wrong (a Secret rotated on one side only)
+    import shutil
+
+    env = service_env(keyspace, MAILQUEUE_PORT=str(free_port()), MAILQUEUE_METRICS_PORT=str(free_port()))
+    credentials = tmp_path / "credentials"
+    shutil.copytree(env["MAILQUEUE_CREDENTIALS_DIR"], credentials)
+    (credentials / "rabbitmq-password").write_text("not-the-password\n")
+    log = tmp_path / "enqueue.log"
+    with open(log, "w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "enqueue_svc"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err,
+                                env={**env, "MAILQUEUE_CREDENTIALS_DIR": str(credentials)})
+    try:
+        # Then it is not serving, and says the login was refused and where the credential comes from
+        # (it said "no RabbitMQ node answered", as if the broker were down)
+        wait_until(lambda: "RabbitMQ refused the login of user" in log.read_text(), 60, what="the refusal logged")
+        said = log.read_text()
+        assert "rabbitmq-password files of MAILQUEUE_CREDENTIALS_DIR" in said and "no RabbitMQ node answered" not in said
+    finally:
+        proc.terminate()
+        assert proc.wait(20) == 0
+
+
 def test_a_service_process_serves_once_the_stack_is_up(keyspace, running_stack):
     port, metrics = free_port(), free_port()
     env = service_env(keyspace, MAILQUEUE_PORT=str(port), MAILQUEUE_METRICS_PORT=str(metrics), MAILQUEUE_LOG_LEVL="DEBUG")

@@ -88,7 +88,7 @@ class NodeConnection:
         async with self._lock:
             if self.current is not None and self.current.is_open:
                 return self.current
-            failures = []
+            failures, refused = [], 0
             for attempt in range(len(self._nodes)):
                 i = (self._node + attempt) % len(self._nodes)
                 params = self._nodes[i]
@@ -96,6 +96,7 @@ class NodeConnection:
                     conn = await self.open(params)
                 except BackendUnavailable as e:
                     failures.append(f"{params.host}:{params.port}: {e.detail}")
+                    refused += "ACCESS_REFUSED" in e.detail
                     continue
                 self._node, self.current = i, conn
                 self._on_switch()
@@ -103,6 +104,11 @@ class NodeConnection:
                 log.info("connected to rabbitmq", extra={"host": params.host, "port": params.port})
                 return conn
             self._node = (self._node + 1) % len(self._nodes)
+            if refused == len(self._nodes):  # an answer, not an outage: the operator must mend it
+                user = getattr(self._nodes[0].credentials, "username", "")
+                raise unavailable(f"RabbitMQ refused the login of user {user!r} ({'; '.join(failures)}): check the "
+                                  "rabbitmq-username and rabbitmq-password files of MAILQUEUE_CREDENTIALS_DIR (or the "
+                                  "user in MAILQUEUE_RABBITMQ_URLS), and that the user exists on the broker")
             raise unavailable(f"no RabbitMQ node answered ({'; '.join(failures)})")
 
     async def open(self, params: pika.URLParameters) -> AsyncioConnection:
@@ -112,7 +118,7 @@ class NodeConnection:
 
         def on_error(_c: Any, err: Any) -> None:
             if not fut.done():
-                fut.set_exception(unavailable(f"cannot connect ({err})"))
+                fut.set_exception(unavailable(f"cannot connect ({err or type(err).__name__})"))
 
         conn = AsyncioConnection(
             params,
