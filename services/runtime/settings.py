@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
+import ssl
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -312,7 +313,27 @@ def tls_from_env(env: Mapping[str, str] = os.environ) -> TLSSettings:
                        ("TLS_CLIENT_CA_FILE", t.client_ca_file), ("TLS_CA_FILE", t.ca_file)):
         if path and not os.path.isfile(path):
             raise ConfigurationError(f"MAILQUEUE_{name}={path}: no such file")
+    _check_tls_files(t)
     return t
+
+
+def _check_tls_files(t: TLSSettings) -> None:
+    """The files load as gRPC will load them: else the server's bind fails with no reason, or a
+    client's handshake does, long after the start."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    if t.cert_file:
+        try:  # an encrypted key is refused, not prompted for (gRPC cannot read one either)
+            context.load_cert_chain(t.cert_file, t.key_file, password=lambda: b"")
+        except (ssl.SSLError, OSError, ValueError) as e:
+            raise ConfigurationError(
+                f"MAILQUEUE_TLS_CERT_FILE={t.cert_file} and MAILQUEUE_TLS_KEY_FILE={t.key_file} do not load as a pair ({e}): "
+                "give the PEM certificate (its chain after it) and the unencrypted private key it was issued for") from None
+    for name, path in (("TLS_CLIENT_CA_FILE", t.client_ca_file), ("TLS_CA_FILE", t.ca_file)):
+        if path:
+            try:
+                context.load_verify_locations(cafile=path)
+            except (ssl.SSLError, OSError, ValueError) as e:
+                raise ConfigurationError(f"MAILQUEUE_{name}={path} holds no PEM certificate ({e}): give the CA certificate") from None
 
 
 def _tokens(env: Mapping[str, str]) -> dict[str, str]:

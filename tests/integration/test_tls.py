@@ -149,7 +149,11 @@ def test_renewed_certificate_files_are_served_without_a_restart_and_open_streams
 def test_tls_settings_that_do_not_go_together_refuse_to_start(keyspace, pki):
     for extra, words in (({"MAILQUEUE_TLS_CERT_FILE": os.path.join(pki.path, "server.crt")}, "MAILQUEUE_TLS_KEY_FILE"),
                          ({"MAILQUEUE_TLS_IDENTITIES": "spiffe://x=root"}, "identity=role"),
-                         ({"MAILQUEUE_TLS_CA_FILE": "/no/such.pem"}, "no such file")):
+                         ({"MAILQUEUE_TLS_CA_FILE": "/no/such.pem"}, "no such file"),
+                         # Files that exist but do not load (grpc's bind failed with no reason, or a handshake did later)
+                         ({"MAILQUEUE_TLS_CERT_FILE": os.path.join(pki.path, "server.crt"),
+                           "MAILQUEUE_TLS_KEY_FILE": os.path.join(pki.path, "ops.key")}, "do not load as a pair"),
+                         ({"MAILQUEUE_TLS_CA_FILE": os.path.join(pki.path, "ops.key")}, "holds no PEM certificate")):
         r = subprocess.run([sys.executable, "-m", "browse_svc"], cwd=ROOT, env={**service_env(keyspace), **extra},
                            capture_output=True, text=True, timeout=60)
         assert r.returncode == 2 and words in r.stderr, (extra, r.stderr[-500:])
