@@ -13,7 +13,10 @@ from services.domain.webhook_registry import Registration
 def webhook_from_proto(pb: webhooks_pb2.Webhook) -> Registration:
     """InvalidArgument for an unspecified or unknown event type, or a malformed maximum age."""
     types = tuple(event_type_from_proto(t) for t in pb.event_types)
-    max_age = duration_from_proto(pb.max_age, "webhook.max_age").total_seconds() if pb.HasField("max_age") else 0.0
+    max_age = 0.0
+    if pb.HasField("max_age"):
+        duration_from_proto(pb.max_age, "webhook.max_age")  # its range checked
+        max_age = pb.max_age.seconds + pb.max_age.nanos / 1e9  # to the nanosecond: 1 ns is no "unset"
     return Registration(pb.name, pb.url, pb.secret_file, types, tuple(pb.queues), max_age, pb.from_oldest)
 
 

@@ -20,6 +20,8 @@ from services.domain.validation import queue_name, shown
 #: An endpoint's name: it keys its checkpoint (webhook_checkpoints_v1) and its metrics' label.
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 #: An endpoint's maximum event age when the registration names none.
+#: The shortest max_age taken: events reach an endpoint after their history write, within a second.
+MIN_MAX_AGE_S = 1.0
 DEFAULT_MAX_AGE_S = 24 * 3600.0
 #: The longest URL taken (browsers and proxies keep to about 2,000; it is in every CONFIG_CHANGED event).
 MAX_URL = 2000
@@ -89,6 +91,9 @@ def validate(r: Registration) -> Registration:
                               f"at most {MAX_PATH} printable characters")
     if r.max_age_s < 0:
         raise InvalidArgument(f"webhook max_age {r.max_age_s:g} s is negative")
+    if 0 < r.max_age_s < MIN_MAX_AGE_S:  # a max_age of 1 ns used to become the 1-day default
+        raise InvalidArgument(f"webhook max_age {r.max_age_s:g} s is under {MIN_MAX_AGE_S:g} s: every event would be "
+                              "dropped as too old; leave it unset (or 0) for the default of 1 day")
     if any(not q for q in r.queues):
         raise InvalidArgument("webhook queues: an empty queue name")
     for q in r.queues:

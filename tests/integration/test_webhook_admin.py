@@ -15,6 +15,7 @@ import uuid
 
 import grpc
 import pytest
+from google.protobuf import duration_pb2
 
 from mailqueue.v1 import events_pb2, events_pb2_grpc, webhooks_pb2, webhooks_pb2_grpc
 from services.domain.events import Actor, EventType, of_queue
@@ -61,6 +62,8 @@ def test_bad_registrations_get_a_precise_status_and_write_nothing(suite, tmp_pat
         assert code(add(url=url)) == grpc.StatusCode.INVALID_ARGUMENT, url
     assert code(add(secret_file="/secrets/x\x00y")) == grpc.StatusCode.INVALID_ARGUMENT
     assert code(add(queues=["!!bad"])) == grpc.StatusCode.INVALID_ARGUMENT
+    for nanos in (1, 500_000_000):  # under a second every event would be dropped (1 ns became the 1-day default)
+        assert code(add(max_age=duration_pb2.Duration(nanos=nanos))) == grpc.StatusCode.INVALID_ARGUMENT
     assert code(lambda: stub.AddWebhook(webhooks_pb2.AddWebhookRequest())) == grpc.StatusCode.INVALID_ARGUMENT
     assert code(lambda: stub.RemoveWebhook(webhooks_pb2.RemoveWebhookRequest(name=f"{prefix}-none"))) == grpc.StatusCode.NOT_FOUND
     assert [w.name for w in stub.ListWebhooks(webhooks_pb2.ListWebhooksRequest()).webhooks if w.name.startswith(prefix)] == []
