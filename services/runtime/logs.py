@@ -6,7 +6,7 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 _STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
 
@@ -82,6 +82,13 @@ class Repeats(logging.Filter):
             self._seen.clear()
         self._seen[key] = [now, 0]
         return True
+
+
+def level_of(env: Mapping[str, str]) -> str:
+    """MAILQUEUE_LOG_LEVEL before the settings are read (INFO if it is none of Python's levels:
+    the settings then refuse it, in a JSON line)."""
+    level = env.get("MAILQUEUE_LOG_LEVEL", "INFO").upper()
+    return level if level in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL") else "INFO"
 
 
 def configure(service: str, level: str = "INFO", worker: int = 0) -> None:

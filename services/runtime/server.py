@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import os
 import signal
 import sys
 from collections.abc import Callable
@@ -282,15 +283,15 @@ def _refuse(reason: str) -> NoReturn:
 
 
 def main(app_factory: Callable[[Settings], App], name: str) -> None:
+    logs.configure(name, logs.level_of(os.environ))  # JSON from the first line, refusals included
     try:
         settings = Settings.from_env(name)
+        logs.configure(name, settings.server.log_level, worker=settings.server.worker)
         check_transport(settings.server.host, settings.server.tls.serving, settings.server.plaintext)
         check_exposure(settings.server.host, settings.server.tokens, settings.server.tls.identities)
     except ConfigurationError as e:
-        print(f"{name}: refusing to start: {e}", file=sys.stderr)
-        sys.exit(2)
+        _refuse(str(e))
     if settings.server.workers > 1 and not settings.server.worker:
-        logs.configure(name, settings.server.log_level)
         # The package run as ``python -m <package>`` (webhook_svc's app lives in services.runtime).
         spec = getattr(sys.modules["__main__"], "__spec__", None)
         package = spec.parent if spec is not None and spec.parent else app_factory.__module__.partition(".")[0]

@@ -47,7 +47,7 @@ from services.domain.events import EventType
 from services.domain.webhook_registry import Registration
 from services.domain.webhooks import Endpoint
 from services.ports.events import EventLog
-from services.runtime import server
+from services.runtime import logs, server
 from services.runtime.settings import Settings, _float, _get
 
 log = logging.getLogger("mailqueue.webhooks")
@@ -181,6 +181,7 @@ def main(env: Mapping[str, str] = os.environ) -> None:
         if path:
             endpoints_from_file(path)  # a bad file refuses the start at once
     except ConfigurationError as e:
-        print(f"webhook: refusing to start: {e}", file=sys.stderr)
+        logs.configure("webhook", logs.level_of(env))
+        log.critical("refusing to start: %s", e)
         sys.exit(2)
     server.main(WebhookApp, "webhook")

@@ -1,5 +1,6 @@
 """Regression tests for the defects an outside tester found (#13), through gRPC on the real stack."""
 
+import json
 import os
 import subprocess
 import sys
@@ -205,6 +206,8 @@ def test_a_non_numeric_seconds_variable_refuses_start_up_naming_it():
     env = {**os.environ, "MAILQUEUE_SHUTDOWN_GRACE_S": "soon", "MAILQUEUE_METRICS_PORT": "0"}
     r = subprocess.run([sys.executable, "-m", "enqueue_svc"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=30)
     assert r.returncode == 2 and "MAILQUEUE_SHUTDOWN_GRACE_S='soon' is not a number" in r.stderr
+    refusal = json.loads(r.stderr.strip().splitlines()[-1])  # one JSON line, as every other (it was plain text)
+    assert refusal["level"] == "critical" and refusal["msg"].startswith("refusing to start: MAILQUEUE_SHUTDOWN_GRACE_S")
     assert "Traceback" not in r.stderr
 
 

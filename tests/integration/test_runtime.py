@@ -1,5 +1,6 @@
 """Every service serves health and reflection; a real process reports NOT_SERVING, then SERVING."""
 
+import json
 import subprocess
 import sys
 import urllib.request
@@ -122,6 +123,10 @@ def test_a_service_process_serves_once_the_stack_is_up(keyspace, running_stack):
     assert proc.returncode == 0, err
     # A misspelled variable is named at start-up with the one it would have set (it used to be ignored, silently)
     assert "MAILQUEUE_LOG_LEVL is set but not read: did you mean MAILQUEUE_LOG_LEVEL?" in err, err
+    # Every line is JSON, the warnings said before the server starts included (plain text before)
+    said = [json.loads(line) for line in err.splitlines()]
+    assert {"serving gRPC in the clear (MAILQUEUE_PLAINTEXT=true, loopback only)", "stopped"} <= {e["msg"] for e in said}
+    assert {e["service"] for e in said} == {"blob"}
 
 
 def test_a_violating_view_configuration_refuses_start_up(running_stack):

@@ -20,7 +20,8 @@ OK = Registration("billing", "https://billing.example/hooks", "/secrets/billing"
 @pytest.mark.parametrize(("field", "value", "says"), [
     ("name", "", "empty"), ("name", "a b", "invalid"), ("name", "x" * 65, "invalid"),
     ("url", "ftp://h/", "http"), ("url", "https://", "http"), ("url", "billing.example", "http"),
-    ("secret_file", "secrets/x", "absolute"), ("max_age_s", -1.0, "negative"), ("max_age_s", 1e-9, "under 1 s"), ("max_age_s", 0.5, "under 1 s"), ("queues", ("",), "empty queue"),
+    ("secret_file", "secrets/x", "absolute"), ("max_age_s", -1.0, "negative"), ("max_age_s", 1e-9, "under 1 s"),
+    ("max_age_s", 0.5, "under 1 s"), ("queues", ("",), "empty queue"),
     # found by a hostile client: each was taken, then failed at every POST, or never matched
     ("url", "http://[::1/x", "not a URL"), ("url", "http://h:99999/x", "not a URL"),
     ("url", "http://user:pw@h/x", "user or password"), ("url", "http://h/x#frag", "fragment"),

@@ -58,7 +58,7 @@ from services.adapters.cassandra.session import execute, execute_all
 from services.adapters.cassandra.statement_kinds import batch_kind
 from services.contract import events_serde
 from services.domain import model
-from services.domain.events import Actor, Event, EventType, landed_id, ordered
+from services.domain.events import LANDINGS, Actor, Event, EventType, landed_id, ordered
 from services.domain.history_keys import history_key
 
 DAY_S = 86_400
@@ -115,16 +115,19 @@ class CassandraEventLog:
         encoded = events_serde.encode_each(events, self.replica)  # once, for the history and the stream
         keyed: dict[uuid.UUID, list[bytes]] = {}
         names: dict[tuple[str, uuid.UUID], dt.datetime] = {}  # (name, history key) -> when
+        mail, key = None, None
         for e, body in zip(events, encoded, strict=True):
             if e.enqueue_id is None:
                 continue
-            key = history_key(e.enqueue_id)
+            if e.enqueue_id != mail:  # a delivery's two events are one mail's: one key
+                mail, key = e.enqueue_id, history_key(e.enqueue_id)
             keyed.setdefault(key, []).append(body)
             if e.name and e.type is EventType.ENQUEUED:
                 names.setdefault((e.name, key), e.time)
-            landed = landed_id(e)
-            if landed is not None and e.name:  # the name's mails include the copy a move or redrive made
-                names.setdefault((e.name, history_key(landed)), e.time)
+            if e.type in LANDINGS and e.name:  # the name's mails include the copy a move or redrive made
+                landed = landed_id(e)
+                if landed is not None:
+                    names.setdefault((e.name, history_key(landed)), e.time)
         if keyed:
             loop = asyncio.get_running_loop()
             done: asyncio.Future[None] = loop.create_future()
