@@ -45,8 +45,8 @@ MEMBERS = Gauge("mailqueue_quota_members", "Enqueue processes sharing the quota 
 
 #: How often a member reads the quotas and writes its heartbeat.
 REFRESH_S = 1.0
-#: A refresh failing again and again is said once, then every this many refreshes.
-SAY_EVERY = 30
+#: A refresh failing again and again is said once, then once in this many seconds.
+SAY_EVERY_S = 30.0
 #: A member whose heartbeat is older than this has left (killed): the others take its share.
 MEMBER_TTL_S = 3
 #: A new member enforces rates only once every other member has had time to see it.
@@ -71,15 +71,17 @@ class QuotaKeeper:
         self.loaded = False
 
     async def run_forever(self) -> None:
-        failures = 0
+        failures, since, said = 0, 0.0, 0.0
         while True:
             try:
                 await self.refresh()
             except BackendUnavailable as e:
-                failures += 1
-                if failures == 1 or failures % SAY_EVERY == 0:  # once, then every 30 s (it was every second)
-                    log.warning("quotas not refreshed for %d s (the last ones read stay in force): %s",
-                                failures * REFRESH_S, e, extra={"failures": failures})
+                now = time.monotonic()
+                failures, since = failures + 1, since if failures else now
+                if failures == 1 or now - said >= SAY_EVERY_S:  # once, then every 30 s (it was every second)
+                    said = now
+                    log.warning("quotas not refreshed%s (the last ones read stay in force): %s",
+                                f" for {now - since:.0f} s" if failures > 1 else "", e, extra={"failures": failures})
             except Exception:  # a bug must not stop the refresh for the life of the process
                 log.exception("quotas not refreshed")
             else:

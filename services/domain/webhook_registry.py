@@ -19,9 +19,9 @@ from services.domain.validation import queue_name, shown
 
 #: An endpoint's name: it keys its checkpoint (webhook_checkpoints_v1) and its metrics' label.
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-#: An endpoint's maximum event age when the registration names none.
 #: The shortest max_age taken: events reach an endpoint after their history write, within a second.
 MIN_MAX_AGE_S = 1.0
+#: An endpoint's maximum event age when the registration names none.
 DEFAULT_MAX_AGE_S = 24 * 3600.0
 #: The longest URL taken (browsers and proxies keep to about 2,000; it is in every CONFIG_CHANGED event).
 MAX_URL = 2000

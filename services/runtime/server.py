@@ -210,7 +210,7 @@ async def checked(app: App) -> None:
 async def serve(app: App) -> None:
     s = app.settings.server
     logs.configure(app.name, s.log_level, worker=s.worker)
-    for name, meant in app.settings.misspelled:
+    for name, meant in app.settings.misspelled if s.worker <= 1 else ():  # said once for all workers
         log.warning("%s is set but not read: did you mean %s?", name, meant, extra={"variable": name, "meant": meant})
     watchdog = LoopWatchdog(asyncio.get_running_loop())
     watchdog.start()
@@ -283,7 +283,9 @@ def _refuse(reason: str) -> NoReturn:
 
 
 def main(app_factory: Callable[[Settings], App], name: str) -> None:
-    logs.configure(name, logs.level_of(os.environ))  # JSON from the first line, refusals included
+    worker = os.environ.get(workers.WORKER_VARIABLE, "")
+    # JSON from the first line, refusals included (and a worker's refusal with its index)
+    logs.configure(name, logs.level_of(os.environ), worker=int(worker) if worker.isdigit() else 0)
     try:
         settings = Settings.from_env(name)
         logs.configure(name, settings.server.log_level, worker=settings.server.worker)

@@ -13,7 +13,6 @@ services/domain/settings.py, ServerSettings and TLSSettings in services/runtime/
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import os
 import ssl
 from collections.abc import Iterator, Mapping
@@ -73,6 +72,7 @@ def _credential(env: Mapping[str, str], file_name: str, variable: str, default: 
     per key) when it is there, else MAILQUEUE_<variable>, else ``default``. Files keep secrets out
     of command lines, process listings and logs."""
     folder = env.get("MAILQUEUE_CREDENTIALS_DIR")
+    from_env = env.get(f"MAILQUEUE_{variable}")  # read either way: a file may override it, it is no misspelling
     if folder:
         if not os.path.isdir(folder):  # else every backend's default login (guest, minioadmin) is tried, and refused
             raise ConfigurationError(f"MAILQUEUE_CREDENTIALS_DIR={folder!r} is not a folder: mount the service's "
@@ -85,7 +85,7 @@ def _credential(env: Mapping[str, str], file_name: str, variable: str, default: 
             pass
         except OSError as e:
             raise ConfigurationError(f"MAILQUEUE_CREDENTIALS_DIR: {path}: {e.strerror}") from e
-    return env.get(f"MAILQUEUE_{variable}") or default
+    return from_env or default
 
 
 def _bool(env: Mapping[str, str], name: str, default: bool) -> bool:
@@ -321,6 +321,10 @@ def _check_tls_files(t: TLSSettings) -> None:
     """The files load as gRPC will load them: else the server's bind fails with no reason, or a
     client's handshake does, long after the start."""
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    for name, path in (("TLS_CERT_FILE", t.cert_file), ("TLS_KEY_FILE", t.key_file),
+                       ("TLS_CLIENT_CA_FILE", t.client_ca_file), ("TLS_CA_FILE", t.ca_file)):
+        if path and not os.access(path, os.R_OK):
+            raise ConfigurationError(f"MAILQUEUE_{name}={path}: this process may not read it (its owner and mode)")
     if t.cert_file:
         try:  # an encrypted key is refused, not prompted for (gRPC cannot read one either)
             context.load_cert_chain(t.cert_file, t.key_file, password=lambda: b"")
@@ -493,13 +497,32 @@ class Reads(Mapping[str, str]):
 
 def misspelled(env: Mapping[str, str], read: set[str]) -> tuple[tuple[str, str], ...]:
     """The MAILQUEUE_* variables of ``env`` not in ``read`` that are one slip away from a name that
-    is (``MAILQUEUE_CASANDRA_HOSTS``: ``MAILQUEUE_CASSANDRA_HOSTS``), each with that name. A
-    variable close to none is left alone: tools and other components read their own."""
+    is: as many words, at most two letters added, dropped or changed (``MAILQUEUE_CASANDRA_HOSTS``:
+    ``MAILQUEUE_CASSANDRA_HOSTS``), each with that name. Other variables are left alone: the
+    stack's scripts, the clients and the other components read their own (``MAILQUEUE_CASSANDRA_HEAP``,
+    ``MAILQUEUE_TLS_CA``)."""
     known = sorted(n for n in read if n.startswith("MAILQUEUE_"))
     out = []
     for name in sorted(env):
         if name.startswith("MAILQUEUE_") and name not in read:
-            close = difflib.get_close_matches(name, known, n=1, cutoff=0.85)
+            words = name.count("_")
+            close = [k for k in known if k.count("_") == words and _edits(name, k, 2) <= 2]
             if close:
-                out.append((name, close[0]))
+                out.append((name, min(close, key=lambda k: _edits(name, k, 2))))
     return tuple(out)
+
+
+def _edits(a: str, b: str, limit: int) -> int:
+    """The edit distance of ``a`` and ``b`` (letters added, dropped or changed), or ``limit + 1``
+    once it is over ``limit``."""
+    if abs(len(a) - len(b)) > limit:
+        return limit + 1
+    previous = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        current = [i]
+        for j, cb in enumerate(b, 1):
+            current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (ca != cb)))
+        if min(current) > limit:
+            return limit + 1
+        previous = current
+    return previous[-1]

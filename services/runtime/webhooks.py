@@ -44,7 +44,7 @@ from services.app.webhook_fleet import EndpointFleet
 from services.domain.errors import ConfigurationError
 from services.domain.event_stream import EventFilter
 from services.domain.events import EventType
-from services.domain.webhook_registry import Registration
+from services.domain.webhook_registry import DEFAULT_MAX_AGE_S, MIN_MAX_AGE_S, Registration
 from services.domain.webhooks import Endpoint
 from services.ports.events import EventLog
 from services.runtime import logs, server
@@ -76,7 +76,11 @@ def endpoints_from_file(path: str) -> list[tuple[Endpoint, bool]]:
                 raise ValueError(f"endpoint {entry['name']!r}: a name used twice, or a URL not http(s)")
             names.add(entry["name"])
             wanted = EventFilter.of(entry.get("queues", ()), [EventType(t) for t in entry.get("types", ())])
-            out.append((Endpoint(entry["name"], entry["url"], secret, wanted, float(entry.get("max_age_s", 86400)),
+            max_age = float(entry.get("max_age_s", 0)) or DEFAULT_MAX_AGE_S  # 0: the default, as a registration's
+            if max_age < MIN_MAX_AGE_S:
+                raise ValueError(f"endpoint {entry['name']!r}: max_age_s {max_age:g} is under {MIN_MAX_AGE_S:g} s: every "
+                                 "event would be dropped")
+            out.append((Endpoint(entry["name"], entry["url"], secret, wanted, max_age,
                                  int(entry.get("batch_size", 100)), float(entry.get("timeout_s", 10))),
                         bool(entry.get("from_oldest", False))))
         return out

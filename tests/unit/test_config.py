@@ -159,3 +159,13 @@ def test_a_misspelled_variable_is_named_with_the_one_it_is_closest_to():
     # Then the typo is named with what it would have set; the variables close to nothing read are left alone
     assert s.misspelled == (("MAILQUEUE_CASANDRA_HOSTS", "MAILQUEUE_CASSANDRA_HOSTS"), ("MAILQUEUE_TOKEN", "MAILQUEUE_TOKENS"))
     assert Settings.from_env("enqueue", {"MAILQUEUE_CASSANDRA_HOSTS": "10.0.0.1"}).misspelled == ()
+
+
+def test_variables_the_project_s_other_tools_read_are_no_misspelling(tmp_path):
+    # The stack's scripts, the clients' tests and a credential its file overrides: none is named
+    (tmp_path / "cassandra-password").write_text("from-the-file")
+    env = {name: "1" for name in ("MAILQUEUE_CASSANDRA_HEAP", "MAILQUEUE_CASSANDRA_JMX_PORT", "MAILQUEUE_CASSANDRA_STORAGE_PORT",
+                                  "MAILQUEUE_RABBITMQ_PORT", "MAILQUEUE_CLUSTER_CASSANDRA_PORT", "MAILQUEUE_TLS_CA",
+                                  "MAILQUEUE_BROWSE_TARGET", "MAILQUEUE_S3_SECRET_KEY")}
+    env.update({"MAILQUEUE_CREDENTIALS_DIR": str(tmp_path), "MAILQUEUE_CASSANDRA_PASSWORD": "from-the-variable"})
+    assert Settings.from_env("enqueue", env).misspelled == ()

@@ -108,7 +108,7 @@ class NodeConnection:
                 user = getattr(self._nodes[0].credentials, "username", "")
                 raise unavailable(f"RabbitMQ refused the login of user {user!r} ({'; '.join(failures)}): check the "
                                   "rabbitmq-username and rabbitmq-password files of MAILQUEUE_CREDENTIALS_DIR (or the "
-                                  "user in MAILQUEUE_RABBITMQ_URLS), and that the user exists on the broker")
+                                  "user in MAILQUEUE_RABBITMQ_URL or _URLS), and that the user exists on the broker")
             raise unavailable(f"no RabbitMQ node answered ({'; '.join(failures)})")
 
     async def open(self, params: pika.URLParameters) -> AsyncioConnection:
@@ -118,7 +118,7 @@ class NodeConnection:
 
         def on_error(_c: Any, err: Any) -> None:
             if not fut.done():
-                fut.set_exception(unavailable(f"cannot connect ({err or type(err).__name__})"))
+                fut.set_exception(unavailable(f"cannot connect ({str(err) or type(err).__name__})"))
 
         conn = AsyncioConnection(
             params,

@@ -1,0 +1,28 @@
+"""MAILQUEUE_WEBHOOKS_FILE: what webhook_svc takes from the file, and what refuses its start."""
+
+import json
+
+import pytest
+
+from services.domain.errors import ConfigurationError
+from services.runtime.webhooks import endpoints_from_file
+
+
+def write(tmp_path, **entry) -> str:  # noqa: ANN003
+    (tmp_path / "secret").write_text("s3cret\n")
+    path = tmp_path / "webhooks.json"
+    path.write_text(json.dumps([{"name": "billing", "url": "https://billing.example/in", "secret_file": str(tmp_path / "secret"),
+                                 **entry}]))
+    return str(path)
+
+
+def test_max_age_unset_or_zero_is_the_day_of_a_registration(tmp_path):
+    assert endpoints_from_file(write(tmp_path))[0][0].max_age_s == 86400
+    assert endpoints_from_file(write(tmp_path, max_age_s=0))[0][0].max_age_s == 86400  # it dropped every event
+    assert endpoints_from_file(write(tmp_path, max_age_s=3600))[0][0].max_age_s == 3600
+
+
+@pytest.mark.parametrize("max_age", [0.5, -1])
+def test_a_max_age_under_a_second_refuses_the_start(tmp_path, max_age):
+    with pytest.raises(ConfigurationError, match="max_age_s .* is under 1 s"):
+        endpoints_from_file(write(tmp_path, max_age_s=max_age))
