@@ -6,6 +6,7 @@ Paired functions, round-tripped by tests/unit/test_events_serde.py.
 from __future__ import annotations
 
 import datetime as dt
+import operator
 import uuid
 from collections.abc import Sequence
 
@@ -82,25 +83,17 @@ def encode_each(events: Sequence[Event], replica: str = "") -> list[bytes]:
             fields["enqueue_id"] = str(e.enqueue_id)
         if e.replica or replica:
             fields["replica"] = e.replica or replica
-        if e.name:
-            fields["name"] = e.name
-        if e.sender:
-            fields["sender"] = e.sender
-        if e.attempt:
-            fields["attempt"] = e.attempt
-        if e.reason:
-            fields["reason"] = e.reason
-        if e.traceparent:
-            fields["traceparent"] = e.traceparent
-        if e.details:
-            fields["details"] = e.details
-        if e.cursor:
-            fields["cursor"] = e.cursor
+        for name, value in zip(_OPTIONAL, _optional(e)):
+            if value:
+                fields[name] = value
         out.append(events_pb2.Event(**fields).SerializeToString())
     return out
 
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+#: Fields left out of the message when empty, and their values read at once.
+_OPTIONAL = ("name", "sender", "attempt", "reason", "traceparent", "details", "cursor")
+_optional = operator.attrgetter(*_OPTIONAL)
 _TYPES = {t: events_pb2.EventType.Value(f"EVENT_TYPE_{t.name}") for t in EventType}
 #: Actors seen, as messages (a process meets a few: its callers' roles and its components).
 _ACTORS: dict[Actor, events_pb2.Actor] = {}
