@@ -12,7 +12,7 @@ import ssl
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
-from cassandra import ConsistencyLevel, DriverException, InvalidRequest
+from cassandra import ConsistencyLevel, DriverException, InvalidRequest, UnresolvableContactPoints
 from cassandra.auth import PlainTextAuthProvider
 from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, NoHostAvailable, Session
 from cassandra.policies import DCAwareRoundRobinPolicy, ExponentialReconnectionPolicy, TokenAwarePolicy
@@ -105,6 +105,16 @@ def connect(settings: CassandraSettings) -> tuple[Cluster, Session]:
         row_factory=named_tuple_rows,
     )
     auth = PlainTextAuthProvider(settings.username, settings.password) if settings.username else None
+    try:
+        return _connect(settings, profile, auth)
+    except UnresolvableContactPoints as e:  # the driver resolves the names here, before connecting
+        # Not a crash: a pod can start before cluster DNS answers (exit 1, CrashLoopBackOff, twice
+        # in a CI run). An outage like any other: NOT_SERVING, tried again.
+        raise BackendUnavailable("cassandra", f"no address for MAILQUEUE_CASSANDRA_HOSTS {','.join(settings.hosts)}: "
+                                 "check the names, and that DNS answers") from e
+
+
+def _connect(settings: CassandraSettings, profile: ExecutionProfile, auth: PlainTextAuthProvider | None) -> tuple[Cluster, Session]:
     cluster = Cluster(
         list(settings.hosts),
         ssl_context=tls_context(settings),
