@@ -9,6 +9,8 @@ import time
 from collections.abc import Callable, Mapping
 
 _STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
+#: The values MAILQUEUE_LOG_LEVEL takes (any case).
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 class JsonFormatter(logging.Formatter):
@@ -88,7 +90,7 @@ def level_of(env: Mapping[str, str]) -> str:
     """MAILQUEUE_LOG_LEVEL before the settings are read (INFO if it is none of Python's levels:
     the settings then refuse it, in a JSON line)."""
     level = env.get("MAILQUEUE_LOG_LEVEL", "INFO").upper()
-    return level if level in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL") else "INFO"
+    return level if level in LOG_LEVELS else "INFO"
 
 
 def configure(service: str, level: str = "INFO", worker: int = 0) -> None:

@@ -24,6 +24,7 @@ from services.adapters.s3.settings import S3Settings
 from services.domain import quotas
 from services.domain.errors import ConfigurationError
 from services.domain.settings import EventSettings, LimitSettings, ViewSettings
+from services.runtime.logs import LOG_LEVELS
 from services.runtime.server_settings import METRICS_PORT_OFFSET, ROLES, SERVICE_PORTS, ServerSettings, TLSSettings
 
 
@@ -313,6 +314,8 @@ def tls_from_env(env: Mapping[str, str] = os.environ) -> TLSSettings:
                        ("TLS_CLIENT_CA_FILE", t.client_ca_file), ("TLS_CA_FILE", t.ca_file)):
         if path and not os.path.isfile(path):
             raise ConfigurationError(f"MAILQUEUE_{name}={path}: no such file")
+        if path and not os.access(path, os.R_OK):
+            raise ConfigurationError(f"MAILQUEUE_{name}={path}: this process may not read it (its owner and mode)")
     _check_tls_files(t)
     return t
 
@@ -321,10 +324,6 @@ def _check_tls_files(t: TLSSettings) -> None:
     """The files load as gRPC will load them: else the server's bind fails with no reason, or a
     client's handshake does, long after the start."""
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    for name, path in (("TLS_CERT_FILE", t.cert_file), ("TLS_KEY_FILE", t.key_file),
-                       ("TLS_CLIENT_CA_FILE", t.client_ca_file), ("TLS_CA_FILE", t.ca_file)):
-        if path and not os.access(path, os.R_OK):
-            raise ConfigurationError(f"MAILQUEUE_{name}={path}: this process may not read it (its owner and mode)")
     if t.cert_file:
         try:  # an encrypted key is refused, not prompted for (gRPC cannot read one either)
             context.load_cert_chain(t.cert_file, t.key_file, password=lambda: b"")
@@ -353,7 +352,6 @@ def _tokens(env: Mapping[str, str]) -> dict[str, str]:
 
 
 #: The levels MAILQUEUE_LOG_LEVEL takes (Python's logging levels).
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 def _metrics_port(env: Mapping[str, str], port: int) -> int:
