@@ -20,6 +20,7 @@ import abc
 import asyncio
 import contextlib
 import dataclasses
+import gc
 import logging
 import os
 import signal
@@ -34,7 +35,7 @@ from prometheus_client import Gauge, start_http_server
 
 from services.adapters.grpc_channels import MAX_MESSAGE
 from services.domain.errors import BackendUnavailable, ConfigurationError
-from services.runtime import logs, workers
+from services.runtime import heap, logs, workers
 from services.runtime.auth import TokenAuth, check_exposure, check_transport
 from services.runtime.interceptors import ErrorsAndMetrics
 from services.runtime.settings import Settings
@@ -171,6 +172,8 @@ async def supervise(app: App, served: Served) -> None:
                 await app.connect()
                 app.connected = True
                 log.info("backends connected", extra={"attempts": attempt})
+                if heap.settle():  # what start-up made, the driver's schema metadata included, frozen
+                    log.debug("start-up heap frozen", extra={"frozen_objects": gc.get_freeze_count()})
             await checked(app)
             failures = 0
             if not serving:

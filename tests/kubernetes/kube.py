@@ -239,6 +239,17 @@ def host_pid(pod: dict) -> int:
     return int(json.loads(out)["info"]["pid"])
 
 
+def restart_evidence(pod: dict, lines: int = 40) -> str:
+    """Why a pod's container restarted: its whole last state (exit code, reason, times) and the
+    last lines the previous container wrote (kubectl logs --previous), for a failure message."""
+    name = pod["metadata"]["name"]
+    states = [f"{s['name']}: restartCount={s.get('restartCount')} lastState={json.dumps(s.get('lastState', {}))}"
+              for s in pod["status"].get("containerStatuses", [])]
+    previous = ns("logs", name, "--previous", f"--tail={lines}", check=False, timeout=30)
+    return "\n".join([f"pod {name}", *states, "previous container's last lines:",
+                      previous.stdout.strip() or previous.stderr.strip() or "(none)"])
+
+
 def restarts(pod_name: str) -> int:
     return get("pod", pod_name)["status"]["containerStatuses"][0]["restartCount"]
 

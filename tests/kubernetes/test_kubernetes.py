@@ -68,7 +68,8 @@ def test_every_deployment_becomes_available_under_the_kubelets_probes(applied):
             for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
                 assert "grpc" in container[probe], (c, probe)
             [status] = p["status"]["containerStatuses"]
-            assert status["started"] and status["ready"] and status["restartCount"] == 0, (c, status)
+            assert status["started"] and status["ready"], (c, status)
+            assert status["restartCount"] == 0, kube.restart_evidence(p)
             # The kubelet's gRPC probes reach the health service: the pod counts them.
             checks = kube.metric(p["status"]["podIP"], c, "mailqueue_rpc_total", method="Check")
             assert checks > 0, (c, p["metadata"]["name"])

@@ -1,0 +1,50 @@
+"""The collector once start-up is done (services/runtime/heap.py): frozen once, spaced out."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+
+from services.runtime import heap
+
+
+@pytest.fixture
+def restored(monkeypatch):
+    before = gc.get_threshold()
+    monkeypatch.setattr(heap, "_settled", False)
+    yield
+    gc.unfreeze()
+    gc.set_threshold(*before)
+
+
+def test_settle_freezes_what_exists_and_spaces_out_the_collections(restored):
+    kept = [[i] for i in range(1000)]  # tracked objects that outlive start-up
+    assert heap.settle() is True
+    assert gc.get_freeze_count() >= len(kept)
+    assert gc.get_threshold() == (heap.YOUNG, heap.MIDDLE, heap.OLD)
+
+
+def test_settle_runs_once_per_process(restored):
+    assert heap.settle() is True
+    frozen = gc.get_freeze_count()
+    garbage = [[i] for i in range(1000)]
+    assert heap.settle() is False  # a reconnection later does not freeze what the service made since
+    assert gc.get_freeze_count() == frozen
+    del garbage
+
+
+def test_a_cycle_made_after_settling_is_still_collected(restored):
+    heap.settle()
+
+    class Node:
+        pass
+
+    a, b = Node(), Node()
+    a.other, b.other = b, a
+    import weakref
+
+    gone = weakref.ref(a)
+    del a, b
+    gc.collect()
+    assert gone() is None
