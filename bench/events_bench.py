@@ -54,21 +54,33 @@ MODES = ("off", "true")
 METRICS = {"enqueue": 56061, "dequeue": 56062}
 
 
-def phase(a: argparse.Namespace, keyspace: str, mode: str, i: int) -> tuple[dict[str, Any], dict[str, Any]]:
-    """One mode: services started with MAILQUEUE_EVENTS=mode, enqueue then dequeue on a new queue."""
-    procs = start_services(keyspace, ["enqueue", "dequeue", "browse"], metrics=METRICS, extra={"MAILQUEUE_EVENTS": mode})
+def gc_seconds(service: str) -> float:
+    """The collector's time so far in the bench's ``service`` (services/runtime/heap.py)."""
+    return metric(METRICS[service], "mailqueue_gc_pause_seconds_total")
+
+
+def phase(a: argparse.Namespace, keyspace: str, mode: str, i: int,
+          extra: dict[str, str] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One mode: services started with MAILQUEUE_EVENTS=mode (and ``extra``), enqueue then dequeue
+    on a new queue. Each result's ``gc_ms``: the collector's ms per mail in the phase's service."""
+    procs = start_services(keyspace, ["enqueue", "dequeue", "browse"], metrics=METRICS,
+                           extra={"MAILQUEUE_EVENTS": mode, **(extra or {})})
     try:
         queue = bench_queue(f"bench-events-{mode}{i}")
         admin = admin_pb2_grpc.AdminServiceStub(grpc.insecure_channel(f"127.0.0.1:{PORTS['browse']}"))
         admin.CreateQueue(admin_pb2.CreateQueueRequest(queue=queue))
         services = {"enqueue_svc": procs[0].pid, "dequeue_svc": procs[1].pid, "browse_svc": procs[2].pid}
         settle(f"round {i + 1} events={mode} enqueue", a.settle)
+        gc_before = gc_seconds("enqueue")
         e = asyncio.run(via_grpc_many(queue, a.seconds, a.concurrency, a.size, a.warmup, services, a.batch,
                                       statements=functools.partial(cassandra_statements, METRICS["enqueue"])))
+        e["gc_ms"] = (gc_seconds("enqueue") - gc_before) * 1000 / max(e["ops"], 1)  # the warm-up's mails included
         settle(f"round {i + 1} events={mode} dequeue", a.settle)
+        gc_before = gc_seconds("dequeue")
         warmup = min(500, e["ops"] // 5)
         d = asyncio.run(dequeue_batched(queue, int(e["ops"]) - warmup, a.prefetch, warmup, services, a.batch,
                                         functools.partial(cassandra_statements, METRICS["dequeue"])))
+        d["gc_ms"] = (gc_seconds("dequeue") - gc_before) * 1000 / max(d["n"] + warmup, 1)
         # The event stream's messages from dequeue_svc (started for this mode: its counts are the
         # phase's), per mail it handed out; and the events each held.
         published = {u: metric(METRICS["dequeue"], "mailqueue_event_stream_published_total", unit=u) for u in ("messages", "events")}

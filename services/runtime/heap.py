@@ -11,12 +11,20 @@ in full collections (docs/pages/benchmarks.md, "The collector").
 ``gc.freeze()`` moves every object left into the permanent generation, which no collection walks;
 and the young generation is collected every ``YOUNG`` allocations. Reference counting frees most
 objects as before; only reference cycles wait longer for their collection (a full one about
-every ``YOUNG`` x 20 x 100 allocations, a few minutes at that rate).
+every ``YOUNG`` x 20 x 100 allocations, a few minutes at that rate). ``MAILQUEUE_GC_TUNED=false``
+leaves CPython's defaults.
+
+``count_pauses()`` counts the collector's time by generation,
+``mailqueue_gc_pause_seconds_total{generation}``: each collection stops the event loop for its
+length, so its rate is the share of a core the collector takes (bench/gc_bench.py compares both).
 """
 
 from __future__ import annotations
 
 import gc
+import time
+
+from prometheus_client import Counter
 
 #: Allocations (less deallocations) between collections of the young generation (CPython: 700).
 YOUNG = 10_000
@@ -24,6 +32,8 @@ YOUNG = 10_000
 MIDDLE, OLD = 20, 100
 
 _settled = False
+PAUSES = Counter("mailqueue_gc_pause_seconds_total", "Time the garbage collector ran, by generation", ["generation"])
+_started: list[float] = []
 
 
 def settle() -> bool:
@@ -36,3 +46,18 @@ def settle() -> bool:
     gc.freeze()
     gc.set_threshold(YOUNG, MIDDLE, OLD)
     return True
+
+
+def count_pauses() -> None:
+    """Count each collection's time in PAUSES (once per process; a callback costs about a
+    microsecond a collection)."""
+    if _on_collection not in gc.callbacks:
+        gc.callbacks.append(_on_collection)
+
+
+def _on_collection(phase: str, info: dict[str, int]) -> None:
+    if phase == "start":
+        _started[:] = [time.perf_counter()]
+    elif _started:
+        PAUSES.labels(str(info["generation"])).inc(time.perf_counter() - _started[0])
+        _started.clear()

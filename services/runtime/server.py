@@ -172,7 +172,7 @@ async def supervise(app: App, served: Served) -> None:
                 await app.connect()
                 app.connected = True
                 log.info("backends connected", extra={"attempts": attempt})
-                if heap.settle():  # what start-up made, the driver's schema metadata included, frozen
+                if app.settings.server.gc_tuned and heap.settle():  # start-up's objects, the driver's schema metadata among them
                     log.debug("start-up heap frozen", extra={"frozen_objects": gc.get_freeze_count()})
             await checked(app)
             failures = 0
@@ -213,6 +213,7 @@ async def checked(app: App) -> None:
 async def serve(app: App) -> None:
     s = app.settings.server
     logs.configure(app.name, s.log_level, worker=s.worker)
+    heap.count_pauses()
     for name, meant in app.settings.misspelled if s.worker <= 1 else ():  # said once for all workers
         log.warning("%s is set but not read: did you mean %s?", name, meant, extra={"variable": name, "meant": meant})
     watchdog = LoopWatchdog(asyncio.get_running_loop())

@@ -60,3 +60,5 @@ class ServerSettings:
     workers: int = 1
     #: In one of those processes: its index (1..workers), set by their supervisor; 0 otherwise.
     worker: int = 0
+    #: Start-up's objects frozen and young collections spaced out once serving (services/runtime/heap.py).
+    gc_tuned: bool = True

@@ -351,9 +351,6 @@ def _tokens(env: Mapping[str, str]) -> dict[str, str]:
     return parse_tokens(spec)
 
 
-#: The levels MAILQUEUE_LOG_LEVEL takes (Python's logging levels).
-
-
 def _metrics_port(env: Mapping[str, str], port: int) -> int:
     """MAILQUEUE_METRICS_PORT, by default the port + 1000: refused above 65535 with the variable to
     set (a port past 65535 was taken and wrapped around, or failed to bind with a traceback)."""
@@ -415,6 +412,9 @@ def server_from_env(service: str, env: Mapping[str, str] = os.environ) -> Server
         workers=_workers(env, port, service),
         #: Set by that supervisor in each worker's environment: the worker's index.
         worker=_int(env, "WORKER", 0, 0),
+        #: The collector set for a server once the backends are connected (services/runtime/heap.py);
+        #: false: CPython's defaults, as a library would have them.
+        gc_tuned=_bool(env, "GC_TUNED", True),
     )
 
 

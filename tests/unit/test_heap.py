@@ -48,3 +48,12 @@ def test_a_cycle_made_after_settling_is_still_collected(restored):
     del a, b
     gc.collect()
     assert gone() is None
+
+
+def test_each_collection_is_counted_by_generation():
+    heap.count_pauses()
+    heap.count_pauses()  # once per process, however often it is called
+    assert gc.callbacks.count(heap._on_collection) == 1
+    before = heap.PAUSES.labels("2")._value.get()
+    gc.collect()
+    assert heap.PAUSES.labels("2")._value.get() > before
