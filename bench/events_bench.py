@@ -105,17 +105,22 @@ def total_cpu(line: str) -> float:
     return max(float(re.search(r"; total ([0-9.]+)", line).group(1)), 1e-9)  # type: ignore[union-attr]
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def phase_arguments(p: argparse.ArgumentParser, seconds: float) -> None:
+    """The options ``phase`` reads, and the rounds (bench/gc_bench.py runs the same phases)."""
     p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--seconds", type=float, default=10)
+    p.add_argument("--seconds", type=float, default=seconds)
     p.add_argument("--warmup", type=float, default=3)
     p.add_argument("--concurrency", type=int, default=128)
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--prefetch", type=int, default=128)
     p.add_argument("--size", type=int, default=10 * 1024)
-    p.add_argument("--warm-rounds", type=int, default=1, help="rounds run first and left out of the figures (a warmed keyspace)")
     p.add_argument("--settle", type=float, default=60, help="seconds at most to wait for an idle stack before a phase")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    phase_arguments(p, seconds=10)
+    p.add_argument("--warm-rounds", type=int, default=1, help="rounds run first and left out of the figures (a warmed keyspace)")
     p.add_argument("--modes", default=",".join(MODES),
                    help="MAILQUEUE_EVENTS values, the first the base the others are compared with: off, true, "
                         "and, to tell the parts apart, history (no stream) and unwritten (events made, not written)")

@@ -17,21 +17,14 @@ import statistics
 import sys
 
 from bench.common import new_keyspace, report, run
-from bench.events_bench import phase
+from bench.events_bench import phase, phase_arguments
 
 SETTINGS = ("false", "true")
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--seconds", type=float, default=15)
-    p.add_argument("--warmup", type=float, default=3)
-    p.add_argument("--concurrency", type=int, default=128)
-    p.add_argument("--batch", type=int, default=32)
-    p.add_argument("--prefetch", type=int, default=128)
-    p.add_argument("--size", type=int, default=10 * 1024)
-    p.add_argument("--settle", type=float, default=60)
+    phase_arguments(p, seconds=15)
     p.add_argument("--events", default="true", help="MAILQUEUE_EVENTS of both settings' services")
     a = p.parse_args()
     keyspace = new_keyspace()
