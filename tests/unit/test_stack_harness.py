@@ -42,15 +42,12 @@ def test_a_mail_queue_has_a_work_queue_per_priority_class_and_a_dead_letter_queu
 def test_alive_needs_the_service_name_and_a_process_that_is_no_zombie():
     proc = subprocess.Popen([sys.executable, "-c", "import signal; signal.pause()", "-m", "blob_svc"])
     try:
-        deadline = time.monotonic() + 10
-        while not harness.alive(proc.pid, "blob") and time.monotonic() < deadline:
-            time.sleep(0.05)  # until its exec: before, /proc shows this process's command line
+        # Until its exec: before, /proc shows this process's command line.
+        harness.wait_until(lambda: harness.alive(proc.pid, "blob"), 10, what="the child's exec")
         assert harness.alive(proc.pid, "blob")
         assert not harness.alive(proc.pid, "browse")
         os.kill(proc.pid, signal.SIGKILL)
-        deadline = time.monotonic() + 10
-        while harness.alive(proc.pid, "blob") and time.monotonic() < deadline:
-            time.sleep(0.05)
+        harness.wait_until(lambda: not harness.alive(proc.pid, "blob"), 10, what="the killed child gone")
         assert not harness.alive(proc.pid, "blob")  # a zombie (not reaped yet) is gone
     finally:
         proc.kill()
@@ -85,9 +82,7 @@ def test_stop_sends_sigterm_then_sigkill_after_the_grace(fake, tmp_path):
     ready = tmp_path / "ready"
     stubborn = harness.Service("fake", {**fake, "FAKE_IGNORE_TERM": "1", "FAKE_READY": str(ready)}, harness.free_port())
     stubborn.start(wait=False)
-    deadline = time.monotonic() + 10
-    while not ready.exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
+    harness.wait_until(ready.exists, 10, what="the stand-in's SIGTERM handler set")
     assert ready.exists(), "the stand-in never set its SIGTERM handler"
     began = time.monotonic()
     stubborn.stop(grace=0.5)
