@@ -13,8 +13,8 @@ and the young generation is collected every ``YOUNG`` allocations. Reference cou
 objects as before; only reference cycles wait longer for their collection (a full one about
 every ``YOUNG`` x 20 x 100 allocations, a few minutes at that rate). A frozen object that later
 becomes part of cyclic garbage (the driver's metadata of a table whose schema changed) is never
-collected: the cost is bounded by what start-up made, once, since nothing made later is frozen. ``MAILQUEUE_GC_TUNED=false``
-leaves CPython's defaults.
+collected: the cost is bounded by what start-up made, once, since nothing made later is frozen.
+``MAILQUEUE_GC_TUNED=false`` leaves CPython's defaults.
 
 ``count_pauses()`` counts the collector's time by generation,
 ``mailqueue_gc_pause_seconds_total{generation}``: each collection stops the event loop for its

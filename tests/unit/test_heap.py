@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import weakref
 
 import pytest
 
@@ -42,8 +43,6 @@ def test_a_cycle_made_after_settling_is_still_collected(restored):
 
     a, b = Node(), Node()
     a.other, b.other = b, a
-    import weakref
-
     gone = weakref.ref(a)
     del a, b
     gc.collect()
