@@ -42,7 +42,7 @@ from services.domain import model
 from services.domain.slices import bucket_of, slice_start
 from services.runtime.settings import Settings
 
-#: enqueue_svc's Prometheus port: calls per group (services/app/grouping.py), per phase.
+#: enqueue_svc's Prometheus port: calls per group (services/app/enqueue_group.py), per phase.
 ENQUEUE_METRICS = 56163
 
 

@@ -1,13 +1,32 @@
-"""The writes of a group of mails (DESIGN §4), step by step for the whole group: inline content's
-blob writes, the view rows, the counters, the confirmed publishes, the ENQUEUED events, the
-idempotency commits. services/app/grouping.py forms the groups (a lone call is a group of one);
+"""Enqueue groups (DESIGN §4): concurrent enqueues formed into groups, and each group's writes
+taken step by step for all its mails together: inline content's blob writes, the view rows, the
+counters, the confirmed publishes, the ENQUEUED events, the idempotency commits.
 services/app/enqueuer.py checks each mail, claims its key and stores streamed content before.
 
-A mail is acknowledged only after its blob, its view row and its confirmed RabbitMQ message all
-exist. Small inline content (up to ``MAILQUEUE_SMALL_BLOB_BYTES``) also travels in the message,
-so its delivery reads no blob; the blob stays the content of record. Each mail keeps its own
-outcome: one that fails is undone (services/app/compensation.py) and answered with its error,
-and the others go on.
+Forming (``Grouper``): one Enqueue at a time from many connections (how SMTP servers send)
+reaches the server spread over time: each call's blob write, row write and publish would leave
+alone, one request and one network write each, and the backends pay per request. A call's item
+runs at once when fewer than ``running`` groups are running (a lone caller pays no wait);
+otherwise it waits, with every item that arrives meanwhile, until a running group finishes, and
+then they run as the next group, at most ``size`` to a group. So groups grow with the load by
+themselves, as the calls that arrive while the backends answer the groups before them. A caller
+that leaves (cancelled, its deadline passed) while its item waits takes it out of the group:
+nothing of it is written, and its idempotency claim, if any, is released
+(services/app/compensation.py). Once its group runs, the group finishes it, answered or not.
+
+Not one primitive with the view's group commit and group read
+(services/adapters/cassandra/group_commit.py, group_read.py), which gather one Cassandra request
+per partition or queue at the next loop turn and never withdraw an item: a Grouper gathers whole
+enqueues (blob, row and publish steps) across queues, runs a lone call at once, gives each item
+its own outcome and withdraws an item whose caller left, and it runs use-case steps in app/,
+which the adapters may not import.
+
+Writing (``GroupWrites.run_group``): each step for every mail of the group in the same
+event-loop turn. A mail is acknowledged only after its blob, its view row and its confirmed
+RabbitMQ message all exist. Small inline content (up to ``MAILQUEUE_SMALL_BLOB_BYTES``) also
+travels in the message, so its delivery reads no blob; the blob stays the content of record.
+Each mail keeps its own outcome: one that fails is undone (services/app/compensation.py) and
+answered with its error, and the others go on.
 """
 
 from __future__ import annotations
@@ -19,12 +38,12 @@ import logging
 import uuid
 from collections.abc import Callable, Sequence
 
-from prometheus_client import Counter
+from prometheus_client import Counter, Histogram
 
 from services.app import counters, mail_events
 from services.app.compensation import Attempt, Compensation
 from services.app.queue_state import QueueState
-from services.domain import history_keys, model, schedule, trace
+from services.domain import history_keys, model, trace, validation
 from services.domain.errors import PublishersBlocked
 from services.domain.settings import LimitSettings
 from services.domain.slices import bucket_of, slice_start
@@ -42,7 +61,7 @@ REFUSED_BLOCKED = Counter(
     "Enqueues refused at once, nothing written, while RabbitMQ blocks publishers (a memory or disk alarm)", ["queue"],
 )
 
-#: A producer's (deliver_at, delay), at most one set (services/domain/schedule.py).
+#: A producer's (deliver_at, delay), at most one set (services/domain/validation.py ``deliver_at``).
 Schedule = tuple[dt.datetime | None, dt.timedelta | None]
 
 
@@ -185,7 +204,7 @@ class GroupWrites:
         return model.QueuedMail(
             queue=it.queue, enqueue_id=enqueue_id, enqueued_at=now, mail=it.mail, blob_ids=blob_ids, size=size,
             slice_start=start, bucket=bucket_of(it.mail.name, str(enqueue_id), config.bucket_count),
-            deliver_at=schedule.deliver_at(now, *it.when), priority=it.priority, traceparent=it.traceparent,
+            deliver_at=validation.deliver_at(now, *it.when), priority=it.priority, traceparent=it.traceparent,
         )
 
 
@@ -198,3 +217,75 @@ def _survivors(live: list[int], outcomes: Sequence[object], failed: Callable[[in
         else:
             kept.append(i)
     return kept
+
+
+# ---------------------------------------------------------------------- forming the groups
+GROUP = Histogram("mailqueue_enqueue_grouped_calls", "Enqueues run together as one group",
+                  buckets=(1, 2, 4, 8, 16, 32, 64, 128))
+
+#: A waiting call: its mail and its answer.
+Entry = tuple[Pending, asyncio.Future[model.EnqueueResult]]
+
+
+class Grouper:
+    def __init__(self, writes: GroupWrites, compensation: Compensation, running: int = 1, size: int = 128) -> None:
+        self._writes, self._compensation = writes, compensation
+        self.running, self.size = running, size
+        self._waiting: list[Entry] = []
+        self._running: set[asyncio.Task[None]] = set()
+
+    async def submit(self, item: Pending) -> model.EnqueueResult:
+        """The outcome of ``item``, run in a group (its error raised as the call's own)."""
+        answer: asyncio.Future[model.EnqueueResult] = asyncio.get_running_loop().create_future()
+        entry = (item, answer)
+        if not self._waiting and len(self._running) < self.running:  # a lone call: a group of one, at once
+            self._start([entry])
+        else:
+            self._waiting.append(entry)
+            if len(self._running) < self.running:
+                self._next()
+        try:
+            return await asyncio.shield(answer)
+        except asyncio.CancelledError:
+            if entry in self._waiting:  # not started: nothing of it is written; its claim is released
+                self._waiting.remove(entry)
+                if item.key:
+                    self._compensation.undo_later(item.queue, item.key, item.enqueue_id, item.started)
+            raise
+
+    def _next(self) -> None:
+        group, self._waiting = self._waiting[:self.size], self._waiting[self.size:]
+        if group:
+            self._start(group)
+
+    def _start(self, group: list[Entry]) -> None:
+        GROUP.observe(len(group))
+        task = asyncio.ensure_future(self._run(group))
+        self._running.add(task)
+        task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self._running.discard(task)
+        if self._waiting and len(self._running) < self.running:
+            self._next()
+
+    async def _run(self, group: list[Entry]) -> None:
+        items = [item for item, _ in group]
+        try:
+            outcomes = await self._writes.run_group(items)
+        except BaseException as e:  # noqa: BLE001 - every caller of the group gets it
+            outcomes = [e] * len(group)
+        for (_, answer), outcome in zip(group, outcomes, strict=True):
+            if answer.done():
+                continue
+            if isinstance(outcome, BaseException):
+                answer.set_exception(outcome)
+                answer.add_done_callback(_retrieved)
+            else:
+                answer.set_result(outcome)
+
+
+def _retrieved(f: asyncio.Future) -> None:
+    """A caller that left does not read its answer: its error is not 'never retrieved'."""
+    if not f.cancelled():
+        f.exception()

@@ -7,8 +7,8 @@ refs, a stream) and however many a call carries (Enqueue, EnqueueMany, EnqueueBa
 2. With an idempotency key, its claim (services/app/key_claims.py): the earlier enqueue's result
    answered again, or this attempt's enqueue id.
 3. Content the call brings before the group: a stream put in the blob store, blob refs checked.
-4. The mail joins a group (``Grouper.submit``, services/app/grouping.py; a lone call is a group of
-   one, run at once) and ``GroupWrites.run_group`` (services/app/enqueue_group.py) takes each step
+4. The mail joins a group (``Grouper.submit``, services/app/enqueue_group.py; a lone call is a
+   group of one, run at once) and the group's ``GroupWrites.run_group`` takes each step
    for every mail of the group together: inline content's blob writes, the view rows, the
    counters, the confirmed publishes, the ENQUEUED events, the idempotency commits. Each mail
    keeps its own outcome.
@@ -31,12 +31,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from services.app import mail_events
 from services.app.compensation import Attempt, Compensation
-from services.app.enqueue_group import ENQUEUE_FAILED, GroupWrites, Pending, Schedule, refuse_if_blocked, to_millis
-from services.app.grouping import Grouper
+from services.app.enqueue_group import ENQUEUE_FAILED, Grouper, GroupWrites, Pending, Schedule, refuse_if_blocked, to_millis
 from services.app.key_claims import KeyClaims
 from services.app.queue_state import QueueState
 from services.app.quota_keeper import QuotaKeeper
-from services.domain import model, quotas, schedule, validation
+from services.domain import model, quotas, validation
 from services.domain.errors import BackendUnavailable, InvalidArgument, NotFound, ResourceExhausted
 from services.domain.settings import LimitSettings
 from services.ports.blobstore import BlobStore
@@ -68,7 +67,7 @@ class Enqueuer:
         self.claims = KeyClaims(view, limits)
         compensation = Compensation(view, self.claims)
         self._compensation = compensation
-        #: A lone call is a group of one (services/app/grouping.py, services/app/enqueue_group.py).
+        #: A lone call is a group of one (services/app/enqueue_group.py).
         self._grouper = Grouper(GroupWrites(view, broker, blobs, limits, state, self._events, compensation), compensation)
 
     # ------------------------------------------------------------------ the three content forms
@@ -180,7 +179,7 @@ class Enqueuer:
             validation.blob_id(b)
         validation.queue_name(item.queue)
         validation.mail(item.mail, self._limits)
-        schedule.deliver_at(model.utcnow(), *item.when)
+        validation.deliver_at(model.utcnow(), *item.when)  # refused beyond MAX_DELAY; the row takes it from its own time
         if len(item.key) > 256:
             raise InvalidArgument("idempotency_key is longer than 256 characters")
         await self._state.require_queue(item.queue)

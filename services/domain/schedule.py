@@ -69,15 +69,3 @@ def validate(p: RetryPolicy) -> RetryPolicy:
     if not dt.timedelta(0) < p.max_age <= MAX_DELAY:
         raise InvalidArgument(f"retry_policy.max_age must be above 0 and at most {human(MAX_DELAY)}")
     return p
-
-
-def deliver_at(now: dt.datetime, at: dt.datetime | None = None, delay: dt.timedelta | None = None) -> dt.datetime | None:
-    """A producer's schedule: None for now (unset, past or negative), else the instant.
-    InvalidArgument beyond MAX_DELAY."""
-    if delay is not None:
-        at = now + delay
-    if at is None or at <= now:
-        return None
-    if at - now > MAX_DELAY:
-        raise InvalidArgument(f"deliver_at / delay is more than {human(MAX_DELAY)} ahead")
-    return at

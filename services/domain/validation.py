@@ -6,9 +6,12 @@ the limit, so a producer knows what to fix.
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 import uuid
 
+from services.domain.delays import MAX_DELAY
+from services.domain.durations import human
 from services.domain.errors import InvalidArgument, ResourceExhausted
 from services.domain.model import NULL_SENDER, Mail
 from services.domain.settings import LimitSettings
@@ -101,3 +104,15 @@ def mail(m: Mail, limits: LimitSettings) -> Mail:
     if metadata > limits.max_metadata_bytes:
         raise ResourceExhausted(f"mail metadata is {metadata} bytes, over the limit of {limits.max_metadata_bytes}")
     return m
+
+
+def deliver_at(now: dt.datetime, at: dt.datetime | None = None, delay: dt.timedelta | None = None) -> dt.datetime | None:
+    """A producer's schedule (deliver_at or delay, at most one set): None for now (unset, past or
+    negative), else the instant. InvalidArgument beyond MAX_DELAY."""
+    if delay is not None:
+        at = now + delay
+    if at is None or at <= now:
+        return None
+    if at - now > MAX_DELAY:
+        raise InvalidArgument(f"deliver_at / delay is more than {human(MAX_DELAY)} ahead")
+    return at

@@ -162,7 +162,7 @@ def test_kill_9_of_enqueue_svc_mid_load_loses_no_acknowledged_mail(suite, keyspa
     e1 = ServiceProcess("enqueue", env)
     queue = suite.new_queue()
     stub = enqueue_pb2_grpc.EnqueueServiceStub(grpc.insecure_channel(e1.target))
-    # 24 producers at once: their calls run in groups (services/app/grouping.py), so the kill
+    # 24 producers at once: their calls run in groups (services/app/enqueue_group.py), so the kill
     # lands in the middle of groups too.
     load = Producers(lambda: stub.Enqueue(inline(queue, simple_mail(uuid.uuid4().hex)), timeout=10).receipt.enqueue_id, 24,
                      pause=0.05)

@@ -299,7 +299,7 @@ def test_rows_of_concurrent_enqueues_share_requests_and_every_one_lands(suite):
 
 def test_concurrent_unary_enqueues_run_as_groups_and_each_call_keeps_its_own_outcome(suite):
     # 200 single Enqueue calls at once, as SMTP servers send: the server runs them in groups
-    # (services/app/grouping.py), yet every call gets its own answer. The bad ones among them
+    # (services/app/enqueue_group.py), yet every call gets its own answer. The bad ones among them
     # are refused before any group and write nothing; every good one is in the view and the
     # queue once.
     queue = suite.new_queue()

@@ -7,7 +7,7 @@ services/adapters/cassandra/statement_kinds.py), read before and after the path'
 process suite (the services as processes; counter updates written at once, MAILQUEUE_COUNTER_FLUSH_S=0,
 so they are counted per mail here where production gathers them).
 
-Unary calls go one at a time: each is a group of its own (services/app/grouping.py), the most a
+Unary calls go one at a time: each is a group of its own (services/app/enqueue_group.py), the most a
 mail can cost. EnqueueMany and EnqueueBatches send every mail before reading an answer, so the
 server groups them (the batches' budget is what grouping saves; a change that stops it fails).
 """

@@ -1,10 +1,10 @@
-"""The unary-call grouper (services/app/grouping.py): pure asyncio, no backends."""
+"""The unary-call grouper (services/app/enqueue_group.py): pure asyncio, no backends."""
 
 import asyncio
 import dataclasses
 from collections.abc import Sequence
 
-from services.app.grouping import Grouper
+from services.app.enqueue_group import Grouper
 
 
 class Runner:

@@ -46,11 +46,3 @@ def test_policies_out_of_bounds_are_refused(change):
 
 def test_the_defaults_are_valid():
     assert schedule.validate(RetryPolicy()) == RetryPolicy()
-
-
-def test_a_producer_schedule_in_the_past_is_now_and_beyond_a_year_is_refused():
-    assert schedule.deliver_at(T0, T0 - S) is None
-    assert schedule.deliver_at(T0, delay=-S) is None
-    assert schedule.deliver_at(T0, delay=10 * S) == T0 + 10 * S
-    with pytest.raises(InvalidArgument, match="ahead"):
-        schedule.deliver_at(T0, T0 + dt.timedelta(days=367))

@@ -1,4 +1,5 @@
 import dataclasses
+import datetime as dt
 
 import pytest
 
@@ -101,3 +102,15 @@ def test_echoed_values_are_truncated():
     with pytest.raises(InvalidArgument) as e:
         validation.queue_name("q" * 10240)
     assert len(str(e.value)) < 300 and "(10242 characters)" in str(e.value)
+
+
+T0 = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
+S = dt.timedelta(seconds=1)
+
+
+def test_a_producer_schedule_in_the_past_is_now_and_beyond_a_year_is_refused():
+    assert validation.deliver_at(T0, T0 - S) is None
+    assert validation.deliver_at(T0, delay=-S) is None
+    assert validation.deliver_at(T0, delay=10 * S) == T0 + 10 * S
+    with pytest.raises(InvalidArgument, match="ahead"):
+        validation.deliver_at(T0, T0 + dt.timedelta(days=367))

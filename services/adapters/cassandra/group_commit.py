@@ -3,7 +3,7 @@
 Not the same primitive as group_read.py, though both send what one key gathers by the next loop
 turn: a write batch is one atomic request with one outcome for all its callers and at most
 ``IN_FLIGHT`` per partition (the rest waits for one to finish), where a read sends all that waits
-at once with no bound and hands each caller its own row; nor services/app/grouping.py's Grouper
+at once with no bound and hands each caller its own row; nor services/app/enqueue_group.py's Grouper
 (see there).
 
 Under load, many enqueues write a row into the same (queue, slice, bucket) partition at about

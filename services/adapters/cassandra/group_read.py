@@ -4,7 +4,7 @@ Not the same primitive as group_commit.py, though both send what one key gathers
 loop turn: a read changes nothing, so all that waits leaves at once with no bound in flight, its
 keys deduplicated into one IN query whose rows go back each to its own caller, where a write batch
 keeps at most ``IN_FLIGHT`` per partition and gives one outcome to all; nor services/app/
-grouping.py's Grouper (see there).
+enqueue_group.py's Grouper (see there).
 
 Dequeue reads every delivered mail's deleted mark (``deleted_mails``); RabbitMQ hands a consumer
 its prefetch in bursts, and browse checks a slice's marks 64 at a time. Each request costs the
