@@ -49,6 +49,35 @@ def _close_opened(fut: asyncio.Future[Channel]) -> None:
         fut.result().close()
 
 
+class CoalescingConnection(AsyncioConnection):
+    """pika's asyncio connection, writing the frames of one event-loop turn as one chunk.
+
+    pika hands its transport each frame apart (a publish is three: method, header and body; an
+    ack one), and the transport sends each with a send() of its own: over TLS, a record and a
+    system call per frame. Here the frames emitted in one loop turn are joined and given to the
+    transport once, at the next turn: a group's publishes, or a batch's acks, leave in one write
+    (tests/integration/test_broker_writes.py counts them). Order is kept; what is still held when
+    the stream is brought down is written first."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._held: list[bytes] = []
+        super().__init__(*args, **kwargs)
+
+    def _adapter_emit_data(self, data: bytes) -> None:
+        if not self._held:
+            self.ioloop.call_soon(self._write_held)
+        self._held.append(data)
+
+    def _write_held(self) -> None:
+        held, self._held = self._held, []
+        if held and self._transport is not None:
+            super()._adapter_emit_data(held[0] if len(held) == 1 else b"".join(held))
+
+    def _adapter_disconnect_stream(self) -> None:
+        self._write_held()
+        super()._adapter_disconnect_stream()
+
+
 def _nothing(*_args: Any) -> None:
     return None
 
@@ -120,7 +149,7 @@ class NodeConnection:
             if not fut.done():
                 fut.set_exception(unavailable(f"cannot connect ({str(err) or type(err).__name__})"))
 
-        conn = AsyncioConnection(
+        conn = CoalescingConnection(
             params,
             on_open_callback=resolver(fut),
             on_open_error_callback=on_error,
