@@ -3,7 +3,7 @@ process, no backend call), against what a mail costs enqueue_svc on the benchmar
 
     .venv/bin/python -m bench.quota_bench [--mails 200000]
     .venv/bin/python -m bench.quota_bench --end-to-end [--seconds 10] [--warmup 3] [--concurrency 64] [--batch 32]
-    .venv/bin/python -m bench.quota_bench --fairness [--rounds 6] [--seconds 10] [--beta-rate 100] [--acme-rate 20] [--over 10]
+    .venv/bin/python -m bench.quota_bench --fairness [--rounds 6] [--seconds 10] [--beta-rate 100] [--acme-rate 20] [--over 10] [--workers 1]
 
 A QuotaKeeper is given a snapshot by hand (no store: the refresh runs once a second, not per
 mail) and checks ``--mails`` mails in three cases: no quota at all; quotas that do not apply to the
@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import subprocess
 import sys
 import time
@@ -133,12 +132,12 @@ def fairness(a: argparse.Namespace) -> None:
     import grpc
 
     from bench import enqueue_bench as eb
-    from bench.common import PORTS, bench_queue, metric, new_keyspace, settle, start_services, stop
+    from bench.common import PORTS, bench_queue, metric, new_keyspace, settle, start_services, stop, tree_cpu_seconds
     from mailqueue.v1 import admin_pb2, admin_pb2_grpc, quotas_pb2
 
     tokens = f"producer@acme:{ACME},producer@beta:{BETA},admin:{OPERATOR}"
     procs = start_services(new_keyspace(), ["blob", "enqueue", "browse"], metrics={"enqueue": eb.ENQUEUE_METRICS},
-                           extra={"MAILQUEUE_TOKENS": tokens})
+                           extra={"MAILQUEUE_TOKENS": tokens, "MAILQUEUE_WORKERS": str(a.workers)})
     operator = (("authorization", f"Bearer {OPERATOR}"),)
     admin = admin_pb2_grpc.AdminServiceStub(grpc.insecure_channel(f"127.0.0.1:{PORTS['browse']}"))
     queue = bench_queue("bench-fair")
@@ -146,17 +145,18 @@ def fairness(a: argparse.Namespace) -> None:
     for tenant, rate in (("acme", a.acme_rate), ("beta", 1e6)):
         q = quotas_pb2.Quota(kind=quotas_pb2.QUOTA_KIND_TENANT, subject=tenant, mails_per_s=rate, burst_mails=max(1, int(rate / 4)))
         admin.SetQuota(admin_pb2.SetQuotaRequest(quota=q), metadata=operator)
-    wait_metric(lambda: metric(eb.ENQUEUE_METRICS, "mailqueue_quota_limit", kind="tenant", subject="acme") == a.acme_rate)
+    # the limit gauge has a series per worker (services/runtime/workers.py): every one has the quota
+    wait_metric(lambda: metric(eb.ENQUEUE_METRICS, "mailqueue_quota_limit", kind="tenant", subject="acme") == a.acme_rate * a.workers)
     async def round_(case: str) -> tuple[list[float], list[str], list[str], float]:
         """Beta's calls from this process; acme's from a process of its own (as another tenant's
         client would be: its client work does not slow beta's); enqueue_svc's CPU over the round."""
         acme_rate = {"alone": 0.0, "acme at its rate": a.acme_rate * 0.9, "acme over": a.acme_rate * a.over}[case]
         acme = subprocess.Popen([sys.executable, "-m", "bench.quota_bench", "--acme-load", str(acme_rate), "--queue", queue,
                                  "--seconds", str(a.seconds)], stdout=subprocess.PIPE, text=True) if acme_rate else None
-        cpu = cpu_s(procs[1].pid)
+        cpu = tree_cpu_seconds(procs[1].pid)  # with its workers
         lat, codes = await paced(queue, "fair", BETA, a.beta_rate, a.seconds)
         acme_codes = json.loads(acme.communicate(timeout=120)[0]) if acme else []
-        return lat, codes, acme_codes, cpu_s(procs[1].pid) - cpu
+        return lat, codes, acme_codes, tree_cpu_seconds(procs[1].pid) - cpu
 
     cases = ("alone", "acme at its rate", "acme over")
     beta: dict[str, list[float]] = {c: [] for c in cases}
@@ -180,7 +180,7 @@ def fairness(a: argparse.Namespace) -> None:
     finally:
         stop(procs)
     print(f"\nbeta {a.beta_rate:.0f} mails/s (10 KiB, unary, paced), acme's rate {a.acme_rate:.0f}/s; {a.rounds} rounds of "
-          f"{a.seconds:.0f} s per case, the cases rotated")
+          f"{a.seconds:.0f} s per case, the cases rotated; enqueue_svc with {a.workers} worker(s)")
     print("| case | beta mails | beta p50 ms | beta p99 ms | of alone | median of per-round p99 ms | beta refused | acme refused "
           "| enqueue_svc CPU, share of a core |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -188,13 +188,6 @@ def fairness(a: argparse.Namespace) -> None:
         print(f"| {case} | {len(beta[case])} | {1000 * pct(beta[case], 0.5):.1f} | {1000 * p99(beta[case]):.1f} | "
               f"{p99(beta[case]) / p99(beta['alone']):.3f} | {1000 * sorted(per_round[case])[len(per_round[case]) // 2]:.1f} | "
               f"{beta_refused[case]} | {acme_refused[case]} | {enqueue_cpu[case] / (a.rounds * a.seconds):.2f} |")
-
-
-def cpu_s(pid: int) -> float:
-    """User and system CPU seconds of a process so far."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def acme_load(a: argparse.Namespace) -> None:
@@ -271,6 +264,7 @@ def main() -> None:
     p.add_argument("--beta-rate", type=float, default=100)
     p.add_argument("--acme-rate", type=float, default=20)
     p.add_argument("--over", type=float, default=10)
+    p.add_argument("--workers", type=int, default=1, help="--fairness: enqueue_svc's worker processes (MAILQUEUE_WORKERS)")
     p.add_argument("--acme-load", type=float, default=0.0, help=argparse.SUPPRESS)
     p.add_argument("--queue", default="", help=argparse.SUPPRESS)
     a = p.parse_args()

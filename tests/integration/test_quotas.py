@@ -137,8 +137,8 @@ def test_two_replicas_share_a_tenant_rate(quota_suite):
     set_quota(s, kind=kind("tenant"), subject="acme", mails_per_s=rate, burst_mails=burst)
     wait_until(lambda: all(r.metric("mailqueue_quota_limit", kind="tenant", subject="acme") == rate for r in s.replicas),
                timeout=PROPAGATION_S * 2, what="the quota on both replicas")
-    # When each replica is offered as many mails as two clients can send, for 10 s
-    window, accepted, done, refused, lock = 10.0, [0, 0], [], [], threading.Lock()
+    # When each replica is offered as many mails as two clients can send, for 20 s
+    window, accepted, done, refused, lock = 20.0, [0, 0], [], [], threading.Lock()
     start = time.monotonic()
 
     def offer(n: int) -> None:
@@ -158,12 +158,14 @@ def test_two_replicas_share_a_tenant_rate(quota_suite):
         t.start()
     for t in threads:
         t.join()
-    # Then the total accepted stays within limit x time + burst (+5 %), time running from the first
-    # offer to the last accepted answer (every accepted mail was checked in between), and some were
-    # refused; each replica took more than its half of the burst (both enforce a share).
+    # Then the total accepted is limit x time + burst within 5 %, either way (more is a limit not
+    # shared; fewer, a share left unused), time running from the first offer to the last accepted
+    # answer (every accepted mail was checked in between), and some were refused; each replica
+    # took more than its half of the burst (both enforce a share).
     elapsed = max(done) - start
-    print(f"accepted {accepted} in {elapsed:.2f} s (bound {rate * elapsed + burst:.1f}), refused {len(refused)}")
-    assert sum(accepted) <= 1.05 * (rate * elapsed + burst)
+    bound = rate * elapsed + burst
+    print(f"accepted {accepted} in {elapsed:.2f} s (bound {bound:.1f}: {sum(accepted) / bound:.3f} of it), refused {len(refused)}")
+    assert 0.95 * bound <= sum(accepted) <= 1.05 * bound
     assert min(accepted) > burst / 2
     assert refused and all(e.code() == EXHAUSTED for e in refused)
     # And each refusal tells how long to wait and which quota, decoded by the stock library
