@@ -2,10 +2,16 @@
 
 Shared, at no backend call per mail: every enqueue process (a **member**) writes a heartbeat
 (TTL ``MEMBER_TTL_S``) and reads the quotas and the members every ``REFRESH_S``
-(services/ports/quotas.py); with N members each enforces ``rate / N`` with ``burst / N``, so the
-members together accept at most ``rate * t + burst`` (plus one mail per member when the burst is
-below N). A new member refuses rate-limited mail (retry after the rest of ``JOIN_AFTER_S``) until
-every other member has seen it and re-split; a killed member's share returns to the others within
+(services/ports/quotas.py). The heartbeat carries the member's **demand**: the mails and bytes a
+second each quota was asked for since the last one, refused ones included. Each member enforces
+its fraction of every rate (services/domain/quotas.py ``fraction``: a tenth split evenly, the rest
+max-min fair by demand; ``rate / N`` when none asks), the burst in proportion; the fractions add
+up to 1, so the members together accept at most ``rate * t + burst`` (plus one mail per member
+when the burst is below N), give or take a refresh while the demand moves. A tenant whose calls
+all reach one replica (one long-lived gRPC connection) is served its whole rate there.
+
+A new member refuses rate-limited mail (retry after the rest of ``JOIN_AFTER_S``) until every
+other member has seen it and re-split; a killed member's share returns to the others within
 ``MEMBER_TTL_S``.
 
 **How fast a change reaches every replica:** a quota set, changed or cleared is enforced by every
@@ -24,7 +30,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 
 from prometheus_client import Counter, Gauge
 
@@ -67,6 +73,9 @@ class QuotaKeeper:
         self._depth: dict[str, quotas.Depth] = {}
         self._members = 1
         self._seen_since: float | None = None
+        #: What each quota was asked for since the last heartbeat (demand key -> mails or bytes).
+        self._asked: dict[str, float] = {}
+        self._asked_since = time.monotonic()
         #: Refreshed at least once (until then no quota is known: nothing is refused).
         self.loaded = False
 
@@ -91,27 +100,42 @@ class QuotaKeeper:
             await asyncio.sleep(REFRESH_S)
 
     async def refresh(self) -> None:
-        await self._store.heartbeat(self.member, MEMBER_TTL_S)
+        now = time.monotonic()
+        asked, since = self._asked, self._asked_since
+        self._asked, self._asked_since = {}, now  # what comes meanwhile counts for the next heartbeat
+        demand = {k: v / max(now - since, 1e-3) for k, v in asked.items()}
+        try:
+            await self._store.heartbeat(self.member, MEMBER_TTL_S, demand)
+        except BaseException:  # not said: counted again with the next one
+            for k, v in asked.items():
+                self._asked[k] = self._asked.get(k, 0.0) + v
+            self._asked_since = since
+            raise
         snap = await self._store.snapshot()
         depth = {}
         for q in snap.quotas:
             if q.kind == "queue" and q.has_depth:
                 depth[q.subject] = await self._depth_of(q.subject)
-        self.apply(snap, depth)
+        self.apply(snap, depth, demand)
 
     async def leave(self) -> None:
         await self._store.leave(self.member)
 
-    def apply(self, snap: QuotaSnapshot, depth: dict[str, quotas.Depth]) -> None:
+    def apply(self, snap: QuotaSnapshot, depth: dict[str, quotas.Depth], own: Mapping[str, float] | None = None) -> None:
         """Take a snapshot in: the quotas, this member's split of their rates (a limiter whose
-        rate changed keeps its state), the depths."""
+        rate changed keeps its state), the depths. ``own``: this member's demand, for when its
+        heartbeat is not in the snapshot yet."""
         # Once seen, a member stays joined: its heartbeat may expire between a slow write and the
         # read (a loaded store), and refusing every rated mail meanwhile would be worse than the
         # others' larger share for that moment.
         if self.member in snap.members:
             self._seen_since = self._seen_since or time.monotonic()
-        self._members = len(set(snap.members) | {self.member})
+        members = set(snap.members) | {self.member}
+        self._members = len(members)
         MEMBERS.set(self._members)
+        demand = dict(snap.demand)
+        if self.member not in demand and own is not None:
+            demand[self.member] = own
         for (kind, subject) in set(self._quotas) - {q.key for q in snap.quotas}:
             for limit in ("mails_per_s", "bytes_per_s", "max_queued_mails", "max_queued_bytes"):
                 for g in (LIMIT, USE):
@@ -125,7 +149,10 @@ class QuotaKeeper:
         self._quotas = {q.key: q for q in snap.quotas}
         limiters = {}
         for q in snap.quotas:
-            for what, (rate, burst) in quotas.split(q, self._members).items():
+            fractions = {what: quotas.fraction(rate, {m: demand.get(m, {}).get(demand_key(q.key, what), 0.0) for m in members},
+                                               self.member)
+                         for what, rate in (("mails", q.mails_per_s), ("bytes", q.bytes_per_s)) if rate is not None}
+            for what, (rate, burst) in quotas.split(q, fractions).items():
                 found = self._limiters.get((q.key, what))
                 if found is None:
                     found = quotas.Gcra(rate, burst)
@@ -159,6 +186,11 @@ class QuotaKeeper:
         applying = quotas.applying(self._quotas, facts)
         if not applying:
             return
+        for q in applying:  # the demand, refused or not: what this member's share should be
+            if q.mails_per_s is not None:
+                self._ask(q.key, "mails", 1.0)
+            if q.bytes_per_s is not None and facts.size:
+                self._ask(q.key, "bytes", float(facts.size))
         wait = self._joining()
         if wait is not None and any(q.mails_per_s or q.bytes_per_s for q in applying):
             q = next(q for q in applying if q.mails_per_s or q.bytes_per_s)
@@ -175,6 +207,7 @@ class QuotaKeeper:
             limiter = self._limiters.get((q.key, "bytes"))
             if limiter is not None:
                 limiter.take(now, facts.size)
+                self._ask(q.key, "bytes", float(facts.size))
 
     def refund(self, facts: quotas.Facts) -> None:
         """Give back what ``check`` took for a mail that was not enqueued after all (an idempotent
@@ -185,6 +218,10 @@ class QuotaKeeper:
                 limiter = self._limiters.get((q.key, what))
                 if limiter is not None:
                     limiter.give_back(now, cost)
+
+    def _ask(self, key: tuple[str, str], what: str, amount: float) -> None:
+        name = demand_key(key, what)
+        self._asked[name] = self._asked.get(name, 0.0) + amount
 
     def _joining(self) -> float | None:
         if self._members == 1 and self._seen_since is not None:
@@ -197,3 +234,8 @@ class QuotaKeeper:
     def _refuse(self, refusal: quotas.Refusal) -> None:
         REFUSED.labels(refusal.kind, refusal.subject, refusal.limit).inc()
         raise quotas.QuotaExceeded(refusal)
+
+
+def demand_key(key: tuple[str, str], what: str) -> str:
+    """A quota's rate ("mails" or "bytes") as a heartbeat names its demand: ``kind|subject|what``."""
+    return f"{key[0]}|{key[1]}|{what}"

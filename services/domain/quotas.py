@@ -13,9 +13,11 @@
 A mail is refused when any quota that applies to it would be exceeded; a refused mail takes
 nothing from any quota. The decision says which quota and subject refused, and how long to wait.
 
-Shared across enqueue replicas by splitting (services/app/quota_keeper.py): with N live members
-each one enforces ``rate / N`` with ``burst / N`` (at least one mail), so N replicas together
-accept at most ``rate * t + max(burst, N)`` mails in any ``t`` (bytes: plus one mail's size each).
+Shared across enqueue replicas by splitting (services/app/quota_keeper.py): each live member
+enforces its ``fraction`` of every rate (by the members' demand at the last refresh; ``rate / N``
+when none asks) with the burst in proportion (at least one mail); the fractions add up to 1, so
+N replicas together accept at most ``rate * t + max(burst, N)`` mails in any ``t`` (bytes: plus
+one mail's size each), give or take a refresh while the demand moves.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from __future__ import annotations
 import contextvars
 import dataclasses
 import re
+from collections.abc import Mapping
 
 from services.domain.errors import InvalidArgument, ResourceExhausted
 from services.domain.validation import queue_name, shown
@@ -204,18 +207,51 @@ class Gcra:
         return min(1.0, max(0.0, self.tat - now) * self.rate / self.burst) if self.burst else 0.0
 
 
-def split(quota: Quota, members: int) -> dict[str, tuple[float, float]]:
-    """This member's part of ``quota``'s rates with ``members`` live members: {"mails" or "bytes":
-    (rate, burst)}, each ``1/members`` of the whole; a burst never below one mail (a mail's bytes
-    pass an idle limiter whatever their number). Depth limits are not split: they are checked
-    against the queue's shared counters."""
-    n = max(members, 1)
+#: Of each rate, the part every member holds whatever its demand, split equally: a client that
+#: starts sending through an idle member is served at once, before the next refresh shows its demand.
+RESERVE = 0.1
+
+
+def fraction(rate: float, demands: Mapping[str, float], member: str) -> float:
+    """``member``'s fraction of ``rate`` among the members of ``demands`` (member -> mails, or
+    bytes, a second it was asked for at the last refresh, refused ones included): RESERVE of the
+    rate split equally, the rest max-min fair by demand (no member gets more than it asks while
+    another asks for more than its even part), and what nobody asks for split equally. Every
+    member computes the same fractions from the same heartbeats, and they add up to 1.
+
+    So a tenant whose connections all reach one replica (gRPC keeps a connection, and a Service
+    balances connections, not calls) is served its whole rate there, not ``rate / N``."""
+    n = len(demands)
+    if n <= 1 or rate <= 0:
+        return 1.0 if n <= 1 else 1.0 / n
+    left, given = rate * (1 - RESERVE), 0.0
+    for i, (m, asked) in enumerate(sorted(demands.items(), key=lambda kv: (kv[1], kv[0]))):
+        part = min(max(asked, 0.0), left / (n - i))
+        left -= part
+        if m == member:
+            given = part
+    return (given + left / n + rate * RESERVE / n) / rate
+
+
+def split(quota: Quota, fractions: Mapping[str, float]) -> dict[str, tuple[float, float]]:
+    """This member's part of ``quota``'s rates, given its fraction of each (``fraction``; "mails"
+    and "bytes", 1 when absent): {"mails" or "bytes": (rate, burst)}, the burst in the rate's
+    proportion and never below one mail (a mail's bytes pass an idle limiter whatever their
+    number). Depth limits are not split: they are checked against the queue's shared counters."""
     out: dict[str, tuple[float, float]] = {}
     if quota.mails_per_s is not None:
-        out["mails"] = (quota.mails_per_s / n, max(quota.burst_mails / n, 1.0))
+        f = fractions.get("mails", 1.0)
+        out["mails"] = (quota.mails_per_s * f, max(quota.burst_mails * f, 1.0))
     if quota.bytes_per_s is not None:
-        out["bytes"] = (quota.bytes_per_s / n, quota.burst_bytes / n)
+        f = fractions.get("bytes", 1.0)
+        out["bytes"] = (quota.bytes_per_s * f, quota.burst_bytes * f)
     return out
+
+
+def even(members: int) -> dict[str, float]:
+    """Fractions of ``members`` members that split every rate evenly."""
+    f = 1.0 / max(members, 1)
+    return {"mails": f, "bytes": f}
 
 
 def applying(quotas: dict[tuple[str, str], Quota], facts: Facts) -> list[Quota]:

@@ -4,6 +4,7 @@ operators' quotas and the live enqueue members' heartbeats, read together in one
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Protocol
 
 from services.domain import quotas
@@ -12,8 +13,11 @@ from services.domain import quotas
 @dataclasses.dataclass(frozen=True)
 class QuotaSnapshot:
     quotas: tuple[quotas.Quota, ...] = ()
-    #: The enqueue members whose heartbeat is live (each splits the rates by their number).
+    #: The enqueue members whose heartbeat is live (they split the rates among them).
     members: tuple[str, ...] = ()
+    #: What each member was asked for at its last heartbeat: member -> {demand key -> per second}
+    #: (services/app/quota_keeper.py ``demand_key``); a member that said nothing asks for nothing.
+    demand: Mapping[str, Mapping[str, float]] = dataclasses.field(default_factory=dict)
 
 
 class QuotaStore(Protocol):
@@ -25,7 +29,8 @@ class QuotaStore(Protocol):
     async def clear_quota(self, kind: str, subject: str) -> bool:
         """True when the quota existed."""
 
-    async def heartbeat(self, member: str, ttl_s: int) -> None:
-        """``member`` enqueues; it is one until ``ttl_s`` after its last heartbeat."""
+    async def heartbeat(self, member: str, ttl_s: int, demand: Mapping[str, float] | None = None) -> None:
+        """``member`` enqueues; it is one until ``ttl_s`` after its last heartbeat. ``demand``:
+        the mails and bytes a second it was asked for since the last one, by demand key."""
 
     async def leave(self, member: str) -> None: ...

@@ -178,6 +178,41 @@ def test_two_replicas_share_a_tenant_rate(quota_suite):
                timeout=PROPAGATION_S * 2, what="acme's quota gone from both replicas (the next tests send as acme)")
 
 
+def test_a_tenant_whose_calls_reach_one_replica_is_served_its_whole_rate(quota_suite):
+    # Given acme limited to 4 mails/s with a burst of 2 across both replicas, and every call of
+    # acme reaching replica 0 (one client connection: a Service balances connections, not calls)
+    s = quota_suite
+    queue = s.new_queue()
+    rate, burst = 4, 2
+    set_quota(s, kind=kind("tenant"), subject="acme", mails_per_s=rate, burst_mails=burst)
+    wait_until(lambda: all(r.metric("mailqueue_quota_limit", kind="tenant", subject="acme") == rate for r in s.replicas),
+               timeout=PROPAGATION_S * 2, what="the quota on both replicas")
+    # When one client offers replica 0 as many mails as it can, for 15 s
+    window, accepted, done, refused = 15.0, 0, [], []
+    start = time.monotonic()
+    i = 0
+    while time.monotonic() < start + window:
+        i += 1
+        e = enqueue(s.stubs[0], inline(queue, simple_mail(f"one{i}")))
+        if e is None:
+            accepted += 1
+            done.append(time.monotonic())
+        else:
+            refused.append(e)
+    # Then replica 0 serves about the whole rate, not its even half: the replicas' heartbeats
+    # carry what each was asked for, and the rate follows the demand within a refresh or two
+    # (even halves: about 0.5 of the bound), never above the bound (+5 %)
+    elapsed = max(done) - start
+    bound = rate * elapsed + burst
+    print(f"accepted {accepted} in {elapsed:.2f} s through one replica (bound {bound:.1f}: {accepted / bound:.3f} of it), "
+          f"refused {len(refused)}")
+    assert 0.8 * bound <= accepted <= 1.05 * bound
+    assert refused and all(e.code() == EXHAUSTED for e in refused)
+    assert clear_quota(s, "tenant", "acme")
+    wait_until(lambda: all(r.metric("mailqueue_quota_limit", kind="tenant", subject="acme") == 0 for r in s.replicas),
+               timeout=PROPAGATION_S * 2, what="acme's quota gone from both replicas (the next tests send as acme)")
+
+
 def test_a_change_reaches_every_replica_within_the_bound(quota_suite):
     s = quota_suite
     queue = s.new_queue()

@@ -9,7 +9,7 @@ from services.domain.errors import InvalidArgument
 
 
 def _limiters(quota: q.Quota, members: int = 1) -> dict[tuple[tuple[str, str], str], q.Gcra]:
-    return {(quota.key, what): q.Gcra(rate, burst) for what, (rate, burst) in q.split(quota, members).items()}
+    return {(quota.key, what): q.Gcra(rate, burst) for what, (rate, burst) in q.split(quota, q.even(members)).items()}
 
 
 def test_gcra_passes_burst_then_the_rate():
@@ -37,11 +37,43 @@ def test_gcra_bound_over_a_window():
 
 def test_split_among_members_keeps_the_total():
     quota = q.Quota("tenant", "acme", mails_per_s=10, burst_mails=6, bytes_per_s=1000, burst_bytes=4000)
-    parts = q.split(quota, 2)
+    parts = q.split(quota, q.even(2))
     assert parts["mails"] == (5, 3)
     assert parts["bytes"] == (500, 2000)
     # a burst is never below one mail
-    assert q.split(q.Quota("tenant", "acme", mails_per_s=10), 4)["mails"] == (2.5, 1.0)
+    assert q.split(q.Quota("tenant", "acme", mails_per_s=10), q.even(4))["mails"] == (2.5, 1.0)
+    # a member's fraction of each rate: its rate and its burst in proportion
+    parts = q.split(quota, {"mails": 0.95, "bytes": 0.25})
+    assert parts["mails"] == pytest.approx((9.5, 5.7)) and parts["bytes"] == pytest.approx((250, 1000))
+
+
+def test_fraction_follows_the_demand_and_adds_up_to_one():
+    # Given two members and a rate of 20/s: nobody asking splits it evenly
+    assert q.fraction(20, {"a": 0, "b": 0}, "a") == pytest.approx(0.5)
+    # A tenant whose calls all reach member a (one connection) is served there: 18 of 20 asked
+    # at a, none at b -> a holds 18 plus half the reserve (19/20), b the other half (1/20)
+    assert q.fraction(20, {"a": 18, "b": 0}, "a") == pytest.approx(0.95)
+    assert q.fraction(20, {"a": 18, "b": 0}, "b") == pytest.approx(0.05)
+    # Both asking more than their even part: even, however lopsided (max-min fair)
+    assert q.fraction(20, {"a": 200, "b": 30}, "a") == pytest.approx(0.5)
+    # One asking less than its even part keeps what it asks (and its reserve); the other the rest
+    assert q.fraction(20, {"a": 200, "b": 4}, "b") == pytest.approx((4 + 1) / 20)
+    assert q.fraction(20, {"a": 200, "b": 4}, "a") == pytest.approx((14 + 1) / 20)
+    # Together asking less than the rate: each its demand, the rest split evenly
+    assert q.fraction(20, {"a": 6, "b": 2}, "a") == pytest.approx((6 + 5 + 1) / 20)
+    # One member holds it all; a zero rate is split evenly
+    assert q.fraction(20, {"a": 5}, "a") == 1.0
+    assert q.fraction(0, {"a": 5, "b": 1, "c": 0}, "c") == pytest.approx(1 / 3)
+
+
+@pytest.mark.parametrize("demands", [
+    {"a": 1.0, "b": 2.0, "c": 30.0}, {"a": 0.0, "b": 0.0, "c": 0.0}, {"a": 100.0, "b": 100.0, "c": 100.0},
+    {"m%d" % i: float(i * i) for i in range(12)}, {"a": 19.99, "b": 0.01},
+])
+def test_fractions_of_every_member_add_up_to_one_and_none_is_below_its_reserve(demands):
+    parts = [q.fraction(20, demands, m) for m in demands]
+    assert sum(parts) == pytest.approx(1.0)
+    assert min(parts) >= q.RESERVE / len(demands) - 1e-12
 
 
 def test_decide_refuses_with_the_longest_wait_and_takes_nothing():

@@ -6,6 +6,8 @@ Members' heartbeats carry a TTL, so a killed replica disappears without anyone d
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
+from typing import Any
 
 from cassandra.cluster import Session
 
@@ -33,6 +35,15 @@ def _quota(name: str, body: str) -> quotas.Quota:
                         bool(b.get("exempt_bounces")), tuple(b.get("exempt_senders") or ()))
 
 
+def _demand(body: str) -> dict[str, float]:
+    """A heartbeat's demand (an older member's "{}" asks for nothing; so does an unreadable one)."""
+    try:
+        found: Any = json.loads(body or "{}").get("demand") or {}
+        return {str(k): float(v) for k, v in found.items()}
+    except (ValueError, TypeError, AttributeError):
+        return {}
+
+
 class QuotaStore:
     def __init__(self, session: Session, keyspace: str) -> None:
         self._session = session
@@ -46,8 +57,8 @@ class QuotaStore:
     async def snapshot(self) -> QuotaSnapshot:
         rows = await execute_all(self._session, self._all, (PART,))
         found = tuple(_quota(r.name, r.body) for r in rows if r.kind == "quota")
-        members = tuple(sorted(r.name for r in rows if r.kind == "member"))
-        return QuotaSnapshot(found, members)
+        members = {r.name: _demand(r.body) for r in rows if r.kind == "member"}
+        return QuotaSnapshot(found, tuple(sorted(members)), members)
 
     async def set_quota(self, q: quotas.Quota) -> None:
         await execute(self._session, self._put, (PART, "quota", f"{q.kind}|{q.subject}", _body(q)))
@@ -58,8 +69,9 @@ class QuotaStore:
         await execute(self._session, self._delete, (PART, "quota", name))
         return existed
 
-    async def heartbeat(self, member: str, ttl_s: int) -> None:
-        await execute(self._session, self._put_ttl, (PART, "member", member, "{}", ttl_s))
+    async def heartbeat(self, member: str, ttl_s: int, demand: Mapping[str, float] | None = None) -> None:
+        body = json.dumps({"demand": {k: round(v, 3) for k, v in (demand or {}).items()}})
+        await execute(self._session, self._put_ttl, (PART, "member", member, body, ttl_s))
 
     async def leave(self, member: str) -> None:
         await execute(self._session, self._delete, (PART, "member", member))
