@@ -128,15 +128,27 @@ def refused_on_every_replica(s, queue: str, sender: str, limit: str, says: str =
     return content
 
 
+def limit_acme(s, rate: float, burst: int) -> None:
+    """The tenant acme limited to ``rate`` mails/s with ``burst``, once both replicas enforce it."""
+    set_quota(s, kind=kind("tenant"), subject="acme", mails_per_s=rate, burst_mails=burst)
+    wait_until(lambda: all(r.metric("mailqueue_quota_limit", kind="tenant", subject="acme") == rate for r in s.replicas),
+               timeout=PROPAGATION_S * 2, what="the quota on both replicas")
+
+
+def unlimit_acme(s) -> None:
+    """acme's quota cleared, once both replicas dropped it (the next tests send as acme)."""
+    assert clear_quota(s, "tenant", "acme")
+    wait_until(lambda: all(r.metric("mailqueue_quota_limit", kind="tenant", subject="acme") == 0 for r in s.replicas),
+               timeout=PROPAGATION_S * 2, what="acme's quota gone from both replicas")
+
+
 def test_two_replicas_share_a_tenant_rate(quota_suite):
     # Given the tenant acme limited to 2 mails/s with a burst of 2, across both replicas (a low
     # rate, so that four clients exceed it even on a loaded machine where an accepted call takes 1 s)
     s = quota_suite
     queue = s.new_queue()
     rate, burst = 2, 2
-    set_quota(s, kind=kind("tenant"), subject="acme", mails_per_s=rate, burst_mails=burst)
-    wait_until(lambda: all(r.metric("mailqueue_quota_limit", kind="tenant", subject="acme") == rate for r in s.replicas),
-               timeout=PROPAGATION_S * 2, what="the quota on both replicas")
+    limit_acme(s, rate, burst)
     # When each replica is offered as many mails as two clients can send, for 20 s
     window, accepted, done, refused, lock = 20.0, [0, 0], [], [], threading.Lock()
     start = time.monotonic()
@@ -173,9 +185,7 @@ def test_two_replicas_share_a_tenant_rate(quota_suite):
     assert 0 < retry.retry_delay.ToTimedelta().total_seconds() <= 1.0
     assert failure.violations[0].subject == "tenant:acme"
     assert "mails_per_s" in failure.violations[0].description
-    assert clear_quota(s, "tenant", "acme")
-    wait_until(lambda: all(r.metric("mailqueue_quota_limit", kind="tenant", subject="acme") == 0 for r in s.replicas),
-               timeout=PROPAGATION_S * 2, what="acme's quota gone from both replicas (the next tests send as acme)")
+    unlimit_acme(s)
 
 
 def test_a_tenant_whose_calls_reach_one_replica_is_served_its_whole_rate(quota_suite):
@@ -184,9 +194,7 @@ def test_a_tenant_whose_calls_reach_one_replica_is_served_its_whole_rate(quota_s
     s = quota_suite
     queue = s.new_queue()
     rate, burst = 4, 2
-    set_quota(s, kind=kind("tenant"), subject="acme", mails_per_s=rate, burst_mails=burst)
-    wait_until(lambda: all(r.metric("mailqueue_quota_limit", kind="tenant", subject="acme") == rate for r in s.replicas),
-               timeout=PROPAGATION_S * 2, what="the quota on both replicas")
+    limit_acme(s, rate, burst)
     # When one client offers replica 0 as many mails as it can, for 15 s
     window, accepted, done, refused = 15.0, 0, [], []
     start = time.monotonic()
@@ -208,9 +216,7 @@ def test_a_tenant_whose_calls_reach_one_replica_is_served_its_whole_rate(quota_s
           f"refused {len(refused)}")
     assert 0.8 * bound <= accepted <= 1.05 * bound
     assert refused and all(e.code() == EXHAUSTED for e in refused)
-    assert clear_quota(s, "tenant", "acme")
-    wait_until(lambda: all(r.metric("mailqueue_quota_limit", kind="tenant", subject="acme") == 0 for r in s.replicas),
-               timeout=PROPAGATION_S * 2, what="acme's quota gone from both replicas (the next tests send as acme)")
+    unlimit_acme(s)
 
 
 def test_a_change_reaches_every_replica_within_the_bound(quota_suite):
