@@ -105,6 +105,22 @@ func newQueue(t *testing.T, ctx context.Context, c clients) string {
 	if _, err := c.admin.CreateQueue(ctx, &mq.CreateQueueRequest{Queue: queue}); err != nil {
 		t.Fatalf("CreateQueue: %v", err)
 	}
+	// Deleted with whatever the scenario left in it: its broker queues do not outlive the test.
+	t.Cleanup(func() {
+		stream, err := c.admin.DeleteQueue(context.Background(), &mq.DeleteQueueRequest{Queue: queue, Force: true})
+		if err != nil {
+			t.Errorf("DeleteQueue %s: %v", queue, err)
+			return
+		}
+		for {
+			if _, err := stream.Recv(); err == io.EOF {
+				return
+			} else if err != nil {
+				t.Errorf("DeleteQueue %s: %v", queue, err)
+				return
+			}
+		}
+	})
 	return queue
 }
 

@@ -269,15 +269,20 @@ for (const scenario of scenarios) {
   test(scenario.name, async () => {
     const ctx = { queue: `contract-node-${randomBytes(4).toString('hex')}`, ids: {} };
     await admin.createQueue({ queue: ctx.queue });
-    for (const [i, s] of scenario.steps.entries()) {
-      const run = steps[s.op];
-      assert.ok(run, `step ${i}: unknown op ${s.op}`);
-      try {
-        await run(ctx, s);
-      } catch (e) {
-        e.message = `step ${i} (${s.op}): ${e.message}`;
-        throw e;
+    try {
+      for (const [i, s] of scenario.steps.entries()) {
+        const run = steps[s.op];
+        assert.ok(run, `step ${i}: unknown op ${s.op}`);
+        try {
+          await run(ctx, s);
+        } catch (e) {
+          e.message = `step ${i} (${s.op}): ${e.message}`;
+          throw e;
+        }
       }
+    } finally {
+      // Deleted with whatever the scenario left in it: its broker queues do not outlive the test.
+      await collect(admin.deleteQueue({ queue: ctx.queue, force: true }));
     }
   });
 }
