@@ -135,6 +135,29 @@ def drop_keyspace(name: str) -> None:
     harness.drop_keyspace(name)
 
 
+def empty_tables(keyspace: str, label: str) -> None:
+    """TRUNCATE the mail tables of ``keyspace`` (the schema stays, and the servers stay warm), so
+    that each phase starts from the same tables whatever ran before it: in one 6-round events run
+    on a keyspace left to grow, the dequeue rate fell from 1,682/s to 825/s over the run and
+    Cassandra's CPU per mail dequeued from 0.27 to 0.72 ms, as ever larger tables were flushed and
+    compacted during the later phases (2026-12-05)."""
+    from services.adapters.cassandra import schema
+    from services.adapters.cassandra.session import connect
+    from services.runtime.settings import cassandra_from_env
+
+    # What a mail's enqueue and delivery fill: content, view rows, marks, counters, history.
+    tables = (schema.BLOBS, schema.ENQUEUED_MAILS, schema.DELETED_MAILS, schema.COUNTERS, schema.MAIL_HISTORY_GROUPS,
+              schema.MAIL_HISTORY_NAMES, schema.MAIL_HISTORY)
+    began = time.monotonic()
+    cluster, session = connect(cassandra_from_env(os.environ))
+    try:
+        for table in tables:
+            session.execute(f"TRUNCATE TABLE {keyspace}.{table}", timeout=120)
+    finally:
+        cluster.shutdown()
+    print(f"  [{label}] emptied {len(tables)} tables in {time.monotonic() - began:.1f} s", file=sys.stderr)
+
+
 def drop_bucket(bucket: str) -> None:
     if harness.drop_bucket(bucket):
         print(f"removed bucket {bucket}", file=sys.stderr)

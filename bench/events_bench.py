@@ -9,9 +9,11 @@ summary then compares each mode with the first, and prints each process's mean C
 
 The measured rounds run on a keyspace warmed by ``--warm-rounds`` rounds left out of the figures
 (a new keyspace's first phase meets its first flushes and compactions: 1.55 ms of Cassandra CPU
-per mail enqueued against 0.5-0.9 after it). Each round runs the modes back to back (off then on, on then off in the next round: a later phase
-meets the earlier one's flushes and compactions; services started with MAILQUEUE_EVENTS=off or
-true, on one keyspace): an EnqueueBatches phase (``--batch`` mails per message,
+per mail enqueued against 0.5-0.9 after it), and each measured phase starts with the mail tables
+emptied (TRUNCATE: bench/common.py ``empty_tables``; ``--keep-tables`` lets them grow over the
+run). Each round runs the modes back to back (off then on, on then off in the next round: a later
+phase meets the earlier one's flushes and compactions; services started with MAILQUEUE_EVENTS=off
+or true, on one keyspace): an EnqueueBatches phase (``--batch`` mails per message,
 ``--concurrency`` in flight) for ``--seconds``, then a batched Dequeue (max_batch ``--batch``,
 SUCCESS for each) of the mails just enqueued. With events on, each enqueue records ENQUEUED and
 each delivery HANDED_OUT and DELIVERED (services/adapters/cassandra/event_log.py). The CPU per
@@ -36,6 +38,7 @@ from bench.common import (
     PORTS,
     bench_queue,
     cassandra_statements,
+    empty_tables,
     metric,
     new_keyspace,
     report,
@@ -62,7 +65,10 @@ def gc_seconds(service: str) -> float:
 def phase(a: argparse.Namespace, keyspace: str, mode: str, i: int,
           extra: dict[str, str] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
     """One mode: services started with MAILQUEUE_EVENTS=mode (and ``extra``), enqueue then dequeue
-    on a new queue. Each result's ``gc_ms``: the collector's ms per mail in the phase's service."""
+    on a new queue. Each result's ``gc_ms``: the collector's ms per mail in the phase's service.
+    Unless ``--keep-tables``, the mail tables are emptied first (``empty_tables``)."""
+    if not a.keep_tables and i >= 0:
+        empty_tables(keyspace, f"round {i + 1} events={mode}")
     procs = start_services(keyspace, ["enqueue", "dequeue", "browse"], metrics=METRICS,
                            extra={"MAILQUEUE_EVENTS": mode, **(extra or {})})
     try:
@@ -115,6 +121,8 @@ def phase_arguments(p: argparse.ArgumentParser, seconds: float) -> None:
     p.add_argument("--prefetch", type=int, default=128)
     p.add_argument("--size", type=int, default=10 * 1024)
     p.add_argument("--settle", type=float, default=60, help="seconds at most to wait for an idle stack before a phase")
+    p.add_argument("--keep-tables", action="store_true",
+                   help="do not empty the mail tables before each measured phase (they then grow over the run)")
 
 
 def main() -> None:
