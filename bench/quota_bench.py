@@ -4,6 +4,7 @@ process, no backend call), against what a mail costs enqueue_svc on the benchmar
     .venv/bin/python -m bench.quota_bench [--mails 200000]
     .venv/bin/python -m bench.quota_bench --end-to-end [--seconds 10] [--warmup 3] [--concurrency 64] [--batch 32]
     .venv/bin/python -m bench.quota_bench --fairness [--rounds 6] [--seconds 10] [--beta-rate 100] [--acme-rate 20] [--over 10] [--workers 1]
+        [--acme-backs-off]
 
 A QuotaKeeper is given a snapshot by hand (no store: the refresh runs once a second, not per
 mail) and checks ``--mails`` mails in three cases: no quota at all; quotas that do not apply to the
@@ -23,7 +24,9 @@ access control on (tokens naming the tenants ``acme`` and ``beta``), acme gets a
 ``--beta-rate`` for ``--seconds`` per round, in rounds that rotate three cases: beta alone; acme
 beside it at its own rate (all accepted: the load the quota allows); acme beside it offering
 ``--over`` times its rate (the excess refused). Beta's p99 is compared between the cases, over
-every round of each, and beta's refusals counted (there must be none).
+every round of each, and beta's refusals counted (there must be none). ``--acme-backs-off``: acme's
+client acts on each refusal's RetryInfo (makes no call until its ``retry_delay`` has passed; the
+calls it would have made meanwhile are counted as deferred), as the quotas page asks of clients.
 """
 
 from __future__ import annotations
@@ -152,7 +155,8 @@ def fairness(a: argparse.Namespace) -> None:
         client would be: its client work does not slow beta's); enqueue_svc's CPU over the round."""
         acme_rate = {"alone": 0.0, "acme at its rate": a.acme_rate * 0.9, "acme over": a.acme_rate * a.over}[case]
         acme = subprocess.Popen([sys.executable, "-m", "bench.quota_bench", "--acme-load", str(acme_rate), "--queue", queue,
-                                 "--seconds", str(a.seconds)], stdout=subprocess.PIPE, text=True) if acme_rate else None
+                                 "--seconds", str(a.seconds), *(["--acme-backs-off"] if a.acme_backs_off else [])],
+                                stdout=subprocess.PIPE, text=True) if acme_rate else None
         cpu = tree_cpu_seconds(procs[1].pid)  # with its workers
         lat, codes = await paced(queue, "fair", BETA, a.beta_rate, a.seconds)
         acme_codes = json.loads(acme.communicate(timeout=120)[0]) if acme else []
@@ -163,6 +167,7 @@ def fairness(a: argparse.Namespace) -> None:
     per_round: dict[str, list[float]] = {c: [] for c in cases}
     beta_refused: dict[str, int] = dict.fromkeys(cases, 0)
     acme_refused: dict[str, int] = dict.fromkeys(cases, 0)
+    acme_deferred: dict[str, int] = dict.fromkeys(cases, 0)
     enqueue_cpu: dict[str, float] = dict.fromkeys(cases, 0.0)
     try:
         settle("fairness", SETTLE_S)
@@ -175,31 +180,38 @@ def fairness(a: argparse.Namespace) -> None:
                 per_round[case].append(p99(lat))
                 beta_refused[case] += codes.count("RESOURCE_EXHAUSTED")
                 acme_refused[case] += acme_codes.count("RESOURCE_EXHAUSTED")
+                acme_deferred[case] += acme_codes.count("DEFERRED")
                 print(f"  round {r + 1} {case}: beta {len(lat)} ok, p99 {1000 * p99(lat):.1f} ms, errors {codes[:3]}; "
-                      f"acme refused {acme_codes.count('RESOURCE_EXHAUSTED')}", flush=True)
+                      f"acme refused {acme_codes.count('RESOURCE_EXHAUSTED')}, deferred {acme_codes.count('DEFERRED')}", flush=True)
     finally:
         stop(procs)
     print(f"\nbeta {a.beta_rate:.0f} mails/s (10 KiB, unary, paced), acme's rate {a.acme_rate:.0f}/s; {a.rounds} rounds of "
-          f"{a.seconds:.0f} s per case, the cases rotated; enqueue_svc with {a.workers} worker(s)")
+          f"{a.seconds:.0f} s per case, the cases rotated; enqueue_svc with {a.workers} worker(s)"
+          f"{'; acme backs off as RetryInfo says' if a.acme_backs_off else ''}")
     print("| case | beta mails | beta p50 ms | beta p99 ms | of alone | median of per-round p99 ms | beta refused | acme refused "
-          "| enqueue_svc CPU, share of a core |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "| acme deferred | enqueue_svc CPU, share of a core |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for case in cases:
         print(f"| {case} | {len(beta[case])} | {1000 * pct(beta[case], 0.5):.1f} | {1000 * p99(beta[case]):.1f} | "
               f"{p99(beta[case]) / p99(beta['alone']):.3f} | {1000 * sorted(per_round[case])[len(per_round[case]) // 2]:.1f} | "
-              f"{beta_refused[case]} | {acme_refused[case]} | {enqueue_cpu[case] / (a.rounds * a.seconds):.2f} |")
+              f"{beta_refused[case]} | {acme_refused[case]} | {acme_deferred[case]} | {enqueue_cpu[case] / (a.rounds * a.seconds):.2f} |")
 
 
 def acme_load(a: argparse.Namespace) -> None:
     """``--acme-load RATE``: acme's paced unary Enqueues for ``--seconds``; prints the codes of the
-    calls that failed, as JSON."""
-    print(json.dumps(asyncio.run(paced(a.queue, "fair-acme", ACME, a.acme_load, a.seconds))[1]))
+    calls that failed, as JSON (with ``--acme-backs-off``, a "DEFERRED" for each call not made)."""
+    print(json.dumps(asyncio.run(paced(a.queue, "fair-acme", ACME, a.acme_load, a.seconds, backs_off=a.acme_backs_off))[1]))
 
 
-async def paced(queue: str, name: str, token: str, rate: float, seconds: float) -> tuple[list[float], list[str]]:
+async def paced(queue: str, name: str, token: str, rate: float, seconds: float,
+                backs_off: bool = False) -> tuple[list[float], list[str]]:
     """Unary Enqueues of 10 KiB at ``rate`` a second for ``seconds`` (started on time whatever the
-    answers take), with ``token``: the latencies of the calls answered OK, the codes of the others."""
+    answers take), with ``token``: the latencies of the calls answered OK, the codes of the others.
+    ``backs_off``: a client that acts on a refusal's RetryInfo, as the quotas page asks: no call
+    until its ``retry_delay`` has passed (each call it would have made meanwhile: "DEFERRED")."""
     import grpc
+    from google.rpc import error_details_pb2
+    from grpc_status import rpc_status
 
     from bench import enqueue_bench as eb
     from bench.common import PORTS
@@ -209,10 +221,12 @@ async def paced(queue: str, name: str, token: str, rate: float, seconds: float) 
     auth = (("authorization", f"Bearer {token}"),)
     latencies: list[float] = []
     codes: list[str] = []
+    resume_at = 0.0  # the loop's time before which a client that backs off makes no call
     async with grpc.aio.insecure_channel(f"127.0.0.1:{PORTS['enqueue']}") as channel:
         stub = enqueue_pb2_grpc.EnqueueServiceStub(channel)
 
         async def one(i: int) -> None:
+            nonlocal resume_at
             began = time.perf_counter()
             try:
                 await stub.Enqueue(enqueue_pb2.EnqueueRequest(queue=queue, mail=mail, inline_content=eb.content(i, 10_240)),
@@ -220,6 +234,12 @@ async def paced(queue: str, name: str, token: str, rate: float, seconds: float) 
                 latencies.append(time.perf_counter() - began)
             except grpc.aio.AioRpcError as e:
                 codes.append(e.code().name)
+                status = rpc_status.from_call(e) if backs_off else None
+                for detail in status.details if status is not None else ():
+                    if detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
+                        info = error_details_pb2.RetryInfo()
+                        detail.Unpack(info)
+                        resume_at = max(resume_at, loop.time() + info.retry_delay.ToTimedelta().total_seconds())
 
         loop, calls = asyncio.get_running_loop(), []
         start = loop.time()
@@ -227,6 +247,9 @@ async def paced(queue: str, name: str, token: str, rate: float, seconds: float) 
             wait = start + i / rate - loop.time()
             if wait > 0:
                 await asyncio.sleep(wait)
+            if loop.time() < resume_at:
+                codes.append("DEFERRED")
+                continue
             calls.append(asyncio.ensure_future(one(i)))
         await asyncio.gather(*calls)
     return latencies, codes
@@ -265,6 +288,8 @@ def main() -> None:
     p.add_argument("--acme-rate", type=float, default=20)
     p.add_argument("--over", type=float, default=10)
     p.add_argument("--workers", type=int, default=1, help="--fairness: enqueue_svc's worker processes (MAILQUEUE_WORKERS)")
+    p.add_argument("--acme-backs-off", action="store_true",
+                   help="--fairness: acme's client acts on RetryInfo (no call until retry_delay has passed)")
     p.add_argument("--acme-load", type=float, default=0.0, help=argparse.SUPPRESS)
     p.add_argument("--queue", default="", help=argparse.SUPPRESS)
     a = p.parse_args()
