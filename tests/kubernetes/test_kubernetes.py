@@ -120,6 +120,7 @@ def test_a_renewed_certificate_secret_is_served_without_restarts_while_clients_s
 
 
 # ---------------------------------------------------------------------------------- b. clients by name
+@pytest.mark.timeout(600)  # 190 s on this machine: the Go build, four scenarios in a pod, then the load
 def test_clients_in_pods_reach_every_service_by_name_spread_over_the_replicas(applied):
     # The Go contract client's scenarios, built static and run in a pod of the image.
     binary = f"{ROOT}/.stack/kube-tier/contract.test"

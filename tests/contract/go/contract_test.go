@@ -17,6 +17,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -105,23 +106,36 @@ func newQueue(t *testing.T, ctx context.Context, c clients) string {
 	if _, err := c.admin.CreateQueue(ctx, &mq.CreateQueueRequest{Queue: queue}); err != nil {
 		t.Fatalf("CreateQueue: %v", err)
 	}
-	// Deleted with whatever the scenario left in it: its broker queues do not outlive the test.
-	t.Cleanup(func() {
-		stream, err := c.admin.DeleteQueue(context.Background(), &mq.DeleteQueueRequest{Queue: queue, Force: true})
-		if err != nil {
-			t.Errorf("DeleteQueue %s: %v", queue, err)
-			return
-		}
-		for {
-			if _, err := stream.Recv(); err == io.EOF {
-				return
-			} else if err != nil {
+	return queue
+}
+
+// dropQueues deletes the scenarios' queues with whatever each left in it, all at once: each
+// DeleteQueue waits out the services' queue-state TTL (10 s by default) before it removes the
+// broker queues, so one after another they would cost that wait per scenario.
+func dropQueues(t *testing.T, c clients, queues []string) {
+	var wg sync.WaitGroup
+	for _, queue := range queues {
+		wg.Add(1)
+		go func(queue string) {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+			defer cancel()
+			stream, err := c.admin.DeleteQueue(ctx, &mq.DeleteQueueRequest{Queue: queue, Force: true})
+			if err != nil {
 				t.Errorf("DeleteQueue %s: %v", queue, err)
 				return
 			}
-		}
-	})
-	return queue
+			for {
+				if _, err := stream.Recv(); err == io.EOF {
+					return
+				} else if err != nil {
+					t.Errorf("DeleteQueue %s: %v", queue, err)
+					return
+				}
+			}
+		}(queue)
+	}
+	wg.Wait()
 }
 
 func inline(queue string, mail *mq.Mail, content []byte) *mq.EnqueueRequest {
@@ -167,6 +181,9 @@ func TestScenarios(t *testing.T) {
 	if err := json.Unmarshal(raw, &file); err != nil {
 		t.Fatalf("parse scenarios: %v", err)
 	}
+	var queues []string // the subtests run one after another: no lock
+	c := connect(t)
+	t.Cleanup(func() { dropQueues(t, c, queues) })
 	for _, sc := range file.Scenarios {
 		sc := sc
 		t.Run(sc.Name, func(t *testing.T) {
@@ -174,6 +191,7 @@ func TestScenarios(t *testing.T) {
 			defer cancel()
 			r := &runner{t: t, ctx: ctx, c: connect(t), ids: map[string]string{}}
 			r.queue = newQueue(t, ctx, r.c)
+			queues = append(queues, r.queue)
 			for i, s := range sc.Steps {
 				r.step = fmt.Sprintf("step %d (%s)", i, s.Op)
 				r.run(s)

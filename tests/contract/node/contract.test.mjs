@@ -3,7 +3,7 @@
 // real services on loopback. The Go client runs the same file (../go/contract_test.go); each step
 // kind is described in the file itself.
 // Targets: MAILQUEUE_ENQUEUE_TARGET, MAILQUEUE_DEQUEUE_TARGET, MAILQUEUE_BROWSE_TARGET (defaults: localhost ports).
-import { test } from 'node:test';
+import { after, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
 import { readFileSync } from 'node:fs';
@@ -265,24 +265,26 @@ const steps = {
   },
 };
 
+// The scenarios' queues, deleted with whatever each left in it once all have run, all at once:
+// each DeleteQueue waits out the services' queue-state TTL (10 s by default) before it removes
+// the broker queues, so one after another they would cost that wait per scenario.
+const queues = [];
+after(() => Promise.all(queues.map((queue) => collect(admin.deleteQueue({ queue, force: true }, { timeoutMs: 120000 })))));
+
 for (const scenario of scenarios) {
   test(scenario.name, async () => {
     const ctx = { queue: `contract-node-${randomBytes(4).toString('hex')}`, ids: {} };
     await admin.createQueue({ queue: ctx.queue });
-    try {
-      for (const [i, s] of scenario.steps.entries()) {
-        const run = steps[s.op];
-        assert.ok(run, `step ${i}: unknown op ${s.op}`);
-        try {
-          await run(ctx, s);
-        } catch (e) {
-          e.message = `step ${i} (${s.op}): ${e.message}`;
-          throw e;
-        }
+    queues.push(ctx.queue);
+    for (const [i, s] of scenario.steps.entries()) {
+      const run = steps[s.op];
+      assert.ok(run, `step ${i}: unknown op ${s.op}`);
+      try {
+        await run(ctx, s);
+      } catch (e) {
+        e.message = `step ${i} (${s.op}): ${e.message}`;
+        throw e;
       }
-    } finally {
-      // Deleted with whatever the scenario left in it: its broker queues do not outlive the test.
-      await collect(admin.deleteQueue({ queue: ctx.queue, force: true }));
     }
   });
 }
