@@ -77,3 +77,13 @@ def applied(cluster: None) -> Applied:
     print(f"[kubernetes] kubectl apply -k: {apply_s} s; Available after (s): {available_s}")
     yield Applied(available_s, apply_s)
     kube.kubectl("delete", "namespace", kube.NAMESPACE, "--wait=false", check=False)
+
+
+@pytest.fixture(autouse=True)
+def no_client_pod_outlives_its_test(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test that fails or times out half-way leaves its client pods running: load generators
+    that would slow every later test of the tier on a 2-core node. They go when the test ends."""
+    yield
+    if "applied" in request.fixturenames:
+        kube.ns("delete", "pod", "-l", "app.kubernetes.io/name=mailqueue-test-client", "--ignore-not-found",
+                "--wait=false", check=False, timeout=60)
