@@ -119,8 +119,12 @@ def bench_queue(name: str) -> str:
 
 
 def run(main: Callable[[], None]) -> None:
-    """A benchmark's entry point: what it created is removed however it ends."""
+    """A benchmark's entry point: what it created is removed however it ends. It first says
+    whether earlier runs left keyspaces or queues on the stack (bench/leftovers.py)."""
+    from bench import leftovers
+
     use_stack()
+    leftovers.warn_if_any()
     try:
         main()
     finally:
