@@ -115,8 +115,13 @@ def test_with_no_admin_call_every_row_gets_delivered_once_and_counters_heal(heal
             assert str(eid) in delivered, \
                 f"the stranded row was not delivered; its mark: {s.run(s.view.mails.reason(queue, eid))!r}"
             twice = {k: n for k, n in delivered.items() if n > 1}
-        repairs = {kind: sum(h.metric("mailqueue_healer_repairs_total", kind=kind) for h in s.healers)
-                   for kind in ("republish", "counter")}
+        def repaired() -> dict[str, float]:
+            return {kind: sum(h.metric("mailqueue_healer_repairs_total", kind=kind) for h in s.healers)
+                    for kind in ("republish", "counter")}
+
+        # A round counts its repairs when it ends, after the writes just seen: polled, not read once.
+        wait_until(lambda: min(repaired().values()) >= 1, 30, interval=0.2, what="the healers' repairs counted")
+        repairs = repaired()
         rounds = [h.metric("mailqueue_healer_rounds_total") for h in s.healers]
         print(f"\nhealer: {len(acked)} acknowledged, {len(delivered)} delivered, {len(twice)} twice; "
               f"repairs {repairs}; rounds per replica {rounds}")
@@ -193,11 +198,18 @@ def test_dead_letter_counters_that_drifted_are_corrected_by_the_healer(healed):
     s.run(s.view.dead_letters.correct(queue, "rejected", 2))  # counted 5 for 3 kept
     s.run(s.view.dead_letters.correct(queue, "expired", -1))  # and -1 for none
     # A healer round may land between the two corrections and any read below: the repairs are
-    # counted on this queue's own series, which starts at zero, never as a difference.
-    wait_until(lambda: counts(s.browse_stub, queue) == {"rejected": 3}, 60, interval=0.5, what="the counts healed")
-    repairs = sum(h.metric("mailqueue_healer_repairs_total", queue=queue, kind="dead_letter_counter") for h in s.healers)
-    print(f"\nhealer: dead-letter counts (rejected 5, expired -1) -> {counts(s.browse_stub, queue)}; {repairs:.0f} repairs")
-    assert repairs == 2
+    # counted on this queue's own series, which starts at zero, never as a difference. A round
+    # counts its repairs when it ends, after its corrections and the rest of its work: the counts
+    # can read healed while the metric still reads 0 (2026-12-06, 2.3 s into the test), so the
+    # wait is for both.
+    def repairs() -> float:
+        return sum(h.metric("mailqueue_healer_repairs_total", queue=queue, kind="dead_letter_counter") for h in s.healers)
+
+    wait_until(lambda: repairs() >= 2 and counts(s.browse_stub, queue) == {"rejected": 3}, 60, interval=0.5,
+               what="the counts healed")
+    repaired = repairs()
+    print(f"\nhealer: dead-letter counts (rejected 5, expired -1) -> {counts(s.browse_stub, queue)}; {repaired:.0f} repairs")
+    assert repaired == 2
 
 
 def test_a_round_at_depth_reads_its_share_of_rows_and_a_drift_is_still_healed(aio_loop, running_stack):
