@@ -134,12 +134,18 @@ class Healer:
             await browse_start.update(self._view, queue)  # its slices become the sweep's
 
     async def heal(self, queue: str) -> Healed:
-        """One queue healed; what it changes is recorded as the healer's (actor component "healer")."""
-        with acting_as(admin_events.HEALER):
-            return await self._heal(queue)
-
-    async def _heal(self, queue: str) -> Healed:
+        """One queue healed; what it changes is recorded as the healer's (actor component "healer").
+        Its repairs are counted and logged however the round ends: one that fails half-way still
+        made those before."""
         h = Healed()
+        with acting_as(admin_events.HEALER):
+            try:
+                await self._heal(queue, h)
+            finally:
+                _counted(queue, h)
+        return h
+
+    async def _heal(self, queue: str, h: Healed) -> None:
         now = model.utcnow()
         pending: list[tuple[model.QueuedMail, Event]] = []
         for mail, moved, begun in await self._view.moves.pending(queue):
@@ -152,7 +158,7 @@ class Healer:
         start = await self._view.starts.browse_start(queue)
         if start is None:
             self._passes.pop(queue, None)
-            return h
+            return
         now = model.utcnow()
         read, p, finished = await self._read_on(queue, start)
         h.counters = await self._counters(queue, p, None if finished else read[-1].slice_start if read else p.checked)
@@ -171,13 +177,6 @@ class Healer:
                 await self._broker.publish(again)
                 await self._view.mails.reschedule(again)
                 h.republished += 1
-        for kind, n in (("move", h.moves), ("redrive", h.redrives), ("counter", h.counters),
-                        ("dead_letter_counter", h.dead_letter_counters), ("republish", h.republished)):
-            if n:
-                HEALED.labels(queue, kind).inc(n)
-        if any(dataclasses.astuple(h)):
-            log.warning("healed", extra={"queue": queue, **dataclasses.asdict(h)})
-        return h
 
     def _stranded(self, queue: str, read: list[model.QueuedMail], suspects: list[model.QueuedMail], p: _Pass,
                   finished: bool, now: dt.datetime) -> list[model.QueuedMail]:
@@ -257,3 +256,12 @@ class Healer:
             p.checked = upto
         return len(confirmed)
 
+
+def _counted(queue: str, h: Healed) -> None:
+    """A round's repairs of ``queue``: in the metric and in the log."""
+    for kind, n in (("move", h.moves), ("redrive", h.redrives), ("counter", h.counters),
+                    ("dead_letter_counter", h.dead_letter_counters), ("republish", h.republished)):
+        if n:
+            HEALED.labels(queue, kind).inc(n)
+    if any(dataclasses.astuple(h)):
+        log.warning("healed", extra={"queue": queue, **dataclasses.asdict(h)})
