@@ -125,10 +125,11 @@ def warn_if_any() -> None:
 
 
 def others_running() -> list[str]:
-    """Command lines of other bench or pytest processes (their keyspaces and queues are in use)."""
-    found = []
+    """Command lines of other bench or pytest processes (their keyspaces and queues are in use);
+    this process and those that started it (``timeout …``, a shell) are not others."""
+    found, own = [], _ancestors()
     for pid in filter(str.isdigit, os.listdir("/proc")):
-        if int(pid) == os.getpid():
+        if int(pid) in own:
             continue
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
@@ -139,6 +140,18 @@ def others_running() -> list[str]:
         if any(a.startswith("bench.") for a in argv) or " pytest" in f" {line}" or "/pytest" in line:
             found.append(f"{pid}: {line[:120]}")
     return found
+
+
+def _ancestors() -> set[int]:
+    pids, pid = set(), os.getpid()
+    while pid > 1 and pid not in pids:
+        pids.add(pid)
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                pid = int(f.read().rsplit(")", 1)[1].split()[1])  # the field after the state: the parent
+        except (OSError, ValueError, IndexError):
+            break
+    return pids
 
 
 def drop(found: Leftovers) -> None:
