@@ -14,10 +14,11 @@ import subprocess
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 
 import pytest
 
-from stack.harness import ROOT, stack, wait_until
+from stack.harness import ROOT, drop_queues, stack, wait_until
 from tests.kubernetes import kube
 
 ALLOWED_CODES = {"OK", "UNAVAILABLE"}
@@ -25,6 +26,16 @@ ALLOWED_CODES = {"OK", "UNAVAILABLE"}
 
 #: Queues made for this module's tests and not handed out yet.
 _MADE: list[str] = []
+#: Every queue made, whose RabbitMQ queues go when the module ends (the local stack's broker
+#: outlives the tier: 18 idle quorum queues a run were left on it).
+_ALL_MADE: list[str] = []
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _made_queues_dropped() -> Iterator[None]:
+    yield
+    drop_queues(_ALL_MADE)  # the client pods are gone: no consumer holds them
+    _ALL_MADE.clear()
 #: How many queues the module's tests take (one pod makes them all: a pod start is 5-6 s here).
 QUEUES_MADE = 6
 _CREATE_EACH = ("import os, subprocess, sys\n"
@@ -43,6 +54,7 @@ def new_queue() -> str:
         assert phase == "Succeeded", log
         assert all(f"{n}: created" in log for n in names), log
         _MADE.extend(names)
+        _ALL_MADE.extend(names)
     return _MADE.pop(0)
 
 
