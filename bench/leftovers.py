@@ -80,8 +80,7 @@ def exchanges_of(queue: str) -> list[str]:
         return []
     for suffix in _SUFFIXES:
         if rest.endswith(suffix):
-            mail_queue = rest.removesuffix(suffix)
-            return [names.exchange(mail_queue), names.dead_letter_exchange(mail_queue)]
+            return harness.mail_queue_objects(rest.removesuffix(suffix))[1]
     return []
 
 

@@ -30,18 +30,19 @@ _MADE: list[str] = []
 #: outlives the tier: 18 idle quorum queues a run were left on it).
 _ALL_MADE: list[str] = []
 
-
-@pytest.fixture(scope="module", autouse=True)
-def _made_queues_dropped() -> Iterator[None]:
-    yield
-    drop_queues(_ALL_MADE)  # the client pods are gone: no consumer holds them
-    _ALL_MADE.clear()
 #: How many queues the module's tests take (one pod makes them all: a pod start is 5-6 s here).
 QUEUES_MADE = 6
 _CREATE_EACH = ("import os, subprocess, sys\n"
                 "for name in sys.argv[1:]:\n"
                 "    subprocess.run(['mailq', '--browse', os.environ['MAILQUEUE_BROWSE_TARGET'], '--token',"
                 " os.environ['MAILQUEUE_TOKEN'], 'create', name], check=True)")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _made_queues_dropped() -> Iterator[None]:
+    yield
+    drop_queues(_ALL_MADE)  # the client pods are gone: no consumer holds them
+    _ALL_MADE.clear()
 
 
 def new_queue() -> str:
