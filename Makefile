@@ -84,8 +84,10 @@ env:
 # images and the single-node Kubernetes (started by its tier, stopped after it),
 # and runs every tier (Python, Go, Node, grpcurl, the offline k8s checks, the Kubernetes tier, then
 # the cluster tier, which starts the clusters itself when it gets there).
+# --session-timeout: after an hour no further test starts (one already running ends by its own
+# limit), so a run that something slowed down still ends with its summary, inside CI's 90 minutes.
 test: up lint docs kustomize contract spark-connector image kube-install
-	$(PY) -m pytest --junitxml=.stack/logs/test-results.xml
+	$(PY) -m pytest --junitxml=.stack/logs/test-results.xml --session-timeout=3600
 
 # The same tests in lanes (tests/lanes.py): unit, contract and integration beside the cluster
 # tier, the Spark sweep and the image/Kubernetes start-up; then alone the outage tests and the

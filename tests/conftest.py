@@ -38,6 +38,9 @@ from stack.harness import (
 )
 from tests.inprocess import LoopThread, RunningApp
 
+#: The last lines of the output: each failure's last frames and the machine's state then.
+pytest_plugins = ["tests.digest"]
+
 INTEGRATION = pathlib.Path(__file__).parent / "integration"
 CONTRACT = pathlib.Path(__file__).parent / "contract"
 CLUSTER = pathlib.Path(__file__).parent / "cluster"

@@ -73,7 +73,11 @@ def applied(cluster: None) -> Applied:
                 available_s[c] = round(time.monotonic() - start, 1)
         return len(available_s) == len(kube.DEPLOYMENTS)
 
-    wait_until(all_available, 240, interval=1, what="every Deployment Available")
+    try:
+        wait_until(all_available, 240, interval=1, what="every Deployment Available")
+    except AssertionError as e:
+        pods = "; ".join(f"{name} {phase} {why}".strip() for name, phase, why in kube.pod_phases())
+        raise AssertionError(f"{e}: available {sorted(available_s)}\npods: {pods}\n{kube.node_state()}") from None
     print(f"[kubernetes] kubectl apply -k: {apply_s} s; Available after (s): {available_s}")
     yield Applied(available_s, apply_s)
     kube.kubectl("delete", "namespace", kube.NAMESPACE, "--wait=false", check=False)

@@ -71,6 +71,18 @@ def pod_phases() -> list[tuple[str, str, str]]:
     return out
 
 
+def node_state() -> str:
+    """The node's conditions that are not as they should be (DiskPressure, MemoryPressure,
+    PIDPressure True; Ready not True) and its taints, on one line: why pods stay Pending."""
+    bad, taints = [], []
+    for node in get("nodes")["items"]:
+        for c in node.get("status", {}).get("conditions", []):
+            if (c["type"] == "Ready") != (c["status"] == "True"):
+                bad.append(f"{c['type']}={c['status']} ({c.get('message', '')[:120]})")
+        taints += [t["key"] for t in node.get("spec", {}).get("taints", [])]
+    return f"node conditions: {'; '.join(bad) or 'all healthy'}; taints: {', '.join(taints) or 'none'}"
+
+
 def is_ready(pod: dict) -> bool:
     return any(c["type"] == "Ready" and c["status"] == "True" for c in pod.get("status", {}).get("conditions", []))
 
