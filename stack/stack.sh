@@ -167,7 +167,7 @@ up() {
     [[ -z $missing ]] || die "$(echo $missing) already running without the plaintext listener: stack/stack.sh down, then up --plaintext-loopback"
   fi
   minio_healthy >/dev/null 2>&1 || minio_start
-  rabbit_healthy >/dev/null 2>&1 || rabbit_start
+  rabbit_healthy >/dev/null 2>&1 || rabbit_ensure
   cassandra_healthy >/dev/null 2>&1 || cassandra_start
   provision_backends "127.0.0.1:$CASSANDRA_PORT"
   if [[ $PLAINTEXT_LOOPBACK == 1 ]]; then minio_plain_healthy >/dev/null 2>&1 || minio_plain_start; fi

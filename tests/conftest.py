@@ -214,6 +214,33 @@ def _drop_created_queues(request: pytest.FixtureRequest):
         CREATED_QUEUES.clear()
 
 
+#: Set on a test whose set-up or call failed (below): its clean-up may not have run to the end.
+FAILED = pytest.StashKey[bool]()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> object:
+    outcome = yield
+    if outcome.get_result().failed:
+        item.stash[FAILED] = True
+
+
+@pytest.fixture(autouse=True)
+def _stack_whole_after_a_failed_outage(request: pytest.FixtureRequest):
+    """A test that stops a backend and failed (or timed out) half-way may leave it stopped, and
+    every test after it would fail for that. The stack is checked after such a test and started
+    again where a component is down (stack.sh up starts a stopped RabbitMQ app too)."""
+    yield
+    if not request.node.stash.get(FAILED, False):
+        return
+    if not any(request.node.get_closest_marker(m) for m in ("outage", "kubernetes")):
+        return
+    status = stack("status", check=False)
+    if status.returncode != 0:
+        print(f"\n[tests] the stack after a failed {request.node.name}:\n{status.stdout}starting what is down (stack.sh up)")
+        stack("up", check=False)
+
+
 class BaseSuite:
     """The four services of one keyspace as a client sees them: stubs, a View of the same
     keyspace for reading what they wrote, and their metrics. Subclasses run the services."""

@@ -40,7 +40,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from mailqueue.v1 import admin_pb2, admin_pb2_grpc, browse_pb2, browse_pb2_grpc, dequeue_pb2_grpc, enqueue_pb2_grpc
-from stack.harness import ServiceProcess, new_keyspace, service_env, stack, stack_dir, stack_env, wait_until
+from stack.harness import ServiceProcess, broker_stopped, new_keyspace, service_env, stack, stack_dir, stack_env, wait_until
 from tests.adversary import Adversary, drain
 from tests.browse_traffic import BrowseTraffic
 from tests.pki import PKI, der, served_certificate
@@ -229,12 +229,9 @@ def disturb(certs: Certificates, ports: list[int], restarts: bool, say) -> None:
 
 
 def restart_backends(say) -> None:  # noqa: ANN001 - print-like
-    stack("rabbitmqctl", "stop_app")
-    try:
+    with broker_stopped():
         say("rabbitmq stopped")
         time.sleep(OUTAGE_S)  # the outage's length is the move, not a wait for a state
-    finally:
-        stack("rabbitmqctl", "start_app")
     say("rabbitmq started")
     with open(os.path.join(stack_dir(), "cassandra.pid")) as f:
         pid = int(f.read())

@@ -27,7 +27,22 @@ rabbit_env() {
   export RABBITMQ_CTL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1}"
 }
 
-rabbit_healthy() { ( rabbit_env; "$RABBIT_BIN/rabbitmq-diagnostics" -q ping ); }
+# Healthy is the app running, not just the Erlang node answering: `rabbitmqctl stop_app` (the
+# outage tests) leaves a node that pings but refuses every client.
+rabbit_healthy() { ( rabbit_env; "$RABBIT_BIN/rabbitmq-diagnostics" -q -t 10 check_running ); }
+rabbit_node_up() { ( rabbit_env; "$RABBIT_BIN/rabbitmq-diagnostics" -q ping ); }
+
+# rabbit_ensure: start the node, or only its app when the node is up with the app stopped.
+rabbit_ensure() {
+  if rabbit_node_up >/dev/null 2>&1; then
+    say "rabbitmq: node $RABBITMQ_NODE is up with its app stopped (rabbitmqctl stop_app): starting the app"
+    ( rabbit_env; "$RABBIT_BIN/rabbitmqctl" -q start_app ) >>"$LOG_DIR/rabbitmq.out" 2>&1 \
+      || die "rabbitmq: start_app failed; see $LOG_DIR/rabbitmq.out and $LOG_DIR/rabbitmq/"
+    wait_for rabbitmq 300 rabbit_healthy "$LOG_DIR/rabbitmq/"
+  else
+    rabbit_start
+  fi
+}
 
 rabbit_install() {
   [[ -x "$RABBIT_BIN/rabbitmq-server" ]] && return
@@ -84,7 +99,7 @@ EOF
   say "rabbitmq: starting node $RABBITMQ_NODE on 127.0.0.1:$RABBITMQ_PORT (logs $LOG_DIR/rabbitmq/)"
   ( rabbit_env; "$RABBIT_BIN/rabbitmq-server" -detached ) >"$LOG_DIR/rabbitmq.out" 2>&1 \
     || die "rabbitmq: start failed; see $LOG_DIR/rabbitmq.out"
-  wait_for rabbitmq 120 rabbit_healthy "$LOG_DIR/rabbitmq/"
+  wait_for rabbitmq 300 rabbit_healthy "$LOG_DIR/rabbitmq/"
 }
 
 rabbit_stop() {

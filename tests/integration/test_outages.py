@@ -10,7 +10,7 @@ import uuid
 import grpc
 import pytest
 
-from stack.harness import ROOT, stack, wait_until
+from stack.harness import ROOT, broker_stopped, stack, wait_until
 from tests.integration.helpers import deleted_reason, inline, message_count, simple_mail, view_rows
 
 pytestmark = pytest.mark.outage
@@ -27,14 +27,11 @@ def enqueue_ok(suite, queue, size: int | None = None) -> bool:
 
 def test_rabbitmq_down_means_unavailable_and_nothing_delivered_later(suite):
     queue = suite.new_queue()
-    stack("rabbitmqctl", "stop_app")
-    try:
+    with broker_stopped():
         with pytest.raises(grpc.RpcError) as e:
             suite.enqueue_stub.Enqueue(inline(queue, simple_mail("lost")), timeout=30)
         assert e.value.code() == grpc.StatusCode.UNAVAILABLE
         assert "rabbitmq" in e.value.details()
-    finally:
-        stack("rabbitmqctl", "start_app")
     # The row written before the failed publish is marked deleted: never browsed, never delivered.
     rows = [r for r in view_rows(suite, queue) if r.mail.name == "lost"]
     assert all(deleted_reason(suite, queue, r.enqueue_id) for r in rows)

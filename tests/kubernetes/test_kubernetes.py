@@ -18,7 +18,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from stack.harness import ROOT, drop_queues, stack, wait_until
+from stack.harness import ROOT, broker_stopped, drop_queues, wait_until
 from tests.kubernetes import kube
 
 ALLOWED_CODES = {"OK", "UNAVAILABLE"}
@@ -341,14 +341,11 @@ def test_with_the_broker_stopped_pods_leave_the_endpoints_and_come_back_by_thems
     restarts = {p["metadata"]["name"]: p["status"]["containerStatuses"][0]["restartCount"]
                 for c in components for p in kube.pods(c, ready_only=True)}
     assert all(before.values())
-    stack("rabbitmqctl", "stop_app")
-    start = time.monotonic()
-    try:
+    with broker_stopped():
+        start = time.monotonic()
         wait_until(lambda: not any(kube.endpoints(c) for c in components), 120, interval=1,
                    what="enqueue and dequeue to leave their Services' endpoints")
         left = time.monotonic() - start
-    finally:
-        stack("rabbitmqctl", "start_app")
     start = time.monotonic()
 
     def every_live_pod_back() -> bool:
