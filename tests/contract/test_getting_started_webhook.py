@@ -16,13 +16,13 @@ import secrets
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import pytest
 from pytest_codeblocks import extract_from_file
 
 from stack.harness import ROOT, wait_until
+from tests.conftest import own_queue
 from tests.contract.conftest import CA
 
 PAGE = Path(ROOT) / "docs" / "pages" / "getting-started" / "first-mail.md"
@@ -61,8 +61,8 @@ def test_the_pages_receiver_gets_each_delivered_mails_event_signed(services, tmp
     with open(out, "w") as log:
         receiver = subprocess.Popen([sys.executable, "receiver.py", str(secret)], cwd=tmp_path, stdout=log,
                                     stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    suffix = uuid.uuid4().hex[:8]
-    queue, hook = f"gs-{suffix}", f"gs-{suffix}"
+    queue = own_queue("gs")  # its broker queues removed after the test, whatever `mailq drop` did
+    hook = queue
     mail = tmp_path / "hi.eml"
     mail.write_bytes(b"Subject: hi\r\n\r\nhello\r\n")
     try:
