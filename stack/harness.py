@@ -34,9 +34,10 @@ def stack_dir() -> str:
     return os.environ.get("MAILQUEUE_STACK_DIR", os.path.join(ROOT, ".stack"))
 
 
-def stack(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    """``stack/stack.sh ARGS``, its output captured."""
-    return subprocess.run([os.path.join(ROOT, "stack", "stack.sh"), *args], capture_output=True, text=True, check=check)
+def stack(*args: str, check: bool = True, timeout: float | None = None) -> subprocess.CompletedProcess[str]:
+    """``stack/stack.sh ARGS``, its output captured (subprocess.TimeoutExpired past ``timeout``)."""
+    return subprocess.run([os.path.join(ROOT, "stack", "stack.sh"), *args], capture_output=True, text=True, check=check,
+                          timeout=timeout)
 
 
 #: How long ``rabbitmqctl stop_app`` and ``start_app`` may take before the broker is started over
@@ -51,9 +52,8 @@ def broker_stopped() -> Iterator[None]:
     stays up, clients are refused), and started again however the block ends. A start that fails
     or overruns ``BROKER_START_S`` falls back on ``stack.sh up``, which starts the app (or the
     node): a test that failed half-way never leaves the broker down for the tests after it."""
-    subprocess.run([os.path.join(ROOT, "stack", "stack.sh"), "rabbitmqctl", "stop_app"], capture_output=True,
-                   text=True, check=True, timeout=BROKER_STOP_S)
     try:
+        stack("rabbitmqctl", "stop_app", timeout=BROKER_STOP_S)  # a stop that failed half-way is started too
         yield
     finally:
         start_broker()
@@ -62,8 +62,7 @@ def broker_stopped() -> Iterator[None]:
 def start_broker() -> None:
     """RabbitMQ's app started again after ``broker_stopped``; see there."""
     try:
-        p = subprocess.run([os.path.join(ROOT, "stack", "stack.sh"), "rabbitmqctl", "start_app"], capture_output=True,
-                           text=True, timeout=BROKER_START_S)
+        p = stack("rabbitmqctl", "start_app", check=False, timeout=BROKER_START_S)
         if p.returncode == 0:
             return
         why = f"rabbitmqctl start_app failed ({p.returncode}): {p.stderr.strip()[-500:]}"
