@@ -182,23 +182,37 @@ class Certificates:
                        what=f"the renewed certificate served on port {port}")
 
 
-def recovered(enqueue, dequeue, queue: str) -> bool:
+class Probe:
     """The data path works end to end again: a mail enqueued now is delivered (SERVING says the
-    backends answer; a quorum queue may take longer to take messages again)."""
-    import queue as q
+    backends answer; a quorum queue may take longer to take messages again). ``last`` says which
+    half failed the last try, and how: what a probe that never succeeds reports."""
 
-    from tests.integration.helpers import StreamConsumer, inline, simple_mail
+    def __init__(self, enqueue, dequeue, queue: str) -> None:
+        self.enqueue, self.dequeue, self.queue = enqueue, dequeue, queue
+        self.tries, self.last = 0, "no try yet"
 
-    try:
-        enqueue.Enqueue(inline(queue, simple_mail("probe")), timeout=10)
-        consumer = StreamConsumer(dequeue, queue, prefetch=1)
+    def __call__(self) -> bool:
+        import queue as q
+
+        from tests.integration.helpers import StreamConsumer, inline, simple_mail
+
+        self.tries += 1
         try:
+            self.enqueue.Enqueue(inline(self.queue, simple_mail("probe")), timeout=10)
+        except grpc.RpcError as e:
+            self.last = f"Enqueue {e.code().name}: {e.details()}"
+            return False
+        consumer = None
+        try:
+            consumer = StreamConsumer(self.dequeue, self.queue, prefetch=1)
             consumer.answer(consumer.next(timeout=10))
+            return True
+        except (grpc.RpcError, q.Empty, EOFError) as e:
+            self.last = f"Enqueue OK, then no delivery in 10 s ({type(e).__name__}: {e})"
+            return False
         finally:
-            consumer.close()
-        return True
-    except (grpc.RpcError, q.Empty, EOFError):
-        return False
+            if consumer is not None:
+                consumer.close()
 
 
 def start_services(keyspace: str, certs: Certificates) -> dict[str, ServiceProcess]:
@@ -304,7 +318,13 @@ def soak(phase_s: float, restarts: bool = True, clients: int = 6, seed: int = 0,
         disturb(certs, ports, restarts, lambda what: say(f"  {time.monotonic() - before.began:6.1f} s  {what}"))
         wait_until(health.serving, 180, interval=0.5, what="every service SERVING after the disturbances")
         say(f"  {time.monotonic() - before.began:6.1f} s  every service SERVING")
-        wait_until(lambda: recovered(enqueue, dequeue, probe), 180, interval=0.5, what="a mail enqueued and delivered")
+        probing = Probe(enqueue, dequeue, probe)
+        try:
+            wait_until(probing, 180, interval=0.5, what="a mail enqueued and delivered")
+        except AssertionError as e:
+            size = browse.GetSize(browse_pb2.GetSizeRequest(queue=probe, exact=True), timeout=30).size
+            raise AssertionError(f"{e}: {probing.tries} tries, the last: {probing.last}; "
+                                 f"{size} mails in the probe queue; service logs: {[s.log for s in services.values()]}") from None
         say(f"  {time.monotonic() - before.began:6.1f} s  a mail enqueued and delivered: the after phase begins")
         settled = Phase(time.monotonic(), time.monotonic() + settle_s)
         time.sleep(settle_s)  # the phase's length is the run's, not a wait for a state
