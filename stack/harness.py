@@ -72,6 +72,15 @@ def start_broker() -> None:
     stack("up")
 
 
+def stack_whole(who: str) -> None:
+    """Start whatever of the local stack is down (``stack.sh up``; a stopped RabbitMQ app too),
+    saying so for ``who``; nothing when every component is healthy."""
+    status = stack("status", check=False)
+    if status.returncode != 0:
+        print(f"\n[{who}] the local stack is not healthy:\n{status.stdout}starting what is down (stack.sh up)")
+        stack("up")
+
+
 def stack_env(role: str = "operator") -> dict[str, str]:
     """The MAILQUEUE_* variables of ``role`` on the single-node stack (stack/stack.sh env ROLE):
     backends over TLS with that role's own credential."""

@@ -35,6 +35,7 @@ from stack.harness import (
     service_env,
     stack,
     stack_env,
+    stack_whole,
 )
 from tests.inprocess import LoopThread, RunningApp
 
@@ -235,10 +236,7 @@ def _stack_whole_after_a_failed_outage(request: pytest.FixtureRequest):
         return
     if not any(request.node.get_closest_marker(m) for m in ("outage", "kubernetes")):
         return
-    status = stack("status", check=False)
-    if status.returncode != 0:
-        print(f"\n[tests] the stack after a failed {request.node.name}:\n{status.stdout}starting what is down (stack.sh up)")
-        stack("up", check=False)
+    stack_whole(f"after the failed {request.node.name}")
 
 
 class BaseSuite:

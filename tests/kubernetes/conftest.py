@@ -19,7 +19,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from stack.harness import stack, wait_until
+from stack.harness import stack_whole, wait_until
 from tests.kubernetes import kube
 
 
@@ -54,9 +54,7 @@ def cluster(running_stack: None) -> Iterator[None]:
 @pytest.fixture(scope="package")
 def applied(cluster: None) -> Applied:
     # The pods use the local stack: whatever the outage tests before left down is started first.
-    if stack("status", check=False).returncode != 0:
-        print("[kubernetes] the local stack is not healthy: stack.sh up")
-        stack("up")
+    stack_whole("kubernetes")
     if kube.kubectl("get", "namespace", kube.NAMESPACE, check=False).returncode == 0:
         print(f"[kubernetes] deleting the namespace {kube.NAMESPACE} of an earlier run")
         kube.kubectl("delete", "namespace", kube.NAMESPACE, "--wait=true", timeout=300)
