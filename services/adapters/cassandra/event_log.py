@@ -33,17 +33,20 @@ and size (5 KiB) warning thresholds), a larger row alone, all sent at once: neve
 per event. Each caller waits for the requests holding its rows, and gets BackendUnavailable if
 one failed.
 
-Composition: after the history, ``record`` awaits each extra sink given at construction (the
-event stream), in order; it returns once every sink has taken the events. (Both at once was
-measured: no gain in the events bench, 0.84 and 0.73 either way, and a Cassandra outage would then
-leave in the stream events of changes never carried out.)
+Composition: after the history, each extra sink given at construction (the event stream) takes
+the events, in order; ``record`` returns once every sink has. The sinks are fed per loop turn, not
+per caller: once a turn's rows are written, the events of its callers whose rows all were go to
+each sink in one call, in the callers' order (a caller whose row failed gets BackendUnavailable
+and has nothing in the stream). A caller waits on one future whatever the sinks: a delivered
+mail's record is one suspension, not one per sink. (History and stream at once was measured: no
+gain in the events bench, 0.84 and 0.73 either way, and a Cassandra outage would then leave in the
+stream events of changes never carried out.)
 """
 
 from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import functools
 import socket
 import uuid
 from collections.abc import Sequence
@@ -80,7 +83,17 @@ class EventSink(Protocol):
 
 
 _Row = tuple[Any, tuple[Any, ...], int]
-_Waiting = tuple[dict[uuid.UUID, list[bytes]], dict[tuple[str, uuid.UUID], dt.datetime], "asyncio.Future[None]"]
+
+
+class _Waiting:
+    """One ``record`` call of the loop turn: its rows by history key and name, its events for the
+    sinks, and the future its caller waits on."""
+
+    __slots__ = ("keyed", "names", "events", "encoded", "done")
+
+    def __init__(self, keyed: dict[uuid.UUID, list[bytes]], names: dict[tuple[str, uuid.UUID], dt.datetime],
+                 events: Sequence[Event], encoded: Sequence[bytes], done: asyncio.Future[None]) -> None:
+        self.keyed, self.names, self.events, self.encoded, self.done = keyed, names, events, encoded, done
 
 
 class CassandraEventLog:
@@ -112,6 +125,8 @@ class CassandraEventLog:
         """Durable in the history, then taken by each sink; BackendUnavailable otherwise. In that
         order, not at once: a history that cannot be written (Cassandra down) leaves nothing in
         the stream either, so a change that is then not carried out has no event anywhere."""
+        if not events:
+            return
         encoded = events_serde.encode_each(events, self.replica)  # once, for the history and the stream
         keyed: dict[uuid.UUID, list[bytes]] = {}
         names: dict[tuple[str, uuid.UUID], dt.datetime] = {}  # (name, history key) -> when
@@ -128,32 +143,29 @@ class CassandraEventLog:
                 landed = landed_id(e)
                 if landed is not None:
                     names.setdefault((e.name, history_key(landed)), e.time)
-        if keyed:
-            loop = asyncio.get_running_loop()
-            done: asyncio.Future[None] = loop.create_future()
-            done.add_done_callback(_retrieved)
-            self._waiting.append((keyed, names, done))
-            if not self._scheduled:
-                self._scheduled = True
-                loop.call_soon(self._send)
-            await done  # a cancelled caller cancels its own answer, never the requests others wait for
-        for sink in self._sinks:
-            await sink.record(events, encoded)
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+        done.add_done_callback(_retrieved)
+        self._waiting.append(_Waiting(keyed, names, events, encoded, done))
+        if not self._scheduled:
+            self._scheduled = True
+            loop.call_soon(self._send)
+        await done  # a cancelled caller cancels its own answer, never the writes others wait for
 
     def _send(self) -> None:
         """The events of every caller of this loop turn: one row per history key (callers that
         meet on a key share its row), plus the name rows; small rows packed into unlogged
-        batches, a large one alone; each caller answered when the requests holding its rows are."""
+        batches, a large one alone; then the sinks, once for the turn (``_commit``)."""
         self._scheduled = False
         waiting, self._waiting = self._waiting, []
         keyed: dict[uuid.UUID, tuple[list[bytes], list[int]]] = {}
         named: dict[tuple[str, uuid.UUID], tuple[dt.datetime, list[int]]] = {}
-        for c, (by_key, names, _) in enumerate(waiting):
-            for key, events in by_key.items():
+        for c, w in enumerate(waiting):
+            for key, events in w.keyed.items():
                 held = keyed.setdefault(key, ([], []))
                 held[0].extend(events)
                 held[1].append(c)
-            for name_key, at in names.items():
+            for name_key, at in w.names.items():
                 named.setdefault(name_key, (at, []))[1].append(c)
         rows: list[tuple[_Row, list[int]]] = []
         for (name, key), (at, callers) in named.items():
@@ -162,26 +174,71 @@ class CassandraEventLog:
             body = events_serde.batch_of_encoded(encoded)
             rows.append(((self._insert_group, (key, body, self._ttl), 40 + len(body)), callers))
         requests: list[list[_Row]] = []
-        holders: list[set[int]] = []
+        holders: list[list[int]] = []
         size = BATCH_BYTES
         for row, callers in rows:
             if len(requests[-1] if requests else ()) >= BATCH_STATEMENTS or size + row[2] > BATCH_BYTES:
                 requests.append([])
-                holders.append(set())
+                holders.append([])
                 size = 0
             requests[-1].append(row)
-            holders[-1].update(callers)
+            holders[-1].extend(callers)
             size += row[2]
-        answers = [_Caller(done, sum(c in h for h in holders)) for c, (_, _, done) in enumerate(waiting)]
-        loop = asyncio.get_running_loop()
-        for request, held in zip(requests, holders, strict=True):
-            task = self._keep(loop.create_task(self._write(request)))
-            task.add_done_callback(functools.partial(_settle, holders=[answers[c] for c in held]))
+        self._keep(asyncio.get_running_loop().create_task(self._commit(waiting, requests, holders)))
 
     def _keep(self, task: asyncio.Task[None]) -> asyncio.Task[None]:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
+
+    async def _commit(self, waiting: list[_Waiting], requests: list[list[_Row]], holders: list[list[int]]) -> None:
+        """A loop turn's writes, all at once; then its callers whose rows were all written have
+        their events taken by each sink in one call; each caller answered. Never raises: each
+        caller gets its own failure."""
+        try:
+            await self._written(waiting, requests, holders)
+        finally:  # cancelled (the service stops): no caller waits for ever
+            for w in waiting:
+                if not w.done.done():
+                    w.done.cancel()
+
+    async def _written(self, waiting: list[_Waiting], requests: list[list[_Row]], holders: list[list[int]]) -> None:
+        failed: dict[int, BaseException] = {}
+        results: list[BaseException | None] = []
+        if len(requests) == 1:  # most turns: no gather, no task more
+            try:
+                await self._write(requests[0])
+                results = [None]
+            except Exception as e:  # noqa: BLE001 - its callers get it
+                results = [e]
+        elif requests:
+            results = await asyncio.gather(*(self._write(r) for r in requests), return_exceptions=True)
+        for result, held in zip(results, holders, strict=True):
+            if isinstance(result, BaseException):
+                for c in held:
+                    failed.setdefault(c, result)
+        written = [w for c, w in enumerate(waiting) if c not in failed]
+        sunk: BaseException | None = None
+        if written and self._sinks:
+            events = [e for w in written for e in w.events]
+            encoded = [b for w in written for b in w.encoded]
+            try:
+                for sink in self._sinks:
+                    await sink.record(events, encoded)
+            except BaseException as e:  # noqa: BLE001 - every caller of the turn gets it (cancelled: the service stops)
+                sunk = e
+        for c, w in enumerate(waiting):
+            error = failed.get(c, sunk)
+            if w.done.done():
+                continue
+            if isinstance(error, asyncio.CancelledError):
+                w.done.cancel()
+            elif error is not None:
+                w.done.set_exception(error)
+            else:
+                w.done.set_result(None)
+        if isinstance(sunk, asyncio.CancelledError):
+            raise sunk
 
     async def _write(self, rows: list[_Row]) -> None:
         BATCH_SIZE.observe(len(rows))
@@ -248,31 +305,6 @@ def _event(r: Any) -> Event:
         name=r.name or "", sender=r.sender or "", attempt=r.attempt or 0, reason=r.reason or "", replica=r.replica or "",
         traceparent=r.traceparent or "", details=dict(r.details or {}),
     )
-
-
-class _Caller:
-    """A record call waiting for its batches: its answer is set when the last one is written, or
-    when one failed."""
-
-    __slots__ = ("done", "left")
-
-    def __init__(self, done: asyncio.Future[None], batches: int) -> None:
-        self.done, self.left = done, batches
-
-
-def _settle(batch: asyncio.Task[None], holders: list[_Caller]) -> None:
-    failed = None if batch.cancelled() else batch.exception()
-    for c in holders:
-        if c.done.done():
-            continue
-        if batch.cancelled():
-            c.done.cancel()
-        elif failed is not None:
-            c.done.set_exception(failed)
-        else:
-            c.left -= 1
-            if c.left == 0:
-                c.done.set_result(None)
 
 
 def _retrieved(done: asyncio.Future[None]) -> None:
