@@ -30,7 +30,8 @@ def blob_app(request, aio_loop, keyspace):
     app = BlobApp(Settings.from_env("blob", service_env(keyspace, **extra)))
     aio_loop.run(app.connect())
     app.connected = True
-    return app
+    yield app
+    aio_loop.run(app.close())  # its Cassandra cluster shut down: no driver thread outlives the run
 
 
 @pytest.fixture(scope="module")
