@@ -48,7 +48,9 @@ func dial(t *testing.T, env, fallback string) *grpc.ClientConn {
 		}
 	}
 	opts := []grpc.DialOption{grpc.WithTransportCredentials(transport),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(16 << 20)),
+		// WaitForReady: a call waits (within its deadline) for a replica that is connected rather
+		// than failing on the first one that refuses, as a client of a scaled Service should.
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(16<<20), grpc.WaitForReady(true)),
 		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig": [{"round_robin": {}}]}`)}
 	if token := os.Getenv("MAILQUEUE_TOKEN"); token != "" {
 		opts = append(opts, grpc.WithUnaryInterceptor(
