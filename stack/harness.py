@@ -34,10 +34,20 @@ def stack_dir() -> str:
     return os.environ.get("MAILQUEUE_STACK_DIR", os.path.join(ROOT, ".stack"))
 
 
+class StackFailed(subprocess.CalledProcessError):
+    """``stack.sh`` ended with an error: its message carries what the script printed."""
+
+    def __str__(self) -> str:
+        return f"{super().__str__()}\n{self.stdout or ''}\n{(self.stderr or '')[-3000:]}"
+
+
 def stack(*args: str, check: bool = True, timeout: float | None = None) -> subprocess.CompletedProcess[str]:
-    """``stack/stack.sh ARGS``, its output captured (subprocess.TimeoutExpired past ``timeout``)."""
-    return subprocess.run([os.path.join(ROOT, "stack", "stack.sh"), *args], capture_output=True, text=True, check=check,
-                          timeout=timeout)
+    """``stack/stack.sh ARGS``, its output captured; StackFailed (with that output) when ``check``
+    and it fails, subprocess.TimeoutExpired past ``timeout`` seconds."""
+    p = subprocess.run([os.path.join(ROOT, "stack", "stack.sh"), *args], capture_output=True, text=True, timeout=timeout)
+    if check and p.returncode != 0:
+        raise StackFailed(p.returncode, p.args, p.stdout, p.stderr)
+    return p
 
 
 #: How long ``rabbitmqctl stop_app`` and ``start_app`` may take before the broker is started over

@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
 import time
 import uuid
 
@@ -12,15 +10,8 @@ import grpc
 import pytest
 
 from mailqueue.v1 import admin_pb2, admin_pb2_grpc
-from stack.harness import ROOT, ServiceProcess, is_serving, new_keyspace, service_env, wait_until
+from stack.harness import ServiceProcess, is_serving, new_keyspace, service_env, stack, wait_until
 from tests.conftest import drop_keyspace
-
-
-def stack(*args: str, check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    p = subprocess.run([os.path.join(ROOT, "stack", "stack.sh"), *args], capture_output=True, text=True, timeout=timeout)
-    if check and p.returncode != 0:
-        raise AssertionError(f"stack.sh {' '.join(args)} failed ({p.returncode}):\n{p.stdout}\n{p.stderr[-3000:]}")
-    return p
 
 
 @pytest.fixture(scope="session")

@@ -20,8 +20,7 @@ from google.protobuf import duration_pb2
 
 from mailqueue.v1 import admin_pb2, browse_pb2, browse_pb2_grpc, dequeue_pb2_grpc, enqueue_pb2, enqueue_pb2_grpc, mail_pb2
 from services.domain import names
-from stack.harness import ROOT, wait_until
-from tests.cluster.conftest import stack
+from stack.harness import ROOT, stack, wait_until
 from tests.integration.helpers import StreamConsumer
 from tests.load import Load
 
