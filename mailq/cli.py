@@ -35,6 +35,8 @@
     mailq enqueue Q FILE.eml --from A --to B [--to C] [--name N] [--delay 10m] [--priority high|normal|low]
     mailq dequeue Q [-n N] [--ack success|retry|reject] [--retry-after 5m] [--out DIR] [--wait 10]
     mailq trace ID [--queue Q] | trace --name N [--json]   what happened to a mail: its events, times and actors
+    mailq events [--cursor C | --oldest] [--queue Q ...] [--type T ...] [--count N] [--for S] [--json]
+                                         follow the event stream as it happens (resumable from a cursor)
     mailq webhook add NAME URL --secret-file PATH [--events TYPE...] [--queues Q...] [--max-age-s N] [--from-oldest]
     mailq webhook list | webhook remove NAME   the endpoints webhook_svc delivers events to
 
@@ -95,7 +97,7 @@ def hint(code: grpc.StatusCode, command: str) -> str:
 #: The modules that hold the commands, each adding its own with ``register(sub)``, in this order:
 #: queues (queues, show, size, create, retry-policy, shape, reconcile, drop, config), mails (browse, delete,
 #: clear, flush, republish, move), transfer (enqueue, dequeue), rules (hold, bounce, rules, release),
-#: throttle, quota, dead, trace, webhook.
+#: throttle, quota, dead, trace (trace, events), webhook.
 COMMANDS = (queues, mails, transfer, rules, throttle, quota, dead, trace)
 COMMANDS += (webhook,)  # webhook add|list|remove (kept on its own line: one line to merge)
 

@@ -1,18 +1,30 @@
-"""mailq trace: the story of a mail, from GetMailHistory (EventService, browse_svc).
+"""mailq trace: the story of a mail, from GetMailHistory; mailq events: the event stream as it
+happens, from WatchEvents (EventService, browse_svc).
 
     mailq trace ID [--queue Q] [--json]       one mail (a full enqueue id, or a unique prefix of a live mail's)
     mailq trace --name N [--json]             every mail with that name (the newest 100)
+    mailq events [--cursor C | --oldest] [--queue Q ...] [--type T ...] [--count N] [--for S] [--json]
 
-One line per event, oldest first: time (UTC), type, queue, attempt, actor, reason and details.
-A mail older than the history retention (MAILQUEUE_HISTORY_RETENTION_S, 7 days) has no story left.
+trace: one line per event, oldest first: time (UTC), type, queue, attempt, actor, reason and
+details. A mail older than the history retention (MAILQUEUE_HISTORY_RETENTION_S, 7 days) has no
+story left.
+
+events: one line per event as it is recorded, every queue's or those named, until Ctrl-C, --count
+events or --for seconds; from now on, from the oldest kept (--oldest), or from a cursor (--cursor:
+that event first). When it ends it prints on stderr the command that resumes after the last event
+shown, so nothing is missed between two runs (the events are kept for the stream retention,
+MAILQUEUE_EVENT_STREAM_RETENTION_S).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Iterator
 from typing import Any
+
+import grpc
 
 from mailq import ids
 from mailq.common import Client, UsageError, print_table
@@ -70,6 +82,44 @@ def cmd_trace(c: Client, a: argparse.Namespace) -> None:
     print_table(table, ["TIME (UTC)", *(["MAIL"] if several else []), "EVENT", "QUEUE", "ATTEMPT", "ACTOR", "REASON"])
 
 
+#: The event types as mailq names them: the proto's names without EVENT_TYPE_, lower case.
+TYPES = {_type(v): v for v in events_pb2.EventType.values() if v != events_pb2.EVENT_TYPE_UNSPECIFIED}
+
+
+def cmd_events(c: Client, a: argparse.Namespace) -> None:
+    if a.count < 0 or (a.seconds is not None and a.seconds <= 0):
+        raise UsageError("mailq events: --count is 0 (no limit) or more, --for a number of seconds above 0")
+    unknown = [t for t in a.type if t not in TYPES]
+    if unknown:
+        raise UsageError(f"mailq events: unknown event type {', '.join(unknown)}; one of: {' '.join(sorted(TYPES))}")
+    request = events_pb2.WatchEventsRequest(cursor=a.cursor or "", from_oldest=a.oldest, queues=a.queue,
+                                            types=[TYPES[t] for t in a.type])
+    stream = c.events.WatchEvents(request, timeout=a.seconds)
+    last, shown = "", 0
+    try:
+        for response in stream:
+            e = response.event
+            row = {**_row(e), "cursor": e.cursor}
+            if a.json:
+                print(json.dumps(row), flush=True)
+            else:
+                detail = " ".join(f"{k}={v}" for k, v in sorted(row["details"].items()))
+                print(" ".join(x for x in (row["time"].replace("T", " "), f"{row['type']:<15}", row["queue"] or "-",
+                                           row["enqueue_id"][:8] or "-", str(row["attempt"]), row["actor"], row["reason"], detail) if x),
+                      flush=True)
+            last, shown = e.cursor, shown + 1
+            if a.count and shown >= a.count:
+                break
+    except grpc.RpcError as e:
+        if e.code() is not grpc.StatusCode.DEADLINE_EXCEEDED or a.seconds is None:  # --for ran out: the end asked for
+            raise
+    finally:
+        stream.cancel()
+        if last:
+            print(f"{shown} events; to go on after the last one: mailq events --cursor {last} (its event comes first again)",
+                  file=sys.stderr)
+
+
 def register(sub: Any) -> None:
     t = sub.add_parser("trace", help="what happened to a mail: its events with times and actors (by id or --name)")
     t.add_argument("id", nargs="?", help="enqueue id, or a unique prefix of a live mail's")
@@ -77,3 +127,14 @@ def register(sub: Any) -> None:
     t.add_argument("--queue", help="resolve an id prefix among this queue's live mails (default: every queue's)")
     t.add_argument("--json", action="store_true", help="one JSON object per event")
     t.set_defaults(fn=cmd_trace)
+    w = sub.add_parser("events", help="follow the event stream: every change as it happens (until Ctrl-C, --count or --for)")
+    start = w.add_mutually_exclusive_group()
+    start.add_argument("--cursor", help="start at this event (a cursor an earlier run or an event gave): nothing after it is missed")
+    start.add_argument("--oldest", action="store_true", help="start at the oldest event kept (default: from now on)")
+    w.add_argument("--queue", action="append", default=[], metavar="Q", help="only this queue's events (repeatable)")
+    w.add_argument("--type", action="append", default=[], metavar="TYPE", help="only events of this type (repeatable): "
+                   + " ".join(sorted(TYPES)))
+    w.add_argument("--count", type=int, default=0, metavar="N", help="stop after N events")
+    w.add_argument("--for", dest="seconds", type=float, metavar="S", help="stop after S seconds")
+    w.add_argument("--json", action="store_true", help="one JSON object per event, with its cursor")
+    w.set_defaults(fn=cmd_events)

@@ -252,6 +252,51 @@ def test_mailq_trace_prints_the_story(secured):
         ("enqueued", receipt.enqueue_id, f"producer:{identity('producer')}")]
 
 
+def run_mailq(s, *args: str) -> subprocess.CompletedProcess:
+    """mailq as a shell runs it, whatever its exit status (the reader's token)."""
+    targets = ["--enqueue", s.enqueue.target, "--dequeue", s.dequeue.target, "--browse", s.browse.target,
+               "--blob", s.blob.target, "--token", TOKENS["reader"]]
+    return subprocess.run([str(MAILQ), *targets, *args], cwd=tempfile.gettempdir(), capture_output=True, text=True, timeout=120)
+
+
+def test_mailq_events_follows_the_stream_and_resumes_from_the_cursor_it_prints(secured):
+    # Given a queue with two mails enqueued, one after the other
+    queue = new_queue(secured)
+    producer = stub(secured, "enqueue", "producer")
+    first, second = (producer.Enqueue(inline(queue, simple_mail(f"ev-{i}"))).receipt for i in range(2))
+    # When an operator follows that queue's ENQUEUED events from the oldest kept, for one event
+    r = run_mailq(secured, "events", "--oldest", "--queue", queue, "--type", "enqueued", "--count", "1", "--json")
+    assert r.returncode == 0, r.stderr
+    (row,) = [json.loads(x) for x in r.stdout.splitlines()]
+    # Then it is the first mail's, with its actor and a cursor, and stderr says how to go on from there
+    assert (row["type"], row["queue"], row["enqueue_id"]) == ("enqueued", queue, first.enqueue_id)
+    assert row["actor"] == f"producer:{identity('producer')}" and row["cursor"]
+    assert f"mailq events --cursor {row['cursor']}" in r.stderr
+    # And the printed command goes on from that event: it first, then the second mail's; --for ends a quiet stream
+    r = run_mailq(secured, "events", "--cursor", row["cursor"], "--queue", queue, "--type", "enqueued", "--for", "5", "--json")
+    assert r.returncode == 0, r.stderr
+    assert [json.loads(x)["enqueue_id"] for x in r.stdout.splitlines()] == [first.enqueue_id, second.enqueue_id]
+    # And as text, a line per event: time, type, queue, mail, attempt, actor
+    r = run_mailq(secured, "events", "--oldest", "--queue", queue, "--type", "enqueued", "--count", "2")
+    assert r.returncode == 0, r.stderr
+    print(f"\n{r.stdout}{r.stderr}")
+    assert [line.split()[2:7] for line in r.stdout.splitlines()] == [
+        ["enqueued", queue, m.enqueue_id[:8], "0", f"producer:{identity('producer')}"] for m in (first, second)]
+
+
+@pytest.mark.parametrize("args, status, says", [
+    (["--cursor", "not-a-cursor"], 1, "INVALID_ARGUMENT"),
+    (["--cursor", "1:0", "--oldest"], 2, "not allowed with"),
+    (["--type", "sent"], 2, "unknown event type sent"),
+    (["--count", "-1"], 2, "--count is 0"),
+    (["--for", "0"], 2, "--for a number of seconds above 0"),
+])
+def test_mailq_events_refuses_what_it_cannot_follow(secured, args, status, says):
+    r = run_mailq(secured, "events", *args, "--for", "10") if "--for" not in args else run_mailq(secured, "events", *args)
+    assert (r.returncode, r.stdout) == (status, ""), r.stderr
+    assert says in r.stderr
+
+
 def test_a_client_certificate_is_the_actor(secured, tmp_path):
     # Given enqueue_svc and browse_svc with mutual TLS: the "ops" certificate (CN ops) is an admin
     import os
