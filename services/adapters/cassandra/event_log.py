@@ -192,20 +192,21 @@ class CassandraEventLog:
         return task
 
     async def _commit(self, waiting: list[_Waiting], requests: list[list[_Row]], holders: list[list[int]]) -> None:
-        """A loop turn's writes, all at once; then its callers whose rows were all written have
-        their events taken by each sink in one call; each caller answered. Never raises: each
-        caller gets its own failure."""
+        """A loop turn's writes, then its sinks; each caller answered with its own outcome (a
+        cancelled commit, when the service stops, cancels every caller still waiting)."""
         try:
-            await self._written(waiting, requests, holders)
+            await self._write_then_sink(waiting, requests, holders)
         finally:  # cancelled (the service stops): no caller waits for ever
             for w in waiting:
                 if not w.done.done():
                     w.done.cancel()
 
-    async def _written(self, waiting: list[_Waiting], requests: list[list[_Row]], holders: list[list[int]]) -> None:
+    async def _write_then_sink(self, waiting: list[_Waiting], requests: list[list[_Row]], holders: list[list[int]]) -> None:
+        """The turn's requests, all at once; then the events of the callers whose rows were all
+        written go to each sink in one call; each caller gets its row's failure, the sinks', or None."""
         failed: dict[int, BaseException] = {}
         results: list[BaseException | None] = []
-        if len(requests) == 1:  # most turns: no gather, no task more
+        if len(requests) == 1:  # most turns: awaited here, no gather and no task of its own
             try:
                 await self._write(requests[0])
                 results = [None]
