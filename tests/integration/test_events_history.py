@@ -228,10 +228,15 @@ def test_history_unreadable_is_unavailable(secured):
         browse.stop()
 
 
-def mailq(s, *args: str) -> subprocess.CompletedProcess:
+def run_mailq(s, *args: str) -> subprocess.CompletedProcess:
+    """mailq as a shell runs it, whatever its exit status (the reader's token)."""
     targets = ["--enqueue", s.enqueue.target, "--dequeue", s.dequeue.target, "--browse", s.browse.target,
                "--blob", s.blob.target, "--token", TOKENS["reader"]]
-    r = subprocess.run([str(MAILQ), *targets, *args], cwd=tempfile.gettempdir(), capture_output=True, text=True, timeout=60)
+    return subprocess.run([str(MAILQ), *targets, *args], cwd=tempfile.gettempdir(), capture_output=True, text=True, timeout=120)
+
+
+def mailq(s, *args: str) -> subprocess.CompletedProcess:
+    r = run_mailq(s, *args)
     assert r.returncode == 0, r.stderr
     return r
 
@@ -250,13 +255,6 @@ def test_mailq_trace_prints_the_story(secured):
     rows = [json.loads(x) for x in mailq(secured, "trace", "--name", name, "--json").stdout.splitlines()]
     assert [(r["type"], r["enqueue_id"], r["actor"]) for r in rows] == [
         ("enqueued", receipt.enqueue_id, f"producer:{identity('producer')}")]
-
-
-def run_mailq(s, *args: str) -> subprocess.CompletedProcess:
-    """mailq as a shell runs it, whatever its exit status (the reader's token)."""
-    targets = ["--enqueue", s.enqueue.target, "--dequeue", s.dequeue.target, "--browse", s.browse.target,
-               "--blob", s.blob.target, "--token", TOKENS["reader"]]
-    return subprocess.run([str(MAILQ), *targets, *args], cwd=tempfile.gettempdir(), capture_output=True, text=True, timeout=120)
 
 
 def test_mailq_events_follows_the_stream_and_resumes_from_the_cursor_it_prints(secured):
