@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import time
 import uuid
 from typing import Any
 
@@ -170,9 +171,9 @@ class ViewConfig:
 
 
 def utcnow() -> dt.datetime:
-    """Now, in UTC, at Cassandra's millisecond precision."""
-    now = dt.datetime.now(dt.timezone.utc)
-    return now.replace(microsecond=now.microsecond // 1000 * 1000)
+    """Now, in UTC, at Cassandra's millisecond precision (from the clock's whole milliseconds: half the
+    cost of ``now()`` then ``replace``, and read several times per mail)."""
+    return dt.datetime.fromtimestamp(time.time_ns() // 1_000_000 / 1000, dt.timezone.utc)
 
 
 @dataclasses.dataclass(frozen=True)

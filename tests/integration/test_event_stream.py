@@ -6,6 +6,7 @@ that leaves ends its consumer; the stream is declared with its retention."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import threading
@@ -49,7 +50,7 @@ def events(queue: str, n: int, kind: EventType = EventType.ENQUEUED, start: int 
     out = []
     for i in range(start, start + n):
         e = of_queue(kind, queue, f"test-{i}", details={"i": str(i)}, replica="test", actor=Actor("caller", "admin", "test"))
-        out.append(DomainEvent(**{**e.__dict__, "id": event_id(kind, queue, uuid.UUID(int=i + 1), i)}))
+        out.append(dataclasses.replace(e, id=event_id(kind, queue, uuid.UUID(int=i + 1), i)))
     return out
 
 

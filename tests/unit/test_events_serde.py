@@ -1,5 +1,6 @@
 """Events: protobuf <-> domain round trips, the history's order, GetMailHistory's request rules."""
 
+import dataclasses
 import datetime as dt
 import uuid
 
@@ -103,3 +104,30 @@ def test_each_event_encodes_to_the_bytes_of_its_message(e):
     # encode_each builds its messages from tables and leaves out empty fields: the same bytes as event_to_proto's
     assert s.encode_each([e]) == [s.event_to_proto(e).SerializeToString()]
     assert s.event_from_bytes(s.encode_each([e])[0], e.cursor) == e
+
+
+@pytest.mark.parametrize("e", [
+    event(details={"a": ""}),
+    event(details={"": "b"}),
+    event(at=dt.datetime(1969, 7, 20, 20, 17, 40, tzinfo=dt.timezone.utc)),
+    event(at=dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc), attempt=300, reason="é" * 200, name="ñ", cursor="9" * 130),
+    event(actor=Actor("caller", "", ""), sender="", traceparent="", replica=""),
+], ids=["empty-map-value", "empty-map-key", "before-1970", "long-and-unicode", "empty-actor"])
+def test_edge_events_encode_to_the_bytes_of_their_message(e):
+    # Negative seconds are a 10-byte varint; a map entry writes its key and value even when empty;
+    # lengths over 127 take two bytes: the same bytes as protobuf's own serialization
+    assert s.encode_each([e]) == [s.event_to_proto(e).SerializeToString()]
+
+
+def test_a_mails_events_encoded_together_share_what_they_share_and_nothing_else():
+    # Given a delivery's two events of one mail, then an event of another mail by another actor
+    first = event(EventType.HANDED_OUT, details={}, reason="")
+    second = dataclasses.replace(first, id=str(uuid.uuid4()), type=EventType.DELIVERED, time=AT + dt.timedelta(seconds=1))
+    other = event(EventType.DELIVERED, actor=Actor.component("healer"), replica="", traceparent="")
+    several = event(details={"b": "1", "a": "2", "c": "3"})
+    # When they are encoded in one call
+    encoded = s.encode_each([first, second, other, several], replica="h/x")
+    # Then each is the message protobuf makes of it alone (the map's entries in any order)
+    assert encoded[:3] == [s.encode_each([e], replica="h/x")[0] for e in (first, second, other)]
+    assert encoded[2] == s.event_to_proto(dataclasses.replace(other, replica="h/x")).SerializeToString()
+    assert [s.event_from_bytes(b) for b in encoded] == [first, second, dataclasses.replace(other, replica="h/x"), several]

@@ -62,7 +62,7 @@ from services.adapters.cassandra.statement_kinds import batch_kind
 from services.contract import events_serde
 from services.domain import model
 from services.domain.events import LANDINGS, Actor, Event, EventType, landed_id, ordered
-from services.domain.history_keys import history_key
+from services.domain.history_keys import history_key, history_key_int
 
 DAY_S = 86_400
 #: Statements per request at most (Cassandra warns past 10 partitions in an unlogged batch).
@@ -91,7 +91,7 @@ class _Waiting:
 
     __slots__ = ("keyed", "names", "events", "encoded", "done")
 
-    def __init__(self, keyed: dict[uuid.UUID, list[bytes]], names: dict[tuple[str, uuid.UUID], dt.datetime],
+    def __init__(self, keyed: dict[int, list[bytes]], names: dict[tuple[str, int], dt.datetime],
                  events: Sequence[Event], encoded: Sequence[bytes], done: asyncio.Future[None]) -> None:
         self.keyed, self.names, self.events, self.encoded, self.done = keyed, names, events, encoded, done
 
@@ -128,21 +128,21 @@ class CassandraEventLog:
         if not events:
             return
         encoded = events_serde.encode_each(events, self.replica)  # once, for the history and the stream
-        keyed: dict[uuid.UUID, list[bytes]] = {}
-        names: dict[tuple[str, uuid.UUID], dt.datetime] = {}  # (name, history key) -> when
+        keyed: dict[int, list[bytes]] = {}  # history keys as integers (history_key_int)
+        names: dict[tuple[str, int], dt.datetime] = {}  # (name, history key) -> when
         mail, key = None, None
         for e, body in zip(events, encoded, strict=True):
             if e.enqueue_id is None:
                 continue
             if e.enqueue_id != mail:  # a delivery's two events are one mail's: one key
-                mail, key = e.enqueue_id, history_key(e.enqueue_id)
+                mail, key = e.enqueue_id, history_key_int(e.enqueue_id)
             keyed.setdefault(key, []).append(body)
             if e.name and e.type is EventType.ENQUEUED:
                 names.setdefault((e.name, key), e.time)
             if e.type in LANDINGS and e.name:  # the name's mails include the copy a move or redrive made
                 landed = landed_id(e)
                 if landed is not None:
-                    names.setdefault((e.name, history_key(landed)), e.time)
+                    names.setdefault((e.name, history_key_int(landed)), e.time)
         loop = asyncio.get_running_loop()
         done: asyncio.Future[None] = loop.create_future()
         done.add_done_callback(_retrieved)
@@ -158,8 +158,8 @@ class CassandraEventLog:
         batches, a large one alone; then the sinks, once for the turn (``_commit``)."""
         self._scheduled = False
         waiting, self._waiting = self._waiting, []
-        keyed: dict[uuid.UUID, tuple[list[bytes], list[int]]] = {}
-        named: dict[tuple[str, uuid.UUID], tuple[dt.datetime, list[int]]] = {}
+        keyed: dict[int, tuple[list[bytes], list[int]]] = {}
+        named: dict[tuple[str, int], tuple[dt.datetime, list[int]]] = {}
         for c, w in enumerate(waiting):
             for key, events in w.keyed.items():
                 held = keyed.setdefault(key, ([], []))
@@ -169,10 +169,10 @@ class CassandraEventLog:
                 named.setdefault(name_key, (at, []))[1].append(c)
         rows: list[tuple[_Row, list[int]]] = []
         for (name, key), (at, callers) in named.items():
-            rows.append(((self._insert_name, (name, day_of(at), at, key, self._ttl), 80 + len(name)), callers))
+            rows.append(((self._insert_name, (name, day_of(at), at, uuid.UUID(int=key), self._ttl), 80 + len(name)), callers))
         for key, (encoded, callers) in keyed.items():
             body = events_serde.batch_of_encoded(encoded)
-            rows.append(((self._insert_group, (key, body, self._ttl), 40 + len(body)), callers))
+            rows.append(((self._insert_group, (uuid.UUID(int=key), body, self._ttl), 40 + len(body)), callers))
         requests: list[list[_Row]] = []
         holders: list[list[int]] = []
         size = BATCH_BYTES

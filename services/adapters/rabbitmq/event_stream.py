@@ -37,7 +37,7 @@ from services.adapters.rabbitmq.settings import RabbitMQSettings
 from services.contract import events_serde
 from services.domain import event_stream, names
 from services.domain.errors import BackendUnavailable
-from services.domain.events import Event, text_bytes
+from services.domain.events import Event
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +132,7 @@ class RabbitMQEventStream:
         if encoded is None:
             encoded = events_serde.encode_each(events)
         messages = [message_format.Encoded(events_serde.batch_of_encoded(encoded[first:end]), {}, events[first].id, type=BATCH_TYPE)
-                    for first, end in _messages(events)]
+                    for first, end in _messages(encoded)]
         try:
             await self._broker.publish_batch(self.name, "", messages)
             PUBLISHED.labels("messages").inc(len(messages))
@@ -230,19 +230,19 @@ class RabbitMQEventStream:
             return []
 
 
-def _messages(events: Sequence[Event]) -> list[tuple[int, int]]:
-    """``events`` in order, cut into messages of at most MAX_PER_MESSAGE events and about
+def _messages(encoded: Sequence[bytes]) -> list[tuple[int, int]]:
+    """Encoded events in order, cut into messages of at most MAX_PER_MESSAGE events and about
     MESSAGE_BYTES: each message's (first, end) indexes."""
     parts: list[tuple[int, int]] = []
     first, size = 0, 0
-    for i, e in enumerate(events):
-        weight = 300 + text_bytes(e)
+    for i, body in enumerate(encoded):
+        weight = len(body) + 4  # and its tag and length in the EventBatch
         if i > first and (i - first >= event_stream.MAX_PER_MESSAGE or size + weight > MESSAGE_BYTES):
             parts.append((first, i))
             first, size = i, 0
         size += weight
-    if first < len(events):
-        parts.append((first, len(events)))
+    if first < len(encoded):
+        parts.append((first, len(encoded)))
     return parts
 
 
