@@ -3,8 +3,8 @@
     .venv/bin/python -m bench.events_bench [--rounds 2] [--warm-rounds 1] [--seconds 10] [--warmup 3] [--concurrency 128]
         [--batch 32] [--prefetch 128] [--size 10240] [--settle 60] [--modes off,true]
 
-``--modes off,true,history,unwritten`` tells the parts apart: the history without the stream, and
-events made and encoded but written nowhere (MAILQUEUE_EVENTS values for measuring only). The
+``--modes off,true,history,stream,unwritten`` tells the parts apart: the history without the stream,
+the stream without the history, and events made and encoded but written nowhere (MAILQUEUE_EVENTS values for measuring only). The
 summary then compares each mode with the first, and prints each process's mean CPU per mail by mode.
 
 The measured rounds run on a keyspace warmed by ``--warm-rounds`` rounds left out of the figures
@@ -131,7 +131,7 @@ def main() -> None:
     p.add_argument("--warm-rounds", type=int, default=1, help="rounds run first and left out of the figures (a warmed keyspace)")
     p.add_argument("--modes", default=",".join(MODES),
                    help="MAILQUEUE_EVENTS values, the first the base the others are compared with: off, true, "
-                        "and, to tell the parts apart, history (no stream) and unwritten (events made, not written)")
+                        "and, to tell the parts apart, history (no stream), stream (no history) and unwritten (events made, not written)")
     a = p.parse_args()
     modes = a.modes.split(",")
     keyspace = new_keyspace()

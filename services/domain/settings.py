@@ -53,9 +53,9 @@ class EventSettings:
 
     #: Off only to measure what events cost (bench/): no history, nothing recorded.
     enabled: bool = True
-    #: Where events go: "all" (the history, then the stream). Two more values exist only to tell
-    #: apart what each part costs (bench.events_bench --modes): "history" (no stream) and
-    #: "unwritten" (events made and encoded, then dropped).
+    #: Where events go: "all" (the history, then the stream). Three more values exist only to tell
+    #: apart what each part costs (bench.events_bench --modes): "history" (no stream), "stream"
+    #: (no history) and "unwritten" (events made and encoded, then dropped).
     sinks: str = "all"
     #: Seconds a history row lives (its TTL): 7 days.
     history_retention_s: int = 7 * 24 * 3600

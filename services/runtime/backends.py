@@ -62,6 +62,8 @@ def event_log(settings: Settings, view: View, stream: RabbitMQEventStream) -> Ev
     replica = f"{socket.gethostname()}/{settings.server.service}" + (f"/{settings.server.worker}" if settings.server.worker else "")
     if settings.events.sinks == "unwritten":
         return Unwritten(replica)
+    if settings.events.sinks == "stream":
+        return StreamOnly(stream, replica)
     sinks = () if settings.events.sinks == "history" else (stream,)
     return CassandraEventLog(view.session, settings.cassandra.keyspace, settings.events.history_retention_s, replica, sinks=sinks)
 
@@ -75,6 +77,16 @@ class Unwritten(Unrecorded):
 
     async def record(self, events: Sequence[Event]) -> None:
         events_serde.encode_each(events, self._replica)
+
+
+class StreamOnly(Unrecorded):
+    """MAILQUEUE_EVENTS=stream, only to measure: events encoded and published to the stream, no history."""
+
+    def __init__(self, stream: RabbitMQEventStream, replica: str) -> None:
+        self._stream, self._replica = stream, replica
+
+    async def record(self, events: Sequence[Event]) -> None:
+        await self._stream.record(events, events_serde.encode_each(events, self._replica))
 
 
 class BlobBackends:

@@ -232,7 +232,7 @@ def limits_from_env(env: Mapping[str, str] = os.environ) -> LimitSettings:
 
 
 #: MAILQUEUE_EVENTS values that record in part, only to measure (bench.events_bench --modes).
-MEASURED_EVENT_SINKS = ("history", "unwritten")
+MEASURED_EVENT_SINKS = ("history", "unwritten", "stream")
 
 
 def events_from_env(env: Mapping[str, str] = os.environ) -> EventSettings:
@@ -240,8 +240,8 @@ def events_from_env(env: Mapping[str, str] = os.environ) -> EventSettings:
     raw = _get(env, "EVENTS", "true").strip().lower()
     sinks = raw if raw in MEASURED_EVENT_SINKS else "all"
     return EventSettings(
-        #: MAILQUEUE_EVENTS=off records nothing (to measure the cost of events; bench/); "history"
-        #: and "unwritten" record in part, to measure what each part costs (EventSettings.sinks).
+        #: MAILQUEUE_EVENTS=off records nothing (to measure the cost of events; bench/); "history",
+        #: "stream" and "unwritten" record in part, to measure what each part costs (EventSettings.sinks).
         enabled=sinks != "all" or _bool(env, "EVENTS", True),
         sinks=sinks,
         #: Seconds each history row is kept (its TTL); the history of a mail older than that is gone.

@@ -124,7 +124,7 @@ def test_tls_identities_map_a_uri_san_or_cn_to_a_role():
 
 @pytest.mark.parametrize("value, enabled, sinks", [
     ("true", True, "all"), ("on", True, "all"), ("off", False, "all"), ("false", False, "all"),
-    ("history", True, "history"), ("unwritten", True, "unwritten"), (" History ", True, "history"),
+    ("history", True, "history"), ("unwritten", True, "unwritten"), ("stream", True, "stream"), (" History ", True, "history"),
 ])
 def test_events_setting_records_all_none_or_one_part_to_measure(value, enabled, sinks):
     e = events_from_env({"MAILQUEUE_EVENTS": value})

@@ -35,3 +35,21 @@ def test_a_deliverys_events_carry_the_attempt_under_way():
         assert e.attempt == 3, e.type
         assert e.id == event_id(e.type, "q", mail.enqueue_id, 3, "1" if e.type is EventType.HANDED_OUT else "")
     assert mail_events.enqueued(mail).attempt == 2  # not a delivery's: the mail's count as it is
+
+
+def test_now_is_utc_at_whole_milliseconds_and_follows_the_clock():
+    import datetime as dt
+    import time
+
+    from services.domain.model import utcnow
+
+    # Given the clock read around a call
+    before = time.time()
+    now = utcnow()
+    after = time.time()
+    # Then it is UTC, at Cassandra's millisecond precision, and within that millisecond of the clock
+    assert now.tzinfo is dt.timezone.utc and now.microsecond % 1000 == 0
+    assert before - 0.001 <= now.timestamp() <= after
+    # And whole milliseconds survive the float they pass through, over a range of instants
+    for ms in (0, 1, 999, 1_796_555_063_744, 1_796_555_063_999, 4_102_444_800_001):
+        assert dt.datetime.fromtimestamp(ms / 1000, dt.timezone.utc).microsecond == ms % 1000 * 1000
