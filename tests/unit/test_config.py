@@ -132,8 +132,8 @@ def test_events_setting_records_all_none_or_one_part_to_measure(value, enabled, 
 
 
 def test_events_setting_refuses_anything_else():
-    with pytest.raises(ConfigurationError, match="MAILQUEUE_EVENTS='stream'"):
-        events_from_env({"MAILQUEUE_EVENTS": "stream"})
+    with pytest.raises(ConfigurationError, match="MAILQUEUE_EVENTS='streams'"):
+        events_from_env({"MAILQUEUE_EVENTS": "streams"})
 
 
 def test_hand_out_event_delay_defaults_to_a_second_takes_zero_and_refuses_past_a_minute():
