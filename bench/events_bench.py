@@ -4,8 +4,7 @@
         [--batch 32] [--prefetch 128] [--size 10240] [--settle 60] [--modes off,true]
 
 ``--modes off,true,history,stream,unwritten`` tells the parts apart: the history without the stream,
-the stream without the history, and events made and encoded but written nowhere; ``projected`` is
-events on with the history written from the stream by browse_svc (MAILQUEUE_HISTORY_FROM_STREAM) (MAILQUEUE_EVENTS values for measuring only). The
+the stream without the history, and events made and encoded but written nowhere (MAILQUEUE_EVENTS values for measuring only). The
 summary then compares each mode with the first, and prints each process's mean CPU per mail by mode.
 
 The measured rounds run on a keyspace warmed by ``--warm-rounds`` rounds left out of the figures
@@ -70,8 +69,8 @@ def phase(a: argparse.Namespace, keyspace: str, mode: str, i: int,
     Unless ``--keep-tables``, the mail tables are emptied first (``empty_tables``)."""
     if not a.keep_tables and i >= 0:
         empty_tables(keyspace, f"round {i + 1} events={mode}")
-    events = {"MAILQUEUE_EVENTS": "true", "MAILQUEUE_HISTORY_FROM_STREAM": "true"} if mode == "projected" else {"MAILQUEUE_EVENTS": mode}
-    procs = start_services(keyspace, ["enqueue", "dequeue", "browse"], metrics=METRICS, extra={**events, **(extra or {})})
+    procs = start_services(keyspace, ["enqueue", "dequeue", "browse"], metrics=METRICS,
+                           extra={"MAILQUEUE_EVENTS": mode, **(extra or {})})
     try:
         queue = bench_queue(f"bench-events-{mode}{i}")
         admin = admin_pb2_grpc.AdminServiceStub(grpc.insecure_channel(f"127.0.0.1:{PORTS['browse']}"))
@@ -132,8 +131,7 @@ def main() -> None:
     p.add_argument("--warm-rounds", type=int, default=1, help="rounds run first and left out of the figures (a warmed keyspace)")
     p.add_argument("--modes", default=",".join(MODES),
                    help="MAILQUEUE_EVENTS values, the first the base the others are compared with: off, true, "
-                        "projected (true, the history written from the stream by browse_svc), and, to tell the parts apart, history "
-                        "(no stream), stream (no history) and unwritten (events made, not written)")
+                        "and, to tell the parts apart, history (no stream), stream (no history) and unwritten (events made, not written)")
     a = p.parse_args()
     modes = a.modes.split(",")
     keyspace = new_keyspace()

@@ -23,7 +23,7 @@ from services.app.quota_admin import QuotaAdmin
 from services.app.shaping_admin import ShapingAdmin
 from services.app.webhook_admin import WebhookAdmin
 from services.domain.errors import BackendUnavailable
-from services.runtime.backends import Backends, history_projector
+from services.runtime.backends import Backends
 from services.runtime.queue_app import QueueApp
 from services.runtime.webhooks import webhook_admin
 
@@ -84,7 +84,4 @@ class BrowseApp(QueueApp[BrowseSide]):
             healer = Healer(b.view, b.broker, side.browser.live_mails, side.admin.mover, side.dead_letters,
                             server.heal_interval_s, server.heal_grace_s, server.heal_rows_per_round, events=b.events)
             tasks.append(healer.run_forever())
-        projector = history_projector(self.settings, b)
-        if projector is not None:
-            tasks.append(projector.run_forever())
         return tasks

@@ -176,55 +176,6 @@ def batch_of_encoded(encoded: Sequence[bytes]) -> bytes:
 _BATCH_EVENTS_TAG = bytes([1 << 3 | 2])
 
 
-def split_batch(body: bytes) -> list[bytes]:
-    """The serialized events of an EventBatch body, without decoding them (``batch_of_encoded``'s
-    inverse); ValueError for a body that is not one."""
-    out, i, n = [], 0, len(body)
-    while i < n:
-        if body[i] != _BATCH_EVENTS_TAG[0]:
-            raise ValueError(f"not an EventBatch: byte {i} is {body[i]:#x}")
-        length, shift, i = 0, 0, i + 1
-        while True:
-            if i >= n or shift > 63:
-                raise ValueError("not an EventBatch: a length runs past the end")
-            byte = body[i]
-            length |= (byte & 0x7F) << shift
-            i, shift = i + 1, shift + 7
-            if byte < 0x80:
-                break
-        if i + length > n:
-            raise ValueError("not an EventBatch: an event runs past the end")
-        out.append(body[i:i + length])
-        i += length
-    return out
-
-
-def indexed(body: bytes) -> tuple[uuid.UUID | None, str, uuid.UUID | None, dt.datetime | None]:
-    """What the history's rows need of a serialized event: its mail's enqueue id; for an event the
-    name index is written with, the name, the history key's mail (the event's own for ENQUEUED,
-    the id a MOVED or REDRIVEN one gave the mail) and the time (else "", None, None); DecodeError
-    or ValueError for bytes that are not an event."""
-    pb = events_pb2.Event.FromString(body)
-    enqueue_id = uuid.UUID(pb.enqueue_id) if pb.enqueue_id else None
-    if pb.type not in _INDEXED or not pb.name or enqueue_id is None:
-        return enqueue_id, "", None, None
-    indexed_id = enqueue_id if pb.type == _ENQUEUED else pb.details.get("to_enqueue_id", "")
-    if not indexed_id:
-        return enqueue_id, "", None, None
-    return (enqueue_id, pb.name, indexed_id if isinstance(indexed_id, uuid.UUID) else uuid.UUID(indexed_id),
-            pb.time.ToDatetime(tzinfo=dt.timezone.utc))
-
-
-def time_of(body: bytes) -> dt.datetime:
-    """A serialized event's time."""
-    return events_pb2.Event.FromString(body).time.ToDatetime(tzinfo=dt.timezone.utc)
-
-
-_ENQUEUED = events_pb2.EVENT_TYPE_ENQUEUED
-#: The events the name index is written with.
-_INDEXED = frozenset((_ENQUEUED, events_pb2.EVENT_TYPE_MOVED, events_pb2.EVENT_TYPE_REDRIVEN))
-
-
 def batch_from_bytes(body: bytes) -> list[events_pb2.Event]:
     """The events of an EventBatch body, in order (DecodeError if it is none)."""
     return list(events_pb2.EventBatch.FromString(body).events)

@@ -62,7 +62,3 @@ class EventSettings:
     #: Milliseconds a HANDED_OUT event waits to be written with its answer's event; unanswered by
     #: then, it is written on its own. 0: written before the delivery is sent.
     handout_delay_ms: int = 1000
-    #: True: a change's events go to the stream only, and browse_svc writes the history from the
-    #: stream (services/app/history_projector.py): the delivering process writes no history row,
-    #: and the history lags the stream by the projector's batch.
-    history_from_stream: bool = False

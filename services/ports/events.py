@@ -13,8 +13,6 @@ Contracts:
 
 from __future__ import annotations
 
-import dataclasses
-import datetime as dt
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from typing import Protocol
@@ -32,26 +30,3 @@ class EventLog(Protocol):
 
 class EventStream(Protocol):
     def watch(self, cursor: str | None, from_oldest: bool = False) -> AsyncIterator[Event]: ...
-
-
-@dataclasses.dataclass(frozen=True)
-class EncodedEvents:
-    """The events of one stream message as they are stored (each a serialized mailqueue.v1.Event),
-    the cursors of the first and the last, and the last one's time."""
-
-    first: str
-    last: str
-    events: list[bytes]
-    last_time: dt.datetime
-
-
-class EncodedEventStream(Protocol):
-    """The stream read a message at a time, not decoded (what the history projector copies)."""
-
-    def watch_encoded(self, cursor: str | None, from_oldest: bool = False) -> AsyncIterator[EncodedEvents]: ...
-
-
-class HistoryWriter(Protocol):
-    """Writes serialized events to the history as ``EventLog.record`` would (no sink after)."""
-
-    async def record_encoded(self, encoded: Sequence[bytes]) -> None: ...

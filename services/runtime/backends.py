@@ -11,13 +11,10 @@ from services.adapters.blob_service import RemoteBlobStore
 from services.adapters.cassandra.blobs import CassandraBlobStore
 from services.adapters.cassandra.event_log import CassandraEventLog
 from services.adapters.cassandra.view import View
-from services.adapters.cassandra.webhook_checkpoints import CassandraCheckpoints
 from services.adapters.rabbitmq.broker import RabbitMQBroker
 from services.adapters.rabbitmq.event_stream import RabbitMQEventStream
 from services.adapters.s3.store import S3BlobStore
-from services.adapters.stream_first import StreamFirstLog
 from services.adapters.tiered import TieredBlobStore
-from services.app.history_projector import HistoryProjector
 from services.app.mail_events import Unrecorded
 from services.app.queue_state import QueueState
 from services.contract import events_serde
@@ -59,27 +56,16 @@ def tiered(settings: Settings, view: View, large: BlobStore) -> BlobStore:
 
 def event_log(settings: Settings, view: View, stream: RabbitMQEventStream) -> EventLog:
     """Where a service records events: the mail history in the view's Cassandra, then the event
-    stream; the stream alone with MAILQUEUE_HISTORY_FROM_STREAM=true (browse_svc's projector then
-    writes the history: ``history_projector``); or nowhere with MAILQUEUE_EVENTS=off."""
+    stream, or nowhere with MAILQUEUE_EVENTS=off."""
     if not settings.events.enabled:
         return Unrecorded()
     replica = f"{socket.gethostname()}/{settings.server.service}" + (f"/{settings.server.worker}" if settings.server.worker else "")
     if settings.events.sinks == "unwritten":
         return Unwritten(replica)
-    if settings.events.sinks == "stream":  # only to measure: the stream and no history at all
-        return StreamFirstLog(stream, Unrecorded(), replica)
-    from_stream = settings.events.history_from_stream and settings.events.sinks == "all"
-    sinks = () if settings.events.sinks == "history" or from_stream else (stream,)
-    history = CassandraEventLog(view.session, settings.cassandra.keyspace, settings.events.history_retention_s, replica, sinks=sinks)
-    return StreamFirstLog(stream, history, replica) if from_stream else history
-
-
-def history_projector(settings: Settings, b: Backends) -> HistoryProjector | None:
-    """browse_svc's writer of the history from the stream (MAILQUEUE_HISTORY_FROM_STREAM=true), or None."""
-    if not isinstance(b.events, StreamFirstLog) or not isinstance(b.events.history_log, CassandraEventLog):
-        return None
-    return HistoryProjector(b.stream, b.events.history_log, CassandraCheckpoints(b.view.session, settings.cassandra.keyspace),
-                            b.view.leases)
+    if settings.events.sinks == "stream":
+        return StreamOnly(stream, replica)
+    sinks = () if settings.events.sinks == "history" else (stream,)
+    return CassandraEventLog(view.session, settings.cassandra.keyspace, settings.events.history_retention_s, replica, sinks=sinks)
 
 
 class Unwritten(Unrecorded):
@@ -91,6 +77,16 @@ class Unwritten(Unrecorded):
 
     async def record(self, events: Sequence[Event]) -> None:
         events_serde.encode_each(events, self._replica)
+
+
+class StreamOnly(Unrecorded):
+    """MAILQUEUE_EVENTS=stream, only to measure: events encoded and published to the stream, no history."""
+
+    def __init__(self, stream: RabbitMQEventStream, replica: str) -> None:
+        self._stream, self._replica = stream, replica
+
+    async def record(self, events: Sequence[Event]) -> None:
+        await self._stream.record(events, events_serde.encode_each(events, self._replica))
 
 
 class BlobBackends:

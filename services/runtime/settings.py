@@ -248,8 +248,6 @@ def events_from_env(env: Mapping[str, str] = os.environ) -> EventSettings:
         history_retention_s=_int(env, "HISTORY_RETENTION_S", EventSettings.history_retention_s, 60),
         #: A HANDED_OUT event is written with the answer's when the answer comes within this; 0: before sending.
         handout_delay_ms=_int(env, "HANDOUT_EVENT_DELAY_MS", EventSettings.handout_delay_ms, 0, 60_000),
-        #: The history written from the stream by browse_svc, not by the process making the change.
-        history_from_stream=_bool(env, "HISTORY_FROM_STREAM", False),
     )
 
 

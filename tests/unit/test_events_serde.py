@@ -131,29 +131,3 @@ def test_a_mails_events_encoded_together_share_what_they_share_and_nothing_else(
     assert encoded[:3] == [s.encode_each([e], replica="h/x")[0] for e in (first, second, other)]
     assert encoded[2] == s.event_to_proto(dataclasses.replace(other, replica="h/x")).SerializeToString()
     assert [s.event_from_bytes(b) for b in encoded] == [first, second, dataclasses.replace(other, replica="h/x"), several]
-
-
-def test_a_batch_splits_back_into_the_bytes_it_was_joined_from():
-    # Given events encoded and joined (one over 127 bytes: a two-byte length), and one alone
-    encoded = s.encode_each([event(), event(reason="x" * 300), event(EventType.ENQUEUED)])
-    # Then splitting the batch gives the same bytes back, in order; an empty batch none
-    assert s.split_batch(s.batch_of_encoded(encoded)) == encoded
-    assert s.split_batch(b"") == []
-    # And bytes that are not a batch are refused, not misread
-    for bad in (b"\x12\x01a", b"\x0a\x05ab", b"\x0a\xff"):
-        with pytest.raises(ValueError):
-            s.split_batch(bad)
-
-
-def test_what_the_history_index_needs_of_an_encoded_event():
-    landed = uuid.uuid4()
-    enq = event(EventType.ENQUEUED, name="campaign", details={})
-    moved = event(EventType.MOVED, name="campaign", details={"to_enqueue_id": str(landed)})
-    other = event(EventType.DELIVERED, name="campaign")
-    queue_level = event(EventType.QUEUE_CREATED, enqueue_id=None, details={})
-    # ENQUEUED: its own id; MOVED: the id it landed under; anything else: no name row
-    assert s.indexed(s.encode_each([enq])[0]) == (enq.enqueue_id, "campaign", enq.enqueue_id, AT)
-    assert s.indexed(s.encode_each([moved])[0]) == (moved.enqueue_id, "campaign", landed, AT)
-    assert s.indexed(s.encode_each([other])[0]) == (other.enqueue_id, "", None, None)
-    assert s.indexed(s.encode_each([queue_level])[0]) == (None, "", None, None)
-    assert s.time_of(s.encode_each([other])[0]) == AT

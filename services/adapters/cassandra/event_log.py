@@ -143,33 +143,14 @@ class CassandraEventLog:
                 landed = landed_id(e)
                 if landed is not None:
                     names.setdefault((e.name, history_key_int(landed)), e.time)
-        await self._wait(_Waiting(keyed, names, events, encoded, asyncio.get_running_loop().create_future()))
-
-    async def record_encoded(self, encoded: Sequence[bytes]) -> None:
-        """Events already serialized (read from the stream by the history projector), written as
-        ``record`` writes them, with no sink after: the same rows, the replica each names."""
-        keyed: dict[int, list[bytes]] = {}
-        names: dict[tuple[str, int], dt.datetime] = {}
-        mail, key = None, 0
-        for body in encoded:
-            enqueue_id, name, indexed_id, at = events_serde.indexed(body)
-            if enqueue_id is None:
-                continue
-            if enqueue_id != mail:
-                mail, key = enqueue_id, history_key_int(enqueue_id)
-            keyed.setdefault(key, []).append(body)
-            if indexed_id is not None and at is not None:
-                names.setdefault((name, history_key_int(indexed_id)), at)
-        if keyed:
-            await self._wait(_Waiting(keyed, names, (), (), asyncio.get_running_loop().create_future()))
-
-    async def _wait(self, waiting: _Waiting) -> None:
-        waiting.done.add_done_callback(_retrieved)
-        self._waiting.append(waiting)
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+        done.add_done_callback(_retrieved)
+        self._waiting.append(_Waiting(keyed, names, events, encoded, done))
         if not self._scheduled:
             self._scheduled = True
-            asyncio.get_running_loop().call_soon(self._send)
-        await waiting.done  # a cancelled caller cancels its own answer, never the writes others wait for
+            loop.call_soon(self._send)
+        await done  # a cancelled caller cancels its own answer, never the writes others wait for
 
     def _send(self) -> None:
         """The events of every caller of this loop turn: one row per history key (callers that

@@ -38,7 +38,6 @@ from services.contract import events_serde
 from services.domain import event_stream, names
 from services.domain.errors import BackendUnavailable
 from services.domain.events import Event
-from services.ports.events import EncodedEvents
 
 log = logging.getLogger(__name__)
 
@@ -186,32 +185,6 @@ class RabbitMQEventStream:
         """Events from ``cursor`` (that event first), or from the oldest kept, or from the next one
         recorded; InvalidArgument for a malformed cursor before anything is read."""
         begin = event_stream.start(cursor or "", from_oldest)
-        async for props, body in self._consume(begin):
-            for event in self._events(props, body, begin):
-                yield event
-
-    async def watch_encoded(self, cursor: str | None, from_oldest: bool = False) -> AsyncIterator[EncodedEvents]:
-        """As ``watch``, a message at a time and not decoded: the bytes of its events at or after
-        ``cursor``, with the cursors of the first and the last (the history projector writes them
-        as they are: services/app/history_projector.py)."""
-        begin = event_stream.start(cursor or "", from_oldest)
-        async for props, body in self._consume(begin):
-            offset = (props.headers or {}).get("x-stream-offset")
-            try:
-                at = int(offset)
-                bodies = [body] if props.type == EVENT_TYPE else events_serde.split_batch(body)
-            except (DecodeError, ValueError, TypeError) as e:
-                log.warning("skipped a message of the event stream that is not an event", extra={"stream": self.name, "offset": offset,
-                                                                                               "error": str(e)[:200]})
-                continue
-            kept = [b for i, b in enumerate(bodies) if begin.wants(at, i)]
-            if kept:
-                first = len(bodies) - len(kept)
-                yield EncodedEvents(event_stream.cursor_of(at, first), event_stream.cursor_of(at, len(bodies) - 1), kept,
-                                    events_serde.time_of(kept[-1]))
-
-    async def _consume(self, begin: event_stream.Start) -> AsyncIterator[tuple[Any, bytes]]:
-        """The stream's messages from ``begin`` (properties and body), credit given back as they are taken."""
         await self.declare()
         channel, w = await self._broker.open_channel()
         inbox: asyncio.Queue[Any] = asyncio.Queue()
@@ -233,7 +206,8 @@ class RabbitMQEventStream:
                 if unacked >= self._prefetch // 2:  # credit back in halves: the broker keeps sending
                     channel.basic_ack(tag, multiple=True)
                     unacked = 0
-                yield props, body
+                for event in self._events(props, body, begin):
+                    yield event
         except asyncio.TimeoutError:
             raise unavailable(f"no answer to basic.consume on {self.name} within {self._settings.connect_timeout_s}s") from None
         finally:
