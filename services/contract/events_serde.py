@@ -70,8 +70,8 @@ def encode_each(events: Sequence[Event], replica: str = "") -> list[bytes]:
     byte for byte the message ``event_to_proto`` serializes (tests/unit/test_events_serde.py). A
     delivered mail records two events of one mail in one call (its hand-out and its answer): what
     they share (queue to sender, replica to traceparent) is encoded once, for the first, and reused
-    by the next event whose fields are the same objects. Building the messages through protobuf
-    cost a delivery 10 µs; this, 4."""
+    by the next event whose fields are equal. Building the messages through protobuf cost a
+    delivery 10 µs; this, 5."""
     out = []
     mail = tail = b""
     last_mail: tuple[object, ...] = ()
@@ -121,11 +121,12 @@ def _time_field(at: dt.datetime) -> bytes:
     global _last_second
     d = at - _EPOCH if at.tzinfo is not None else at.astimezone(dt.timezone.utc) - _EPOCH
     seconds = d.days * 86_400 + d.seconds
-    if seconds != _last_second[0]:
-        _last_second = (seconds, b"\x08" + _varint(seconds) if seconds else b"")
+    last = _last_second  # read once: a pair, replaced whole
+    if seconds != last[0]:
+        last = _last_second = (seconds, b"\x08" + _varint(seconds) if seconds else b"")
     micros = d.microseconds
     nanos = _MILLIS[micros // 1000] if micros % 1000 == 0 else b"\x10" + _varint(micros * 1000)
-    body = _last_second[1] + nanos
+    body = last[1] + nanos
     return b"\x12" + _SMALL[len(body)] + body
 
 
