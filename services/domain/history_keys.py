@@ -39,7 +39,7 @@ def new_ids(n: int) -> list[uuid.UUID]:
 
 def history_key(enqueue_id: uuid.UUID) -> uuid.UUID:
     """The history partition of a mail: its id with its own (first) 32 bits zeroed."""
-    return uuid.UUID(int=enqueue_id.int & _TAIL)
+    return uuid.UUID(int=history_key_int(enqueue_id))
 
 
 def history_key_int(enqueue_id: uuid.UUID) -> int:
