@@ -175,8 +175,7 @@ class Enqueuer:
         """Refuse what is invalid, what could not be published now, or what a quota refuses (last:
         a mail refused for anything else takes nothing from a quota), before anything is written.
         ``facts.size``: the content's bytes when known before writing (inline content), else 0."""
-        for b in item.blob_ids:
-            validation.blob_id(b)
+        validation.blob_refs(item.blob_ids)
         validation.queue_name(item.queue)
         validation.mail(item.mail, self._limits)
         validation.deliver_at(model.utcnow(), *item.when)  # refused beyond MAX_DELAY; the row takes it from its own time

@@ -10,14 +10,13 @@ import uuid
 
 from services.domain.errors import InvalidArgument
 from services.domain.events import Event, landed_id, ordered
+from services.domain.validation import MAX_NAME_BYTES
 from services.ports.events import EventLog
 
 #: Mails a history by name covers at most (the newest of the name).
 MAX_MAILS_BY_NAME = 100
 #: Moves and redrives a history by enqueue id follows at most (each hop one more partition read).
 MAX_HOPS = 16
-#: A longer name is no mail's (names are metadata, bounded with it): refused, nothing read.
-MAX_NAME_BYTES = 4096
 
 
 class History:
@@ -32,7 +31,7 @@ class History:
             return await self._following(enqueue_id)
         assert name is not None
         if len(name.encode()) > MAX_NAME_BYTES:
-            raise InvalidArgument(f"name is longer than {MAX_NAME_BYTES} bytes")
+            raise InvalidArgument(f"name is longer than {MAX_NAME_BYTES} bytes: no mail has such a name")
         return await self._events.history_by_name(name, MAX_MAILS_BY_NAME)
 
     async def _following(self, enqueue_id: uuid.UUID) -> list[Event]:

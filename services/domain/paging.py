@@ -38,6 +38,8 @@ _VERSION = 1
 _BODY = struct.Struct(">Bcqq16s")  # version, kind, partition, enqueued_at (ms), enqueue_id
 _DIGEST = 8
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+#: The last millisecond of year 9999: the latest position a datetime can hold.
+_LAST_MS = (dt.datetime(9999, 12, 31, 23, 59, 59, 999000, tzinfo=dt.timezone.utc) - _EPOCH) // dt.timedelta(milliseconds=1)
 
 T = TypeVar("T")
 
@@ -121,6 +123,10 @@ def decode(kind: bytes, key: bytes, token: str) -> Position:
     if version != _VERSION or got_kind != kind or digest != _digest(body, key):
         raise InvalidArgument("page_token does not belong to this request: the queue and every filter must be those "
                               "of the call that returned it (only page_size may change)")
+    # The digest catches a damaged token, not a made one (it has no secret): a position no listing
+    # returns (before 1970, after 9999) is refused here, not left to overflow further on.
+    if not (0 <= partition <= _LAST_MS and 0 <= ms <= _LAST_MS):
+        raise InvalidArgument("page_token holds a position no listing returns: pass next_page_token as it came")
     return Position(partition, _EPOCH + dt.timedelta(milliseconds=ms), enqueue_id)
 
 

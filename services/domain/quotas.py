@@ -112,17 +112,17 @@ def subject_name(kind: str, subject: str) -> str:
         return queue_name(subject)
     if kind == "sender_domain":
         d = subject.strip().lower()
-        if not _DOMAIN.match(d) or len(d) > 253:
+        if not _DOMAIN.fullmatch(d) or len(d) > 253:
             raise InvalidArgument(f"sender domain {shown(subject)} is not a domain name (e.g. example.com)")
         return d
     if kind == "sender":
         s = subject.strip().lower()
         local, at, domain = s.rpartition("@")
-        if not at or not local or not _DOMAIN.match(domain) or len(s) > MAX_SUBJECT:
+        if not at or not local or not _DOMAIN.fullmatch(domain) or len(s) > MAX_SUBJECT:
             raise InvalidArgument(f"sender {shown(subject)} is not an address (local@domain)")
         return s
     if kind == "tenant":
-        if not _TENANT.match(subject):
+        if not _TENANT.fullmatch(subject):
             raise InvalidArgument(f"tenant {shown(subject)} is not a tenant name (letters, digits, . _ : @ / = -)")
         return subject
     raise InvalidArgument(f"quota kind {shown(kind)} is unknown: use one of {', '.join(KINDS)}")
@@ -130,7 +130,7 @@ def subject_name(kind: str, subject: str) -> str:
 
 def is_tenant(name: str) -> bool:
     """Whether ``name`` may name a tenant (in MAILQUEUE_TOKENS ``role@tenant:token``)."""
-    return bool(_TENANT.match(name))
+    return bool(_TENANT.fullmatch(name))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -42,6 +42,8 @@ JOIN_AFTER_S = 1.5 * REFRESH_S
 #: The longest pattern a shaping rule takes (it is matched against every RETRY's error message,
 #: and carried in its SHAPING_CHANGED event): a rule's other texts are bounded alike.
 MAX_PATTERN = 1000
+#: Groups in a pattern at most: hundreds nested would exhaust the regex compiler's recursion.
+MAX_GROUPS = 100
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,62})(\.[a-z0-9]([a-z0-9-]{0,62}))*$")
 
 
@@ -160,7 +162,7 @@ def validate_rate(rate: Rate, field: str) -> Rate:
 def destination_name(name: str, field: str = "destination") -> str:
     """A domain or site name, lower-cased; InvalidArgument otherwise."""
     lowered = name.strip().lower().rstrip(".")
-    if not lowered or len(lowered) > 253 or not _NAME.match(lowered):
+    if not lowered or len(lowered) > 253 or not _NAME.fullmatch(lowered):
         raise InvalidArgument(f"{field} {shown(name)} is not a domain or site name (letters, digits, '-' and '.')")
     return lowered
 
@@ -188,9 +190,11 @@ def validate_rule(r: AutoRule) -> AutoRule:
         raise InvalidArgument("a shaping rule needs a pattern of RETRY error messages")
     if len(r.pattern) > MAX_PATTERN:
         raise InvalidArgument(f"pattern is {len(r.pattern)} characters long: at most {MAX_PATTERN}")
+    if r.pattern.count("(") > MAX_GROUPS:  # Python's compiler recurses per nesting level
+        raise InvalidArgument(f"pattern has {r.pattern.count('(')} groups: at most {MAX_GROUPS}")
     try:
         re.compile(r.pattern)
-    except re.error as e:
+    except (re.error, OverflowError, RecursionError) as e:  # OverflowError: a{4294967295}
         raise InvalidArgument(f"pattern {shown(r.pattern)} is not a regular expression: {e}") from None
     if not 1 <= r.threshold <= 100_000:
         raise InvalidArgument(f"threshold must be between 1 and 100000, not {r.threshold}")

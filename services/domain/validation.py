@@ -24,6 +24,12 @@ _DOMAIN = rf"(?:{_LABEL}(?:\.{_LABEL})*|\[[0-9A-Fa-f:.]+\]|\[IPv6:[0-9A-Fa-f:.]+
 ADDRESS = re.compile(rf"{_LOCAL}@{_DOMAIN}")
 DOMAIN = re.compile(_DOMAIN)
 BLOB_ID = re.compile(r"[0-9a-f]{64}")
+#: Longest mail name, in UTF-8 bytes: a name is a term of the view's index on names (Cassandra
+#: refuses a term over 8 KiB) and a key of the history's name index, what GetMailHistory and
+#: ``mailq trace --name`` look up.
+MAX_NAME_BYTES = 4096
+#: Most blobs one mail's content may be made of (Enqueue's ``blob_refs``).
+MAX_BLOB_REFS = 1000
 #: Longest piece of a client's value echoed in an error message (gRPC metadata is limited to 8 KiB).
 SHOWN_CHARS = 80
 
@@ -62,6 +68,15 @@ def blob_id(value: str) -> str:
     return value
 
 
+def blob_refs(ids: tuple[str, ...] | list[str]) -> None:
+    """The blob ids a mail's content is made of: at most MAX_BLOB_REFS, each a blob id."""
+    if len(ids) > MAX_BLOB_REFS:
+        raise InvalidArgument(f"blob_refs names {len(ids)} blobs, over the limit of {MAX_BLOB_REFS}: "
+                              "put the content as fewer, larger blobs (or stream it with EnqueueStream)")
+    for b in ids:
+        blob_id(b)
+
+
 def enqueue_id(value: str) -> uuid.UUID:
     try:
         return uuid.UUID(value)
@@ -71,6 +86,8 @@ def enqueue_id(value: str) -> uuid.UUID:
 
 def mail(m: Mail, limits: LimitSettings) -> Mail:
     """Check a producer's mail against the rules and limits; return it unchanged."""
+    if len(m.name.encode()) > MAX_NAME_BYTES:
+        raise InvalidArgument(f"mail name is {len(m.name.encode())} bytes, over the limit of {MAX_NAME_BYTES}")
     if m.sender != NULL_SENDER:
         address(m.sender, "sender")
     if not m.recipients:

@@ -1,7 +1,8 @@
 """Rules of the view configuration (DESIGN §3), as pure functions.
 
 - ``slice_window`` may only be replaced by a divisor of itself (old slices stay aligned);
-- ``bucket_count`` may only grow (old rows stay in buckets that are still read);
+- ``bucket_count`` may only grow (old rows stay in buckets that are still read), up to
+  ``MAX_BUCKETS``: a listing reads every bucket of a slice, and a count once grown stays;
 - ``update_browse_start_pace`` changes freely.
 """
 
@@ -14,13 +15,16 @@ from services.domain.errors import FailedPrecondition, InvalidArgument
 from services.domain.model import ViewConfig
 from services.domain.slices import is_divisor
 
+#: The most buckets a slice may have: every Browse, size count and browse-start update reads each
+#: bucket of a slice, and a bucket count can never be lowered again.
+MAX_BUCKETS = 1024
 
 def check_values(c: ViewConfig) -> ViewConfig:
     """A configuration is well-formed on its own."""
     if c.slice_window < dt.timedelta(seconds=1) or c.slice_window % dt.timedelta(seconds=1):
         raise InvalidArgument(f"slice_window must be a whole number of seconds >= 1 s, got {c.slice_window}")
-    if c.bucket_count < 1:
-        raise InvalidArgument(f"bucket_count must be >= 1, got {c.bucket_count}")
+    if not 1 <= c.bucket_count <= MAX_BUCKETS:
+        raise InvalidArgument(f"bucket_count must be between 1 and {MAX_BUCKETS}, got {c.bucket_count}")
     if c.update_browse_start_pace < 1:
         raise InvalidArgument(f"update_browse_start_pace must be >= 1, got {c.update_browse_start_pace}")
     return c

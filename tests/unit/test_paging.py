@@ -87,3 +87,12 @@ def test_the_last_page_has_no_token_even_when_full():
 
 def test_no_page_size_lists_everything_without_a_token():
     assert pages([1, 2, 3], 0) == [(1, ""), (2, ""), (3, "")]
+
+
+@pytest.mark.parametrize("partition,ms", [(0, 2**62), (2**62, 0), (-1, 0), (0, -1)])
+def test_a_token_made_by_hand_with_an_impossible_position_is_refused(partition, ms):
+    import base64
+    body = paging._BODY.pack(1, paging.MAILS, partition, ms, uuid.uuid4().bytes)
+    token = base64.urlsafe_b64encode(body + paging._digest(body, KEY)).decode().rstrip("=")
+    with pytest.raises(InvalidArgument, match="a position no listing returns"):
+        paging.decode(paging.MAILS, KEY, token)

@@ -192,3 +192,10 @@ def test_serde_round_trips_and_unset_limits_stay_unset():
     assert not pb.HasField("mails_per_s") and not pb.HasField("bytes_per_s")
     with pytest.raises(InvalidArgument, match="kind"):
         quotas_serde.quota_from_proto(quotas_pb2.Quota(subject="x", mails_per_s=1))
+
+
+@pytest.mark.parametrize("kind,subject", [("tenant", "acme\n"), ("tenant", "acme\nbeta"), ("sender_domain", "a.example\nb")])
+def test_a_subject_with_a_line_break_is_refused(kind, subject):
+    with pytest.raises(InvalidArgument):
+        q.subject_name(kind, subject)
+    assert not q.is_tenant("acme\n")

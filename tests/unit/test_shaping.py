@@ -47,7 +47,8 @@ def test_throttle_validation():
 def test_rule_validation():
     ok = shaping.AutoRule("r", r"421 .*rate", 3, dt.timedelta(minutes=5), "slow", dt.timedelta(minutes=10), shaping.Rate(1))
     assert shaping.validate_rule(ok) == ok
-    for change in ({"pattern": "("}, {"threshold": 0}, {"window": dt.timedelta(days=2)}, {"action": "bounce"},
+    for change in ({"pattern": "("}, {"pattern": "a{4294967295}"}, {"pattern": "(" * 101 + ")" * 101},
+                   {"threshold": 0}, {"window": dt.timedelta(days=2)}, {"action": "bounce"},
                    {"duration": dt.timedelta(0)}, {"floor": None}):
         with pytest.raises(InvalidArgument):
             shaping.validate_rule(shaping.AutoRule(**{**ok.__dict__, **change}))

@@ -114,3 +114,17 @@ def test_a_producer_schedule_in_the_past_is_now_and_beyond_a_year_is_refused():
     assert validation.deliver_at(T0, delay=10 * S) == T0 + 10 * S
     with pytest.raises(InvalidArgument, match="ahead"):
         validation.deliver_at(T0, T0 + dt.timedelta(days=367))
+
+
+def test_a_mail_name_is_at_most_4096_bytes_of_utf8():
+    validation.mail(dataclasses.replace(OK, name="x" * 4096), LIMITS)
+    with pytest.raises(InvalidArgument, match="mail name is 4098 bytes"):
+        validation.mail(dataclasses.replace(OK, name="é" * 2049), LIMITS)
+
+
+def test_blob_refs_are_at_most_1000_each_a_blob_id():
+    validation.blob_refs(["a" * 64] * 1000)
+    with pytest.raises(InvalidArgument, match="1001 blobs"):
+        validation.blob_refs(["a" * 64] * 1001)
+    with pytest.raises(InvalidArgument, match="blob id"):
+        validation.blob_refs(["A" * 64])

@@ -54,3 +54,10 @@ def test_merge_keeps_unset_fields():
     c = merge(ViewConfig(H, 2, 10), None, 4, None)
     assert c == ViewConfig(H, 4, 10)
     assert merge(c, 60, None, 5) == ViewConfig(dt.timedelta(minutes=1), 4, 5)
+
+
+@pytest.mark.parametrize("count", [0, 1025, 2**31 - 1])
+def test_a_bucket_count_is_between_1_and_1024(count):
+    with pytest.raises(InvalidArgument, match="between 1 and 1024"):
+        check_values(ViewConfig(bucket_count=count))
+    check_values(ViewConfig(bucket_count=1024))
