@@ -2,14 +2,16 @@
 SHELL := /bin/bash
 PY := .venv/bin/python
 PROTOS := $(wildcard protos/mailqueue/v1/*.proto)
+#: Downloads and builds, once per machine (stack/stack.sh reads the same variable).
+CACHE := $(or $(MAILQUEUE_CACHE_DIR),$(HOME)/.cache/mailqueue-stack)
 BUF_VERSION := v1.75.0
-BUF := $(HOME)/.cache/mailqueue-stack/buf-$(BUF_VERSION)/buf
+BUF := $(CACHE)/buf-$(BUF_VERSION)/buf
 KUSTOMIZE_VERSION := v5.7.1
-KUSTOMIZE := $(HOME)/.cache/mailqueue-stack/kustomize-$(KUSTOMIZE_VERSION)/kustomize
+KUSTOMIZE := $(CACHE)/kustomize-$(KUSTOMIZE_VERSION)/kustomize
 export KUSTOMIZE
-GO_TOOLS := $(HOME)/.cache/mailqueue-stack/go-tools
+GO_TOOLS := $(CACHE)/go-tools
 GHZ_VERSION := v0.93.0
-GHZ := $(HOME)/.cache/mailqueue-stack/ghz-$(GHZ_VERSION)/ghz
+GHZ := $(CACHE)/ghz-$(GHZ_VERSION)/ghz
 NODE_MODULES := tests/contract/node/node_modules/.installed
 DOCS_NODE_MODULES := docs/node_modules/.installed
 STUBS := mailqueue/.generated
@@ -22,6 +24,7 @@ install: .venv/.installed
 # editable install: the installed entry points (.venv/bin/mailq) find the generated `mailqueue`
 # package from any directory.
 .venv/.python: constraints.txt
+	@stack/prerequisites.sh
 	python3 -m venv .venv
 	.venv/bin/pip install -q --upgrade pip
 	.venv/bin/pip install -q -c constraints.txt grpcio-tools
@@ -141,9 +144,10 @@ test-integration: up contract spark-connector
 spark-connector:
 	@spark/connector.sh >/dev/null
 
-# The retention sweep against the local stack: make sweep ARGS="--dry-run".
+# The retention sweep against the local stack: make sweep ARGS="--dry-run". With the sweep's own
+# credentials and the stack's CA (stack/stack.sh env sweep): the local backends take TLS only.
 sweep: up spark-connector
-	$(PY) -m spark.sweep $(ARGS)
+	@set -a; eval "$$(stack/stack.sh env sweep)"; set +a; $(PY) -m spark.sweep $(ARGS)
 
 $(BUF):
 	@echo "[make] building buf $(BUF_VERSION) with go install (once per machine)"

@@ -26,7 +26,8 @@ from bench.common import PORTS, CpuMeter
 from stack.harness import ROOT
 
 VERSION = "v0.93.0"
-BINARY = os.path.expanduser(f"~/.cache/mailqueue-stack/ghz-{VERSION}/ghz")
+BINARY = os.path.join(os.environ.get("MAILQUEUE_CACHE_DIR") or os.path.expanduser("~/.cache/mailqueue-stack"),
+                      f"ghz-{VERSION}", "ghz")
 CALL = "mailqueue.v1.EnqueueService.Enqueue"
 #: ghz's deadline per call (its default, 20 s): a call the service never answers ends as DeadlineExceeded.
 CALL_TIMEOUT_S = 20

@@ -107,7 +107,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--host", "--target", dest="host", default=os.environ.get("MAILQ_HOST", "localhost"),
                    help="cluster address: every service on its default port there (default: $MAILQ_HOST or localhost)")
     for name in DEFAULT_PORTS:
-        p.add_argument(f"--{name}", metavar="HOST:PORT", help=f"{name}_svc target (default: --host:{DEFAULT_PORTS[name]})")
+        p.add_argument(f"--{name}", metavar="HOST:PORT", help=f"{name}_svc target (default: $MAILQ_{name.upper()}, else --host:{DEFAULT_PORTS[name]})")
     p.add_argument("--token", help="bearer token (default: $MAILQ_TOKEN)")
     p.add_argument("--tls-ca", metavar="PEM", help="connect with TLS, trusting this CA (default: $MAILQ_TLS_CA; unset: plaintext)")
     p.add_argument("--tls-cert", metavar="PEM", help="client certificate for mutual TLS (default: $MAILQ_TLS_CERT)")

@@ -17,7 +17,7 @@ TARGETS = {"enqueue": "localhost:50051", "dequeue": "localhost:50052", "browse":
 #: webhook_svc, which `make run` starts too (it serves health, reflection and metrics only).
 WEBHOOK = "localhost:50055"
 CA = os.path.join(ROOT, ".stack", "pki", "ca.crt")
-TOOLS = os.path.join(os.path.expanduser("~"), ".cache", "mailqueue-stack", "go-tools")
+TOOLS = os.path.join(os.environ.get("MAILQUEUE_CACHE_DIR") or os.path.expanduser("~/.cache/mailqueue-stack"), "go-tools")
 
 
 def credentials():  # noqa: ANN201
