@@ -29,7 +29,7 @@ import enum
 
 from services.app.queue_state import QueueState
 from services.app.rule_book import RuleBook
-from services.domain import model, rules
+from services.domain import dead_letters, model
 from services.domain.errors import NotFound
 from services.ports.blobstore import BlobStore
 from services.ports.broker import Message
@@ -80,8 +80,12 @@ async def judge(
         return Verdict(Action.WAIT_FOR_ROOM, "shaped")
     current = await mails.state(queue, mail.enqueue_id)
     if current is not None and current.deleted:
-        if rules.is_bounce(current.reason or ""):
-            return Verdict(Action.DEAD_LETTER, "bounced", state=current)
+        # Marked a dead letter (rejected, expired, bounced, ...) but its message came back: the
+        # process died, or its channel was lost, between the mark and the nack. Dead-lettered now,
+        # so the dead-letter list has it (services/app/dead_letter_recorder.py keeps it once).
+        kind = dead_letters.kind_of(current.reason)
+        if kind is not None:
+            return Verdict(Action.DEAD_LETTER, kind, state=current)
         return Verdict(Action.SKIP, "deleted", state=current)
     if current is not None and mail.generation < current.generation:
         return Verdict(Action.SKIP, "superseded", state=current)

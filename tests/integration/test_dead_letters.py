@@ -18,7 +18,15 @@ import pytest
 from mailqueue.v1 import admin_pb2, admin_pb2_grpc, browse_pb2, browse_pb2_grpc
 from services.app import admin_events
 from stack.harness import ServiceProcess, broker_parameters, service_env, wait_until
-from tests.integration.helpers import StreamConsumer, dead_letter_count, inline, kill_9_mid_stream, simple_mail
+from tests.integration.helpers import (
+    StreamConsumer,
+    dead_letter_count,
+    enqueue_names,
+    inline,
+    kill_9_mid_stream,
+    message_count,
+    simple_mail,
+)
 from tests.integration.test_cli import mailq
 
 R = browse_pb2
@@ -135,6 +143,24 @@ def _bad_requests(queue: str, other: str):
         ("PurgeDeadLetters", negative, "INVALID_ARGUMENT"),
         ("PurgeDeadLetters", admin_pb2.PurgeDeadLettersRequest(queue="no-such-queue-9f1a", all=True), "NOT_FOUND"),
     ]
+
+
+@pytest.mark.parametrize("reason,kind", [("dead-lettered: 550 5.1.1 no such user", R.DEAD_LETTER_REASON_REJECTED),
+                                         ("expired: 5 attempts", R.DEAD_LETTER_REASON_EXPIRED)], ids=["rejected", "expired"])
+def test_a_mail_marked_dead_whose_message_came_back_is_listed_and_never_handed_out(suite, reason, kind):
+    # The state a dequeue_svc killed (or whose channel was lost) between its mark and its nack
+    # leaves: the mail marked a dead letter, its message back in the work queue.
+    queue = suite.new_queue()
+    [eid] = enqueue_names(suite, queue, ["late"])
+    suite.run(suite.view.mails.mark(queue, uuid.UUID(eid), reason))
+    c = StreamConsumer(suite.dequeue_stub, queue, prefetch=4)
+    wait_until(lambda: [d.mail.mail.name for d in dead(suite, queue)] == ["late"], 30, what="listed as a dead letter")
+    [listed] = dead(suite, queue)
+    assert listed.reason == kind and listed.reason_text == reason
+    with pytest.raises(q.Empty):
+        c.next(timeout=1)  # never handed out
+    c.close()
+    assert message_count(queue) == 0 and dead_letter_count(queue) == 1  # the broker keeps its copy, as of every dead letter
 
 
 def test_bad_input_gets_a_precise_status_and_changes_nothing(suite):
