@@ -1,5 +1,5 @@
 import sys
 
-from mailq.cli import main
+from mailq import entry
 
-sys.exit(main())
+sys.exit(entry())

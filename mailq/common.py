@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import math
 import os
 import sys
 from collections.abc import Callable, Iterable
@@ -80,7 +81,14 @@ def tls_credentials(a: argparse.Namespace) -> grpc.ChannelCredentials | None:
     if b"-----BEGIN CERTIFICATE-----" not in trusted:
         raise UsageError(f"mailq: the CA file {ca} (--tls-ca or MAILQ_TLS_CA) holds no PEM certificate: give the CA "
                          "that signed the services' certificates (make run: .stack/pki/ca.crt)")
-    return grpc.ssl_channel_credentials(trusted, read(key) if key else None, read(cert) if cert else None)
+    if not cert:
+        return grpc.ssl_channel_credentials(trusted)
+    chain, private = read(cert), read(key)
+    if b"-----BEGIN CERTIFICATE-----" not in chain:
+        raise UsageError(f"mailq: the client certificate {cert} (--tls-cert or MAILQ_TLS_CERT) holds no PEM certificate")
+    if b"PRIVATE KEY-----" not in private:
+        raise UsageError(f"mailq: the key {key} (--tls-key or MAILQ_TLS_KEY) holds no PEM private key")
+    return grpc.ssl_channel_credentials(trusted, private, chain)
 
 
 def queue_command(sub: Any, name: str, fn: Callable[[Client, argparse.Namespace], None], help: str) -> argparse.ArgumentParser:
@@ -90,6 +98,39 @@ def queue_command(sub: Any, name: str, fn: Callable[[Client, argparse.Namespace]
     s.add_argument("queue")
     s.set_defaults(fn=fn)
     return s
+
+
+#: The largest whole number an option takes (the contract's 32-bit fields).
+MAX_WHOLE = 2**31 - 1
+
+
+def whole(minimum: int = 0, maximum: int = MAX_WHOLE) -> Callable[[str], int]:
+    """An argparse type: a whole number from ``minimum`` to ``maximum`` (a usage error otherwise,
+    never a traceback from the protobuf field it fills)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if not minimum <= value <= maximum:
+            raise argparse.ArgumentTypeError(f"{value} is out of range: {minimum} to {maximum}")
+        return value
+    return parse
+
+
+def real(minimum: float = 0.0, maximum: float = 1e12, above: bool = False) -> Callable[[str], float]:
+    """An argparse type: a finite number from ``minimum`` (excluded with ``above``) to ``maximum``."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        low_ok = value > minimum if above else value >= minimum
+        if not (math.isfinite(value) and low_ok and value <= maximum):
+            low = f"more than {minimum:g}" if above else f"at least {minimum:g}"
+            raise argparse.ArgumentTypeError(f"{text} is out of range: {low}, at most {maximum:g}")
+        return value
+    return parse
 
 
 def duration_arg(text: str) -> dt.timedelta:

@@ -17,7 +17,7 @@ from typing import Any
 
 from google.protobuf import json_format
 
-from mailq.common import duration, duration_arg, follow, print_table
+from mailq.common import duration, duration_arg, follow, print_table, whole
 from mailqueue.v1 import admin_pb2, browse_pb2
 
 REASONS = ("expired", "rejected", "bounced", "delivery_limit", "content_missing", "other")
@@ -97,16 +97,16 @@ def register(sub: Any) -> None:
         s.add_argument("--recipient")
         s.add_argument("--name")
         if action == "list":
-            s.add_argument("--limit", type=int, default=0)
+            s.add_argument("--limit", type=whole(), default=0)
             s.add_argument("--json", action="store_true", help="machine-readable output")
-            s.add_argument("--page-size", type=int, default=0, help="a page of at most N dead letters (1 to 1000)")
+            s.add_argument("--page-size", type=whole(), default=0, help="a page of at most N dead letters (1 to 1000)")
             s.add_argument("--page-token", help="the page after the one that printed this token (same queue and filter)")
         if action == "redrive":
             s.add_argument("--to", help="another existing queue (default: back to the queue)")
-            s.add_argument("--rate", type=int, default=0, help="mails per second at most (default 100)")
+            s.add_argument("--rate", type=whole(), default=0, help="mails per second at most (default 100)")
             s.add_argument("--keep-attempts", action="store_true",
                            help="keep attempts, last error and enqueue time (default: start over)")
-            s.add_argument("--limit", type=int, default=0, help="at most this many mails")
+            s.add_argument("--limit", type=whole(), default=0, help="at most this many mails")
         if action == "purge":
             s.add_argument("--older-than", type=duration_arg, help="only those dead-lettered longer ago than this")
             s.add_argument("--all", action="store_true", help="every dead letter of the queue (no condition given)")

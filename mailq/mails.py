@@ -21,7 +21,7 @@ from typing import Any
 from google.protobuf import json_format
 
 from mailq import ids
-from mailq.common import Client, Progress, UsageError, duration, duration_arg, follow, print_table, queue_command
+from mailq.common import Client, Progress, UsageError, duration, duration_arg, follow, print_table, queue_command, whole
 from mailqueue.v1 import admin_pb2, browse_pb2, mail_pb2
 
 
@@ -135,9 +135,9 @@ def register(sub: Any) -> None:
     s.add_argument("--sender")
     s.add_argument("--recipient")
     s.add_argument("--name")
-    s.add_argument("--limit", type=int, default=0)
+    s.add_argument("--limit", type=whole(), default=0)
     s.add_argument("--id", metavar="ID", help="only the mail with this enqueue id (read from an index), in full or a unique prefix")
-    s.add_argument("--page-size", type=int, default=0, help="a page of at most N mails (1 to 1000); the next "
+    s.add_argument("--page-size", type=whole(), default=0, help="a page of at most N mails (1 to 1000); the next "
                    "page's token is printed on stderr, or in the last JSON line's next_page_token")
     s.add_argument("--page-token", help="the page after the one that printed this token (same queue and conditions)")
     _schedule_args(s, "only mails waiting for their deliver_at")
@@ -149,5 +149,5 @@ def register(sub: Any) -> None:
     s.add_argument("--older-than", type=duration_arg, required=True)
     s = _mail_command(sub, "move", cmd_move, "move live mails to another existing queue", by_id=True)
     s.add_argument("to_queue", metavar="TO")
-    s.add_argument("--limit", type=int, default=0, help="at most this many mails")
+    s.add_argument("--limit", type=whole(), default=0, help="at most this many mails")
     _schedule_args(s, "only delayed or held mails")

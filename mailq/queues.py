@@ -19,7 +19,7 @@ from typing import Any
 from google.protobuf import json_format
 
 from mailq import throttle
-from mailq.common import Client, UsageError, duration, duration_arg, follow, queue_command
+from mailq.common import Client, UsageError, duration, duration_arg, follow, queue_command, real, whole
 from mailqueue.v1 import admin_pb2, browse_pb2
 from services.domain.durations import human
 
@@ -171,18 +171,18 @@ def register(sub: Any) -> None:
                             ("retry-policy", cmd_retry_policy, "change a queue's retry policy (unset options keep their value)")):
         s = queue_command(sub, name, fn, help_)
         s.add_argument("--initial-backoff", type=duration_arg)
-        s.add_argument("--multiplier", type=float)
+        s.add_argument("--multiplier", type=real(maximum=1e6))
         s.add_argument("--max-backoff", type=duration_arg)
-        s.add_argument("--max-attempts", type=int)
+        s.add_argument("--max-attempts", type=whole())
         s.add_argument("--max-age", type=duration_arg)
     s = queue_command(sub, "shape", cmd_shape, "Postfix qshape: recipient domain x age, then each shaped destination")
-    s.add_argument("--top", type=int, default=20, help="domains shown (default 20)")
+    s.add_argument("--top", type=whole(), default=20, help="domains shown (default 20)")
     queue_command(sub, "reconcile", cmd_reconcile, "rewrite the queue's counters from an exact count")
     s = queue_command(sub, "drop", cmd_drop, "delete a queue (with its live mails and dead letters: --force)")
     s.add_argument("--force", action="store_true", help="delete its live mails with it")
     s = sub.add_parser("config", help="get or set the view configuration (slice window, buckets, browse-start pace) of every queue")
     s.add_argument("action", choices=("get", "set"))
     s.add_argument("--slice-window", type=duration_arg)
-    s.add_argument("--buckets", type=int)
-    s.add_argument("--pace", type=int)
+    s.add_argument("--buckets", type=whole(1))
+    s.add_argument("--pace", type=whole(1))
     s.set_defaults(fn=cmd_config)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from mailq.common import UsageError, print_table
+from mailq.common import UsageError, print_table, real, whole
 from mailqueue.v1 import admin_pb2, quotas_pb2
 
 _KINDS = {"tenant": quotas_pb2.QUOTA_KIND_TENANT, "sender": quotas_pb2.QUOTA_KIND_SENDER,
@@ -60,12 +60,12 @@ def register(sub: Any) -> None:
     s = t.add_parser("set", help="set (or replace) a subject's quota: over it, Enqueue answers RESOURCE_EXHAUSTED")
     s.add_argument("kind", choices=sorted(_KINDS))
     s.add_argument("subject", help="the tenant name, sender address, sender domain or queue")
-    s.add_argument("--mails-per-s", type=float, help="mails per second at most")
-    s.add_argument("--burst-mails", type=int, help="mails at once above the rate (default 1)")
-    s.add_argument("--bytes-per-s", type=float, help="content bytes per second at most")
-    s.add_argument("--burst-bytes", type=int, help="bytes at once above the rate (at least the largest mail)")
-    s.add_argument("--max-queued", type=int, help="queues only: refuse new mail while the queue holds this many")
-    s.add_argument("--max-queued-bytes", type=int,
+    s.add_argument("--mails-per-s", type=real(above=True), help="mails per second at most")
+    s.add_argument("--burst-mails", type=whole(maximum=2**63 - 1), help="mails at once above the rate (default 1)")
+    s.add_argument("--bytes-per-s", type=real(above=True), help="content bytes per second at most")
+    s.add_argument("--burst-bytes", type=whole(maximum=2**63 - 1), help="bytes at once above the rate (at least the largest mail)")
+    s.add_argument("--max-queued", type=whole(maximum=2**63 - 1), help="queues only: refuse new mail while the queue holds this many")
+    s.add_argument("--max-queued-bytes", type=whole(maximum=2**63 - 1),
                    help="queues only: refuse new mail while the queue's mails hold this many content bytes")
     s.add_argument("--exempt-bounces", action="store_true", help="bounces (the empty sender) pass this quota")
     s.add_argument("--exempt-sender", action="append", metavar="ADDRESS", help="this sender passes this quota (repeatable)")

@@ -6,7 +6,7 @@ import argparse
 import datetime as dt
 from typing import Any
 
-from mailq.common import UsageError, duration, duration_arg, print_table
+from mailq.common import UsageError, duration, duration_arg, print_table, whole
 from mailqueue.v1 import admin_pb2, shaping_pb2
 from services.domain import shaping
 from services.domain.errors import InvalidArgument
@@ -120,7 +120,7 @@ def register(sub: Any) -> None:
     s.add_argument("destination")
     s.add_argument("--queue", help="only this queue (default: every queue)")
     s.add_argument("--rate", type=rate_arg, help="deliveries per period: 20/s, 600/m, 10000/d")
-    s.add_argument("--concurrency", type=int, help="deliveries handed out and unanswered at most")
+    s.add_argument("--concurrency", type=whole(1), help="deliveries handed out and unanswered at most")
     s.set_defaults(fn=cmd_set)
     s = t.add_parser("clear", help="remove a destination's limits")
     s.add_argument("destination")
@@ -142,7 +142,7 @@ def register(sub: Any) -> None:
     s = t.add_parser("rule", help="react to RETRY errors: suspend or slow a destination")
     s.add_argument("rule_id")
     s.add_argument("--pattern", required=True, help="regular expression searched in RETRY error messages")
-    s.add_argument("--threshold", type=int, default=3)
+    s.add_argument("--threshold", type=whole(1), default=3)
     s.add_argument("--window", type=duration_arg, default=dt.timedelta(minutes=5))
     how = s.add_mutually_exclusive_group(required=True)
     how.add_argument("--suspend", action="store_true")

@@ -27,7 +27,7 @@ from typing import Any
 import grpc
 
 from mailq import ids
-from mailq.common import Client, UsageError, print_table
+from mailq.common import Client, UsageError, print_table, real, whole
 from mailqueue.v1 import browse_pb2, events_pb2, mail_pb2
 
 
@@ -134,7 +134,7 @@ def register(sub: Any) -> None:
     w.add_argument("--queue", action="append", default=[], metavar="Q", help="only this queue's events (repeatable)")
     w.add_argument("--type", action="append", default=[], metavar="TYPE", help="only events of this type (repeatable): "
                    + " ".join(sorted(TYPES)))
-    w.add_argument("--count", type=int, default=0, metavar="N", help="stop after N events")
-    w.add_argument("--for", dest="seconds", type=float, metavar="S", help="stop after S seconds")
+    w.add_argument("--count", type=whole(), default=0, metavar="N", help="stop after N events")
+    w.add_argument("--for", dest="seconds", type=real(maximum=1e9, above=True), metavar="S", help="stop after S seconds")
     w.add_argument("--json", action="store_true", help="one JSON object per event, with its cursor")
     w.set_defaults(fn=cmd_events)

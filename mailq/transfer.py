@@ -14,7 +14,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from mailq.common import EXIT_NOTHING, EXIT_OK, Client, duration, duration_arg, queue_command
+from mailq.common import EXIT_NOTHING, EXIT_OK, Client, duration, duration_arg, queue_command, real, whole
 from mailqueue.v1 import blob_pb2, dequeue_pb2, enqueue_pb2, mail_pb2
 
 CHUNK = 1024 * 1024
@@ -71,11 +71,14 @@ def cmd_dequeue(c: Client, a: argparse.Namespace) -> int:
                 done += 1
             if done >= a.n:
                 break
-    finally:
+    except BaseException:  # Ctrl-C or a failed call: leave at once; a mail whose answer was not sent comes back
         timer.cancel()
-        half_close()
-        for _ in stream:
-            pass
+        stream.cancel()
+        raise
+    timer.cancel()
+    half_close()
+    for _ in stream:
+        pass
     if done == 0:
         print(f"mailq dequeue: no mail from {a.queue} within {a.wait:g} s (empty, or its mails are delayed, held or "
               "throttled: mailq show lists them)", file=sys.stderr)
@@ -111,9 +114,9 @@ def register(sub: Any) -> None:
     s.add_argument("--delay", type=duration_arg, help="deliver no earlier than this from now (e.g. 10m)")
     s.add_argument("--priority", choices=("high", "normal", "low"), default="normal")
     s = queue_command(sub, "dequeue", cmd_dequeue, "receive mails and answer them (success, retry or reject)")
-    s.add_argument("-n", type=int, default=1, help="how many mails (default 1)")
+    s.add_argument("-n", type=whole(1), default=1, help="how many mails (default 1)")
     s.add_argument("--ack", choices=("success", "retry", "reject"), default="success", help="the answer to each mail (default success)")
     s.add_argument("--retry-after", type=duration_arg, help="with --ack retry: deliver again after this")
     s.add_argument("--out", help="write each mail's content to DIR/<id>.eml")
-    s.add_argument("--wait", type=float, default=10,
+    s.add_argument("--wait", type=real(maximum=86400, above=True), default=10,
                    help="give up after this many seconds (default 10); no mail by then: exit status 3")

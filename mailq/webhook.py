@@ -7,7 +7,7 @@ import datetime as dt
 import os
 from typing import Any
 
-from mailq.common import UsageError, print_table
+from mailq.common import UsageError, print_table, real
 from mailqueue.v1 import events_pb2, webhooks_pb2
 from services.domain.events import EventType
 
@@ -65,7 +65,8 @@ def register(sub: Any) -> None:
                    "the secret never crosses the API")
     s.add_argument("--events", nargs="+", metavar="TYPE", help="only these event types (delivered, dead_lettered, ...; default: every one)")
     s.add_argument("--queues", nargs="+", metavar="Q", help="only these queues' events (default: every queue)")
-    s.add_argument("--max-age-s", type=float, metavar="N", help="drop (count, log) events older than N seconds when sent (default 86400)")
+    s.add_argument("--max-age-s", type=real(maximum=1e10, above=True), metavar="N",
+                   help="drop (count, log) events older than N seconds when sent (default 86400)")
     s.add_argument("--from-oldest", action="store_true", help="start at the oldest event kept (default: at the next one)")
     s.set_defaults(fn=cmd_add)
     s = w.add_parser("list", help="the registered endpoints")

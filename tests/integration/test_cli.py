@@ -195,3 +195,43 @@ def test_what_mailq_cannot_use_is_named_with_what_to_do(suite, tmp_path):
     assert r.returncode == 2 and "holds no PEM certificate" in r.stderr, r.stderr
     r = mailq(suite, "webhook", "remove", "no-such-hook", ok=False)
     assert "NOT_FOUND" in r.stderr and "mailq webhook list" in r.stderr and "mailq queues" not in r.stderr
+
+
+OUT_OF_RANGE = [
+    ("browse", "Q", "--limit", "-1"), ("browse", "Q", "--limit", "99999999999"), ("dead", "redrive", "Q", "--rate", "-1"),
+    ("create", "Q", "--max-attempts", "-1"), ("create", "Q", "--max-age", "99999999999d"),
+    ("hold", "--queue", "Q", "--for", "999999999d"), ("dequeue", "Q", "-n", "0"), ("dequeue", "Q", "--wait", "inf"),
+    ("dequeue", "Q", "--wait", "-1"), ("shape", "Q", "--top", "-1"), ("quota", "set", "tenant", "acme", "--mails-per-s", "nan"),
+    ("throttle", "set", "a.example", "--concurrency", "0"), ("events", "--for", "inf"),
+]
+
+
+def test_numbers_and_durations_out_of_range_are_usage_errors_not_tracebacks(suite):
+    """Each was a traceback from the protobuf field it fills, a timer that could not be set, or
+    (--top -1) a silently shorter table; now argparse refuses it, exit 2, naming the range."""
+    queue = suite.new_queue()
+    for argv in OUT_OF_RANGE:
+        r = run(suite, *(queue if a == "Q" else a for a in argv))
+        assert r.returncode == 2 and "Traceback" not in r.stderr, (argv, r.stderr)
+        assert "out of range" in r.stderr or "longer than 36500d" in r.stderr, (argv, r.stderr)
+
+
+def test_ctrl_c_ends_a_waiting_dequeue_quietly_with_130(suite):
+    """Ctrl-C while mailq dequeue waits: no traceback (it drained a stream it had cancelled), exit
+    130, and its stream is gone from the broker at once (cancelled, not half-closed)."""
+    from stack.harness import wait_until
+    from tests.integration.helpers import consumer_count
+
+    queue = suite.new_queue()
+    targets = ["--enqueue", suite.enqueue.target, "--dequeue", suite.dequeue.target,
+               "--browse", suite.browse.target, "--blob", suite.blob.target]
+    p = subprocess.Popen([str(MAILQ), *targets, "dequeue", queue, "--wait", "60"], cwd=tempfile.gettempdir(),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: consumer_count(queue) == 1, 30, what="mailq's stream subscribed")
+        p.send_signal(2)  # SIGINT, as Ctrl-C
+        out, err = p.communicate(timeout=10)
+    finally:
+        p.kill()
+    assert p.returncode == 130 and "Traceback" not in err and out == "", err
+    wait_until(lambda: consumer_count(queue) == 0, 10, what="the stream gone")

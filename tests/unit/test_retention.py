@@ -66,3 +66,11 @@ def test_bad_duration_says_how_to_write_one():
 
     with pytest.raises(InvalidArgument, match="e.g. 90s"):
         parse_duration("1 hour")
+
+
+def test_a_duration_is_at_most_100_years():
+    from services.domain.durations import parse_duration
+
+    assert parse_duration("36500d").days == 36500
+    with pytest.raises(InvalidArgument, match="longer than 36500d"):
+        parse_duration("36501d")
