@@ -48,8 +48,14 @@ async def serving(sub: Subscription, answers: AsyncIterator[list[Answer]]) -> As
             done, _ = await asyncio.wait({delivery, settling}, return_when=asyncio.FIRST_COMPLETED)
             if delivery in done:
                 first = delivery.result()
+                next_one.clear()  # its delivery is in the batch: given back from there if never sent
                 batch = [first, *sub.ready(sub.max_batch - 1)] if sub.max_batch > 1 else [first]
-                await sub.record_handed_out(batch)  # recorded before it is sent
+                try:
+                    await sub.record_handed_out(batch)  # recorded before it is sent
+                except BaseException:
+                    sub.unhand(batch)  # not sent: back unsent, no attempt spent
+                    raise
+                sub.sent(batch)
                 yield batch
                 continue
             settling.result()  # raises what settling raised; otherwise the client half-closed
@@ -66,8 +72,10 @@ async def serving(sub: Subscription, answers: AsyncIterator[list[Answer]]) -> As
             elif not task.cancelled():
                 # Ended already, its error (an invalid answer, a channel that died) unread when the
                 # stream ends another way (the client gone): read here, never logged as
-                # "Task exception was never retrieved" (the soak counts those).
-                task.exception()
+                # "Task exception was never retrieved" (the soak counts those). A delivery it
+                # handed out just before the stream ended was never sent: given back unsent.
+                if task.exception() is None and task in next_one:
+                    sub.unhand([task.result()])
         # Shielded: a second cancel (the client gone while the stream ends) must not cut the
         # return of what the stream holds, nor leave its consumer channel open.
         await asyncio.shield(sub.close())

@@ -80,6 +80,11 @@ class HandOuts:
             return [event]
         return []
 
+    def withdrawn(self, tags: Sequence[int]) -> None:
+        """Deliveries that were never sent after all: their held events are not written."""
+        for tag in tags:
+            self._held.pop(tag, None)
+
     def unanswered(self, tag: int, handed: Sequence[Event]) -> None:
         """The answer that took ``handed`` failed before its record was written: held again, to
         be written on its own (at once when the stream is closing)."""

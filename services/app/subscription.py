@@ -86,6 +86,10 @@ class Subscription:
         self._scheduler: Scheduler[Preparing] = Scheduler(model.PRIORITIES, prefetch)
         #: Handed out, not answered yet, by delivery tag.
         self._unanswered: dict[int, Delivery] = {}
+        #: The messages of deliveries handed out but not sent yet (``sent`` or ``unhand`` ends that).
+        self._in_hand: dict[int, Message] = {}
+        #: Handed out, then never sent (the stream ended first): they go back unsent.
+        self._unhanded: list[Delivery] = []
         self._changed = asyncio.Event()
         self._failure: BaseException | None = None
         self._pump: asyncio.Task[None] | None = None
@@ -139,7 +143,9 @@ class Subscription:
                 continue
             self._scheduler.handed()
             delivery = dataclasses.replace(delivery, handed_out_at=now)
-            self._stream.unsent.pop(delivery.tag, None)
+            message = self._stream.unsent.pop(delivery.tag, None)
+            if message is not None:
+                self._in_hand[delivery.tag] = message
             self._unanswered[delivery.tag] = delivery
             DELIVERED.labels(self.queue).inc()
             out.append(delivery)
@@ -151,6 +157,25 @@ class Subscription:
         batch) when the delay is 0. Raises BackendUnavailable then: the stream fails, and gives
         them back unsent."""
         await self._handouts.handed([(d.tag, mail_events.handed_out(d.mail, d.delivery_count)) for d in batch])
+
+    def sent(self, batch: list[Delivery]) -> None:
+        """The deliveries ``ready`` gave are on their way to the client: from now on they are
+        answered, or go back (one attempt spent) when the stream ends."""
+        for d in batch:
+            self._in_hand.pop(d.tag, None)
+
+    def unhand(self, batch: list[Delivery]) -> None:
+        """The deliveries ``ready`` gave were never sent (their hand-out could not be recorded, or
+        the stream ended first): they go back unsent when the stream closes, spending no delivery
+        attempt, and their held hand-out events are dropped (nothing was handed to anyone)."""
+        for d in batch:
+            if self._unanswered.pop(d.tag, None) is None:
+                continue
+            message = self._in_hand.pop(d.tag, None)
+            if message is not None:
+                self._stream.unsent[d.tag] = message
+            self._unhanded.append(d)
+        self._handouts.withdrawn([d.tag for d in batch])
 
     def stop_handing_out(self) -> None:
         """The client half-closed: it can answer nothing more, so nothing more is handed out (what
@@ -264,7 +289,7 @@ class Subscription:
             await self._handouts.close()
             prepared = [t.result() for t in self._scheduler.queued()
                         if t.done() and not t.cancelled() and t.exception() is None and t.result() is not None]
-            await closing.close(self._stream, prepared, list(self._unanswered.values()))
+            await closing.close(self._stream, prepared + self._unhanded, list(self._unanswered.values()))
         finally:
             try:
                 try:
