@@ -17,6 +17,7 @@ from services.app.dequeue_stream import Answer
 from services.app.dequeuer import Dequeuer
 from services.app.subscription import DEFAULT_PREFETCH, Delivery, Outcome
 from services.contract import serde
+from services.domain import delivery_tags
 from services.domain.errors import InvalidArgument
 
 _OUTCOMES = {
@@ -26,10 +27,11 @@ _OUTCOMES = {
 }
 
 
-def _fill(pb: dequeue_pb2.Delivery, d: Delivery) -> None:
+def _fill(pb: dequeue_pb2.Delivery, d: Delivery, prefix: int) -> None:
     """Write ``d`` into a message already in place: a message passed to a constructor is copied,
-    content included (measured: 236 µs per 100 KB delivery of a batch of 32, 123 µs in place)."""
-    pb.delivery_tag, pb.content_inline, pb.redelivered = d.tag, d.content is not None, d.redelivered
+    content included (measured: 236 µs per 100 KB delivery of a batch of 32, 123 µs in place).
+    Its tag is the stream's (services/domain/delivery_tags.py)."""
+    pb.delivery_tag, pb.content_inline, pb.redelivered = delivery_tags.outward(prefix, d.tag), d.content is not None, d.redelivered
     pb.traceparent = d.mail.traceparent
     if d.content:
         pb.content = d.content
@@ -38,15 +40,15 @@ def _fill(pb: dequeue_pb2.Delivery, d: Delivery) -> None:
         pb.handed_out_at.CopyFrom(serde.timestamp_to_proto(d.handed_out_at))
 
 
-def _response(batch: list[Delivery], max_batch: int) -> dequeue_pb2.DequeueResponse:
+def _response(batch: list[Delivery], max_batch: int, prefix: int) -> dequeue_pb2.DequeueResponse:
     """One delivery alone, or (max_batch above 1) the deliveries ready together."""
     response = dequeue_pb2.DequeueResponse()
     if max_batch == 1:
-        _fill(response.delivery, batch[0])
+        _fill(response.delivery, batch[0], prefix)
         return response
     deliveries = response.deliveries.deliveries
     for d in batch:
-        _fill(deliveries.add(), d)
+        _fill(deliveries.add(), d, prefix)
     return response
 
 
@@ -94,4 +96,4 @@ class DequeueServicer(dequeue_pb2_grpc.DequeueServiceServicer):
                                                   max_batch=sub.max_batch)
             )
             async for batch in deliveries:
-                yield _response(batch, sub.max_batch)
+                yield _response(batch, sub.max_batch, sub.tag_prefix)

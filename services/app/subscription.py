@@ -36,7 +36,7 @@ from services.app.handouts import HandOuts
 from services.app.retry import retrying
 from services.app.shaper import Wait
 from services.app.verdict import Action
-from services.domain import model
+from services.domain import delivery_tags, model
 from services.domain.backoff import Backoff
 from services.domain.errors import BackendUnavailable, InvalidArgument
 from services.domain.fairness import Scheduler
@@ -83,6 +83,8 @@ class Subscription:
         self._stream = Stream(queue, consumer, side)
         #: Deliveries handed out together at most (``next`` then ``ready``).
         self.max_batch = max_batch
+        #: The prefix of the tags this stream's client sees (services/domain/delivery_tags.py).
+        self.tag_prefix = delivery_tags.new_prefix()
         self._scheduler: Scheduler[Preparing] = Scheduler(model.PRIORITIES, prefetch)
         #: Handed out, not answered yet, by delivery tag.
         self._unanswered: dict[int, Delivery] = {}
@@ -248,7 +250,11 @@ class Subscription:
     async def settle(
         self, tag: int, outcome: Outcome, error_message: str = "", retry_after: dt.timedelta | None = None,
     ) -> None:
-        delivery = self._unanswered.pop(tag, None)  # taken first: a second answer for the tag is refused
+        broker_tag = delivery_tags.inward(self.tag_prefix, tag)
+        if broker_tag is None:
+            raise InvalidArgument(f"delivery tag {tag} was not given out by this stream: answer each delivery on the "
+                                  "stream that delivered it")
+        delivery = self._unanswered.pop(broker_tag, None)  # taken first: a second answer for the tag is refused
         if delivery is None:
             raise InvalidArgument(f"delivery tag {tag} is not an unanswered delivery of this stream")
         self._scheduler.answered()

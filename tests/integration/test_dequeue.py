@@ -276,6 +276,28 @@ def test_a_bad_subscription_gets_a_precise_status(suite, first, code):
     assert e.value.code() == code
 
 
+def test_an_answer_on_the_wrong_stream_settles_nothing_and_ends_that_stream(suite):
+    """Each stream's broker channel numbers its deliveries 1, 2, ...: the tags a client sees carry
+    a prefix of their stream, so an answer sent on another stream is refused, not taken for that
+    stream's delivery of the same number (a SUCCESS for a mail nobody processed)."""
+    queue = suite.new_queue()
+    a, b = enqueue_names(suite, queue, ["a", "b"])
+    one, two = consumer(suite, queue, prefetch=1), consumer(suite, queue, prefetch=1)
+    d1, d2 = one.next(), two.next()
+    assert {d1.mail.enqueue_id, d2.mail.enqueue_id} == {a, b} and d1.delivery_tag != d2.delivery_tag
+    two.send(dequeue_pb2.DequeueRequest(outcome=dequeue_pb2.Outcome(delivery_tag=d1.delivery_tag,
+                                                                    kind=dequeue_pb2.OUTCOME_KIND_SUCCESS)))
+    with pytest.raises(EOFError):
+        two.response(timeout=10)
+    assert two.error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "was not given out by this stream" in two.error.details()
+    wait_until(lambda: message_count(queue) == 1, what="the second stream's delivery back in the queue")
+    assert deleted_reason(suite, queue, uuid.UUID(d2.mail.enqueue_id)) is None  # not settled by the stray answer
+    one.answer(d1)  # the first stream's delivery is still its own to answer
+    wait_until(lambda: deleted_reason(suite, queue, uuid.UUID(d1.mail.enqueue_id)) == "dequeued", what="d1 settled")
+    one.close()
+
+
 def test_an_unknown_delivery_tag_ends_the_stream_and_requeues(suite):
     queue = suite.new_queue()
     [eid] = enqueue_names(suite, queue, ["m"])
