@@ -87,8 +87,6 @@ TYPES = {_type(v): v for v in events_pb2.EventType.values() if v != events_pb2.E
 
 
 def cmd_events(c: Client, a: argparse.Namespace) -> None:
-    if a.count < 0 or (a.seconds is not None and a.seconds <= 0):
-        raise UsageError("mailq events: --count is 0 (no limit) or more, --for a number of seconds above 0")
     unknown = [t for t in a.type if t not in TYPES]
     if unknown:
         raise UsageError(f"mailq events: unknown event type {', '.join(unknown)}; one of: {' '.join(sorted(TYPES))}")
