@@ -45,7 +45,13 @@ class Client:
         token = a.token or os.environ.get("MAILQ_TOKEN", "")
 
         def target(name: str) -> str:
-            return getattr(a, name) or os.environ.get(f"MAILQ_{name.upper()}") or f"{a.host}:{DEFAULT_PORTS[name]}"
+            given = getattr(a, name) or os.environ.get(f"MAILQ_{name.upper()}")
+            if not given:
+                return f"{a.host}:{DEFAULT_PORTS[name]}"
+            host, _, port = given.rpartition(":")
+            if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+                raise UsageError(f"mailq: --{name} (or MAILQ_{name.upper()}) {given!r} is not HOST:PORT with a port 1 to 65535")
+            return given
 
         tls = tls_credentials(a)
         self.enqueue = enqueue_pb2_grpc.EnqueueServiceStub(blocking_channel(target("enqueue"), token, tls))

@@ -17,7 +17,7 @@ from typing import Any
 
 from google.protobuf import json_format
 
-from mailq.common import duration, duration_arg, follow, print_table, whole
+from mailq.common import UsageError, duration, duration_arg, follow, print_table, whole
 from mailqueue.v1 import admin_pb2, browse_pb2
 
 REASONS = ("expired", "rejected", "bounced", "delivery_limit", "content_missing", "other")
@@ -71,6 +71,9 @@ def cmd_redrive(c: Any, a: argparse.Namespace) -> None:
 
 
 def cmd_purge(c: Any, a: argparse.Namespace) -> None:
+    if not (a.sender or a.recipient or a.name or a.reason or a.older_than is not None or a.all):
+        raise UsageError("mailq dead purge: give a condition (--sender, --recipient, --name, --reason, --older-than) "
+                         "or --all")
     request = admin_pb2.PurgeDeadLettersRequest(queue=a.queue, filter=_filter(a), all=a.all)
     if a.older_than is not None:
         request.older_than.CopyFrom(duration(a.older_than))

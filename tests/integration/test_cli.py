@@ -170,6 +170,10 @@ def test_usage_errors_exit_2(suite):
     assert r.returncode == 2 and "give --slice-window, --buckets or --pace" in r.stderr
     r = run(suite, "flush", "x", "--domain", "a.org", "--name", "n")
     assert r.returncode == 2 and "at most one of" in r.stderr
+    r = run(suite, "dead", "purge", "x")  # like delete and flush, before any call
+    assert r.returncode == 2 and "give a condition" in r.stderr
+    r = run(suite, "--browse", "127.0.0.1:99999", "queues")  # it dialled port 34463 (99999 mod 65536)
+    assert r.returncode == 2 and "port 1 to 65535" in r.stderr
 
 
 def test_what_mailq_cannot_use_is_named_with_what_to_do(suite, tmp_path):
