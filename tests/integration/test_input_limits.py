@@ -106,3 +106,51 @@ def test_a_tenant_quota_with_a_trailing_newline_is_refused(suite):
     refused(lambda: suite.admin_stub.SetQuota(admin_pb2.SetQuotaRequest(quota=quota)), "is not a tenant name")
     listed = suite.admin_stub.ListQuotas(admin_pb2.ListQuotasRequest()).quotas
     assert not any(q.subject.startswith("acme\n") for q in listed)
+
+
+# ---------------------------------------------------------------- right already, now driven through gRPC
+def test_out_of_range_fields_answered_right_but_never_driven_are_invalid_argument(suite):
+    queue = suite.new_queue()
+    config = suite.admin_stub.GetConfiguration(admin_pb2.GetConfigurationRequest()).configuration
+    events = events_pb2_grpc.EventServiceStub(suite.browse.channel())
+    week_and_a_second = shaping_pb2.ShapingRule(rule_id="r-long", pattern="421", threshold=3,
+                                                action=shaping_pb2.SHAPING_ACTION_SUSPEND)
+    week_and_a_second.window.FromSeconds(60)
+    week_and_a_second.duration.FromSeconds(7 * 86400 + 1)
+
+    def configured(**change):
+        c = browse_pb2.ViewConfiguration()
+        c.CopyFrom(config)
+        for k, v in change.items():
+            setattr(c, k, v)
+        return admin_pb2.UpdateConfigurationRequest(configuration=c)
+
+    calls = {
+        "GetMailHistory name over 4096 bytes": lambda: events.GetMailHistory(events_pb2.GetMailHistoryRequest(name="n" * 4097)),
+        "UpdateConfiguration bucket_count 0": lambda: suite.admin_stub.UpdateConfiguration(configured(bucket_count=0)),
+        "UpdateConfiguration pace 0": lambda: suite.admin_stub.UpdateConfiguration(configured(update_browse_start_pace=0)),
+        "Browse unknown schedule": lambda: list(suite.browse_stub.Browse(browse_pb2.BrowseRequest(queue=queue, schedule=99))),
+        "SetShapingRule duration over 7 days": lambda: suite.admin_stub.SetShapingRule(
+            admin_pb2.SetShapingRuleRequest(rule=week_and_a_second)),
+    }
+    for what, call in calls.items():
+        assert code_of(call) == grpc.StatusCode.INVALID_ARGUMENT, what
+    assert suite.admin_stub.GetConfiguration(admin_pb2.GetConfigurationRequest()).configuration == config
+
+
+def test_a_dequeue_stream_refuses_an_unknown_outcome_kind_and_a_second_subscribe(suite):
+    from mailqueue.v1 import dequeue_pb2
+    from stack.harness import wait_until
+    from tests.integration.helpers import StreamConsumer, enqueue_names, message_count
+
+    queue = suite.new_queue()
+    enqueue_names(suite, queue, ["m"])
+    for bad in (lambda d: dequeue_pb2.DequeueRequest(outcome=dequeue_pb2.Outcome(delivery_tag=d.delivery_tag, kind=99)),
+                lambda d: dequeue_pb2.DequeueRequest(subscribe=dequeue_pb2.Subscribe(queue=queue))):
+        c = StreamConsumer(suite.dequeue_stub, queue, prefetch=1)
+        d = c.next()
+        c.send(bad(d))
+        with pytest.raises(EOFError):
+            c.response(timeout=10)
+        assert c.error.code() == grpc.StatusCode.INVALID_ARGUMENT
+        wait_until(lambda: message_count(queue) == 1, what="the delivery back in the queue, unsettled")
