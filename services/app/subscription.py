@@ -123,11 +123,11 @@ class Subscription:
         if self._pump is None:
             self._pump = asyncio.create_task(self._pump_messages())
         while True:
+            if self._failure is not None:  # the channel died: what it prepared is the broker's again
+                raise self._failure
             ready = self.ready(1)
             if ready:
                 return ready[0]
-            if self._failure is not None:
-                raise self._failure
             self._changed.clear()
             await self._changed.wait()
 
