@@ -1,9 +1,20 @@
 """Poster on the standard library (urllib in a worker thread): one request per call, no pooling
-(a batch per request, so a connection per batch costs little next to the batch)."""
+(a batch per request, so a connection per batch costs little next to the batch).
+
+- Each endpoint (by URL) has a thread of its own: an endpoint that hangs, or answers a byte at a
+  time, holds only its own lane, never the event loop's shared pool (which the others and the
+  registry reads use).
+- A call ends by ``2 × timeout_s`` whatever the endpoint does (urllib's timeout is per socket
+  operation); the late answer is dropped and the batch is retried.
+- Redirects are not followed: a POST redirected would be re-sent as a GET without its body, to
+  any host, with the signature headers; the 3xx is the answer (services/domain/webhooks.py).
+- At most ``MAX_READ`` bytes of an answer are read.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import http.client
 import logging
 import urllib.error
@@ -12,19 +23,47 @@ from collections.abc import Mapping
 
 log = logging.getLogger(__name__)
 
+#: Bytes of an endpoint's answer read at most (its status is what counts).
+MAX_READ = 64 * 1024
+
+
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, req, fp, code, msg, headers, newurl):  # type: ignore[no-untyped-def]  # noqa: ANN001
+        return None  # urllib then raises HTTPError with the 3xx
+
+
+_OPENER = urllib.request.build_opener(_NoRedirects())
+
 
 class UrllibPoster:
+    def __init__(self) -> None:
+        self._lanes: dict[str, concurrent.futures.ThreadPoolExecutor] = {}
+
     async def post(self, url: str, body: bytes, headers: Mapping[str, str], timeout_s: float) -> int | None:
-        return await asyncio.to_thread(self._post, url, body, dict(headers), timeout_s)
+        lane = self._lanes.get(url)
+        if lane is None:
+            lane = self._lanes[url] = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="webhook")
+        call = asyncio.get_running_loop().run_in_executor(lane, self._post, url, body, dict(headers), timeout_s)
+        try:
+            return await asyncio.wait_for(call, 2 * timeout_s)
+        except asyncio.TimeoutError:
+            log.info("webhook endpoint did not answer in time", extra={"url": url, "timeout_s": 2 * timeout_s})
+            return None
+
+    def close(self) -> None:
+        for lane in self._lanes.values():
+            lane.shutdown(wait=False, cancel_futures=True)
+        self._lanes.clear()
 
     @staticmethod
     def _post(url: str, body: bytes, headers: dict[str, str], timeout_s: float) -> int | None:
         request = urllib.request.Request(url, data=body, headers=headers, method="POST")
         try:
-            with urllib.request.urlopen(request, timeout=timeout_s) as response:  # noqa: S310 - operators' URLs
-                response.read()
+            with _OPENER.open(request, timeout=timeout_s) as response:
+                response.read(MAX_READ)
                 return int(response.status)
         except urllib.error.HTTPError as e:
+            e.close()
             return int(e.code)
         except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
             log.info("webhook endpoint did not answer", extra={"url": url, "error": str(e)[:200]})

@@ -50,6 +50,10 @@ class EndpointDelivery:
         """Deliver until cancelled; raises BackendUnavailable when the stream or the checkpoint
         store fails (the caller starts it again: it resumes from the checkpoint)."""
         last = await self._checkpoints.load(self.endpoint.name)
+        # An endpoint with no checkpoint starts at the next event recorded: its place is saved with
+        # its first event, before that is sent, or a restart before its first answer would start at
+        # "next" again and skip what it had not delivered (and what came while it was down).
+        placed = last is not None or self._from_oldest
         inbox: asyncio.Queue[Event | BaseException] = asyncio.Queue(maxsize=2 * self.endpoint.batch_size)
         reader = asyncio.create_task(self._read(last, inbox))
         try:
@@ -59,6 +63,11 @@ class EndpointDelivery:
                     batch.append(inbox.get_nowait())
                 failed = next((x for x in batch if isinstance(x, BaseException)), None)
                 events = [x for x in batch if isinstance(x, Event)]
+                if events and not placed:
+                    before = int(events[0].cursor) - 1  # resuming there sends events[0] first
+                    if before >= 0:  # (the stream's very first event has no place before it)
+                        await self._checkpoints.save(self.endpoint.name, str(before))
+                    placed = True
                 if events:
                     await self._deliver(events)
                     await self._checkpoints.save(self.endpoint.name, events[-1].cursor)

@@ -66,9 +66,10 @@ def headers(secret: bytes, timestamp: int, body: bytes) -> dict[str, str]:
 
 def verdict(status: int | None) -> str:
     """What an answer means: "delivered" (2xx), "retry" (no answer: a timeout or a connection
-    error; 5xx; 429; 408), or "refused" (any other status: the endpoint will not take this batch;
-    it is counted and not sent again)."""
-    if status is None or status >= 500 or status in (408, 429):
+    error; 5xx; 429; 408; a redirect, which is not followed: the URL needs fixing, and the events
+    wait for it up to their maximum age), or "refused" (any other status: the endpoint will not
+    take this batch; it is counted and not sent again)."""
+    if status is None or status >= 500 or status in (408, 429) or 300 <= status < 400:
         return "retry"
     return "delivered" if 200 <= status < 300 else "refused"
 

@@ -164,3 +164,88 @@ def test_a_failing_endpoint_gets_every_event_once_it_recovers_and_delays_no_othe
         flaky.server.shutdown()
         healthy.server.shutdown()
     assert "Traceback" not in err, err[-2000:]
+
+
+def test_an_endpoint_restarted_before_its_first_answer_misses_nothing(aio_loop, keyspace, sink, tmp_path):
+    """An endpoint without from_oldest starts at the next event. Its place is saved with its first
+    event, before any answer: webhook_svc killed while the endpoint still fails, and restarted
+    after more events came, delivers the first events and those that came while it was down. It
+    restarted at "next" before, and both were skipped without a count."""
+    queue = f"wh-{uuid.uuid4().hex[:8]}"
+    (tmp_path / "secret").write_bytes(os.urandom(16).hex().encode())
+    late = Receiver(failures=10_000)
+    endpoint = {"name": f"late-{queue}", "url": late.url, "secret_file": str(tmp_path / "secret"), "queues": [queue],
+                "timeout_s": 1, "max_age_s": 3600}
+    webhooks = start_webhooks(keyspace, [endpoint], tmp_path)
+    probes: list = []
+
+    def probe() -> bool:  # events before the endpoint's watch is attached are not its (it starts at "next")
+        probes.append(of_queue(EventType.CONFIG_CHANGED, queue, f"probe-{len(probes)}", actor=Actor.component("test")))
+        aio_loop.run(sink.publish(probes[-1:]))
+        return late.refused >= 2
+
+    try:
+        wait_until(probe, 60, interval=0.2, what="the endpoint attached, and failing")
+    finally:
+        webhooks.kill()
+        webhooks.wait(10)
+    while_down = [of_queue(EventType.CONFIG_CHANGED, queue, f"down-{i}", actor=Actor.component("test")) for i in range(2)]
+    aio_loop.run(sink.publish(while_down))
+    late.failures = 0
+    webhooks = start_webhooks(keyspace, [endpoint], tmp_path)
+    try:
+        wait_until(lambda: [e["id"] for e in late.events()][-2:] == [e.id for e in while_down], 60,
+                   what="the events that came while it was down")
+        got = [e["id"] for e in late.events()]
+        seen = [e.id for e in probes][-(len(got) - 2):]  # the probes from the first one it was sent, in order
+        assert 3 <= len(got) and got == seen + [e.id for e in while_down]
+    finally:
+        webhooks.kill()
+        webhooks.wait(10)
+        late.server.shutdown()
+
+
+def test_a_redirect_is_retried_not_followed(aio_loop, keyspace, sink, tmp_path):
+    """A POST answered 302 would be followed as a GET without its body to the host the answer
+    names (signature headers and all), and that GET's 200 taken for a delivery. It is tried again
+    instead, and the events arrive once the endpoint answers 200; the named host is never called."""
+    queue = f"wh-{uuid.uuid4().hex[:8]}"
+    (tmp_path / "secret").write_bytes(os.urandom(16).hex().encode())
+    elsewhere, endpoint_receiver = Receiver(), Receiver()
+    redirects = {"left": 3}
+
+    class Redirecting(endpoint_receiver.handler):  # type: ignore[name-defined]
+        def do_POST(self) -> None:  # noqa: N802
+            if redirects["left"] > 0:
+                redirects["left"] -= 1
+                self.rfile.read(int(self.headers["Content-Length"]))
+                self.send_response(302)
+                self.send_header("Location", elsewhere.url)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            super().do_POST()
+
+    class Answering(elsewhere.handler):  # type: ignore[name-defined]
+        def do_GET(self) -> None:  # noqa: N802 - what urllib's redirect sends: answered 200, kept
+            elsewhere.requests.append((time.monotonic(), dict(self.headers), b""))
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    endpoint_receiver.server.RequestHandlerClass = Redirecting
+    elsewhere.server.RequestHandlerClass = Answering
+    endpoint = {"name": f"moved-{queue}", "url": endpoint_receiver.url, "secret_file": str(tmp_path / "secret"),
+                "queues": [queue], "from_oldest": True, "timeout_s": 1, "max_age_s": 3600}
+    webhooks = start_webhooks(keyspace, [endpoint], tmp_path)
+    try:
+        sent = [of_queue(EventType.CONFIG_CHANGED, queue, str(i), actor=Actor.component("test")) for i in range(3)]
+        aio_loop.run(sink.publish(sent))
+        wait_until(lambda: len(endpoint_receiver.events()) >= 3, 60, what="the events after the redirects")
+        assert [e["id"] for e in endpoint_receiver.events()] == [e.id for e in sent] and redirects["left"] == 0
+    finally:
+        webhooks.kill()
+        webhooks.wait(10)
+        endpoint_receiver.server.shutdown()
+        elsewhere.server.shutdown()
+    assert elsewhere.requests == []

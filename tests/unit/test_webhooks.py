@@ -14,7 +14,7 @@ from services.domain.events import Actor, EventType, of_queue
 
 @pytest.mark.parametrize("status, outcome", [
     (200, "delivered"), (204, "delivered"), (None, "retry"), (500, "retry"), (503, "retry"), (429, "retry"), (408, "retry"),
-    (400, "refused"), (401, "refused"), (404, "refused"), (410, "refused"), (301, "refused"),
+    (400, "refused"), (401, "refused"), (404, "refused"), (410, "refused"), (301, "retry"), (307, "retry"),
 ])
 def test_what_an_answer_means(status, outcome):
     assert webhooks.verdict(status) == outcome
