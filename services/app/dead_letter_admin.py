@@ -140,8 +140,8 @@ class DeadLetterAdmin:
             p.scanned += 1
             if f.matches(d):
                 await asyncio.sleep(pacer.delay(time.monotonic()))
-                await self._redrive_one(d, await self._landing(d, target, keep_attempts), pending)
-                p.redriven += 1
+                if await self._redrive_one(d, await self._landing(d, target, keep_attempts), pending):
+                    p.redriven += 1
                 if len(pending) >= admin_events.JOURNALED_BATCH:
                     await self._finish(pending)
                 if limit and p.redriven >= limit:
@@ -181,28 +181,38 @@ class DeadLetterAdmin:
         done, now = 0, model.utcnow()
         pending: list[tuple[model.QueuedMail, Event]] = []
         for dead, landed, begun in await self._view.moves.pending(journal(queue)):
-            if now - begun >= older_than:
-                await self._complete(dead, landed, pending)
+            if now - begun >= older_than and await self._complete(dead, landed, pending):
                 done += 1
         await self._finish(pending)
         if done:
             log.warning("interrupted redrives completed", extra={"queue": queue, "redrives": done})
         return done
 
-    async def _redrive_one(self, d: DeadLetter, landed: model.QueuedMail, pending: list[tuple[model.QueuedMail, Event]]) -> None:
+    async def _redrive_one(self, d: DeadLetter, landed: model.QueuedMail, pending: list[tuple[model.QueuedMail, Event]]) -> bool:
         dead = dataclasses.replace(d.mail, queue=journal(d.mail.queue))
         await self._view.moves.begin(dead, landed)
-        await self._complete(dead, landed, pending)
+        return await self._complete(dead, landed, pending)
 
-    async def _complete(self, dead: model.QueuedMail, landed: model.QueuedMail, pending: list[tuple[model.QueuedMail, Event]]) -> None:
-        """Steps 2 and 3; step 4 (the event, then the journal entry removed) left in ``pending``."""
+    async def _complete(self, dead: model.QueuedMail, landed: model.QueuedMail, pending: list[tuple[model.QueuedMail, Event]]) -> bool:
+        """Steps 2 and 3; step 4 (the event, then the journal entry removed) left in ``pending``.
+        False, the journal entry removed and nothing landed, when the dead letter was purged or
+        redriven elsewhere meanwhile, or its target no longer takes mail (it is being deleted)."""
         mail = dataclasses.replace(dead, queue=dead.queue.removeprefix("dead-letters/"))
+        reason = dead_letters.redriven_reason(landed.queue, str(landed.enqueue_id))
+        state = await self._view.mails.state(mail.queue, mail.enqueue_id)
+        current = state.reason if state is not None and state.deleted else None
+        gone = current is not None and current != reason and dead_letters.kind_of(current) is None
+        if not gone and current != reason and not await self._mover.takes_mail(landed.queue):
+            gone = True
+        if gone:
+            await self._view.moves.done(dead)
+            return False
         # Marked first: a late broker copy of the dead mail then finds it redriven, not dead.
-        await self._view.mails.mark(mail.queue, mail.enqueue_id,
-                                    dead_letters.redriven_reason(landed.queue, str(landed.enqueue_id)))
+        await self._view.mails.mark(mail.queue, mail.enqueue_id, reason)
         await self._view.dead_letters.remove(mail)
         await land(self._view, self._broker, landed)
         pending.append((dead, admin_events.redriven(mail, landed)))
+        return True
 
     async def _finish(self, pending: list[tuple[model.QueuedMail, Event]]) -> None:
         """Step 4 of the redrives in ``pending``: their events in one record, then their journal entries removed."""

@@ -32,7 +32,7 @@ from collections.abc import AsyncIterator
 from services.app import admin_events, counters
 from services.app.queue_state import QueueState
 from services.domain import model, validation
-from services.domain.errors import InvalidArgument
+from services.domain.errors import InvalidArgument, NotFound
 from services.domain.events import Event
 from services.domain.filters import BrowseFilter
 from services.domain.slices import bucket_of, slice_start
@@ -121,6 +121,15 @@ class Mover:
             generation=1 if q.attempts or q.last_error else 0, held_by=None, deliver_at=due if due > q.enqueued_at else None,
         )
 
+    async def takes_mail(self, queue: str) -> bool:
+        """Whether ``queue`` takes mail now, as every enqueue sees it: one being deleted does not
+        (DeleteQueue waits out this cache before it removes the queue's topology)."""
+        try:
+            await self._state.require_queue(queue)
+        except NotFound:
+            return False
+        return True
+
     async def complete(
         self, mail: model.QueuedMail, moved: model.QueuedMail, pending: list[tuple[model.QueuedMail, Event]],
     ) -> bool:
@@ -128,11 +137,16 @@ class Mover:
         the MOVED events of a batch, then removes their journal entries); False when the source
         mail was gone already (nothing recorded)."""
         state = await self._view.mails.state(mail.queue, mail.enqueue_id)
-        if state is not None and state.deleted and not (state.reason or "").startswith(MOVED):
-            await self._view.moves.done(mail)  # delivered or deleted meanwhile: nothing to move
+        mark = model.truncated(MOVED + moved.queue)
+        if state is not None and state.deleted and state.reason != mark:
+            # Delivered, deleted, or moved to another queue by another move meanwhile: nothing to move.
+            await self._view.moves.done(mail)
             return False
         if state is None or not state.deleted:
-            await counters.mark(self._view, mail, model.truncated(MOVED + moved.queue))
+            if not await self.takes_mail(moved.queue):
+                await self._view.moves.done(mail)  # the mail stays where it is
+                return False
+            await counters.mark(self._view, mail, mark)
         await land(self._view, self._broker, moved)
         pending.append((mail, admin_events.moved(mail, moved)))
         return True

@@ -163,6 +163,29 @@ def test_a_mail_marked_dead_whose_message_came_back_is_listed_and_never_handed_o
     assert message_count(queue) == 0 and dead_letter_count(queue) == 1  # the broker keeps its copy, as of every dead letter
 
 
+def test_a_redrive_journaled_then_purged_lands_nothing_when_completed(suite):
+    """A redrive killed after its journal entry, then a purge of that dead letter: completing the
+    redrive (its rerun, or the healer) landed the purged mail live in the target. It now finds the
+    dead letter gone, and lands nothing."""
+    import dataclasses as dc
+
+    from services.app.dead_letter_admin import journal
+
+    queue, target = suite.new_queue(), suite.new_queue()
+    reject_all(suite, queue, ["p"])
+
+    async def dead_letters() -> list:
+        return [d async for d in suite.view.dead_letters.scan(queue)]
+
+    [d] = suite.run(dead_letters())
+    landed = suite.run(suite.browse.app.service().dead_letters._landing(d, target, False))
+    suite.run(suite.view.moves.begin(dc.replace(d.mail, queue=journal(queue)), landed))  # the redrive, killed
+    assert purge(suite.admin_stub, queue, all=True).purged == 1
+    assert redrive(suite.admin_stub, queue, to_queue=target)[-1].redriven == 0
+    assert list(suite.browse_stub.Browse(browse_pb2.BrowseRequest(queue=target))) == []
+    assert dead(suite, queue) == [] and list(suite.run(suite.view.moves.pending(journal(queue)))) == []
+
+
 def test_bad_input_gets_a_precise_status_and_changes_nothing(suite):
     queue, other = suite.new_queue(), suite.new_queue()
     reject_all(suite, queue, ["a", "b"])

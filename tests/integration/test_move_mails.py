@@ -11,7 +11,7 @@ import queue as q
 import grpc
 import pytest
 
-from mailqueue.v1 import admin_pb2, admin_pb2_grpc
+from mailqueue.v1 import admin_pb2, admin_pb2_grpc, browse_pb2
 from services.app import admin_events
 from stack.harness import ServiceProcess, service_env, wait_until
 from tests.integration.helpers import StreamConsumer, inline, kill_9_mid_stream, simple_mail
@@ -78,6 +78,25 @@ def test_a_move_keeps_age_schedule_attempts_and_content(suite):
     c = StreamConsumer(suite.dequeue_stub, src)
     assert c.next().mail.mail.name == "other"
     c.close()
+
+
+def test_a_move_journaled_to_another_target_after_the_mail_moved_lands_nothing(suite):
+    """Two MoveMails of one mail at once, to B and to C: the one to C journals the mail, read live,
+    after the one to B moved it. Completing it (its rerun, or the healer) landed the mail in C too:
+    two live copies. It now finds the mail moved elsewhere, and lands nothing."""
+    from tests.integration.helpers import enqueue_names, view_rows
+
+    source, b, c = suite.new_queue(), suite.new_queue(), suite.new_queue()
+    enqueue_names(suite, source, ["m"])
+    [q] = view_rows(suite, source)
+    assert move(suite.admin_stub, source, b)[-1].moved == 1
+    mover = suite.browse.app.service().admin.mover
+    suite.run(suite.view.moves.begin(q, suite.run(mover.landing(q, c))))  # the move to C, killed after its journal entry
+    assert move(suite.admin_stub, source, c)[-1].resumed == 1  # its rerun completes it
+    names = {queue: [r.mail.mail.name for r in suite.browse_stub.Browse(browse_pb2.BrowseRequest(queue=queue))]
+             for queue in (source, b, c)}
+    assert (names[source], names[b], names[c]) == ([], ["m"], [])
+    assert list(suite.run(suite.view.moves.pending(source))) == []
 
 
 def test_kill_9_of_browse_svc_mid_move_loses_nothing_and_delivers_nothing_twice(suite, keyspace):
