@@ -6,8 +6,10 @@ skips them) and only touch mails that existed when the call started.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import datetime as dt
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 
@@ -17,13 +19,19 @@ from services.app.moves import MoveProgress, Mover
 from services.app.queue_state import QueueState
 from services.app.queues import DropProgress, create_queue, drop_queue
 from services.domain import counts, model, rules, schedule, view_config
-from services.domain.errors import InvalidArgument, NotFound
+from services.domain.errors import Aborted, InvalidArgument, NotFound
 from services.domain.events import EventType
 from services.domain.filters import BrowseFilter
 from services.domain.model import truncated
 from services.ports.broker import Broker
 from services.ports.events import EventLog
 from services.ports.view import View
+
+#: The lease one view configuration change holds (leases_v1), its TTL if its holder dies, and how
+#: long a call waits for it before it is ABORTED (retry).
+CONFIG_LEASE = "view-configuration-change"
+CONFIG_LEASE_TTL_S = 10
+CONFIG_LEASE_WAIT_S = 15.0
 
 
 @dataclasses.dataclass
@@ -149,12 +157,24 @@ class Admin:
         """Apply a configuration change (services/domain/view_config.py says which are allowed);
         a change is recorded CONFIG_CHANGED (install-level: queue "") once it is known to be allowed
         and before it is stored."""
-        before = await self._view.config.current()
-        view_config.check_change(before, wanted)  # refused: nothing recorded
-        event = admin_events.changed(EventType.CONFIG_CHANGED, "", _view_settings(before), _view_settings(wanted))
-        if event is not None:
-            await admin_events.record(self._events, [event])
-        config = await self._view.config.apply(wanted)
+        async def record(before: model.ViewConfig) -> None:  # the change from ``before`` is allowed
+            event = admin_events.changed(EventType.CONFIG_CHANGED, "", _view_settings(before), _view_settings(wanted))
+            if event is not None:
+                await admin_events.record(self._events, [event])
+
+        view_config.check_change(await self._view.config.current(), wanted)  # refused at once: nothing recorded
+        # One change at a time (a lease): the change checked, recorded and written is the one made.
+        # Without it, calls at once each passed the check against the configuration they read,
+        # recorded their change, and all but one then lost the write (and were refused).
+        holder, deadline = uuid.uuid4().hex, time.monotonic() + CONFIG_LEASE_WAIT_S
+        while not await self._view.leases.hold(CONFIG_LEASE, holder, CONFIG_LEASE_TTL_S):
+            if time.monotonic() > deadline:
+                raise Aborted("the view configuration is being changed by another call: retry")
+            await asyncio.sleep(0.05)
+        try:
+            config = await self._view.config.apply(wanted, record)  # checked against the configuration it replaces
+        finally:
+            await self._view.leases.release(CONFIG_LEASE, holder)
         self._state.forget_config()
         return config
 

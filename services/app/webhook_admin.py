@@ -31,9 +31,13 @@ class WebhookAdmin:
         r = dataclasses.replace(webhook_registry.validate(r), created_at=model.utcnow().replace(microsecond=0))
         if await self._registry.get(r.name) is not None:
             raise AlreadyExists(f"a webhook named {r.name!r} exists: remove it first (mailq webhook remove {r.name}) or pick another name")
-        await self._record(r.name, "added", {}, r.settings())
-        if not await self._registry.add(r):  # registered meanwhile by another call
+        if not await self._registry.add(r):  # registered meanwhile by another call: it records its own
             raise AlreadyExists(f"a webhook named {r.name!r} exists: remove it first or pick another name")
+        try:  # recorded once the name is ours (insert-if-absent), so a refused call records nothing
+            await self._record(r.name, "added", {}, r.settings())
+        except BaseException:
+            await self._registry.remove(r.name)  # unrecorded, it is not registered either
+            raise
         return r
 
     async def remove(self, name: str) -> Registration:

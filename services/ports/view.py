@@ -11,7 +11,7 @@ from __future__ import annotations
 import abc
 import datetime as dt
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol
 
 from services.domain import counts, dead_letters, model, paging
@@ -164,12 +164,16 @@ class Leases(Protocol):
 
     async def hold(self, name: str, holder: str, ttl_s: int) -> bool: ...
 
+    async def release(self, name: str, holder: str) -> None: ...
+
 
 class ViewConfiguration(Protocol):
     """The view configuration (slice window, buckets, browse start pace): services/domain/view_config.py."""
 
     async def current(self) -> model.ViewConfig: ...
-    async def apply(self, wanted: model.ViewConfig) -> model.ViewConfig: ...
+    async def apply(
+        self, wanted: model.ViewConfig, before_write: Callable[[model.ViewConfig], Awaitable[None]] | None = None,
+    ) -> model.ViewConfig: ...
 
 
 class View(Protocol):

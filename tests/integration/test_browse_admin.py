@@ -289,3 +289,54 @@ def test_republish_heals_a_broker_that_lost_its_messages(suite):
     c.close()
     # Answers are settled (marked, counted) after they are sent: wait for the last ones.
     wait_until(lambda: suite.size(queue) == 0, what="the twenty answers settled")
+
+
+def test_configuration_changes_at_once_record_one_event_per_change_made(aio_loop, running_stack):
+    """Six UpdateConfiguration calls at once, each growing the bucket count to its own number: the
+    ones checked against a configuration another then replaced are refused (it may only grow), and
+    only the changes made are in the audit trail. A refused one recorded its event too, checked
+    against the configuration read before the others wrote."""
+    import threading
+
+    from mailqueue.v1 import events_pb2, events_pb2_grpc
+    from stack.harness import new_keyspace
+    from tests.conftest import Suite
+
+    s = Suite(aio_loop, new_keyspace())  # its own keyspace: a bucket count never comes down again
+    try:
+        config = s.admin_stub.GetConfiguration(admin_pb2.GetConfigurationRequest()).configuration
+        start, answers = threading.Barrier(6), {}
+
+        def update(count: int) -> None:
+            wanted = browse_pb2.ViewConfiguration()
+            wanted.CopyFrom(config)
+            wanted.bucket_count = count
+            start.wait()
+            try:
+                s.admin_stub.UpdateConfiguration(admin_pb2.UpdateConfigurationRequest(configuration=wanted))
+                answers[count] = grpc.StatusCode.OK
+            except grpc.RpcError as e:
+                answers[count] = e.code()
+
+        threads = [threading.Thread(target=update, args=(n,)) for n in range(2, 8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        made = sorted(n for n, code in answers.items() if code == grpc.StatusCode.OK)
+        assert made and set(answers.values()) <= {grpc.StatusCode.OK, grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.ABORTED}
+        wanted = s.admin_stub.GetConfiguration(admin_pb2.GetConfigurationRequest()).configuration
+        wanted.update_browse_start_pace += 1  # a last change: the end of what to read
+        s.admin_stub.UpdateConfiguration(admin_pb2.UpdateConfigurationRequest(configuration=wanted))
+        recorded = []
+        watch = events_pb2_grpc.EventServiceStub(s.browse.channel()).WatchEvents(
+            events_pb2.WatchEventsRequest(from_oldest=True, types=[events_pb2.EVENT_TYPE_CONFIG_CHANGED]), timeout=30)
+        for r in watch:
+            if "update_browse_start_pace" in r.event.details:
+                watch.cancel()
+                break
+            if "bucket_count" in r.event.details:
+                recorded.append(int(r.event.details["bucket_count"]))
+        assert sorted(recorded) == made, answers
+    finally:
+        s.stop(drop=True)

@@ -91,6 +91,44 @@ def test_bad_registrations_get_a_precise_status_and_write_nothing(suite, tmp_pat
     assert code(lambda: stub.RemoveWebhook(webhooks_pb2.RemoveWebhookRequest(name=f"{prefix}-ok"))) == grpc.StatusCode.NOT_FOUND
 
 
+def test_adds_of_one_name_at_once_register_one_and_record_one(suite):
+    """Eight AddWebhook calls of one name at once: one registers it, seven are ALREADY_EXISTS, and
+    the audit trail has one "added" (the winner's). The refused calls recorded theirs too, when
+    they all passed the name check before any insert."""
+    import threading
+
+    stub = webhooks_pb2_grpc.WebhookAdminServiceStub(suite.browse.channel())
+    name = f"race-{uuid.uuid4().hex[:6]}"
+    start, answers = threading.Barrier(8), {}
+
+    def add(i: int) -> None:
+        start.wait()
+        w = webhooks_pb2.Webhook(name=name, url=f"https://hooks.example/{i}", secret_file="/secrets/x")
+        try:
+            answers[i] = stub.AddWebhook(webhooks_pb2.AddWebhookRequest(webhook=w)).webhook.url
+        except grpc.RpcError as e:
+            answers[i] = e.code()
+
+    threads = [threading.Thread(target=add, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    won = [a for a in answers.values() if isinstance(a, str)]
+    assert len(won) == 1 and sorted(str(a) for a in answers.values() if not isinstance(a, str)) == [str(grpc.StatusCode.ALREADY_EXISTS)] * 7
+    stub.RemoveWebhook(webhooks_pb2.RemoveWebhookRequest(name=name))  # the end of what to read
+    seen = []
+    watch = events_pb2_grpc.EventServiceStub(suite.browse.channel()).WatchEvents(
+        events_pb2.WatchEventsRequest(from_oldest=True, types=[events_pb2.EVENT_TYPE_CONFIG_CHANGED]), timeout=30)
+    for r in watch:
+        if r.event.details.get("webhook") == name:
+            seen.append((r.event.details["change"], r.event.details.get("url", "")))
+            if seen[-1][0] == "removed":
+                watch.cancel()
+                break
+    assert seen == [("added", won[0]), ("removed", "")]
+
+
 def test_webhook_svc_follows_the_registrations_and_serves_health(aio_loop, suite, sink, tmp_path):  # noqa: F811
     queue, name = f"wha-{uuid.uuid4().hex[:8]}", f"live-{uuid.uuid4().hex[:6]}"
     secret = os.urandom(32).hex().encode()

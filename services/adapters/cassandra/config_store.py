@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+from collections.abc import Awaitable, Callable
 
 from cassandra.cluster import Session
 
@@ -51,8 +52,12 @@ class ConfigStore:
         """The configuration in force (the defaults until a first event is stored)."""
         return (await self._read())[1] or model.ViewConfig()
 
-    async def apply(self, wanted: model.ViewConfig) -> model.ViewConfig:
-        """Make ``wanted`` the configuration. Raises FailedPrecondition naming a broken rule."""
+    async def apply(
+        self, wanted: model.ViewConfig, before_write: Callable[[model.ViewConfig], Awaitable[None]] | None = None,
+    ) -> model.ViewConfig:
+        """Make ``wanted`` the configuration. Raises FailedPrecondition naming a broken rule.
+        ``before_write(current)`` runs once the change from ``current`` is known to be allowed,
+        before it is written (the audit event: a change refused records nothing)."""
         check_values(wanted)
         for attempt in range(1, MAX_RACES + 1):
             event_id, current = await self._read()
@@ -62,6 +67,8 @@ class ConfigStore:
             if current == wanted and event_id:
                 return current
             check_change(current, wanted)
+            if before_write is not None:
+                await before_write(current)
             rows = await execute(
                 self._session,
                 self._append,

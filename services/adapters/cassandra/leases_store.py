@@ -15,6 +15,7 @@ class LeasesStore:
         t = f"{keyspace}.{schema.LEASES}"
         self._take = session.prepare(f"INSERT INTO {t} (name, holder) VALUES (?, ?) IF NOT EXISTS USING TTL ?")
         self._renew = session.prepare(f"UPDATE {t} USING TTL ? SET holder = ? WHERE name = ? IF holder = ?")
+        self._release = session.prepare(f"DELETE FROM {t} WHERE name = ? IF holder = ?")
 
     async def hold(self, name: str, holder: str, ttl_s: int) -> bool:
         """Take or renew the lease ``name`` for ``ttl_s``; False while another holder has it."""
@@ -25,3 +26,7 @@ class LeasesStore:
                 return bool(renewed[0].applied)
             return True
         return False
+
+    async def release(self, name: str, holder: str) -> None:
+        """Give the lease ``name`` up, if ``holder`` still has it."""
+        await execute(self._session, self._release, (name, holder))
