@@ -70,8 +70,9 @@ class BrowseApp(QueueApp[BrowseSide]):
     def build(self, b: Backends) -> BrowseSide:
         browser = Browser(b.view, b.broker, b.blobs, b.state, self.settings.limits.dequeue_inline_bytes)
         admin = Admin(b.view, b.broker, b.state, browser, b.events)
-        return BrowseSide(browser, admin, ShapingAdmin(b.view.shaping, b.state, b.events),
-                          DeadLetterAdmin(b.view, b.broker, browser, admin.mover, b.events),
+        dead_letters = DeadLetterAdmin(b.view, b.broker, browser, admin.mover, b.events)
+        admin.complete_redrives = dead_letters.complete_interrupted
+        return BrowseSide(browser, admin, ShapingAdmin(b.view.shaping, b.state, b.events), dead_letters,
                           History(b.events), webhook_admin(b.view, self.settings.cassandra.keyspace, b.events),
                           QuotaAdmin(b.view.quotas, b.state, b.events))
 

@@ -11,14 +11,14 @@ import dataclasses
 import datetime as dt
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from services.app import admin_events, browse_start, counters
 from services.app.browser import Browser
 from services.app.moves import MoveProgress, Mover
 from services.app.queue_state import QueueState
 from services.app.queues import DropProgress, create_queue, drop_queue
-from services.domain import counts, model, rules, schedule, view_config
+from services.domain import counts, model, rules, schedule, validation, view_config
 from services.domain.errors import Aborted, InvalidArgument, NotFound
 from services.domain.events import EventType
 from services.domain.filters import BrowseFilter
@@ -51,6 +51,9 @@ class Admin:
         self._events = events
         self.live_mails = browser.live_mails
         self.mover = Mover(view, broker, state, browser.candidates, events)
+        #: Completes a queue's interrupted redrives (DeadLetterAdmin.complete_interrupted), set where
+        #: both are built (browse_svc/app.py): DeleteQueue runs it first.
+        self.complete_redrives: Callable[[str, dt.timedelta], Awaitable[int]] | None = None
 
     async def create_queue(self, queue: str, policy: model.RetryPolicy | None = None) -> bool:
         return await create_queue(self._view, self._broker, queue, policy, self._events)
@@ -58,8 +61,21 @@ class Admin:
     def move(self, queue: str, target: str, f: BrowseFilter, limit: int = 0) -> AsyncIterator[MoveProgress]:
         return self.mover.move(queue, target, f, limit)
 
-    def drop_queue(self, queue: str, force: bool) -> AsyncIterator[DropProgress]:
-        return drop_queue(self._view, self._broker, self._state, self.live_mails, queue, force, events=self._events)
+    async def drop_queue(self, queue: str, force: bool) -> AsyncIterator[DropProgress]:
+        """DeleteQueue (services/app/queues.py ``drop_queue``), once the moves out of the queue (and
+        the redrives of its dead letters) that an interrupted MoveMails (RedriveDeadLetters) left
+        journaled are completed: such a mail is no longer live in the queue (a dead letter) and not
+        yet in its target, and only the queue's journal (completed for queues that exist) lands it."""
+        validation.queue_name(queue)
+        if await self._view.queues.exists(queue):
+            pending: list = []
+            for mail, moved, _begun in await self._view.moves.pending(queue):
+                await self.mover.complete(mail, moved, pending)
+            await self.mover.finish(pending)
+            if self.complete_redrives is not None:  # the same for its dead letters being redriven
+                await self.complete_redrives(queue, dt.timedelta(0))
+        async for p in drop_queue(self._view, self._broker, self._state, self.live_mails, queue, force, events=self._events):
+            yield p
 
     async def flush(self, queue: str, f: BrowseFilter, lifted: model.Rule | None = None) -> int:
         """Make every delayed mail matching ``f`` deliverable now, in enqueue order.

@@ -94,6 +94,10 @@ async def drop_queue(
     if not force:
         await _refuse_if_live(live_mails, queue)
         await _refuse_if_dead_letters(view, queue)
+    redriving = await view.moves.pending(f"dead-letters/{queue}")  # the redrive journal (dead_letter_admin.journal)
+    if redriving:
+        raise FailedPrecondition(f"queue {queue!r} has {len(redriving)} dead letter(s) in an interrupted redrive that "
+                                 "could not be completed: retry DeleteQueue (it completes them first)")
     incarnation = await _incarnation(view, queue)
     await view.queues.drop(queue)
     state.forget_queue(queue)

@@ -198,3 +198,19 @@ def enqueue_many(suite, queue: str, n: int) -> int:
             yield enqueue_pb2.EnqueueManyRequest(sequence=i, request=inline(queue, simple_mail(f"live{i}")))
 
     return sum(r.WhichOneof("result") == "receipt" for r in suite.enqueue_stub.EnqueueMany(requests(), timeout=120))
+
+
+def test_a_move_interrupted_out_of_the_queue_is_completed_before_it_is_deleted(suite):
+    """MoveMails killed between marking a mail moved and landing it in its target: the mail is live
+    nowhere, and only the source's journal lands it. DeleteQueue of the source (nothing live in it)
+    dropped that journal's chance: the mail was lost for good. It completes the move first."""
+    from tests.integration.helpers import enqueue_names, view_rows
+
+    source, target = suite.new_queue(), suite.new_queue()
+    enqueue_names(suite, source, ["m"])
+    [q] = view_rows(suite, source)
+    moved = suite.run(suite.browse.app.service().admin.mover.landing(q, target))
+    suite.run(suite.view.moves.begin(q, moved))
+    suite.run(suite.view.mails.mark(source, q.enqueue_id, "moved to " + target))  # killed before landing it
+    assert drop(suite, source)[-1].done
+    assert [r.mail.mail.name for r in suite.browse_stub.Browse(browse_pb2.BrowseRequest(queue=target))] == ["m"]
