@@ -64,14 +64,23 @@ def read_secret(path: str) -> bytes:
     return secret
 
 
-def endpoints_from_file(path: str) -> list[tuple[Endpoint, bool]]:
-    """(endpoint, from_oldest) for each entry of the file; ConfigurationError naming what is wrong."""
+def endpoints_from_file(path: str, running: bool = False) -> list[tuple[Endpoint, bool]]:
+    """(endpoint, from_oldest) for each entry of the file; ConfigurationError naming what is wrong.
+    ``running`` (a reload, not the start): an entry whose secret file cannot be read is skipped and
+    logged, as a registration's is, so the other endpoints' changes still take effect."""
     try:
         with open(path) as f:
             entries = json.load(f)
         out, names = [], set()
         for entry in entries:
-            secret = read_secret(entry["secret_file"])
+            try:
+                secret = read_secret(entry["secret_file"])
+            except (OSError, ValueError) as e:
+                if not running:
+                    raise
+                log.error("webhook endpoint of MAILQUEUE_WEBHOOKS_FILE skipped: its secret file cannot be read (fix it; "
+                          "it is tried again at each reload)", extra={"endpoint": entry.get("name"), "error": str(e)})
+                continue
             if entry["name"] in names or not str(entry["url"]).startswith(("http://", "https://")):
                 raise ValueError(f"endpoint {entry['name']!r}: a name used twice, or a URL not http(s)")
             names.add(entry["name"])
@@ -143,9 +152,14 @@ class WebhookApp(server.App):
             registry = CassandraWebhooks(view.session, cassandra.keyspace)
             checkpoints, poster = CassandraCheckpoints(view.session, cassandra.keyspace), UrllibPoster()
 
+            loaded = False
+
             async def load() -> dict[str, tuple[Endpoint, bool]]:
+                nonlocal loaded
                 wanted = {r.name: (e, r.from_oldest) for r in await registry.all() if (e := endpoint_of(r)) is not None}
-                wanted.update({e.name: (e, oldest) for e, oldest in (endpoints_from_file(self._file) if self._file else [])})
+                from_file = endpoints_from_file(self._file, running=loaded) if self._file else []
+                wanted.update({e.name: (e, oldest) for e, oldest in from_file})
+                loaded = True
                 return wanted
 
             async def run(e: Endpoint, from_oldest: bool) -> None:

@@ -26,3 +26,15 @@ def test_max_age_unset_or_zero_is_the_day_of_a_registration(tmp_path):
 def test_a_max_age_under_a_second_refuses_the_start(tmp_path, max_age):
     with pytest.raises(ConfigurationError, match="max_age_s .* is under 1 s"):
         endpoints_from_file(write(tmp_path, max_age_s=max_age))
+
+
+def test_a_secret_file_gone_refuses_the_start_but_only_skips_its_entry_at_a_reload(tmp_path):
+    path = tmp_path / "webhooks.json"
+    (tmp_path / "secret").write_text("s3cret\n")
+    path.write_text(json.dumps([
+        {"name": "gone", "url": "https://a.example/in", "secret_file": str(tmp_path / "missing")},
+        {"name": "billing", "url": "https://billing.example/in", "secret_file": str(tmp_path / "secret")},
+    ]))
+    with pytest.raises(ConfigurationError, match="missing"):
+        endpoints_from_file(str(path))
+    assert [e.name for e, _ in endpoints_from_file(str(path), running=True)] == ["billing"]
