@@ -12,7 +12,7 @@ from services.app import admin_events, browse_start, counters
 from services.app.dead_letter_admin import purge_one
 from services.app.queue_state import QueueState
 from services.domain import schedule, validation
-from services.domain.errors import FailedPrecondition, NotFound
+from services.domain.errors import Aborted, FailedPrecondition, NotFound
 from services.domain.model import QueuedMail, RetryPolicy, utcnow
 from services.domain.slices import slice_start
 from services.ports.broker import Broker
@@ -92,8 +92,13 @@ async def drop_queue(
     if not await view.queues.exists(queue) and not await view.queues.dropped(queue):
         raise NotFound(f"queue {queue!r} does not exist")
     if not force:
-        await _refuse_if_live(live_mails, queue)
-        await _refuse_if_dead_letters(view, queue)
+        try:
+            await _refuse_if_live(live_mails, queue)
+            await _refuse_if_dead_letters(view, queue)
+        except FailedPrecondition:
+            if not await view.queues.exists(queue):  # an earlier call, interrupted in its wait, left it unlisted
+                await view.queues.restore(queue)
+            raise
     redriving = await view.moves.pending(f"dead-letters/{queue}")  # the redrive journal (dead_letter_admin.journal)
     if redriving:
         raise FailedPrecondition(f"queue {queue!r} has {len(redriving)} dead letter(s) in an interrupted redrive that "
@@ -103,6 +108,9 @@ async def drop_queue(
     state.forget_queue(queue)
     yield DropProgress("stopping")
     await asyncio.sleep(state.ttl_s)  # not polling: the other replicas' caches expire by the clock
+    if await view.queues.exists(queue):
+        raise Aborted(f"queue {queue!r} was created again while it was being deleted: the new queue is kept, nothing of "
+                      "it removed (delete it again if that is what you want)")
     if not force:
         try:
             await _refuse_if_live(live_mails, queue)

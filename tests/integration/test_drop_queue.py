@@ -214,3 +214,22 @@ def test_a_move_interrupted_out_of_the_queue_is_completed_before_it_is_deleted(s
     suite.run(suite.view.mails.mark(source, q.enqueue_id, "moved to " + target))  # killed before landing it
     assert drop(suite, source)[-1].done
     assert [r.mail.mail.name for r in suite.browse_stub.Browse(browse_pb2.BrowseRequest(queue=target))] == ["m"]
+
+
+def test_a_queue_created_again_during_its_deletion_is_kept_whole(suite):
+    """CreateQueue of the name while DeleteQueue waits out the caches: the new queue answered
+    created, then the deletion removed its RabbitMQ topology and its retry policy (a queue listed
+    but unusable). The deletion now ends ABORTED and removes nothing of the new queue."""
+    queue = suite.new_queue()
+    stream = suite.admin_stub.DeleteQueue(admin_pb2.DeleteQueueRequest(queue=queue), timeout=60)
+    assert next(stream).phase == "stopping"  # unlisted; waiting for every replica's cache
+    assert suite.admin_stub.CreateQueue(admin_pb2.CreateQueueRequest(queue=queue)).created
+    with pytest.raises(grpc.RpcError) as e:
+        list(stream)
+    assert e.value.code() == grpc.StatusCode.ABORTED and "created again" in e.value.details()
+    assert queue in suite.browse_stub.ListQueues(browse_pb2.ListQueuesRequest()).queues
+    assert amqp_exists(names.work_queue(queue))
+    suite.enqueue_stub.Enqueue(inline(queue, simple_mail("after")))
+    c = StreamConsumer(suite.dequeue_stub, queue, prefetch=1)
+    assert c.next().mail.mail.name == "after"
+    c.close()
