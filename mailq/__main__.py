@@ -1,5 +1,5 @@
 import sys
 
-from mailq import entry
+from mailq.entry import main
 
-sys.exit(entry())
+sys.exit(main())
