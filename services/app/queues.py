@@ -9,7 +9,7 @@ import logging
 from collections.abc import AsyncIterator, Callable
 
 from services.app import admin_events, browse_start, counters
-from services.app.dead_letter_admin import purge_one
+from services.app.dead_letter_admin import journal, purge_one
 from services.app.queue_state import QueueState
 from services.domain import schedule, validation
 from services.domain.errors import Aborted, FailedPrecondition, NotFound
@@ -99,7 +99,7 @@ async def drop_queue(
             if not await view.queues.exists(queue):  # an earlier call, interrupted in its wait, left it unlisted
                 await view.queues.restore(queue)
             raise
-    redriving = await view.moves.pending(f"dead-letters/{queue}")  # the redrive journal (dead_letter_admin.journal)
+    redriving = await view.moves.pending(journal(queue))  # its dead letters' redrive journal
     if redriving:
         raise FailedPrecondition(f"queue {queue!r} has {len(redriving)} dead letter(s) in an interrupted redrive that "
                                  "could not be completed: retry DeleteQueue (it completes them first)")
