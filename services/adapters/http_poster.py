@@ -50,11 +50,6 @@ class UrllibPoster:
             log.info("webhook endpoint did not answer in time", extra={"url": url, "timeout_s": 2 * timeout_s})
             return None
 
-    def close(self) -> None:
-        for lane in self._lanes.values():
-            lane.shutdown(wait=False, cancel_futures=True)
-        self._lanes.clear()
-
     @staticmethod
     def _post(url: str, body: bytes, headers: dict[str, str], timeout_s: float) -> int | None:
         request = urllib.request.Request(url, data=body, headers=headers, method="POST")
