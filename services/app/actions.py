@@ -7,9 +7,11 @@ room its destination gave (the subscription gives it back for every other action
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from prometheus_client import Counter
 
@@ -22,6 +24,7 @@ from services.domain import counts, model, rules
 from services.ports.broker import Message
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 INLINE_CONTENT = Counter(
     "mailqueue_delivery_content_total",
@@ -124,6 +127,32 @@ async def end_delay(s: Stream, step: Step) -> None:
     await counters.bump(s.side.view, step.mail, delayed=-1, held=-1 if was_held else 0)
     if was_held:  # no longer held, whether or not a rule holds it again
         await s.side.view.mails.reschedule(dataclasses.replace(step.mail, held_by=counts.NOT_HELD))
+
+
+async def to_the_end(under_way: set[asyncio.Future[object]], step: Awaitable[T]) -> T:
+    """Run ``step`` (a verdict carried out, an answer settled) to its end even if its caller is
+    cancelled (the stream closing); it stays in ``under_way`` until it ends, and the stream's close
+    waits for those. Cut between a publish and its ack, a step would leave a second copy of the mail."""
+    task = asyncio.ensure_future(step)
+    under_way.add(task)
+    task.add_done_callback(under_way.discard)
+    task.add_done_callback(_read_error)  # read here too: a caller cancelled meanwhile never reads it
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        task.add_done_callback(_log_error)  # the stream ended: nobody else will say it failed
+        raise
+
+
+def _read_error(task: asyncio.Future[object]) -> None:
+    """Mark a finished step's error read (never 'exception was never retrieved')."""
+    if not task.cancelled():
+        task.exception()
+
+
+def _log_error(task: asyncio.Future[object]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("a step under way when its stream ended failed: %s", task.exception())
 
 
 async def carry_out(s: Stream, step: Step) -> Delivery | None:

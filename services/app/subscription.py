@@ -24,8 +24,6 @@ import asyncio
 import dataclasses
 import datetime as dt
 import logging
-from collections.abc import Awaitable
-from typing import TypeVar
 
 from prometheus_client import Counter
 
@@ -58,17 +56,10 @@ RETRIED_ON_ERROR = Counter(
 PREPARE_BACKOFF = Backoff("delivery preparation", initial_s=0.5, multiplier=2, max_s=15.0)
 
 Preparing = asyncio.Future[Delivery | None]
-T = TypeVar("T")
 
 
 def _prepared(task: Preparing) -> bool:
     return task.done()
-
-
-def _read_error(task: asyncio.Future[object]) -> None:
-    """Mark a finished step's error read (never 'exception was never retrieved')."""
-    if not task.cancelled():
-        task.exception()
 
 
 class Subscription:
@@ -184,22 +175,6 @@ class Subscription:
         is prepared goes back, without spending a delivery attempt, when the stream closes)."""
         self._handing_out = False
 
-    async def _to_the_end(self, step: Awaitable[T]) -> T:
-        """Run ``step`` to its end even if the caller is cancelled; ``close`` waits for it."""
-        task = asyncio.ensure_future(step)
-        self._committing.add(task)
-        task.add_done_callback(self._committing.discard)
-        task.add_done_callback(_read_error)  # read here too: a caller cancelled meanwhile never reads it
-        try:
-            return await asyncio.shield(task)
-        except asyncio.CancelledError:
-            task.add_done_callback(self._log_error)  # the stream ended: nobody else will say it failed
-            raise
-
-    def _log_error(self, task: asyncio.Future[object]) -> None:
-        if not task.cancelled() and task.exception() is not None:
-            log.warning("a step under way when its stream ended failed: %s", task.exception(), extra={"queue": self.queue})
-
     async def _prepare(self, message: Message) -> Delivery | None:
         """Decode, claim, then judge and carry out (retried on a backend error); the claim goes
         with the Delivery, or is released here when the message ended without one."""
@@ -242,7 +217,7 @@ class Subscription:
                 ticket = None
             # Carried out to the end once begun: cut by a closing stream between its publish and
             # its ack, a hold or a wait would leave a second copy of the mail in the queue.
-            return await self._to_the_end(actions.carry_out(self._stream, actions.Step(message, mail, v, admission, claim)))
+            return await actions.to_the_end(self._committing, actions.carry_out(self._stream, actions.Step(message, mail, v, admission, claim)))
         except BaseException:
             side.shaper.release(ticket, handed_out=False)  # retried or cancelled: admitted again next time
             raise
@@ -263,7 +238,7 @@ class Subscription:
         # To the end once the tag is taken, whatever happens to the stream: a RETRY cut between
         # its publish and its ack would leave two copies (the new one, and the old one given back
         # by the closing channel), a SUCCESS cut after its mark would lose its counter update.
-        await self._to_the_end(self._settled(delivery, outcome, error_message, retry_after))
+        await actions.to_the_end(self._committing, self._settled(delivery, outcome, error_message, retry_after))
 
     async def _settled(self, delivery: Delivery, outcome: Outcome, error_message: str, retry_after: dt.timedelta | None) -> None:
         handed = await self._handouts.answered(delivery.tag)
