@@ -12,8 +12,11 @@ story left.
 events: one line per event as it is recorded, every queue's or those named, until Ctrl-C, --count
 events or --for seconds; from now on, from the oldest kept (--oldest), or from a cursor (--cursor:
 that event first). When it ends it prints on stderr the command that resumes after the last event
-shown, so nothing is missed between two runs (the events are kept for the stream retention,
-MAILQUEUE_EVENT_STREAM_RETENTION_S).
+shown, with the same filters, so nothing is missed between two runs (the events are kept for the
+stream retention, MAILQUEUE_EVENT_STREAM_RETENTION_S); a run given that cursor starts after its
+event. A stream the server cuts (every connection ends after MAILQUEUE_MAX_CONNECTION_AGE_S, and a
+browse_svc that stops ends its streams) is resumed from the last event shown, waiting for the
+service to answer again; 5 cuts in a row without an event between them end the command.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -86,36 +90,67 @@ def cmd_trace(c: Client, a: argparse.Namespace) -> None:
 TYPES = {_type(v): v for v in events_pb2.EventType.values() if v != events_pb2.EVENT_TYPE_UNSPECIFIED}
 
 
+#: A stream cut (the server's connection age, a browse_svc restarted) is resumed from the last
+#: cursor, waiting for the service to answer again; this many cuts in a row without an event
+#: between them end the command.
+RESUMES = 5
+RESUME_PAUSE_S = (0.2, 0.5, 1.0, 2.0, 4.0)
+
+
+def _line(e: events_pb2.Event) -> str:
+    row = _row(e)
+    detail = " ".join(f"{k}={v}" for k, v in sorted(row["details"].items()))
+    return " ".join(x for x in (row["time"].replace("T", " "), f"{row['type']:<15}", row["queue"] or "-",
+                                row["enqueue_id"][:8] or "-", str(row["attempt"]), row["actor"], row["reason"], detail) if x)
+
+
+def _again(a: argparse.Namespace, cursor: str) -> str:
+    """The command that goes on after ``cursor``, with the same filters."""
+    return " ".join(["mailq events --cursor", cursor, *(f"--queue {q}" for q in a.queue), *(f"--type {t}" for t in a.type),
+                     *(["--json"] if a.json else [])])
+
+
 def cmd_events(c: Client, a: argparse.Namespace) -> None:
     unknown = [t for t in a.type if t not in TYPES]
     if unknown:
         raise UsageError(f"mailq events: unknown event type {', '.join(unknown)}; one of: {' '.join(sorted(TYPES))}")
-    request = events_pb2.WatchEventsRequest(cursor=a.cursor or "", from_oldest=a.oldest, queues=a.queue,
-                                            types=[TYPES[t] for t in a.type])
-    stream = c.events.WatchEvents(request, timeout=a.seconds)
-    last, shown = "", 0
+    deadline = time.monotonic() + a.seconds if a.seconds is not None else None
+    # A cursor's own event comes first again: already shown (by the run that printed the cursor).
+    last, shown, cuts = a.cursor or "", 0, 0
     try:
-        for response in stream:
-            e = response.event
-            row = {**_row(e), "cursor": e.cursor}
-            if a.json:
-                print(json.dumps(row), flush=True)
-            else:
-                detail = " ".join(f"{k}={v}" for k, v in sorted(row["details"].items()))
-                print(" ".join(x for x in (row["time"].replace("T", " "), f"{row['type']:<15}", row["queue"] or "-",
-                                           row["enqueue_id"][:8] or "-", str(row["attempt"]), row["actor"], row["reason"], detail) if x),
-                      flush=True)
-            last, shown = e.cursor, shown + 1
-            if a.count and shown >= a.count:
-                break
-    except grpc.RpcError as e:
-        if e.code() is not grpc.StatusCode.DEADLINE_EXCEEDED or a.seconds is None:  # --for ran out: the end asked for
-            raise
+        while True:
+            request = events_pb2.WatchEventsRequest(cursor=last, from_oldest=a.oldest and not last, queues=a.queue,
+                                                    types=[TYPES[t] for t in a.type])
+            left = None if deadline is None else max(deadline - time.monotonic(), 0.001)
+            # A resume waits for browse_svc to answer again (a restart, a rolling update).
+            stream = c.events.WatchEvents(request, timeout=left, wait_for_ready=cuts > 0 or None)
+            try:
+                for response in stream:
+                    e = response.event
+                    if e.cursor == last:
+                        continue
+                    print(json.dumps({**_row(e), "cursor": e.cursor}) if a.json else _line(e), flush=True)
+                    last, shown, cuts = e.cursor, shown + 1, 0
+                    if a.count and shown >= a.count:
+                        return
+                return  # the server ended the stream (it is stopping): a rerun goes on from the last cursor
+            except grpc.RpcError as e:
+                if e.code() is grpc.StatusCode.DEADLINE_EXCEEDED and deadline is not None:  # --for ran out: the end asked for
+                    return
+                # The server closes every connection after MAILQUEUE_MAX_CONNECTION_AGE_S, and a
+                # restarted browse_svc ends its streams: go on from the last event shown.
+                if e.code() is not grpc.StatusCode.UNAVAILABLE or cuts >= RESUMES:
+                    raise
+                where = (f"after cursor {last}" if last else "from the oldest event kept" if a.oldest
+                         else "from now on (no event shown yet: one recorded during the cut is not shown)")
+                print(f"the stream was cut ({e.details()}); resuming {where}", file=sys.stderr, flush=True)
+                time.sleep(RESUME_PAUSE_S[min(cuts, len(RESUME_PAUSE_S) - 1)])
+                cuts += 1
+            finally:
+                stream.cancel()
     finally:
-        stream.cancel()
-        if last:
-            print(f"{shown} events; to go on after the last one: mailq events --cursor {last} (its event comes first again)",
-                  file=sys.stderr)
+        if last and last != a.cursor:
+            print(f"{shown} events; to go on after the last one: {_again(a, last)}", file=sys.stderr)
 
 
 def register(sub: Any) -> None:
@@ -127,7 +162,7 @@ def register(sub: Any) -> None:
     t.set_defaults(fn=cmd_trace)
     w = sub.add_parser("events", help="follow the event stream: every change as it happens (until Ctrl-C, --count or --for)")
     start = w.add_mutually_exclusive_group()
-    start.add_argument("--cursor", help="start at this event (a cursor an earlier run or an event gave): nothing after it is missed")
+    start.add_argument("--cursor", help="go on after this event (a cursor an earlier run or an event gave): nothing after it is missed")
     start.add_argument("--oldest", action="store_true", help="start at the oldest event kept (default: from now on)")
     w.add_argument("--queue", action="append", default=[], metavar="Q", help="only this queue's events (repeatable)")
     w.add_argument("--type", action="append", default=[], metavar="TYPE", help="only events of this type (repeatable): "

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from mailqueue.v1 import events_pb2
 from services.contract.serde import timestamp_to_proto
@@ -183,9 +183,14 @@ def batch_from_bytes(body: bytes) -> list[events_pb2.Event]:
 
 
 def event_from_proto(pb: events_pb2.Event, cursor: str = "") -> Event:
-    """An event as recorded; ``cursor`` (its stream position) replaces the stored one."""
+    """An event as recorded; ``cursor`` (its stream position) replaces the stored one. ValueError
+    for one this version cannot read (a type a newer version added, during a rolling update)."""
+    try:
+        kind = event_type_from_proto(pb.type)
+    except InvalidArgument as e:
+        raise ValueError(f"{e} (written by a newer version?)") from None
     return Event(
-        id=pb.id, time=pb.time.ToDatetime(tzinfo=dt.timezone.utc), type=event_type_from_proto(pb.type), queue=pb.queue,
+        id=pb.id, time=pb.time.ToDatetime(tzinfo=dt.timezone.utc), type=kind, queue=pb.queue,
         enqueue_id=uuid.UUID(pb.enqueue_id) if pb.enqueue_id else None, actor=actor_from_proto(pb.actor), name=pb.name,
         sender=pb.sender, attempt=pb.attempt, reason=pb.reason, replica=pb.replica, traceparent=pb.traceparent,
         details=dict(pb.details), cursor=cursor or pb.cursor,
@@ -194,6 +199,18 @@ def event_from_proto(pb: events_pb2.Event, cursor: str = "") -> Event:
 
 def event_from_bytes(body: bytes, cursor: str = "") -> Event:
     return event_from_proto(events_pb2.Event.FromString(body), cursor)
+
+
+def readable(pbs: Iterable[tuple[str, events_pb2.Event]], skipped: Callable[[events_pb2.Event, ValueError], None]) -> list[Event]:
+    """The events of (cursor, event) pairs this version can read; each other one goes to ``skipped``
+    and the rest are still read (one event of an unknown type never hides the others)."""
+    out = []
+    for cursor, pb in pbs:
+        try:
+            out.append(event_from_proto(pb, cursor))
+        except ValueError as e:
+            skipped(pb, e)
+    return out
 
 
 def history_request_from_proto(pb: events_pb2.GetMailHistoryRequest) -> tuple[uuid.UUID | None, str | None]:

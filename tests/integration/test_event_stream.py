@@ -293,3 +293,57 @@ def test_a_watcher_resumes_from_its_cursor_across_a_sigkill_and_restart_of_brows
         assert cursors == sorted(cursors)
     finally:
         browse.stop()
+
+
+def test_mailq_events_goes_on_by_itself_when_its_stream_is_cut(suite, keyspace):
+    """`mailq events` follows a browse_svc process that is killed and started again (as the
+    server's connection age, a rolling update or a crash cuts every stream): it resumes after the
+    last event it showed, and shows every later event once."""
+    import pathlib
+    import subprocess
+    import sys
+    import tempfile
+
+    from stack.harness import ServiceProcess, service_env
+    from tests.integration.helpers import inline, simple_mail
+
+    queue = suite.new_queue()
+    browse = ServiceProcess("browse", service_env(keyspace))
+    mailq = pathlib.Path(sys.executable).parent / "mailq"
+    follower = subprocess.Popen(
+        [str(mailq), "--browse", browse.target, "events", "--oldest", "--queue", queue, "--type", "enqueued", "--count", "4",
+         "--for", "90", "--json"], cwd=tempfile.gettempdir(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        acked = [suite.enqueue_stub.Enqueue(inline(queue, simple_mail("before"))).receipt.enqueue_id]
+        assert json.loads(follower.stdout.readline())["enqueue_id"] == acked[0]
+        browse.kill9()
+        acked += [suite.enqueue_stub.Enqueue(inline(queue, simple_mail("during"))).receipt.enqueue_id]
+        browse.start()
+        acked += [suite.enqueue_stub.Enqueue(inline(queue, simple_mail(f"after-{i}"))).receipt.enqueue_id for i in range(2)]
+        out, err = follower.communicate(timeout=90)
+        assert follower.returncode == 0, err
+        assert [json.loads(line)["enqueue_id"] for line in out.splitlines()] == acked[1:]
+        assert "the stream was cut" in err and "resuming after cursor" in err
+    finally:
+        follower.kill()
+        browse.stop()
+
+
+def test_an_event_this_version_cannot_read_is_skipped_and_the_others_are_sent(browse, stub):
+    """A rolling update: a newer version records an event type this one does not know, in the
+    same stream message as known ones. The watcher gets the known events, before and after it;
+    it never ends INVALID_ARGUMENT on a message it cannot change."""
+    from services.adapters.rabbitmq.event_stream import BATCH_TYPE
+    from services.contract import events_serde
+    from stack.harness import broker_parameters
+
+    queue = own_queue("ev")
+    known = [events_serde.event_to_proto(e) for e in events(queue, 2)]
+    newer = events_pb2.Event(id="from-a-newer-version", type=99, queue=queue)
+    call = watch(stub, from_oldest=True, queues=[queue])
+    with pika.BlockingConnection(broker_parameters()) as conn:
+        conn.channel().basic_publish("", names.event_stream(browse.app.settings.cassandra.keyspace),
+                                     events_pb2.EventBatch(events=[known[0], newer, known[1]]).SerializeToString(),
+                                     pika.BasicProperties(type=BATCH_TYPE))
+    assert [e.id for e in take(call, 2)] == [known[0].id, known[1].id]
+    call.cancel()

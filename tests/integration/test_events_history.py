@@ -270,10 +270,15 @@ def test_mailq_events_follows_the_stream_and_resumes_from_the_cursor_it_prints(s
     assert (row["type"], row["queue"], row["enqueue_id"]) == ("enqueued", queue, first.enqueue_id)
     assert row["actor"] == f"producer:{identity('producer')}" and row["cursor"]
     assert f"mailq events --cursor {row['cursor']}" in r.stderr
-    # And the printed command goes on from that event: it first, then the second mail's; --for ends a quiet stream
+    assert f"--queue {queue} --type enqueued --json" in r.stderr  # with the same filters
+    # And the printed command goes on after that event: the second mail's, once; --for ends a quiet stream
     r = run_mailq(secured, "events", "--cursor", row["cursor"], "--queue", queue, "--type", "enqueued", "--for", "5", "--json")
     assert r.returncode == 0, r.stderr
-    assert [json.loads(x)["enqueue_id"] for x in r.stdout.splitlines()] == [first.enqueue_id, second.enqueue_id]
+    assert [json.loads(x)["enqueue_id"] for x in r.stdout.splitlines()] == [second.enqueue_id]
+    # And a run given the last cursor with --count 1 waits for a new event rather than repeat that one
+    last = json.loads(r.stdout.splitlines()[-1])["cursor"]
+    r = run_mailq(secured, "events", "--cursor", last, "--queue", queue, "--count", "1", "--for", "3", "--json")
+    assert (r.returncode, r.stdout) == (0, ""), r.stderr
     # And as text, a line per event: time, type, queue, mail, attempt, actor
     r = run_mailq(secured, "events", "--oldest", "--queue", queue, "--type", "enqueued", "--count", "2")
     assert r.returncode == 0, r.stderr

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import logging
 import socket
 import uuid
 from collections.abc import Sequence
@@ -63,6 +64,8 @@ from services.contract import events_serde
 from services.domain import model
 from services.domain.events import LANDINGS, Actor, Event, EventType, landed_id, ordered
 from services.domain.history_keys import history_key, history_key_int
+
+log = logging.getLogger(__name__)
 
 DAY_S = 86_400
 #: Statements per request at most (Cassandra warns past 10 partitions in an unlogged batch).
@@ -295,8 +298,12 @@ def day_of(at: dt.datetime) -> int:
 
 def _events_of(body: bytes, enqueue_id: str = "", name: str = "") -> list[Event]:
     """The events of a history row of one mail (``enqueue_id``) or of one name."""
-    return [events_serde.event_from_proto(pb) for pb in events_serde.batch_from_bytes(body)
-            if (pb.enqueue_id == enqueue_id if enqueue_id else pb.name == name)]
+    return events_serde.readable((("", pb) for pb in events_serde.batch_from_bytes(body)
+                                  if (pb.enqueue_id == enqueue_id if enqueue_id else pb.name == name)), _unreadable)
+
+
+def _unreadable(pb: Any, e: ValueError) -> None:
+    log.warning("skipped an event of a history this version cannot read", extra={"event_id": pb.id, "error": str(e)[:200]})
 
 
 def _event(r: Any) -> Event:

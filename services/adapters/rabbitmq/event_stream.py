@@ -30,6 +30,7 @@ from typing import Any
 from google.protobuf.message import DecodeError
 from prometheus_client import Counter
 
+from mailqueue.v1 import events_pb2
 from services.adapters.rabbitmq import message_format
 from services.adapters.rabbitmq.broker import RabbitMQBroker
 from services.adapters.rabbitmq.channels import unavailable
@@ -221,9 +222,11 @@ class RabbitMQEventStream:
         try:
             at = int(offset)
             if props.type == EVENT_TYPE:  # one event per message, as written before EventBatch
-                return [events_serde.event_from_bytes(body, event_stream.cursor_of(at))] if begin.wants(at, 0) else []
-            return [events_serde.event_from_proto(pb, event_stream.cursor_of(at, i))
-                    for i, pb in enumerate(events_serde.batch_from_bytes(body)) if begin.wants(at, i)]
+                pbs = [events_pb2.Event.FromString(body)]
+            else:
+                pbs = events_serde.batch_from_bytes(body)
+            return events_serde.readable(((event_stream.cursor_of(at, i), pb) for i, pb in enumerate(pbs) if begin.wants(at, i)),
+                                         _unreadable)
         except (DecodeError, ValueError, TypeError) as e:
             log.warning("skipped a message of the event stream that is not an event", extra={"stream": self.name, "offset": offset,
                                                                                            "error": str(e)[:200]})
@@ -244,6 +247,17 @@ def _messages(encoded: Sequence[bytes]) -> list[tuple[int, int]]:
     if first < len(encoded):
         parts.append((first, len(encoded)))
     return parts
+
+
+#: The event types this process could not read, said once each.
+_said: set[int] = set()
+
+
+def _unreadable(pb: events_pb2.Event, e: ValueError) -> None:
+    """An event this version cannot read (a type a newer version added): skipped, the others sent."""
+    if pb.type not in _said:
+        _said.add(pb.type)
+        log.warning("skipped events this version cannot read", extra={"type": pb.type, "error": str(e)[:200]})
 
 
 def _retrieved(done: asyncio.Future[None]) -> None:
