@@ -133,6 +133,7 @@ def sweep(ctx: Context, spark: Any) -> retention.Summary:
     plans = load_plans(ctx)
     summary.queues = len(plans)
     log.info("plans loaded", extra={"queues": len(plans), "grace_s": ctx.args.grace.total_seconds()})
+    held = None if ctx.args.no_blobs else _held_blobs(ctx, spark)
     rows = _table(spark, ctx, schema.ENQUEUED_MAILS).select(
         "queue_name", F.unix_millis("slice_start").alias("slice_ms"), "bucket", "enqueue_id", "blob_ids",
     ).persist(StorageLevel.MEMORY_AND_DISK)
@@ -143,7 +144,7 @@ def sweep(ctx: Context, spark: Any) -> retention.Summary:
     starts_df = spark.createDataFrame([(q, _ms(s)) for q, s in new_starts.items()], "queue_name string, cs_ms long")
     _drop_dead_slices(ctx, spark, rows, checked, starts_df, summary)
     if not ctx.args.no_blobs:
-        _collect_blobs(ctx, spark, rows, starts_df, summary)
+        _collect_blobs(ctx, spark, rows, held, starts_df, summary)
     return summary
 
 
@@ -248,19 +249,41 @@ def _drop_dead_slices(ctx: Context, spark: Any, rows: Any, checked: Any, starts_
     _failpoint("after-partitions")
 
 
-def _collect_blobs(ctx: Context, spark: Any, rows: Any, starts_df: Any, summary: retention.Summary) -> None:
-    """4. Blobs no remaining row and no dead letter references, older than the blob grace: in
-    Cassandra, then in S3."""
+def _held_blobs(ctx: Context, spark: Any) -> Any:
+    """0. The blobs dead letters and the moves journal hold, read before the rows (``blob_id``).
+
+    Dead letters keep their content until they are redriven or purged (their rows may be gone);
+    a move or a redrive under way holds its mail's content in its journal entry, whose source row
+    may be marked and swept, or whose dead letter may be removed, before the landed row is written.
+    Read first, they leave no gap: a redrive removes its dead letter, and a move or a redrive its
+    journal entry, only after what replaces it was written, so a mail's content is referenced in
+    this snapshot or in the rows read after it."""
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
+    from services.contract.serde import queued_mail_from_bytes
+
+    journal = _table(spark, ctx, schema.MOVES).select("body", "source_body").collect()  # moves under way: a few rows
+    journaled = sorted({b for r in journal for body in (r.body, r.source_body) if body
+                        for b in queued_mail_from_bytes(bytes(body)).blob_ids})
+    held = (_table(spark, ctx, schema.DEAD_LETTERS).select(F.explode("blob_ids").alias("blob_id"))
+            .union(spark.createDataFrame([(b,) for b in journaled], "blob_id string"))
+            .distinct().persist(StorageLevel.MEMORY_AND_DISK))
+    log.info("dead letters and moves under way read", extra={"held_blobs": held.count(), "journaled_blobs": len(journaled)})
+    return held
+
+
+def _collect_blobs(ctx: Context, spark: Any, rows: Any, held: Any, starts_df: Any, summary: retention.Summary) -> None:
+    """4. Blobs no remaining row references and nothing ``held`` (step 0), older than the blob
+    grace: in Cassandra, then in S3."""
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
     a, ks = ctx.args, ctx.cassandra.keyspace
-    # Dead letters keep their content until they are redriven or purged (their rows may be gone).
-    dead_letters = _table(spark, ctx, schema.DEAD_LETTERS).select(F.explode("blob_ids").alias("blob_id"))
     referenced = (
         rows.join(F.broadcast(starts_df), "queue_name", "left")
         .where(F.col("cs_ms").isNull() | (F.col("slice_ms") >= F.col("cs_ms")))
-        .select(F.explode("blob_ids").alias("blob_id")).union(dead_letters).distinct()
+        .select(F.explode("blob_ids").alias("blob_id")).union(held).distinct()
     ).persist(StorageLevel.MEMORY_AND_DISK)
     cutoff = ctx.started - a.blob_grace
     small = (

@@ -64,7 +64,8 @@ S3: dict[str, tuple[str, ...]] = {
     "browse": ("s3:GetObject",),
     # BlobService.Delete (role admin only) is blob_svc's: it may delete blobs too.
     "blob": ("s3:PutObject", "s3:GetObject", "s3:AbortMultipartUpload", "s3:DeleteObject"),
-    "sweep": ("s3:DeleteObject",),
+    # HEAD (each blob's age read again just before its delete) needs s3:GetObject.
+    "sweep": ("s3:GetObject", "s3:DeleteObject"),
 }
 
 

@@ -150,6 +150,7 @@ def test_s3_users_put_get_list_and_delete_as_their_policies_say(keyspace, runnin
             action(bucket(role))
         assert e.value.code == "AccessDenied", (role, e.value)
     assert key in [o.key for o in bucket("sweep").objects("blobs/lp-")]  # the sweep lists...
+    assert bucket("sweep").head(key).size == len(b"content")  # ... reads each one's age again (spark/executors.py)...
     bucket("sweep").remove(key)  # ... and deletes
     assert key not in [o.key for o in bucket("sweep").objects("blobs/lp-")]
 

@@ -8,6 +8,7 @@ thirty small Spark jobs), so the queues of five tests are seeded together and sw
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import os
@@ -293,6 +294,15 @@ def swept(sweep_suite) -> Shared:
     s.view.session.execute(insert, (q["orphan"].name, sh.extra["orphan_old"], q["orphan"].browse_start - dt.timedelta(minutes=5)))
     s.view.session.execute(insert, (q["orphan"].name, sh.extra["orphan_recent"], dt.datetime.now(dt.timezone.utc)))
 
+    # A move under way, as a browse_svc killed mid-move leaves it: its journal entry holds the only
+    # reference to its content (one blob in the small-blob table, one in S3).
+    journaled = [s.blob_stub.PutBytes(blob_pb2.PutBytesRequest(content=c)).blob_id
+                 for c in (f"moving {uuid.uuid4()}".encode(), os.urandom(LARGE))]
+    moving = model.QueuedMail(q["main"].name, uuid.uuid4(), dt.datetime.now(dt.timezone.utc), model.Mail("moving", "a@b.c", ("d@e.f",)),
+                              tuple(journaled), 1, q["main"].began, 0)
+    s.loop.run(s.view.moves.begin(moving, dataclasses.replace(moving, queue=q["orphan"].name, enqueue_id=uuid.uuid4())))
+    sh.extra["journaled"], sh.extra["moving"] = journaled, moving
+
     sh.before = {k: sh.state(s, k) for k in q}
     sh.planned = sweep(s, "--dry-run")  # every queue: the dropped one is read from dropped_queues_v1
     sh.after_dry_run = {k: sh.state(s, k) for k in q}
@@ -300,6 +310,8 @@ def swept(sweep_suite) -> Shared:
     sh.after = {k: sh.state(s, k) for k in q}
     sh.extra["orphan_marks_after"] = (mark(s, q["orphan"].name, str(sh.extra["orphan_old"])),
                                       mark(s, q["orphan"].name, str(sh.extra["orphan_recent"])))
+    sh.extra["journaled_kept"] = [blob_exists(s, b) for b in journaled]
+    s.loop.run(s.view.moves.done(moving))
     yield sh
     try:
         drop_queues(names)
@@ -329,8 +341,9 @@ def reswept(sweep_suite, swept) -> dict:
 #: What the second run finds: nothing more in main, stale and delayed; the orphan queue's old
 #: mark; in dead_letters the redriven mail's row and mark (delivered since), the two contents no
 #: dead letter holds any more (one in the small-blob table, one in S3), and two orphan marks: the
-#: redrive and the purge each mark their dead letter's mail, whose row the first run dropped.
-RESWEPT = {"rows": 1, "marks": 1 + 1 + 2, "blobs": 2, "slices": 1, "events": 1, "orphan_marks": 1 + 2}
+#: redrive and the purge each mark their dead letter's mail, whose row the first run dropped; and
+#: the two contents a journaled move held in the first run (its entry removed since).
+RESWEPT = {"rows": 1, "marks": 1 + 1 + 2, "blobs": 2 + 2, "slices": 1, "events": 1, "orphan_marks": 1 + 2}
 
 
 def dead_letter_names(s: Suite, queue: str) -> list[str]:
@@ -615,3 +628,10 @@ def test_dead_letters_keep_their_content_until_purged(sweep_suite, swept, reswep
     assert not blob_exists(s, small) and not blob_exists(s, large) and not in_small_table(s, small)
     # The marks the redrive and the purge wrote, for rows the first run had dropped: collected as orphans.
     assert [mark(s, q.name, e) for e in q.dead] == [None, None]
+
+
+def test_the_content_of_a_move_under_way_is_kept(swept):
+    """A MoveMails (or a redrive) cut by a SIGKILL holds its mail in its journal entry until the
+    next MoveMails or the healer completes it; the source row may be swept meanwhile, and the
+    content must still be there when the mail lands."""
+    assert swept.extra["journaled_kept"] == [True, True]
