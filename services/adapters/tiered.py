@@ -65,9 +65,17 @@ class TieredBlobStore(BlobStore):
         return b"".join(parts)
 
     async def read_content(self, blob_ids: tuple[str, ...] | list[str], size: int) -> bytes:
-        """One blob over the small limit can only be in the large store: no Cassandra lookup."""
+        """One blob over the small limit is in the large store, unless it was stored while the
+        limit was higher (MAILQUEUE_SMALL_BLOB_BYTES lowered since, or another value on another
+        replica): looked up in Cassandra only when the large store has no such blob."""
         if len(blob_ids) == 1 and size > self.small.max_bytes:
-            return await self.large.read(blob_ids)
+            try:
+                return await self.large.read(blob_ids)
+            except NotFound:
+                content = await self.small.lookup(blob_ids[0])
+                if content is None:
+                    raise
+                return content
         return await self.read(blob_ids)
 
     async def stat(self, blob_id: str) -> BlobInfo:
@@ -75,6 +83,12 @@ class TieredBlobStore(BlobStore):
             return await self.small.stat(blob_id)
         except NotFound:
             return await self.large.stat(blob_id)
+
+    async def keep(self, blob_id: str) -> BlobInfo:
+        try:
+            return await self.small.keep(blob_id)
+        except NotFound:
+            return await self.large.keep(blob_id)
 
     async def delete(self, blob_id: str) -> bool:
         in_small = await self.small.delete(blob_id)

@@ -91,9 +91,9 @@ class Enqueuer:
 
         async def refs() -> tuple[tuple[str, ...], int]:
             size = 0
-            for b in blob_ids:
+            for b in blob_ids:  # each one's write time refreshed: a retention sweep under way keeps it
                 try:
-                    size += (await self._blobs.stat(b)).size
+                    size += (await self._blobs.keep(b)).size
                 except NotFound:
                     raise NotFound(f"blob {b} not found: put the content with BlobService.Put first") from None
             self._check_mail_size(size)

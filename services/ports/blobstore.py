@@ -59,6 +59,12 @@ class BlobStore(abc.ABC):
     @abc.abstractmethod
     async def stat(self, blob_id: str) -> BlobInfo: ...
 
+    async def keep(self, blob_id: str) -> BlobInfo:
+        """``stat`` of a blob a new mail is about to reference, its write time refreshed when old
+        (as a put of equal content does): a retention sweep under way, which read the mails' rows
+        before this mail's, then keeps it. NotFound when there is no such blob."""
+        return await self.stat(blob_id)
+
     @abc.abstractmethod
     async def delete(self, blob_id: str) -> bool:
         """Remove a blob; False when it did not exist."""

@@ -39,15 +39,19 @@ async def blob_store(settings: Settings, view: View) -> BlobStore:
                                 credentials=channel_credentials(settings.server.tls))
     else:
         s3 = S3BlobStore(settings.s3, settings.limits.max_blob_bytes)
-        await s3.ensure_bucket()
+        try:
+            await s3.ensure_bucket()
+        except BaseException:  # the start-up is tried again: its threads not left behind
+            await s3.close()
+            raise
         large = s3
     return tiered(settings, view, large)
 
 
 def tiered(settings: Settings, view: View, large: BlobStore) -> BlobStore:
-    """``large`` behind the small-blob table, unless MAILQUEUE_SMALL_BLOB_BYTES is 0."""
-    if settings.limits.small_blob_bytes == 0:
-        return large
+    """``large`` behind the small-blob table. MAILQUEUE_SMALL_BLOB_BYTES routes writes only: with 0
+    (or a lower value than before) new content goes to ``large``, and what the table holds from
+    before stays readable."""
     small = CassandraBlobStore(
         view.session, settings.cassandra.keyspace, settings.limits.small_blob_bytes, settings.s3.touch_interval_s
     )
@@ -99,12 +103,17 @@ class BlobBackends:
     @classmethod
     async def open(cls, settings: Settings) -> BlobBackends:
         s3 = S3BlobStore(settings.s3, settings.limits.max_blob_bytes)
-        await s3.ensure_bucket()
-        view = await View.open(settings.cassandra)
+        try:
+            await s3.ensure_bucket()
+            view = await View.open(settings.cassandra)
+        except BaseException:  # the start-up is tried again every few seconds: nothing left open
+            await s3.close()
+            raise
         try:
             return cls(view, tiered(settings, view, s3))
         except BaseException:  # the small-blob table prepares its statements: Cassandra may fail here
             view.close()
+            await s3.close()
             raise
 
     async def close(self) -> None:
@@ -131,6 +140,7 @@ class Backends:
         Raises BackendUnavailable (retried by the runtime) or ConfigurationError (start-up refused).
         """
         view = await View.open(settings.cassandra)
+        broker: RabbitMQBroker | None = None
         try:
             await apply_view_settings(view, settings)
             broker = RabbitMQBroker(settings.rabbitmq, settings.cassandra.keyspace)
@@ -138,7 +148,9 @@ class Backends:
             blobs = await blob_store(settings, view)
             stream = RabbitMQEventStream(broker, settings.cassandra.keyspace, settings.rabbitmq)
             events = event_log(settings, view, stream)
-        except BaseException:
+        except BaseException:  # the start-up is tried again every few seconds: nothing left open
+            if broker is not None:
+                await broker.close()
             view.close()
             raise
         return cls(view, broker, blobs, stream, events, queue_cache_s=settings.queue_cache_s)

@@ -349,3 +349,42 @@ def test_concurrent_streams_put_their_content_alone_and_land_their_rows_as_group
     assert grouped == 40 and groups <= grouped
     assert sorted(str(r.enqueue_id) for r in view_rows(suite, queue)) == sorted(r.enqueue_id for r in receipts)
     assert message_count(queue) == 40
+
+
+def test_blob_refs_refresh_an_old_blobs_write_time_so_a_sweep_under_way_keeps_it(suite):
+    """A blob no mail has referenced for longer than the sweep's blob grace, referenced again by an
+    enqueue: its write time is refreshed (as a put of equal content does), so a sweep that read the
+    rows before this mail's row does not delete the content of an acknowledged mail."""
+    import datetime as dt
+
+    queue = suite.new_queue()
+    blob_id = suite.blob_stub.PutBytes(blob_pb2.PutBytesRequest(content=os.urandom(2000))).blob_id
+    written_at = f"SELECT written_at FROM {suite.keyspace}.blobs_v1 WHERE blob_id = %s"
+    old = dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=2)  # as two days without a reference leave it
+    suite.view.session.execute(f"UPDATE {suite.keyspace}.blobs_v1 SET written_at = %s WHERE blob_id = %s", (old, blob_id))
+    suite.enqueue_stub.Enqueue(enqueue_pb2.EnqueueRequest(queue=queue, mail=simple_mail(), blob_refs=enqueue_pb2.BlobRefs(blob_ids=[blob_id])))
+    [row] = suite.view.session.execute(written_at, (blob_id,))
+    assert row.written_at.replace(tzinfo=dt.timezone.utc) > dt.datetime.now(dt.timezone.utc) - dt.timedelta(minutes=5)
+
+
+def test_content_kept_in_cassandra_stays_deliverable_after_the_small_blob_limit_is_lowered(suite):
+    """Small content is a row of blobs_v1; a dequeue_svc started later with a lower
+    MAILQUEUE_SMALL_BLOB_BYTES (or 0: new blobs in S3 only) still reads it."""
+    from mailqueue.v1 import dequeue_pb2_grpc
+    from stack.harness import ServiceProcess, service_env
+
+    queue = suite.new_queue()
+    content = os.urandom(10_000)
+    blob_id = suite.blob_stub.PutBytes(blob_pb2.PutBytesRequest(content=content)).blob_id
+    for _ in ("0", "1000"):  # the references: no content carried in the message
+        suite.enqueue_stub.Enqueue(enqueue_pb2.EnqueueRequest(queue=queue, mail=simple_mail(), blob_refs=enqueue_pb2.BlobRefs(blob_ids=[blob_id])))
+    for limit in ("0", "1000"):
+        dequeue = ServiceProcess("dequeue", service_env(suite.keyspace, MAILQUEUE_SMALL_BLOB_BYTES=limit))
+        try:
+            c = StreamConsumer(dequeue_pb2_grpc.DequeueServiceStub(dequeue.channel()), queue, prefetch=1)
+            d = c.next()
+            assert (d.content_inline, d.content == content) == (True, True), limit
+            c.answer(d, "SUCCESS")
+            c.close()
+        finally:
+            dequeue.stop()

@@ -123,6 +123,16 @@ class CassandraBlobStore(BlobStore):
             raise NotFound(f"blob {blob_id} not found")
         return BlobInfo(blob_id, rows[0].size or 0)
 
+    async def keep(self, blob_id: str) -> BlobInfo:
+        """Its row written again, content included (at most once per ``touch_interval_s``), as a
+        put of equal content does."""
+        content = await self.lookup(blob_id)
+        if content is None:
+            raise NotFound(f"blob {blob_id} not found")
+        if not self._touched_recently(blob_id):
+            await self._write(blob_id, content)
+        return BlobInfo(blob_id, len(content))
+
     async def delete(self, blob_id: str) -> bool:
         check_blob_id(blob_id)
         if not await execute(self._session, self._size, (blob_id,)):

@@ -146,6 +146,12 @@ class S3BlobStore(BlobStore):
             return blob_id, None
         return blob_id, self._bucket.put_if_absent(names.blob_key(blob_id), data)
 
+    async def keep(self, blob_id: str) -> BlobInfo:
+        head = await self._found(blob_id)
+        if _age_s(head) >= self._settings.touch_interval_s:
+            await self._touch(names.blob_key(blob_id))
+        return BlobInfo(blob_id, head.size)
+
     async def _touch(self, key: str) -> None:
         """Refresh the modification time of an existing blob that a new mail is about to reference.
 
@@ -191,11 +197,14 @@ class S3BlobStore(BlobStore):
         return b"".join(parts)
 
     async def stat(self, blob_id: str) -> BlobInfo:
+        return BlobInfo(blob_id, (await self._found(blob_id)).size)
+
+    async def _found(self, blob_id: str) -> s3client.Object:
         check_blob_id(blob_id)
         head = await self._head(blob_id)
         if head is None:
             raise NotFound(f"blob {blob_id} not found")
-        return BlobInfo(blob_id, head.size)
+        return head
 
     async def delete(self, blob_id: str) -> bool:
         check_blob_id(blob_id)
