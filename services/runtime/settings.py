@@ -270,11 +270,13 @@ def _role_ok(role: str) -> bool:
 def parse_tokens(spec: str) -> dict[str, str]:
     """``"admin:s3cret,producer@acme:abc"`` -> {token: role or role@tenant}. Raises ConfigurationError."""
     tokens: dict[str, str] = {}
-    for item in filter(None, (part.strip() for part in spec.replace("\n", ",").split(","))):
+    for n, item in enumerate(filter(None, (part.strip() for part in spec.replace("\n", ",").split(","))), 1):
         role, sep, token = item.partition(":")
         if not sep or not _role_ok(role) or len(token) < 16:
+            # Never the entry's text: a mistyped separator would put the token in the log.
+            shown = f" (role {role!r})" if sep and _role_ok(role) else ""
             raise ConfigurationError(
-                f"MAILQUEUE_TOKENS entry {role!r}: use role:token (or role@tenant:token) with a role of "
+                f"MAILQUEUE_TOKENS entry {n}{shown}: use role:token (or role@tenant:token) with a role of "
                 f"{', '.join(ROLES)} and a token of at least 16 characters"
             )
         tokens[token] = role

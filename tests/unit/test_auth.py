@@ -46,6 +46,15 @@ def test_bad_token_specs_are_refused(spec):
         parse_tokens(spec)
 
 
+@pytest.mark.parametrize("spec", ["admin=0123456789abcdefXYZ", "reader:rrrrrrrrrrrrrrrr,admin;0123456789abcdefXYZ",
+                                  "0123456789abcdefXYZ:admin", "admin:0123456789abc"])
+def test_a_refused_token_spec_never_shows_the_token(spec):
+    with pytest.raises(ConfigurationError) as e:
+        parse_tokens(spec)
+    assert "0123456789abc" not in str(e.value), e.value
+    assert "entry" in str(e.value)
+
+
 def test_no_tokens_means_loopback_only():
     check_exposure("127.0.0.1", {})
     check_exposure("::1", {})
