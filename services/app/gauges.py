@@ -47,8 +47,21 @@ async def refresh(view: View, head: HeadAges) -> int:
         MAILS.labels(queue, "dead_lettered").set(dead)
         age = scan.oldest_ready_age
         OLDEST.labels(queue).set(age.total_seconds() if age is not None else 0)
+    _forget_deleted(set(queues))
     REFRESH_SECONDS.set(time.perf_counter() - began)
     return len(queues)
+
+
+def _forget_deleted(listed: set[str]) -> None:
+    """A deleted queue's series removed: left, its last depth and age would stay exported (and an
+    age alert firing) until the process restarts."""
+    for labels in {(m.labels["queue"], m.labels["state"]) for metric in MAILS.collect() for m in metric.samples}:
+        if labels[0] not in listed:
+            MAILS.remove(*labels)
+    for metric in OLDEST.collect():
+        for m in metric.samples:
+            if m.labels["queue"] not in listed:
+                OLDEST.remove(m.labels["queue"])
 
 
 async def refresh_forever(view: View, head: HeadAges, interval_s: float) -> None:

@@ -1,6 +1,7 @@
 """Cheap size, gauges and shape (#15.3, #15.4), through gRPC on the real stack."""
 
 import datetime as dt
+import urllib.request
 
 from mailqueue.v1 import admin_pb2, browse_pb2
 from services.domain import counts
@@ -75,6 +76,14 @@ def test_gauges_export_each_queue_state_from_counters_and_a_head_scan(suite, key
         # The sizes from the counters (no counting pass), the ages from the head of each queue.
         assert browse.metric("mailqueue_view_rows_read_total", op="size") == 0
         assert browse.metric("mailqueue_view_rows_read_total", op="age") > 0
+        # A deleted queue's series go with it (left, its age alert would fire until a restart).
+        list(suite.admin_stub.DeleteQueue(admin_pb2.DeleteQueueRequest(queue=queue, force=True)))
+
+        def exported() -> list[str]:
+            body = urllib.request.urlopen(f"http://127.0.0.1:{browse.metrics_port}/metrics", timeout=5).read().decode()
+            return [line for line in body.splitlines() if line.startswith("mailqueue_queue_") and f'queue="{queue}"' in line]
+
+        wait_until(lambda: not exported(), 30, what="the deleted queue's gauges removed")
     finally:
         browse.stop()
 
