@@ -153,8 +153,10 @@ class TokenAuth(grpc.aio.ServerInterceptor):
         if handler is None or not (self._tokens or self._identities) or details.method.startswith(PUBLIC):
             return handler
         role, tenant = _tenant_of(role_of(self._tokens, details.invocation_metadata))
-        if role is None and self._identities:
-            # The client certificate decides, seen only from the call's context.
+        if role is None and self._identities and not _presented(details.invocation_metadata):
+            # No token: the client certificate decides, seen only from the call's context. A
+            # token presented decides instead, and an unknown one is refused (never the
+            # certificate's role in place of a revoked or mistyped token).
             return _checked_by_certificate(handler, details.method, self._identities)
         denied = _denial(details.method, role)
         if denied is not None:

@@ -84,6 +84,8 @@ def test_mutual_tls_gives_the_role_of_the_client_certificate_beside_tokens(keysp
         assert calls("reporting") == (OK, P)  # URI SAN spiffe://mailqueue/reporting: reader
         assert calls("ops") == (OK, OK)  # CN ops: admin
         assert calls("stranger", ADMIN_TOKEN) == (OK, OK)  # a token decides when presented
+        U = grpc.StatusCode.UNAUTHENTICATED
+        assert calls("ops", "revoked-or-mistyped-token") == (U, U)  # an unknown token is refused, never the certificate's role
     finally:
         browse.stop()
 
