@@ -81,11 +81,15 @@ def _credential(env: Mapping[str, str], file_name: str, variable: str, default: 
         path = os.path.join(folder, file_name)
         try:
             with open(path) as f:
-                return f.read().strip()
+                value = f.read().strip()
         except FileNotFoundError:
-            pass
+            value = None
         except OSError as e:
             raise ConfigurationError(f"MAILQUEUE_CREDENTIALS_DIR: {path}: {e.strerror}") from e
+        if value == "":  # else the backend's default login would be tried in its place
+            raise ConfigurationError(f"MAILQUEUE_CREDENTIALS_DIR: {path} is empty: put the {file_name} in it, or remove the file")
+        if value is not None:
+            return value
     return from_env or default
 
 

@@ -169,3 +169,11 @@ def test_variables_the_project_s_other_tools_read_are_no_misspelling(tmp_path):
                                   "MAILQUEUE_BROWSE_TARGET", "MAILQUEUE_S3_SECRET_KEY")}
     env.update({"MAILQUEUE_CREDENTIALS_DIR": str(tmp_path), "MAILQUEUE_CASSANDRA_PASSWORD": "from-the-variable"})
     assert Settings.from_env("enqueue", env).misspelled == ()
+
+
+def test_an_empty_credential_file_is_refused_not_replaced_by_the_default_login(tmp_path):
+    from services.runtime.settings import s3_from_env
+
+    (tmp_path / "s3-access-key").write_text("\n")
+    with pytest.raises(ConfigurationError, match="s3-access-key is empty"):
+        s3_from_env({"MAILQUEUE_CREDENTIALS_DIR": str(tmp_path)})
