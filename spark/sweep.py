@@ -349,7 +349,7 @@ def _root_cause(e: BaseException) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    logs.configure("sweep", os.environ.get("MAILQUEUE_LOG_LEVEL", "INFO"))
+    logs.configure("sweep", logs.level_of(os.environ))  # any case, as the services take it
     try:
         cassandra, s3, events = cassandra_from_env(), s3_from_env(), events_from_env()
         jars = session.connector_jars(args.jars)

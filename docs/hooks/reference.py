@@ -306,7 +306,7 @@ def cli_markdown() -> str:
 # --- settings (checked, not generated) ---------------------------------------------------------
 
 #: Helpers of services/runtime/settings.py that read MAILQUEUE_<name>: the index of <name>.
-_HELPERS = {"_get": 1, "_int": 1, "_float": 1, "_file": 1, "_optional_int": 1, "_bool": 1, "_credential": 2}
+_HELPERS = {"_get": 1, "_int": 1, "_float": 1, "_file": 1, "_ca_file": 1, "_optional_int": 1, "_bool": 1, "_credential": 2}
 #: Where settings are read: services/runtime/settings.py and the few places its docstring names.
 SETTINGS_SOURCES = ("services", "spark", "enqueue_svc", "dequeue_svc", "browse_svc", "blob_svc", "webhook_svc")
 

@@ -21,7 +21,7 @@ from services.adapters.cassandra import schema
 from services.adapters.cassandra.session import connect
 from services.adapters.cassandra.settings import CassandraSettings
 from services.domain.errors import ConfigurationError, MailQueueError
-from services.runtime.logs import configure
+from services.runtime.logs import configure, level_of
 from services.runtime.settings import cassandra_from_env
 
 log = logging.getLogger("mailqueue.migrate")
@@ -46,7 +46,7 @@ def migrate(settings: CassandraSettings, roles: tuple[str, ...]) -> None:
 
 
 def main(env: Mapping[str, str] = os.environ) -> int:
-    configure("schema", env.get("MAILQUEUE_LOG_LEVEL", "INFO"))
+    configure("schema", level_of(env))  # any case, as the services take it
     # A grant given before is a server warning, not news: the step is idempotent.
     logging.getLogger("cassandra.protocol").setLevel(logging.ERROR)
     try:

@@ -230,6 +230,8 @@ async def serve(app: App) -> None:
         _refuse(f"MAILQUEUE_PORT={s.port}: cannot listen on {s.host}:{s.port} ({e}): another process has the port, "
                 "or the certificate and key do not load (MAILQUEUE_TLS_CERT_FILE, MAILQUEUE_TLS_KEY_FILE: PEM, one pair)")
     server, port = served.server, served.port
+    # grpc's health service starts with "" SERVING: not ready until the backends have answered.
+    await served.set_health(NOT_SERVING)
     await server.start()
     probes = await health_only_server(served, s.host, s.health_port) if s.health_port else None
     log.info(

@@ -68,6 +68,18 @@ def _file(env: Mapping[str, str], name: str) -> str:
     return path
 
 
+def _ca_file(env: Mapping[str, str], name: str) -> str:
+    """A CA certificate file (a backend's): refused at start-up unless it loads as PEM, not on the
+    first connection with a traceback (a crash loop under a supervisor)."""
+    path = _file(env, name)
+    if path:
+        try:
+            ssl.create_default_context(cafile=path)
+        except (ssl.SSLError, OSError, ValueError) as e:
+            raise ConfigurationError(f"MAILQUEUE_{name}={path} holds no PEM certificate ({e}): give the CA certificate") from None
+    return path
+
+
 def _credential(env: Mapping[str, str], file_name: str, variable: str, default: str | None) -> str | None:
     """A credential: the file ``file_name`` of MAILQUEUE_CREDENTIALS_DIR (a mounted Secret: one file
     per key) when it is there, else MAILQUEUE_<variable>, else ``default``. Files keep secrets out
@@ -113,7 +125,7 @@ def cassandra_from_env(env: Mapping[str, str] = os.environ) -> CassandraSettings
         username=_credential(env, "cassandra-username", "CASSANDRA_USERNAME", None),
         password=_credential(env, "cassandra-password", "CASSANDRA_PASSWORD", None),
         #: CA that signs the nodes' certificates: when set, every connection is TLS (client encryption).
-        ca_file=_file(env, "CASSANDRA_CA_FILE"),
+        ca_file=_ca_file(env, "CASSANDRA_CA_FILE"),
         request_timeout_s=_float(env, "CASSANDRA_TIMEOUT_S", 5.0, 0.001),
         #: Seconds queue counter updates are gathered in the process before they are written (0: at once).
         counter_flush_s=_float(env, "COUNTER_FLUSH_S", 1.0),
@@ -131,7 +143,7 @@ def rabbitmq_from_env(env: Mapping[str, str] = os.environ) -> RabbitMQSettings:
         urls=with_credentials(broker_urls(env), _credential(env, "rabbitmq-username", "RABBITMQ_USERNAME", None),
                               _credential(env, "rabbitmq-password", "RABBITMQ_PASSWORD", None)),
         #: CA that signs the nodes' certificates, for amqps:// URLs.
-        ca_file=_file(env, "RABBITMQ_CA_FILE"),
+        ca_file=_ca_file(env, "RABBITMQ_CA_FILE"),
         queue_type=queue_type,
         #: Deliveries of one message before a quorum queue dead-letters it (poison messages).
         delivery_limit=_int(env, "RABBITMQ_DELIVERY_LIMIT", 20, 1),
@@ -198,7 +210,7 @@ def s3_from_env(env: Mapping[str, str] = os.environ) -> S3Settings:
         bucket=_get(env, "S3_BUCKET", S3Settings.bucket),
         secure=_bool(env, "S3_SECURE", False) or bool(_get(env, "S3_CA_FILE", "")),
         #: CA that signs S3's certificate (implies ``secure``); unset: the system's CAs.
-        ca_file=_file(env, "S3_CA_FILE"),
+        ca_file=_ca_file(env, "S3_CA_FILE"),
         region=env.get("MAILQUEUE_S3_REGION") or None,
         #: HTTP connections kept to S3 (and threads that call S3: one per connection).
         pool_size=_int(env, "S3_POOL_SIZE", 64, 1),
@@ -376,13 +388,13 @@ def _log_level(env: Mapping[str, str]) -> str:
 
 def server_from_env(service: str, env: Mapping[str, str] = os.environ) -> ServerSettings:
     port = _int(env, "PORT", SERVICE_PORTS[service], 0, 65535)
-    return ServerSettings(
+    server = ServerSettings(
         service=service,
         host=_get(env, "HOST", "127.0.0.1"),
         port=port,
         metrics_port=_metrics_port(env, port),
         #: Seconds a connection lives before the server asks the client to reconnect (re-resolve).
-        max_connection_age_s=_int(env, "MAX_CONNECTION_AGE_S", 300, 1),
+        max_connection_age_s=_int(env, "MAX_CONNECTION_AGE_S", 300, 1, 2_147_483),  # in ms, a C int
         #: Seconds SIGTERM waits for in-flight RPCs.
         shutdown_grace_s=_float(env, "SHUTDOWN_GRACE_S", 10.0),
         #: Seconds a terminating server keeps serving, NOT_SERVING, before it closes its connections:
@@ -422,6 +434,12 @@ def server_from_env(service: str, env: Mapping[str, str] = os.environ) -> Server
         #: false: CPython's defaults, as a library would have them.
         gc_tuned=_bool(env, "GC_TUNED", True),
     )
+    ports = [("MAILQUEUE_PORT", server.port), ("MAILQUEUE_METRICS_PORT", server.metrics_port),
+             ("MAILQUEUE_HEALTH_PORT", server.health_port)]
+    taken = [(a, b) for n, (a, pa) in enumerate(ports) for b, pb in ports[n + 1:] if pa and pa == pb]
+    if taken:  # two listeners on one port: refused here rather than a traceback when the second binds
+        raise ConfigurationError(f"{taken[0][0]} and {taken[0][1]} are both {dict(ports)[taken[0][0]]}: give each its own port")
+    return server
 
 
 def _workers(env: Mapping[str, str], port: int, service: str) -> int:

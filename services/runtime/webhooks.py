@@ -89,8 +89,11 @@ def endpoints_from_file(path: str, running: bool = False) -> list[tuple[Endpoint
             if max_age < MIN_MAX_AGE_S:
                 raise ValueError(f"endpoint {entry['name']!r}: max_age_s {max_age:g} is under {MIN_MAX_AGE_S:g} s: every "
                                  "event would be dropped")
-            out.append((Endpoint(entry["name"], entry["url"], secret, wanted, max_age,
-                                 int(entry.get("batch_size", 100)), float(entry.get("timeout_s", 10))),
+            batch, timeout = int(entry.get("batch_size", 100)), float(entry.get("timeout_s", 10))
+            if not 1 <= batch <= 10_000 or not 0 < timeout <= 3600:  # 0 would be an unbounded queue, or no POST ever ending in time
+                raise ValueError(f"endpoint {entry['name']!r}: batch_size {batch} (1 to 10000) or timeout_s {timeout:g} "
+                                 "(above 0, at most 3600) out of range")
+            out.append((Endpoint(entry["name"], entry["url"], secret, wanted, max_age, batch, timeout),
                         bool(entry.get("from_oldest", False))))
         return out
     except (OSError, ValueError, KeyError, TypeError) as e:

@@ -132,7 +132,13 @@ class Supervisor:
             return
         registry = CollectorRegistry()
         _Collector(registry, path=self.folder)
-        start_http_server(self.settings.metrics_port, addr=self.settings.host, registry=registry)
+        try:
+            start_http_server(self.settings.metrics_port, addr=self.settings.host, registry=registry)
+        except OSError as e:  # as one process refuses (services/runtime/server.py): one line, exit 2
+            log.critical("refusing to start: MAILQUEUE_METRICS_PORT=%s: cannot listen on %s:%s (%s): another process has "
+                         "it (a second copy of this service?); stop it or set another port", self.settings.metrics_port,
+                         self.settings.host, self.settings.metrics_port, e.strerror)
+            raise SystemExit(REFUSED) from None
 
     def ended(self, index: int, proc: subprocess.Popen[bytes]) -> None:
         """A worker ended: forget its gauges; start it again unless stopping or refused."""

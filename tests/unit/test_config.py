@@ -177,3 +177,16 @@ def test_an_empty_credential_file_is_refused_not_replaced_by_the_default_login(t
     (tmp_path / "s3-access-key").write_text("\n")
     with pytest.raises(ConfigurationError, match="s3-access-key is empty"):
         s3_from_env({"MAILQUEUE_CREDENTIALS_DIR": str(tmp_path)})
+
+
+@pytest.mark.parametrize("env, says", [
+    ({"MAILQUEUE_MAX_CONNECTION_AGE_S": "2147484"}, "MAILQUEUE_MAX_CONNECTION_AGE_S"),  # x 1000 overflowed grpc's C int
+    ({"MAILQUEUE_PORT": "50051", "MAILQUEUE_HEALTH_PORT": "50051"}, "MAILQUEUE_PORT and MAILQUEUE_HEALTH_PORT are both 50051"),
+    ({"MAILQUEUE_PORT": "50051", "MAILQUEUE_METRICS_PORT": "50051"}, "MAILQUEUE_PORT and MAILQUEUE_METRICS_PORT are both 50051"),
+    ({"MAILQUEUE_PORT": "50051", "MAILQUEUE_HEALTH_PORT": "51051"}, "MAILQUEUE_METRICS_PORT and MAILQUEUE_HEALTH_PORT are both 51051"),
+])
+def test_server_settings_a_listener_cannot_take_are_refused_with_one_line(env, says):
+    from services.runtime.settings import server_from_env
+
+    with pytest.raises(ConfigurationError, match=says):
+        server_from_env("enqueue", env)

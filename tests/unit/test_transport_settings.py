@@ -46,8 +46,20 @@ def test_a_missing_file_in_the_folder_leaves_the_variable_and_a_ca_file_must_exi
         cassandra_from_env({"MAILQUEUE_CASSANDRA_CA_FILE": str(tmp_path / "none.pem")})
     ca = tmp_path / "ca.pem"
     ca.write_text("x")
+    with pytest.raises(ConfigurationError, match="MAILQUEUE_S3_CA_FILE=.* holds no PEM certificate"):  # not a traceback later
+        s3_from_env({"MAILQUEUE_S3_CA_FILE": str(ca)})
+    ca.write_text(_a_ca_certificate(tmp_path))
     s3 = s3_from_env({"MAILQUEUE_S3_CA_FILE": str(ca)})
     assert s3.secure and s3.ca_file == str(ca)  # a CA means HTTPS
+
+
+def _a_ca_certificate(folder) -> str:
+    """A self-signed certificate, PEM (openssl, as stack/pki.sh makes the stack's)."""
+    import subprocess
+
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=test-ca", "-days", "1",
+                    "-keyout", str(folder / "ca.key"), "-out", str(folder / "made.pem")], check=True, capture_output=True)
+    return (folder / "made.pem").read_text()
 
 
 def test_a_credentials_folder_that_is_not_there_is_refused_not_replaced_by_default_logins(tmp_path):

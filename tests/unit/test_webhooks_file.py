@@ -38,3 +38,9 @@ def test_a_secret_file_gone_refuses_the_start_but_only_skips_its_entry_at_a_relo
     with pytest.raises(ConfigurationError, match="missing"):
         endpoints_from_file(str(path))
     assert [e.name for e, _ in endpoints_from_file(str(path), running=True)] == ["billing"]
+
+
+@pytest.mark.parametrize("entry", [{"batch_size": 0}, {"batch_size": -5}, {"timeout_s": 0}, {"timeout_s": -1}])
+def test_a_batch_size_or_timeout_that_could_never_deliver_refuses_the_start(tmp_path, entry):
+    with pytest.raises(ConfigurationError, match="out of range"):
+        endpoints_from_file(write(tmp_path, **entry))
