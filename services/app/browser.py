@@ -143,7 +143,7 @@ class Browser:
         if any(rows is None for rows in found):
             return None
         live = [q for rows in found for q in rows or () if q.slice_start >= start]
-        return sorted(live, key=lambda q: (q.enqueued_at, q.enqueue_id.bytes))
+        return sorted(live, key=lambda q: (q.enqueued_at, paging.id_order(q.enqueue_id)))
 
     async def browse(
         self, queue: str, f: BrowseFilter, limit: int = 0, after: paging.Position | None = None,

@@ -19,6 +19,7 @@ import base64
 import binascii
 import dataclasses
 import datetime as dt
+import functools
 import hashlib
 import struct
 import uuid
@@ -44,13 +45,23 @@ _LAST_MS = (dt.datetime(9999, 12, 31, 23, 59, 59, 999000, tzinfo=dt.timezone.utc
 T = TypeVar("T")
 
 
-@dataclasses.dataclass(frozen=True, order=True)
+def id_order(enqueue_id: uuid.UUID | bytes) -> tuple[int, bytes]:
+    """Where a uuid sorts among others as Cassandra sorts a uuid column: by its version first, then
+    by its bytes (unsigned). Enqueue ids are version 4; a moved or redriven mail's are version 5
+    (services/app/moves.py ``landing_id``), so bytes alone would order the two kinds otherwise, and
+    a page boundary between them would skip or repeat a mail."""
+    b = enqueue_id if isinstance(enqueue_id, bytes) else enqueue_id.bytes
+    return b[6] >> 4, b
+
+
+@functools.total_ordering
+@dataclasses.dataclass(frozen=True)
 class Position:
     """Where a row sorts in its listing; positions compare in listing order."""
 
     partition: int
     enqueued_at: dt.datetime
-    #: The enqueue id's bytes: Cassandra orders (version 4) uuids by them.
+    #: The enqueue id's bytes (compared as ``id_order`` says).
     enqueue_id: bytes
 
     @classmethod
@@ -60,6 +71,12 @@ class Position:
     @property
     def id(self) -> uuid.UUID:
         return uuid.UUID(bytes=self.enqueue_id)
+
+    def _key(self) -> tuple[int, dt.datetime, tuple[int, bytes]]:
+        return self.partition, self.enqueued_at, id_order(self.enqueue_id)
+
+    def __lt__(self, other: Position) -> bool:
+        return self._key() < other._key()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -153,3 +153,24 @@ def test_mailq_browse_pages_with_page_token_and_json_carries_the_next_token(suit
     assert names[1] in table.stdout and names[2] not in table.stdout and "next page: --page-token " in table.stderr
     bad = mailq(suite, "browse", queue, "--page-token", "nope", ok=False)
     assert "INVALID_ARGUMENT" in bad.stderr and "page_token" in bad.stderr
+
+
+def test_positions_order_enqueue_ids_as_cassandra_clusters_them(suite):
+    """Pages resume with "(enqueued_at, enqueue_id) > the token's", in Cassandra's order, and the
+    buckets of a slice are merged in Python: both orders must agree, for the version-4 ids of
+    enqueues and the version-5 ids a move or a redrive lands, in one millisecond."""
+    import datetime as dt
+    import uuid
+
+    from services.domain.paging import Position
+
+    table, probe = f"{suite.keyspace}.enqueued_mails_v1", f"id-order-{uuid.uuid4().hex[:8]}"  # a partition no queue has
+    at = dt.datetime(2026, 12, 6, tzinfo=dt.timezone.utc)
+    ids = [uuid.uuid4() for _ in range(100)] + [uuid.uuid5(uuid.NAMESPACE_URL, f"moved-{i}") for i in range(100)]
+    for i in ids:
+        suite.view.session.execute(f"INSERT INTO {table} (queue_name, slice_start, bucket, enqueued_at, enqueue_id) "
+                                   "VALUES (%s, %s, 0, %s, %s)", (probe, at, at, i))
+    key = "WHERE queue_name = %s AND slice_start = %s AND bucket = 0"
+    clustered = [r.enqueue_id for r in suite.view.session.execute(f"SELECT enqueue_id FROM {table} {key}", (probe, at))]
+    assert clustered == sorted(ids, key=lambda i: Position.of(0, at, i))
+    suite.view.session.execute(f"DELETE FROM {table} {key}", (probe, at))

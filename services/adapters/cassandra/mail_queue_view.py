@@ -17,7 +17,7 @@ from services.adapters.cassandra.counters import CountersDAO
 from services.adapters.cassandra.deleted_mails import DeletedMailsDAO
 from services.adapters.cassandra.enqueued_mails import EnqueuedMailsDAO
 from services.adapters.cassandra.starts import StartsDAO
-from services.domain import counts, model
+from services.domain import counts, model, paging
 from services.ports.view import MailQueueView
 
 ROWS_READ = Counter("mailqueue_view_rows_read_total", "Rows read from enqueued_mails by browse-like operations", ["op"])
@@ -31,8 +31,9 @@ MAX_PAGE = 5000
 REFILL = -1
 
 
-def _order(r: model.QueuedMail) -> tuple[dt.datetime, bytes]:
-    return (r.enqueued_at, r.enqueue_id.bytes)
+def _order(r: model.QueuedMail) -> tuple[dt.datetime, tuple[int, bytes]]:
+    """A row's place in its partition, as Cassandra clusters it (the buckets are merged by it)."""
+    return (r.enqueued_at, paging.id_order(r.enqueue_id))
 
 
 class _Cursor:
