@@ -161,6 +161,7 @@ def rabbitmq_from_env(env: Mapping[str, str] = os.environ) -> RabbitMQSettings:
                                       10 * 365 * 24 * 3600),
         #: ... and at most this many bytes (x-max-length-bytes): the oldest segments go first.
         event_stream_max_bytes=_int(env, "EVENT_STREAM_MAX_BYTES", RabbitMQSettings.event_stream_max_bytes, 1024**2),
+        event_watchers_max=_int(env, "EVENT_WATCHERS_MAX", RabbitMQSettings.event_watchers_max, 1, 1500),
     )
 
 

@@ -347,3 +347,28 @@ def test_an_event_this_version_cannot_read_is_skipped_and_the_others_are_sent(br
                                      pika.BasicProperties(type=BATCH_TYPE))
     assert [e.id for e in take(call, 2)] == [known[0].id, known[1].id]
     call.cancel()
+
+
+def test_watchers_past_the_processs_most_are_resource_exhausted_and_a_place_frees_when_one_leaves(keyspace):
+    """Each watcher holds a channel on browse_svc's one RabbitMQ connection, which its own work
+    needs too: past MAILQUEUE_EVENT_WATCHERS_MAX, a WatchEvents is refused at once."""
+    from stack.harness import ServiceProcess, service_env
+
+    browse = ServiceProcess("browse", service_env(keyspace, MAILQUEUE_EVENT_WATCHERS_MAX="2"), metrics=True)
+    try:
+        stub = events_pb2_grpc.EventServiceStub(browse.channel())
+        first, second = Watcher(stub), Watcher(stub)
+        wait_until(lambda: browse.metric("mailqueue_event_watchers") == 2, 30, what="two watchers served")
+        third = Watcher(stub)
+        third.thread.join(30)
+        assert third.ended is not None and third.ended.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, third.ended
+        assert "MAILQUEUE_EVENT_WATCHERS_MAX" in third.ended.details()
+        first.call.cancel()
+        wait_until(lambda: browse.metric("mailqueue_event_watchers") == 1, 30, what="the first watcher gone")
+        again = Watcher(stub)
+        wait_until(lambda: browse.metric("mailqueue_event_watchers") == 2, 30, what="a watcher in its place")
+        assert again.ended is None
+        second.call.cancel()
+        again.call.cancel()
+    finally:
+        browse.stop()

@@ -23,6 +23,7 @@ whole segments (``x-stream-max-segment-size-bytes``, a tenth of the cap), oldest
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -37,7 +38,7 @@ from services.adapters.rabbitmq.channels import unavailable
 from services.adapters.rabbitmq.settings import RabbitMQSettings
 from services.contract import events_serde
 from services.domain import event_stream, names
-from services.domain.errors import BackendUnavailable
+from services.domain.errors import BackendUnavailable, ResourceExhausted
 from services.domain.events import Event
 
 log = logging.getLogger(__name__)
@@ -68,6 +69,8 @@ class RabbitMQEventStream:
         #: The record calls whose events wait for the next publish, and the task publishing.
         self._waiting: list[tuple[Sequence[Event], Sequence[bytes], asyncio.Future[None]]] = []
         self._sending: asyncio.Task[None] | None = None
+        #: Watches being served (each holds a channel): at most ``settings.event_watchers_max``.
+        self._watching = 0
 
     def arguments(self) -> dict[str, Any]:
         """The stream's declaration: its retention by age and by size, in segments of a tenth of the size."""
@@ -186,6 +189,18 @@ class RabbitMQEventStream:
         """Events from ``cursor`` (that event first), or from the oldest kept, or from the next one
         recorded; InvalidArgument for a malformed cursor before anything is read."""
         begin = event_stream.start(cursor or "", from_oldest)
+        if self._watching >= self._settings.event_watchers_max:
+            raise ResourceExhausted(f"this process serves {self._watching} event watchers, its most "
+                                    "(MAILQUEUE_EVENT_WATCHERS_MAX): try again later, or on another replica")
+        self._watching += 1
+        try:
+            async with contextlib.aclosing(self._watch(begin)) as events:  # its channel closed when the caller leaves
+                async for event in events:
+                    yield event
+        finally:
+            self._watching -= 1
+
+    async def _watch(self, begin: event_stream.Start) -> AsyncIterator[Event]:
         await self.declare()
         channel, w = await self._broker.open_channel()
         inbox: asyncio.Queue[Any] = asyncio.Queue()

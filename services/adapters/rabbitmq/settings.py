@@ -21,6 +21,9 @@ class RabbitMQSettings:
     #: The event stream (services/adapters/rabbitmq/event_stream.py): kept this long, and at most this many bytes.
     event_stream_retention_s: int = 7 * 24 * 3600
     event_stream_max_bytes: int = 5 * 1024**3
+    #: Event stream watchers (WatchEvents calls) one process serves at once: each holds a channel on
+    #: the process's one connection, whose channels (RabbitMQ's channel_max, 2047) its own work needs too.
+    event_watchers_max: int = 256
 
     @property
     def url(self) -> str:
