@@ -218,9 +218,10 @@ class Browser:
             elif due <= now:
                 ready += 1
                 oldest_due = due if oldest_due is None else min(oldest_due, due)
+        zero = dt.timedelta(0)  # a row from a node whose clock runs ahead is no younger than now
         return Summary(size=size, ready=ready, delayed=size - ready - held, held=held,
-                       oldest_age=now - oldest.enqueued_at if oldest is not None else None,
-                       oldest_ready_age=now - oldest_due if oldest_due is not None else None)
+                       oldest_age=max(now - oldest.enqueued_at, zero) if oldest is not None else None,
+                       oldest_ready_age=max(now - oldest_due, zero) if oldest_due is not None else None)
 
     async def info(self, queue: str, exact: bool) -> QueueInfo:
         """The queue's counts (a view scan when ``exact``, else its counters), configuration,
