@@ -11,10 +11,17 @@ def _s3_error(code: str) -> S3Error:
     return S3Error(None, code, "message", "/b/k", "req", "host")
 
 
-def test_a_missing_object_or_bucket_is_not_found():
-    for code in ("NoSuchKey", "NoSuchBucket"):
-        assert s3errors.is_missing(_s3_error(code))
-        assert isinstance(s3errors.to_domain(_s3_error(code)), NotFound)
+def test_a_missing_object_is_not_found():
+    assert s3errors.is_missing(_s3_error("NoSuchKey"))
+    assert isinstance(s3errors.to_domain(_s3_error("NoSuchKey")), NotFound)
+
+
+def test_a_missing_bucket_is_unavailable_and_says_to_create_it():
+    # NotFound would dead-letter every mail read from S3 as "content missing", for good.
+    e = _s3_error("NoSuchBucket")
+    assert not s3errors.is_missing(e)
+    mapped = s3errors.to_domain(e)
+    assert isinstance(mapped, BackendUnavailable) and "create it" in str(mapped)
 
 
 def test_every_other_failure_means_s3_is_unavailable():

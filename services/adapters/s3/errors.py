@@ -15,7 +15,7 @@ from services.domain.errors import BackendUnavailable, MailQueueError, NotFound
 #: Exceptions raised by the S3 client, mapped by ``to_domain``: the SDK's own (an S3 error
 #: answer, a 5xx, an answer it cannot read) and urllib3's (connection, timeout, retries exhausted).
 ERRORS: tuple[type[BaseException], ...] = (MinioException, urllib3.exceptions.HTTPError, OSError, TimeoutError)
-MISSING = ("NoSuchKey", "NoSuchBucket", "NoSuchObject")
+MISSING = ("NoSuchKey", "NoSuchObject")
 
 
 def is_missing(e: BaseException) -> bool:
@@ -26,5 +26,8 @@ def to_domain(e: BaseException) -> MailQueueError:
     """NotFound for a missing object, BackendUnavailable for everything else."""
     if is_missing(e):
         return NotFound("blob not found")
+    if isinstance(e, S3Error) and e.code == "NoSuchBucket":  # not a missing blob: every read would say so
+        return BackendUnavailable("s3", f"the bucket {e.bucket_name or ''} does not exist: create it (MAILQUEUE_S3_BUCKET) "
+                                        "with the S3 admin, or point MAILQUEUE_S3_BUCKET at it")
     text = str(e).splitlines()[0] if str(e) else ""
     return BackendUnavailable("s3", f"{type(e).__name__}: {text}")

@@ -120,8 +120,10 @@ class S3BlobStore(BlobStore):
             return BlobInfo(blob_id, size)
         finally:
             if spool is not None:
-                spool.close()
-                os.unlink(spool.name)
+                try:
+                    spool.close()  # may raise (a full disk flushing its last bytes): the file goes anyway
+                finally:
+                    os.unlink(spool.name)
 
     async def put_bytes(self, data: bytes, expected_id: str | None = None) -> BlobInfo:
         """Content already in memory (an inline enqueue): hashed and put in one trip to the S3
