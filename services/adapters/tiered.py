@@ -4,22 +4,42 @@ Ids are the same content hash in both, so readers look in the small store first 
 a miss costs a bloom-filter check) and then in the large one. A put is routed by its size: the
 first ``small.max_bytes + 1`` bytes are buffered, and a stream that ends within them goes to
 Cassandra, anything longer streams on to the large store.
+
+With the large store down, small mail is still enqueued and delivered: ``ping`` (readiness) asks
+Cassandra only, and the large store's state is a gauge and a log line, not a reason for a load
+balancer to send no mail at all; large content is UNAVAILABLE meanwhile.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import AsyncIterator
 
+from prometheus_client import Gauge
+
 from services.adapters.cassandra.blobs import CassandraBlobStore
-from services.domain.errors import NotFound
+from services.domain.errors import BackendUnavailable, NotFound
 from services.domain.model import BlobInfo
 from services.ports.blobstore import BlobStore, chunked
+
+log = logging.getLogger(__name__)
+
+#: Seconds the large store's check may take before it counts as down.
+LARGE_CHECK_S = 4.0
+
+LARGE_UP = Gauge("mailqueue_large_blob_store_up",
+                 "1 while the large blob store (S3, or blob_svc) answers this process's checks; 0: large content is UNAVAILABLE, "
+                 "small content (in Cassandra) is still enqueued and delivered")
 
 
 class TieredBlobStore(BlobStore):
     def __init__(self, small: CassandraBlobStore, large: BlobStore) -> None:
         self.small = small
         self.large = large
+        #: Why the large store did not answer the last check (None: it did).
+        self.large_down: str | None = None
+        LARGE_UP.set(1)
 
     async def put(self, chunks: AsyncIterator[bytes], expected_id: str | None = None) -> BlobInfo:
         stream = aiter(chunks)
@@ -96,8 +116,22 @@ class TieredBlobStore(BlobStore):
         return in_small or in_large
 
     async def ping(self) -> None:
+        """Readiness: Cassandra's tier. The large store is checked too, its state kept, never raised."""
         await self.small.ping()
-        await self.large.ping()
+        try:  # bounded below the whole check's bound (services/runtime/server.py): S3's client retries
+            await asyncio.wait_for(self.large.ping(), LARGE_CHECK_S)
+        except (BackendUnavailable, asyncio.TimeoutError) as e:
+            e = e if isinstance(e, BackendUnavailable) else BackendUnavailable("blobs", f"no answer within {LARGE_CHECK_S:g} s")
+            if self.large_down is None:
+                log.warning("the large blob store does not answer: large content is UNAVAILABLE, small content is still "
+                            "enqueued and delivered", extra={"error": str(e)[:300]})
+            self.large_down = str(e)
+            LARGE_UP.set(0)
+            return
+        if self.large_down is not None:
+            log.info("the large blob store answers again")
+        self.large_down = None
+        LARGE_UP.set(1)
 
     async def close(self) -> None:
         await self.small.close()

@@ -18,7 +18,7 @@ from services.adapters.tiered import TieredBlobStore
 from services.app.mail_events import Unrecorded
 from services.app.queue_state import QueueState
 from services.contract import events_serde
-from services.domain.errors import ConfigurationError, FailedPrecondition, InvalidArgument
+from services.domain.errors import BackendUnavailable, ConfigurationError, FailedPrecondition, InvalidArgument
 from services.domain.events import Event
 from services.domain.view_config import merge
 from services.ports.blobstore import BlobStore
@@ -39,13 +39,22 @@ async def blob_store(settings: Settings, view: View) -> BlobStore:
                                 credentials=channel_credentials(settings.server.tls))
     else:
         s3 = S3BlobStore(settings.s3, settings.limits.max_blob_bytes)
-        try:
-            await s3.ensure_bucket()
-        except BaseException:  # the start-up is tried again: its threads not left behind
-            await s3.close()
-            raise
+        await _bucket_or_later(s3)
         large = s3
     return tiered(settings, view, large)
+
+
+async def _bucket_or_later(s3: S3BlobStore) -> None:
+    """The bucket made sure of; S3 not answering does not stop the start (small content lives in
+    Cassandra): the first check that reaches S3 makes sure of it (services/adapters/tiered.py)."""
+    try:
+        await s3.ensure_bucket()
+    except BackendUnavailable as e:
+        log.warning("S3 does not answer at start-up: small content is served from Cassandra, large content is "
+                    "UNAVAILABLE until S3 answers", extra={"error": str(e)[:300]})
+    except BaseException:
+        await s3.close()
+        raise
 
 
 def tiered(settings: Settings, view: View, large: BlobStore) -> BlobStore:
@@ -103,8 +112,8 @@ class BlobBackends:
     @classmethod
     async def open(cls, settings: Settings) -> BlobBackends:
         s3 = S3BlobStore(settings.s3, settings.limits.max_blob_bytes)
+        await _bucket_or_later(s3)
         try:
-            await s3.ensure_bucket()
             view = await View.open(settings.cassandra)
         except BaseException:  # the start-up is tried again every few seconds: nothing left open
             await s3.close()

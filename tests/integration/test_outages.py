@@ -10,6 +10,7 @@ import uuid
 import grpc
 import pytest
 
+from mailqueue.v1 import enqueue_pb2_grpc
 from stack.harness import ROOT, broker_stopped, stack, wait_until
 from tests.integration.helpers import deleted_reason, inline, message_count, simple_mail, view_rows
 
@@ -64,6 +65,36 @@ def test_minio_down_means_unavailable_for_large_mail_and_nothing_written(suite):
         stack("up")
     wait_until(lambda: enqueue_ok(suite, queue, LARGE), 60, interval=0.5, what="enqueue to work again after MinIO restart")
     assert message_count(queue) == 2
+
+
+def test_with_minio_down_the_services_stay_ready_and_one_started_then_serves_small_mail(suite, keyspace):
+    """Small content lives in Cassandra: with S3 down a replica (S3 reached directly, as deployed)
+    must keep its readiness (a load balancer would otherwise send it no mail at all), and one
+    started during the outage must become ready and enqueue small mail."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from stack.harness import ServiceProcess, service_env
+
+    queue = suite.new_queue()
+    running = ServiceProcess("enqueue", service_env(keyspace), metrics=True)
+    started = None
+    os.kill(stack_pid("minio"), signal.SIGKILL)
+    try:
+        wait_until(lambda: running.metric("mailqueue_large_blob_store_up") == 0, 60, interval=0.5,
+                   what="the service's check to find S3 down")
+        health = health_pb2_grpc.HealthStub(running.channel())
+        assert health.Check(health_pb2.HealthCheckRequest(service=""), timeout=10).status == health_pb2.HealthCheckResponse.SERVING
+        started = ServiceProcess("enqueue", service_env(keyspace))  # waits until SERVING
+        for p in (running, started):
+            receipt = enqueue_pb2_grpc.EnqueueServiceStub(p.channel()).Enqueue(
+                inline(queue, simple_mail("small"), os.urandom(1000)), timeout=60).receipt
+            assert receipt.enqueue_id
+        assert message_count(queue) == 2
+    finally:
+        for p in (running, started):
+            if p is not None:
+                p.stop()
+        stack("up")
 
 
 def test_cassandra_frozen_means_unavailable_and_nothing_delivered(suite):

@@ -48,6 +48,8 @@ class S3BlobStore(BlobStore):
         self._bucket = s3client.Bucket(settings)
         self._pool = concurrent.futures.ThreadPoolExecutor(settings.pool_size, thread_name_prefix="s3")
         self._touched: dict[str, float] = {}
+        #: Whether ``ensure_bucket`` has run to its end (else the next ``ping`` runs it).
+        self._bucket_checked = False
 
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` on the S3 threads, its errors mapped to the domain's."""
@@ -60,6 +62,7 @@ class S3BlobStore(BlobStore):
         """Create the bucket when S3 says it does not exist (a first start)."""
         try:
             if await self._call(self._bucket.exists):
+                self._bucket_checked = True
                 return
         except BackendUnavailable as e:
             if "AccessDenied" not in e.detail:
@@ -67,8 +70,10 @@ class S3BlobStore(BlobStore):
             # A least-privilege user (puts and gets only) may not look at the bucket: the
             # operator's provisioning made it (stack/provision.py, the Kubernetes Secrets' user).
             log.info("may not check the bucket (no s3:ListBucket): taken as provisioned", extra={"bucket": self._settings.bucket})
+            self._bucket_checked = True
             return
         await self._call(self._bucket.create)
+        self._bucket_checked = True
         log.info("created bucket", extra={"bucket": self._settings.bucket})
 
     async def _head(self, blob_id: str) -> s3client.Object | None:
@@ -216,8 +221,11 @@ class S3BlobStore(BlobStore):
         return True
 
     async def ping(self) -> None:
+        if not self._bucket_checked:  # S3 did not answer at start-up: the bucket is made sure of now
+            await self.ensure_bucket()
         if not await self._call(self._bucket.located):
-            raise BackendUnavailable("s3", f"bucket {self._settings.bucket} does not exist: blob_svc creates it when it starts")
+            raise BackendUnavailable("s3", f"bucket {self._settings.bucket} does not exist: create it (MAILQUEUE_S3_BUCKET) "
+                                           "with the S3 admin")
 
     async def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
