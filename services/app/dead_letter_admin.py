@@ -207,6 +207,20 @@ class DeadLetterAdmin:
         if gone:
             await self._view.moves.done(dead)
             return False
+        if current == reason and not await self._mover.takes_mail(landed.queue):
+            # Its dead letter removed (a redrive cut before it landed), to a queue deleted since:
+            # a dead letter again, listed, to be redriven elsewhere.
+            await self._view.dead_letters.record(dead_letters.DeadLetter(
+                mail, dead_letters.OTHER, f"its redrive to {landed.queue} was cut and that queue deleted since: redrive it again",
+                model.utcnow()))
+            await self._view.mails.mark(mail.queue, mail.enqueue_id, dead_letters.RETURNED_REASON)
+            await self._view.moves.done(dead)
+            return False
+        if current == reason and await self._view.mails.state(landed.queue, landed.enqueue_id) is not None:
+            # Completed again, and the landed copy has a schedule or a mark of its own (a RETRY, a
+            # delivery): not landed again over what happened to it.
+            pending.append((dead, admin_events.redriven(mail, landed)))
+            return True
         # Marked first: a late broker copy of the dead mail then finds it redriven, not dead.
         await self._view.mails.mark(mail.queue, mail.enqueue_id, reason)
         await self._view.dead_letters.remove(mail)

@@ -32,6 +32,7 @@ from collections.abc import AsyncIterator
 from services.app import admin_events, counters
 from services.app.queue_state import QueueState
 from services.domain import model, validation
+from services.domain.counts import is_held
 from services.domain.errors import InvalidArgument, NotFound
 from services.domain.events import Event
 from services.domain.filters import BrowseFilter
@@ -147,6 +148,19 @@ class Mover:
                 await self._view.moves.done(mail)  # the mail stays where it is
                 return False
             await counters.mark(self._view, mail, mark)
+        elif not await self.takes_mail(moved.queue):
+            # Marked moved (a MoveMails cut between its steps 2 and 3), to a queue deleted since:
+            # landed there, it would be in no queue anyone consumes. It goes back to its source.
+            await restore(self._view, self._broker, mail)
+            await self._view.moves.done(mail)
+            log.warning("a mail whose move was cut went back to its source: its target was deleted",
+                        extra={"queue": mail.queue, "target": moved.queue, "enqueue_id": str(mail.enqueue_id)})
+            return False
+        elif await self._view.mails.state(moved.queue, moved.enqueue_id) is not None:
+            # Completed again: the target copy has a schedule or a mark of its own already (a
+            # RETRY, a delivery): landed before, it is not landed again over what happened to it.
+            pending.append((mail, admin_events.moved(mail, moved)))
+            return True
         await land(self._view, self._broker, moved)
         pending.append((mail, admin_events.moved(mail, moved)))
         return True
@@ -167,6 +181,18 @@ LANDING = uuid.UUID("6d1c2f0e-4b6a-5f3e-9a57-1f1f0c4e2a11")
 def landing_id(q: model.QueuedMail, target: str) -> uuid.UUID:
     """The enqueue id of ``q`` landed in ``target``: the same for every mover of that copy."""
     return uuid.uuid5(LANDING, f"{q.queue}/{q.enqueue_id}->{target}")
+
+
+async def restore(view: View, broker: Broker, q: model.QueuedMail) -> None:
+    """A mail marked gone to a queue it never reached: live again in its own queue, counted again,
+    and published anew one generation up (a copy of its message still queued is superseded)."""
+    now = model.utcnow()
+    await view.mails.unmark(q.queue, q.enqueue_id, now)
+    again = dataclasses.replace(q, generation=q.generation + 1)
+    await view.mails.reschedule(again)
+    waiting = again.due() > now
+    await counters.bump(view, again, gone=-1, delayed=1 if waiting else 0, held=1 if waiting and is_held(again) else 0)
+    await broker.publish(again, again.due() - now if waiting else dt.timedelta(0))
 
 
 async def land(view: View, broker: Broker, q: model.QueuedMail) -> None:

@@ -39,6 +39,10 @@ def redriven_reason(target: str, enqueue_id: str) -> str:
     return f"redriven to {target} as {enqueue_id}"
 
 
+#: The mark of a dead letter whose redrive was cut and whose target was deleted since: a dead
+#: letter again (its kind in the repository: OTHER).
+RETURNED_REASON = "dead-lettered: its redrive target was deleted"
+
 #: The mark a purged dead letter's mail is left with (for the same late copies).
 PURGED_REASON = "dead letter purged"
 

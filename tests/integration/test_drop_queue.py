@@ -4,6 +4,7 @@ forced with them, its RabbitMQ topology gone, its consumers ended, a name that c
 from __future__ import annotations
 
 import datetime as dt
+import queue as queue_mod
 
 import grpc
 import pika
@@ -233,3 +234,57 @@ def test_a_queue_created_again_during_its_deletion_is_kept_whole(suite):
     c = StreamConsumer(suite.dequeue_stub, queue, prefetch=1)
     assert c.next().mail.mail.name == "after"
     c.close()
+
+
+def test_a_move_cut_before_landing_into_a_queue_deleted_since_puts_the_mail_back_in_its_source(suite):
+    """MoveMails killed between marking a mail moved and landing it; its target, empty, is then
+    deleted (nothing live in it: allowed). Completing the move landed the mail in the deleted queue,
+    which nobody consumes: lost. It now goes back to its source, live and delivered once."""
+    from tests.integration.helpers import enqueue_names, view_rows
+    from tests.integration.test_move_mails import move
+
+    source, target, other = suite.new_queue(), suite.new_queue(), suite.new_queue()
+    enqueue_names(suite, source, ["m"])
+    [q] = view_rows(suite, source)
+    moved = suite.run(suite.browse.app.service().admin.mover.landing(q, target))
+    suite.run(suite.view.moves.begin(q, moved))
+    suite.run(suite.view.mails.mark(source, q.enqueue_id, "moved to " + target))  # killed before landing it
+    assert drop(suite, target)[-1].done
+    assert move(suite.admin_stub, source, other, name="nothing-matches")[-1].resumed == 1  # completes the journal
+    assert [r.mail.mail.name for r in suite.browse_stub.Browse(browse_pb2.BrowseRequest(queue=source))] == ["m"]
+    c = StreamConsumer(suite.dequeue_stub, source, prefetch=4)
+    d = c.next()
+    assert (d.mail.enqueue_id, d.content) == (str(q.enqueue_id), b"Subject: x\r\n\r\nbody")
+    c.answer(d)
+    with pytest.raises(queue_mod.Empty):  # once: the old message, still queued, is superseded
+        c.next(timeout=3)
+    c.close()
+
+
+def test_a_redrive_cut_before_landing_into_a_queue_deleted_since_is_a_dead_letter_again(suite):
+    """A redrive killed after removing the dead letter and before landing it; its target is then
+    deleted. Completing it landed the mail in the deleted queue: in no queue and in no dead-letter
+    list. It is now a dead letter again, listed, and a redrive elsewhere delivers it."""
+    import dataclasses as dc
+
+    from services.app.dead_letter_admin import journal
+    from services.domain import dead_letters
+    from tests.integration.test_dead_letters import dead, redrive, reject_all
+
+    queue, target, elsewhere = suite.new_queue(), suite.new_queue(), suite.new_queue()
+    reject_all(suite, queue, ["r"])
+
+    async def scanned() -> list:
+        return [d async for d in suite.view.dead_letters.scan(queue)]
+
+    [d] = suite.run(scanned())
+    landed = suite.run(suite.browse.app.service().dead_letters._landing(d, target, False))
+    suite.run(suite.view.moves.begin(dc.replace(d.mail, queue=journal(queue)), landed))
+    suite.run(suite.view.mails.mark(queue, d.mail.enqueue_id, dead_letters.redriven_reason(target, str(landed.enqueue_id))))
+    suite.run(suite.view.dead_letters.remove(d.mail))  # killed before landing it
+    assert drop(suite, target)[-1].done
+    assert redrive(suite.admin_stub, queue, to_queue=elsewhere)[-1].redriven == 1  # the journal, then the dead letter again
+    c = StreamConsumer(suite.dequeue_stub, elsewhere, prefetch=4)
+    assert c.next().mail.mail.name == "r"
+    c.close()
+    assert dead(suite, queue) == []
