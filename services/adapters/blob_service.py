@@ -12,7 +12,7 @@ import grpc
 
 from mailqueue.v1 import blob_pb2, blob_pb2_grpc
 from services.adapters.grpc_channels import bearer, client_channel
-from services.domain.errors import BackendUnavailable, InvalidArgument, MailQueueError, NotFound, ResourceExhausted
+from services.domain.errors import BackendUnavailable, CredentialsRefused, InvalidArgument, MailQueueError, NotFound, ResourceExhausted
 from services.domain.model import BlobInfo
 from services.ports.blobstore import BlobStore
 
@@ -34,7 +34,7 @@ def _convert(e: grpc.aio.AioRpcError) -> MailQueueError:
         return cls(e.details() or e.code().name)
     if e.code() in _REFUSED:
         # Our token, not the caller's: the client sees UNAVAILABLE, the operator a message saying what to fix.
-        return BackendUnavailable(
+        return CredentialsRefused(
             "blob_svc", f"{e.code().name}: {e.details()}; blob_svc refused this service's token: set "
             "MAILQUEUE_SERVICE_TOKEN to a token blob_svc knows (role admin, or producer for enqueue_svc and "
             "consumer for dequeue_svc)"

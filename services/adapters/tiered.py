@@ -7,7 +7,9 @@ Cassandra, anything longer streams on to the large store.
 
 With the large store down, small mail is still enqueued and delivered: ``ping`` (readiness) asks
 Cassandra only, and the large store's state is a gauge and a log line, not a reason for a load
-balancer to send no mail at all; large content is UNAVAILABLE meanwhile.
+balancer to send no mail at all; large content is UNAVAILABLE meanwhile. A large store that
+refuses this process's credentials (blob_svc and a wrong MAILQUEUE_SERVICE_TOKEN) is a setting to
+fix, not an outage: that fails readiness.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from collections.abc import AsyncIterator
 from prometheus_client import Gauge
 
 from services.adapters.cassandra.blobs import CassandraBlobStore
-from services.domain.errors import BackendUnavailable, NotFound
+from services.domain.errors import BackendUnavailable, CredentialsRefused, NotFound
 from services.domain.model import BlobInfo
 from services.ports.blobstore import BlobStore, chunked
 
@@ -120,6 +122,8 @@ class TieredBlobStore(BlobStore):
         await self.small.ping()
         try:  # bounded below the whole check's bound (services/runtime/server.py): S3's client retries
             await asyncio.wait_for(self.large.ping(), LARGE_CHECK_S)
+        except CredentialsRefused:  # a setting to fix, not an outage: readiness says so
+            raise
         except (BackendUnavailable, asyncio.TimeoutError) as e:
             e = e if isinstance(e, BackendUnavailable) else BackendUnavailable("blobs", f"no answer within {LARGE_CHECK_S:g} s")
             if self.large_down is None:

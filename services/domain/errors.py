@@ -56,6 +56,11 @@ class BackendUnavailable(MailQueueError):
         self.detail = detail
 
 
+class CredentialsRefused(BackendUnavailable):
+    """A backend answers but refuses this process's own credentials: retryable for the caller, and
+    for the operator a setting to fix (it does not heal by waiting), so it fails readiness."""
+
+
 class PublishersBlocked(BackendUnavailable):
     """The broker blocks publishers for now (RabbitMQ's memory or disk alarm): it would not confirm
     a publish before the alarm is lifted. Retryable. Enqueue raises it before writing anything; a

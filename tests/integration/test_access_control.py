@@ -67,6 +67,20 @@ def test_missing_or_unknown_token_is_unauthenticated_and_does_nothing(secured, t
     assert reader.GetSize(browse_pb2.GetSizeRequest(queue=queue)).size == 0
 
 
+def test_refused_calls_are_counted_with_every_other_call(secured):
+    """mailqueue_rpc_total counts every call by its status: a client with a wrong token, or a role
+    that may not, shows there (an alert on UNAUTHENTICATED finds a misconfigured client)."""
+    method = "/mailqueue.v1.EnqueueService/Enqueue"
+
+    def counted(code: str) -> float:
+        return secured.metric("enqueue", "mailqueue_rpc_total", method=method, code=code)
+
+    before = counted("UNAUTHENTICATED"), counted("PERMISSION_DENIED")
+    assert code_of(lambda: stubs(secured, "y" * 24)[0].Enqueue(inline("secured-q", simple_mail()))) == grpc.StatusCode.UNAUTHENTICATED
+    assert code_of(lambda: stubs(secured, TOKENS["reader"])[0].Enqueue(inline("secured-q", simple_mail()))) == grpc.StatusCode.PERMISSION_DENIED
+    assert (counted("UNAUTHENTICATED"), counted("PERMISSION_DENIED")) == (before[0] + 1, before[1] + 1)
+
+
 def test_health_needs_no_token(secured):
     with grpc.insecure_channel(secured.enqueue.target) as ch:
         assert health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest()).status == health_pb2.HealthCheckResponse.SERVING
