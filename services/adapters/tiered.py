@@ -94,10 +94,7 @@ class TieredBlobStore(BlobStore):
             try:
                 return await self.large.read(blob_ids)
             except NotFound:
-                content = await self.small.lookup(blob_ids[0])
-                if content is None:
-                    raise
-                return content
+                pass  # read as any other: Cassandra first
         return await self.read(blob_ids)
 
     async def stat(self, blob_id: str) -> BlobInfo:
