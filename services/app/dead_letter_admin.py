@@ -224,7 +224,7 @@ class DeadLetterAdmin:
         # Marked first: a late broker copy of the dead mail then finds it redriven, not dead.
         await self._view.mails.mark(mail.queue, mail.enqueue_id, reason)
         await self._view.dead_letters.remove(mail)
-        await land(self._view, self._broker, landed)
+        await land(self._view, self._broker, await self._mover.placed(landed))
         pending.append((dead, admin_events.redriven(mail, landed)))
         return True
 

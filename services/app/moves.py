@@ -161,9 +161,16 @@ class Mover:
             # RETRY, a delivery): landed before, it is not landed again over what happened to it.
             pending.append((mail, admin_events.moved(mail, moved)))
             return True
-        await land(self._view, self._broker, moved)
+        await land(self._view, self._broker, await self.placed(moved))
         pending.append((mail, admin_events.moved(mail, moved)))
         return True
+
+    async def placed(self, q: model.QueuedMail) -> model.QueuedMail:
+        """``q`` in a slice its queue still reads: a move completed long after it was journaled
+        (browse_svc down for a while) would land behind browse start, where no Browse, count or
+        healer reads it and a sweep may have taken the slice (its delivery skipped as swept)."""
+        start = await self._state.browse_start(q.queue)
+        return dataclasses.replace(q, slice_start=start) if start is not None and q.slice_start < start else q
 
     async def finish(self, pending: list[tuple[model.QueuedMail, Event]]) -> None:
         """Step 4 of the moves in ``pending``: their events in one record, then their journal

@@ -153,3 +153,21 @@ def test_mailq_move_from_another_directory(suite):
     out = mailq(suite, "move", src, dst, "--name", "a").stdout
     assert f"1 mail(s) moved to {dst}" in out
     assert set(suite.browsed_by_name(dst)) == {"a"} and set(suite.browsed_by_name(src)) == {"b"}
+
+
+def test_a_move_completed_long_after_it_was_journaled_lands_where_its_target_is_read(suite):
+    """A move journaled, then browse_svc down for a day (no healer): the slice chosen at the journal
+    is behind the target's browse start when the move completes. Landed there, the mail was in no
+    Browse, count or healer pass, and a sweep could take the slice. It lands at browse start."""
+    import dataclasses as dc
+    import datetime as dt
+
+    from tests.integration.helpers import enqueue_names, view_rows
+
+    source, target = suite.new_queue(), suite.new_queue()
+    enqueue_names(suite, source, ["m"])
+    [q] = view_rows(suite, source)
+    moved = suite.run(suite.browse.app.service().admin.mover.landing(q, target))
+    suite.run(suite.view.moves.begin(q, dc.replace(moved, slice_start=moved.slice_start - dt.timedelta(days=1))))
+    assert move(suite.admin_stub, source, target, name="nothing-matches")[-1].resumed == 1
+    assert [r.mail.mail.name for r in suite.browse_stub.Browse(browse_pb2.BrowseRequest(queue=target))] == ["m"]
