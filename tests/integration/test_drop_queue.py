@@ -201,18 +201,25 @@ def enqueue_many(suite, queue: str, n: int) -> int:
     return sum(r.WhichOneof("result") == "receipt" for r in suite.enqueue_stub.EnqueueMany(requests(), timeout=120))
 
 
-def test_a_move_interrupted_out_of_the_queue_is_completed_before_it_is_deleted(suite):
-    """MoveMails killed between marking a mail moved and landing it in its target: the mail is live
-    nowhere, and only the source's journal lands it. DeleteQueue of the source (nothing live in it)
-    dropped that journal's chance: the mail was lost for good. It completes the move first."""
+def cut_move(suite, source: str, target: str):
+    """A mail "m" of ``source`` as a MoveMails to ``target`` killed between its steps 2 and 3 leaves
+    it: journaled, marked moved, not landed. Returns its view row."""
     from tests.integration.helpers import enqueue_names, view_rows
 
-    source, target = suite.new_queue(), suite.new_queue()
     enqueue_names(suite, source, ["m"])
     [q] = view_rows(suite, source)
     moved = suite.run(suite.browse.app.service().admin.mover.landing(q, target))
     suite.run(suite.view.moves.begin(q, moved))
-    suite.run(suite.view.mails.mark(source, q.enqueue_id, "moved to " + target))  # killed before landing it
+    suite.run(suite.view.mails.mark(source, q.enqueue_id, "moved to " + target))
+    return q
+
+
+def test_a_move_interrupted_out_of_the_queue_is_completed_before_it_is_deleted(suite):
+    """MoveMails killed between marking a mail moved and landing it in its target: the mail is live
+    nowhere, and only the source's journal lands it. DeleteQueue of the source (nothing live in it)
+    dropped that journal's chance: the mail was lost for good. It completes the move first."""
+    source, target = suite.new_queue(), suite.new_queue()
+    cut_move(suite, source, target)
     assert drop(suite, source)[-1].done
     assert [r.mail.mail.name for r in suite.browse_stub.Browse(browse_pb2.BrowseRequest(queue=target))] == ["m"]
 
@@ -240,15 +247,10 @@ def test_a_move_cut_before_landing_into_a_queue_deleted_since_puts_the_mail_back
     """MoveMails killed between marking a mail moved and landing it; its target, empty, is then
     deleted (nothing live in it: allowed). Completing the move landed the mail in the deleted queue,
     which nobody consumes: lost. It now goes back to its source, live and delivered once."""
-    from tests.integration.helpers import enqueue_names, view_rows
     from tests.integration.test_move_mails import move
 
     source, target, other = suite.new_queue(), suite.new_queue(), suite.new_queue()
-    enqueue_names(suite, source, ["m"])
-    [q] = view_rows(suite, source)
-    moved = suite.run(suite.browse.app.service().admin.mover.landing(q, target))
-    suite.run(suite.view.moves.begin(q, moved))
-    suite.run(suite.view.mails.mark(source, q.enqueue_id, "moved to " + target))  # killed before landing it
+    q = cut_move(suite, source, target)
     assert drop(suite, target)[-1].done
     assert move(suite.admin_stub, source, other, name="nothing-matches")[-1].resumed == 1  # completes the journal
     assert [r.mail.mail.name for r in suite.browse_stub.Browse(browse_pb2.BrowseRequest(queue=source))] == ["m"]
