@@ -91,10 +91,13 @@ class Pending:
     content: bytes | None = None
     blob_ids: tuple[str, ...] = ()
     size: int = 0
-    #: With an idempotency key: the claimed enqueue id and the claim's instant.
+    #: With an idempotency key: the claimed enqueue id, this attempt's claim instant, and the
+    #: instant the mail is enqueued at: the first attempt's claim (a taken-over attempt's row is
+    #: written again, in its partition and place, not a second row beside it).
     key: str = ""
     enqueue_id: uuid.UUID | None = None
     started: dt.datetime | None = None
+    at: dt.datetime | None = None
     #: The call's trace context, taken when it is made (the group runs in another call's task).
     traceparent: str = dataclasses.field(default_factory=trace.current_traceparent.get)
 
@@ -193,7 +196,7 @@ class GroupWrites:
         """The mail's view row, in the slice of now (or browse start, if this clock lags); it
         carries the call's trace context (services/domain/trace.py)."""
         config = await self._state.config()
-        now = model.utcnow()
+        now = it.at or model.utcnow()
         start = slice_start(now, config.slice_window)
         browse_start = await self._state.browse_start(it.queue)
         if browse_start is not None and start < browse_start:

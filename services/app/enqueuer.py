@@ -149,8 +149,8 @@ class Enqueuer:
                     if self.quotas is not None:  # a resend is charged once, with its first send
                         self.quotas.refund(facts)
                 else:
-                    enqueue_id = held
-                    item = dataclasses.replace(item, enqueue_id=enqueue_id, started=started)
+                    enqueue_id, at = held
+                    item = dataclasses.replace(item, enqueue_id=enqueue_id, started=started, at=at)
             if earlier is None and content is not None:
                 storing = True
                 blob_ids, size = await content()

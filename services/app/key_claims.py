@@ -84,15 +84,19 @@ class KeyClaims:
                 failing = True
             await asyncio.sleep(max(0.0, lease_s / 3 - (time.monotonic() - begun)))
 
-    async def claim(self, queue: str, key: str, enqueue_id: uuid.UUID, started: dt.datetime) -> model.EnqueueResult | uuid.UUID:
-        """Claim the idempotency key: the enqueue id to use, or the earlier enqueue's result.
-        Raises Aborted while another attempt holds it, BackendUnavailable."""
+    async def claim(
+        self, queue: str, key: str, enqueue_id: uuid.UUID, started: dt.datetime,
+    ) -> model.EnqueueResult | tuple[uuid.UUID, dt.datetime]:
+        """Claim the idempotency key: the enqueue id to use with the instant its row is enqueued
+        at (``started``, or a taken-over attempt's: the same row, written again, never a second
+        one beside it), or the earlier enqueue's result. Raises Aborted while another attempt holds
+        it, BackendUnavailable."""
         await self._lease_written()
         held = await self._view.idempotency.claim(queue, key, enqueue_id, started, self.owner)
         if held is None or held.enqueue_id == enqueue_id:
             # Ours: the driver may retry the claim on another node after a node died with it in
             # flight, and the retry finds the row the first try wrote.
-            return enqueue_id
+            return enqueue_id, started
         if held.result is not None:
             return held.result
         reason = await self._gone(queue, key, held, started)
@@ -109,7 +113,7 @@ class KeyClaims:
             log.warning("took over an idempotency claim whose attempt is gone", extra={
                 "queue": queue, "key": validation.shown(key), "enqueue_id": str(held.enqueue_id), "reason": reason,
                 "owner": str(held.owner), "claimed_s_ago": round((started - held.claimed_at).total_seconds(), 1)})
-            return held.enqueue_id
+            return held.enqueue_id, held.claimed_at
         raise Aborted(f"an enqueue with idempotency key {validation.shown(key)} is in progress; retry in a few seconds")
 
     async def _gone(self, queue: str, key: str, held: model.IdempotencyClaim, now: dt.datetime) -> str | None:

@@ -15,7 +15,7 @@ import uuid
 
 import grpc
 
-from mailqueue.v1 import dequeue_pb2_grpc, enqueue_pb2, enqueue_pb2_grpc
+from mailqueue.v1 import browse_pb2, dequeue_pb2_grpc, enqueue_pb2, enqueue_pb2_grpc
 from services.adapters.cassandra import schema
 from stack.harness import ServiceProcess, service_env, wait_until
 from tests.integration.helpers import StreamConsumer, heal_counters, inline, message_count, one_event_each, simple_mail, view_rows
@@ -264,6 +264,8 @@ def test_kill_9_between_claim_and_completion_gives_each_key_one_mail(suite, keys
         two = {k: v for k, v in ids.items() if len(v) != 1}
         assert not two, f"keys with two enqueue ids: {two}"
         acked = {next(iter(v)) for v in ids.values()}
+        listed = collections.Counter(r.mail.enqueue_id for r in suite.browse_stub.Browse(browse_pb2.BrowseRequest(queue=queue)))
+        assert set(listed) == acked and max(listed.values()) == 1, f"listed twice: {[i for i, n in listed.items() if n > 1]}"
         drain = Drain()
         drain.run(suite.dequeue.target, queue, "consumer")
         wait_until(lambda: set(drain.deliveries) >= acked, 120, interval=0.2, what="every key's mail delivered")
