@@ -6,7 +6,8 @@ refs, a stream) and however many a call carries (Enqueue, EnqueueMany, EnqueueBa
    (services/app/quota_keeper.py: a mail refused for anything else takes nothing from a quota).
 2. With an idempotency key, its claim (services/app/key_claims.py): the earlier enqueue's result
    answered again, or this attempt's enqueue id.
-3. Content the call brings before the group: a stream put in the blob store, blob refs checked.
+3. Content the call brings before the group: a stream put in the blob store (blob refs are
+   read before step 1: their size is known to the byte quotas, as inline content's is).
 4. The mail joins a group (``Grouper.submit``, services/app/enqueue_group.py; a lone call is a
    group of one, run at once) and the group's ``GroupWrites.run_group`` takes each step
    for every mail of the group together: inline content's blob writes, the view rows, the
@@ -14,7 +15,7 @@ refs, a stream) and however many a call carries (Enqueue, EnqueueMany, EnqueueBa
    keeps its own outcome.
 
 Steps 1-4 are ``_enqueue``, one method read top to bottom; each content form only builds its
-``Pending`` mail (and, for a stream or blob refs, the step 3 that stores or checks its content).
+``Pending`` mail (and, for a stream, the step 3 that stores its content).
 
 A mail is acknowledged only after its blob, its view row and its confirmed RabbitMQ message all
 exist. On any failure after the row may have been written, the mail is undone (marked deleted,
@@ -88,18 +89,18 @@ class Enqueuer:
     ) -> model.EnqueueResult:
         if not blob_ids:
             raise InvalidArgument("blob_refs must name at least one blob")
-
-        async def refs() -> tuple[tuple[str, ...], int]:
-            size = 0
-            for b in blob_ids:  # each one's write time refreshed: a retention sweep under way keeps it
-                try:
-                    size += (await self._blobs.keep(b)).size
-                except NotFound:
-                    raise NotFound(f"blob {b} not found: put the content with BlobService.Put first") from None
-            self._check_mail_size(size)
-            return tuple(blob_ids), size
-
-        return await self._enqueue(Pending(queue, mail, when, priority, blob_ids=tuple(blob_ids), key=key), refs)
+        validation.blob_refs(blob_ids)  # well-formed, and not too many, before any is read
+        # Their size before the checks, as inline content's: the byte quotas take it at the check
+        # (charged after the write, concurrent mails would all pass it). Each one's write time is
+        # refreshed: a retention sweep under way keeps it.
+        size = 0
+        for b in blob_ids:
+            try:
+                size += (await self._blobs.keep(b)).size
+            except NotFound:
+                raise NotFound(f"blob {b} not found: put the content with BlobService.Put first") from None
+        self._check_mail_size(size)
+        return await self._enqueue(Pending(queue, mail, when, priority, blob_ids=tuple(blob_ids), size=size, key=key))
 
     async def enqueue_stream(
         self, queue: str, mail: model.Mail, chunks: AsyncIterator[bytes], key: str = "", when: Schedule = (None, None),
@@ -136,6 +137,26 @@ class Enqueuer:
             earlier = await self._view.idempotency.committed(item.queue, item.key) if item.key else None
             if earlier is None:
                 raise
+        # What the check took from the quotas goes back if the mail is not enqueued after all (a
+        # refused mail takes nothing from a quota, whatever refuses it).
+        charged = earlier is None and self.quotas is not None
+        try:
+            result, fresh = await self._enqueue_checked(item, earlier, content)
+        except BaseException:
+            if charged and self.quotas is not None:
+                self.quotas.refund(facts)
+            raise
+        if self.quotas is not None and charged and not fresh:  # a resend is charged once, with its first send
+            self.quotas.refund(facts)
+        elif self.quotas is not None and fresh and content is not None:  # its bytes were not known at the check
+            self.quotas.charge(dataclasses.replace(facts, size=result.size))
+        return result
+
+    async def _enqueue_checked(
+        self, item: Pending, earlier: model.EnqueueResult | None, content: ContentWriter | None,
+    ) -> tuple[model.EnqueueResult, bool]:
+        """Steps 2-4, once the mail passed its checks: its result, and whether it is a new mail
+        (False: the earlier enqueue of its idempotency key answered again)."""
         # Step 2 claims the key: the earlier enqueue's result (answered again), or the enqueue id to
         # use (a new one, or the one of an attempt taken over); the claim's instant is kept to the
         # millisecond, as Cassandra keeps it: the write time of its undo marks (services/app/key_claims.py).
@@ -146,8 +167,6 @@ class Enqueuer:
                 held = await self.claims.claim(item.queue, item.key, enqueue_id, started)
                 if isinstance(held, model.EnqueueResult):
                     earlier = held
-                    if self.quotas is not None:  # a resend is charged once, with its first send
-                        self.quotas.refund(facts)
                 else:
                     enqueue_id, at = held
                     item = dataclasses.replace(item, enqueue_id=enqueue_id, started=started, at=at)
@@ -165,16 +184,14 @@ class Enqueuer:
             raise
         if earlier is not None:  # its ENQUEUED event recorded again, with the same id, marked resent
             await self._events.record([mail_events.resent(item.queue, item.mail, earlier)])
-            return earlier
-        result = await self._grouper.submit(item)
-        if content is not None and self.quotas is not None:  # its bytes were not known at the check
-            self.quotas.charge(dataclasses.replace(facts, size=item.size))
-        return result
+            return earlier, False
+        return await self._grouper.submit(item), True
 
     async def _check(self, item: Pending, facts: quotas.Facts) -> None:
         """Refuse what is invalid, what could not be published now, or what a quota refuses (last:
         a mail refused for anything else takes nothing from a quota), before anything is written.
-        ``facts.size``: the content's bytes when known before writing (inline content), else 0."""
+        ``facts.size``: the content's bytes when known before writing (inline content, blob refs),
+        else 0 (a stream: charged once stored)."""
         validation.blob_refs(item.blob_ids)
         validation.queue_name(item.queue)
         validation.mail(item.mail, self._limits)

@@ -6,6 +6,7 @@ the rates), with access control: one token names the tenant ``acme`` (``producer
 from __future__ import annotations
 
 import hashlib
+import os
 import pathlib
 import subprocess
 import sys
@@ -370,6 +371,51 @@ def test_an_idempotent_resend_is_answered_and_not_charged_again(quota_suite):
         accepted += 1
     assert accepted in (4, 9), accepted
     assert sorted(m.mail.name for m in s.browsed_mails(queue)) == sorted(["keyed", *(f"new{i}" for i in range(accepted))])
+
+
+def test_a_mail_refused_after_its_quota_check_takes_nothing_from_the_quota(quota_suite):
+    # Given a sender's quota of 2 mails at once (1 per replica; 2 if a replica missed the other's
+    # heartbeat), refilling at 0.01 mail/s, all sent to one replica
+    s = quota_suite
+    queue = s.new_queue()
+    sender = f"r{time.monotonic_ns()}@refund.test"
+    set_sender_quota(s, sender, burst_mails=2)
+    stub = s.stubs[0]
+    # When 3 mails pass the quota check and are then refused (a blob ref no blob has: NOT_FOUND)
+    for i in range(3):
+        missing = enqueue_pb2.EnqueueRequest(queue=queue, mail=simple_mail(f"missing{i}", sender=sender),
+                                             blob_refs=enqueue_pb2.BlobRefs(blob_ids=[f"{i:064x}"]))
+        e = enqueue(stub, missing)
+        assert e is not None and e.code() == grpc.StatusCode.NOT_FOUND, e
+    # Then the quota is whole: a mail is accepted
+    assert enqueue(stub, inline(queue, simple_mail("accepted", sender=sender))) is None
+
+
+def test_blob_refs_are_charged_to_a_byte_quota_at_the_check(quota_suite):
+    # Given a sender's byte quota of 4,000 bytes at once, refilling at 1 byte/s, and a blob of 3,000 bytes
+    from concurrent.futures import ThreadPoolExecutor
+
+    s = quota_suite
+    queue = s.new_queue()
+    sender = f"b{time.monotonic_ns()}@bytes.test"
+    set_quota(s, kind=kind("sender"), subject=sender, bytes_per_s=1, burst_bytes=4000)
+    wait_until(lambda: all(r.metric("mailqueue_quota_limit", kind="sender", subject=sender) > 0 for r in s.replicas),
+               timeout=PROPAGATION_S * 2, what="the sender's quota on both replicas")
+    blob_id = s.blob_stub.PutBytes(blob_pb2.PutBytesRequest(content=os.urandom(3000))).blob_id
+    # When 8 mails reference it at once, on one replica
+    def by_ref(i: int) -> grpc.RpcError | None:
+        return enqueue(s.stubs[0], enqueue_pb2.EnqueueRequest(queue=queue, mail=simple_mail(f"ref{i}", sender=sender),
+                                                               blob_refs=enqueue_pb2.BlobRefs(blob_ids=[blob_id])))
+
+    with ThreadPoolExecutor(8) as pool:
+        outcomes = list(pool.map(by_ref, range(8)))
+    # Then what the quota allows is accepted (its share's burst, a mail over it when full), the
+    # rest refused at their check: their bytes were known there. Charged only after the write,
+    # every mail passed the check with 0 bytes before the first was charged.
+    accepted = sum(1 for e in outcomes if e is None)
+    assert all(e is None or e.code() == EXHAUSTED for e in outcomes), outcomes
+    assert 1 <= accepted <= 2, accepted
+    assert len(s.browsed_mails(queue)) == accepted
 
 
 def test_a_batch_answers_each_mail_with_its_own_status(quota_suite):
