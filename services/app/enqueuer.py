@@ -25,6 +25,7 @@ nothing half-enqueued is ever delivered or browsed.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import uuid
@@ -112,6 +113,8 @@ class Enqueuer:
                 total += len(chunk)
                 self._check_mail_size(total)
                 yield chunk
+            if total == 0:  # a header alone (a client whose read failed), as unary Enqueue with no content
+                raise InvalidArgument("EnqueueStream carried no content after its header: send the mail's bytes as chunks")
 
         async def put() -> tuple[tuple[str, ...], int]:  # the content streams to the blob store on its own
             info = await self._blobs.put(limited())
@@ -177,9 +180,12 @@ class Enqueuer:
         except BaseException as e:
             if storing and isinstance(e, BackendUnavailable):
                 ENQUEUE_FAILED.labels(item.queue).inc()
-            # A claim that timed out may have landed: released (if it is ours), or the client's
-            # retry would find it in progress until it is abandoned.
-            if item.key and (storing or isinstance(e, BackendUnavailable)):
+            # A claim that timed out, or whose caller left while it was in flight, may have landed:
+            # released (if it is ours), or the client's retry would find it in progress until it
+            # is abandoned (MAILQUEUE_ABANDONED_CLAIM_S).
+            if item.key and isinstance(e, asyncio.CancelledError) and not storing:
+                self._compensation.undo_later(item.queue, item.key, enqueue_id, started)
+            elif item.key and (storing or isinstance(e, BackendUnavailable)):
                 await self._compensation.undo(item.queue, item.key, enqueue_id, started, Attempt())
             raise
         if earlier is not None:  # its ENQUEUED event recorded again, with the same id, marked resent

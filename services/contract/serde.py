@@ -23,6 +23,8 @@ TIMESTAMP_MAX = dt.datetime(9000, 1, 1, tzinfo=_UTC)
 #: The longest Duration any request may carry (one century); each field has a tighter rule of its own.
 DURATION_MAX = dt.timedelta(days=36525)
 _NANOS = 999_999_999
+#: The largest Duration protobuf allows (10,000 years), either sign.
+_MAX_DURATION_S = 315_576_000_000
 
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=_UTC)
@@ -79,6 +81,9 @@ def schedule_from_proto(pb: Any) -> tuple[dt.datetime | None, dt.timedelta | Non
     if kind == "deliver_at":
         return timestamp_from_proto(pb.deliver_at, "deliver_at"), None
     if kind == "delay":
+        if pb.delay.seconds < 0 or pb.delay.nanos < 0:  # a negative delay, however large, means now (the proto says so)
+            duration_from_proto(pb.delay, "delay", dt.timedelta(seconds=_MAX_DURATION_S), negative=True)  # a valid Duration
+            return None, dt.timedelta(0)
         return None, duration_from_proto(pb.delay, "delay", MAX_DELAY + dt.timedelta(days=1), negative=True)
     return None, None
 

@@ -227,6 +227,17 @@ def test_a_stream_must_start_with_its_header(suite):
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
+def test_a_stream_with_a_header_and_no_content_is_refused_and_writes_nothing(suite):
+    """A producer whose file read failed half-closes after the header: as a unary Enqueue with no
+    content, INVALID_ARGUMENT, and no empty mail queued."""
+    queue = suite.new_queue()
+    header = enqueue_pb2.EnqueueStreamRequest(header=enqueue_pb2.EnqueueHeader(queue=queue, mail=simple_mail("empty")))
+    with pytest.raises(grpc.RpcError) as e:
+        suite.enqueue_stub.EnqueueStream(iter([header]))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "no content" in e.value.details()
+    assert view_rows(suite, queue) == [] and message_count(queue) == 0
+
+
 def test_enqueue_many_answers_every_mail_on_one_stream_refusing_bad_ones_alone(suite):
     from mailqueue.v1 import enqueue_pb2
 

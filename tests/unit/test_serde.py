@@ -154,3 +154,15 @@ def test_an_instant_becomes_the_timestamp_protobuf_itself_makes(instant):
     expected.FromDatetime(instant.astimezone(dt.timezone.utc))
     assert timestamp_to_proto(instant) == expected
     assert timestamp_to_proto(instant).ToDatetime(tzinfo=dt.timezone.utc) == instant
+
+
+def test_a_negative_delay_of_any_size_means_now_and_a_malformed_one_is_refused():
+    from google.protobuf import duration_pb2
+
+    from mailqueue.v1 import enqueue_pb2
+
+    for seconds in (-1, -40_000_000, -315_576_000_000):  # the proto: "a negative delay: now"
+        r = enqueue_pb2.EnqueueRequest(delay=duration_pb2.Duration(seconds=seconds))
+        assert serde.schedule_from_proto(r) == (None, dt.timedelta(0))
+    with pytest.raises(InvalidArgument):
+        serde.schedule_from_proto(enqueue_pb2.EnqueueRequest(delay=duration_pb2.Duration(seconds=-1, nanos=5)))
