@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Coroutine
 from typing import Any
 
@@ -10,6 +11,7 @@ from mailqueue.v1 import enqueue_pb2_grpc
 from services.app.enqueuer import Enqueuer
 from services.app.quota_keeper import QuotaKeeper
 from services.domain import quotas
+from services.domain.errors import BackendUnavailable
 from services.runtime.backends import Backends
 from services.runtime.queue_app import QueueApp
 
@@ -17,6 +19,8 @@ from services.runtime.queue_app import QueueApp
 #: a memory or disk alarm blocks them (Enqueue refuses at once meanwhile) and while connecting.
 #: Readiness ("") stays SERVING through an alarm: see docs/pages/reference/errors.md.
 PUBLISHING = "publishing"
+#: Seconds a stopping replica gives its leaving the quota members.
+LEAVE_S = 2.0
 
 
 class EnqueueApp(QueueApp[Enqueuer]):
@@ -40,6 +44,16 @@ class EnqueueApp(QueueApp[Enqueuer]):
         # the quotas and this replica's heartbeat among the enqueue members (services/app/quota_keeper.py).
         assert enqueuer.quotas is not None
         return [enqueuer.claims.keep_lease(), b.broker.watch_alarms(), enqueuer.quotas.run_forever()]
+
+    async def close(self) -> None:
+        """A replica that stops leaves the quota members first: the others take its share at once,
+        not after its heartbeat expires (a rolling update's replicas refused mail under its rate)."""
+        if self._service is not None and self._service.quotas is not None:
+            try:
+                await asyncio.wait_for(self._service.quotas.leave(), LEAVE_S)
+            except (BackendUnavailable, asyncio.TimeoutError):
+                pass  # its heartbeat expires (MEMBER_TTL_S) as a killed replica's does
+        await super().close()
 
     def conditions(self) -> dict[str, str | None]:
         if not self.connected or self._backends is None:

@@ -136,14 +136,19 @@ class QuotaKeeper:
         demand = dict(snap.demand)
         if self.member not in demand and own is not None:
             demand[self.member] = own
-        for (kind, subject) in set(self._quotas) - {q.key for q in snap.quotas}:
-            for limit in ("mails_per_s", "bytes_per_s", "max_queued_mails", "max_queued_bytes"):
+        # The series of every limit no longer set: a quota cleared, or replaced without that limit
+        # (left, a limit's last value and use would be exported, and alerted on, for good).
+        kept = {(q.kind, q.subject, limit) for q in snap.quotas for limit, value in _limits(q) if value is not None}
+        for q in self._quotas.values():
+            for limit, _ in _limits(q):
+                if (q.kind, q.subject, limit) in kept:
+                    continue
                 for g in (LIMIT, USE):
                     # NaN first: with several workers (prometheus_client's multiprocess mode)
                     # remove() keeps the series, which must then show no value, not the last.
-                    g.labels(kind, subject, limit).set(float("nan"))
+                    g.labels(q.kind, q.subject, limit).set(float("nan"))
                     try:
-                        g.remove(kind, subject, limit)
+                        g.remove(q.kind, q.subject, limit)
                     except KeyError:
                         pass
         self._quotas = {q.key: q for q in snap.quotas}
@@ -158,8 +163,7 @@ class QuotaKeeper:
                     found = quotas.Gcra(rate, burst)
                 found.rate, found.burst = rate, burst
                 limiters[(q.key, what)] = found
-            for limit, value in (("mails_per_s", q.mails_per_s), ("bytes_per_s", q.bytes_per_s),
-                                 ("max_queued_mails", q.max_queued_mails), ("max_queued_bytes", q.max_queued_bytes)):
+            for limit, value in _limits(q):
                 if value is not None:
                     LIMIT.labels(q.kind, q.subject, limit).set(value)
         self._limiters = limiters
@@ -234,6 +238,12 @@ class QuotaKeeper:
     def _refuse(self, refusal: quotas.Refusal) -> None:
         REFUSED.labels(refusal.kind, refusal.subject, refusal.limit).inc()
         raise quotas.QuotaExceeded(refusal)
+
+
+def _limits(q: quotas.Quota) -> tuple[tuple[str, float | int | None], ...]:
+    """A quota's four limits by their metric label, set or not."""
+    return (("mails_per_s", q.mails_per_s), ("bytes_per_s", q.bytes_per_s),
+            ("max_queued_mails", q.max_queued_mails), ("max_queued_bytes", q.max_queued_bytes))
 
 
 def demand_key(key: tuple[str, str], what: str) -> str:

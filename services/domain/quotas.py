@@ -28,7 +28,7 @@ import re
 from collections.abc import Mapping
 
 from services.domain.errors import InvalidArgument, ResourceExhausted
-from services.domain.validation import queue_name, shown
+from services.domain.validation import address, queue_name, shown
 
 KINDS = ("tenant", "sender", "sender_domain", "queue")
 #: A mail waits at least this long when refused (a client's retry sooner would be refused again).
@@ -100,9 +100,10 @@ def validate(q: Quota) -> Quota:
     if q.mails_per_s is None and q.bytes_per_s is None and not q.has_depth:
         raise InvalidArgument("a quota needs a limit: mails_per_s, bytes_per_s, max_queued_mails or max_queued_bytes")
     senders = tuple(sorted({s.strip().lower() for s in q.exempt_senders}))
-    for s in senders:
-        if "@" not in s or len(s) > MAX_SUBJECT:
+    for s in senders:  # as a mail's sender must be, or it could never match one
+        if len(s) > MAX_SUBJECT:
             raise InvalidArgument(f"exempt sender {shown(s)} is not an address (local@domain)")
+        address(s, "exempt sender")
     return dataclasses.replace(q, subject=subject, exempt_senders=senders)
 
 
@@ -120,7 +121,7 @@ def subject_name(kind: str, subject: str) -> str:
         local, at, domain = s.rpartition("@")
         if not at or not local or not _DOMAIN.fullmatch(domain) or len(s) > MAX_SUBJECT:
             raise InvalidArgument(f"sender {shown(subject)} is not an address (local@domain)")
-        return s
+        return address(s, "sender")  # as a mail's sender must be, or it could never match one
     if kind == "tenant":
         if not _TENANT.fullmatch(subject):
             raise InvalidArgument(f"tenant {shown(subject)} is not a tenant name (letters, digits, . _ : @ / = -)")
@@ -167,11 +168,18 @@ class Refusal:
     description: str
 
 
+#: The longest wait a refusal asks for.
+MAX_RETRY_AFTER_S = 86_400.0
+
+
 class QuotaExceeded(ResourceExhausted):
     """A quota or a queue's depth limit refuses the mail; ``refusal`` says which quota and how
     long to wait (sent as google.rpc RetryInfo and QuotaFailure details: services/runtime/status.py)."""
 
     def __init__(self, refusal: Refusal) -> None:
+        # A client waits at most a day: a rate of a mail a century would otherwise ask it to wait
+        # past what a Duration (and timedelta) can say.
+        refusal = dataclasses.replace(refusal, retry_after_s=min(refusal.retry_after_s, MAX_RETRY_AFTER_S))
         self.refusal = refusal
         super().__init__(f"{refusal.description}: nothing was queued; retry after {refusal.retry_after_s:.2f} s")
 

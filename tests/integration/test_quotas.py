@@ -418,6 +418,28 @@ def test_blob_refs_are_charged_to_a_byte_quota_at_the_check(quota_suite):
     assert len(s.browsed_mails(queue)) == accepted
 
 
+def test_a_replica_that_stops_leaves_the_members_at_once(quota_suite):
+    """A stopped replica's share goes back to the others when it stops, not when its heartbeat
+    expires (MEMBER_TTL_S): during a rolling update the others refused mail under the rate."""
+    s = quota_suite
+    env = service_env(s.keyspace)
+    env.pop("MAILQUEUE_PORT"), env.pop("MAILQUEUE_METRICS_PORT")
+    third = ServiceProcess("enqueue", env, metrics=True)
+    try:
+        wait_until(lambda: third.metric("mailqueue_quota_members") == 3, timeout=15, what="a third member")
+    finally:
+        third.stop(grace=30)  # SIGTERM: it drains and closes
+    from services.adapters.cassandra.view import View
+    from services.runtime.settings import cassandra_from_env
+
+    view = s.loop.run(View.open(cassandra_from_env(env)))
+    try:
+        members = s.loop.run(view.quotas.snapshot()).members
+    finally:
+        view.close()
+    assert len(members) == 2, members
+
+
 def test_a_batch_answers_each_mail_with_its_own_status(quota_suite):
     s = quota_suite
     queue = s.new_queue()

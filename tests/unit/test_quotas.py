@@ -152,6 +152,11 @@ def test_validate_normalizes():
     (q.Quota("tenant", "", mails_per_s=1), "tenant"),
     (q.Quota("queue", "Bad Queue!", mails_per_s=1), "queue"),
     (q.Quota("tenant", "acme", mails_per_s=1, exempt_senders=("nobody",)), "exempt sender"),
+    # accepted before, and never matching: a mail's sender is refused in these forms at enqueue
+    (q.Quota("tenant", "acme", mails_per_s=1, exempt_senders=("<pm@x.example>",)), "exempt sender"),
+    (q.Quota("tenant", "acme", mails_per_s=1, exempt_senders=("a@",)), "exempt sender"),
+    (q.Quota("sender", "news letter@shop.example", mails_per_s=1), "sender"),
+    (q.Quota("sender", "a@@b.example", mails_per_s=1), "sender"),
 ])
 def test_validate_refuses(quota, words):
     with pytest.raises(InvalidArgument, match=words):
@@ -199,3 +204,32 @@ def test_a_subject_with_a_line_break_is_refused(kind, subject):
     with pytest.raises(InvalidArgument):
         q.subject_name(kind, subject)
     assert not q.is_tenant("acme\n")
+
+
+def test_a_refusal_asks_for_a_day_at_most():
+    # A rate of one mail a century would ask for a wait past what a Duration says (the call then ended UNKNOWN)
+    e = q.QuotaExceeded(q.Refusal("tenant", "acme", "mails_per_s", 1e15, "tenant acme over its rate"))
+    assert e.refusal.retry_after_s == q.MAX_RETRY_AFTER_S == 86_400
+
+
+def test_a_limit_no_longer_set_leaves_no_series():
+    """A queue's quota replaced without its rate: the rate's limit and use series go (left, their
+    last values stayed exported, and alerted on, for good); the depth limit's stay."""
+    from prometheus_client import REGISTRY
+
+    from services.app.quota_keeper import QuotaKeeper
+    from services.ports.quotas import QuotaSnapshot
+
+    def series(limit: str) -> list:
+        return [s for m in REGISTRY.collect() for s in m.samples if s.name in ("mailqueue_quota_limit", "mailqueue_quota_use_ratio")
+                and s.labels.get("subject") == "unit-outbound" and s.labels.get("limit") == limit]
+
+    keeper = QuotaKeeper(store=None, depth=None, member="unit")  # type: ignore[arg-type]
+    both = q.validate(q.Quota("queue", "unit-outbound", mails_per_s=500, max_queued_mails=1000))
+    keeper.apply(QuotaSnapshot(quotas=(both,), members=("unit",)), {})
+    assert series("mails_per_s") and series("max_queued_mails")
+    depth_only = q.validate(q.Quota("queue", "unit-outbound", max_queued_mails=1000))
+    keeper.apply(QuotaSnapshot(quotas=(depth_only,), members=("unit",)), {})
+    assert series("mails_per_s") == [] and series("max_queued_mails")
+    keeper.apply(QuotaSnapshot(quotas=(), members=("unit",)), {})
+    assert series("max_queued_mails") == []
