@@ -100,7 +100,8 @@ class KeyClaims:
         if held.result is not None:
             return held.result
         reason = await self._gone(queue, key, held, started)
-        if reason is not None and await self._view.idempotency.take_over(queue, key, started, held.claimed_at, self.owner):
+        if reason is not None and await self._view.idempotency.take_over(queue, key, started, held.claimed_at, self.owner,
+                                                                            held.enqueue_id):
             try:
                 await self._view.mails.unmark(queue, held.enqueue_id, undo_time(held.claimed_at) + MICROSECOND)
             except BackendUnavailable:

@@ -102,6 +102,25 @@ def test_an_idempotency_key_returns_the_first_enqueue(suite):
     assert other.enqueue_id != first.enqueue_id and message_count(queue) == 2
 
 
+def test_a_key_whose_claim_expired_cell_by_cell_enqueues_a_new_mail(suite):
+    """An idempotency row keeps its cells for the table's TTL (24 h) from each one's own write: the
+    claim's enqueue id expired before the commit's cells did, and a reuse of the key in between
+    was answered duplicate with enqueue id "None". Such a row is what is left of no claim."""
+    import datetime as dt
+
+    from services.adapters.cassandra import schema
+
+    queue, key = suite.new_queue(), "expired-cell-by-cell"
+    suite.view.session.execute(  # the row as that expiry leaves it: committed, no enqueue id
+        f"INSERT INTO {suite.keyspace}.{schema.IDEMPOTENCY} (queue_name, idempotency_key, committed, enqueued_at, size) "
+        "VALUES (%s, %s, true, %s, 5)", (queue, key, dt.datetime.now(dt.timezone.utc) - dt.timedelta(hours=30)))
+    r = suite.enqueue_stub.Enqueue(inline(queue, simple_mail("again"), key=key)).receipt
+    assert not r.duplicate and r.enqueue_id not in ("", "None")
+    assert [m.mail.name for m in view_rows(suite, queue)] == ["again"]
+    again = suite.enqueue_stub.Enqueue(inline(queue, simple_mail("again"), key=key)).receipt
+    assert again.duplicate and again.enqueue_id == r.enqueue_id
+
+
 def test_an_abandoned_idempotency_claim_is_taken_over_and_a_late_undo_cannot_delete_it(suite):
     """An attempt that claimed a key and never committed (crashed, or failed during a quorum loss
     with its undo still pending) leaves the claim; after 30 s a retry takes it over with the same

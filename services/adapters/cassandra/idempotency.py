@@ -26,14 +26,18 @@ class IdempotencyDAO:
             f"INSERT INTO {t} (queue_name, idempotency_key, enqueue_id, claimed_at, committed, owner) "
             "VALUES (?, ?, ?, ?, false, ?) IF NOT EXISTS"
         )
+        # Each write sets the enqueue id again: a cell lives for the table's TTL from its own write,
+        # and a claim's enqueue id expiring before the take-over's or the commit's cells left a row
+        # answering "duplicate" with no enqueue id.
         self._take_over = session.prepare(
-            f"UPDATE {t} SET claimed_at = ?, owner = ? WHERE queue_name = ? AND idempotency_key = ? "
+            f"UPDATE {t} SET claimed_at = ?, owner = ?, enqueue_id = ? WHERE queue_name = ? AND idempotency_key = ? "
             "IF committed = false AND claimed_at = ?"
         )
         self._commit = session.prepare(
-            f"UPDATE {t} SET committed = true, enqueued_at = ?, blob_ids = ?, size = ? "
+            f"UPDATE {t} SET committed = true, enqueue_id = ?, enqueued_at = ?, blob_ids = ?, size = ? "
             "WHERE queue_name = ? AND idempotency_key = ?"
         )
+        self._remnant = session.prepare(f"DELETE FROM {t} WHERE queue_name = ? AND idempotency_key = ? IF enqueue_id = null")
         self._committed = session.prepare(
             f"SELECT enqueue_id, enqueued_at, blob_ids, size, committed FROM {t} WHERE queue_name = ? AND idempotency_key = ?")
         self._release = session.prepare(
@@ -45,6 +49,11 @@ class IdempotencyDAO:
         """Claim ``key`` for ``enqueue_id`` (by ``owner``). None when claimed; otherwise who holds it."""
         rows = await execute(self._session, self._claim, (queue, key, enqueue_id, now, unset_if_empty(owner)))
         r = rows[0]
+        if not r.applied and r.enqueue_id is None:
+            # What a row written before every write set the enqueue id leaves once it expired: no
+            # claim of anything. Removed, then claimed as if absent.
+            await execute(self._session, self._remnant, (queue, key))
+            r = (await execute(self._session, self._claim, (queue, key, enqueue_id, now, unset_if_empty(owner))))[0]
         if r.applied:
             return None
         result = None
@@ -61,16 +70,16 @@ class IdempotencyDAO:
         return model.EnqueueResult(r.enqueue_id, utc(r.enqueued_at), tuple(r.blob_ids or ()), r.size or 0, duplicate=True)
 
     async def take_over(self, queue: str, key: str, now: dt.datetime, seen: dt.datetime,
-                        owner: uuid.UUID | None = None) -> bool:
+                        owner: uuid.UUID | None = None, enqueue_id: uuid.UUID | None = None) -> bool:
         """Take over an abandoned, uncommitted claim (its enqueuer crashed or failed), keeping its
         enqueue id: a copy the abandoned attempt published is then the same mail. ``owner`` holds it now."""
-        rows = await execute(self._session, self._take_over, (now, unset_if_empty(owner), queue, key, seen))
+        rows = await execute(self._session, self._take_over, (now, unset_if_empty(owner), unset_if_empty(enqueue_id), queue, key, seen))
         r = rows[0]
         # Not applied, but to our time: a retry by the driver of a take-over that had applied.
         return bool(r.applied) or utc(getattr(r, "claimed_at", None)) == now
 
     async def commit(self, queue: str, key: str, q: model.QueuedMail) -> None:
-        await execute(self._session, self._commit, (q.enqueued_at, unset_if_empty(list(q.blob_ids)), q.size, queue, key))
+        await execute(self._session, self._commit, (q.enqueue_id, q.enqueued_at, unset_if_empty(list(q.blob_ids)), q.size, queue, key))
 
     async def release(self, queue: str, key: str, enqueue_id: uuid.UUID, claimed_at: dt.datetime) -> None:
         """Release the claim this attempt made (a claim taken over since then is left alone)."""
