@@ -89,6 +89,13 @@ def set_sender_quota(s, sender: str, burst_mails: int) -> None:
                timeout=PROPAGATION_S * 2, what="the sender's quota on both replicas")
 
 
+def limited_sender(s, tag: str, burst_mails: int) -> tuple[str, str]:
+    """A new queue, and a sender of its own with a quota of ``burst_mails`` (set_sender_quota)."""
+    sender = f"s{time.monotonic_ns()}@{tag}.test"
+    set_sender_quota(s, sender, burst_mails=burst_mails)
+    return s.new_queue(), sender
+
+
 def clear_quota(s, kind_name: str, subject: str) -> bool:
     return s.admin_stub.ClearQuota(admin_pb2.ClearQuotaRequest(kind=kind(kind_name), subject=subject)).cleared
 
@@ -350,9 +357,7 @@ def test_an_idempotent_resend_is_answered_and_not_charged_again(quota_suite):
     # Given a sender's quota of 10 mails at once (5 per replica; 10 if a replica missed the other's
     # heartbeat), refilling at 0.01 mail/s (none within the test), and one keyed mail sent
     s = quota_suite
-    queue = s.new_queue()
-    sender = f"k{time.monotonic_ns()}@resend.test"
-    set_sender_quota(s, sender, burst_mails=10)
+    queue, sender = limited_sender(s, "resend", burst_mails=10)
     stub = s.stubs[0]
     keyed = inline(queue, simple_mail("keyed", sender=sender), key=f"key-{sender}")
     first = stub.Enqueue(keyed, metadata=AUTH, timeout=10).receipt
@@ -377,9 +382,7 @@ def test_a_mail_refused_after_its_quota_check_takes_nothing_from_the_quota(quota
     # Given a sender's quota of 2 mails at once (1 per replica; 2 if a replica missed the other's
     # heartbeat), refilling at 0.01 mail/s, all sent to one replica
     s = quota_suite
-    queue = s.new_queue()
-    sender = f"r{time.monotonic_ns()}@refund.test"
-    set_sender_quota(s, sender, burst_mails=2)
+    queue, sender = limited_sender(s, "refund", burst_mails=2)
     stub = s.stubs[0]
     # When 3 mails pass the quota check and are then refused (a blob ref no blob has: NOT_FOUND)
     for i in range(3):
