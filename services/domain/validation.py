@@ -111,13 +111,16 @@ def mail(m: Mail, limits: LimitSettings) -> Mail:
         if prh.recipient not in recipients:
             raise InvalidArgument(f"per-recipient headers name {shown(prh.recipient)}, which is not a recipient")
         for h in prh.headers:
-            if not h.name or any(c in h.name for c in ":\r\n "):
-                raise InvalidArgument(f"header name {shown(h.name)} is invalid")
+            if not h.name or any(not 33 <= ord(c) <= 126 or c == ":" for c in h.name):  # RFC 5322 field names
+                raise InvalidArgument(f"header name {shown(h.name)} is invalid: printable ASCII without ':' or spaces")
             if "\r" in h.value or "\n" in h.value:
                 raise InvalidArgument(f"header {shown(h.name)} has a line break in its value (send it unfolded)")
     metadata = sum(len(s.encode()) for s in (m.name, m.state, m.error_message, m.remote_host, m.remote_addr))
-    metadata += sum(len(k) + len(v) for k, v in m.attributes.items())
-    metadata += sum(len(h.name) + len(h.value) for p in m.per_recipient_headers for h in p.headers)
+    # In bytes, as stored: a per-recipient header's row holds its recipient too (each header of a
+    # long address, counted by its name and value alone, made a row many times this limit).
+    metadata += sum(len(k.encode()) + len(v.encode()) for k, v in m.attributes.items())
+    metadata += sum(len(p.recipient.encode()) + len(h.name.encode()) + len(h.value.encode())
+                    for p in m.per_recipient_headers for h in p.headers)
     if metadata > limits.max_metadata_bytes:
         raise ResourceExhausted(f"mail metadata is {metadata} bytes, over the limit of {limits.max_metadata_bytes}")
     return m

@@ -82,6 +82,23 @@ def test_per_recipient_headers_must_name_a_recipient_and_be_well_formed():
         validation.mail(dataclasses.replace(OK, per_recipient_headers=(folded,)), LIMITS)
 
 
+@pytest.mark.parametrize("name", ["X\tA", "X\x00A", "Ünïcode", "X A"])
+def test_header_names_are_printable_ascii(name):
+    h = PerRecipientHeaders("bob@example.org", (Header(name, "1"),))
+    with pytest.raises(InvalidArgument, match="header name"):
+        validation.mail(dataclasses.replace(OK, per_recipient_headers=(h,)), LIMITS)
+
+
+def test_per_recipient_headers_count_their_recipient_in_the_metadata_bytes():
+    # 2,000 one-letter headers of one 312-character recipient: 2 KB of names and values, and a row
+    # of 640 KB (the recipient is stored with each header). Counted as stored, over the 512 KiB limit.
+    long = "r" * 60 + "@" + ".".join(["d" * 60] * 4) + ".example"  # 312 characters, a valid address
+    mail = dataclasses.replace(OK, recipients=(long,), per_recipient_headers=(
+        PerRecipientHeaders(long, tuple(Header("a", "") for _ in range(2000))),))
+    with pytest.raises(ResourceExhausted, match="metadata"):
+        validation.mail(mail, LIMITS)
+
+
 def test_blob_ids_are_sha256_hex():
     assert validation.blob_id("a" * 64)
     for bad in ("A" * 64, "a" * 63, "g" * 64, ""):
