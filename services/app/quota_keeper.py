@@ -174,7 +174,7 @@ class QuotaKeeper:
     def _export_use(self) -> None:
         now = time.time()
         for (key, what), g in self._limiters.items():
-            USE.labels(key[0], key[1], f"{what}_per_s").set(g.use(now))
+            USE.labels(key[0], key[1], f"{what}_per_s").set(g.use(now, 1.0 if what == "mails" else 0.0))
         for q in self._quotas.values():
             held = self._depth.get(q.subject, quotas.Depth())
             if q.max_queued_mails is not None:

@@ -210,8 +210,12 @@ class Gcra:
         """Undo a ``take`` of ``cost`` (never to more than an idle limiter's credit)."""
         self.tat = max(self.tat - cost / self.rate, now)
 
-    def use(self, now: float) -> float:
-        """The part of the burst in use now (0 idle, 1 full: the next mail waits)."""
+    def use(self, now: float, cost: float = 0.0) -> float:
+        """The part of the burst in use now, 0 idle to 1 when the next ``cost`` (a mail: 1) would
+        be refused: what an alert on it sees coming before refusals begin (out of the whole burst,
+        a burst of 1 mail read 0.5 while it already refused)."""
+        if self.wait(now, cost) > 0:
+            return 1.0
         return min(1.0, max(0.0, self.tat - now) * self.rate / self.burst) if self.burst else 0.0
 
 

@@ -172,6 +172,18 @@ def test_use_reports_the_burst_in_use():
     assert g.use(0.25) == pytest.approx(0.5)
 
 
+@pytest.mark.parametrize("burst", [1, 2, 5])
+def test_mail_use_reaches_1_when_the_next_mail_is_refused_and_not_before(burst):
+    g = q.Gcra(10, burst)
+    while g.wait(0.0, 1) == 0:
+        assert g.use(0.0, 1) < 1  # a mail passes: use below 1
+        g.take(0.0, 1)
+    assert g.use(0.0, 1) == 1  # the next one is refused: the documented alert has fired
+    # Half a mail refilled: still refused, still 1 (out of the whole burst it read below 1)
+    half = 0.5 / g.rate
+    assert g.wait(half, 1) > 0 and g.use(half, 1) == 1
+
+
 def test_tokens_and_identities_may_name_a_tenant():
     from services.domain.errors import ConfigurationError
     from services.runtime.settings import parse_identities, parse_tokens
