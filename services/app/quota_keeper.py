@@ -6,8 +6,8 @@ Shared, at no backend call per mail: every enqueue process (a **member**) writes
 second each quota was asked for since the last one, refused ones included. Each member enforces
 its fraction of every rate (services/domain/quotas.py ``fraction``: a tenth split evenly, the rest
 max-min fair by demand; ``rate / N`` when none asks), the burst in proportion; the fractions add
-up to 1, so the members together accept at most ``rate * t + burst`` (plus one mail per member
-when the burst is below N), give or take a refresh while the demand moves. A tenant whose calls
+up to 1, so the members together accept at most ``rate * t + burst + N - 1`` mails (each part's
+burst rounded up to one mail), give or take a refresh while the demand moves. A tenant whose calls
 all reach one replica (one long-lived gRPC connection) is served its whole rate there.
 
 A new member refuses rate-limited mail (retry after the rest of ``JOIN_AFTER_S``) until every

@@ -16,8 +16,9 @@ nothing from any quota. The decision says which quota and subject refused, and h
 Shared across enqueue replicas by splitting (services/app/quota_keeper.py): each live member
 enforces its ``fraction`` of every rate (by the members' demand at the last refresh; ``rate / N``
 when none asks) with the burst in proportion (at least one mail); the fractions add up to 1, so
-N replicas together accept at most ``rate * t + max(burst, N)`` mails in any ``t`` (bytes: plus
-one mail's size each), give or take a refresh while the demand moves.
+N replicas together accept at most ``rate * t + burst + N - 1`` mails in any ``t`` (each part's
+burst rounded up to one mail; bytes: plus one mail's size each), give or take a refresh while the
+demand moves.
 """
 
 from __future__ import annotations
