@@ -100,8 +100,9 @@ class KeyClaims:
         if held.result is not None:
             return held.result
         reason = await self._gone(queue, key, held, started)
+        at = held.enqueued_at or held.claimed_at  # where every attempt writes the mail's row
         if reason is not None and await self._view.idempotency.take_over(queue, key, started, held.claimed_at, self.owner,
-                                                                            held.enqueue_id):
+                                                                            held.enqueue_id, at):
             try:
                 await self._view.mails.unmark(queue, held.enqueue_id, undo_time(held.claimed_at) + MICROSECOND)
             except BackendUnavailable:
@@ -114,7 +115,7 @@ class KeyClaims:
             log.warning("took over an idempotency claim whose attempt is gone", extra={
                 "queue": queue, "key": validation.shown(key), "enqueue_id": str(held.enqueue_id), "reason": reason,
                 "owner": str(held.owner), "claimed_s_ago": round((started - held.claimed_at).total_seconds(), 1)})
-            return held.enqueue_id, held.claimed_at
+            return held.enqueue_id, at
         raise Aborted(f"an enqueue with idempotency key {validation.shown(key)} is in progress; retry in a few seconds")
 
     async def _gone(self, queue: str, key: str, held: model.IdempotencyClaim, now: dt.datetime) -> str | None:

@@ -159,6 +159,9 @@ class IdempotencyClaim:
     result: EnqueueResult | None = None
     #: The lease of the enqueuer whose attempt holds it (None: claimed by a version without leases).
     owner: uuid.UUID | None = None
+    #: The instant its mail is enqueued at, set by the first claim and kept by every take-over
+    #: (None: claimed by a version that did not set it; its claim instant stands in).
+    enqueued_at: dt.datetime | None = None
 
 
 @dataclasses.dataclass(frozen=True)

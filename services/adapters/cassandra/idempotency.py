@@ -22,16 +22,18 @@ class IdempotencyDAO:
     def __init__(self, session: Session, keyspace: str) -> None:
         self._session = session
         t = f"{keyspace}.{schema.IDEMPOTENCY}"
+        # A claim writes the instant its mail is enqueued at (enqueued_at, its own claim instant);
+        # a take-over keeps it: every attempt writes the mail's view row in one place.
         self._claim = session.prepare(
-            f"INSERT INTO {t} (queue_name, idempotency_key, enqueue_id, claimed_at, committed, owner) "
-            "VALUES (?, ?, ?, ?, false, ?) IF NOT EXISTS"
+            f"INSERT INTO {t} (queue_name, idempotency_key, enqueue_id, claimed_at, committed, owner, enqueued_at) "
+            "VALUES (?, ?, ?, ?, false, ?, ?) IF NOT EXISTS"
         )
         # Each write sets the enqueue id again: a cell lives for the table's TTL from its own write,
         # and a claim's enqueue id expiring before the take-over's or the commit's cells left a row
         # answering "duplicate" with no enqueue id.
         self._take_over = session.prepare(
-            f"UPDATE {t} SET claimed_at = ?, owner = ?, enqueue_id = ? WHERE queue_name = ? AND idempotency_key = ? "
-            "IF committed = false AND claimed_at = ?"
+            f"UPDATE {t} SET claimed_at = ?, owner = ?, enqueue_id = ?, enqueued_at = ? WHERE queue_name = ? "
+            "AND idempotency_key = ? IF committed = false AND claimed_at = ?"
         )
         self._commit = session.prepare(
             f"UPDATE {t} SET committed = true, enqueue_id = ?, enqueued_at = ?, blob_ids = ?, size = ? "
@@ -47,19 +49,20 @@ class IdempotencyDAO:
     async def claim(self, queue: str, key: str, enqueue_id: uuid.UUID, now: dt.datetime,
                     owner: uuid.UUID | None = None) -> model.IdempotencyClaim | None:
         """Claim ``key`` for ``enqueue_id`` (by ``owner``). None when claimed; otherwise who holds it."""
-        rows = await execute(self._session, self._claim, (queue, key, enqueue_id, now, unset_if_empty(owner)))
-        r = rows[0]
+        claim = (queue, key, enqueue_id, now, unset_if_empty(owner), now)
+        r = (await execute(self._session, self._claim, claim))[0]
         if not r.applied and r.enqueue_id is None:
             # What a row written before every write set the enqueue id leaves once it expired: no
             # claim of anything. Removed, then claimed as if absent.
             await execute(self._session, self._remnant, (queue, key))
-            r = (await execute(self._session, self._claim, (queue, key, enqueue_id, now, unset_if_empty(owner))))[0]
+            r = (await execute(self._session, self._claim, claim))[0]
         if r.applied:
             return None
         result = None
         if r.committed:
             result = model.EnqueueResult(r.enqueue_id, utc(r.enqueued_at), tuple(r.blob_ids or ()), r.size or 0, duplicate=True)
-        return model.IdempotencyClaim(r.enqueue_id, utc(r.claimed_at), result, getattr(r, "owner", None))
+        return model.IdempotencyClaim(r.enqueue_id, utc(r.claimed_at), result, getattr(r, "owner", None),
+                                      utc(r.enqueued_at) if r.enqueued_at is not None else None)
 
     async def committed(self, queue: str, key: str) -> model.EnqueueResult | None:
         """The committed enqueue of ``key`` (duplicate=True), or None (no claim, or not committed)."""
@@ -70,10 +73,13 @@ class IdempotencyDAO:
         return model.EnqueueResult(r.enqueue_id, utc(r.enqueued_at), tuple(r.blob_ids or ()), r.size or 0, duplicate=True)
 
     async def take_over(self, queue: str, key: str, now: dt.datetime, seen: dt.datetime,
-                        owner: uuid.UUID | None = None, enqueue_id: uuid.UUID | None = None) -> bool:
+                        owner: uuid.UUID | None = None, enqueue_id: uuid.UUID | None = None,
+                        enqueued_at: dt.datetime | None = None) -> bool:
         """Take over an abandoned, uncommitted claim (its enqueuer crashed or failed), keeping its
-        enqueue id: a copy the abandoned attempt published is then the same mail. ``owner`` holds it now."""
-        rows = await execute(self._session, self._take_over, (now, unset_if_empty(owner), unset_if_empty(enqueue_id), queue, key, seen))
+        enqueue id and the instant its mail is enqueued at: a copy the abandoned attempt published
+        is then the same mail, in the same view row. ``owner`` holds it now."""
+        rows = await execute(self._session, self._take_over, (now, unset_if_empty(owner), unset_if_empty(enqueue_id),
+                                                              unset_if_empty(enqueued_at), queue, key, seen))
         r = rows[0]
         # Not applied, but to our time: a retry by the driver of a take-over that had applied.
         return bool(r.applied) or utc(getattr(r, "claimed_at", None)) == now
