@@ -305,4 +305,8 @@ def main(app_factory: Callable[[Settings], App], name: str) -> None:
         package = spec.parent if spec is not None and spec.parent else app_factory.__module__.partition(".")[0]
         sys.exit(workers.Supervisor(package, settings.server).run())
     workers.attach(settings.server)
-    asyncio.run(serve(app_factory(settings)))
+    try:
+        app = app_factory(settings)  # an app may read settings of its own (webhook_svc's)
+    except ConfigurationError as e:
+        _refuse(str(e))
+    asyncio.run(serve(app))

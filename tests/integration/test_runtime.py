@@ -249,3 +249,13 @@ def test_sigterm_of_dequeue_svc_writes_the_hand_outs_its_open_streams_hold(suite
             consumer.close()
         if proc.poll() is None:
             proc.kill()
+
+
+@pytest.mark.parametrize("variable, value", [("MAILQUEUE_WEBHOOK_RELOAD_S", "abc"), ("MAILQUEUE_WEBHOOK_BACKOFF_CAP_S", "0")])
+def test_a_bad_webhook_svc_setting_refuses_start_up_in_one_line(keyspace, variable, value):
+    """webhook_svc's own settings are read as its app is built: a bad one was a traceback (exit 1,
+    and a crash loop), not the one line and exit 2 of every other refused setting."""
+    proc = start_process("webhook_svc", service_env(keyspace, **{variable: value}))
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2, err
+    assert f"refusing to start: {variable}=" in err and "Traceback" not in err, err
