@@ -38,7 +38,7 @@ from services.app.key_claims import KeyClaims
 from services.app.queue_state import QueueState
 from services.app.quota_keeper import QuotaKeeper
 from services.domain import model, quotas, validation
-from services.domain.errors import BackendUnavailable, InvalidArgument, NotFound, ResourceExhausted
+from services.domain.errors import BackendUnavailable, InvalidArgument, MailQueueError, NotFound, ResourceExhausted
 from services.domain.settings import LimitSettings
 from services.ports.blobstore import BlobStore
 from services.ports.broker import Broker
@@ -140,12 +140,14 @@ class Enqueuer:
             earlier = await self._view.idempotency.committed(item.queue, item.key) if item.key else None
             if earlier is None:
                 raise
-        # What the check took from the quotas goes back if the mail is not enqueued after all (a
-        # refused mail takes nothing from a quota, whatever refuses it).
+        # What the check took from the quotas goes back if the mail is refused after all (a refused
+        # mail takes nothing from a quota, whatever refuses it). Not for a caller that left: its
+        # mail may be enqueued all the same (its group goes on), and leaving must not be a way
+        # around a rate.
         charged = earlier is None and self.quotas is not None
         try:
             result, fresh = await self._enqueue_checked(item, earlier, content)
-        except BaseException:
+        except MailQueueError:
             if charged and self.quotas is not None:
                 self.quotas.refund(facts)
             raise
