@@ -110,17 +110,14 @@ class Mover:
         one mail (a redrive begun again while the healer completes the interrupted one, two
         MoveMails at once) land the same enqueue id, delivered once, never two mails."""
         config = await self._state.config()
-        start = slice_start(model.utcnow(), config.slice_window)
-        browse_start = await self._state.browse_start(target)
-        if browse_start is not None and start < browse_start:
-            start = browse_start
         enqueue_id = landing_id(q, target)
         due = q.due()
-        return dataclasses.replace(
-            q, queue=target, enqueue_id=enqueue_id, slice_start=start, bucket=bucket_of(q.mail.name, str(enqueue_id), config.bucket_count),
+        return await self.placed(dataclasses.replace(
+            q, queue=target, enqueue_id=enqueue_id, slice_start=slice_start(model.utcnow(), config.slice_window),
+            bucket=bucket_of(q.mail.name, str(enqueue_id), config.bucket_count),
             # A retried mail's attempts live in its schedule record, read only for a generation above 0.
             generation=1 if q.attempts or q.last_error else 0, held_by=None, deliver_at=due if due > q.enqueued_at else None,
-        )
+        ))
 
     async def takes_mail(self, queue: str) -> bool:
         """Whether ``queue`` takes mail now, as every enqueue sees it: one being deleted does not
