@@ -63,9 +63,23 @@ class ClusterServices:
         self.pids = {name: p.proc.pid for name, p in self.all.items()}
         self.admin = admin_pb2_grpc.AdminServiceStub(grpc.insecure_channel(self.browse.target))
 
-    def new_queue(self) -> str:
+    def new_queue(self, within: float = 120) -> str:
+        """A new queue, created as a client would: UNAVAILABLE ("retry it") is retried until the
+        deadline. After the previous fault test the broker cluster may still be electing a quorum
+        queue's leader (a node that was hung for 30 s rejoins), and declaring a queue waits on it."""
         name = f"q-{uuid.uuid4().hex[:10]}"
-        self.admin.CreateQueue(admin_pb2.CreateQueueRequest(queue=name), timeout=30)
+        request = admin_pb2.CreateQueueRequest(queue=name)
+
+        def created() -> bool:
+            try:
+                self.admin.CreateQueue(request, timeout=30)
+            except grpc.RpcError as e:
+                if e.code() != grpc.StatusCode.UNAVAILABLE:
+                    raise
+                return False
+            return True
+
+        wait_until(created, within, interval=1, what=f"CreateQueue {name} answered OK")
         return name
 
     def wait_serving(self, timeout: float = 120) -> float:
