@@ -32,3 +32,14 @@ async def mark(
     await view.mails.mark(q.queue, q.enqueue_id, reason, written_at)
     waiting = q.due() > (now or model.utcnow())
     await bump(view, q, gone=1, delayed=-1 if waiting else 0, held=-1 if waiting and is_held(q) else 0)
+
+
+async def mark_if_live(view: View, q: model.QueuedMail, reason: str) -> str | None:
+    """``mark``, unless the mail was marked meanwhile (an operator deleted it while a consumer held
+    it): None when marked now, with its counters; else the reason of the mark it has, and nothing
+    counted (the earlier mark counted it)."""
+    earlier = await view.mails.mark_if_live(q.queue, q.enqueue_id, reason)
+    if earlier is None:
+        waiting = q.due() > model.utcnow()
+        await bump(view, q, gone=1, delayed=-1 if waiting else 0, held=-1 if waiting and is_held(q) else 0)
+    return earlier

@@ -84,6 +84,12 @@ class DequeueSide(Protocol):
 
     async def mark_deleted(self, mail: model.QueuedMail, reason: str) -> None: ...
 
+    async def mark_dead(self, mail: model.QueuedMail, reason: str) -> bool:
+        """Mark a mail a consumer's answer dead-letters; False when it was marked meanwhile
+        otherwise than as a dead letter (an operator deleted it, a copy was delivered): the answer
+        then only acks."""
+        ...
+
     def closed(self, sub: object) -> None:
         """A subscription of this process ended."""
 

@@ -15,7 +15,7 @@ from services.app.queue_state import QueueState
 from services.app.rule_book import RuleBook
 from services.app.shaper import Shaper
 from services.app.subscription import DEFAULT_PREFETCH, Subscription
-from services.domain import model, validation
+from services.domain import dead_letters, model, validation
 from services.domain.errors import BackendUnavailable, InvalidArgument
 from services.domain.settings import LimitSettings
 from services.ports.blobstore import BlobStore
@@ -91,6 +91,18 @@ class Dequeuer:
 
     async def mark_deleted(self, mail: model.QueuedMail, reason: str) -> None:
         await counters.mark(self.view, mail, reason)
+        await self._marked(mail)
+
+    async def mark_dead(self, mail: model.QueuedMail, reason: str) -> bool:
+        earlier = await counters.mark_if_live(self.view, mail, reason)
+        if earlier is not None:
+            # Marked as a dead letter already (an answer retried after its nack was lost): the
+            # nack goes on; marked otherwise (deleted by an operator, delivered): only acked.
+            return dead_letters.kind_of(earlier) is not None
+        await self._marked(mail)
+        return True
+
+    async def _marked(self, mail: model.QueuedMail) -> None:
         config = await self.state.config()
         if mail.queue not in self._updating and browse_start.should_update(config.update_browse_start_pace):
             self._updating.add(mail.queue)

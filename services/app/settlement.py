@@ -5,7 +5,10 @@
 - RETRY counts an attempt and publishes the mail again with its backoff (services/domain/schedule.py),
   then records the new schedule, then acks: it never spends the broker's delivery limit. A RETRY
   past the queue's retry policy expires the mail: marked and dead-lettered.
-- REJECT marks the mail dead-lettered and routes it to the dead-letter queue.
+- REJECT marks the mail dead-lettered and routes it to the dead-letter queue. Its mark (and an
+  expiry's) is written only if the mail has none: one an operator's delete wrote while the
+  consumer held the mail stays, and the message is only acked (a deleted mail never becomes a
+  dead letter). A SUCCESS's mark is written blind (grouped, on the hot path).
 
 The events of RETRY and REJECT (RETRY_SCHEDULED, REJECTED, EXPIRED, DEAD_LETTERED) are recorded
 first, before anything changes: if one cannot be, nothing changed and the mail goes back to the
@@ -54,8 +57,7 @@ async def settle(
         else:
             reason = f"dead-lettered: {error_message}" if error_message else "dead-lettered"
             await _record(s.side, handed, mail_events.rejected(d.mail, model.truncated(error_message)))
-            await s.side.mark_deleted(d.mail, model.truncated(reason))
-            await s.dead_letter(d.tag)
+            await _dead_letter(s, d, model.truncated(reason))
     finally:
         d.end(s.side.shaper)
     if outcome is Outcome.RETRY:
@@ -118,7 +120,9 @@ async def retry(s: Stream, d: Delivery, error: str, retry_after: dt.timedelta | 
         log.info("mail expired", extra={"queue": s.queue, "enqueue_id": str(mail.enqueue_id), "reason": next_attempt.reason})
         reason = f"{next_attempt.reason}: {error}" if error else next_attempt.reason
         await _record(side, handed, mail_events.expired(mail, model.truncated(reason)))
-        await side.mark_deleted(mail, model.truncated(reason))
+        if not await side.mark_dead(mail, model.truncated(reason)):
+            await s.ack(d.tag, "deleted")
+            return
         # Its last attempt recorded too: the dead letter shows it (services/app/dead_letter_recorder.py).
         await side.view.mails.reschedule(dataclasses.replace(mail, attempts=attempts, last_error=error, generation=mail.generation + 1))
         await s.dead_letter(d.tag)
@@ -158,5 +162,15 @@ async def dead_letter_at_limit(s: Stream, d: Delivery, detail: str) -> None:
     log.warning("delivery limit reached: dead-lettered", extra={"queue": s.queue, "enqueue_id": str(d.mail.enqueue_id)})
     reason = f"dead-lettered: delivery limit of {s.side.broker.delivery_limit} reached{detail}"
     await s.side.events.record([mail_events.dead_lettered(d.mail, model.truncated(reason))])
-    await s.side.mark_deleted(d.mail, model.truncated(reason))
-    await s.dead_letter(d.tag)
+    await _dead_letter(s, d, model.truncated(reason))
+
+
+async def _dead_letter(s: Stream, d: Delivery, reason: str) -> None:
+    """Mark and dead-letter the delivery's mail; only acked if it was marked meanwhile otherwise
+    (an operator deleted it while the consumer held it: it stays deleted, not a dead letter)."""
+    if await s.side.mark_dead(d.mail, reason):
+        await s.dead_letter(d.tag)
+    else:
+        log.info("answered for a mail deleted meanwhile: acked, not dead-lettered",
+                 extra={"queue": s.queue, "enqueue_id": str(d.mail.enqueue_id)})
+        await s.ack(d.tag, "deleted")

@@ -30,6 +30,11 @@ class MailQueueView(abc.ABC):
         ``written_at``: the mark's write time (last write wins), for an enqueue's undo."""
 
     @abc.abstractmethod
+    async def mark_if_live(self, queue: str, enqueue_id: uuid.UUID, reason: str) -> str | None:
+        """Mark the mail gone unless something marked it meanwhile: None when marked now, else the
+        reason of the mark it has (an answer that must not undo an operator's delete)."""
+
+    @abc.abstractmethod
     async def unmark(self, queue: str, enqueue_id: uuid.UUID, at: dt.datetime) -> None:
         """Remove a mark written before ``at``; one written after it stays."""
 

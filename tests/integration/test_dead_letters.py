@@ -21,6 +21,7 @@ from stack.harness import ServiceProcess, broker_parameters, service_env, wait_u
 from tests.integration.helpers import (
     StreamConsumer,
     dead_letter_count,
+    deleted_reason,
     enqueue_names,
     inline,
     kill_9_mid_stream,
@@ -416,3 +417,26 @@ def test_a_late_broker_copy_of_a_redriven_or_purged_dead_letter_does_not_list_it
     wait_until(lambda: dead(suite, queue), 30, what="the sentinel kept as a dead letter")
     assert [d.mail.mail.name for d in dead(suite, queue)] == ["sentinel"]
     assert counts(suite.browse_stub, queue, exact=True) == {"other": 1}
+
+
+@pytest.mark.parametrize("answer", ["REJECT", "RETRY"], ids=["rejected", "expired"])
+def test_a_mail_deleted_while_a_consumer_holds_it_stays_deleted_whatever_the_answer(suite, answer):
+    # An operator deletes a mail a consumer holds; the consumer then rejects it (or its RETRY
+    # expires it, max_attempts 1). The delete stands: no dead letter, counted gone once.
+    from tests.integration.test_delete_by_id import delete_ids
+
+    queue = suite.new_queue(max_attempts=1)
+    enqueue_names(suite, queue, ["victim", "other"])
+    c = StreamConsumer(suite.dequeue_stub, queue, prefetch=1)
+    d = c.next()
+    assert delete_ids(suite, queue, [d.mail.enqueue_id])[-1].deleted == 1
+    assert suite.size(queue) == 1
+    c.answer(d, answer, "550 5.1.1 no such user")
+    wait_until(lambda: suite.metric("dequeue", "mailqueue_skipped_total", queue=queue, reason="deleted") == 1
+               or dead(suite, queue), 30, what="the answer acked (or the mail dead-lettered)")
+    c.close()
+    assert suite.metric("dequeue", "mailqueue_outcomes_total", queue=queue, outcome=answer) == 1
+    assert [x.mail.mail.name for x in dead(suite, queue)] == [] and counts(suite.browse_stub, queue) == {} and dead_letter_count(queue) == 0
+    info = suite.info(queue)
+    assert info.dead_lettered == 0 and info.size == suite.size(queue, exact=True) == 1
+    assert deleted_reason(suite, queue, uuid.UUID(d.mail.enqueue_id)) == "deleted by admin"

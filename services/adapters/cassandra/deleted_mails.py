@@ -35,6 +35,12 @@ class DeletedMailsDAO:
         self._mark_at = session.prepare(
             f"INSERT INTO {t} (queue_name, enqueue_id, reason, deleted_at) VALUES (?, ?, ?, ?) USING TIMESTAMP ?"
         )
+        # A consumer's dead-lettering answer marks only a mail nobody marked meanwhile (an operator's
+        # delete, a delivery): a lightweight transaction, on the rare paths only (REJECT, expiry).
+        self._mark_if_live = session.prepare(
+            f"UPDATE {t} SET reason = ?, deleted_at = ? WHERE queue_name = ? AND enqueue_id = ? "
+            "IF reason = null AND deleted_at = null"
+        )
         self._unmark = session.prepare(
             f"DELETE reason, deleted_at FROM {t} USING TIMESTAMP ? WHERE queue_name = ? AND enqueue_id = ?"
         )
@@ -57,6 +63,14 @@ class DeletedMailsDAO:
             await self._marks.execute(queue, self._mark, (queue, enqueue_id, reason, model.utcnow()))
         else:
             await self._marks.execute(queue, self._mark_at, (queue, enqueue_id, reason, written_at, micros(written_at)))
+
+    async def mark_if_live(self, queue: str, enqueue_id: uuid.UUID, reason: str) -> str | None:
+        """Mark the mail gone unless it is marked already: None when marked now, else the reason
+        of the mark it has (one lightweight transaction, never grouped)."""
+        r = (await execute(self._session, self._mark_if_live, (reason, model.utcnow(), queue, enqueue_id)))[0]
+        if r.applied:
+            return None
+        return r.reason or "deleted"
 
     async def unmark(self, queue: str, enqueue_id: uuid.UUID, at: dt.datetime) -> None:
         """Remove a mark written before ``at`` (one written after it stays)."""

@@ -77,6 +77,9 @@ class CassandraMailQueueView(MailQueueView):
     async def mark(self, queue: str, enqueue_id: uuid.UUID, reason: str, written_at: dt.datetime | None = None) -> None:
         await self._deleted.mark(queue, enqueue_id, reason, written_at)
 
+    async def mark_if_live(self, queue: str, enqueue_id: uuid.UUID, reason: str) -> str | None:
+        return await self._deleted.mark_if_live(queue, enqueue_id, reason)
+
     async def unmark(self, queue: str, enqueue_id: uuid.UUID, at: dt.datetime) -> None:
         await self._deleted.unmark(queue, enqueue_id, at)
 
