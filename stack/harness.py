@@ -227,15 +227,17 @@ def listed_services(target: str) -> set[str]:
         return {s.name for r in responses for s in r.list_services_response.service}
 
 
-def wait_until(predicate: Callable[[], Any], timeout: float = 30, interval: float = 0.05, what: str = "condition") -> Any:
-    """Poll ``predicate`` until it returns a truthy value; fail after ``timeout`` seconds."""
+def wait_until(predicate: Callable[[], Any], timeout: float = 30, interval: float = 0.05,
+               what: str | Callable[[], str] = "condition") -> Any:
+    """Poll ``predicate`` until it returns a truthy value; fail after ``timeout`` seconds
+    (``what``: the condition's words, or a function giving them as things stand then)."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+            raise AssertionError(f"timed out after {timeout}s waiting for {what() if callable(what) else what}")
         time.sleep(interval)
 
 

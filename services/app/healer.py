@@ -30,7 +30,10 @@ Each round, for every queue:
    queue has a backlog this waits: the mail may just be behind it. Only the rows this round read
    are looked at. A consumer that holds one mail unanswered for longer than the grace while its
    queue has no ready message gets it again: the grace (900 s by default) is chosen above the
-   longest delivery.
+   longest delivery. A mail waiting for room at a throttled destination (in the delay ladder, its
+   row unchanged) is no suspect while its destination has mails waiting. A held mail whose
+   recheck is overdue by the grace lost its message too: published again, it is judged again
+   (held again while its rule is in force, delivered once it is not).
 
 Cost per queue and round: at most ``rows_per_round`` mail rows and their marks (plus a page per
 bucket read ahead), the counters partition once, the two journal partitions once, the kind
@@ -53,7 +56,7 @@ from prometheus_client import Counter, Histogram
 from services.app import admin_events, browse_start
 from services.app.dead_letter_admin import DeadLetterAdmin
 from services.app.moves import Mover
-from services.domain import counts, model
+from services.domain import counts, model, shaping
 from services.domain.errors import BackendUnavailable, NotFound
 from services.domain.events import Event, acting_as
 from services.ports.broker import Broker
@@ -164,9 +167,11 @@ class Healer:
         h.counters = await self._counters(queue, p, None if finished else read[-1].slice_start if read else p.checked)
         if finished:
             del self._passes[queue]
-        suspects = [q for q in read if q.due() < now - self.grace and not counts.is_held(q)]
+        suspects = [q for q in read if q.due() < now - self.grace]
         if suspects and await self._broker.ready_messages(queue) != 0:
             suspects = []  # behind a backlog, maybe: nothing is suspect while messages wait
+        if suspects:
+            suspects = await self._not_waiting_for_room(suspects)
         stranded = self._stranded(queue, read, suspects, p, finished, now)
         if stranded:
             # Recorded first (same ids when the next round publishes them again after a crash).
@@ -174,9 +179,23 @@ class Healer:
                 dataclasses.replace(q, generation=q.generation + 1)) for q in stranded])
             for q in stranded:
                 again = dataclasses.replace(q, generation=q.generation + 1)
-                await self._broker.publish(again)
+                # A held mail's hold counted it delayed and held until its message arrives: this
+                # copy's arrival ends both (services/app/actions.py end_delay), as that one's would have.
+                await self._broker.publish(again, counted=True if counts.is_held(q) else None)
                 await self._view.mails.reschedule(again)
                 h.republished += 1
+
+    async def _not_waiting_for_room(self, suspects: list[model.QueuedMail]) -> list[model.QueuedMail]:
+        """The suspects none of whose destinations has mails waiting for room (traffic shaping): a
+        mail waiting for its slot is in the delay ladder, its row unchanged and overdue; published
+        again, it would lose its place and burn a slot. Like a backlog, a destination's wait
+        suspends suspicion (the dequeue members' heartbeats say which destinations have mails waiting)."""
+        snap = await self._view.shaping.snapshot()
+        busy = {d.destination for d in shaping.status(snap.members) if d.waiting}
+        if not busy:
+            return suspects
+        sites = shaping.site_of(snap.sites)
+        return [q for q in suspects if busy.isdisjoint(shaping.destinations(q.mail.recipients, sites))]
 
     def _stranded(self, queue: str, read: list[model.QueuedMail], suspects: list[model.QueuedMail], p: _Pass,
                   finished: bool, now: dt.datetime) -> list[model.QueuedMail]:

@@ -68,7 +68,9 @@ def summarize(raw: dict[str, dict[dt.datetime, int]], browse_start: dt.datetime 
             oldest = s
         if live - get("delayed", s) > 0 and oldest_ready is None:
             oldest_ready = s
-    return Counts(max(size, 0), max(min(delayed, size), 0), max(min(held, delayed), 0), oldest, oldest_ready,
+    size = max(size, 0)
+    delayed = max(min(delayed, size), 0)
+    return Counts(size, delayed, max(min(held, delayed), 0), oldest, oldest_ready,
                   max(queued_bytes, 0) if size > 0 else 0)
 
 

@@ -32,6 +32,14 @@ def test_exact_deltas_move_every_counter_to_the_live_mails():
     assert (c.size, c.delayed, c.held, c.bytes) == (3, 2, 1, 350)
 
 
+def test_held_is_never_more_than_the_delayed_it_is_part_of():
+    # Counters a lost hold left (delayed 1, held 1) on a queue whose mail is gone: nothing is delayed,
+    # so nothing is held (GetQueue showed delayed -1, held 1).
+    raw = {"enqueued": {T0: 1}, "gone": {T0: 1}, "delayed": {T0: 1}, "held": {T0: 1}}
+    c = counts.summarize(raw, T0)
+    assert (c.size, c.delayed, c.held) == (0, 0, 0)
+
+
 def test_slices_before_browse_start_are_ignored():
     raw = {"enqueued": {T0 - H: 7}}
     assert counts.exact_deltas(raw, [], T0, T0) == []
