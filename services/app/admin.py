@@ -13,7 +13,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-from services.app import admin_events, browse_start, counters
+from services.app import admin_events, browse_start, counters, queues
 from services.app.browser import Browser
 from services.app.moves import MoveProgress, Mover
 from services.app.queue_state import QueueState
@@ -173,8 +173,9 @@ class Admin:
         """Apply a configuration change (services/domain/view_config.py says which are allowed);
         a change is recorded CONFIG_CHANGED (install-level: queue "") once it is known to be allowed
         and before it is stored."""
-        async def record(before: model.ViewConfig) -> None:  # the change from ``before`` is allowed
-            event = admin_events.changed(EventType.CONFIG_CHANGED, "", _view_settings(before), _view_settings(wanted))
+        async def record(before: model.ViewConfig, number: int) -> None:  # the change from ``before`` is allowed
+            event = admin_events.changed(EventType.CONFIG_CHANGED, "", _view_settings(before), _view_settings(wanted),
+                                         version=str(number))
             if event is not None:
                 await admin_events.record(self._events, [event])
 
@@ -200,8 +201,10 @@ class Admin:
         queue = await self._browser.existing(queue)
         before = await self._view.retry_policies.get(queue)
         policy = schedule.validate(change(before))
+        # The version: the policy's write time, or (the defaults) the queue's incarnation.
+        version = await self._view.retry_policies.written(queue) or await queues.incarnation(self._view, queue)
         event = admin_events.changed(EventType.CONFIG_CHANGED, queue, _policy_settings(before), _policy_settings(policy),
-                                     setting="retry_policy")
+                                     version=str(version), setting="retry_policy")
         if event is not None:
             await admin_events.record(self._events, [event])
         await self._view.retry_policies.set(queue, policy)

@@ -10,7 +10,8 @@ healer completing an interrupted move) writes the same id:
 - a mail's admin event has step 0 and names its change in the discriminator (the target queue of a
   move or redrive, the rule of a bounce; a republish: the new generation as its step);
 - a queue-level event names the queue's incarnation (its browse start when created) or the
-  change itself (``before -> after`` of a setting; a rule id and "added"/"removed").
+  change itself (``before -> after`` of a setting and the version of the state it changed; a
+  rule id and "added"/"removed").
 
 Order (each use-case says which): a change with a journal (a move, a redrive) records its events
 after the mail landed and before the journal entry is removed, so a crash in between leaves the
@@ -131,14 +132,17 @@ def queue_deleted(queue: str, incarnation: str, force: bool) -> Event:
     return of_queue(EventType.QUEUE_DELETED, queue, incarnation, details={"force": str(force).lower()})
 
 
-def changed(kind: EventType, queue: str, before: Mapping[str, str], after: Mapping[str, str], **details: str) -> Event | None:
+def changed(kind: EventType, queue: str, before: Mapping[str, str], after: Mapping[str, str], version: str = "",
+            **details: str) -> Event | None:
     """A setting changed from ``before`` to ``after`` (None when nothing changed: no event). The
-    details hold each changed setting's new value (and ``details``)."""
+    details hold each changed setting's new value (and ``details``). ``version`` names the state
+    changed (its write time, its sequence number): a value set back and forth makes a new id at
+    each change, a change retried over the same state the same one."""
     diff = {k: v for k, v in after.items() if before.get(k) != v}
     diff.update({k: "" for k in before if k not in after})
     if not diff:
         return None
-    change = "|".join([*(f"{k}={v}" for k, v in sorted(details.items())),
+    change = "|".join([*([f"version={version}"] if version else []), *(f"{k}={v}" for k, v in sorted(details.items())),
                        *(f"{k}:{before.get(k, '')}->{after.get(k, '')}" for k in sorted(diff))])
     return of_queue(kind, queue, change, details={**diff, **details})
 

@@ -46,15 +46,20 @@ async def create_queue(view: View, broker: Broker, queue: str, policy: RetryPoli
     config = await view.config.current()
     await view.starts.initialise(queue, slice_start(utcnow(), config.slice_window))
     if not exists:
-        dropped = await view.queues.dropped_at(queue)  # a name made again after a DeleteQueue: another incarnation
-        incarnation = await _incarnation(view, queue) + (f"|after {dropped.isoformat()}" if dropped else "")
-        await admin_events.record(events, [admin_events.queue_created(queue, incarnation)])
+        await admin_events.record(events, [admin_events.queue_created(queue, await incarnation(view, queue))])
     return await view.queues.create(queue)
 
 
 async def _incarnation(view: View, queue: str) -> str:
     start = await view.starts.browse_start(queue)
     return start.isoformat() if start is not None else ""
+
+
+async def incarnation(view: View, queue: str) -> str:
+    """Which queue of that name this is: its browse start, and when the name was last deleted (a
+    name made again after a DeleteQueue is another incarnation; its browse start may be the same)."""
+    dropped = await view.queues.dropped_at(queue)
+    return await _incarnation(view, queue) + (f"|after {dropped.isoformat()}" if dropped else "")
 
 
 @dataclasses.dataclass

@@ -49,7 +49,7 @@ class QuotaAdmin:
 
     async def _record(self, kind: str, subject: str, before: quotas.Quota | None, after: quotas.Quota | None) -> None:
         event = admin_events.changed(EventType.QUOTA_CHANGED, subject if kind == "queue" else "", _settings(before),
-                                     _settings(after), quota=f"{kind}:{subject}",
+                                     _settings(after), version=str(await self._store.version(kind, subject)), quota=f"{kind}:{subject}",
                                      change="set" if after is not None else "removed")
         if event is not None:
             await admin_events.record(self._events, [event])

@@ -82,8 +82,9 @@ class ShapingAdmin:
         return await self._store.lift_effect(destination)
 
     async def _record(self, what: str, name: str, queue: str, before: object | None, after: object | None) -> None:
-        event = admin_events.changed(EventType.SHAPING_CHANGED, queue, _settings(before), _settings(after), destination=name,
-                                     change="set" if after is not None else "removed", what=what)
+        version = await self._store.version(what, name, queue)
+        event = admin_events.changed(EventType.SHAPING_CHANGED, queue, _settings(before), _settings(after), version=str(version),
+                                     destination=name, change="set" if after is not None else "removed", what=what)
         if event is not None:
             await admin_events.record(self._events, [event])
 

@@ -11,6 +11,7 @@ used twice, an unknown name) is refused before anything is recorded or written.
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 
 from services.app import admin_events
 from services.domain import model, webhook_registry
@@ -28,13 +29,14 @@ class WebhookAdmin:
 
     async def add(self, r: Registration) -> Registration:
         """Register ``r``: InvalidArgument (webhook_registry.validate), AlreadyExists when its name is taken."""
-        r = dataclasses.replace(webhook_registry.validate(r), created_at=model.utcnow().replace(microsecond=0))
+        now = model.utcnow()  # to the millisecond, as stored: the version of its events
+        r = dataclasses.replace(webhook_registry.validate(r), created_at=now.replace(microsecond=now.microsecond // 1000 * 1000))
         if await self._registry.get(r.name) is not None:
             raise AlreadyExists(f"a webhook named {r.name!r} exists: remove it first (mailq webhook remove {r.name}) or pick another name")
         if not await self._registry.add(r):  # registered meanwhile by another call: it records its own
             raise AlreadyExists(f"a webhook named {r.name!r} exists: remove it first or pick another name")
         try:  # recorded once the name is ours (insert-if-absent), so a refused call records nothing
-            await self._record(r.name, "added", {}, r.settings())
+            await self._record(r.name, "added", {}, r.settings(), r.created_at)
         except BaseException:
             await self._registry.remove(r.name)  # unrecorded, it is not registered either
             raise
@@ -46,7 +48,7 @@ class WebhookAdmin:
         before = await self._registry.get(name)
         if before is None:
             raise NotFound(f"no webhook named {name!r} (mailq webhook list shows them)")
-        await self._record(name, "removed", before.settings(), {})
+        await self._record(name, "removed", before.settings(), {}, before.created_at)
         if await self._registry.remove(name) is None:
             raise NotFound(f"no webhook named {name!r} (removed meanwhile)")
         return before
@@ -54,7 +56,12 @@ class WebhookAdmin:
     async def list(self) -> list[Registration]:
         return await self._registry.all()
 
-    async def _record(self, name: str, change: str, before: dict[str, str], after: dict[str, str]) -> None:
-        event = admin_events.changed(EventType.CONFIG_CHANGED, "", before, after, what="webhook", webhook=name, change=change)
+    async def _record(self, name: str, change: str, before: dict[str, str], after: dict[str, str],
+                      registered_at: dt.datetime | None) -> None:
+        """``registered_at``: the registration's time, the version of its events (a webhook added,
+        removed and added again is two additions)."""
+        version = registered_at.isoformat() if registered_at is not None else ""
+        event = admin_events.changed(EventType.CONFIG_CHANGED, "", before, after, version=version, what="webhook",
+                                     webhook=name, change=change)
         if event is not None:
             await admin_events.record(self._events, [event])

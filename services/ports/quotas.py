@@ -29,6 +29,10 @@ class QuotaStore(Protocol):
     async def clear_quota(self, kind: str, subject: str) -> bool:
         """True when the quota existed."""
 
+    async def version(self, kind: str, subject: str) -> int:
+        """When the quota was last set or cleared (microseconds), 0 if never: its change events
+        are told apart by it."""
+
     async def heartbeat(self, member: str, ttl_s: int, demand: Mapping[str, float] | None = None) -> None:
         """``member`` enqueues; it is one until ``ttl_s`` after its last heartbeat. ``demand``:
         the mails and bytes a second it was asked for since the last one, by demand key."""

@@ -27,6 +27,10 @@ class ShapingStore(Protocol):
 
     async def lift_effect(self, destination: str) -> bool: ...
 
+    async def version(self, what: str, name: str, queue: str = "") -> int:
+        """The version of a setting (``what``: throttle, site, auto_rule, effect): when it was last
+        set or removed (microseconds), 0 if never. Its change events are told apart by it."""
+
     async def heartbeat(self, member: str, stats: dict[str, dict[str, float]]) -> None:
         """The member consumes; it is one until MEMBER_TTL_S after its last heartbeat."""
 

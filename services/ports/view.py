@@ -100,6 +100,10 @@ class RetryPolicies(Protocol):
     async def delete(self, queue: str) -> None: ...
     async def get(self, queue: str) -> model.RetryPolicy: ...
 
+    async def written(self, queue: str) -> int:
+        """When the policy was last set (microseconds); 0 while the queue has the defaults."""
+        ...
+
 
 class Rules(Protocol):
     """The operator rules (hold, bounce) in force."""
@@ -178,8 +182,9 @@ class ViewConfiguration(Protocol):
 
     async def current(self) -> model.ViewConfig: ...
     async def apply(
-        self, wanted: model.ViewConfig, before_write: Callable[[model.ViewConfig], Awaitable[None]] | None = None,
-    ) -> model.ViewConfig: ...
+        self, wanted: model.ViewConfig, before_write: Callable[[model.ViewConfig, int], Awaitable[None]] | None = None,
+    ) -> model.ViewConfig:
+        """``before_write(current, number)``: the change's number (one more than the current's)."""
 
 
 class View(Protocol):

@@ -534,6 +534,30 @@ def test_retry_policy_throttle_and_bounce_changes_are_recorded_and_a_refused_one
     assert (types([bounced]), bounced.actor.role, bounced.details["rule_id"]) == (["BOUNCED"], "admin", added.rule.rule_id)
 
 
+def test_a_setting_set_back_and_forth_is_a_new_event_each_time(secured):  # ~2 s
+    # Given a queue; when an operator sets its retry policy 7, 9, 7, 9 attempts, and sets, clears
+    # and sets again one throttle and one quota on it (the same values each time)
+    from mailqueue.v1 import quotas_pb2
+
+    admin = stub(secured, "admin", "admin")
+    queue = new_queue(secured)
+    for n in (7, 9, 7, 9):
+        admin.UpdateRetryPolicy(admin_pb2.UpdateRetryPolicyRequest(queue=queue, retry_policy=browse_pb2.RetryPolicy(max_attempts=n)))
+    throttle = shaping_pb2.Throttle(destination="slow.example", queue=queue, rate=shaping_pb2.Rate(count=5, per=shaping_pb2.RATE_PERIOD_SECOND))
+    quota = quotas_pb2.Quota(kind=quotas_pb2.QUOTA_KIND_QUEUE, subject=queue, mails_per_s=50, burst_mails=10)
+    for _ in range(2):
+        admin.SetThrottle(admin_pb2.SetThrottleRequest(throttle=throttle))
+        admin.SetQuota(admin_pb2.SetQuotaRequest(quota=quota))
+        if not _:
+            assert admin.ClearThrottle(admin_pb2.ClearThrottleRequest(destination="slow.example", queue=queue)).cleared
+            assert admin.ClearQuota(admin_pb2.ClearQuotaRequest(kind=quotas_pb2.QUOTA_KIND_QUEUE, subject=queue)).cleared
+    # Then each of the ten changes is an event of its own: a consumer that drops duplicates by id
+    # (as the docs say) keeps all ten
+    changes = queue_events(secured, queue, "CONFIG_CHANGED", "SHAPING_CHANGED", "QUOTA_CHANGED", count=10)
+    assert [e.details.get("max_attempts") for e in changes if types([e]) == ["CONFIG_CHANGED"]] == ["7", "9", "7", "9"]
+    assert len({e.id for e in changes}) == 10, [(types([e]), e.id) for e in changes]
+
+
 def test_a_group_of_mails_is_a_history_row_per_write_and_a_name_row_per_group(secured):
     # Given 60 mails of one name (a campaign's) enqueued in one EnqueueBatches call
     from mailqueue.v1 import enqueue_pb2

@@ -110,6 +110,11 @@ def test_a_setting_change_names_what_changed_and_no_change_is_no_event():
     a = admin_events.changed(EventType.SHAPING_CHANGED, "", {}, {"rate": "10"}, destination="a.com", change="set")
     b = admin_events.changed(EventType.SHAPING_CHANGED, "", {}, {"rate": "10"}, destination="b.com", change="set")
     assert a is not None and b is not None and a.id != b.id
+    # Set back to what it was (A to B, B to A, A to B): the state it changed is another version.
+    again = admin_events.changed(EventType.CONFIG_CHANGED, "spool", before, after, version="2", setting="retry_policy")
+    retried = admin_events.changed(EventType.CONFIG_CHANGED, "spool", before, after, version="2", setting="retry_policy")
+    assert again is not None and retried is not None and again.id != e.id and retried.id == again.id
+    assert again.details == e.details
     removed = admin_events.changed(EventType.SHAPING_CHANGED, "", {"rate": "10"}, {}, destination="a.com", change="removed")
     assert removed is not None and removed.details == {"rate": "", "destination": "a.com", "change": "removed"}
 

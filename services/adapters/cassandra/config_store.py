@@ -53,11 +53,12 @@ class ConfigStore:
         return (await self._read())[1] or model.ViewConfig()
 
     async def apply(
-        self, wanted: model.ViewConfig, before_write: Callable[[model.ViewConfig], Awaitable[None]] | None = None,
+        self, wanted: model.ViewConfig, before_write: Callable[[model.ViewConfig, int], Awaitable[None]] | None = None,
     ) -> model.ViewConfig:
         """Make ``wanted`` the configuration. Raises FailedPrecondition naming a broken rule.
-        ``before_write(current)`` runs once the change from ``current`` is known to be allowed,
-        before it is written (the audit event: a change refused records nothing)."""
+        ``before_write(current, number)`` runs once the change from ``current`` is known to be
+        allowed, before it is written as event ``number`` (the audit event: a change refused
+        records nothing; its number tells a value set back apart from its first setting)."""
         check_values(wanted)
         for attempt in range(1, MAX_RACES + 1):
             event_id, current = await self._read()
@@ -68,7 +69,7 @@ class ConfigStore:
                 return current
             check_change(current, wanted)
             if before_write is not None:
-                await before_write(current)
+                await before_write(current, event_id + 1)
             rows = await execute(
                 self._session,
                 self._append,

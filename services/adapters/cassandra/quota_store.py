@@ -13,6 +13,7 @@ from cassandra.cluster import Session
 
 from services.adapters.cassandra import schema
 from services.adapters.cassandra.session import execute, execute_all
+from services.adapters.cassandra.setting_rows import SettingRows
 from services.domain import quotas
 from services.ports.quotas import QuotaSnapshot
 
@@ -51,8 +52,8 @@ class QuotaStore:
         self._all = session.prepare(f"SELECT kind, name, body FROM {t} WHERE part = ?")
         self._put = session.prepare(f"INSERT INTO {t} (part, kind, name, body) VALUES (?, ?, ?, ?)")
         self._put_ttl = session.prepare(f"INSERT INTO {t} (part, kind, name, body) VALUES (?, ?, ?, ?) USING TTL ?")
-        self._get = session.prepare(f"SELECT body FROM {t} WHERE part = ? AND kind = ? AND name = ?")
         self._delete = session.prepare(f"DELETE FROM {t} WHERE part = ? AND kind = ? AND name = ?")
+        self._settings = SettingRows(session, keyspace, PART)
 
     async def snapshot(self) -> QuotaSnapshot:
         rows = await execute_all(self._session, self._all, (PART,))
@@ -64,10 +65,10 @@ class QuotaStore:
         await execute(self._session, self._put, (PART, "quota", f"{q.kind}|{q.subject}", _body(q)))
 
     async def clear_quota(self, kind: str, subject: str) -> bool:
-        name = f"{kind}|{subject}"
-        existed = bool(await execute(self._session, self._get, (PART, "quota", name)))
-        await execute(self._session, self._delete, (PART, "quota", name))
-        return existed
+        return await self._settings.remove("quota", f"{kind}|{subject}")
+
+    async def version(self, kind: str, subject: str) -> int:
+        return await self._settings.version("quota", f"{kind}|{subject}")
 
     async def heartbeat(self, member: str, ttl_s: int, demand: Mapping[str, float] | None = None) -> None:
         body = json.dumps({"demand": {k: round(v, 3) for k, v in (demand or {}).items()}})

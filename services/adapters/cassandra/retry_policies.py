@@ -27,6 +27,7 @@ class RetryPoliciesDAO:
             f"SELECT initial_backoff_ms, multiplier, max_backoff_ms, max_attempts, max_age_ms FROM {t} WHERE queue_name = ?"
         )
         self._delete = session.prepare(f"DELETE FROM {t} WHERE queue_name = ?")
+        self._written = session.prepare(f"SELECT WRITETIME(max_attempts) AS written FROM {t} WHERE queue_name = ?")
 
     async def set(self, queue: str, p: model.RetryPolicy) -> None:
         ms = lambda d: int(d / dt.timedelta(milliseconds=1))  # noqa: E731
@@ -36,6 +37,12 @@ class RetryPoliciesDAO:
 
     async def delete(self, queue: str) -> None:
         await execute(self._session, self._delete, (queue,))
+
+    async def written(self, queue: str) -> int:
+        """When the queue's policy was last set (microseconds; its columns are written together);
+        0 while it has none (the defaults)."""
+        rows = await execute(self._session, self._written, (queue,))
+        return rows[0].written or 0 if rows else 0
 
     async def get(self, queue: str) -> model.RetryPolicy:
         rows = await execute(self._session, self._get, (queue,))

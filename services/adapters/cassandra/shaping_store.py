@@ -17,6 +17,7 @@ from cassandra.util import max_uuid_from_time, min_uuid_from_time, uuid_from_tim
 
 from services.adapters.cassandra import schema
 from services.adapters.cassandra.session import execute, execute_all
+from services.adapters.cassandra.setting_rows import SettingRows
 from services.domain import shaping
 
 PART = 0
@@ -52,6 +53,7 @@ class ShapingStore:
         self._delete = session.prepare(f"DELETE FROM {t} WHERE part = ? AND kind = ? AND name = ?")
         self._fail = session.prepare(f"INSERT INTO {f} (destination, rule_id, at) VALUES (?, ?, ?) USING TTL ?")
         self._count = session.prepare(f"SELECT count(*) FROM {f} WHERE destination = ? AND rule_id = ? AND at > ? AND at <= ?")
+        self._settings = SettingRows(session, keyspace, PART)
 
     async def snapshot(self) -> shaping.Snapshot:
         rows = await execute_all(self._session, self._all, (PART,))
@@ -76,9 +78,15 @@ class ShapingStore:
         return bool(await execute(self._session, self._get, (PART, kind, name)))
 
     async def _remove(self, kind: str, name: str) -> bool:
-        existed = await self._exists(kind, name)
-        await execute(self._session, self._delete, (PART, kind, name))
-        return existed
+        if kind == "effect":  # an effect's events name it by when it started
+            existed = await self._exists(kind, name)
+            await execute(self._session, self._delete, (PART, kind, name))
+            return existed
+        return await self._settings.remove(kind, name)
+
+    async def version(self, what: str, name: str, queue: str = "") -> int:
+        kind = {"throttle": "throttle", "site": "site", "auto_rule": "rule", "effect": "effect"}[what]
+        return await self._settings.version(kind, f"{queue}|{name}" if kind == "throttle" else name)
 
     async def set_throttle(self, t: shaping.Throttle) -> None:
         body = {"destination": t.destination, "queue": t.queue, "rate": _rate(t.rate), "concurrency": t.concurrency}
