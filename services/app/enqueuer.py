@@ -107,11 +107,18 @@ class Enqueuer:
         self, queue: str, mail: model.Mail, chunks: AsyncIterator[bytes], key: str = "", when: Schedule = (None, None),
         priority: str = "normal",
     ) -> model.EnqueueResult:
+        facts = quotas.Facts(quotas.current_tenant.get(), mail.sender, queue, 0)
+        streamed = [0]  # the bytes taken from its byte quotas so far (given back if it is refused)
+        token = object()  # this stream, to the quotas
+
         async def limited() -> AsyncIterator[bytes]:
             total = 0
             async for chunk in chunks:
                 total += len(chunk)
                 self._check_mail_size(total)
+                if self.quotas is not None:  # taken as they arrive: streams at once share a byte quota
+                    self.quotas.stream(facts, len(chunk), token)
+                    streamed[0] += len(chunk)
                 yield chunk
             if total == 0:  # a header alone (a client whose read failed), as unary Enqueue with no content
                 raise InvalidArgument("EnqueueStream carried no content after its header: send the mail's bytes as chunks")
@@ -120,7 +127,15 @@ class Enqueuer:
             info = await self._blobs.put(limited())
             return (info.blob_id,), info.size
 
-        return await self._enqueue(Pending(queue, mail, when, priority, key=key), put)
+        try:
+            return await self._enqueue(Pending(queue, mail, when, priority, key=key), put)
+        except MailQueueError:
+            if self.quotas is not None and streamed[0]:  # a refused mail takes nothing from a quota
+                self.quotas.refund(dataclasses.replace(facts, size=streamed[0]), mails=False)
+            raise
+        finally:
+            if self.quotas is not None:
+                self.quotas.stream_ended(token)
 
     def _check_mail_size(self, size: int) -> None:
         if size > self._limits.max_mail_bytes:
@@ -153,8 +168,6 @@ class Enqueuer:
             raise
         if self.quotas is not None and charged and not fresh:  # a resend is charged once, with its first send
             self.quotas.refund(facts)
-        elif self.quotas is not None and fresh and content is not None:  # its bytes were not known at the check
-            self.quotas.charge(dataclasses.replace(facts, size=result.size))
         return result
 
     async def _enqueue_checked(

@@ -75,6 +75,8 @@ class QuotaKeeper:
         self._seen_since: float | None = None
         #: What each quota was asked for since the last heartbeat (demand key -> mails or bytes).
         self._asked: dict[str, float] = {}
+        #: The streams taking bytes from each quota, oldest first (``stream``).
+        self._streams: dict[tuple[str, str], list[object]] = {}
         self._asked_since = time.monotonic()
         #: Refreshed at least once (until then no quota is known: nothing is refused).
         self.loaded = False
@@ -204,21 +206,42 @@ class QuotaKeeper:
         if refusal is not None:
             self._refuse(refusal)
 
-    def charge(self, facts: quotas.Facts) -> None:
-        """Charge a streamed mail's bytes, known once streamed, to its byte quotas (the next mails wait)."""
+    def stream(self, facts: quotas.Facts, size: int, stream: object) -> None:
+        """Take ``size`` more bytes of a mail being streamed (``stream``: its token, the same for
+        each of its chunks) from its byte quotas as they arrive, or raise QuotaExceeded (nothing
+        of them taken): streams at once share a byte quota as mails of known size do (charged
+        once streamed, they all passed it together). The oldest stream of a quota is never
+        refused (it may owe, as a mail larger than the burst does), so one always goes through."""
+        if not self._quotas:
+            return
         now = time.time()
-        for q in quotas.applying(self._quotas, facts):
-            limiter = self._limiters.get((q.key, "bytes"))
+        limited = [(q, self._limiters.get((q.key, "bytes"))) for q in quotas.applying(self._quotas, facts) if q.bytes_per_s]
+        for q, limiter in limited:
+            self._ask(q.key, "bytes", float(size))
+            under_way = self._streams.setdefault(q.key, [])
+            if not any(s is stream for s in under_way):
+                under_way.append(stream)
+            wait = limiter.wait(now, size) if limiter is not None else 0.0
+            if wait > 0 and under_way[0] is not stream:
+                self._refuse(quotas.rate_refusal(q, "bytes", wait))
+        for _, limiter in limited:
             if limiter is not None:
-                limiter.take(now, facts.size)
-                self._ask(q.key, "bytes", float(facts.size))
+                limiter.take(now, size)
 
-    def refund(self, facts: quotas.Facts) -> None:
+    def stream_ended(self, stream: object) -> None:
+        """The stream of ``stream`` ended (stored, refused or left)."""
+        for key in list(self._streams):
+            under_way = self._streams[key] = [s for s in self._streams[key] if s is not stream]
+            if not under_way:
+                del self._streams[key]
+
+    def refund(self, facts: quotas.Facts, mails: bool = True) -> None:
         """Give back what ``check`` took for a mail that was not enqueued after all (an idempotent
-        resend answered with its earlier enqueue): a resend is charged once, with its first send."""
+        resend answered with its earlier enqueue): a resend is charged once, with its first send.
+        ``mails`` False: its bytes only (a stream's, taken as they came)."""
         now = time.time()
         for q in quotas.applying(self._quotas, facts):
-            for what, cost in (("mails", 1.0), ("bytes", float(facts.size))):
+            for what, cost in (("mails", 1.0 if mails else 0.0), ("bytes", float(facts.size))):
                 limiter = self._limiters.get((q.key, what))
                 if limiter is not None:
                     limiter.give_back(now, cost)

@@ -306,9 +306,7 @@ def decide(
             # A mail larger than the burst passes an idle limiter (and owes the rest after).
             wait = limiter.wait(now, min(cost, limiter.burst))
             if wait > 0:
-                limit = f"{what}_per_s"
-                r = Refusal(q.kind, q.subject, limit, max(wait, MIN_RETRY_S),
-                            f"{q.kind} {q.subject} is over its {limit} quota ({_rate(q, what)})")
+                r = rate_refusal(q, what, wait)
                 worst = r if worst is None or r.retry_after_s > worst.retry_after_s else worst
             else:
                 takes.append((limiter, cost))
@@ -317,6 +315,12 @@ def decide(
     for limiter, cost in takes:
         limiter.take(now, cost)
     return None
+
+
+def rate_refusal(q: Quota, what: str, wait: float) -> Refusal:
+    """Refused by ``q``'s rate of ``what`` (mails, bytes) for ``wait`` seconds."""
+    limit = f"{what}_per_s"
+    return Refusal(q.kind, q.subject, limit, max(wait, MIN_RETRY_S), f"{q.kind} {q.subject} is over its {limit} quota ({_rate(q, what)})")
 
 
 def _rate(q: Quota, what: str) -> str:

@@ -421,6 +421,56 @@ def test_blob_refs_are_charged_to_a_byte_quota_at_the_check(quota_suite):
     assert len(s.browsed_mails(queue)) == accepted
 
 
+def test_streams_at_once_share_a_byte_quota_as_their_bytes_arrive(quota_suite):
+    # Given a sender's byte quota of 4,000 bytes at once, refilling at 1 byte/s
+    from concurrent.futures import ThreadPoolExecutor
+
+    s = quota_suite
+    queue = s.new_queue()
+    sender = f"st{time.monotonic_ns()}@bytes.test"
+    set_quota(s, kind=kind("sender"), subject=sender, bytes_per_s=1, burst_bytes=4000)
+    wait_until(lambda: all(r.metric("mailqueue_quota_limit", kind="sender", subject=sender) > 0 for r in s.replicas),
+               timeout=PROPAGATION_S * 2, what="the sender's quota on both replicas")
+    # When 8 EnqueueStreams of 3,000 bytes run at once on one replica: each sends its header and
+    # 200 bytes, and the rest only once every stream has got that far (or was refused)
+    go, lock, paused = threading.Event(), threading.Lock(), [0]
+
+    def requests(i: int):
+        yield enqueue_pb2.EnqueueStreamRequest(header=enqueue_pb2.EnqueueHeader(queue=queue, mail=simple_mail(f"st{i}", sender=sender)))
+        yield enqueue_pb2.EnqueueStreamRequest(chunk=os.urandom(200))
+        with lock:
+            paused[0] += 1
+        go.wait(30)
+        for _ in range(7):
+            yield enqueue_pb2.EnqueueStreamRequest(chunk=os.urandom(400))
+
+    def stream(i: int) -> grpc.RpcError | None:
+        try:
+            s.stubs[0].EnqueueStream(requests(i), metadata=AUTH, timeout=60)
+            return None
+        except grpc.RpcError as e:
+            return e
+        finally:
+            with lock:
+                paused[0] += 1  # ended (the server refused it early): no longer in the way
+
+    with ThreadPoolExecutor(8) as pool:
+        futures = [pool.submit(stream, i) for i in range(8)]
+        wait_until(lambda: paused[0] >= 8, 30, what="every stream past its first chunk, or ended")
+        go.set()
+        outcomes = [f.result() for f in futures]
+    # Then what the quota allows is accepted, the rest refused with the quota's details while
+    # they streamed; nothing refused was queued. Charged once streamed, all 8 passed together.
+    accepted = sum(1 for e in outcomes if e is None)
+    assert all(e is None or e.code() == EXHAUSTED for e in outcomes), outcomes
+    for e in outcomes:
+        if e is not None:
+            retry, failure = details(e)
+            assert failure.violations[0].subject == f"sender:{sender}" and failure.violations[0].description.startswith("bytes_per_s")
+    assert 1 <= accepted <= 2, [(e.code(), e.details()) if e else None for e in outcomes]
+    assert len(s.browsed_mails(queue)) == accepted
+
+
 def test_a_replica_that_stops_leaves_the_members_at_once(quota_suite):
     """A stopped replica's share goes back to the others when it stops, not when its heartbeat
     expires (MEMBER_TTL_S): during a rolling update the others refused mail under the rate."""
