@@ -110,6 +110,16 @@ def queue_command(sub: Any, name: str, fn: Callable[[Client, argparse.Namespace]
 MAX_WHOLE = 2**31 - 1
 
 
+def selector(text: str) -> str:
+    """An argparse type for a condition on mails (--sender, --recipient, --name, --domain): never
+    empty. An empty value (an unset shell variable) would select the mails without one, or every
+    mail where empty means no condition; the null sender is written "<>"."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty value selects nothing you meant (an unset shell variable?): "
+                                         "give a value; the null sender (bounces) is '<>'")
+    return text
+
+
 def whole(minimum: int = 0, maximum: int = MAX_WHOLE) -> Callable[[str], int]:
     """An argparse type: a whole number from ``minimum`` to ``maximum`` (a usage error otherwise,
     never a traceback from the protobuf field it fills)."""

@@ -17,7 +17,7 @@ from typing import Any
 
 from google.protobuf import json_format
 
-from mailq.common import UsageError, duration, duration_arg, follow, print_table, whole
+from mailq.common import UsageError, duration, duration_arg, follow, print_table, selector, whole
 from mailqueue.v1 import admin_pb2, browse_pb2
 
 REASONS = ("expired", "rejected", "bounced", "delivery_limit", "content_missing", "other")
@@ -96,9 +96,9 @@ def register(sub: Any) -> None:
             s.add_argument("--exact", action="store_true", help="read every dead letter instead of the counters")
             continue
         s.add_argument("--reason", action="append", choices=REASONS, help="only this reason (repeat for several)")
-        s.add_argument("--sender")
-        s.add_argument("--recipient")
-        s.add_argument("--name")
+        s.add_argument("--sender", type=selector)
+        s.add_argument("--recipient", type=selector)
+        s.add_argument("--name", type=selector)
         if action == "list":
             s.add_argument("--limit", type=whole(), default=0)
             s.add_argument("--json", action="store_true", help="machine-readable output")

@@ -21,7 +21,7 @@ from typing import Any
 from google.protobuf import json_format
 
 from mailq import ids
-from mailq.common import Client, Progress, UsageError, duration, duration_arg, follow, print_table, queue_command, whole
+from mailq.common import Client, UsageError, duration, duration_arg, follow, print_table, queue_command, selector, whole
 from mailqueue.v1 import admin_pb2, browse_pb2, mail_pb2
 
 
@@ -30,13 +30,11 @@ def mail_row(m: mail_pb2.QueuedMail) -> dict[str, Any]:
 
 
 def progress_stream(stream: Iterator[Any], what: str) -> int:
-    last = None
-    line = Progress()
-    for r in stream:
-        last = r.progress
-        line.show(f"{what}: {last.scanned} scanned, {last.deleted} deleted")
-    line.end()
-    return last.deleted if last else 0
+    """A delete's or clear's progress shown; how many it deleted (a stream that ended before its
+    last message: exit 1, say to run it again)."""
+    last = follow((r.progress for r in stream), lambda p: f"{what}: {p.scanned} scanned, {p.deleted} deleted",
+                  f"mailq: {what} interrupted before its end: run it again (what it marked stays marked)")
+    return last.deleted
 
 
 def cmd_browse(c: Client, a: argparse.Namespace) -> None:
@@ -114,9 +112,9 @@ def cmd_republish(c: Client, a: argparse.Namespace) -> None:
 def _mail_command(sub: Any, name: str, fn: Any, help: str, by_id: bool = False) -> argparse.ArgumentParser:
     """A command on the mails of a queue chosen by sender, recipient or name (``by_id``: or enqueue ids)."""
     s = queue_command(sub, name, fn, help)
-    s.add_argument("--sender")
-    s.add_argument("--recipient")
-    s.add_argument("--name")
+    s.add_argument("--sender", type=selector)
+    s.add_argument("--recipient", type=selector)
+    s.add_argument("--name", type=selector)
     if by_id:
         s.add_argument("--id", dest="ids", metavar="ID", nargs="+", action="extend",
                        help="the mails with these enqueue ids, each in full or a unique prefix (at least 4 characters)")
@@ -132,9 +130,9 @@ def _schedule_args(s: argparse.ArgumentParser, delayed: str) -> None:
 def register(sub: Any) -> None:
     s = queue_command(sub, "browse", cmd_browse, "list a queue's live mails, by condition")
     s.add_argument("--json", action="store_true", help="machine-readable output")
-    s.add_argument("--sender")
-    s.add_argument("--recipient")
-    s.add_argument("--name")
+    s.add_argument("--sender", type=selector)
+    s.add_argument("--recipient", type=selector)
+    s.add_argument("--name", type=selector)
     s.add_argument("--limit", type=whole(), default=0)
     s.add_argument("--id", metavar="ID", help="only the mail with this enqueue id (read from an index), in full or a unique prefix")
     s.add_argument("--page-size", type=whole(), default=0, help="a page of at most N mails (1 to 1000); the next "
@@ -144,7 +142,7 @@ def register(sub: Any) -> None:
     _mail_command(sub, "delete", cmd_delete, "mark deleted every live mail matching a condition", by_id=True)
     queue_command(sub, "clear", cmd_clear, "mark every live mail of the queue deleted")
     s = _mail_command(sub, "flush", cmd_flush, "make delayed mails deliverable now, in enqueue order (postqueue -s)")
-    s.add_argument("--domain", help="only mails with a recipient in this domain")
+    s.add_argument("--domain", type=selector, help="only mails with a recipient in this domain")
     s = queue_command(sub, "republish", cmd_republish, "publish again every live mail older than a duration (heals a broker that lost messages)")
     s.add_argument("--older-than", type=duration_arg, required=True)
     s = _mail_command(sub, "move", cmd_move, "move live mails to another existing queue", by_id=True)

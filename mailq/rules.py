@@ -12,7 +12,7 @@ from typing import Any
 
 from google.protobuf import timestamp_pb2
 
-from mailq.common import Client, duration_arg, print_table
+from mailq.common import Client, duration_arg, print_table, selector
 from mailqueue.v1 import admin_pb2
 from services.domain.durations import parse_duration
 
@@ -49,9 +49,9 @@ def register(sub: Any) -> None:
     for kind in ("hold", "bounce"):
         r = sub.add_parser(kind, help=f"{kind} the mails matching a condition (queued ones and new ones)")
         r.add_argument("--queue")
-        r.add_argument("--domain", help="recipient domain")
-        r.add_argument("--sender")
-        r.add_argument("--name")
+        r.add_argument("--domain", type=selector, help="recipient domain")
+        r.add_argument("--sender", type=selector)
+        r.add_argument("--name", type=selector)
         r.add_argument("--for", dest="lifetime", type=duration_arg, default=parse_duration("1d"),
                        help="how long the rule lives (default 1d, at most 30d)")
         r.add_argument("--reason")

@@ -177,6 +177,21 @@ def test_usage_errors_exit_2(suite):
     assert r.returncode == 2 and "port 1 to 65535" in r.stderr
 
 
+def test_an_empty_condition_is_a_usage_error_and_changes_nothing(suite, tmp_path):
+    # "$NAME" of an unset variable: delete would take every unnamed mail, move every mail.
+    queue, other = own_queue("cli"), own_queue("cli")
+    eml = tmp_path / "m.eml"
+    eml.write_bytes(b"Subject: hi\r\n\r\nhello\r\n")
+    for q in (queue, other):
+        mailq(suite, "create", q)
+    mailq(suite, "enqueue", queue, str(eml), "--to", "b@example.org")  # no --name: an unnamed mail
+    for args in (("delete", queue, "--name", ""), ("move", queue, other, "--sender", " "),
+                 ("flush", queue, "--domain", ""), ("dead", "purge", queue, "--recipient", ""), ("browse", queue, "--name", "")):
+        r = run(suite, *args)
+        assert r.returncode == 2 and "an empty value selects nothing you meant" in r.stderr and "'<>'" in r.stderr, (args, r.stderr)
+    assert suite.size(queue, exact=True) == 1 and suite.size(other, exact=True) == 0
+
+
 def test_what_mailq_cannot_use_is_named_with_what_to_do(suite, tmp_path):
     """An unreadable file, a malformed id, a relative secret file, a CA that is no certificate: each
     named, with what to give, before any call; the usage ones exit 2. A NOT_FOUND hints where the
