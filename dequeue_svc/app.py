@@ -36,6 +36,18 @@ class DequeueApp(QueueApp[Dequeuer]):
         # The dead-letter recorder, and the shaping state read (and heartbeat) every second.
         return [dead_letter_recorder.mark_forever(b.view, b.broker), self._dequeuer.shaper.run_forever()]
 
+    #: A consumer's stream lives past its connection's maximum age (the connection then takes no new
+    #: call, and closes once its streams end): cut there, every delivery it held would come back.
+    connection_age_grace_s = None
+
+    async def finish(self, grace_s: float) -> None:
+        """Each open stream hands out nothing more and ends ("subscribe again") once its client
+        answered what it holds, within the server's grace: a rolling update sends no mail twice."""
+        if self._service is not None:
+            left = await self._dequeuer.finish(grace_s)
+            if left:
+                log.warning("streams whose clients did not answer within the grace", extra={"streams": left, "grace_s": grace_s})
+
     async def close(self) -> None:
         if self._service is not None:
             left = await self._dequeuer.drain(DRAIN_S)

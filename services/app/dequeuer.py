@@ -44,6 +44,8 @@ class Dequeuer:
         #: Subscriptions not closed yet (``drain`` waits for them at shutdown).
         self._open: set[Subscription] = set()
         self._all_closed = asyncio.Event()
+        #: The server is stopping (``finish``): no new subscription.
+        self._finishing = False
         self._updating: set[str] = set()  # queues whose browse start update is running here
         #: One claim per mail being prepared or handed out by this process.
         self.claims = Claims()
@@ -60,11 +62,22 @@ class Dequeuer:
         if max_batch > self.limits.max_prefetch:
             raise InvalidArgument(f"max_batch {max_batch} is over the maximum of {self.limits.max_prefetch}")
         await self.state.require_queue(queue)
+        if self._finishing:
+            raise BackendUnavailable("dequeue", "dequeue_svc is stopping (a rolling update or a scale-in): subscribe again")
         consumer = await self.broker.consume(queue, prefetch or DEFAULT_PREFETCH)
         self.shaper.consuming(+1)
         sub = Subscription(self, queue, consumer, prefetch or DEFAULT_PREFETCH, max(max_batch, 1))
         self._open.add(sub)
         return sub
+
+    async def finish(self, timeout_s: float) -> int:
+        """The server is stopping: no new subscription, and each open stream hands out nothing
+        more and ends once its client answered what it holds (Subscription.finish). Waits up to
+        ``timeout_s`` for them; returns how many are still open."""
+        self._finishing = True
+        for sub in list(self._open):
+            sub.finish()
+        return await self.drain(timeout_s)
 
     def closed(self, sub: Subscription) -> None:
         """A subscription ended (its close ran to its end)."""

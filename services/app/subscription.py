@@ -91,6 +91,8 @@ class Subscription:
         self._committing: set[asyncio.Future[object]] = set()
         #: False once the client half-closed: nothing more is handed out.
         self._handing_out = True
+        #: The server is stopping (``finish``): the stream ends once every delivery handed out is answered.
+        self._finishing = False
         #: Hand-out events held to be written with their answer's (services/app/handouts.py).
         self._handouts = HandOuts(side.events, side.handout_event_delay_s, queue)
 
@@ -116,6 +118,9 @@ class Subscription:
         while True:
             if self._failure is not None:  # the channel died: what it prepared is the broker's again
                 raise self._failure
+            if self._finishing and not self._unanswered:
+                raise BackendUnavailable("dequeue", "dequeue_svc is stopping (a rolling update or a scale-in): subscribe "
+                                         "again; every answer this stream read was carried out")
             ready = self.ready(1)
             if ready:
                 return ready[0]
@@ -174,6 +179,14 @@ class Subscription:
         """The client half-closed: it can answer nothing more, so nothing more is handed out (what
         is prepared goes back, without spending a delivery attempt, when the stream closes)."""
         self._handing_out = False
+
+    def finish(self) -> None:
+        """The server is stopping: nothing more is handed out, and the stream ends (UNAVAILABLE,
+        "subscribe again") once the client answered what it holds, so a graceful stop sends no
+        mail twice (cut at the end of the grace, every delivery in hand would come back)."""
+        self._handing_out = False
+        self._finishing = True
+        self._changed.set()
 
     async def _prepare(self, message: Message) -> Delivery | None:
         """Decode, claim, then judge and carry out (retried on a backend error); the claim goes

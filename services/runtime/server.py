@@ -85,6 +85,15 @@ class App(abc.ABC):
     async def close(self) -> None:
         return None
 
+    async def finish(self, grace_s: float) -> None:
+        """The server is stopping and gives in-flight calls ``grace_s``: long streams end cleanly
+        within it (run beside the gRPC server's own stop)."""
+        return None
+
+    #: The grace after a connection's maximum age during which its calls may go on (None: for as
+    #: long as they last; a consumer's stream cut there would give back every delivery it holds).
+    connection_age_grace_s: float | None = 30.0
+
     def conditions(self) -> dict[str, str | None]:
         """Health names beyond readiness, each SERVING while its condition holds: name -> why it
         does not hold now (None: it holds). Read often: no I/O."""
@@ -111,6 +120,9 @@ class Served:
         UP.set(1 if status == SERVING else 0)
 
 
+#: gRPC's "no limit" for a duration in milliseconds (INT_MAX).
+INFINITE_MS = 2**31 - 1
+
 #: After a lameduck, how long the APIs answer NOT_SERVING before the connections close.
 HEALTH_NOTICE_S = 1.0
 
@@ -122,7 +134,8 @@ def create_server(app: App, host: str | None = None, port: int | None = None) ->
         interceptors=[TokenAuth(s.tokens, s.tls.identities), ErrorsAndMetrics()],
         options=[
             ("grpc.max_connection_age_ms", s.max_connection_age_s * 1000),
-            ("grpc.max_connection_age_grace_ms", 30_000),
+            ("grpc.max_connection_age_grace_ms",
+             INFINITE_MS if app.connection_age_grace_s is None else int(app.connection_age_grace_s * 1000)),
             ("grpc.max_receive_message_length", MAX_MESSAGE),
             ("grpc.max_send_message_length", MAX_MESSAGE),
             ("grpc.keepalive_permit_without_calls", 1),
@@ -273,7 +286,10 @@ async def serve(app: App) -> None:
         # as the server stops, before a handler takes it, ends CANCELLED (grpc/grpc#41785).
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(stop.wait(), HEALTH_NOTICE_S)
+    finishing = asyncio.ensure_future(app.finish(s.shutdown_grace_s))
     await server.stop(s.shutdown_grace_s)
+    with contextlib.suppress(Exception):
+        await finishing
     if probes is not None:
         await probes.stop(0)
     await app.close()

@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+import time
 import urllib.request
 
 import pytest
@@ -244,6 +245,60 @@ def test_sigterm_of_dequeue_svc_writes_the_hand_outs_its_open_streams_hold(suite
         # Then the hand-out is in the history, and the process logged no lost event
         assert history() == ["EVENT_TYPE_ENQUEUED", "EVENT_TYPE_HANDED_OUT"]
         assert "hand-out events lost" not in (proc.stderr.read() if proc.stderr else "")
+    finally:
+        if consumer is not None:
+            consumer.close()
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_sigterm_of_dequeue_svc_hands_out_nothing_more_and_ends_each_stream_once_answered(suite):
+    """A graceful stop (a rolling update) sends no mail twice: after SIGTERM a consumer's stream
+    hands out nothing more, its answers are carried out, and it ends UNAVAILABLE ("subscribe
+    again") once answered; cut at the end of the grace instead, the deliveries it held came back."""
+    import queue as queue_module
+    import signal
+
+    import grpc
+
+    from mailqueue.v1 import dequeue_pb2_grpc
+    from tests.integration.helpers import StreamConsumer, enqueue_names
+
+    # Given a dequeue_svc process with a grace of 20 s, and a consumer holding 4 deliveries
+    port = free_port()
+    env = service_env(suite.keyspace, MAILQUEUE_PORT=str(port), MAILQUEUE_SHUTDOWN_GRACE_S="20", MAILQUEUE_LAMEDUCK_S="0")
+    proc = start_process("dequeue_svc", env)
+    target = f"127.0.0.1:{port}"
+    queue = suite.new_queue()
+    names = [f"g-{i}" for i in range(12)]
+    enqueue_names(suite, queue, names)
+    consumer = None
+    try:
+        wait_until(lambda: health(target) == health_pb2.HealthCheckResponse.SERVING, 60, what="SERVING")
+        consumer = StreamConsumer(dequeue_pb2_grpc.DequeueServiceStub(grpc.insecure_channel(target)), queue, prefetch=4)
+        held = [consumer.next() for _ in range(4)]
+        # When the process is stopped with SIGTERM, and the consumer then answers what it holds
+        stopped = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        wait_until(lambda: health(target) != health_pb2.HealthCheckResponse.SERVING, 10, what="NOT_SERVING after SIGTERM")
+        for d in held:
+            consumer.answer(d)
+        # Then nothing more is handed out, and the stream ends at once, UNAVAILABLE, saying to subscribe again
+        with pytest.raises(EOFError):
+            extra = consumer.next(timeout=15)
+            pytest.fail(f"handed out after SIGTERM: {extra.mail.mail.name}")
+        assert consumer.error.code() == grpc.StatusCode.UNAVAILABLE and "subscribe again" in consumer.error.details()
+        assert proc.wait(30) == 0
+        assert time.monotonic() - stopped < 15, "the stop waited for the whole grace"
+        # and the other mails are delivered once each by the queue's own dequeue_svc, none of the answered again
+        rest = StreamConsumer(suite.dequeue_stub, queue, prefetch=16)
+        got = [rest.next() for _ in range(8)]
+        for d in got:
+            rest.answer(d)
+        assert sorted(d.mail.mail.name for d in got) == sorted(set(names) - {d.mail.mail.name for d in held})
+        with pytest.raises(queue_module.Empty):
+            rest.next(timeout=1)  # none of the answered ones comes again
+        rest.close()
     finally:
         if consumer is not None:
             consumer.close()
