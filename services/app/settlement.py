@@ -61,7 +61,7 @@ async def settle(
     finally:
         d.end(s.side.shaper)
     if outcome is Outcome.RETRY:
-        s.side.shaper.observe_retry(d.mail, error_message)
+        s.side.shaper.observe_retry(d.mail, model.truncated(error_message))  # the rules see what is kept
     OUTCOMES.labels(s.queue, outcome.name).inc()
 
 

@@ -247,7 +247,7 @@ class Subscription:
             raise InvalidArgument(f"delivery tag {tag} is not an unanswered delivery of this stream")
         self._scheduler.answered()
         self._changed.set()  # credit for one more delivery
-        self._stream.arrived.discard(tag)
+        self._stream.arrived.discard(broker_tag)
         # To the end once the tag is taken, whatever happens to the stream: a RETRY cut between
         # its publish and its ack would leave two copies (the new one, and the old one given back
         # by the closing channel), a SUCCESS cut after its mark would lose its counter update.

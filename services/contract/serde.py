@@ -108,7 +108,11 @@ def retry_after_from_proto(pb: Any) -> dt.timedelta | None:
 
     if not pb.HasField("retry_after"):
         return None
-    return max(duration_from_proto(pb.retry_after, "retry_after", MAX_DELAY, negative=True), dt.timedelta(0))
+    d = pb.retry_after
+    if d.seconds < 0 or d.nanos < 0:  # a negative wait of any size means now, as Enqueue's negative delay
+        duration_from_proto(d, "retry_after", dt.timedelta(seconds=_MAX_DURATION_S), negative=True)  # a valid Duration
+        return dt.timedelta(0)
+    return duration_from_proto(d, "retry_after", MAX_DELAY)
 
 
 def retry_policy_to_proto(p: model.RetryPolicy) -> browse_pb2.RetryPolicy:

@@ -100,6 +100,11 @@ def test_a_negative_retry_after_means_now():
     assert serde.retry_after_from_proto(o) is None
     o.retry_after.FromTimedelta(dt.timedelta(seconds=-3))
     assert serde.retry_after_from_proto(o) == dt.timedelta(0)
+    o.retry_after.FromTimedelta(dt.timedelta(days=-400))  # of any size (it said "at most 31622400 seconds")
+    assert serde.retry_after_from_proto(o) == dt.timedelta(0)
+    o.retry_after.FromTimedelta(dt.timedelta(days=400))
+    with pytest.raises(InvalidArgument, match="retry_after is out of range"):
+        serde.retry_after_from_proto(o)
 
 
 def test_a_message_body_splits_into_the_mail_and_the_content_it_carries():
