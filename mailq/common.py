@@ -56,7 +56,7 @@ class Client:
         tls = tls_credentials(a)
         self.enqueue = enqueue_pb2_grpc.EnqueueServiceStub(blocking_channel(target("enqueue"), token, tls))
         self.dequeue = dequeue_pb2_grpc.DequeueServiceStub(blocking_channel(target("dequeue"), token, tls))
-        browse_channel = blocking_channel(target("browse"), token, tls)
+        self.browse_channel = browse_channel = blocking_channel(target("browse"), token, tls)
         self.browse = browse_pb2_grpc.BrowseServiceStub(browse_channel)
         self.admin = admin_pb2_grpc.AdminServiceStub(browse_channel)
         self.events = events_pb2_grpc.EventServiceStub(browse_channel)

@@ -95,6 +95,11 @@ TYPES = {_type(v): v for v in events_pb2.EventType.values() if v != events_pb2.E
 #: between them end the command.
 RESUMES = 5
 RESUME_PAUSE_S = (0.2, 0.5, 1.0, 2.0, 4.0)
+#: How long a resume waits for browse_svc to answer again (a restart, a rolling update) before it
+#: counts as one more cut.
+RESUME_WAIT_S = 30.0
+#: A first call refused sooner than this never reached browse_svc: the usual error, not a cut.
+REFUSED_AT_ONCE_S = 2.0
 
 
 def _line(e: events_pb2.Event) -> str:
@@ -122,8 +127,22 @@ def cmd_events(c: Client, a: argparse.Namespace) -> None:
             request = events_pb2.WatchEventsRequest(cursor=last, from_oldest=a.oldest and not last, queues=a.queue,
                                                     types=[TYPES[t] for t in a.type])
             left = None if deadline is None else max(deadline - time.monotonic(), 0.001)
-            # A resume waits for browse_svc to answer again (a restart, a rolling update).
-            stream = c.events.WatchEvents(request, timeout=left, wait_for_ready=cuts > 0 or None)
+            if cuts:  # a resume waits, a bounded time, for browse_svc to answer again (a restart, a rolling update)
+                wait = RESUME_WAIT_S if left is None else min(left, RESUME_WAIT_S)
+                try:
+                    grpc.channel_ready_future(c.browse_channel).result(timeout=wait)
+                except grpc.FutureTimeoutError:
+                    if deadline is not None and time.monotonic() >= deadline:
+                        raise SystemExit(f"mailq events: browse_svc did not answer again before --for ran out; "
+                                         f"to go on: {_again(a, last) if last else 'run it again'}") from None
+                    if cuts >= RESUMES:
+                        raise SystemExit(f"mailq events: browse_svc did not answer again ({RESUMES} tries of "
+                                         f"{RESUME_WAIT_S:g} s): is it running?") from None
+                    cuts += 1
+                    continue
+                left = None if deadline is None else max(deadline - time.monotonic(), 0.001)
+            started = time.monotonic()
+            stream = c.events.WatchEvents(request, timeout=left)
             try:
                 for response in stream:
                     e = response.event
@@ -141,6 +160,8 @@ def cmd_events(c: Client, a: argparse.Namespace) -> None:
                 # restarted browse_svc ends its streams: go on from the last event shown.
                 if e.code() is not grpc.StatusCode.UNAVAILABLE or cuts >= RESUMES:
                     raise
+                if not cuts and not shown and time.monotonic() - started < REFUSED_AT_ONCE_S:
+                    raise  # never reached browse_svc (down, a wrong address, TLS): the usual error and hint
                 where = (f"after cursor {last}" if last else "from the oldest event kept" if a.oldest
                          else "from now on (no event shown yet: one recorded during the cut is not shown)")
                 print(f"the stream was cut ({e.details()}); resuming {where}", file=sys.stderr, flush=True)

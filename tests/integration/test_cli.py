@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 
 from tests.conftest import own_queue
 
@@ -84,6 +85,19 @@ def test_errors_say_what_to_do(suite):
     assert "exactly one of --sender, --recipient, --name" in r.stderr
     r = mailq(suite, "republish", "x", "--older-than", "soon", ok=False)
     assert "use a number and a unit" in r.stderr
+
+
+def test_mailq_events_against_a_service_that_is_not_there_exits_1_with_the_hint(suite):
+    # It waited for ever (--count), or exited 0 after --for, taking the refusal for a cut stream.
+    from stack.harness import free_port
+
+    nobody = f"127.0.0.1:{free_port()}"
+    for args in (("events", "--count", "1"), ("events", "--for", "3")):
+        began = time.monotonic()
+        r = subprocess.run([str(MAILQ), "--browse", nobody, *args], cwd=tempfile.gettempdir(), capture_output=True,
+                           text=True, timeout=60)
+        assert (r.returncode, "is the service up and reachable?" in r.stderr) == (1, True), (args, r.returncode, r.stderr)
+        assert time.monotonic() - began < 10 and "resuming" not in r.stderr
 
 
 def test_hold_rules_and_release_from_the_command_line(suite):
