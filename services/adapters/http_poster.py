@@ -60,6 +60,6 @@ class UrllibPoster:
         except urllib.error.HTTPError as e:
             e.close()
             return int(e.code)
-        except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
+        except (urllib.error.URLError, OSError, http.client.HTTPException, ValueError) as e:  # ValueError: a URL it cannot send
             log.info("webhook endpoint did not answer", extra={"url": url, "error": str(e)[:200]})
             return None

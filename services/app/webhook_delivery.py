@@ -8,6 +8,9 @@ the checkpoint past each batch once it is answered (services/domain/webhooks.py 
 - Retries: no answer (timeout, connection error), 5xx, 408 and 429 are tried again after a
   doubling backoff, capped; any other status refuses the batch: counted, logged, not sent again.
 - Events older than the endpoint's maximum age when they would be sent are dropped, counted and logged.
+- Events the stream's retention removed before the endpoint read them (it was down or failing
+  longer than the stream keeps events) are found on resuming from its checkpoint: counted (in
+  stream messages) and logged as an error.
 - Each endpoint runs on its own (its own consumer, its own task): a slow or dead endpoint delays
   no other.
 """
@@ -22,7 +25,7 @@ from collections.abc import Awaitable, Callable
 
 from prometheus_client import Counter
 
-from services.domain import webhooks
+from services.domain import event_stream, webhooks
 from services.domain.events import Event
 from services.domain.webhooks import Endpoint
 from services.ports.events import EventStream
@@ -34,6 +37,8 @@ EVENTS = Counter("mailqueue_webhook_events_total", "Events handled by webhook de
                  "(delivered; refused: the endpoint answered a 4xx other than 408/429; too_old: older than its maximum age)",
                  ["endpoint", "outcome"])
 RETRIES = Counter("mailqueue_webhook_retries_total", "Webhook requests sent again (no answer, 5xx, 408 or 429)", ["endpoint"])
+LOST = Counter("mailqueue_webhook_stream_messages_lost_total", "Event stream messages (each up to 1,000 events) the "
+               "stream's retention removed before an endpoint read them, found on resuming from its checkpoint", ["endpoint"])
 
 
 class EndpointDelivery:
@@ -82,10 +87,23 @@ class EndpointDelivery:
         try:
             async with contextlib.aclosing(self._stream.watch(last, from_oldest=self._from_oldest)) as events:
                 async for e in events:
-                    if e.cursor != last and self.endpoint.wanted(e):  # the checkpoint's event was taken
+                    if last is not None:  # the first event read: the stream kept everything after the checkpoint?
+                        self._check_kept(last, e.cursor)
+                        last, resumed = None, last
+                        if e.cursor == resumed:  # the checkpoint's event was taken
+                            continue
+                    if self.endpoint.wanted(e):
                         await inbox.put(e)
         except Exception as e:  # noqa: BLE001 - handed to run(), which raises it after the events before it
             await inbox.put(e)
+
+    def _check_kept(self, checkpoint: str, first: str) -> None:
+        missed = event_stream.messages_missed(checkpoint, first)
+        if missed:
+            LOST.labels(self.endpoint.name).inc(missed)
+            log.error("the event stream's retention removed events this endpoint had not been sent: they are lost to it "
+                      "(raise MAILQUEUE_EVENT_STREAM_RETENTION_S or _MAX_BYTES, or mend the endpoint sooner)", extra={
+                          "endpoint": self.endpoint.name, "messages_lost": missed, "checkpoint": checkpoint, "resumed_at": first})
 
     async def _deliver(self, events: list[Event]) -> None:
         name, failures = self.endpoint.name, 0

@@ -75,3 +75,10 @@ class EventFilter:
 
     def __call__(self, event: Event) -> bool:
         return (not self.queues or event.queue in self.queues) and (not self.types or event.type in self.types)
+
+
+def messages_missed(resumed_from: str, first: str) -> int:
+    """The stream messages certainly missed by a watch resumed from cursor ``resumed_from`` whose
+    first event has cursor ``first``: offsets are consecutive, so any message between the two was
+    removed by the stream's retention before it was read (0: none missed)."""
+    return max(0, (int(first) >> INDEX_BITS) - (int(resumed_from) >> INDEX_BITS) - 1)

@@ -58,12 +58,15 @@ def name_of(name: str) -> str:
 def url_of(text: str) -> str:
     """``text`` if webhook_svc can POST to it: http or https, a host, a port in range, no user or
     password (they would be in every listing and event), no fragment (never sent), no space or
-    control character, at most MAX_URL characters; InvalidArgument saying what is wrong."""
-    wrong = f"webhook url {shown(text)}"
+    control character, ASCII only, at most MAX_URL characters; InvalidArgument saying what is wrong."""
+    wrong = f"webhook url {shown(re.sub(r'//[^/?#]*@', '//…@', text))}"  # never the password it may carry
     if len(text) > MAX_URL:
         raise InvalidArgument(f"{wrong} is {len(text)} characters long: at most {MAX_URL}")
     if not text.isprintable() or " " in text:
         raise InvalidArgument(f"{wrong} holds a space or a control character: percent-encode them")
+    if not text.isascii():  # an HTTP request line is ASCII: it could never be sent
+        raise InvalidArgument(f"{wrong} holds a character that is not ASCII: percent-encode it (and write an "
+                              "international host name in its xn-- form)")
     try:
         url = urllib.parse.urlsplit(text)
         url.port  # noqa: B018 - raises ValueError outside 0-65535

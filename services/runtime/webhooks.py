@@ -41,7 +41,8 @@ from services.adapters.rabbitmq.event_stream import RabbitMQEventStream
 from services.app.webhook_admin import WebhookAdmin
 from services.app.webhook_delivery import EndpointDelivery
 from services.app.webhook_fleet import EndpointFleet
-from services.domain.errors import ConfigurationError
+from services.domain import webhook_registry
+from services.domain.errors import ConfigurationError, InvalidArgument
 from services.domain.event_stream import EventFilter
 from services.domain.events import EventType
 from services.domain.webhook_registry import DEFAULT_MAX_AGE_S, MIN_MAX_AGE_S, Registration
@@ -81,8 +82,13 @@ def endpoints_from_file(path: str, running: bool = False) -> list[tuple[Endpoint
                 log.error("webhook endpoint of MAILQUEUE_WEBHOOKS_FILE skipped: its secret file cannot be read (fix it; "
                           "it is tried again at each reload)", extra={"endpoint": entry.get("name"), "error": str(e)})
                 continue
-            if entry["name"] in names or not str(entry["url"]).startswith(("http://", "https://")):
-                raise ValueError(f"endpoint {entry['name']!r}: a name used twice, or a URL not http(s)")
+            if entry["name"] in names:
+                raise ValueError(f"endpoint {entry['name']!r}: a name used twice")
+            try:  # what a registration is held to (no user or password in it: it would be logged)
+                webhook_registry.name_of(str(entry["name"]))
+                webhook_registry.url_of(str(entry["url"]))
+            except InvalidArgument as e:
+                raise ValueError(f"endpoint {str(entry['name'])[:64]!r}: {e}") from None
             names.add(entry["name"])
             wanted = EventFilter.of(entry.get("queues", ()), [EventType(t) for t in entry.get("types", ())])
             max_age = float(entry.get("max_age_s", 0)) or DEFAULT_MAX_AGE_S  # 0: the default, as a registration's

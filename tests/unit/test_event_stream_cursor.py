@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 
+from services.domain import event_stream
 from services.domain.errors import InvalidArgument
 from services.domain.event_stream import FIRST, INDEX_BITS, MAX_PER_MESSAGE, NEXT, EventFilter, Start, cursor_of, start
 from services.domain.events import ANONYMOUS, EventType, of_queue
@@ -81,3 +82,11 @@ def test_events_recorded_together_leave_as_messages_of_bounded_count_and_size_in
     body = batch_to_bytes(small[:3])
     assert [event_from_proto(pb, str(i)) for i, pb in enumerate(batch_from_bytes(body))] == \
         [dataclasses.replace(e, cursor=str(i)) for i, e in enumerate(small[:3])]
+
+
+def test_messages_missed_between_a_checkpoint_and_the_first_event_read():
+    c = event_stream.cursor_of
+    assert event_stream.messages_missed(c(10, 3), c(10, 4)) == 0  # the same message, next event
+    assert event_stream.messages_missed(c(10, 55), c(11, 0)) == 0  # the checkpoint was its message's last event
+    assert event_stream.messages_missed(str(int(c(10)) - 1), c(10, 0)) == 0  # "before the first": the message before, index 65535
+    assert event_stream.messages_missed(c(10, 3), c(14, 0)) == 3  # messages 11, 12, 13 removed by the retention

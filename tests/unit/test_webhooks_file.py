@@ -44,3 +44,13 @@ def test_a_secret_file_gone_refuses_the_start_but_only_skips_its_entry_at_a_relo
 def test_a_batch_size_or_timeout_that_could_never_deliver_refuses_the_start(tmp_path, entry):
     with pytest.raises(ConfigurationError, match="out of range"):
         endpoints_from_file(write(tmp_path, **entry))
+
+
+@pytest.mark.parametrize(("url", "says"), [("https://user:pw@h.example/in", "user or password"),
+                                           ("https://h.example/hoöks", "not ASCII"), ("ftp://h.example/", "http")])
+def test_a_file_endpoint_is_held_to_what_a_registration_is(tmp_path, url, says):
+    # It was taken, then failed at every POST (logging the password each time), or put the
+    # endpoint in a restart loop.
+    with pytest.raises(ConfigurationError, match=says) as refused:
+        endpoints_from_file(write(tmp_path, url=url))
+    assert "pw" not in str(refused.value).replace("password", "")
