@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import ipaddress
 import math
 import os
 import sys
@@ -54,6 +55,12 @@ class Client:
             return given
 
         tls = tls_credentials(a)
+        if token and tls is None:
+            remote = sorted({h for h in (target(name).rpartition(":")[0] for name in DEFAULT_PORTS) if not _loopback(h)})
+            if remote:
+                raise UsageError(f"mailq: a token is never sent in plaintext to {', '.join(remote)} (not this machine), "
+                                 "where the services serve TLS: pass --tls-ca (or set MAILQ_TLS_CA) with the CA that "
+                                 "signed their certificates")
         self.enqueue = enqueue_pb2_grpc.EnqueueServiceStub(blocking_channel(target("enqueue"), token, tls))
         self.dequeue = dequeue_pb2_grpc.DequeueServiceStub(blocking_channel(target("dequeue"), token, tls))
         self.browse_channel = browse_channel = blocking_channel(target("browse"), token, tls)
@@ -62,6 +69,13 @@ class Client:
         self.events = events_pb2_grpc.EventServiceStub(browse_channel)
         self.webhooks = webhooks_pb2_grpc.WebhookAdminServiceStub(browse_channel)
         self.blob = blob_pb2_grpc.BlobServiceStub(blocking_channel(target("blob"), token, tls))
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return host == "localhost" or ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def tls_credentials(a: argparse.Namespace) -> grpc.ChannelCredentials | None:

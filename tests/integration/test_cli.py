@@ -100,6 +100,15 @@ def test_mailq_events_against_a_service_that_is_not_there_exits_1_with_the_hint(
         assert time.monotonic() - began < 10 and "resuming" not in r.stderr
 
 
+def test_a_token_is_never_sent_in_plaintext_to_another_machine(suite):
+    # mq.example.invalid is never dialled: refused before any connection (exit 2, a usage error).
+    r = subprocess.run([str(MAILQ), "--host", "mq.example.invalid", "--token", "t0ken", "queues"], cwd=tempfile.gettempdir(),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "never sent in plaintext to mq.example.invalid" in r.stderr and "--tls-ca" in r.stderr, r.stderr
+    r = run(suite, "--token", "t0ken", "queues")  # the suite's services: on this machine, plaintext is fine
+    assert r.returncode == 0, r.stderr
+
+
 def test_hold_rules_and_release_from_the_command_line(suite):
     queue = own_queue("cli")
     mailq(suite, "create", queue)
