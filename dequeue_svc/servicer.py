@@ -15,7 +15,7 @@ from mailqueue.v1 import dequeue_pb2, dequeue_pb2_grpc
 from services.app import dequeue_stream
 from services.app.dequeue_stream import Answer
 from services.app.dequeuer import Dequeuer
-from services.app.subscription import DEFAULT_PREFETCH, Delivery, Outcome
+from services.app.subscription import Delivery, Outcome
 from services.contract import serde
 from services.domain import delivery_tags
 from services.domain.errors import InvalidArgument
@@ -92,8 +92,7 @@ class DequeueServicer(dequeue_pb2_grpc.DequeueServiceServicer):
         sub = await dequeuer.subscribe(first.subscribe.queue, first.subscribe.prefetch, first.subscribe.max_batch)
         async with dequeue_stream.serving(sub, _answers(requests)) as deliveries:
             yield dequeue_pb2.DequeueResponse(
-                subscribed=dequeue_pb2.Subscribed(queue=sub.queue, prefetch=first.subscribe.prefetch or DEFAULT_PREFETCH,
-                                                  max_batch=sub.max_batch)
+                subscribed=dequeue_pb2.Subscribed(queue=sub.queue, prefetch=sub.prefetch, max_batch=sub.max_batch)
             )
             async for batch in deliveries:
                 yield _response(batch, sub.max_batch, sub.tag_prefix)

@@ -64,9 +64,11 @@ class Dequeuer:
         await self.state.require_queue(queue)
         if self._finishing:
             raise BackendUnavailable("dequeue", "dequeue_svc is stopping (a rolling update or a scale-in): subscribe again")
-        consumer = await self.broker.consume(queue, prefetch or DEFAULT_PREFETCH)
+        prefetch = prefetch or min(DEFAULT_PREFETCH, self.limits.max_prefetch)  # the default within the server's maximum
+        consumer = await self.broker.consume(queue, prefetch)
         self.shaper.consuming(+1)
-        sub = Subscription(self, queue, consumer, prefetch or DEFAULT_PREFETCH, max(max_batch, 1))
+        # A batch is at most the credit: more could never be handed out at once.
+        sub = Subscription(self, queue, consumer, prefetch, min(max(max_batch, 1), prefetch))
         self._open.add(sub)
         return sub
 

@@ -76,6 +76,8 @@ class Subscription:
         self.max_batch = max_batch
         #: The prefix of the tags this stream's client sees (services/domain/delivery_tags.py).
         self.tag_prefix = delivery_tags.new_prefix()
+        #: Unanswered deliveries at most (the client's credit).
+        self.prefetch = prefetch
         self._scheduler: Scheduler[Preparing] = Scheduler(model.PRIORITIES, prefetch)
         #: Handed out, not answered yet, by delivery tag.
         self._unanswered: dict[int, Delivery] = {}
@@ -145,7 +147,6 @@ class Subscription:
             if message is not None:
                 self._in_hand[delivery.tag] = message
             self._unanswered[delivery.tag] = delivery
-            DELIVERED.labels(self.queue).inc()
             out.append(delivery)
         return out
 
@@ -161,6 +162,7 @@ class Subscription:
         answered, or go back (one attempt spent) when the stream ends."""
         for d in batch:
             self._in_hand.pop(d.tag, None)
+        DELIVERED.labels(self.queue).inc(len(batch))  # counted once sent (one never sent is not)
 
     def unhand(self, batch: list[Delivery]) -> None:
         """The deliveries ``ready`` gave were never sent (their hand-out could not be recorded, or

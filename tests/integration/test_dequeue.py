@@ -222,6 +222,9 @@ def test_batched_deliveries_respect_prefetch_and_one_outcomes_message_settles_th
     ids = enqueue_names(suite, queue, [f"m{i}" for i in range(7)])
     c = consumer(suite, queue, prefetch=5, max_batch=4)
     assert (c.subscribed.prefetch, c.subscribed.max_batch) == (5, 4)
+    over = consumer(suite, suite.new_queue(), prefetch=2, max_batch=32)  # a batch is at most the credit: what is in force is said
+    assert (over.subscribed.prefetch, over.subscribed.max_batch) == (2, 2)
+    over.close()
     got = []
     while len(got) < 5:  # the first five, in messages of one to four
         r = c.response()
