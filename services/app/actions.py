@@ -133,15 +133,22 @@ async def to_the_end(under_way: set[asyncio.Future[object]], step: Awaitable[T])
     """Run ``step`` (a verdict carried out, an answer settled) to its end even if its caller is
     cancelled (the stream closing); it stays in ``under_way`` until it ends, and the stream's close
     waits for those. Cut between a publish and its ack, a step would leave a second copy of the mail."""
-    task = asyncio.ensure_future(step)
-    under_way.add(task)
-    task.add_done_callback(under_way.discard)
-    task.add_done_callback(_read_error)  # read here too: a caller cancelled meanwhile never reads it
+    task = begun(under_way, step)
     try:
         return await asyncio.shield(task)
     except asyncio.CancelledError:
         task.add_done_callback(_log_error)  # the stream ended: nobody else will say it failed
         raise
+
+
+def begun(under_way: set[asyncio.Future[object]], step: Awaitable[T]) -> asyncio.Future[T]:
+    """``step`` started now, as ``to_the_end`` runs it (never cancelled; in ``under_way`` until it
+    ends): for a caller that must not be cut between taking a step and starting it."""
+    task = asyncio.ensure_future(step)
+    under_way.add(task)
+    task.add_done_callback(under_way.discard)
+    task.add_done_callback(_read_error)  # read here too: a caller cancelled meanwhile never reads it
+    return task
 
 
 def _read_error(task: asyncio.Future[object]) -> None:

@@ -83,22 +83,23 @@ async def serving(sub: Subscription, answers: AsyncIterator[list[Answer]]) -> As
 
 async def _settle(sub: Subscription, answers: AsyncIterator[list[Answer]]) -> None:
     """Read answers until the client half-closes; settle them concurrently; raise the first error."""
-    running: set[asyncio.Task[None]] = set()
+    running: set[asyncio.Future[None]] = set()
     failed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
-    def check(task: asyncio.Task[None]) -> None:
+    def check(task: asyncio.Future[None]) -> None:
         running.discard(task)
         if not task.cancelled() and task.exception() is not None and not failed.done():
             failed.set_exception(task.exception())  # type: ignore[arg-type]
 
     async def read() -> None:
         async for group in answers:
-            # Tasks start in order: each answer takes its tag (and starts settling) before the
-            # next one of the stream is looked at.
+            # In order, at once: each answer takes its tag and starts settling before the next one
+            # of the stream is looked at (a tag answered twice is refused here); a settlement
+            # begun is never cancelled (only the wait for it, shielded, is).
             for a in group:
-                task = asyncio.create_task(sub.settle(a.tag, a.outcome, a.error_message, a.retry_after))
-                running.add(task)
-                task.add_done_callback(check)
+                waiting = asyncio.shield(sub.settle(a.tag, a.outcome, a.error_message, a.retry_after))
+                running.add(waiting)
+                waiting.add_done_callback(check)
         sub.stop_handing_out()  # half-closed
         if running:
             await asyncio.wait(set(running))

@@ -237,9 +237,12 @@ class Subscription:
             side.shaper.release(ticket, handed_out=False)  # retried or cancelled: admitted again next time
             raise
 
-    async def settle(
+    def settle(
         self, tag: int, outcome: Outcome, error_message: str = "", retry_after: dt.timedelta | None = None,
-    ) -> None:
+    ) -> asyncio.Future[None]:
+        """Take the answer to ``tag`` and begin carrying it out, at once (no await between the two:
+        an answer read is carried out, whatever happens to the stream next); the future of its end.
+        InvalidArgument, raised here, for a tag that is not an unanswered delivery of this stream."""
         broker_tag = delivery_tags.inward(self.tag_prefix, tag)
         if broker_tag is None:
             raise InvalidArgument(f"delivery tag {tag} was not given out by this stream: answer each delivery on the "
@@ -253,7 +256,7 @@ class Subscription:
         # To the end once the tag is taken, whatever happens to the stream: a RETRY cut between
         # its publish and its ack would leave two copies (the new one, and the old one given back
         # by the closing channel), a SUCCESS cut after its mark would lose its counter update.
-        await actions.to_the_end(self._committing, self._settled(delivery, outcome, error_message, retry_after))
+        return actions.begun(self._committing, self._settled(delivery, outcome, error_message, retry_after))
 
     async def _settled(self, delivery: Delivery, outcome: Outcome, error_message: str, retry_after: dt.timedelta | None) -> None:
         handed = await self._handouts.answered(delivery.tag)
