@@ -45,3 +45,16 @@ def test_a_call_on_a_channel_that_closed_fails_unavailable_and_leaves_nothing_un
     run(scenario())
     gc.collect()  # a failed future nobody awaited reports itself when collected
     assert not [r for r in caplog.records if "never retrieved" in r.getMessage()]
+
+
+def test_a_consumer_closed_by_the_brokers_consumer_timeout_says_what_to_do():
+    from services.adapters.rabbitmq.channels import consumer_closed
+    from services.domain.errors import BackendUnavailable, FailedPrecondition
+
+    # As RabbitMQ 3.10 closes the channel (reply 406) of a consumer that held a delivery too long.
+    late = consumer_closed("(406, 'PRECONDITION_FAILED - delivery acknowledgement on channel 3 timed out. "
+                           "Timeout value used: 1800000 ms. This timeout value can be configured, see consumers doc guide')")
+    assert isinstance(late, FailedPrecondition) and "answer each delivery sooner" in str(late)
+    gone = consumer_closed("(320, 'CONNECTION_FORCED - broker forced connection closure')")
+    assert isinstance(gone, BackendUnavailable) and "CONNECTION_FORCED" in str(gone)
+    assert isinstance(consumer_closed(None), BackendUnavailable)

@@ -15,13 +15,26 @@ from typing import Any
 import pika
 from pika.channel import Channel
 
-from services.domain.errors import BackendUnavailable
+from services.domain.errors import BackendUnavailable, FailedPrecondition, MailQueueError
 
 log = logging.getLogger(__name__)
 
 
 def unavailable(detail: Any) -> BackendUnavailable:
     return BackendUnavailable("rabbitmq", str(detail) or type(detail).__name__)
+
+
+def consumer_closed(reason: Any) -> MailQueueError:
+    """Why a consumer's channel closed, as the consumer's stream ends with it: the broker's
+    consumer timeout (a delivery held unanswered too long) is the client's to mend, said so;
+    anything else is the broker being unavailable."""
+    text = str(reason)
+    if "acknowledgement" in text and "timed out" in text:
+        return FailedPrecondition(
+            "a delivery was not answered within RabbitMQ's consumer timeout (consumer_timeout, 30 min by default): the "
+            "stream ended and every delivery it held goes back to the queue; answer each delivery sooner (RETRY with "
+            "retry_after what must wait), or raise consumer_timeout on the broker")
+    return unavailable(reason or "consumer channel closed")
 
 
 class Waiters:

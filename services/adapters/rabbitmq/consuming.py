@@ -24,7 +24,7 @@ from typing import Any
 from pika.channel import Channel
 
 from services.adapters.rabbitmq import message_format
-from services.adapters.rabbitmq.channels import Waiters, unavailable
+from services.adapters.rabbitmq.channels import Waiters, consumer_closed
 from services.adapters.rabbitmq.connection import NodeConnection
 from services.ports.broker import Consumer, Message
 
@@ -87,12 +87,12 @@ class RabbitMQConsumer(Consumer):
         item = await self._inbox.get()
         if item is _CLOSED:
             self._inbox.put_nowait(_CLOSED)  # every later get fails too
-            raise unavailable(self._cancelled or self._waiters.closed_reason or "consumer channel closed")
+            raise consumer_closed(self._cancelled or self._waiters.closed_reason)
         return item
 
     def _ensure_open(self) -> None:
         if not self._channel.is_open:
-            raise unavailable(self._waiters.closed_reason or "consumer channel closed")
+            raise consumer_closed(self._waiters.closed_reason)
 
     async def ack(self, delivery_tag: int) -> None:
         self._ensure_open()
