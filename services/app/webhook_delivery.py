@@ -56,11 +56,12 @@ class EndpointDelivery:
         store fails (the caller starts it again: it resumes from the checkpoint)."""
         last = await self._checkpoints.load(self.endpoint.name)
         # An endpoint with no checkpoint starts at the next event recorded: its place is saved with
-        # its first event, before that is sent, or a restart before its first answer would start at
-        # "next" again and skip what it had not delivered (and what came while it was down).
+        # the first event read, of any type, before anything is sent, or a restart before its first
+        # answer (or, with a filter, before its first wanted event) would start at "next" again and
+        # skip what it had not delivered (and what came while it was down).
         placed = last is not None or self._from_oldest
         inbox: asyncio.Queue[Event | BaseException] = asyncio.Queue(maxsize=2 * self.endpoint.batch_size)
-        reader = asyncio.create_task(self._read(last, inbox))
+        reader = asyncio.create_task(self._read(last, inbox, placed))
         try:
             while True:
                 batch = [await inbox.get()]
@@ -68,11 +69,6 @@ class EndpointDelivery:
                     batch.append(inbox.get_nowait())
                 failed = next((x for x in batch if isinstance(x, BaseException)), None)
                 events = [x for x in batch if isinstance(x, Event)]
-                if events and not placed:
-                    before = int(events[0].cursor) - 1  # resuming there sends events[0] first
-                    if before >= 0:  # (the stream's very first event has no place before it)
-                        await self._checkpoints.save(self.endpoint.name, str(before))
-                    placed = True
                 if events:
                     await self._deliver(events)
                     await self._checkpoints.save(self.endpoint.name, events[-1].cursor)
@@ -83,10 +79,15 @@ class EndpointDelivery:
             with contextlib.suppress(asyncio.CancelledError):
                 await reader
 
-    async def _read(self, last: str | None, inbox: asyncio.Queue[Event | BaseException]) -> None:
+    async def _read(self, last: str | None, inbox: asyncio.Queue[Event | BaseException], placed: bool) -> None:
         try:
             async with contextlib.aclosing(self._stream.watch(last, from_oldest=self._from_oldest)) as events:
                 async for e in events:
+                    if not placed:  # before anything of it is sent (run saves only after what it sends)
+                        before = int(e.cursor) - 1  # resuming there reads e first
+                        if before >= 0:  # (the stream's very first event has no place before it)
+                            await self._checkpoints.save(self.endpoint.name, str(before))
+                        placed = True
                     if last is not None:  # the first event read: the stream kept everything after the checkpoint?
                         self._check_kept(last, e.cursor)
                         last, resumed = None, last

@@ -249,3 +249,40 @@ def test_a_redirect_is_retried_not_followed(aio_loop, keyspace, sink, tmp_path):
         endpoint_receiver.server.shutdown()
         elsewhere.server.shutdown()
     assert elsewhere.requests == []
+
+
+def test_a_filtered_endpoint_restarted_before_its_first_wanted_event_misses_nothing(aio_loop, keyspace, sink, tmp_path):
+    """An endpoint without from_oldest is placed by the first event it reads, of any type: killed
+    before any event it wants came, and restarted after some did, it gets them. Placed only by its
+    first wanted event, it started at "next" again and they were skipped without a count."""
+    queue, other = f"wh-{uuid.uuid4().hex[:8]}", f"wh-{uuid.uuid4().hex[:8]}"
+    (tmp_path / "secret").write_bytes(os.urandom(16).hex().encode())
+    narrow, witness = Receiver(), Receiver()
+    endpoints = [{"name": f"narrow-{queue}", "url": narrow.url, "secret_file": str(tmp_path / "secret"), "queues": [queue],
+                  "timeout_s": 1, "max_age_s": 3600},
+                 {"name": f"witness-{other}", "url": witness.url, "secret_file": str(tmp_path / "secret"), "queues": [other],
+                  "timeout_s": 1, "max_age_s": 3600}]
+    webhooks = start_webhooks(keyspace, endpoints, tmp_path)
+    probes: list = []
+
+    def probe() -> bool:  # events the narrow endpoint does not want, until both endpoints read them
+        probes.append(of_queue(EventType.CONFIG_CHANGED, other, f"probe-{len(probes)}", actor=Actor.component("test")))
+        aio_loop.run(sink.publish(probes[-1:]))
+        return len(witness.events()) >= 2
+
+    try:
+        wait_until(probe, 60, interval=0.2, what="both endpoints reading the stream")
+    finally:
+        webhooks.kill()
+        webhooks.wait(10)
+    while_down = [of_queue(EventType.CONFIG_CHANGED, queue, f"down-{i}", actor=Actor.component("test")) for i in range(2)]
+    aio_loop.run(sink.publish(while_down))
+    webhooks = start_webhooks(keyspace, endpoints, tmp_path)
+    try:
+        wait_until(lambda: len(narrow.events()) >= 2, 60, what="the events it wants that came while it was down")
+        assert [e["id"] for e in narrow.events()] == [e.id for e in while_down]
+    finally:
+        webhooks.kill()
+        webhooks.wait(10)
+        narrow.server.shutdown()
+        witness.server.shutdown()
