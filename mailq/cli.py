@@ -55,7 +55,7 @@ import sys
 import grpc
 
 from mailq import dead, mails, queues, quota, rules, throttle, trace, transfer, webhook
-from mailq.common import EXIT_CLOSED_PIPE, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, Client, UsageError
+from mailq.common import DEFAULT_TIMEOUT_S, EXIT_CLOSED_PIPE, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, Client, UsageError, real
 from services.runtime.server_settings import DEFAULT_PORTS
 
 EPILOG = """\
@@ -78,6 +78,8 @@ HINTS = {
     grpc.StatusCode.PERMISSION_DENIED: "this token's role may not do that; use an admin token",
     grpc.StatusCode.NOT_FOUND: "check the name (`mailq queues` lists queues)",
     grpc.StatusCode.UNIMPLEMENTED: "the server is older than this mailq",
+    grpc.StatusCode.DEADLINE_EXCEEDED: "no answer within --timeout (default 600 s): is the service overloaded or stuck? "
+                                       "(mailq size/show --exact and flush on a deep queue may need a longer --timeout)",
 }
 
 #: NOT_FOUND from a command whose subject is not a queue: where its names are listed.
@@ -112,6 +114,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--tls-ca", metavar="PEM", help="connect with TLS, trusting this CA (default: $MAILQ_TLS_CA; unset: plaintext)")
     p.add_argument("--tls-cert", metavar="PEM", help="client certificate for mutual TLS (default: $MAILQ_TLS_CERT)")
     p.add_argument("--tls-key", metavar="PEM", help="its key (default: $MAILQ_TLS_KEY)")
+    p.add_argument("--timeout", type=real(maximum=1e6, above=True), metavar="S",
+                   default=os.environ.get("MAILQ_TIMEOUT") or str(DEFAULT_TIMEOUT_S),  # a string: checked by its type
+                   help=f"give up a call that gets no answer after S seconds (default: $MAILQ_TIMEOUT, else {DEFAULT_TIMEOUT_S:g}; "
+                   "streams that show progress are not bounded)")
     sub = p.add_subparsers(dest="command", required=True)
     for module in COMMANDS:
         module.register(sub)

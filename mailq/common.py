@@ -55,20 +55,49 @@ class Client:
             return given
 
         tls = tls_credentials(a)
+        deadline = _Deadline(getattr(a, "timeout", DEFAULT_TIMEOUT_S))
         if token and tls is None:
             remote = sorted({h for h in (target(name).rpartition(":")[0] for name in DEFAULT_PORTS) if not _loopback(h)})
             if remote:
                 raise UsageError(f"mailq: a token is never sent in plaintext to {', '.join(remote)} (not this machine), "
                                  "where the services serve TLS: pass --tls-ca (or set MAILQ_TLS_CA) with the CA that "
                                  "signed their certificates")
-        self.enqueue = enqueue_pb2_grpc.EnqueueServiceStub(blocking_channel(target("enqueue"), token, tls))
-        self.dequeue = dequeue_pb2_grpc.DequeueServiceStub(blocking_channel(target("dequeue"), token, tls))
-        self.browse_channel = browse_channel = blocking_channel(target("browse"), token, tls)
+        self.enqueue = enqueue_pb2_grpc.EnqueueServiceStub(deadline.on(blocking_channel(target("enqueue"), token, tls)))
+        self.dequeue = dequeue_pb2_grpc.DequeueServiceStub(deadline.on(blocking_channel(target("dequeue"), token, tls)))
+        self.browse_channel = blocking_channel(target("browse"), token, tls)
+        browse_channel = deadline.on(self.browse_channel)
         self.browse = browse_pb2_grpc.BrowseServiceStub(browse_channel)
         self.admin = admin_pb2_grpc.AdminServiceStub(browse_channel)
         self.events = events_pb2_grpc.EventServiceStub(browse_channel)
         self.webhooks = webhooks_pb2_grpc.WebhookAdminServiceStub(browse_channel)
-        self.blob = blob_pb2_grpc.BlobServiceStub(blocking_channel(target("blob"), token, tls))
+        self.blob = blob_pb2_grpc.BlobServiceStub(deadline.on(blocking_channel(target("blob"), token, tls)))
+
+
+#: A unary call with no answer after this long fails (DEADLINE_EXCEEDED) rather than wait for ever.
+DEFAULT_TIMEOUT_S = 600.0
+
+
+class _Deadline(grpc.UnaryUnaryClientInterceptor):
+    """Every unary call without a timeout of its own gets ``timeout_s`` (streams keep theirs: a
+    progress stream may run long, and shows that it does)."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self._timeout_s = timeout_s
+
+    def on(self, channel: grpc.Channel) -> grpc.Channel:
+        return grpc.intercept_channel(channel, self)
+
+    def intercept_unary_unary(self, continuation, details, request):  # type: ignore[no-untyped-def]  # noqa: ANN001
+        if details.timeout is None:
+            details = _WithTimeout(details, self._timeout_s)
+        return continuation(details, request)
+
+
+class _WithTimeout(grpc.ClientCallDetails):
+    def __init__(self, d: grpc.ClientCallDetails, timeout_s: float) -> None:
+        self.method, self.timeout, self.credentials, self.metadata = d.method, timeout_s, d.credentials, d.metadata
+        self.wait_for_ready = getattr(d, "wait_for_ready", None)
+        self.compression = getattr(d, "compression", None)
 
 
 def _loopback(host: str) -> bool:

@@ -109,6 +109,34 @@ def test_a_token_is_never_sent_in_plaintext_to_another_machine(suite):
     assert r.returncode == 0, r.stderr
 
 
+def test_a_call_that_gets_no_answer_ends_after_the_timeout_with_the_hint(tmp_path):
+    # A browse_svc whose handlers hang (a stuck event loop): mailq waited for ever.
+    import concurrent.futures
+    import threading
+
+    import grpc
+
+    release = threading.Event()
+
+    class Hanging(grpc.GenericRpcHandler):
+        def service(self, details):  # noqa: ANN001
+            return grpc.unary_unary_rpc_method_handler(lambda request, context: release.wait(60) and b"")
+
+    server = grpc.server(concurrent.futures.ThreadPoolExecutor(4))
+    server.add_generic_rpc_handlers((Hanging(),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        began = time.monotonic()
+        r = subprocess.run([str(MAILQ), "--browse", f"127.0.0.1:{port}", "--timeout", "2", "queues"], cwd=tempfile.gettempdir(),
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 1 and "DEADLINE_EXCEEDED" in r.stderr and "no answer within --timeout" in r.stderr, r.stderr
+        assert 2 <= time.monotonic() - began < 20
+    finally:
+        release.set()
+        server.stop(0)
+
+
 def test_hold_rules_and_release_from_the_command_line(suite):
     queue = own_queue("cli")
     mailq(suite, "create", queue)
