@@ -17,9 +17,12 @@ import asyncio
 import concurrent.futures
 import http.client
 import logging
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
+
+from services.domain.webhooks import Answer, retry_after_s
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +42,7 @@ class UrllibPoster:
     def __init__(self) -> None:
         self._lanes: dict[str, concurrent.futures.ThreadPoolExecutor] = {}
 
-    async def post(self, url: str, body: bytes, headers: Mapping[str, str], timeout_s: float) -> int | None:
+    async def post(self, url: str, body: bytes, headers: Mapping[str, str], timeout_s: float) -> Answer:
         lane = self._lanes.get(url)
         if lane is None:
             lane = self._lanes[url] = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="webhook")
@@ -48,18 +51,19 @@ class UrllibPoster:
             return await asyncio.wait_for(call, 2 * timeout_s)
         except asyncio.TimeoutError:
             log.info("webhook endpoint did not answer in time", extra={"url": url, "timeout_s": 2 * timeout_s})
-            return None
+            return Answer(None)
 
     @staticmethod
-    def _post(url: str, body: bytes, headers: dict[str, str], timeout_s: float) -> int | None:
+    def _post(url: str, body: bytes, headers: dict[str, str], timeout_s: float) -> Answer:
         request = urllib.request.Request(url, data=body, headers=headers, method="POST")
         try:
             with _OPENER.open(request, timeout=timeout_s) as response:
                 response.read(MAX_READ)
-                return int(response.status)
+                return Answer(int(response.status))
         except urllib.error.HTTPError as e:
+            asked = retry_after_s(e.headers.get("Retry-After") if e.headers is not None else None, time.time())
             e.close()
-            return int(e.code)
+            return Answer(int(e.code), asked)
         except (urllib.error.URLError, OSError, http.client.HTTPException, ValueError) as e:  # ValueError: a URL it cannot send
             log.info("webhook endpoint did not answer", extra={"url": url, "error": str(e)[:200]})
-            return None
+            return Answer(None)

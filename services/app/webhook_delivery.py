@@ -114,8 +114,9 @@ class EndpointDelivery:
                 return
             body = webhooks.batch_body(events)
             sent_at = int(self._clock())
-            status = await self._poster.post(self.endpoint.url, body, webhooks.headers(self.endpoint.secret, sent_at, body),
+            answer = await self._poster.post(self.endpoint.url, body, webhooks.headers(self.endpoint.secret, sent_at, body),
                                              self.endpoint.timeout_s)
+            status = answer.status
             outcome = webhooks.verdict(status)
             if outcome == "delivered":
                 EVENTS.labels(name, "delivered").inc(len(events))
@@ -127,7 +128,7 @@ class EndpointDelivery:
                 return
             failures += 1
             RETRIES.labels(name).inc()
-            wait = webhooks.backoff_s(failures, self._base, self._cap)
+            wait = webhooks.backoff_s(failures, self._base, self._cap, answer.retry_after_s)  # a 429's or 503's Retry-After honoured
             log.info("webhook endpoint failed; trying again", extra={"endpoint": name, "status": status, "failures": failures,
                                                                     "wait_s": wait})
             await self._sleep(wait)

@@ -74,6 +74,40 @@ def verdict(status: int | None) -> str:
     return "delivered" if 200 <= status < 300 else "refused"
 
 
-def backoff_s(failures: int, base_s: float = 0.5, cap_s: float = 300.0) -> float:
-    """The wait before the next try after ``failures`` failed tries in a row: doubling, capped."""
-    return min(cap_s, base_s * 2 ** max(0, failures - 1))
+def backoff_s(failures: int, base_s: float = 0.5, cap_s: float = 300.0, asked_s: float | None = None) -> float:
+    """The wait before the next try after ``failures`` failed tries in a row: doubling, capped;
+    at least what the endpoint asked for (``asked_s``: its Retry-After), up to MAX_RETRY_AFTER_S."""
+    wait = min(cap_s, base_s * 2 ** max(0, failures - 1))
+    return max(wait, min(asked_s, MAX_RETRY_AFTER_S)) if asked_s is not None else wait
+
+
+#: The longest Retry-After honoured (an endpoint asking for more is tried again after this).
+MAX_RETRY_AFTER_S = 3600.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Answer:
+    """An endpoint's answer to a POST: its status (None: none came), and the wait its Retry-After
+    asked for (seconds; None: none, or not a delay)."""
+
+    status: int | None
+    retry_after_s: float | None = None
+
+
+def retry_after_s(value: str | None, now: float) -> float | None:
+    """A Retry-After header's wait in seconds: delta-seconds, or an HTTP date (RFC 9110); None
+    when absent or unreadable."""
+    import email.utils
+
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        at = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if at is None or at.tzinfo is None:
+        return None
+    return max(0.0, at.timestamp() - now)

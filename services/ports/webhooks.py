@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from typing import Protocol
 
 from services.domain.webhook_registry import Registration
+from services.domain.webhooks import Answer
 
 
 class Checkpoints(Protocol):
@@ -25,7 +26,8 @@ class Checkpoints(Protocol):
 
 
 class Poster(Protocol):
-    async def post(self, url: str, body: bytes, headers: Mapping[str, str], timeout_s: float) -> int | None: ...
+    async def post(self, url: str, body: bytes, headers: Mapping[str, str], timeout_s: float) -> Answer:
+        """POST ``body``; the endpoint's answer (status None: no answer in time, or no connection)."""
 
 
 class Registry(Protocol):

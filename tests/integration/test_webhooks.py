@@ -286,3 +286,39 @@ def test_a_filtered_endpoint_restarted_before_its_first_wanted_event_misses_noth
         webhooks.wait(10)
         narrow.server.shutdown()
         witness.server.shutdown()
+
+
+def test_a_429_with_retry_after_is_tried_again_no_sooner_than_asked(aio_loop, keyspace, sink, tmp_path):
+    """The backoff (0.5 s here) would try again at once; the endpoint asked for 3 s."""
+    queue = f"wh-{uuid.uuid4().hex[:8]}"
+    (tmp_path / "secret").write_bytes(os.urandom(16).hex().encode())
+    busy = Receiver()
+    asked: list[float] = []
+
+    class Busy(busy.handler):  # type: ignore[name-defined]
+        def do_POST(self) -> None:  # noqa: N802
+            if not asked:
+                asked.append(time.monotonic())
+                self.rfile.read(int(self.headers["Content-Length"]))
+                self.send_response(429)
+                self.send_header("Retry-After", "3")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            super().do_POST()
+
+    busy.server.RequestHandlerClass = Busy
+    endpoint = {"name": f"busy-{queue}", "url": busy.url, "secret_file": str(tmp_path / "secret"), "queues": [queue],
+                "from_oldest": True, "timeout_s": 1, "max_age_s": 3600}
+    webhooks = start_webhooks(keyspace, [endpoint], tmp_path)
+    try:
+        sent = [of_queue(EventType.CONFIG_CHANGED, queue, "busy", actor=Actor.component("test"))]
+        aio_loop.run(sink.publish(sent))
+        wait_until(lambda: busy.events(), 60, what="the event, once the endpoint took it")
+        assert [e["id"] for e in busy.events()] == [sent[0].id]
+        waited = busy.requests[0][0] - asked[0]
+        assert 3 <= waited < 10, waited
+    finally:
+        webhooks.kill()
+        webhooks.wait(10)
+        busy.server.shutdown()

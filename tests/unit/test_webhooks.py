@@ -24,6 +24,16 @@ def test_the_backoff_doubles_up_to_its_cap():
     assert [webhooks.backoff_s(n, 0.5, 5) for n in range(1, 7)] == [0.5, 1, 2, 4, 5, 5]
 
 
+def test_a_retry_after_is_honoured_up_to_an_hour():
+    now = 1_700_000_000.0
+    assert webhooks.retry_after_s("120", now) == 120 and webhooks.retry_after_s(None, now) is None
+    assert webhooks.retry_after_s("Tue, 14 Nov 2023 22:15:00 GMT", now) == 100  # an HTTP date: 100 s after now
+    assert webhooks.retry_after_s("soon", now) is None and webhooks.retry_after_s("-5", now) is None
+    assert webhooks.backoff_s(1, 0.5, 60, asked_s=30) == 30  # asked for more than the backoff: waited
+    assert webhooks.backoff_s(5, 0.5, 60, asked_s=1) == 8  # asked for less: the backoff still
+    assert webhooks.backoff_s(1, 0.5, 60, asked_s=86400) == webhooks.MAX_RETRY_AFTER_S
+
+
 def test_a_batch_is_signed_over_the_timestamp_and_the_body():
     e = of_queue(EventType.QUEUE_CREATED, "q", "v1", actor=Actor.component("test"))
     body = webhooks.batch_body([e])
