@@ -394,16 +394,21 @@ def test_a_mail_refused_after_its_quota_check_takes_nothing_from_the_quota(quota
     assert enqueue(stub, inline(queue, simple_mail("accepted", sender=sender))) is None
 
 
+def byte_limited_sender(s, tag: str) -> str:
+    """A sender of its own with 4,000 bytes at once, refilling at 1 byte/s, once both replicas have it."""
+    sender = f"{tag}{time.monotonic_ns()}@bytes.test"
+    set_quota(s, kind=kind("sender"), subject=sender, bytes_per_s=1, burst_bytes=4000)
+    wait_until(lambda: all(r.metric("mailqueue_quota_limit", kind="sender", subject=sender) > 0 for r in s.replicas),
+               timeout=PROPAGATION_S * 2, what="the sender's quota on both replicas")
+    return sender
+
+
 def test_blob_refs_are_charged_to_a_byte_quota_at_the_check(quota_suite):
     # Given a sender's byte quota of 4,000 bytes at once, refilling at 1 byte/s, and a blob of 3,000 bytes
     from concurrent.futures import ThreadPoolExecutor
 
     s = quota_suite
-    queue = s.new_queue()
-    sender = f"b{time.monotonic_ns()}@bytes.test"
-    set_quota(s, kind=kind("sender"), subject=sender, bytes_per_s=1, burst_bytes=4000)
-    wait_until(lambda: all(r.metric("mailqueue_quota_limit", kind="sender", subject=sender) > 0 for r in s.replicas),
-               timeout=PROPAGATION_S * 2, what="the sender's quota on both replicas")
+    queue, sender = s.new_queue(), byte_limited_sender(s, "b")
     blob_id = s.blob_stub.PutBytes(blob_pb2.PutBytesRequest(content=os.urandom(3000))).blob_id
     # When 8 mails reference it at once, on one replica
     def by_ref(i: int) -> grpc.RpcError | None:
@@ -426,11 +431,7 @@ def test_streams_at_once_share_a_byte_quota_as_their_bytes_arrive(quota_suite):
     from concurrent.futures import ThreadPoolExecutor
 
     s = quota_suite
-    queue = s.new_queue()
-    sender = f"st{time.monotonic_ns()}@bytes.test"
-    set_quota(s, kind=kind("sender"), subject=sender, bytes_per_s=1, burst_bytes=4000)
-    wait_until(lambda: all(r.metric("mailqueue_quota_limit", kind="sender", subject=sender) > 0 for r in s.replicas),
-               timeout=PROPAGATION_S * 2, what="the sender's quota on both replicas")
+    queue, sender = s.new_queue(), byte_limited_sender(s, "st")
     # When 8 EnqueueStreams of 3,000 bytes run at once on one replica: each sends its header and
     # 200 bytes, and the rest only once every stream has got that far (or was refused)
     go, lock, paused = threading.Event(), threading.Lock(), [0]

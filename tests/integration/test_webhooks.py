@@ -112,6 +112,22 @@ def start_webhooks(keyspace: str, endpoints: list[dict], tmp_path, metrics_port:
     return subprocess.Popen([sys.executable, "-m", "webhook_svc"], env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
+def killed_once(webhooks: subprocess.Popen, probe, what: str) -> None:  # noqa: ANN001
+    """Probe (publishing) until ``probe`` says the endpoints are where the test wants them; then SIGKILL."""
+    try:
+        wait_until(probe, 60, interval=0.2, what=what)
+    finally:
+        webhooks.kill()
+        webhooks.wait(10)
+
+
+def published_while_down(aio_loop, sink, queue: str) -> list:  # noqa: ANN001
+    """Two events of ``queue``, published while webhook_svc is down."""
+    events = [of_queue(EventType.CONFIG_CHANGED, queue, f"down-{i}", actor=Actor.component("test")) for i in range(2)]
+    aio_loop.run(sink.publish(events))
+    return events
+
+
 def test_a_failing_endpoint_gets_every_event_once_it_recovers_and_delays_no_other(aio_loop, keyspace, sink, tmp_path):
     queue = f"wh-{uuid.uuid4().hex[:8]}"
     secrets = {}
@@ -184,13 +200,8 @@ def test_an_endpoint_restarted_before_its_first_answer_misses_nothing(aio_loop, 
         aio_loop.run(sink.publish(probes[-1:]))
         return late.refused >= 2
 
-    try:
-        wait_until(probe, 60, interval=0.2, what="the endpoint attached, and failing")
-    finally:
-        webhooks.kill()
-        webhooks.wait(10)
-    while_down = [of_queue(EventType.CONFIG_CHANGED, queue, f"down-{i}", actor=Actor.component("test")) for i in range(2)]
-    aio_loop.run(sink.publish(while_down))
+    killed_once(webhooks, probe, "the endpoint attached, and failing")
+    while_down = published_while_down(aio_loop, sink, queue)
     late.failures = 0
     webhooks = start_webhooks(keyspace, [endpoint], tmp_path)
     try:
@@ -270,13 +281,8 @@ def test_a_filtered_endpoint_restarted_before_its_first_wanted_event_misses_noth
         aio_loop.run(sink.publish(probes[-1:]))
         return len(witness.events()) >= 2
 
-    try:
-        wait_until(probe, 60, interval=0.2, what="both endpoints reading the stream")
-    finally:
-        webhooks.kill()
-        webhooks.wait(10)
-    while_down = [of_queue(EventType.CONFIG_CHANGED, queue, f"down-{i}", actor=Actor.component("test")) for i in range(2)]
-    aio_loop.run(sink.publish(while_down))
+    killed_once(webhooks, probe, "both endpoints reading the stream")
+    while_down = published_while_down(aio_loop, sink, queue)
     webhooks = start_webhooks(keyspace, endpoints, tmp_path)
     try:
         wait_until(lambda: len(narrow.events()) >= 2, 60, what="the events it wants that came while it was down")
