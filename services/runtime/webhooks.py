@@ -53,6 +53,9 @@ from services.runtime.settings import Settings, _float, _get
 
 log = logging.getLogger("mailqueue.webhooks")
 
+#: Stream messages each endpoint's consumer may hold unacknowledged (services/adapters/rabbitmq/event_stream.py).
+WEBHOOK_PREFETCH = 8
+
 #: Seconds before an endpoint's delivery is started again after its stream or checkpoint failed.
 RESTART_S = 2.0
 
@@ -156,7 +159,10 @@ class WebhookApp(server.App):
         view = await View.open(cassandra)
         broker = RabbitMQBroker(rabbitmq, cassandra.keyspace)
         try:
-            stream = RabbitMQEventStream(broker, cassandra.keyspace, rabbitmq)
+            # A small prefetch per endpoint: each holds at most this many messages of up to 512 KiB
+            # (100, the watchers' default, was 50 MB for an endpoint catching up, and the pod's
+            # memory limit is 256 MiB); a batch is at most 10,000 events, about 10 messages.
+            stream = RabbitMQEventStream(broker, cassandra.keyspace, rabbitmq, prefetch=WEBHOOK_PREFETCH)
             await stream.declare()  # the stream is reachable
             registry = CassandraWebhooks(view.session, cassandra.keyspace)
             checkpoints, poster = CassandraCheckpoints(view.session, cassandra.keyspace), UrllibPoster()
