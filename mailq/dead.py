@@ -44,8 +44,9 @@ def cmd_list(c: Any, a: argparse.Namespace) -> None:
     for r in c.browse.BrowseDeadLetters(request):
         token = r.next_page_token  # set on the last dead letter of a page that more follow
         if a.json:
-            # One JSON object per dead letter; the last one carries "nextPageToken" when a next page exists.
-            print(json.dumps(json_format.MessageToDict(r), sort_keys=True))
+            # One JSON object per dead letter, field names as in the proto (as mailq browse --json);
+            # the last one carries "next_page_token" when a next page exists.
+            print(json.dumps(json_format.MessageToDict(r, preserving_proto_field_name=True), sort_keys=True))
             continue
         m = r.mail
         rows.append([m.enqueue_id, r.dead_lettered_at.ToDatetime().strftime("%Y-%m-%d %H:%M:%S"), _reason_name(r.reason),

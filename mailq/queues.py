@@ -46,7 +46,7 @@ def print_policy(p: browse_pb2.RetryPolicy) -> None:
 def cmd_show(c: Client, a: argparse.Namespace) -> None:
     info = c.browse.GetQueue(browse_pb2.GetQueueRequest(queue=a.queue, exact=a.exact)).queue_info
     if a.json:
-        print(json.dumps(json_format.MessageToDict(info, preserving_proto_field_name=True), indent=2))
+        print(json.dumps(json_format.MessageToDict(info, preserving_proto_field_name=True)))  # one line, as every --json
         return
     print(f"queue            {info.queue}")
     print(f"size             {info.size} ({info.ready} ready, {info.delayed} delayed, {info.held} held)"

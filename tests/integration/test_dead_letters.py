@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 import datetime as dt
+import json
 import queue as q
 import re
 import time
@@ -313,6 +314,8 @@ def test_mailq_dead_from_another_directory(suite):
     assert re.search(r"^rejected\s+3$", out, re.M) and re.search(r"^total\s+3$", out, re.M)
     listing = mailq(suite, "dead", "list", queue, "--reason", "rejected").stdout
     assert listing.count("550 mailbox unavailable") == 3
+    as_json = [json.loads(line) for line in mailq(suite, "dead", "list", queue, "--json").stdout.splitlines()]
+    assert len(as_json) == 3 and all("dead_lettered_at" in d and d["mail"]["enqueue_id"] for d in as_json)  # the proto's names, as browse --json
     assert "1 mail(s) redriven to " + other in mailq(suite, "dead", "redrive", queue, "--to", other, "--name", "c1").stdout
     assert "2 dead letter(s) purged" in mailq(suite, "dead", "purge", queue, "--all").stdout
     assert mailq(suite, "dead", "purge", queue, ok=False).returncode == 2  # no condition: a usage error
