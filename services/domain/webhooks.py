@@ -57,7 +57,11 @@ def batch_body(events: Sequence[Event]) -> bytes:
 
 
 def signature(secret: bytes, timestamp: int, body: bytes) -> str:
-    return "sha256=" + hmac.new(secret, f"{timestamp}.".encode() + body, hashlib.sha256).hexdigest()
+    """``sha256=<hex>`` under each key of ``secret`` (one per line, the newest first), joined by
+    ", ": a secret rotated by adding the new key above the old one is signed with both until the
+    old one is removed, so a receiver that knows either takes every batch meanwhile."""
+    keys = [k.strip() for k in secret.splitlines() if k.strip()] or [secret]
+    return ", ".join("sha256=" + hmac.new(k, f"{timestamp}.".encode() + body, hashlib.sha256).hexdigest() for k in keys)
 
 
 def headers(secret: bytes, timestamp: int, body: bytes) -> dict[str, str]:

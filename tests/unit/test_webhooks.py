@@ -43,3 +43,11 @@ def test_a_batch_is_signed_over_the_timestamp_and_the_body():
     assert webhooks.signature(b"secret", 1700000001, body) != h["Mailqueue-Signature"]  # a replayed body with a new time fails
     (ce,) = json.loads(body)
     assert (ce["specversion"], ce["id"], ce["type"], ce["source"]) == ("1.0", e.id, "io.mailqueue.event.queue_created", "mailqueue/q")
+
+
+def test_a_secret_of_two_keys_signs_under_both_for_a_rotation():
+    body, stamp = b'[{"id": "x"}]', 1_700_000_000
+    one = webhooks.signature(b"old", stamp, body)
+    both = webhooks.signature(b"new\nold\n", stamp, body)
+    assert both.split(", ") == [webhooks.signature(b"new", stamp, body), one]  # the newest first
+    assert one.startswith("sha256=") and ", " not in one  # one key: one signature, as before
