@@ -31,7 +31,7 @@ from prometheus_client import Counter
 
 from services.app import counters, mail_events
 from services.app.delivery import Delivery, DequeueSide, Outcome, Stream
-from services.domain import delays, model, schedule
+from services.domain import dead_letters, delays, model, schedule
 from services.domain.events import Event, EventType
 
 log = logging.getLogger(__name__)
@@ -114,6 +114,16 @@ async def retry(s: Stream, d: Delivery, error: str, retry_after: dt.timedelta | 
     worst); after it, the redelivered original is older than the record and is skipped.
     """
     mail, now, side = d.mail, model.utcnow(), s.side
+    state = await side.view.mails.state(mail.queue, mail.enqueue_id)  # grouped with the other answers' reads
+    if state is not None and state.deleted and dead_letters.kind_of(state.reason) is None:
+        # Deleted by an operator while the consumer held it: not published again nor counted
+        # delayed (its copy would be skipped on arrival, its delayed count never ended).
+        log.info("RETRY of a mail deleted meanwhile: acked", extra={"queue": s.queue, "enqueue_id": str(mail.enqueue_id)})
+        if handed:  # its hand-out happened all the same
+            await side.events.record(handed)
+            handed.clear()
+        await s.ack(d.tag, "deleted")
+        return
     attempts = mail.attempts + 1
     next_attempt = schedule.next_attempt(await side.state.retry_policy(s.queue), attempts, mail.enqueued_at, now, retry_after)
     if isinstance(next_attempt, schedule.Expired):

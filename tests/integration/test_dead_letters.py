@@ -443,3 +443,24 @@ def test_a_mail_deleted_while_a_consumer_holds_it_stays_deleted_whatever_the_ans
     info = suite.info(queue)
     assert info.dead_lettered == 0 and info.size == suite.size(queue, exact=True) == 1
     assert deleted_reason(suite, queue, uuid.UUID(d.mail.enqueue_id)) == "deleted by admin"
+
+
+def test_a_retry_of_a_mail_deleted_while_a_consumer_holds_it_sends_it_nowhere_and_counts_nothing(suite):
+    # The RETRY published the deleted mail again and counted it delayed: a delayed count no arrival
+    # would ever end (its copy is skipped as deleted).
+    from tests.integration.test_delete_by_id import delete_ids
+
+    queue = suite.new_queue(max_attempts=10)
+    enqueue_names(suite, queue, ["victim"])
+    c = StreamConsumer(suite.dequeue_stub, queue, prefetch=1)
+    d = c.next()
+    enqueue_names(suite, queue, ["other"])  # live: the counts are not clamped to an empty queue's
+    assert delete_ids(suite, queue, [d.mail.enqueue_id])[-1].deleted == 1
+    c.answer(d, "RETRY", "451 4.7.1 greylisted", retry_after=60)
+    wait_until(lambda: suite.metric("dequeue", "mailqueue_skipped_total", queue=queue, reason="deleted") == 1
+               or suite.info(queue).delayed, 30, what="the answer acked (or the mail counted delayed)")
+    c.close()
+    info = suite.info(queue)
+    assert (info.size, info.delayed) == (1, 0)
+    assert [m.mail.name for m in suite.browsed_mails(queue)] == ["other"]
+    assert deleted_reason(suite, queue, uuid.UUID(d.mail.enqueue_id)) == "deleted by admin"
