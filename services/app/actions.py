@@ -157,6 +157,11 @@ def _read_error(task: asyncio.Future[object]) -> None:
         task.exception()
 
 
+def log_failure(task: asyncio.Future[object]) -> None:
+    """Log a step's failure that nobody will read (its stream ended)."""
+    _log_error(task)
+
+
 def _log_error(task: asyncio.Future[object]) -> None:
     if not task.cancelled() and task.exception() is not None:
         log.warning("a step under way when its stream ended failed: %s", task.exception())

@@ -20,6 +20,7 @@ import dataclasses
 import datetime as dt
 from collections.abc import AsyncIterator
 
+from services.app import actions
 from services.app.delivery import Delivery, Outcome
 from services.app.subscription import Subscription
 
@@ -83,11 +84,11 @@ async def serving(sub: Subscription, answers: AsyncIterator[list[Answer]]) -> As
 
 async def _settle(sub: Subscription, answers: AsyncIterator[list[Answer]]) -> None:
     """Read answers until the client half-closes; settle them concurrently; raise the first error."""
-    running: set[asyncio.Future[None]] = set()
+    running: dict[asyncio.Future[None], asyncio.Future[None]] = {}  # the wait for each settlement -> the settlement
     failed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     def check(task: asyncio.Future[None]) -> None:
-        running.discard(task)
+        running.pop(task, None)
         if not task.cancelled() and task.exception() is not None and not failed.done():
             failed.set_exception(task.exception())  # type: ignore[arg-type]
 
@@ -97,8 +98,9 @@ async def _settle(sub: Subscription, answers: AsyncIterator[list[Answer]]) -> No
             # of the stream is looked at (a tag answered twice is refused here); a settlement
             # begun is never cancelled (only the wait for it, shielded, is).
             for a in group:
-                waiting = asyncio.shield(sub.settle(a.tag, a.outcome, a.error_message, a.retry_after))
-                running.add(waiting)
+                settling = sub.settle(a.tag, a.outcome, a.error_message, a.retry_after)
+                waiting = asyncio.shield(settling)
+                running[waiting] = settling
                 waiting.add_done_callback(check)
         sub.stop_handing_out()  # half-closed
         if running:
@@ -118,8 +120,9 @@ async def _settle(sub: Subscription, answers: AsyncIterator[list[Answer]]) -> No
         # settlement that fails later) are read by these callbacks, never logged as unretrieved.
         reader.add_done_callback(_read_error)
         failed.add_done_callback(_read_error)
-        for task in running:  # a settlement under way goes on to its end; Subscription.close waits for it
-            task.cancel()
+        for waiting, settling in list(running.items()):  # a settlement under way goes on to its end; close waits for it
+            settling.add_done_callback(actions.log_failure)  # nobody reads its end now: a failure is logged
+            waiting.cancel()
 
 
 def _read_error(f: asyncio.Future[None]) -> None:

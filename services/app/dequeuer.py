@@ -70,6 +70,8 @@ class Dequeuer:
         # A batch is at most the credit: more could never be handed out at once.
         sub = Subscription(self, queue, consumer, prefetch, min(max(max_batch, 1), prefetch))
         self._open.add(sub)
+        if self._finishing:  # finish() ran while the consumer was being made: this one finishes too
+            sub.finish()
         return sub
 
     async def finish(self, timeout_s: float) -> int:

@@ -75,8 +75,8 @@ class QuotaKeeper:
         self._seen_since: float | None = None
         #: What each quota was asked for since the last heartbeat (demand key -> mails or bytes).
         self._asked: dict[str, float] = {}
-        #: The streams taking bytes from each quota, oldest first (``stream``).
-        self._streams: dict[tuple[str, str], list[object]] = {}
+        #: The stream of each quota that is never refused until it ends (``stream``).
+        self._streams: dict[tuple[str, str], object] = {}
         self._asked_since = time.monotonic()
         #: Refreshed at least once (until then no quota is known: nothing is refused).
         self.loaded = False
@@ -210,19 +210,20 @@ class QuotaKeeper:
         """Take ``size`` more bytes of a mail being streamed (``stream``: its token, the same for
         each of its chunks) from its byte quotas as they arrive, or raise QuotaExceeded (nothing
         of them taken): streams at once share a byte quota as mails of known size do (charged
-        once streamed, they all passed it together). The oldest stream of a quota is never
-        refused (it may owe, as a mail larger than the burst does), so one always goes through."""
+        once streamed, they all passed it together). One stream of a quota at a time is never
+        refused: the first to take bytes while the quota had room, until it ends (it may owe, as
+        a mail larger than the burst does), so one always goes through; the quota is never lent
+        to the next while it owes."""
         if not self._quotas:
             return
         now = time.time()
         limited = [(q, self._limiters.get((q.key, "bytes"))) for q in quotas.applying(self._quotas, facts) if q.bytes_per_s]
         for q, limiter in limited:
             self._ask(q.key, "bytes", float(size))
-            under_way = self._streams.setdefault(q.key, [])
-            if not any(s is stream for s in under_way):
-                under_way.append(stream)
             wait = limiter.wait(now, size) if limiter is not None else 0.0
-            if wait > 0 and under_way[0] is not stream:
+            if wait <= 0:
+                self._streams.setdefault(q.key, stream)
+            elif self._streams.get(q.key) is not stream:
                 self._refuse(quotas.rate_refusal(q, "bytes", wait))
         for _, limiter in limited:
             if limiter is not None:
@@ -230,10 +231,8 @@ class QuotaKeeper:
 
     def stream_ended(self, stream: object) -> None:
         """The stream of ``stream`` ended (stored, refused or left)."""
-        for key in list(self._streams):
-            under_way = self._streams[key] = [s for s in self._streams[key] if s is not stream]
-            if not under_way:
-                del self._streams[key]
+        for key in [k for k, s in self._streams.items() if s is stream]:
+            del self._streams[key]
 
     def refund(self, facts: quotas.Facts, mails: bool = True) -> None:
         """Give back what ``check`` took for a mail that was not enqueued after all (an idempotent

@@ -54,7 +54,7 @@ async def settle(
             await s.ack(d.tag)
         elif outcome is Outcome.RETRY:
             await retry(s, d, model.truncated(error_message), retry_after, handed)
-        else:
+        elif not await _deleted_meanwhile(s, d, handed):
             reason = f"dead-lettered: {error_message}" if error_message else "dead-lettered"
             await _record(s.side, handed, mail_events.rejected(d.mail, model.truncated(error_message)))
             await _dead_letter(s, d, model.truncated(reason))
@@ -114,15 +114,7 @@ async def retry(s: Stream, d: Delivery, error: str, retry_after: dt.timedelta | 
     worst); after it, the redelivered original is older than the record and is skipped.
     """
     mail, now, side = d.mail, model.utcnow(), s.side
-    state = await side.view.mails.state(mail.queue, mail.enqueue_id)  # grouped with the other answers' reads
-    if state is not None and state.deleted and dead_letters.kind_of(state.reason) is None:
-        # Deleted by an operator while the consumer held it: not published again nor counted
-        # delayed (its copy would be skipped on arrival, its delayed count never ended).
-        log.info("RETRY of a mail deleted meanwhile: acked", extra={"queue": s.queue, "enqueue_id": str(mail.enqueue_id)})
-        if handed:  # its hand-out happened all the same
-            await side.events.record(handed)
-            handed.clear()
-        await s.ack(d.tag, "deleted")
+    if await _deleted_meanwhile(s, d, handed):  # not published again nor counted delayed (a count no arrival would end)
         return
     attempts = mail.attempts + 1
     next_attempt = schedule.next_attempt(await side.state.retry_policy(s.queue), attempts, mail.enqueued_at, now, retry_after)
@@ -151,6 +143,22 @@ async def retry(s: Stream, d: Delivery, error: str, retry_after: dt.timedelta | 
     await s.ack(d.tag)
 
 
+async def _deleted_meanwhile(s: Stream, d: Delivery, handed: list[Event]) -> bool:
+    """True, and the delivery acked, when an operator deleted its mail while the consumer held it:
+    a RETRY or REJECT of it changes nothing and records nothing of its own (no false "dead-lettered"
+    in its history), its hand-out is recorded all the same. One read, grouped with the other
+    answers' (RETRY and REJECT only); the mark's lightweight transaction covers a delete after it."""
+    state = await s.side.view.mails.state(d.mail.queue, d.mail.enqueue_id)
+    if state is None or not state.deleted or dead_letters.kind_of(state.reason) is not None:
+        return False
+    log.info("answer for a mail deleted meanwhile: acked", extra={"queue": s.queue, "enqueue_id": str(d.mail.enqueue_id)})
+    if handed:
+        await s.side.events.record(handed)
+        handed.clear()
+    await s.ack(d.tag, "deleted")
+    return True
+
+
 async def _record(side: DequeueSide, handed: list[Event], event: Event) -> None:
     """The answer's event, after the hand-out's still held (``handed``, emptied once written)."""
     await side.events.record([*handed, event])
@@ -169,6 +177,8 @@ def retries_exhausted(delivery_count: int, limit: int | None) -> bool:
 
 async def dead_letter_at_limit(s: Stream, d: Delivery, detail: str) -> None:
     """Mark and dead-letter a delivery that the broker would dead-letter unmarked if it came back."""
+    if await _deleted_meanwhile(s, d, []):
+        return
     log.warning("delivery limit reached: dead-lettered", extra={"queue": s.queue, "enqueue_id": str(d.mail.enqueue_id)})
     reason = f"dead-lettered: delivery limit of {s.side.broker.delivery_limit} reached{detail}"
     await s.side.events.record([mail_events.dead_lettered(d.mail, model.truncated(reason))])

@@ -60,7 +60,7 @@ def signature(secret: bytes, timestamp: int, body: bytes) -> str:
     """``sha256=<hex>`` under each key of ``secret`` (one per line, the newest first), joined by
     ", ": a secret rotated by adding the new key above the old one is signed with both until the
     old one is removed, so a receiver that knows either takes every batch meanwhile."""
-    keys = [k.strip() for k in secret.splitlines() if k.strip()] or [secret]
+    keys = [k.strip() for k in secret.split(b"\n") if k.strip()] or [secret]  # lines, split on \n only
     return ", ".join("sha256=" + hmac.new(k, f"{timestamp}.".encode() + body, hashlib.sha256).hexdigest() for k in keys)
 
 
@@ -106,7 +106,7 @@ def retry_after_s(value: str | None, now: float) -> float | None:
     if not value:
         return None
     value = value.strip()
-    if value.isdigit():
+    if value.isascii() and value.isdigit():  # ("²".isdigit() is True)
         return float(value)
     try:
         at = email.utils.parsedate_to_datetime(value)

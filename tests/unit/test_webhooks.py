@@ -29,6 +29,7 @@ def test_a_retry_after_is_honoured_up_to_an_hour():
     assert webhooks.retry_after_s("120", now) == 120 and webhooks.retry_after_s(None, now) is None
     assert webhooks.retry_after_s("Tue, 14 Nov 2023 22:15:00 GMT", now) == 100  # an HTTP date: 100 s after now
     assert webhooks.retry_after_s("soon", now) is None and webhooks.retry_after_s("-5", now) is None
+    assert webhooks.retry_after_s("\u00b2", now) is None  # a digit to str.isdigit, not to float: it restarted the endpoint
     assert webhooks.backoff_s(1, 0.5, 60, asked_s=30) == 30  # asked for more than the backoff: waited
     assert webhooks.backoff_s(5, 0.5, 60, asked_s=1) == 8  # asked for less: the backoff still
     assert webhooks.backoff_s(1, 0.5, 60, asked_s=86400) == webhooks.MAX_RETRY_AFTER_S

@@ -16,9 +16,11 @@ from services.adapters.cassandra import schema
 from services.adapters.cassandra.session import execute
 from services.adapters.cassandra.statement_kinds import batch_kind
 
-#: How long a removed setting's marker is kept: past it, a setting made again under the name
-#: may repeat the id of the event that first set it (far beyond the event stream's retention).
-MARKER_TTL_S = 90 * 24 * 3600
+#: How long a removed setting's marker is kept: past it, a setting made again under the name may
+#: repeat the id of the event that first set it, which no consumer still holds (twice the event
+#: stream's default retention). Short, as every member reads the partition, markers and all, each
+#: second: what a churn of settings leaves there is bounded by it.
+MARKER_TTL_S = 14 * 24 * 3600
 
 
 class SettingRows:

@@ -24,7 +24,7 @@ from typing import Any
 from pika.channel import Channel
 
 from services.adapters.rabbitmq import message_format
-from services.adapters.rabbitmq.channels import Waiters, consumer_closed
+from services.adapters.rabbitmq.channels import Waiters, consumer_closed, unavailable
 from services.adapters.rabbitmq.connection import NodeConnection
 from services.ports.broker import Consumer, Message
 
@@ -92,7 +92,7 @@ class RabbitMQConsumer(Consumer):
 
     def _ensure_open(self) -> None:
         if not self._channel.is_open:
-            raise consumer_closed(self._waiters.closed_reason)
+            raise unavailable(self._waiters.closed_reason or "consumer channel closed")  # closing.py gives back on it
 
     async def ack(self, delivery_tag: int) -> None:
         self._ensure_open()
