@@ -25,7 +25,7 @@ from mailqueue.v1 import admin_pb2, admin_pb2_grpc, browse_pb2, browse_pb2_grpc
 from services.adapters.cassandra.view import View
 from services.adapters.rabbitmq.broker import RabbitMQBroker
 from services.app.dequeuer import Dequeuer
-from services.app.enqueuer import Enqueuer
+from services.app.enqueuer import Enqueuer, Inline
 from services.app.queue_state import QueueState
 from services.app.queues import create_queue
 from services.app.subscription import Outcome
@@ -50,7 +50,7 @@ async def write_history(settings: Settings, history: int, live: int) -> None:
 
     async def one(i: int) -> None:
         async with sem:
-            await enqueuer.enqueue_inline(QUEUE, mail, content(i, 1024))
+            await enqueuer.enqueue(QUEUE, mail, Inline(content(i, 1024)))
 
     started = time.monotonic()
     await asyncio.gather(*(one(i) for i in range(history)))

@@ -28,7 +28,7 @@ from mailqueue.v1 import admin_pb2, admin_pb2_grpc, dequeue_pb2, dequeue_pb2_grp
 from services.adapters.cassandra.view import View
 from services.adapters.rabbitmq.broker import RabbitMQBroker
 from services.app.dequeuer import Dequeuer
-from services.app.enqueuer import Enqueuer
+from services.app.enqueuer import Enqueuer, Inline
 from services.app.queue_state import QueueState
 from services.app.subscription import Outcome
 from services.domain import model
@@ -45,7 +45,7 @@ async def fill(settings: Settings, queue: str, n: int, size: int) -> None:
 
     async def one(i: int) -> None:
         async with sem:
-            await enqueuer.enqueue_inline(queue, mail, content(i, size))
+            await enqueuer.enqueue(queue, mail, Inline(content(i, size)))
 
     await asyncio.gather(*(one(i) for i in range(n)))
     await broker.close()

@@ -12,7 +12,7 @@ import grpc
 
 from mailqueue.v1 import enqueue_pb2, enqueue_pb2_grpc
 from services.app import pipeline
-from services.app.enqueuer import Enqueuer
+from services.app.enqueuer import BlobRefs, Content, Enqueuer, Inline, Streamed
 from services.contract import serde
 from services.domain import model, trace
 from services.domain.errors import InvalidArgument, MailQueueError
@@ -81,15 +81,14 @@ class EnqueueServicer(enqueue_pb2_grpc.EnqueueServiceServicer):
         mail = serde.mail_from_proto(request.mail)
         when, priority = serde.schedule_from_proto(request), serde.priority_from_proto(request.priority)
         kind = request.WhichOneof("content")
+        content: Content
         if kind == "inline_content":
-            result = await enqueuer.enqueue_inline(
-                request.queue, mail, request.inline_content, request.idempotency_key, when, priority)
+            content = Inline(request.inline_content)
         elif kind == "blob_refs":
-            result = await enqueuer.enqueue_refs(
-                request.queue, mail, list(request.blob_refs.blob_ids), request.idempotency_key, when, priority)
+            content = BlobRefs(tuple(request.blob_refs.blob_ids))
         else:
             raise InvalidArgument("content is missing: set inline_content or blob_refs")
-        return result
+        return await enqueuer.enqueue(request.queue, mail, content, request.idempotency_key, when, priority)
 
     async def EnqueueStream(
         self, request_iterator: AsyncIterator[enqueue_pb2.EnqueueStreamRequest], context: grpc.aio.ServicerContext
@@ -109,8 +108,8 @@ class EnqueueServicer(enqueue_pb2_grpc.EnqueueServiceServicer):
                 yield request.chunk
 
         with trace.carrying(traceparent):
-            result = await enqueuer.enqueue_stream(
-                header.queue, serde.mail_from_proto(header.mail), chunks(), header.idempotency_key,
+            result = await enqueuer.enqueue(
+                header.queue, serde.mail_from_proto(header.mail), Streamed(chunks()), header.idempotency_key,
                 serde.schedule_from_proto(header), serde.priority_from_proto(header.priority),
             )
         return enqueue_pb2.EnqueueStreamResponse(receipt=_receipt(result))

@@ -2,20 +2,22 @@
 refs, a stream) and however many a call carries (Enqueue, EnqueueMany, EnqueueBatches):
 
 1. ``_check``: the mail is valid, its queue exists, the broker does not block publishers (a
-   RabbitMQ memory or disk alarm: refused at once, nothing written), and, last, its quotas
+   RabbitMQ memory or disk alarm: refused at once, nothing written), blob refs exist (their size
+   read, so the byte quotas know it, as inline content's), and, last, its quotas
    (services/app/quota_keeper.py: a mail refused for anything else takes nothing from a quota).
 2. With an idempotency key, its claim (services/app/key_claims.py): the earlier enqueue's result
    answered again, or this attempt's enqueue id.
-3. Content the call brings before the group: a stream put in the blob store (blob refs are
-   read before step 1: their size is known to the byte quotas, as inline content's is).
+3. A stream's content put in the blob store, before the group (it arrives at the caller's pace,
+   and a group must not wait for it).
 4. The mail joins a group (``Grouper.submit``, services/app/enqueue_group.py; a lone call is a
    group of one, run at once) and the group's ``GroupWrites.run_group`` takes each step
    for every mail of the group together: inline content's blob writes, the view rows, the
    counters, the confirmed publishes, the ENQUEUED events, the idempotency commits. Each mail
    keeps its own outcome.
 
-Steps 1-4 are ``_enqueue``, one method read top to bottom; each content form only builds its
-``Pending`` mail (and, for a stream, the step 3 that stores its content).
+Every call comes in by ``enqueue``; steps 1-4 are ``_enqueue``, one method read top to bottom;
+each content form only builds its ``Pending`` mail (and, for a stream, the step 3 that stores
+its content).
 
 A mail is acknowledged only after its blob, its view row and its confirmed RabbitMQ message all
 exist. On any failure after the row may have been written, the mail is undone (marked deleted,
@@ -28,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -72,53 +75,39 @@ class Enqueuer:
         #: A lone call is a group of one (services/app/enqueue_group.py).
         self._grouper = Grouper(GroupWrites(view, broker, blobs, limits, state, self._events, compensation), compensation)
 
-    # ------------------------------------------------------------------ the three content forms
-    async def enqueue_inline(
-        self, queue: str, mail: model.Mail, content: bytes, key: str = "", when: Schedule = (None, None),
+    # ------------------------------------------------------------------ the one entry
+    async def enqueue(
+        self, queue: str, mail: model.Mail, content: Content, key: str = "", when: Schedule = (None, None),
         priority: str = "normal",
     ) -> model.EnqueueResult:
-        if len(content) > self._limits.max_inline_bytes:
-            raise ResourceExhausted(
-                f"inline content is {len(content)} bytes, over the limit of {self._limits.max_inline_bytes}: "
-                "use EnqueueStream or put the content with BlobService.Put first"
-            )
-        return await self._enqueue(Pending(queue, mail, when, priority, content=content, size=len(content), key=key))
-
-    async def enqueue_refs(
-        self, queue: str, mail: model.Mail, blob_ids: list[str], key: str = "", when: Schedule = (None, None),
-        priority: str = "normal",
-    ) -> model.EnqueueResult:
-        if not blob_ids:
+        """Enqueue one mail, whatever its content form; steps 1-4 of the module's docstring."""
+        if isinstance(content, Streamed):
+            return await self._enqueue_stream(Pending(queue, mail, when, priority, key=key), content.chunks)
+        if isinstance(content, Inline):
+            if len(content.data) > self._limits.max_inline_bytes:
+                raise ResourceExhausted(
+                    f"inline content is {len(content.data)} bytes, over the limit of {self._limits.max_inline_bytes}: "
+                    "use EnqueueStream or put the content with BlobService.Put first"
+                )
+            return await self._enqueue(
+                Pending(queue, mail, when, priority, content=content.data, size=len(content.data), key=key))
+        if not content.blob_ids:
             raise InvalidArgument("blob_refs must name at least one blob")
-        validation.blob_refs(blob_ids)  # well-formed, and not too many, before any is read
-        # Their size before the checks, as inline content's: the byte quotas take it at the check
-        # (charged after the write, concurrent mails would all pass it). Each one's write time is
-        # refreshed: a retention sweep under way keeps it.
-        size = 0
-        for b in blob_ids:
-            try:
-                size += (await self._blobs.keep(b)).size
-            except NotFound:
-                raise NotFound(f"blob {b} not found: put the content with BlobService.Put first") from None
-        self._check_mail_size(size)
-        return await self._enqueue(Pending(queue, mail, when, priority, blob_ids=tuple(blob_ids), size=size, key=key))
+        return await self._enqueue(Pending(queue, mail, when, priority, blob_ids=tuple(content.blob_ids), key=key))
 
-    async def enqueue_stream(
-        self, queue: str, mail: model.Mail, chunks: AsyncIterator[bytes], key: str = "", when: Schedule = (None, None),
-        priority: str = "normal",
-    ) -> model.EnqueueResult:
-        facts = quotas.Facts(quotas.current_tenant.get(), mail.sender, queue, 0)
-        streamed = [0]  # the bytes taken from its byte quotas so far (given back if it is refused)
-        token = object()  # this stream, to the quotas
+    async def _enqueue_stream(self, item: Pending, chunks: AsyncIterator[bytes]) -> model.EnqueueResult:
+        """A streamed mail: its content is stored after the checks and the claim, before its group;
+        its bytes are taken from its byte quotas as they arrive (streams at once share a quota)."""
+        facts = quotas.Facts(quotas.current_tenant.get(), item.mail.sender, item.queue, 0)
+        charge = quotas.Charge()  # the mail's, and its bytes' as they arrive; names this stream to the quotas
 
         async def limited() -> AsyncIterator[bytes]:
             total = 0
             async for chunk in chunks:
                 total += len(chunk)
                 self._check_mail_size(total)
-                if self.quotas is not None:  # taken as they arrive: streams at once share a byte quota
-                    self.quotas.stream(facts, len(chunk), token)
-                    streamed[0] += len(chunk)
+                if self.quotas is not None:
+                    self.quotas.stream(facts, len(chunk), charge)
                 yield chunk
             if total == 0:  # a header alone (a client whose read failed), as unary Enqueue with no content
                 raise InvalidArgument("EnqueueStream carried no content after its header: send the mail's bytes as chunks")
@@ -128,46 +117,56 @@ class Enqueuer:
             return (info.blob_id,), info.size
 
         try:
-            return await self._enqueue(Pending(queue, mail, when, priority, key=key), put)
-        except MailQueueError:
-            if self.quotas is not None and streamed[0]:  # a refused mail takes nothing from a quota
-                self.quotas.refund(dataclasses.replace(facts, size=streamed[0]), mails=False)
-            raise
+            return await self._enqueue(item, put, charge)
         finally:
             if self.quotas is not None:
-                self.quotas.stream_ended(token)
+                self.quotas.stream_ended(charge)
 
     def _check_mail_size(self, size: int) -> None:
         if size > self._limits.max_mail_bytes:
             raise ResourceExhausted(f"mail content exceeds the limit of {self._limits.max_mail_bytes} bytes")
 
+    async def _measured(self, blob_ids: tuple[str, ...]) -> int:
+        """The size of a mail given by blob refs, read before the quotas take it (charged after the
+        write, concurrent mails would all pass them); each blob's write time is refreshed, so a
+        retention sweep under way keeps it."""
+        size = 0
+        for b in blob_ids:
+            try:
+                size += (await self._blobs.keep(b)).size
+            except NotFound:
+                raise NotFound(f"blob {b} not found: put the content with BlobService.Put first") from None
+        self._check_mail_size(size)
+        return size
+
     # ------------------------------------------------------------------ the one path
-    async def _enqueue(self, item: Pending, content: ContentWriter | None = None) -> model.EnqueueResult:
-        """Steps 1-4 of the module's docstring. ``content`` stores or checks the content before the
-        group (a stream, blob refs); None for inline content, which the group stores."""
-        facts = quotas.Facts(quotas.current_tenant.get(), item.mail.sender, item.queue, item.size)
+    async def _enqueue(
+        self, item: Pending, content: ContentWriter | None = None, charge: quotas.Charge | None = None,
+    ) -> model.EnqueueResult:
+        """Steps 1-4 of the module's docstring. ``content`` stores a stream's content before the
+        group; None for inline content (the group stores it) and blob refs (stored before).
+        ``charge``: what the mail takes from its quotas (a stream's, which its chunks add to)."""
+        charge = charge if charge is not None else quotas.Charge()
         earlier: model.EnqueueResult | None = None
         try:
-            await self._check(item, facts)
+            item = await self._check(item, charge)
         except quotas.QuotaExceeded:
             # A resend of a mail already enqueued gets its earlier answer, not a refusal: it adds
             # nothing to the queue. One read, only when a keyed mail is refused.
             earlier = await self._view.idempotency.committed(item.queue, item.key) if item.key else None
             if earlier is None:
                 raise
-        # What the check took from the quotas goes back if the mail is refused after all (a refused
-        # mail takes nothing from a quota, whatever refuses it). Not for a caller that left: its
-        # mail may be enqueued all the same (its group goes on), and leaving must not be a way
-        # around a rate.
-        charged = earlier is None and self.quotas is not None
+        # What the quotas took goes back if the mail is refused after all (a refused mail takes
+        # nothing from a quota, whatever refuses it), or if it is a resend (charged once, with its
+        # first send). Not for a caller that left: its mail may be enqueued all the same (its group
+        # goes on), and leaving must not be a way around a rate.
         try:
             result, fresh = await self._enqueue_checked(item, earlier, content)
         except MailQueueError:
-            if charged and self.quotas is not None:
-                self.quotas.refund(facts)
+            charge.give_back(time.time())
             raise
-        if self.quotas is not None and charged and not fresh:  # a resend is charged once, with its first send
-            self.quotas.refund(facts)
+        if not fresh:
+            charge.give_back(time.time())
         return result
 
     async def _enqueue_checked(
@@ -208,11 +207,11 @@ class Enqueuer:
             return earlier, False
         return await self._grouper.submit(item), True
 
-    async def _check(self, item: Pending, facts: quotas.Facts) -> None:
+    async def _check(self, item: Pending, charge: quotas.Charge) -> Pending:
         """Refuse what is invalid, what could not be published now, or what a quota refuses (last:
         a mail refused for anything else takes nothing from a quota), before anything is written.
-        ``facts.size``: the content's bytes when known before writing (inline content, blob refs),
-        else 0 (a stream: charged once stored)."""
+        Blob refs are measured once the rest passed (a refused mail reads no blob): the mail is
+        returned with its size. A stream's size is 0 here: its bytes are taken as they arrive."""
         validation.blob_refs(item.blob_ids)
         validation.queue_name(item.queue)
         validation.mail(item.mail, self._limits)
@@ -221,5 +220,33 @@ class Enqueuer:
             raise InvalidArgument("idempotency_key is longer than 256 characters")
         await self._state.require_queue(item.queue)
         refuse_if_blocked(self._broker, item.queue)
+        if item.blob_ids:
+            item = dataclasses.replace(item, size=await self._measured(item.blob_ids))
         if self.quotas is not None:
-            self.quotas.check(facts)
+            self.quotas.check(quotas.Facts(quotas.current_tenant.get(), item.mail.sender, item.queue, item.size), charge)
+        return item
+
+
+@dataclasses.dataclass(frozen=True)
+class Inline:
+    """Content carried by the call itself (at most ``MAILQUEUE_MAX_INLINE_BYTES``)."""
+
+    data: bytes
+
+
+@dataclasses.dataclass(frozen=True)
+class BlobRefs:
+    """Content put in the blob store before (BlobService.Put), named by its blob ids."""
+
+    blob_ids: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Streamed:
+    """Content streamed in chunks after the call's header (EnqueueStream)."""
+
+    chunks: AsyncIterator[bytes]
+
+
+#: The three content forms of a mail.
+Content = Inline | BlobRefs | Streamed

@@ -76,7 +76,7 @@ class QuotaKeeper:
         #: What each quota was asked for since the last heartbeat (demand key -> mails or bytes).
         self._asked: dict[str, float] = {}
         #: The stream of each quota that is never refused until it ends (``stream``).
-        self._streams: dict[tuple[str, str], object] = {}
+        self._streams: dict[tuple[str, str], quotas.Charge] = {}
         self._asked_since = time.monotonic()
         #: Refreshed at least once (until then no quota is known: nothing is refused).
         self.loaded = False
@@ -184,9 +184,10 @@ class QuotaKeeper:
             if q.max_queued_bytes is not None:
                 USE.labels(q.kind, q.subject, "max_queued_bytes").set(held.bytes / q.max_queued_bytes)
 
-    def check(self, facts: quotas.Facts) -> None:
-        """Take the mail of ``facts`` from every quota that applies, or raise QuotaExceeded (nothing
-        taken). Costs no backend call."""
+    def check(self, facts: quotas.Facts, charge: quotas.Charge | None = None) -> None:
+        """Take the mail of ``facts`` from every quota that applies, recorded in ``charge`` (to give
+        back if the mail is not enqueued after all), or raise QuotaExceeded (nothing taken). Costs
+        no backend call."""
         if not self._quotas:
             return
         applying = quotas.applying(self._quotas, facts)
@@ -202,14 +203,14 @@ class QuotaKeeper:
             q = next(q for q in applying if q.mails_per_s or q.bytes_per_s)
             self._refuse(quotas.Refusal(q.kind, q.subject, "mails_per_s" if q.mails_per_s else "bytes_per_s", wait,
                                         f"this enqueue replica is joining the {q.kind} {q.subject} quota"))
-        refusal = quotas.decide(applying, self._limiters, self._depth, facts, time.time())
+        refusal = quotas.decide(applying, self._limiters, self._depth, facts, time.time(), charge)
         if refusal is not None:
             self._refuse(refusal)
 
-    def stream(self, facts: quotas.Facts, size: int, stream: object) -> None:
-        """Take ``size`` more bytes of a mail being streamed (``stream``: its token, the same for
-        each of its chunks) from its byte quotas as they arrive, or raise QuotaExceeded (nothing
-        of them taken): streams at once share a byte quota as mails of known size do (charged
+    def stream(self, facts: quotas.Facts, size: int, stream: quotas.Charge) -> None:
+        """Take ``size`` more bytes of a mail being streamed (``stream``: its charge, the same for
+        each of its chunks, which records them) from its byte quotas as they arrive, or raise
+        QuotaExceeded (nothing of them taken): streams at once share a byte quota as mails of known size do (charged
         once streamed, they all passed it together). One stream of a quota at a time is never
         refused: the first to take bytes while the quota had room, until it ends (it may owe, as
         a mail larger than the burst does), so one always goes through; the quota is never lent
@@ -227,23 +228,12 @@ class QuotaKeeper:
                 self._refuse(quotas.rate_refusal(q, "bytes", wait))
         for _, limiter in limited:
             if limiter is not None:
-                limiter.take(now, size)
+                stream.take(limiter, now, size)
 
-    def stream_ended(self, stream: object) -> None:
+    def stream_ended(self, stream: quotas.Charge) -> None:
         """The stream of ``stream`` ended (stored, refused or left)."""
         for key in [k for k, s in self._streams.items() if s is stream]:
             del self._streams[key]
-
-    def refund(self, facts: quotas.Facts, mails: bool = True) -> None:
-        """Give back what ``check`` took for a mail that was not enqueued after all (an idempotent
-        resend answered with its earlier enqueue): a resend is charged once, with its first send.
-        ``mails`` False: its bytes only (a stream's, taken as they came)."""
-        now = time.time()
-        for q in quotas.applying(self._quotas, facts):
-            for what, cost in (("mails", 1.0 if mails else 0.0), ("bytes", float(facts.size))):
-                limiter = self._limiters.get((q.key, what))
-                if limiter is not None:
-                    limiter.give_back(now, cost)
 
     def _ask(self, key: tuple[str, str], what: str, amount: float) -> None:
         name = demand_key(key, what)

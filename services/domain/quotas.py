@@ -281,15 +281,35 @@ class Depth:
     bytes: int = 0
 
 
+@dataclasses.dataclass(eq=False)
+class Charge:
+    """What one mail took from its quotas' rate limiters: given back, exactly that, if the mail is
+    not enqueued after all (a refused mail, or a resend answered with its first send, takes nothing
+    from a quota), whatever quotas were set or cleared meanwhile. A streamed mail's charge grows
+    with its chunks, and names the stream to the quotas."""
+
+    taken: list[tuple[Gcra, float]] = dataclasses.field(default_factory=list)
+
+    def take(self, limiter: Gcra, now: float, cost: float) -> None:
+        limiter.take(now, cost)
+        self.taken.append((limiter, cost))
+
+    def give_back(self, now: float) -> None:
+        """Undo every take of this charge (once)."""
+        for limiter, cost in self.taken:
+            limiter.give_back(now, cost)
+        self.taken.clear()
+
+
 def decide(
     quotas: list[Quota], limiters: dict[tuple[tuple[str, str], str], Gcra], depth: dict[str, Depth], facts: Facts,
-    now: float,
+    now: float, charge: Charge | None = None,
 ) -> Refusal | None:
     """None: every quota of ``quotas`` (those applying, see ``applying``) lets the mail pass, and
     it is taken from each; else the first refusal (the longest wait), nothing taken from any.
 
     ``limiters``: the GCRA of each (quota key, "mails"/"bytes"); ``depth``: queued mails and
-    bytes per queue as last read from the counters."""
+    bytes per queue as last read from the counters; ``charge``: records what is taken."""
     worst: Refusal | None = None
     takes: list[tuple[Gcra, float]] = []
     for q in quotas:
@@ -312,8 +332,9 @@ def decide(
                 takes.append((limiter, cost))
     if worst is not None:
         return worst
+    charge = charge if charge is not None else Charge()
     for limiter, cost in takes:
-        limiter.take(now, cost)
+        charge.take(limiter, now, cost)
     return None
 
 

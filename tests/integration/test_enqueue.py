@@ -240,6 +240,18 @@ def test_a_stream_over_the_mail_size_limit_is_refused_and_writes_nothing(suite, 
         small.stop()
 
 
+def test_blob_refs_are_read_only_once_the_queue_is_known_to_take_mail(suite):
+    """Blob refs to a queue that does not exist are refused for the queue: no blob is read or
+    refreshed for a mail refused for something else (its size is read just before the quotas)."""
+    missing = "d" * 64
+    request = enqueue_pb2.EnqueueRequest(queue="never-created-queue", mail=simple_mail(),
+                                         blob_refs=enqueue_pb2.BlobRefs(blob_ids=[missing]))
+    with pytest.raises(grpc.RpcError) as e:
+        suite.enqueue_stub.Enqueue(request)
+    assert e.value.code() == grpc.StatusCode.NOT_FOUND
+    assert "never-created-queue" in e.value.details() and missing not in e.value.details()
+
+
 def test_a_stream_must_start_with_its_header(suite):
     with pytest.raises(grpc.RpcError) as e:
         suite.enqueue_stub.EnqueueStream(iter([enqueue_pb2.EnqueueStreamRequest(chunk=b"x")]))

@@ -91,6 +91,34 @@ def test_decide_refuses_with_the_longest_wait_and_takes_nothing():
     assert limiters[(sender.key, "bytes")].wait(0.4, 600) == 0
 
 
+def test_a_charge_gives_back_exactly_what_its_mail_took_once():
+    # Given a mail taken from a tenant's mail rate and a sender's byte rate, its charge recording them
+    tenant = q.Quota("tenant", "acme", mails_per_s=1)
+    sender = q.Quota("sender", "a@x.org", bytes_per_s=1000, burst_bytes=1000)
+    limiters = {**_limiters(tenant), **_limiters(sender)}
+    facts = q.Facts("acme", "a@x.org", "outbound", size=600)
+    charge = q.Charge()
+    assert q.decide([tenant, sender], limiters, {}, facts, 0.0, charge) is None
+    assert sorted(cost for _, cost in charge.taken) == [1.0, 600.0]
+    assert q.decide([tenant, sender], limiters, {}, facts, 0.0) is not None  # the next one waits
+    # When it is given back (twice: the second time gives nothing)
+    charge.give_back(0.0)
+    charge.give_back(0.0)
+    # Then the next mail passes at once, and a third one waits as after one mail
+    assert q.decide([tenant, sender], limiters, {}, facts, 0.0) is None
+    assert q.decide([tenant, sender], limiters, {}, facts, 0.0) is not None
+
+
+def test_a_refused_mail_charges_nothing():
+    quota = q.Quota("tenant", "acme", mails_per_s=1)
+    limiters = _limiters(quota)
+    facts = q.Facts("acme", "a@x.org", "outbound", size=1)
+    assert q.decide([quota], limiters, {}, facts, 0.0) is None
+    charge = q.Charge()
+    assert q.decide([quota], limiters, {}, facts, 0.0, charge) is not None
+    assert charge.taken == []
+
+
 def test_a_mail_larger_than_the_byte_burst_passes_an_idle_limiter_and_owes_the_rest():
     quota = q.Quota("queue", "outbound", bytes_per_s=100, burst_bytes=100)
     limiters = _limiters(quota)
