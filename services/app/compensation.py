@@ -78,6 +78,21 @@ class Compensation:
         if written is not None or key:
             await self.eventually(undo, "undo a failed enqueue")
 
+    async def abandon(
+        self, queue: str, key: str, enqueue_id: uuid.UUID, started: dt.datetime, error: BaseException, storing: bool,
+    ) -> None:
+        """Undo an attempt that failed before its group (nothing of its mail is in the view):
+        ``error`` while claiming its key (``key`` claimed at ``started``), or while storing its
+        content (``storing``). A claim that timed out, or whose caller left while it was in
+        flight, may have landed: it is released (if it is ours), or the client's retry would find
+        it in progress until it is abandoned (MAILQUEUE_ABANDONED_CLAIM_S)."""
+        if not key:
+            return
+        if isinstance(error, asyncio.CancelledError) and not storing:  # its caller left: not waited for
+            self.undo_later(queue, key, enqueue_id, started)
+        elif storing or isinstance(error, BackendUnavailable):
+            await self.undo(queue, key, enqueue_id, started, Attempt())
+
     def undo_later(self, queue: str, key: str, enqueue_id: uuid.UUID, started: dt.datetime) -> None:
         """``undo`` of an attempt that wrote nothing, from code that cannot wait (a caller that left)."""
         self._track(asyncio.ensure_future(self.undo(queue, key, enqueue_id, started, Attempt())), "undo a withdrawn enqueue")

@@ -27,7 +27,6 @@ nothing half-enqueued is ever delivered or browsed.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
 import time
@@ -35,7 +34,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from services.app import mail_events
-from services.app.compensation import Attempt, Compensation
+from services.app.compensation import Compensation
 from services.app.enqueue_group import ENQUEUE_FAILED, Grouper, GroupWrites, Pending, Schedule, refuse_if_blocked, to_millis
 from services.app.key_claims import KeyClaims
 from services.app.queue_state import QueueState
@@ -194,13 +193,7 @@ class Enqueuer:
         except BaseException as e:
             if storing and isinstance(e, BackendUnavailable):
                 ENQUEUE_FAILED.labels(item.queue).inc()
-            # A claim that timed out, or whose caller left while it was in flight, may have landed:
-            # released (if it is ours), or the client's retry would find it in progress until it
-            # is abandoned (MAILQUEUE_ABANDONED_CLAIM_S).
-            if item.key and isinstance(e, asyncio.CancelledError) and not storing:
-                self._compensation.undo_later(item.queue, item.key, enqueue_id, started)
-            elif item.key and (storing or isinstance(e, BackendUnavailable)):
-                await self._compensation.undo(item.queue, item.key, enqueue_id, started, Attempt())
+            await self._compensation.abandon(item.queue, item.key, enqueue_id, started, e, storing)
             raise
         if earlier is not None:  # its ENQUEUED event recorded again, with the same id, marked resent
             await self._events.record([mail_events.resent(item.queue, item.mail, earlier)])
