@@ -43,7 +43,8 @@ class BrowseServicer(DeadLetterBrowseServicer, browse_pb2_grpc.BrowseServiceServ
         f = serde.browse_filter_from_proto(request, model.utcnow())
         async for m in self._browser().browse_with_content(request.queue, f, request.limit, request.include_content,
                                                            request.page_size, request.page_token):
-            response = browse_pb2.BrowseResponse(mail=serde.queued_mail_to_proto(m.mail), next_page_token=m.next_page_token)
+            response = browse_pb2.BrowseResponse(mail=serde.queued_mail_to_proto(m.mail), next_page_token=m.next_page_token,
+                                                  content_missing=m.content_missing)
             if m.content is not None:
                 response.content = m.content
             yield response
@@ -101,6 +102,9 @@ class AdminServicer(ShapingServicer, QuotaServicer, DeadLetterAdminServicer, adm
     async def RepublishNotProcessed(
         self, request: admin_pb2.RepublishNotProcessedRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.RepublishNotProcessedResponse:
+        if not request.HasField("older_than"):  # unset would read as 0: every live mail published again
+            raise InvalidArgument("older_than is required: only live mails enqueued longer ago than it are published "
+                                  "again (0s: every live mail)")
         count = await self._admin().republish(request.queue, serde.duration_from_proto(request.older_than, "older_than"))
         return admin_pb2.RepublishNotProcessedResponse(republished=count)
 

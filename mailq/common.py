@@ -163,6 +163,16 @@ def selector(text: str) -> str:
     return text
 
 
+def queue_option(text: str) -> str:
+    """An argparse type for an option naming a queue (--queue, --to): never empty. An empty value
+    (an unset shell variable) would mean what leaving the option out means: every queue, or the
+    default one."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty queue name (an unset shell variable?): give a name, "
+                                         "or leave the option out")
+    return text
+
+
 def whole(minimum: int = 0, maximum: int = MAX_WHOLE) -> Callable[[str], int]:
     """An argparse type: a whole number from ``minimum`` to ``maximum`` (a usage error otherwise,
     never a traceback from the protobuf field it fills)."""

@@ -17,7 +17,7 @@ from typing import Any
 
 from google.protobuf import json_format
 
-from mailq.common import UsageError, duration, duration_arg, follow, print_table, selector, whole
+from mailq.common import UsageError, duration, duration_arg, follow, print_table, queue_option, selector, whole
 from mailqueue.v1 import admin_pb2, browse_pb2
 
 REASONS = ("expired", "rejected", "bounced", "delivery_limit", "content_missing", "other")
@@ -106,7 +106,7 @@ def register(sub: Any) -> None:
             s.add_argument("--page-size", type=whole(), default=0, help="a page of at most N dead letters (1 to 1000)")
             s.add_argument("--page-token", help="the page after the one that printed this token (same queue and filter)")
         if action == "redrive":
-            s.add_argument("--to", help="another existing queue (default: back to the queue)")
+            s.add_argument("--to", type=queue_option, help="another existing queue (default: back to the queue)")
             s.add_argument("--rate", type=whole(), default=0, help="mails per second at most (default 100)")
             s.add_argument("--keep-attempts", action="store_true",
                            help="keep attempts, last error and enqueue time (default: start over)")

@@ -12,7 +12,7 @@ from typing import Any
 
 from google.protobuf import timestamp_pb2
 
-from mailq.common import Client, duration_arg, print_table, selector
+from mailq.common import Client, duration_arg, print_table, queue_option, selector
 from mailqueue.v1 import admin_pb2
 from services.domain.durations import parse_duration
 
@@ -48,7 +48,7 @@ def cmd_release(c: Client, a: argparse.Namespace) -> None:
 def register(sub: Any) -> None:
     for kind in ("hold", "bounce"):
         r = sub.add_parser(kind, help=f"{kind} the mails matching a condition (queued ones and new ones)")
-        r.add_argument("--queue")
+        r.add_argument("--queue", type=queue_option, help="only this queue (default: every queue)")
         r.add_argument("--domain", type=selector, help="recipient domain")
         r.add_argument("--sender", type=selector)
         r.add_argument("--name", type=selector)

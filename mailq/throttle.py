@@ -6,7 +6,7 @@ import argparse
 import datetime as dt
 from typing import Any
 
-from mailq.common import UsageError, duration, duration_arg, print_table, whole
+from mailq.common import UsageError, duration, duration_arg, print_table, queue_option, whole
 from mailqueue.v1 import admin_pb2, shaping_pb2
 from services.domain import shaping
 from services.domain.errors import InvalidArgument
@@ -118,16 +118,16 @@ def register(sub: Any) -> None:
     t = sub.add_parser("throttle", help="traffic shaping per destination").add_subparsers(dest="action", required=True)
     s = t.add_parser("set", help="limit a destination (a recipient domain or a site)")
     s.add_argument("destination")
-    s.add_argument("--queue", help="only this queue (default: every queue)")
+    s.add_argument("--queue", type=queue_option, help="only this queue (default: every queue)")
     s.add_argument("--rate", type=rate_arg, help="deliveries per period: 20/s, 600/m, 10000/d")
     s.add_argument("--concurrency", type=whole(1), help="deliveries handed out and unanswered at most")
     s.set_defaults(fn=cmd_set)
     s = t.add_parser("clear", help="remove a destination's limits")
     s.add_argument("destination")
-    s.add_argument("--queue")
+    s.add_argument("--queue", type=queue_option)
     s.set_defaults(fn=cmd_clear)
     s = t.add_parser("list", help="throttles, effects in force (and when they end), rules, sites")
-    s.add_argument("--queue")
+    s.add_argument("--queue", type=queue_option)
     s.set_defaults(fn=cmd_list)
     s = t.add_parser("resume", help="end the effect in force on a destination now")
     s.add_argument("destination")

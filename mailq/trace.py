@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 import time
 from collections.abc import Iterator
@@ -31,7 +32,7 @@ from typing import Any
 import grpc
 
 from mailq import ids
-from mailq.common import Client, UsageError, print_table, real, whole
+from mailq.common import Client, UsageError, print_table, queue_option, real, whole
 from mailqueue.v1 import browse_pb2, events_pb2, mail_pb2
 
 
@@ -111,7 +112,7 @@ def _line(e: events_pb2.Event) -> str:
 
 def _again(a: argparse.Namespace, cursor: str) -> str:
     """The command that goes on after ``cursor``, with the same filters."""
-    return " ".join(["mailq events --cursor", cursor, *(f"--queue {q}" for q in a.queue), *(f"--type {t}" for t in a.type),
+    return " ".join(["mailq events --cursor", cursor, *(f"--queue {shlex.quote(q)}" for q in a.queue), *(f"--type {t}" for t in a.type),
                      *(["--json"] if a.json else [])])
 
 
@@ -178,7 +179,7 @@ def register(sub: Any) -> None:
     t = sub.add_parser("trace", help="what happened to a mail: its events with times and actors (by id or --name)")
     t.add_argument("id", nargs="?", help="enqueue id, or a unique prefix of a live mail's")
     t.add_argument("--name", help="every mail with this name (the newest 100)")
-    t.add_argument("--queue", help="resolve an id prefix among this queue's live mails (default: every queue's)")
+    t.add_argument("--queue", type=queue_option, help="resolve an id prefix among this queue's live mails (default: every queue's)")
     t.add_argument("--json", action="store_true", help="one JSON object per event")
     t.set_defaults(fn=cmd_trace)
     w = sub.add_parser("events", help="follow the event stream: every change as it happens (until Ctrl-C, --count or --for)")

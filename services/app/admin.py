@@ -251,7 +251,10 @@ class Admin:
             return 0
         released = 0
         for queue in [rule.queue] if rule.queue else await self._view.queues.all():
-            released += await self.flush(queue, BrowseFilter(held_by=rule_id), lifted=rule)
+            try:
+                released += await self.flush(queue, BrowseFilter(held_by=rule_id), lifted=rule)
+            except NotFound:  # deleted meanwhile, its mails with it: nothing of it to release
+                continue
         return released
 
 

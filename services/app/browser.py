@@ -19,6 +19,7 @@ from services.app import ages
 from services.app.ages import HeadAges
 from services.app.queue_state import QueueState
 from services.domain import counts, model, paging, shaping, validation
+from services.domain.errors import NotFound
 from services.domain.filters import BrowseFilter
 from services.domain.model import QueueInfo, Summary
 from services.domain.slices import from_ms, slice_ms, slice_start, slices_between
@@ -46,6 +47,9 @@ class Listed:
     mail: model.QueuedMail
     content: bytes | None = None
     next_page_token: str = ""
+    #: Its content was asked for but is not in the blob store (a delivery dead-letters it
+    #: CONTENT_MISSING): the mail is listed all the same.
+    content_missing: bool = False
 
 
 class Browser:
@@ -198,8 +202,13 @@ class Browser:
         # A page reads one mail past its end (is there a next page?): the first reads ask for it.
         mails = self.browse(queue, f, limit or (page.size + 1 if page.size else 0), page.after)
         async for q, token in paging.paged(mails, page.size, lambda q: paging.encode(paging.MAILS, key, position(q))):
-            content = await self._blobs.read_content(q.blob_ids, q.size) if include_content and q.size <= self._inline_limit else None
-            yield Listed(q, content, token)
+            content, missing = None, False
+            if include_content and q.size <= self._inline_limit:
+                try:
+                    content = await self._blobs.read_content(q.blob_ids, q.size)
+                except NotFound:  # one mail's lost content must not end the listing of the others
+                    missing = True
+            yield Listed(q, content, token, missing)
 
     async def size(self, queue: str) -> int:
         return sum([1 async for _ in self.live_mails(queue, "size")])

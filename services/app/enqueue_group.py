@@ -45,6 +45,7 @@ from services.app.compensation import Attempt, Compensation
 from services.app.queue_state import QueueState
 from services.domain import history_keys, model, trace, validation
 from services.domain.errors import PublishersBlocked
+from services.domain.events import Actor, current_actor
 from services.domain.settings import LimitSettings
 from services.domain.slices import bucket_of, slice_start
 from services.ports.blobstore import BlobStore
@@ -98,8 +99,10 @@ class Pending:
     enqueue_id: uuid.UUID | None = None
     started: dt.datetime | None = None
     at: dt.datetime | None = None
-    #: The call's trace context, taken when it is made (the group runs in another call's task).
+    #: The call's trace context and its caller (the actor of its ENQUEUED event), taken when it is
+    #: made: the group runs in another call's task, with that call's context.
     traceparent: str = dataclasses.field(default_factory=trace.current_traceparent.get)
+    actor: Actor = dataclasses.field(default_factory=current_actor.get)
 
 
 class GroupWrites:
@@ -169,7 +172,7 @@ class GroupWrites:
             live = _survivors(live, sent, failed)
             if live:  # the group's ENQUEUED events in one record; unrecorded, the mails are undone
                 try:
-                    await self._events.record([mail_events.enqueued(queued[i]) for i in live])
+                    await self._events.record([mail_events.enqueued(queued[i], items[i].actor) for i in live])
                 except Exception as e:  # noqa: BLE001 - each mail answered with the error, and undone
                     for i in live:
                         failed(i, e)

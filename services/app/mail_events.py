@@ -40,8 +40,10 @@ RULE = Actor.component("rule")
 EXPIRY = Actor.component("expiry")
 
 
-def enqueued(mail: model.QueuedMail) -> Event:
-    return of_mail(EventType.ENQUEUED, mail, step=0, at=mail.enqueued_at)
+def enqueued(mail: model.QueuedMail, actor: Actor | None = None) -> Event:
+    """``actor``: the caller that enqueued it, taken when the call was made (its group may run in
+    another caller's task); None: the current one."""
+    return of_mail(EventType.ENQUEUED, mail, step=0, at=mail.enqueued_at, actor=actor)
 
 
 def resent(queue: str, mail: model.Mail, result: model.EnqueueResult) -> Event:

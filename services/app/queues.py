@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Callable
 from services.app import admin_events, browse_start, counters
 from services.app.dead_letter_admin import journal, purge_one
 from services.app.queue_state import QueueState
+from services.app.quota_admin import QuotaAdmin
 from services.domain import schedule, validation
 from services.domain.errors import Aborted, FailedPrecondition, NotFound
 from services.domain.model import QueuedMail, RetryPolicy, utcnow
@@ -79,7 +80,8 @@ async def drop_queue(
 ) -> AsyncIterator[DropProgress]:
     """Delete ``queue``: refused while it holds live mails or dead letters unless ``force`` (the
     mails are marked deleted, the dead letters purged, so a queue made again under the name starts
-    empty); its RabbitMQ queues and exchanges, retry policy and queue throttles removed; its
+    empty); its RabbitMQ queues and exchanges, retry policy, queue throttles, rules and quota
+    removed; its
     content left to the retention sweep (the queue stays known to it as dropped).
 
     Order: the queue stops being listed and accepting mail, then this waits ``state.ttl_s``
@@ -150,6 +152,13 @@ async def drop_queue(
     for t in (await view.shaping.snapshot()).throttles:
         if t.queue == queue:
             await view.shaping.clear_throttle(queue, t.destination)
+    # Its rules and its quota go with it (each recorded): a queue made again under the name starts
+    # with none, as it starts empty (a bounce rule left behind would bounce its new mail).
+    for rule in await view.rules.all():
+        if rule.queue == queue:
+            await admin_events.record(events, [admin_events.rule_changed(rule, "removed")])
+            await view.rules.lift(rule.rule_id)
+    await QuotaAdmin(view.quotas, state, events).clear_quota("queue", queue)
     # Every mail of it is gone: its browse start moves on, so the retention sweep can drop its
     # slices (the healer keeps moving it for the slices still too recent now).
     await browse_start.update(view, queue)

@@ -12,6 +12,7 @@ import dataclasses
 from services.app import admin_events
 from services.app.queue_state import QueueState
 from services.domain import model, shaping
+from services.domain.errors import FailedPrecondition
 from services.domain.events import EventType
 from services.domain.validation import queue_name
 from services.ports.events import EventLog
@@ -53,7 +54,13 @@ class ShapingAdmin:
         return await self._store.clear_throttle(queue, destination)
 
     async def set_site(self, s: shaping.Site) -> shaping.Site:
-        before = next((x for x in (await self._store.snapshot()).sites if x.name == s.name), None)
+        sites = (await self._store.snapshot()).sites
+        taken = {d: x.name for x in sites if x.name != s.name for d in x.domains if d in s.domains}
+        if taken:  # a domain of two sites would go to one of them by the order of their names
+            d, other = min(taken.items())
+            raise FailedPrecondition(f"domain {d} belongs to site {other}: remove it there first "
+                                     f"(SetSite {other} without it, or DeleteSite {other}); nothing was changed")
+        before = next((x for x in sites if x.name == s.name), None)
         await self._record("site", s.name, "", before, s)
         await self._store.set_site(s)
         return s

@@ -35,7 +35,10 @@ def filter_from_proto(pb: browse_pb2.DeadLetterFilter, older_than: object = None
         kinds.add(_KINDS[reason])
     before = _instant(pb, "dead_lettered_before")
     if older_than is not None:
-        cutoff = (now or dt.datetime.now(dt.timezone.utc)) - duration_from_proto(older_than, "older_than")  # type: ignore[arg-type]
+        age = duration_from_proto(older_than, "older_than")  # type: ignore[arg-type]
+        if age <= dt.timedelta(0):  # "older than now" is every dead letter: that takes all = true
+            raise InvalidArgument("older_than must be above 0 (to purge every dead letter, set all = true)")
+        cutoff = (now or dt.datetime.now(dt.timezone.utc)) - age
         before = cutoff if before is None else min(before, cutoff)
     mails = BrowseFilter(sender=pb.sender or None, recipient=pb.recipient or None, name=pb.name or None,
                          enqueued_after=_instant(pb, "enqueued_after"), enqueued_before=_instant(pb, "enqueued_before"))

@@ -7,12 +7,13 @@ import datetime as dt
 from mailqueue.v1 import webhooks_pb2
 from services.contract.events_serde import event_type_from_proto, event_type_to_proto
 from services.contract.serde import duration_from_proto, duration_to_proto, timestamp_to_proto
+from services.domain.event_stream import streamed
 from services.domain.webhook_registry import Registration
 
 
 def webhook_from_proto(pb: webhooks_pb2.Webhook) -> Registration:
     """InvalidArgument for an unspecified or unknown event type, or a malformed maximum age."""
-    types = tuple(event_type_from_proto(t) for t in pb.event_types)
+    types = tuple(streamed([event_type_from_proto(t) for t in pb.event_types]))
     max_age = 0.0
     if pb.HasField("max_age"):
         duration_from_proto(pb.max_age, "webhook.max_age")  # its range checked

@@ -14,7 +14,7 @@ import dataclasses
 from collections.abc import Collection
 
 from services.domain.errors import InvalidArgument
-from services.domain.events import Event, EventType
+from services.domain.events import HISTORY_ONLY, Event, EventType
 
 FIRST = "first"
 NEXT = "next"
@@ -75,6 +75,16 @@ class EventFilter:
 
     def __call__(self, event: Event) -> bool:
         return (not self.queues or event.queue in self.queues) and (not self.types or event.type in self.types)
+
+
+def streamed(types: Collection[EventType]) -> list[EventType]:
+    """``types`` to watch on the stream (a watch, a webhook): InvalidArgument for a type written to
+    the mail history only, which a watch would wait for forever."""
+    unstreamed = sorted(t.value for t in types if t in HISTORY_ONLY)
+    if unstreamed:
+        raise InvalidArgument(f"{', '.join(unstreamed)} events are in the mail history only (GetMailHistory, mailq trace), "
+                              "never on the event stream: leave them out of the types")
+    return list(types)
 
 
 def messages_missed(resumed_from: str, first: str) -> int:

@@ -54,6 +54,11 @@ class EventType(enum.Enum):
     RELEASED = "released"
 
 
+#: Written to the mail history only, never to the event stream (the sweep writes its history rows
+#: from Spark): a watch of these types alone would wait forever.
+HISTORY_ONLY = frozenset({EventType.SWEPT})
+
+
 @dataclasses.dataclass(frozen=True)
 class Actor:
     """Who made a change: a caller (role, identity) or a component (identity: its name)."""

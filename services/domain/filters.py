@@ -93,6 +93,7 @@ def delete_condition(name: str | None = None, sender: str | None = None, recipie
     given = [v for v in (name, sender, recipient, ids) if v is not None]
     if len(given) != 1:
         raise InvalidArgument("a delete needs exactly one condition: name, sender, recipient or enqueue_ids")
+    _not_empty(name=name, sender=sender, recipient=recipient)
     return BrowseFilter(sender=sender, recipient=recipient, name=name,
                         enqueue_ids=enqueue_ids(ids) if ids is not None else None)
 
@@ -103,7 +104,17 @@ def flush_condition(sender: str | None = None, recipient: str | None = None, rec
     given = [v for v in (sender, recipient, recipient_domain, name) if v is not None]
     if len(given) > 1:
         raise InvalidArgument("a flush takes at most one condition: sender, recipient, recipient_domain or name")
+    _not_empty(sender=sender, recipient=recipient, name=name)
     if recipient_domain is not None and (not recipient_domain or "@" in recipient_domain or len(recipient_domain) > 255):
         raise InvalidArgument("recipient_domain must be a domain name (the part after @)")
     return BrowseFilter(sender=sender, recipient=recipient, name=name, schedule="delayed",
                         recipient_domain=recipient_domain.lower() if recipient_domain else None)
+
+
+def _not_empty(**conditions: str | None) -> None:
+    """A condition set to "" (an unset variable in a script) would select every mail without one,
+    usually the whole queue: refused. The null sender is "<>"."""
+    for field, value in conditions.items():
+        if value is not None and not value.strip():
+            raise InvalidArgument(f"the {field} condition is empty: give a value (the null sender is \"<>\"); "
+                                  "nothing was changed")

@@ -19,7 +19,10 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import functools
 import re
+import re._constants as sre
+import re._parser as sre_parse
 import zlib
 from collections.abc import Iterable
 
@@ -89,7 +92,17 @@ class AutoRule:
     floor: Rate | None = None
 
     def matches(self, error: str) -> bool:
-        return re.search(self.pattern, error) is not None
+        return _searchable(self.pattern) and re.search(self.pattern, error) is not None
+
+
+@functools.lru_cache(maxsize=256)
+def _searchable(pattern: str) -> bool:
+    """False for a stored pattern that could backtrack for seconds (``backtracking``; stored before
+    such patterns were refused): it matches nothing rather than stall the delivering process."""
+    try:
+        return backtracking(pattern) is None
+    except (re.error, OverflowError, RecursionError):
+        return False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -194,8 +207,15 @@ def validate_rule(r: AutoRule) -> AutoRule:
         raise InvalidArgument(f"pattern has {r.pattern.count('(')} groups: at most {MAX_GROUPS}")
     try:
         re.compile(r.pattern)
+        slow = backtracking(r.pattern)
     except (re.error, OverflowError, RecursionError) as e:  # OverflowError: a{4294967295}
         raise InvalidArgument(f"pattern {shown(r.pattern)} is not a regular expression: {e}") from None
+    if slow is not None:
+        raise InvalidArgument(
+            f"pattern {shown(r.pattern)} could take seconds on one error message ({slow}): dequeue_svc matches "
+            "every RETRY's error text, which a remote server writes. Use at most one long repeat (*, +, {n,}), "
+            "none inside another, and no alternatives (a|b) inside a repeat; a pattern is searched anywhere in "
+            "the text, so it needs no leading or trailing .*")
     if not 1 <= r.threshold <= 100_000:
         raise InvalidArgument(f"threshold must be between 1 and 100000, not {r.threshold}")
     if not dt.timedelta(seconds=1) <= r.window <= MAX_RULE_WINDOW:
@@ -208,6 +228,58 @@ def validate_rule(r: AutoRule) -> AutoRule:
         raise InvalidArgument("a SLOW rule needs a floor rate")
     floor = validate_rate(r.floor, "floor") if r.floor is not None and r.action == "slow" else None
     return dataclasses.replace(r, floor=floor)
+
+
+#: A repeat of more than this many is "long": its cost grows with the text's length.
+SHORT_REPEAT = 16
+#: Short repeats multiply the tries at each position by at most this much, together.
+MAX_SHORT_TRIES = 4096
+
+
+def backtracking(pattern: str) -> str | None:
+    """Why ``pattern`` could backtrack for seconds on a 1000-character text (Python's engine
+    backtracks), or None. Refused: a repeat inside a repeat ((a+)+, exponential), alternatives
+    inside a repeat ((a|a)*, exponential), back-references, and more than one long repeat
+    (.*a.*b searched in 1000 characters without a match takes about 0.3 s: cubic). One long repeat
+    costs at most the square of the text (about 1 ms)."""
+    long_repeats = 0
+    short_tries = 1
+
+    def walk(items: object, repeated: bool) -> str | None:
+        nonlocal long_repeats, short_tries
+        for op, av in items:  # type: ignore[attr-defined]
+            if op in (sre.MAX_REPEAT, sre.MIN_REPEAT, sre.POSSESSIVE_REPEAT):
+                low, high, body = av
+                if high > 1 and repeated:
+                    return "a repeat inside a repeat"
+                if high > SHORT_REPEAT:
+                    long_repeats += 1
+                    if long_repeats > 1:
+                        return "more than one long repeat"
+                else:
+                    short_tries *= high + 1
+                    if short_tries > MAX_SHORT_TRIES:
+                        return "too many repeats"
+                why = walk(body, repeated or high > 1)
+            elif op is sre.BRANCH:
+                if repeated:
+                    return "alternatives inside a repeat"
+                why = next((w for w in (walk(alt, repeated) for alt in av[1]) if w), None)
+            elif op is sre.SUBPATTERN:
+                why = walk(av[-1], repeated)
+            elif op in (sre.ASSERT, sre.ASSERT_NOT):
+                why = walk(av[1], repeated)
+            elif op is sre.ATOMIC_GROUP:
+                why = walk(av, repeated)
+            elif op in (sre.GROUPREF, sre.GROUPREF_EXISTS):
+                return "a back-reference"
+            else:
+                why = None
+            if why is not None:
+                return why
+        return None
+
+    return walk(sre_parse.parse(pattern), False)
 
 
 # --- destinations ----------------------------------------------------------------------------

@@ -16,6 +16,7 @@ import uuid
 
 import grpc
 import pytest
+from google.protobuf import duration_pb2
 
 from mailqueue.v1 import admin_pb2, admin_pb2_grpc, browse_pb2, dequeue_pb2_grpc, enqueue_pb2_grpc, events_pb2, events_pb2_grpc, shaping_pb2
 from services.adapters.grpc_channels import blocking_channel
@@ -95,6 +96,33 @@ def test_a_retried_then_delivered_mail_tells_its_story_with_its_actors(secured):
     print(f"\n{printed}")
     assert [line.split()[2] for line in printed.splitlines()[1:]] == [
         "enqueued", "handed_out", "retry_scheduled", "handed_out", "delivered"]
+
+
+def test_each_enqueued_event_names_its_own_caller_when_callers_share_a_group(secured):
+    """Concurrent Enqueues run as one group, in the task of the call that started it: each mail's
+    ENQUEUED event still names the caller that enqueued it."""
+    # Given a producer and an admin enqueueing at once, 30 calls each in flight together
+    queue = new_queue(secured)
+    calls = []
+    for i in range(30):
+        for role in ("producer", "admin"):
+            calls.append((role, stub(secured, "enqueue", role).Enqueue.future(inline(queue, simple_mail(f"{role}-{i}")))))
+    receipts = [(role, f.result(timeout=60).receipt.enqueue_id) for role, f in calls]
+    # When each mail's history is read
+    actors = {}
+    for role, enqueue_id in receipts:
+        enqueued = [e for e in history(secured, enqueue_id=enqueue_id) if e.type == T.EVENT_TYPE_ENQUEUED]
+        assert len(enqueued) == 1
+        actors[enqueue_id] = (role, enqueued[0].actor.role, enqueued[0].actor.identity)
+    # Then each names its own caller
+    wrong = [a for a in actors.values() if a[1:] != (a[0], identity(a[0]))]
+    assert wrong == [], f"{len(wrong)} of {len(actors)} ENQUEUED events name another caller: {wrong[:3]}"
+
+
+def test_watching_a_type_written_to_the_history_only_is_refused(secured):
+    # SWEPT events are written by the retention sweep to the history, never to the stream
+    watch = stub(secured, "events", "reader").WatchEvents(T.WatchEventsRequest(types=[T.EVENT_TYPE_SWEPT]), timeout=10)
+    assert code_of(lambda: next(iter(watch))) == grpc.StatusCode.INVALID_ARGUMENT
 
 
 def test_a_mail_out_unanswered_shows_its_hand_out_within_the_delay_and_once_answered_each_event_once(secured):
@@ -428,7 +456,8 @@ def test_flush_and_republish_name_the_operator_and_a_retried_republish_is_the_sa
     assert code_of(lambda: admin.Flush(absent)) == grpc.StatusCode.NOT_FOUND
     assert admin.Flush(admin_pb2.FlushRequest(queue=queue)).flushed == 1
     for _ in range(2):
-        assert admin.RepublishNotProcessed(admin_pb2.RepublishNotProcessedRequest(queue=queue)).republished == 2
+        assert admin.RepublishNotProcessed(admin_pb2.RepublishNotProcessedRequest(
+            queue=queue, older_than=duration_pb2.Duration())).republished == 2
     # Then the delayed mail's history says FLUSHED, then REPUBLISHED, by the admin; the ready one's
     # REPUBLISHED once (same id for the retried call), by the admin
     assert types(history(secured, enqueue_id=later)) == ["ENQUEUED", "FLUSHED", "REPUBLISHED"]

@@ -123,7 +123,9 @@ def test_each_delete_condition_from_proto():
     ids = [str(uuid.uuid4()), str(uuid.uuid4())]
     by_ids = serde.delete_condition_from_proto(admin_pb2.DeleteMailsRequest(queue="q", enqueue_ids=admin_pb2.EnqueueIds(ids=ids)))
     assert by_ids.enqueue_ids == {uuid.UUID(i) for i in ids} and by_ids.name is None
-    assert serde.delete_condition_from_proto(admin_pb2.DeleteMailsRequest(queue="q", name="")).name == ""  # set, though empty
+    for empty in ({"name": ""}, {"sender": " "}, {"recipient": ""}):  # set, though empty: an unset variable
+        with pytest.raises(InvalidArgument, match="condition is empty"):
+            serde.delete_condition_from_proto(admin_pb2.DeleteMailsRequest(queue="q", **empty))
     assert serde.delete_condition_from_proto(admin_pb2.DeleteMailsRequest(queue="q", sender="<>")).sender == "<>"
     with pytest.raises(InvalidArgument, match="exactly one condition"):
         serde.delete_condition_from_proto(admin_pb2.DeleteMailsRequest(queue="q"))

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
+import re
 import time
 import uuid
 
@@ -52,6 +54,31 @@ def test_rule_validation():
                    {"duration": dt.timedelta(0)}, {"floor": None}):
         with pytest.raises(InvalidArgument):
             shaping.validate_rule(shaping.AutoRule(**{**ok.__dict__, **change}))
+
+
+@pytest.mark.parametrize("pattern, why", [
+    (r"(a+)+$", "a repeat inside a repeat"),
+    (r".*a.*b", "more than one long repeat"),
+    (r"\s*\s*x", "more than one long repeat"),
+    (r"(?:rate|limit)+x", "alternatives inside a repeat"),
+    (r"(a)\1", "a back-reference"),
+    (r"\d{1,9}" * 5, "too many repeats"),
+])
+def test_a_pattern_that_could_backtrack_for_seconds_is_refused(pattern, why):
+    """dequeue_svc searches every RETRY error text (a remote server writes it) with the pattern,
+    on its event loop: (a+)+$ over 40 characters would stall it for days."""
+    ok = shaping.AutoRule("r", "421", 3, dt.timedelta(minutes=5), "suspend", dt.timedelta(minutes=10))
+    with pytest.raises(InvalidArgument, match=re.escape(why)):
+        shaping.validate_rule(dataclasses.replace(ok, pattern=pattern))
+    # One stored before such patterns were refused matches nothing, rather than run
+    assert not dataclasses.replace(ok, pattern=pattern).matches("a" * 22)
+
+
+@pytest.mark.parametrize("pattern", [r"421 4\.7\.0 .*rate limited", r"^452 ", r"(rate|limit) exceeded",
+                                     r"\d{3}\.\d{1,3}\.\d{1,3}", r"(?:ab)*c", r"too many.*connections"])
+def test_common_patterns_pass(pattern):
+    ok = shaping.AutoRule("r", pattern, 3, dt.timedelta(minutes=5), "suspend", dt.timedelta(minutes=10))
+    assert shaping.validate_rule(ok).pattern == pattern
 
 
 def test_destinations_group_domains_into_sites():

@@ -1,0 +1,123 @@
+"""Admin requests an operator's script sends with a value missing or out of range, through gRPC
+and the installed mailq: each is refused with a precise status and changes nothing; and what a
+deleted queue leaves behind (nothing: its rules and quota go with it)."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+from google.protobuf import duration_pb2
+
+from mailqueue.v1 import admin_pb2, blob_pb2, browse_pb2, quotas_pb2, shaping_pb2
+from tests.integration.helpers import code_of, inline, simple_mail
+from tests.integration.test_cli import mailq
+
+
+def unnamed(queue: str):
+    return inline(queue, simple_mail(name=""))
+
+
+@pytest.mark.parametrize("condition", [{"name": ""}, {"sender": ""}, {"recipient": " "}])
+def test_a_delete_or_flush_with_an_empty_condition_is_refused_and_deletes_nothing(suite, condition):
+    """An unset variable in a script (grpcurl -d '{"name":"'$N'"}') sets the condition to "": it
+    would select every mail without a name, usually the whole queue."""
+    queue = suite.new_queue()
+    for _ in range(3):
+        suite.enqueue_stub.Enqueue(unnamed(queue))
+    deleting = suite.admin_stub.DeleteMails(admin_pb2.DeleteMailsRequest(queue=queue, **condition))
+    with pytest.raises(grpc.RpcError) as e:
+        list(deleting)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "condition is empty" in e.value.details()
+    assert code_of(lambda: suite.admin_stub.Flush(admin_pb2.FlushRequest(queue=queue, **condition))) == \
+        grpc.StatusCode.INVALID_ARGUMENT
+    assert suite.size(queue, exact=True) == 3
+
+
+def test_a_purge_older_than_zero_and_a_republish_without_older_than_are_refused(suite):
+    queue = suite.new_queue()
+    suite.enqueue_stub.Enqueue(unnamed(queue))
+    purge = suite.admin_stub.PurgeDeadLetters(
+        admin_pb2.PurgeDeadLettersRequest(queue=queue, older_than=duration_pb2.Duration(seconds=0)))
+    with pytest.raises(grpc.RpcError) as e:
+        list(purge)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "all = true" in e.value.details()
+    unset = admin_pb2.RepublishNotProcessedRequest(queue=queue)  # would read as 0s: every live mail
+    assert code_of(lambda: suite.admin_stub.RepublishNotProcessed(unset)) == grpc.StatusCode.INVALID_ARGUMENT
+    # And one with an age republishes what is older than it (here: nothing yet)
+    later = admin_pb2.RepublishNotProcessedRequest(queue=queue, older_than=duration_pb2.Duration(seconds=3600))
+    assert suite.admin_stub.RepublishNotProcessed(later).republished == 0
+
+
+def test_a_deleted_queue_takes_its_rules_and_quota_with_it_and_its_rules_can_still_be_lifted(suite):
+    # Given a queue with a bounce rule, a hold rule and a depth quota
+    queue = suite.new_queue()
+    bounce = suite.admin_stub.AddRule(admin_pb2.AddRuleRequest(rule=admin_pb2.Rule(
+        kind=admin_pb2.RULE_KIND_BOUNCE, queue=queue, recipient_domain="bounced.test", reason="test"))).rule
+    hold = suite.admin_stub.AddRule(admin_pb2.AddRuleRequest(rule=admin_pb2.Rule(
+        kind=admin_pb2.RULE_KIND_HOLD, queue=queue, recipient_domain="held.test", reason="test"))).rule
+    suite.admin_stub.SetQuota(admin_pb2.SetQuotaRequest(quota=quotas_pb2.Quota(
+        kind=quotas_pb2.QUOTA_KIND_QUEUE, subject=queue, max_queued_mails=5)))
+    # When it is deleted
+    list(suite.admin_stub.DeleteQueue(admin_pb2.DeleteQueueRequest(queue=queue, force=True), timeout=120))
+    # Then its rules and quota are gone (lifted and cleared, each recorded)
+    assert {r.rule_id for r in suite.admin_stub.ListRules(admin_pb2.ListRulesRequest()).rules}.isdisjoint(
+        {bounce.rule_id, hold.rule_id})
+    listed = suite.admin_stub.ListQuotas(admin_pb2.ListQuotasRequest()).quotas
+    assert all(q.subject != queue for q in listed)
+    lift = admin_pb2.LiftRuleRequest(rule_id=hold.rule_id)
+    assert code_of(lambda: suite.admin_stub.LiftRule(lift)) == grpc.StatusCode.NOT_FOUND  # lifted with the queue
+    # And the queue made again under its name accepts mail for those domains, bounces none
+    suite.admin_stub.CreateQueue(admin_pb2.CreateQueueRequest(queue=queue))
+    for domain in ("bounced.test", "held.test"):
+        suite.enqueue_stub.Enqueue(inline(queue, simple_mail(name=domain, recipients=(f"a@{domain}",))))
+    assert suite.size(queue, exact=True) == 2
+
+
+def test_a_domain_belongs_to_one_site(suite):
+    admin = suite.admin_stub
+    suffix = suite.new_queue()  # a unique name
+    domain = f"{suffix}.example"
+    admin.SetSite(admin_pb2.SetSiteRequest(site=shaping_pb2.Site(name=f"a-{suffix}", domains=[domain])))
+    with pytest.raises(grpc.RpcError) as e:
+        admin.SetSite(admin_pb2.SetSiteRequest(site=shaping_pb2.Site(name=f"b-{suffix}", domains=[domain, "other.example"])))
+    assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION and f"a-{suffix}" in e.value.details()
+    sites = {s.name: list(s.domains) for s in admin.ListThrottles(admin_pb2.ListThrottlesRequest()).sites}
+    assert f"b-{suffix}" not in sites and sites[f"a-{suffix}"] == [domain]
+    # Replacing the site that holds it is a change of that site, allowed
+    admin.SetSite(admin_pb2.SetSiteRequest(site=shaping_pb2.Site(name=f"a-{suffix}", domains=[domain, "more.example"])))
+    admin.DeleteSite(admin_pb2.DeleteSiteRequest(name=f"a-{suffix}"))
+
+
+def test_a_shaping_pattern_that_could_backtrack_for_seconds_is_refused(suite):
+    rule = shaping_pb2.ShapingRule(rule_id="r-redos", pattern="(a+)+$", threshold=3, window=duration_pb2.Duration(seconds=300),
+                                   action=shaping_pb2.SHAPING_ACTION_SUSPEND, duration=duration_pb2.Duration(seconds=600))
+    with pytest.raises(grpc.RpcError) as e:
+        suite.admin_stub.SetShapingRule(admin_pb2.SetShapingRuleRequest(rule=rule))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "a repeat inside a repeat" in e.value.details()
+
+
+def test_browse_with_content_lists_a_mail_whose_content_is_missing(suite):
+    # Given two mails, the first one's content removed from the blob store from outside
+    queue = suite.new_queue()
+    lost = suite.enqueue_stub.Enqueue(inline(queue, simple_mail("lost"), b"Subject: lost\r\n\r\nlost body\r\n")).receipt
+    suite.enqueue_stub.Enqueue(inline(queue, simple_mail("kept"), b"Subject: kept\r\n\r\nkept\r\n"))
+    assert suite.blob_stub.Delete(blob_pb2.DeleteRequest(blob_id=lost.blob_ids[0])).existed
+    # When they are browsed with their content
+    listed = list(suite.browse_stub.Browse(browse_pb2.BrowseRequest(queue=queue, include_content=True)))
+    # Then both are listed: the lost one says so, the other has its content
+    by_name = {r.mail.mail.name: r for r in listed}
+    assert sorted(by_name) == ["kept", "lost"]
+    assert by_name["lost"].content_missing and by_name["lost"].content == b""
+    assert not by_name["kept"].content_missing and by_name["kept"].content == b"Subject: kept\r\n\r\nkept\r\n"
+
+
+@pytest.mark.parametrize("args", [
+    ["bounce", "--queue", "", "--domain", "x.example"],
+    ["hold", "--queue", "", "--domain", "x.example"],
+    ["throttle", "set", "x.example", "--queue", "", "--rate", "1/s"],
+    ["dead", "redrive", "q", "--to", ""],
+])
+def test_mailq_refuses_an_empty_queue_option(suite, args):
+    """--queue "" would mean every queue (and --to "" the queue itself): an unset variable."""
+    r = mailq(suite, *args, ok=False)
+    assert r.returncode == 2 and "empty queue name" in r.stderr
