@@ -78,7 +78,10 @@ def event_log(settings: Settings, view: View, stream: RabbitMQEventStream) -> Ev
     if settings.events.sinks == "stream":
         return StreamOnly(stream, replica)
     sinks = () if settings.events.sinks == "history" else (stream,)
-    return CassandraEventLog(view.session, settings.cassandra.keyspace, settings.events.history_retention_s, replica, sinks=sinks)
+    # dequeue_svc writes an answer's mark with its event: a change whose event missed the stream is
+    # done all the same, and its history rows stay (CassandraEventLog._take_back).
+    return CassandraEventLog(view.session, settings.cassandra.keyspace, settings.events.history_retention_s, replica, sinks=sinks,
+                             take_back=settings.server.service != "dequeue")
 
 
 class Unwritten(Unrecorded):

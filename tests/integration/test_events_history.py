@@ -18,7 +18,7 @@ import grpc
 import pytest
 from google.protobuf import duration_pb2
 
-from mailqueue.v1 import admin_pb2, admin_pb2_grpc, browse_pb2, dequeue_pb2_grpc, enqueue_pb2_grpc, events_pb2, events_pb2_grpc, shaping_pb2
+from mailqueue.v1 import admin_pb2, admin_pb2_grpc, browse_pb2, browse_pb2_grpc, dequeue_pb2_grpc, enqueue_pb2_grpc, events_pb2, events_pb2_grpc, shaping_pb2
 from services.adapters.grpc_channels import blocking_channel
 from stack.harness import wait_until
 from tests.conftest import own_queue
@@ -47,7 +47,8 @@ def secured(aio_loop, running_stack):
 def stub(s, service, role):
     target = {"enqueue": s.enqueue, "dequeue": s.dequeue}.get(service, s.browse).target
     cls = {"enqueue": enqueue_pb2_grpc.EnqueueServiceStub, "dequeue": dequeue_pb2_grpc.DequeueServiceStub,
-           "admin": admin_pb2_grpc.AdminServiceStub, "events": events_pb2_grpc.EventServiceStub}[service]
+           "admin": admin_pb2_grpc.AdminServiceStub, "events": events_pb2_grpc.EventServiceStub,
+           "browse": browse_pb2_grpc.BrowseServiceStub}[service]
     return cls(blocking_channel(target, TOKENS[role]))
 
 
@@ -117,6 +118,45 @@ def test_each_enqueued_event_names_its_own_caller_when_callers_share_a_group(sec
     # Then each names its own caller
     wrong = [a for a in actors.values() if a[1:] != (a[0], identity(a[0]))]
     assert wrong == [], f"{len(wrong)} of {len(actors)} ENQUEUED events name another caller: {wrong[:3]}"
+
+
+def test_an_enqueue_the_event_stream_refuses_is_undone_and_leaves_no_history(secured):
+    """The history is written first, then the stream: when the stream refuses the events (its
+    queue deleted, so they are unroutable), the caller gets UNAVAILABLE, the mail is undone, and
+    the history rows of the change are taken back: a mail never enqueued has no ENQUEUED event.
+    (The next publish declares the stream again: what it held before is gone, as after an
+    operator's reset.)"""
+    import pika
+
+    from stack.harness import broker_parameters
+
+    queue = new_queue(secured)
+    name = f"refused-{uuid.uuid4().hex[:6]}"
+    stub(secured, "enqueue", "producer").Enqueue(inline(queue, simple_mail("first")))  # the stream declared by now
+    connection = pika.BlockingConnection(broker_parameters())
+    try:
+        connection.channel().queue_delete(f"mailqueue._events.{secured.keyspace}")
+    finally:
+        connection.close()
+    # When a mail is enqueued then
+    code = code_of(lambda: stub(secured, "enqueue", "producer").Enqueue(inline(queue, simple_mail(name)), timeout=30))
+    # Then it was refused, is not queued, and its history is empty
+    assert code == grpc.StatusCode.UNAVAILABLE
+    assert [r.mail.mail.name for r in stub(secured, "browse", "admin").Browse(browse_pb2.BrowseRequest(queue=queue))] == ["first"]
+    assert history(secured, name=name) == []
+    # And once the stream is back, the same mail sent again is enqueued with its one event
+    receipt = wait_until(lambda: _enqueued_or_none(secured, queue, name), 30, what="an enqueue once the stream is back")
+    assert [T.EventType.Name(e.type) for e in history(secured, enqueue_id=receipt.enqueue_id)] == ["EVENT_TYPE_ENQUEUED"]
+    assert [T.EventType.Name(e.type) for e in history(secured, name=name)] == ["EVENT_TYPE_ENQUEUED"]
+
+
+def _enqueued_or_none(s, queue: str, name: str):
+    try:
+        return stub(s, "enqueue", "producer").Enqueue(inline(queue, simple_mail(name)), timeout=10).receipt
+    except grpc.RpcError as e:
+        if e.code() != grpc.StatusCode.UNAVAILABLE:
+            raise
+        return None
 
 
 def test_watching_a_type_written_to_the_history_only_is_refused(secured):

@@ -49,12 +49,14 @@ import asyncio
 import datetime as dt
 import logging
 import socket
+import time
 import uuid
 from collections.abc import Sequence
 from typing import Any, Protocol
 
 from cassandra.cluster import Session
 from cassandra.query import BatchStatement, BatchType
+from cassandra.util import uuid_from_time
 from prometheus_client import Histogram
 
 from services.adapters.cassandra.schema import MAIL_HISTORY, MAIL_HISTORY_GROUPS, MAIL_HISTORY_NAMES
@@ -101,16 +103,21 @@ class _Waiting:
 
 class CassandraEventLog:
     def __init__(self, session: Session, keyspace: str, retention_s: int, replica: str = "",
-                 sinks: Sequence[EventSink] = ()) -> None:
+                 sinks: Sequence[EventSink] = (), take_back: bool = True) -> None:
         self._session = session
+        #: Whether a turn's rows are deleted when a sink fails (``_take_back``): not where the change
+        #: is written with its event whatever the sinks (dequeue_svc: a SUCCESS's mark).
+        self._taking_back = take_back
         self._ttl = retention_s
         self._days = retention_s // DAY_S + 2  # the days a name's rows can be in (and one of clock skew)
         self._sinks = tuple(sinks)
         #: The process that records (host name and service) when an event names none.
         self.replica = replica or socket.gethostname()
         self._insert_group = session.prepare(
-            f"INSERT INTO {keyspace}.{MAIL_HISTORY_GROUPS} (history_key, written, events) VALUES (?, now(), ?) USING TTL ?"
+            f"INSERT INTO {keyspace}.{MAIL_HISTORY_GROUPS} (history_key, written, events) VALUES (?, ?, ?) USING TTL ?"
         )
+        #: A turn's rows taken back when a sink failed: its callers were answered with the error.
+        self._delete_group = session.prepare(f"DELETE FROM {keyspace}.{MAIL_HISTORY_GROUPS} WHERE history_key = ? AND written = ?")
         self._insert_name = session.prepare(
             f"INSERT INTO {keyspace}.{MAIL_HISTORY_NAMES} (name, day, at, history_key) VALUES (?, ?, ?, ?) USING TTL ?"
         )
@@ -175,7 +182,10 @@ class CassandraEventLog:
             rows.append(((self._insert_name, (name, day_of(at), at, uuid.UUID(int=key), self._ttl), 80 + len(name)), callers))
         for key, (encoded, callers) in keyed.items():
             body = events_serde.batch_of_encoded(encoded)
-            rows.append(((self._insert_group, (uuid.UUID(int=key), body, self._ttl), 40 + len(body)), callers))
+            # The write's time-based id made here (as now() would make it there), so the row can be
+            # taken back if a sink fails (``_take_back``).
+            written = uuid_from_time(time.time())
+            rows.append(((self._insert_group, (uuid.UUID(int=key), written, body, self._ttl), 40 + len(body)), callers))
         requests: list[list[_Row]] = []
         holders: list[list[int]] = []
         size = BATCH_BYTES
@@ -231,6 +241,8 @@ class CassandraEventLog:
                     await sink.record(events, encoded)
             except BaseException as e:  # noqa: BLE001 - every caller of the turn gets it (cancelled: the service stops)
                 sunk = e
+                if self._taking_back and not isinstance(e, asyncio.CancelledError):
+                    await self._take_back(requests, results)
         for c, w in enumerate(waiting):
             error = failed.get(c, sunk)
             if w.done.done():
@@ -243,6 +255,27 @@ class CassandraEventLog:
                 w.done.set_result(None)
         if isinstance(sunk, asyncio.CancelledError):
             raise sunk
+
+    async def _take_back(self, requests: list[list[_Row]], results: list[BaseException | None]) -> None:
+        """A sink failed (the stream unreachable): every caller of the turn is answered with the
+        error and carries its change out no further (an enqueue undone, an admin change not
+        applied), so the history rows the turn wrote are deleted: the history says nothing of a
+        change that did not happen. Not in dequeue_svc (``take_back`` False): a SUCCESS's mark is
+        written with its event, so the change is done; its event is written again when the mail
+        comes back and is skipped. Best effort, on this rare path only (a delete is a tombstone): if it fails too,
+        logged, and the rows expire with the retention."""
+        groups = [values for request, result in zip(requests, results, strict=True) if result is None
+                  for statement, values, _ in request if statement is self._insert_group]
+        if not groups:
+            return
+        batch = BatchStatement(batch_type=BatchType.UNLOGGED)
+        for key, written, *_ in groups:
+            batch.add(self._delete_group, (key, written))
+        try:
+            await execute(self._session, batch, kind=batch_kind(self._delete_group))
+        except Exception as e:  # noqa: BLE001 - the caller's error is the sink's
+            log.warning("could not take back the history of a change the event stream refused: %s", e,
+                        extra={"rows": len(groups)})
 
     async def _write(self, rows: list[_Row]) -> None:
         BATCH_SIZE.observe(len(rows))
