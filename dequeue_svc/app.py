@@ -34,7 +34,7 @@ class DequeueApp(QueueApp[Dequeuer]):
 
     def background(self, b: Backends) -> list[Coroutine[Any, Any, None]]:
         # The dead-letter recorder, and the shaping state read (and heartbeat) every second.
-        return [dead_letter_recorder.mark_forever(b.view, b.broker), self._dequeuer.shaper.run_forever()]
+        return [dead_letter_recorder.mark_forever(b.view, b.broker, b.events), self._dequeuer.shaper.run_forever()]
 
     #: A consumer's stream lives past its connection's maximum age (the connection then takes no new
     #: call, and closes once its streams end): cut there, every delivery it held would come back.

@@ -141,7 +141,10 @@ class Admin:
         now = model.utcnow()
         live = [q async for q in self.live_mails(queue, "reconcile")]
         raw = await self._view.counters.read(queue, counts.KINDS, start)
-        for s, kind, delta in counts.exact_deltas(raw, live, start, now):
+        deltas = list(counts.exact_deltas(raw, live, start, now))
+        if deltas:  # recorded first, as every operator change (none when they were exact)
+            await admin_events.record(self._events, [admin_events.counters_reconciled(queue, deltas)])
+        for s, kind, delta in deltas:
             await self._view.counters.add(queue, kind, s, delta)
         return before, await self._view.mails.size(queue)
 
@@ -164,7 +167,12 @@ class Admin:
         return count + await batch.flush()
 
     async def update_browse_start(self, queue: str) -> dt.datetime | None:
-        return await browse_start.update(self._view, await self._browser.existing(queue))
+        """Move the queue's browse start on (recorded BROWSE_START_MOVED first, when it moves)."""
+        async def moving(before: dt.datetime, after: dt.datetime) -> None:
+            await admin_events.record(self._events, [admin_events.browse_start_moved(queue, before, after)])
+
+        queue = await self._browser.existing(queue)
+        return await browse_start.update(self._view, queue, moving=moving)
 
     async def configuration(self) -> model.ViewConfig:
         return await self._view.config.current()

@@ -26,6 +26,8 @@ trip per mail. A call refused for bad input is refused before anything is record
 
 from __future__ import annotations
 
+import datetime as dt
+import hashlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Generic, TypeVar
 
@@ -122,6 +124,22 @@ def flushed(again: model.QueuedMail, lifted: model.Rule | None = None) -> Event:
         return of_mail(EventType.FLUSHED, again, step=again.generation)
     return of_mail(EventType.RELEASED, again, step=again.generation, discriminator=str(lifted.rule_id),
                    details={"rule_id": str(lifted.rule_id)})
+
+
+def counters_reconciled(queue: str, deltas: Sequence[tuple[dt.datetime, str, int]]) -> Event:
+    """ReconcileCounters' corrections (slice, kind, delta): its id names them, so the same
+    correction retried is the same event."""
+    totals: dict[str, int] = {}
+    for _, kind, delta in deltas:
+        totals[kind] = totals.get(kind, 0) + delta
+    change = ";".join(f"{s.isoformat()}/{k}/{d}" for s, k, d in sorted(deltas))
+    details = {"slices": str(len({s for s, _, _ in deltas})), **{k: f"{d:+d}" for k, d in sorted(totals.items())}}
+    return of_queue(EventType.COUNTERS_RECONCILED, queue, hashlib.sha1(change.encode()).hexdigest(), details=details)
+
+
+def browse_start_moved(queue: str, before: dt.datetime, after: dt.datetime) -> Event:
+    return of_queue(EventType.BROWSE_START_MOVED, queue, f"{before.isoformat()}>{after.isoformat()}",
+                    details={"from": before.isoformat(), "to": after.isoformat()})
 
 
 def queue_created(queue: str, incarnation: str) -> Event:

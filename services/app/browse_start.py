@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import random
+from collections.abc import Awaitable, Callable
 
 from prometheus_client import Counter
 
@@ -31,8 +32,12 @@ async def first_live_slice(view: View, queue: str, start: dt.datetime, limit: dt
     return limit
 
 
-async def update(view: View, queue: str, now: dt.datetime | None = None) -> dt.datetime | None:
-    """Advance the queue's browse start as far as it may go; return the browse start in force."""
+async def update(
+    view: View, queue: str, now: dt.datetime | None = None,
+    moving: Callable[[dt.datetime, dt.datetime], Awaitable[None]] | None = None,
+) -> dt.datetime | None:
+    """Advance the queue's browse start as far as it may go; return the browse start in force.
+    ``moving(from, to)`` is awaited before it moves (an operator's call records it there)."""
     UPDATES.labels(queue).inc()
     config = await view.config.current()
     current = await view.starts.browse_start(queue)
@@ -44,6 +49,8 @@ async def update(view: View, queue: str, now: dt.datetime | None = None) -> dt.d
         return current
     new = await first_live_slice(view, queue, current, limit, config)
     if new > current:
+        if moving is not None:
+            await moving(current, new)
         await view.starts.set_browse_start(queue, new)
         log.info("browse start advanced", extra={"queue": queue, "from": current.isoformat(), "to": new.isoformat()})
         return new

@@ -9,7 +9,9 @@ deliveries that consumers left unanswered when they were killed. Every queue's d
 exchange feeds one shared queue (names.dead_letter_marks_queue); each dequeue_svc replica
 consumes it, marks the mails that have no mark yet, records each dead letter with its kind and
 reason (once: a redelivered copy finds its record), and acks. The broker's per-queue dead-letter
-queues keep their copies too.
+queues keep their copies too. A mail the broker dead-lettered by itself is recorded
+DEAD_LETTERED (actor ``component:broker``) before it is marked, its id that of its attempt: a
+copy seen again writes the same event.
 """
 
 from __future__ import annotations
@@ -18,12 +20,14 @@ import logging
 
 from prometheus_client import Counter
 
-from services.app import counters
+from services.app import counters, mail_events
 from services.app.retry import retrying
 from services.domain import dead_letters, model
 from services.domain.backoff import Backoff
 from services.domain.errors import BackendUnavailable
+from services.domain.events import Actor
 from services.ports.broker import Broker
+from services.ports.events import EventLog
 from services.ports.view import View
 
 log = logging.getLogger(__name__)
@@ -33,6 +37,8 @@ MARKED = Counter(
 )
 RECORDED = Counter("mailqueue_dead_letters_recorded_total", "Dead letters kept in the repository, by kind", ["queue", "kind"])
 PREFETCH = 32
+#: The actor of what the broker dead-lettered by itself.
+BROKER = Actor.component("broker")
 #: After a backend error, marking resumes on a new consumer after this.
 BACKOFF = Backoff("dead-letter marking", initial_s=2.0, multiplier=1.0, max_s=2.0)
 
@@ -43,12 +49,13 @@ def reason_for(death_reason: str | None, delivery_limit: int | None) -> str:
     return f"dead-lettered by the broker: {death_reason or 'unknown reason'}"
 
 
-async def mark_forever(view: View, broker: Broker) -> None:
+async def mark_forever(view: View, broker: Broker, events: EventLog | None = None) -> None:
     """Consume the dead-letter copies and mark their mails, until cancelled; survives outages."""
-    await retrying(lambda: _mark(view, broker), BACKOFF, (BackendUnavailable,), log)
+    log_ = events if events is not None else mail_events.Unrecorded()
+    await retrying(lambda: _mark(view, broker, log_), BACKOFF, (BackendUnavailable,), log)
 
 
-async def _mark(view: View, broker: Broker) -> None:
+async def _mark(view: View, broker: Broker, events: EventLog) -> None:
     """Mark until the broker or Cassandra fails (BackendUnavailable)."""
     consumer = await broker.consume_dead_letters(PREFETCH)
     try:
@@ -59,13 +66,13 @@ async def _mark(view: View, broker: Broker) -> None:
             except Exception:  # noqa: BLE001 - nothing to mark
                 await consumer.ack(message.delivery_tag)
                 continue
-            await _record(view, broker, mail, message.death_reason)
+            await _record(view, broker, mail, message.death_reason, events)
             await consumer.ack(message.delivery_tag)
     finally:
         await consumer.close()
 
 
-async def _record(view: View, broker: Broker, mail: model.QueuedMail, death_reason: str | None) -> None:
+async def _record(view: View, broker: Broker, mail: model.QueuedMail, death_reason: str | None, events: EventLog) -> None:
     """Mark the mail if the broker dead-lettered it by itself, then keep it in the repository
     when its mark says it died (a copy of a mail dequeued, deleted or moved meanwhile is not kept)."""
     state = await view.mails.state(mail.queue, mail.enqueue_id)
@@ -73,6 +80,7 @@ async def _record(view: View, broker: Broker, mail: model.QueuedMail, death_reas
         return  # a superseded copy: the mail lives on in its newer message
     if state is None or not state.deleted:
         reason = reason_for(death_reason, broker.delivery_limit)
+        await events.record([mail_events.dead_lettered(mail, reason, actor=BROKER)])
         await counters.mark(view, mail, reason)
         MARKED.labels(mail.queue, death_reason or "unknown").inc()
         log.warning("marked a mail the broker dead-lettered",

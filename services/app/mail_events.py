@@ -79,8 +79,8 @@ def expired(mail: model.QueuedMail, reason: str) -> Event:
     return _of_attempt(EventType.EXPIRED, mail, reason=reason, actor=EXPIRY)
 
 
-def dead_lettered(mail: model.QueuedMail, reason: str) -> Event:
-    return _of_attempt(EventType.DEAD_LETTERED, mail, reason=reason)
+def dead_lettered(mail: model.QueuedMail, reason: str, actor: Actor | None = None) -> Event:
+    return _of_attempt(EventType.DEAD_LETTERED, mail, reason=reason, actor=actor)
 
 
 def held(mail: model.QueuedMail, rule: model.Rule) -> Event:

@@ -52,6 +52,8 @@ class EventType(enum.Enum):
     QUOTA_CHANGED = "quota_changed"
     FLUSHED = "flushed"
     RELEASED = "released"
+    COUNTERS_RECONCILED = "counters_reconciled"
+    BROWSE_START_MOVED = "browse_start_moved"
 
 
 #: Written to the mail history only, never to the event stream (the sweep writes its history rows

@@ -272,3 +272,15 @@ def one_event_each(suite, queue: str, enqueue_ids, types=("ENQUEUED", "DELIVERED
     other = {k[0] for k in seen} - ids
     assert others or not other, f"events of {len(other)} mails never delivered, e.g. {sorted(other)[:5]}"
     return repeated, len(other)
+
+
+def first_queue_event(suite, queue: str, kind: int, timeout: float = 20):
+    """The first event of ``kind`` about ``queue`` in the event stream (WatchEvents from the oldest)."""
+    from mailqueue.v1 import events_pb2, events_pb2_grpc
+
+    call = events_pb2_grpc.EventServiceStub(suite.browse.channel()).WatchEvents(
+        events_pb2.WatchEventsRequest(from_oldest=True, queues=[queue], types=[kind]), timeout=timeout)
+    try:
+        return next(iter(call)).event
+    finally:
+        call.cancel()

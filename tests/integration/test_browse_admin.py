@@ -266,6 +266,11 @@ def test_browse_start_advances_as_the_queue_drains(fast_suite):
     moved = s.admin_stub.UpdateBrowseStart(admin_pb2.UpdateBrowseStartRequest(queue=queue)).browse_start.ToDatetime()
     assert moved > start
     assert moved <= dt.datetime.utcnow() - dt.timedelta(seconds=1)  # never beyond now - slice window
+    from mailqueue.v1 import events_pb2
+    from tests.integration.helpers import first_queue_event
+
+    e = first_queue_event(s, queue, events_pb2.EVENT_TYPE_BROWSE_START_MOVED)  # recorded, with where it went
+    assert e.details["to"].startswith(moved.isoformat()[:19])
     enqueue_names(s, queue, ["after"])
     assert s.browsed_names(queue) == ["after"]
 

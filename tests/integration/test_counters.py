@@ -48,6 +48,12 @@ def test_reconcile_heals_drifted_counters(suite):
     r = suite.admin_stub.ReconcileCounters(admin_pb2.ReconcileCountersRequest(queue=queue))
     assert (r.size_before, r.delayed_before, r.size_after, r.delayed_after) == (5, 1, 2, 0)
     assert suite.size(queue) == suite.size(queue, exact=True) == 2
+    # And the correction is in the audit trail, by the caller
+    from mailqueue.v1 import events_pb2
+    from tests.integration.helpers import first_queue_event
+
+    e = first_queue_event(suite, queue, events_pb2.EVENT_TYPE_COUNTERS_RECONCILED)
+    assert dict(e.details) == {"gone": "+3", "delayed": "-1", "slices": "1"}  # three counted mails ended, one delay
 
 
 def test_gauges_export_each_queue_state_from_counters_and_a_head_scan(suite, keyspace):

@@ -420,6 +420,14 @@ def test_a_late_broker_copy_of_a_redriven_or_purged_dead_letter_does_not_list_it
     wait_until(lambda: dead(suite, queue), 30, what="the sentinel kept as a dead letter")
     assert [d.mail.mail.name for d in dead(suite, queue)] == ["sentinel"]
     assert counts(suite.browse_stub, queue, exact=True) == {"other": 1}
+    # And its history says the broker dead-lettered it
+    from mailqueue.v1 import events_pb2, events_pb2_grpc
+
+    story = events_pb2_grpc.EventServiceStub(suite.browse.channel()).GetMailHistory(
+        events_pb2.GetMailHistoryRequest(enqueue_id=sentinel.mail.enqueue_id)).events
+    dead_lettered = [e for e in story if e.type == events_pb2.EVENT_TYPE_DEAD_LETTERED]
+    assert len(dead_lettered) == 1 and dead_lettered[0].actor.identity == "broker"
+    assert dead_lettered[0].reason.startswith("dead-lettered by the broker")
 
 
 @pytest.mark.parametrize("answer", ["REJECT", "RETRY"], ids=["rejected", "expired"])
