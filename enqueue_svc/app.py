@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Coroutine
 from typing import Any
 
@@ -15,10 +16,14 @@ from services.domain.errors import BackendUnavailable
 from services.runtime.backends import Backends
 from services.runtime.queue_app import QueueApp
 
+log = logging.getLogger(__name__)
+
 #: The health name that says whether RabbitMQ accepts this replica's publishes: NOT_SERVING while
 #: a memory or disk alarm blocks them (Enqueue refuses at once meanwhile) and while connecting.
 #: Readiness ("") stays SERVING through an alarm: see docs/pages/reference/errors.md.
 PUBLISHING = "publishing"
+#: Seconds a starting replica waits for its first read of the quotas before it serves.
+QUOTA_LOAD_S = 10.0
 #: Seconds a stopping replica gives its leaving the quota members.
 LEAVE_S = 2.0
 
@@ -36,6 +41,16 @@ class EnqueueApp(QueueApp[Enqueuer]):
 
         keeper = QuotaKeeper(b.view.quotas, depth)
         return Enqueuer(b.view, b.broker, b.blobs, self.settings.limits, b.state, b.events, keeper)
+
+    async def connect(self) -> None:
+        """Connected once the quotas were read too (a replica that served before would enforce
+        none: every mail passes); after QUOTA_LOAD_S it serves all the same, the quotas then
+        enforced from their first read (logged)."""
+        await super().connect()
+        assert self._service is not None and self._service.quotas is not None
+        if not await self._service.quotas.wait_loaded(QUOTA_LOAD_S):
+            log.warning("serving before the quotas were read: none is enforced until they are",
+                        extra={"waited_s": QUOTA_LOAD_S})
 
     def background(self, b: Backends) -> list[Coroutine[Any, Any, None]]:
         enqueuer = self._service  # built just before (service() answers only once connected)

@@ -44,6 +44,19 @@ def _answer(item: enqueue_pb2.EnqueueManyRequest, result: model.EnqueueResult | 
     return response
 
 
+async def _distinct(
+    requests: AsyncIterator[enqueue_pb2.EnqueueManyRequest], unanswered: set[int],
+) -> AsyncIterator[enqueue_pb2.EnqueueManyRequest]:
+    """The stream's mails; a sequence number still unanswered on it ends the stream
+    INVALID_ARGUMENT once the mails before are answered (two answers would carry it)."""
+    async for r in requests:
+        if r.sequence in unanswered:
+            raise InvalidArgument(f"sequence {r.sequence} is already in flight on this stream: give each mail a "
+                                  "sequence of its own; the mails before it are answered, it and the rest are not enqueued")
+        unanswered.add(r.sequence)
+        yield r
+
+
 class EnqueueServicer(enqueue_pb2_grpc.EnqueueServiceServicer):
     def __init__(self, enqueuer: Callable[[], Enqueuer]) -> None:
         self._enqueuer = enqueuer  # raises UNAVAILABLE while the service connects
@@ -56,8 +69,11 @@ class EnqueueServicer(enqueue_pb2_grpc.EnqueueServiceServicer):
         self, request_iterator: AsyncIterator[enqueue_pb2.EnqueueManyRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[enqueue_pb2.EnqueueManyResponse]:
         self._enqueuer()  # UNAVAILABLE for the whole stream while connecting
+        unanswered: set[int] = set()
         with trace.carrying(trace.from_metadata(context.invocation_metadata())):
-            async for item, result in pipeline.unordered(request_iterator, lambda r: self._enqueue(r.request), MANY_IN_FLIGHT):
+            async for item, result in pipeline.unordered(_distinct(request_iterator, unanswered),
+                                                         lambda r: self._enqueue(r.request), MANY_IN_FLIGHT):
+                unanswered.discard(item.sequence)
                 yield _answer(item, result)
 
     async def EnqueueBatches(
@@ -72,8 +88,11 @@ class EnqueueServicer(enqueue_pb2_grpc.EnqueueServiceServicer):
                 for item in batch.mails:
                     yield item
 
+        unanswered: set[int] = set()
         with trace.carrying(trace.from_metadata(context.invocation_metadata())):
-            async for group in pipeline.unordered_groups(mails(), lambda r: self._enqueue(r.request), MANY_IN_FLIGHT):
+            async for group in pipeline.unordered_groups(_distinct(mails(), unanswered),
+                                                         lambda r: self._enqueue(r.request), MANY_IN_FLIGHT):
+                unanswered.difference_update(item.sequence for item, _ in group)
                 yield enqueue_pb2.EnqueueBatchesResponse(results=[_answer(item, result) for item, result in group])
 
     async def _enqueue(self, request: enqueue_pb2.EnqueueRequest) -> model.EnqueueResult:

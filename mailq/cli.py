@@ -24,7 +24,7 @@
     mailq throttle clear DEST [--queue Q] | list [--queue Q] | resume DEST
     mailq throttle site NAME DOMAIN... | drop-site NAME
     mailq throttle rule ID --pattern RE --threshold 3 --window 5m (--suspend | --slow 1/s) --for 10m | drop-rule ID
-    mailq quota set KIND SUBJECT [--mails-per-s 20 --burst-mails 40] [--bytes-per-s B --burst-bytes B] [--max-queued N]
+    mailq quota set KIND SUBJECT [--mails-per-s 20 --burst-mails 40] [--bytes-per-s B --burst-bytes B] [--max-queued N] [--max-queued-bytes B]
                     [--exempt-bounces] [--exempt-sender A ...]   KIND: tenant, sender, sender-domain, queue
     mailq quota clear KIND SUBJECT | list [--kind KIND]     over a quota Enqueue answers RESOURCE_EXHAUSTED
     mailq dead list Q [--reason expired ...] [--sender S] [--recipient R] [--name N] [--limit N] [--json]

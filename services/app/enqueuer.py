@@ -83,6 +83,9 @@ class Enqueuer:
         if isinstance(content, Streamed):
             return await self._enqueue_stream(Pending(queue, mail, when, priority, key=key), content.chunks)
         if isinstance(content, Inline):
+            if not content.data:  # as a stream with no chunk: a producer whose read failed
+                raise InvalidArgument("inline_content is empty: send the mail's bytes")
+            self._check_mail_size(len(content.data))
             if len(content.data) > self._limits.max_inline_bytes:
                 raise ResourceExhausted(
                     f"inline content is {len(content.data)} bytes, over the limit of {self._limits.max_inline_bytes}: "
@@ -126,17 +129,25 @@ class Enqueuer:
             raise ResourceExhausted(f"mail content exceeds the limit of {self._limits.max_mail_bytes} bytes")
 
     async def _measured(self, blob_ids: tuple[str, ...]) -> int:
-        """The size of a mail given by blob refs, read before the quotas take it (charged after the
-        write, concurrent mails would all pass them); each blob's write time is refreshed, so a
-        retention sweep under way keeps it."""
+        """The size of a mail given by blob refs, read (not written) before the quotas take it
+        (charged after the write, concurrent mails would all pass them)."""
         size = 0
         for b in blob_ids:
             try:
-                size += (await self._blobs.keep(b)).size
+                size += (await self._blobs.stat(b)).size
             except NotFound:
                 raise NotFound(f"blob {b} not found: put the content with BlobService.Put first") from None
         self._check_mail_size(size)
         return size
+
+    async def _kept(self, blob_ids: tuple[str, ...]) -> None:
+        """Each blob's write time refreshed, so a retention sweep under way keeps it: once the mail
+        passed every check (a refused mail writes nothing)."""
+        for b in blob_ids:
+            try:
+                await self._blobs.keep(b)
+            except NotFound:
+                raise NotFound(f"blob {b} not found: put the content with BlobService.Put first") from None
 
     # ------------------------------------------------------------------ the one path
     async def _enqueue(
@@ -157,19 +168,24 @@ class Enqueuer:
                 raise
         # What the quotas took goes back if the mail is refused after all (a refused mail takes
         # nothing from a quota, whatever refuses it), or if it is a resend (charged once, with its
-        # first send). Not for a caller that left: its mail may be enqueued all the same (its group
-        # goes on), and leaving must not be a way around a rate.
+        # first send), or if its caller left before it joined a group. Not once it joined one: its
+        # mail may be enqueued all the same (its group goes on), and leaving must not be a way
+        # around a rate.
         try:
-            result, fresh = await self._enqueue_checked(item, earlier, content)
+            result, fresh = await self._enqueue_checked(item, earlier, content, charge)
         except MailQueueError:
-            charge.give_back(time.time())
+            charge.give_back(time.monotonic())
+            raise
+        except BaseException:  # the caller left: given back unless its mail joined a group
+            if not charge.committed:
+                charge.give_back(time.monotonic())
             raise
         if not fresh:
-            charge.give_back(time.time())
+            charge.give_back(time.monotonic())
         return result
 
     async def _enqueue_checked(
-        self, item: Pending, earlier: model.EnqueueResult | None, content: ContentWriter | None,
+        self, item: Pending, earlier: model.EnqueueResult | None, content: ContentWriter | None, charge: quotas.Charge,
     ) -> tuple[model.EnqueueResult, bool]:
         """Steps 2-4, once the mail passed its checks: its result, and whether it is a new mail
         (False: the earlier enqueue of its idempotency key answered again)."""
@@ -196,9 +212,18 @@ class Enqueuer:
             await self._compensation.abandon(item.queue, item.key, enqueue_id, started, e, storing)
             raise
         if earlier is not None:  # its ENQUEUED event recorded again, with the same id, marked resent
-            await self._events.record([mail_events.resent(item.queue, item.mail, earlier)])
+            await self._record_resent(item.queue, earlier)
             return earlier, False
+        charge.committed = True  # from here its group may enqueue it whatever its caller does
         return await self._grouper.submit(item), True
+
+    async def _record_resent(self, queue: str, earlier: model.EnqueueResult) -> None:
+        """The earlier enqueue's ENQUEUED event again (same id, same time: it overwrites it), marked
+        resent, built from its mail as queued (its name, sender and trace context, whatever the
+        resend carries); none once the mail is no longer queued (its story has gone on)."""
+        queued = await self._view.mails.indexed(queue, "enqueue_id", earlier.enqueue_id, "resend")
+        if queued:
+            await self._events.record([mail_events.resent(queued[0], earlier)])
 
     async def _check(self, item: Pending, charge: quotas.Charge) -> Pending:
         """Refuse what is invalid, what could not be published now, or what a quota refuses (last:
@@ -217,6 +242,12 @@ class Enqueuer:
             item = dataclasses.replace(item, size=await self._measured(item.blob_ids))
         if self.quotas is not None:
             self.quotas.check(quotas.Facts(quotas.current_tenant.get(), item.mail.sender, item.queue, item.size), charge)
+        if item.blob_ids:
+            try:
+                await self._kept(item.blob_ids)
+            except BaseException:
+                charge.give_back(time.monotonic())
+                raise
         return item
 
 

@@ -105,9 +105,10 @@ class KeyClaims:
                                                                             held.enqueue_id, at):
             try:
                 await self._view.mails.unmark(queue, held.enqueue_id, undo_time(held.claimed_at) + MICROSECOND)
-            except BackendUnavailable:
+            except BaseException:  # failed, or its caller left (cancelled)
                 # Not released: the abandoned attempt may have written and published this
-                # enqueue id. The claim stays (now ours), and a retry here takes it over again.
+                # enqueue id. The claim stays (now ours), and a retry here takes it over again
+                # at once (not ABORTED until it is abandoned).
                 self._failed.add((queue, key, held.enqueue_id))
                 raise
             self._failed.discard((queue, key, held.enqueue_id))

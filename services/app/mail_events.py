@@ -46,11 +46,10 @@ def enqueued(mail: model.QueuedMail, actor: Actor | None = None) -> Event:
     return of_mail(EventType.ENQUEUED, mail, step=0, at=mail.enqueued_at, actor=actor)
 
 
-def resent(queue: str, mail: model.Mail, result: model.EnqueueResult) -> Event:
+def resent(queued: model.QueuedMail, result: model.EnqueueResult) -> Event:
     """An idempotency key answered with an earlier enqueue: the same event as that enqueue's (same
-    id, same time), marked resent; it overwrites the first record, never adds a second."""
-    queued = model.QueuedMail(queue, result.enqueue_id, result.enqueued_at, mail, result.blob_ids, result.size,
-                              result.enqueued_at, 0)
+    id, same time, its mail as queued), marked resent; it overwrites the first record, never adds
+    a second."""
     return of_mail(EventType.ENQUEUED, queued, step=0, at=result.enqueued_at, details={"resent": "true"})
 
 

@@ -78,8 +78,10 @@ class QuotaKeeper:
         #: The stream of each quota that is never refused until it ends (``stream``).
         self._streams: dict[tuple[str, str], quotas.Charge] = {}
         self._asked_since = time.monotonic()
-        #: Refreshed at least once (until then no quota is known: nothing is refused).
+        #: Refreshed at least once (until then no quota is known: nothing is refused; enqueue_svc
+        #: waits for it before it serves, ``wait_loaded``).
         self.loaded = False
+        self._loaded = asyncio.Event()
 
     async def run_forever(self) -> None:
         failures, since, said = 0, 0.0, 0.0
@@ -119,6 +121,14 @@ class QuotaKeeper:
             if q.kind == "queue" and q.has_depth:
                 depth[q.subject] = await self._depth_of(q.subject)
         self.apply(snap, depth, demand)
+
+    async def wait_loaded(self, timeout_s: float) -> bool:
+        """Whether the quotas were read within ``timeout_s`` (run_forever reads them)."""
+        try:
+            await asyncio.wait_for(self._loaded.wait(), timeout_s)
+        except asyncio.TimeoutError:
+            return False
+        return True
 
     async def leave(self) -> None:
         await self._store.leave(self.member)
@@ -171,10 +181,11 @@ class QuotaKeeper:
         self._limiters = limiters
         self._depth = depth
         self.loaded = True
+        self._loaded.set()
         self._export_use()
 
     def _export_use(self) -> None:
-        now = time.time()
+        now = time.monotonic()
         for (key, what), g in self._limiters.items():
             USE.labels(key[0], key[1], f"{what}_per_s").set(g.use(now, 1.0 if what == "mails" else 0.0))
         for q in self._quotas.values():
@@ -201,9 +212,10 @@ class QuotaKeeper:
         wait = self._joining()
         if wait is not None and any(q.mails_per_s or q.bytes_per_s for q in applying):
             q = next(q for q in applying if q.mails_per_s or q.bytes_per_s)
-            self._refuse(quotas.Refusal(q.kind, q.subject, "mails_per_s" if q.mails_per_s else "bytes_per_s", wait,
+            self._refuse(quotas.Refusal(q.kind, q.subject, "mails_per_s" if q.mails_per_s else "bytes_per_s",
+                                        max(wait, quotas.MIN_RETRY_S),
                                         f"this enqueue replica is joining the {q.kind} {q.subject} quota"))
-        refusal = quotas.decide(applying, self._limiters, self._depth, facts, time.time(), charge)
+        refusal = quotas.decide(applying, self._limiters, self._depth, facts, time.monotonic(), charge)
         if refusal is not None:
             self._refuse(refusal)
 
@@ -217,11 +229,12 @@ class QuotaKeeper:
         to the next while it owes."""
         if not self._quotas:
             return
-        now = time.time()
+        now = time.monotonic()
         limited = [(q, self._limiters.get((q.key, "bytes"))) for q in quotas.applying(self._quotas, facts) if q.bytes_per_s]
         for q, limiter in limited:
             self._ask(q.key, "bytes", float(size))
-            wait = limiter.wait(now, size) if limiter is not None else 0.0
+            # A chunk larger than the burst passes an idle limiter (and owes the rest), as a mail does.
+            wait = limiter.wait(now, min(size, limiter.burst)) if limiter is not None else 0.0
             if wait <= 0:
                 self._streams.setdefault(q.key, stream)
             elif self._streams.get(q.key) is not stream:

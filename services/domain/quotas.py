@@ -34,6 +34,8 @@ from services.domain.validation import address, queue_name, shown
 KINDS = ("tenant", "sender", "sender_domain", "queue")
 #: A mail waits at least this long when refused (a client's retry sooner would be refused again).
 MIN_RETRY_S = 0.05
+#: The smallest rate a quota may set (a mail or a byte in about 11.6 days).
+MIN_RATE = 1e-6
 #: A refusal for depth asks the client to come back after this long (the queue drains meanwhile).
 DEPTH_RETRY_S = 5.0
 #: The longest subject name (a tenant, address, domain or queue).
@@ -85,8 +87,8 @@ def validate(q: Quota) -> Quota:
         raise InvalidArgument(f"quota kind {shown(q.kind)} is unknown: use one of {', '.join(KINDS)}")
     subject = subject_name(q.kind, q.subject)
     for name, rate in (("mails_per_s", q.mails_per_s), ("bytes_per_s", q.bytes_per_s)):
-        if rate is not None and not 0 < rate <= 1e12:
-            raise InvalidArgument(f"{name} must be above 0 (and at most 1e12), or unset: {rate}")
+        if rate is not None and not MIN_RATE <= rate <= 1e12:  # a smaller one overflows the limiter's arithmetic
+            raise InvalidArgument(f"{name} must be from {MIN_RATE:g} (one a day is 1.16e-05) to 1e12, or unset: {rate}")
     if q.mails_per_s is not None and q.burst_mails < 1:
         raise InvalidArgument(f"burst_mails must be at least 1 with a mail rate: {q.burst_mails}")
     if q.bytes_per_s is not None and q.burst_bytes < 1:
@@ -268,9 +270,13 @@ def even(members: int) -> dict[str, float]:
 
 
 def applying(quotas: dict[tuple[str, str], Quota], facts: Facts) -> list[Quota]:
-    """The quotas that limit a mail of ``facts`` (its subjects' quotas, minus those exempting it)."""
-    found = (quotas.get(k) for k in facts.subjects())
-    return [q for q in found if q is not None and not q.exempts(facts.sender)]
+    """The quotas that limit a mail of ``facts``: its subjects' quotas; one that exempts its sender
+    only by its depth limits, if it has any."""
+    found = [q for q in (quotas.get(k) for k in facts.subjects()) if q is not None]
+    # An exemption lifts a quota's rates only: a queue's depth limits hold for every mail (a
+    # producer chooses its envelope sender, and the depth limits keep the broker's disk).
+    return [q if not q.exempts(facts.sender) else dataclasses.replace(q, mails_per_s=None, bytes_per_s=None)
+            for q in found if not q.exempts(facts.sender) or q.has_depth]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -289,6 +295,9 @@ class Charge:
     with its chunks, and names the stream to the quotas."""
 
     taken: list[tuple[Gcra, float]] = dataclasses.field(default_factory=list)
+    #: Its mail joined a group, which goes on whatever its caller does: kept even if the caller
+    #: leaves (leaving must not be a way around a rate).
+    committed: bool = False
 
     def take(self, limiter: Gcra, now: float, cost: float) -> None:
         limiter.take(now, cost)

@@ -101,6 +101,8 @@ def mail(m: Mail, limits: LimitSettings) -> Mail:
     for k, v in m.attributes.items():
         if not k:
             raise InvalidArgument("attribute names must not be empty")
+        if _controls(k):
+            raise InvalidArgument(f"attribute name {shown(k)} has a control character")
         size = len(k.encode()) + len(v.encode())
         if size > limits.max_attribute_bytes:
             raise ResourceExhausted(
@@ -115,6 +117,10 @@ def mail(m: Mail, limits: LimitSettings) -> Mail:
                 raise InvalidArgument(f"header name {shown(h.name)} is invalid: printable ASCII without ':' or spaces")
             if "\r" in h.value or "\n" in h.value:
                 raise InvalidArgument(f"header {shown(h.name)} has a line break in its value (send it unfolded)")
+            if _controls(h.value, tab=True):
+                raise InvalidArgument(f"header {shown(h.name)} has a control character in its value (NUL, ESC, ...)")
+    if _controls(m.name):  # it is printed by mailq, matched by rules and shown in logs
+        raise InvalidArgument(f"mail name {shown(m.name)} has a control character")
     metadata = sum(len(s.encode()) for s in (m.name, m.state, m.error_message, m.remote_host, m.remote_addr))
     # In bytes, as stored: a per-recipient header's row holds its recipient too (each header of a
     # long address, counted by its name and value alone, made a row many times this limit).
@@ -124,6 +130,12 @@ def mail(m: Mail, limits: LimitSettings) -> Mail:
     if metadata > limits.max_metadata_bytes:
         raise ResourceExhausted(f"mail metadata is {metadata} bytes, over the limit of {limits.max_metadata_bytes}")
     return m
+
+
+def _controls(text: str, tab: bool = False) -> bool:
+    """Whether ``text`` holds a C0 control character or DEL (a TAB allowed where ``tab``, as in a
+    header's value)."""
+    return any((ord(c) < 32 and not (tab and c == "\t")) or ord(c) == 127 for c in text)
 
 
 def deliver_at(now: dt.datetime, at: dt.datetime | None = None, delay: dt.timedelta | None = None) -> dt.datetime | None:

@@ -27,7 +27,7 @@ import grpc
 from services.domain import events, quotas
 from services.domain.errors import ConfigurationError
 from services.runtime.interceptors import RPCS
-from services.runtime.tls import peer_identity, peer_role
+from services.runtime.tls import peer_identity, peer_match, peer_role
 
 log = logging.getLogger(__name__)
 
@@ -270,4 +270,9 @@ def _checked_by_certificate(handler: grpc.RpcMethodHandler, method: str, identit
 
 
 def _certificate_actor(context: grpc.aio.ServicerContext, identities: Mapping[str, str]) -> events.Actor:
-    return events.Actor("caller", _tenant_of(peer_role(context, identities))[0] or "", peer_identity(context) or "anonymous")
+    """The caller by its certificate: the identity MAILQUEUE_TLS_IDENTITIES maps (the one its role
+    and, without a ``role@tenant``, its tenant come from), else its first identity."""
+    match = peer_match(context, identities)
+    if match is None:
+        return events.Actor("caller", "", peer_identity(context) or "anonymous")
+    return events.Actor("caller", _tenant_of(match[1])[0] or "", match[0])

@@ -91,12 +91,20 @@ def peer_identity(context: grpc.aio.ServicerContext) -> str | None:
     return None
 
 
-def peer_role(context: grpc.aio.ServicerContext, identities: Mapping[str, str]) -> str | None:
-    """The role of the client certificate's identity: its URI SANs first, then its CN."""
+def peer_match(context: grpc.aio.ServicerContext, identities: Mapping[str, str]) -> tuple[str, str] | None:
+    """The client certificate's identity that ``identities`` maps, with its role: its URI SANs
+    first, then its CN; None when none is mapped."""
     auth = context.auth_context() or {}
     for key in ("peer_uri", "x509_common_name"):
         for value in auth.get(key, ()):
-            role = identities.get(value.decode(errors="replace"))
+            identity = value.decode(errors="replace")
+            role = identities.get(identity)
             if role is not None:
-                return role
+                return identity, role
     return None
+
+
+def peer_role(context: grpc.aio.ServicerContext, identities: Mapping[str, str]) -> str | None:
+    """The role of the client certificate's identity (``peer_match``)."""
+    match = peer_match(context, identities)
+    return match[1] if match is not None else None

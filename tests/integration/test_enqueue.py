@@ -196,7 +196,39 @@ REFUSED = {
         grpc.StatusCode.INVALID_ARGUMENT,
     ),
     "unknown queue": (lambda q: inline("never-created-queue", simple_mail()), grpc.StatusCode.NOT_FOUND),
+    "empty inline content": (lambda q: inline(q, simple_mail(), b""), grpc.StatusCode.INVALID_ARGUMENT),
+    "control character in the name": (lambda q: inline(q, simple_mail("bad\x1bname")), grpc.StatusCode.INVALID_ARGUMENT),
+    "NUL in a header value": (lambda q: inline(q, mail_pb2.Mail(recipients=["a@b.c"], per_recipient_headers=[
+        mail_pb2.PerRecipientHeaders(recipient="a@b.c", headers=[mail_pb2.Header(name="X-Id", value="a\x00b")])])),
+        grpc.StatusCode.INVALID_ARGUMENT),
 }
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED))
+def test_refused_input_gets_the_same_status_in_enqueue_many(suite, case):
+    """The unary call and a stream of many answer one bad mail alike, and the stream goes on."""
+    queue = suite.new_queue()
+    build, code = REFUSED[case]
+    requests = [enqueue_pb2.EnqueueManyRequest(sequence=1, request=build(queue)),
+                enqueue_pb2.EnqueueManyRequest(sequence=2, request=inline(queue, simple_mail("good")))]
+    answers = {r.sequence: r for r in suite.enqueue_stub.EnqueueMany(iter(requests), timeout=60)}
+    assert answers[1].error.code == code.value[0], answers[1]
+    assert answers[2].HasField("receipt")
+    assert [m.mail.name for m in view_rows(suite, queue)] == ["good"]
+
+
+def test_a_sequence_still_unanswered_sent_again_ends_the_stream_and_the_rest_is_not_enqueued(suite):
+    queue = suite.new_queue()
+    requests = [enqueue_pb2.EnqueueManyRequest(sequence=i, request=inline(queue, simple_mail(f"m{i}"))) for i in (1, 2, 2, 3)]
+    answered = []
+    with pytest.raises(grpc.RpcError) as e:
+        for r in suite.enqueue_stub.EnqueueMany(iter(requests), timeout=60):
+            answered.append(r.sequence)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "sequence 2" in e.value.details()
+    # Each sequence answered once at most; the duplicate and what followed it are not enqueued
+    assert len(answered) == len(set(answered)) and set(answered) <= {1, 2}
+    assert sorted(m.mail.name for m in view_rows(suite, queue)) == sorted(f"m{s}" for s in answered)
+    assert "m3" not in {m.mail.name for m in view_rows(suite, queue)}
 
 
 @pytest.mark.parametrize("case", sorted(REFUSED))
@@ -232,6 +264,11 @@ def test_a_stream_over_the_mail_size_limit_is_refused_and_writes_nothing(suite, 
         with pytest.raises(grpc.RpcError) as e:
             stub.EnqueueStream(requests())
         assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert view_rows(suite, queue) == [] and message_count(queue) == 0
+        # The same bytes inline (under the inline limit) are refused alike
+        with pytest.raises(grpc.RpcError) as inline_e:
+            stub.Enqueue(inline(queue, simple_mail(), content))
+        assert inline_e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "100000" in inline_e.value.details()
         assert view_rows(suite, queue) == [] and message_count(queue) == 0
         with pytest.raises(grpc.RpcError) as e:
             suite.blob_stub.Stat(blob_pb2.StatRequest(blob_id=hashlib.sha256(content).hexdigest()))

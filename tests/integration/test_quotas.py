@@ -276,6 +276,39 @@ def test_bounces_and_named_senders_pass_when_exempted(quota_suite):
     assert details(e)[1].violations[0].subject == f"queue:{queue}"
 
 
+def test_an_exemption_lifts_a_quotas_rates_not_its_depth_limit(quota_suite):
+    """A producer writes its envelope sender: a bounce (or an exempt address) must not be a way past
+    a queue's depth limit, which keeps the broker's disk."""
+    s = quota_suite
+    queue = s.new_queue()
+    set_quota(s, kind=kind("queue"), subject=queue, max_queued_mails=1, exempt_bounces=True)
+    assert enqueue(s.stubs[0], inline(queue, simple_mail("first"))) is None
+    wait_until(lambda: all(r.metric("mailqueue_quota_use_ratio", kind="queue", subject=queue, limit="max_queued_mails") >= 1
+                           for r in s.replicas), timeout=PROPAGATION_S * 2, what="the depth seen full")
+    for stub in s.stubs:
+        e = enqueue(stub, inline(queue, simple_mail("bounce", sender="")))
+        assert e is not None and e.code() == EXHAUSTED and "max_queued_mails" in details(e)[1].violations[0].description
+    assert s.size(queue, exact=True) == 1
+
+
+def test_a_stream_chunk_larger_than_the_burst_passes_an_idle_byte_quota(quota_suite):
+    """As a mail larger than the burst does: it passes an idle limiter and owes the rest (a chunk of
+    1 MiB, as mailq sends, against a replica's share of the burst was refused for ever)."""
+    s = quota_suite
+    queue, sender = s.new_queue(), byte_limited_sender(s, "bigchunk")  # 4,000 bytes at once, split between replicas
+
+    def parts(name: str):
+        yield enqueue_pb2.EnqueueStreamRequest(header=enqueue_pb2.EnqueueHeader(queue=queue, mail=simple_mail(name, sender=sender)))
+        yield enqueue_pb2.EnqueueStreamRequest(chunk=os.urandom(6000))
+
+    receipt = s.stubs[0].EnqueueStream(parts("big"), metadata=AUTH, timeout=30).receipt
+    assert receipt.size == 6000
+    # And it owes: the next one on that replica is refused
+    with pytest.raises(grpc.RpcError) as e:
+        s.stubs[0].EnqueueStream(parts("next"), metadata=AUTH, timeout=30)
+    assert e.value.code() == EXHAUSTED
+
+
 def test_depth_limit_refuses_writes_nothing_and_accepts_once_drained(quota_suite):
     s = quota_suite
     queue = s.new_queue()
@@ -366,7 +399,7 @@ def test_an_idempotent_resend_is_answered_and_not_charged_again(quota_suite):
     for _ in range(6):
         again = stub.Enqueue(keyed, metadata=AUTH, timeout=10).receipt
         assert again.enqueue_id == first.enqueue_id and again.duplicate
-    # Then the resends took nothing: new mails still get the rest of the share (4 or 9), then are refused
+    # Then the resends took nothing: new mails still get the rest of the share (4 to 9), then are refused
     accepted = 0
     for i in range(11):
         e = enqueue(stub, inline(queue, simple_mail(f"new{i}", sender=sender)))
@@ -374,7 +407,9 @@ def test_an_idempotent_resend_is_answered_and_not_charged_again(quota_suite):
             assert e.code() == EXHAUSTED and details(e)[1].violations[0].subject == f"sender:{sender}"
             break
         accepted += 1
-    assert accepted in (4, 9), accepted
+    # (between the two: a refresh may re-split the shares by demand meanwhile; charged, the 6
+    # resends would have left at most 3)
+    assert 4 <= accepted <= 9, accepted
     assert sorted(m.mail.name for m in s.browsed_mails(queue)) == sorted(["keyed", *(f"new{i}" for i in range(accepted))])
 
 
@@ -530,6 +565,8 @@ def test_bad_quota_input_is_refused_and_writes_nothing(quota_suite):
         "no limit": admin_pb2.SetQuotaRequest(quota=Q(kind=kind("tenant"), subject="acme")),
         "rate zero": admin_pb2.SetQuotaRequest(quota=Q(kind=kind("tenant"), subject="acme", mails_per_s=0)),
         "rate negative": admin_pb2.SetQuotaRequest(quota=Q(kind=kind("tenant"), subject="acme", mails_per_s=-1)),
+        "rate too small (it overflowed to no limit)": admin_pb2.SetQuotaRequest(quota=Q(kind=kind("tenant"), subject="acme",
+                                                                                       mails_per_s=1e-309)),
         "bytes without burst": admin_pb2.SetQuotaRequest(quota=Q(kind=kind("tenant"), subject="acme", bytes_per_s=100)),
         "depth on a tenant": admin_pb2.SetQuotaRequest(quota=Q(kind=kind("tenant"), subject="acme", max_queued_mails=5)),
         "depth zero": admin_pb2.SetQuotaRequest(quota=Q(kind=kind("queue"), subject=queue, max_queued_mails=0)),

@@ -89,3 +89,18 @@ def test_a_malformed_traceparent_is_refused_and_writes_nothing(suite, bad):
         list(suite.enqueue_stub.EnqueueBatches(iter([enqueue_pb2.EnqueueBatchesRequest(mails=many)]), metadata=traced(bad)))
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert suite.browsed_names(queue) == [] and suite.size(queue, exact=True) == 0
+
+
+def test_a_resend_by_idempotency_key_keeps_the_first_sends_event_its_name_and_trace(suite):
+    """A resend answered with the earlier enqueue records that enqueue's ENQUEUED event again
+    (same id), marked resent: its name and trace context are the mail's as queued, not the resend's."""
+    from mailqueue.v1 import events_pb2, events_pb2_grpc
+
+    queue = suite.new_queue()
+    first = suite.enqueue_stub.Enqueue(inline(queue, simple_mail("first-name"), key="k-resend"), metadata=traced(TRACE)).receipt
+    again = suite.enqueue_stub.Enqueue(inline(queue, simple_mail("other-name"), key="k-resend")).receipt
+    assert again.enqueue_id == first.enqueue_id and again.duplicate
+    history = events_pb2_grpc.EventServiceStub(suite.browse.channel()).GetMailHistory(
+        events_pb2.GetMailHistoryRequest(enqueue_id=first.enqueue_id)).events
+    [enqueued] = [e for e in history if e.type == events_pb2.EVENT_TYPE_ENQUEUED]
+    assert (enqueued.name, enqueued.traceparent, enqueued.details["resent"]) == ("first-name", TRACE, "true")

@@ -273,3 +273,20 @@ def test_a_limit_no_longer_set_leaves_no_series():
     assert series("mails_per_s") == [] and series("max_queued_mails")
     keeper.apply(QuotaSnapshot(quotas=(), members=("unit",)), {})
     assert series("max_queued_mails") == []
+
+
+def test_an_exemption_lifts_the_rates_and_keeps_the_depth_limits():
+    quota = q.Quota("queue", "outbound", mails_per_s=1, max_queued_mails=10, exempt_bounces=True)
+    rated_only = q.Quota("sender_domain", "x.org", mails_per_s=1, exempt_bounces=True)
+    found = q.applying({quota.key: quota, rated_only.key: rated_only}, q.Facts("", "", "outbound", size=1))
+    assert [(a.key, a.mails_per_s, a.max_queued_mails) for a in found] == [(("queue", "outbound"), None, 10)]
+    # A bounce into the full queue is refused by its depth
+    r = q.decide(found, {}, {"outbound": q.Depth(10)}, q.Facts("", "", "outbound", size=1), 0.0)
+    assert r is not None and r.limit == "max_queued_mails"
+
+
+@pytest.mark.parametrize("rate", [1e-309, 5e-324, 1e-7])
+def test_a_rate_too_small_for_the_limiters_arithmetic_is_refused(rate):
+    with pytest.raises(InvalidArgument, match="mails_per_s must be from"):
+        q.validate(q.Quota("tenant", "acme", mails_per_s=rate))
+    assert q.validate(q.Quota("tenant", "acme", mails_per_s=1e-6)).mails_per_s == 1e-6
