@@ -32,7 +32,7 @@ from collections.abc import AsyncIterator
 
 from services.app import admin_events
 from services.app.browser import Browser
-from services.app.moves import Mover, land
+from services.app.moves import Mover, land, only_landed, publish_landed
 from services.domain import dead_letters, model, paging
 from services.domain.dead_letters import DeadLetter, DeadLetterFilter
 from services.domain.errors import InvalidArgument
@@ -216,9 +216,12 @@ class DeadLetterAdmin:
             await self._view.mails.mark(mail.queue, mail.enqueue_id, dead_letters.RETURNED_REASON)
             await self._view.moves.done(dead)
             return False
-        if current == reason and await self._view.mails.state(landed.queue, landed.enqueue_id) is not None:
+        if current == reason and (target := await self._view.mails.state(landed.queue, landed.enqueue_id)) is not None:
             # Completed again, and the landed copy has a schedule or a mark of its own (a RETRY, a
-            # delivery): not landed again over what happened to it.
+            # delivery): not landed again over what happened to it; only a landing cut between
+            # its schedule and its publish is published (again).
+            if only_landed(target, landed):
+                await publish_landed(self._broker, await self._mover.placed(landed))
             pending.append((dead, admin_events.redriven(mail, landed)))
             return True
         # Marked first: a late broker copy of the dead mail then finds it redriven, not dead.

@@ -153,9 +153,12 @@ class Mover:
             log.warning("a mail whose move was cut went back to its source: its target was deleted",
                         extra={"queue": mail.queue, "target": moved.queue, "enqueue_id": str(mail.enqueue_id)})
             return False
-        elif await self._view.mails.state(moved.queue, moved.enqueue_id) is not None:
+        elif (target := await self._view.mails.state(moved.queue, moved.enqueue_id)) is not None:
             # Completed again: the target copy has a schedule or a mark of its own already (a
-            # RETRY, a delivery): landed before, it is not landed again over what happened to it.
+            # RETRY, a delivery): landed before, it is not landed again over what happened to it;
+            # only a landing cut between its schedule and its publish is published (again).
+            if only_landed(target, moved):
+                await publish_landed(self._broker, await self.placed(moved))
             pending.append((mail, admin_events.moved(mail, moved)))
             return True
         await land(self._view, self._broker, await self.placed(moved))
@@ -199,16 +202,35 @@ async def restore(view: View, broker: Broker, q: model.QueuedMail) -> None:
     await broker.publish(again, again.due() - now if waiting else dt.timedelta(0))
 
 
+def landed(q: model.QueuedMail) -> model.QueuedMail:
+    """``q`` as ``land`` lands it: a mail with attempts keeps them in its schedule record
+    (generation 1)."""
+    return dataclasses.replace(q, generation=max(q.generation, 1)) if q.attempts or q.last_error else q
+
+
+def only_landed(state: model.MailState, q: model.QueuedMail) -> bool:
+    """Whether ``state`` is the schedule record ``land`` wrote for ``q`` and nothing since (no
+    RETRY, no delivery, no mark): a landing cut after it may have published nothing."""
+    return not state.deleted and state.generation == landed(q).generation >= 1 and state.attempts == q.attempts
+
+
+async def publish_landed(broker: Broker, q: model.QueuedMail) -> None:
+    """The landed copy's message (again): delivered once, as ``land`` twice."""
+    q, now = landed(q), model.utcnow()
+    waiting = q.due() > now
+    await broker.publish(q, q.due() - now if waiting else dt.timedelta(0))
+
+
 async def land(view: View, broker: Broker, q: model.QueuedMail) -> None:
     """Store, count and publish a mail that arrives in its queue whole (a move's target copy, a
     redriven dead letter). Doing it twice stores the same row and publishes one enqueue id twice:
-    delivered once. A mail with attempts keeps them in its schedule record (generation 1)."""
+    delivered once. A mail with attempts keeps them in its schedule record (generation 1): a
+    landing cut between that record and its publish is published when completed (``only_landed``)."""
     now = model.utcnow()
-    if q.attempts or q.last_error:
-        q = dataclasses.replace(q, generation=max(q.generation, 1))
+    q = landed(q)
     await view.mails.store(q)
     if q.generation:
         await view.mails.reschedule(q)
     waiting = q.due() > now
     await counters.bump(view, q, enqueued=1, delayed=1 if waiting else 0)
-    await broker.publish(q, q.due() - now if waiting else dt.timedelta(0))
+    await publish_landed(broker, q)

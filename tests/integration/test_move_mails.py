@@ -171,3 +171,39 @@ def test_a_move_completed_long_after_it_was_journaled_lands_where_its_target_is_
     suite.run(suite.view.moves.begin(q, dc.replace(moved, slice_start=moved.slice_start - dt.timedelta(days=1))))
     assert move(suite.admin_stub, source, target, name="nothing-matches")[-1].resumed == 1
     assert [r.mail.mail.name for r in suite.browse_stub.Browse(browse_pb2.BrowseRequest(queue=target))] == ["m"]
+
+
+def test_a_move_cut_between_its_landing_schedule_and_its_publish_is_delivered_once_completed(suite):
+    """A retried mail lands with its attempts in a schedule record; a MoveMails killed after that
+    record and before the publish left the target copy with no message, and its completion took
+    the record for "landed before, something happened to it": the mail was never delivered."""
+    import dataclasses
+
+    from services.app import counters
+    from services.app.moves import MOVED, landed
+    from services.domain import model
+    from tests.integration.helpers import enqueue_names, view_rows
+
+    source, target = suite.new_queue(), suite.new_queue()
+    enqueue_names(suite, source, ["retried"])
+    c = StreamConsumer(suite.dequeue_stub, source)
+    c.answer(c.next(), "RETRY", "451 later", retry_after=3600)  # attempts 1, delayed an hour
+    c.close()
+    [row] = view_rows(suite, source)
+    q = dataclasses.replace(row, attempts=1, generation=1, last_error="451 later")  # due now, as the row says
+    mover = suite.browse.app.service().admin.mover
+    landing = suite.run(mover.landing(q, target))
+    # The move, killed between the landing's schedule record and its publish
+    suite.run(suite.view.moves.begin(q, landing))
+    suite.run(counters.mark(suite.view, q, model.truncated(MOVED + target)))
+    suite.run(suite.view.mails.store(landed(landing)))
+    suite.run(suite.view.mails.reschedule(landed(landing)))
+    # When a MoveMails completes it, then the target copy (due now) is delivered
+    assert move(suite.admin_stub, source, target)[-1].resumed == 1
+    c = StreamConsumer(suite.dequeue_stub, target)
+    try:
+        d = c.next(timeout=30)
+        assert (d.mail.mail.name, d.mail.attempts) == ("retried", 1)
+        c.answer(d)
+    finally:
+        c.close()
