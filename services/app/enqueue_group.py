@@ -229,8 +229,8 @@ def _survivors(live: list[int], outcomes: Sequence[object], failed: Callable[[in
 GROUP = Histogram("mailqueue_enqueue_grouped_calls", "Enqueues run together as one group",
                   buckets=(1, 2, 4, 8, 16, 32, 64, 128))
 
-#: A waiting call: its mail and its answer.
-Entry = tuple[Pending, asyncio.Future[model.EnqueueResult]]
+#: A waiting call: its mail, its answer, and what to call when its group starts.
+Entry = tuple[Pending, asyncio.Future[model.EnqueueResult], Callable[[], None]]
 
 
 class Grouper:
@@ -240,10 +240,12 @@ class Grouper:
         self._waiting: list[Entry] = []
         self._running: set[asyncio.Task[None]] = set()
 
-    async def submit(self, item: Pending) -> model.EnqueueResult:
-        """The outcome of ``item``, run in a group (its error raised as the call's own)."""
+    async def submit(self, item: Pending, started: Callable[[], None] = lambda: None) -> model.EnqueueResult:
+        """The outcome of ``item``, run in a group (its error raised as the call's own);
+        ``started`` is called when its group starts (from then on it goes on whatever its caller
+        does: a caller that leaves before takes it out, nothing written)."""
         answer: asyncio.Future[model.EnqueueResult] = asyncio.get_running_loop().create_future()
-        entry = (item, answer)
+        entry = (item, answer, started)
         if not self._waiting and len(self._running) < self.running:  # a lone call: a group of one, at once
             self._start([entry])
         else:
@@ -266,6 +268,8 @@ class Grouper:
 
     def _start(self, group: list[Entry]) -> None:
         GROUP.observe(len(group))
+        for _, _, started in group:
+            started()
         task = asyncio.ensure_future(self._run(group))
         self._running.add(task)
         task.add_done_callback(self._finished)
@@ -276,12 +280,12 @@ class Grouper:
             self._next()
 
     async def _run(self, group: list[Entry]) -> None:
-        items = [item for item, _ in group]
+        items = [item for item, _, _ in group]
         try:
             outcomes = await self._writes.run_group(items)
         except BaseException as e:  # noqa: BLE001 - every caller of the group gets it
             outcomes = [e] * len(group)
-        for (_, answer), outcome in zip(group, outcomes, strict=True):
+        for (_, answer, _), outcome in zip(group, outcomes, strict=True):
             if answer.done():
                 continue
             if isinstance(outcome, BaseException):

@@ -129,25 +129,18 @@ class Enqueuer:
             raise ResourceExhausted(f"mail content exceeds the limit of {self._limits.max_mail_bytes} bytes")
 
     async def _measured(self, blob_ids: tuple[str, ...]) -> int:
-        """The size of a mail given by blob refs, read (not written) before the quotas take it
-        (charged after the write, concurrent mails would all pass them)."""
+        """The size of a mail given by blob refs, read before the quotas take it (charged after the
+        write, concurrent mails would all pass them), once the queue and the broker take mail;
+        each blob's write time is refreshed with the same call, so a retention sweep under way
+        keeps it (a mail then refused by a quota or its size refreshed it too: harmless)."""
         size = 0
         for b in blob_ids:
             try:
-                size += (await self._blobs.stat(b)).size
+                size += (await self._blobs.keep(b)).size
             except NotFound:
                 raise NotFound(f"blob {b} not found: put the content with BlobService.Put first") from None
         self._check_mail_size(size)
         return size
-
-    async def _kept(self, blob_ids: tuple[str, ...]) -> None:
-        """Each blob's write time refreshed, so a retention sweep under way keeps it: once the mail
-        passed every check (a refused mail writes nothing)."""
-        for b in blob_ids:
-            try:
-                await self._blobs.keep(b)
-            except NotFound:
-                raise NotFound(f"blob {b} not found: put the content with BlobService.Put first") from None
 
     # ------------------------------------------------------------------ the one path
     async def _enqueue(
@@ -214,14 +207,21 @@ class Enqueuer:
         if earlier is not None:  # its ENQUEUED event recorded again, with the same id, marked resent
             await self._record_resent(item.queue, earlier)
             return earlier, False
-        charge.committed = True  # from here its group may enqueue it whatever its caller does
-        return await self._grouper.submit(item), True
+        def started() -> None:  # from here its group enqueues it whatever its caller does
+            charge.committed = True
+
+        return await self._grouper.submit(item, started), True
 
     async def _record_resent(self, queue: str, earlier: model.EnqueueResult) -> None:
         """The earlier enqueue's ENQUEUED event again (same id, same time: it overwrites it), marked
         resent, built from its mail as queued (its name, sender and trace context, whatever the
         resend carries); none once the mail is no longer queued (its story has gone on)."""
-        queued = await self._view.mails.indexed(queue, "enqueue_id", earlier.enqueue_id, "resend")
+        try:
+            queued = await self._view.mails.indexed(queue, "enqueue_id", earlier.enqueue_id, "resend")
+        except BackendUnavailable as e:  # the resend is answered all the same: its first send was recorded
+            log.warning("could not read the mail of a resend: its ENQUEUED event is not marked resent: %s", e,
+                        extra={"queue": queue, "enqueue_id": str(earlier.enqueue_id)})
+            return
         if queued:
             await self._events.record([mail_events.resent(queued[0], earlier)])
 
@@ -242,12 +242,6 @@ class Enqueuer:
             item = dataclasses.replace(item, size=await self._measured(item.blob_ids))
         if self.quotas is not None:
             self.quotas.check(quotas.Facts(quotas.current_tenant.get(), item.mail.sender, item.queue, item.size), charge)
-        if item.blob_ids:
-            try:
-                await self._kept(item.blob_ids)
-            except BaseException:
-                charge.give_back(time.monotonic())
-                raise
         return item
 
 

@@ -15,8 +15,9 @@ async def unordered(
     items: AsyncIterator[T], fn: Callable[[T], Awaitable[R]], limit: int,
 ) -> AsyncIterator[tuple[T, R | BaseException]]:
     """Run ``fn`` on every item of ``items``, ``limit`` at a time at most, and yield ``(item,
-    result or exception)`` as each completes. Reading ``items`` pauses while ``limit`` are running
-    or answered but not yet taken by the caller (a client that reads no answers); an
+    result or exception)`` as each completes. Reading ``items`` pauses while ``limit`` run (not
+    while answers wait to be sent: a client that sends every mail before it reads an answer must
+    not stall on its own unread answers, which are kept meanwhile); an
     error of ``items`` itself (the stream) is raised after the running ones are answered."""
     async for group in unordered_groups(items, fn, limit):
         for entry in group:
@@ -38,7 +39,9 @@ async def unordered_groups(
             result: R | BaseException = await fn(item)
         except Exception as e:  # noqa: BLE001 - handed to the caller with its item
             result = e
-        await done.put((item, result))  # its slot is free once its answer is taken (below)
+        finally:
+            slots.release()
+        await done.put((item, result))
 
     async def read() -> None:
         try:
@@ -65,8 +68,6 @@ async def unordered_groups(
                     break
                 group.append(more)
             yield group
-            for _ in group:  # answered: a client that reads no answers holds at most ``limit`` mails
-                slots.release()
         if failure:
             raise failure[0]
     finally:

@@ -213,9 +213,9 @@ def validate_rule(r: AutoRule) -> AutoRule:
     if slow is not None:
         raise InvalidArgument(
             f"pattern {shown(r.pattern)} could take seconds on one error message ({slow}): dequeue_svc matches "
-            "every RETRY's error text, which a remote server writes. Use at most one long repeat (*, +, {n,}), "
-            "none inside another, and no alternatives (a|b) inside a repeat; a pattern is searched anywhere in "
-            "the text, so it needs no leading or trailing .*")
+            "every RETRY's error text, which a remote server writes. Use at most one long repeat (*, +, {n,}; "
+            "a trailing .* is free), bounded ones elsewhere (\\d{1,3}), none inside another, and no alternatives "
+            "(ab|cd) inside a repeat; a pattern is searched anywhere in the text, so it needs no leading .*")
     if not 1 <= r.threshold <= 100_000:
         raise InvalidArgument(f"threshold must be between 1 and 100000, not {r.threshold}")
     if not dt.timedelta(seconds=1) <= r.window <= MAX_RULE_WINDOW:
@@ -239,15 +239,23 @@ MAX_SHORT_TRIES = 4096
 def backtracking(pattern: str) -> str | None:
     """Why ``pattern`` could backtrack for seconds on a 1000-character text (Python's engine
     backtracks), or None. Refused: a repeat inside a repeat ((a+)+, exponential), alternatives
-    inside a repeat ((a|a)*, exponential), back-references, and more than one long repeat
-    (.*a.*b searched in 1000 characters without a match takes about 0.3 s: cubic). One long repeat
-    costs at most the square of the text (about 1 ms)."""
+    inside a repeat ((ab|a)*, exponential), back-references, and more than one long repeat
+    (.*a.*b searched in 1000 characters without a match takes about 0.3 s: cubic), not counting
+    a trailing one-character repeat (.*rate limit.* : nothing can fail after it). One long repeat
+    costs at most the square of the text (about 1 ms). A fixed count ({8}) is no choice."""
     long_repeats = 0
     short_tries = 1
 
     def walk(items: object, repeated: bool) -> str | None:
         nonlocal long_repeats, short_tries
         for op, av in items:  # type: ignore[attr-defined]
+            if op in (sre.MAX_REPEAT, sre.MIN_REPEAT, sre.POSSESSIVE_REPEAT) and av[0] == av[1]:
+                # A fixed count ({8}) chooses nothing: its body counted that many times.
+                for _ in range(min(av[1], 3)):  # past one long repeat the answer is known
+                    why = walk(av[2], repeated)
+                    if why is not None:
+                        return why
+                continue
             if op in (sre.MAX_REPEAT, sre.MIN_REPEAT, sre.POSSESSIVE_REPEAT):
                 low, high, body = av
                 if high > 1 and repeated:
@@ -279,7 +287,20 @@ def backtracking(pattern: str) -> str | None:
                 return why
         return None
 
-    return walk(sre_parse.parse(pattern), False)
+    items = list(sre_parse.parse(pattern))
+    end = len(items)
+    while end and items[end - 1][0] is sre.AT:  # $ after it: still nothing can fail after it
+        end -= 1
+    if end and items[end - 1][0] in (sre.MAX_REPEAT, sre.MIN_REPEAT, sre.POSSESSIVE_REPEAT) and _one_char(items[end - 1][1][2]):
+        # A trailing .* (\s+, [0-9]*) never fails once what comes before matched: it adds no tries.
+        del items[end - 1]
+    return walk(items, False)
+
+
+def _one_char(body: object) -> bool:
+    """Whether a repeat's body matches one character (., a class, a literal)."""
+    items = list(body)  # type: ignore[call-overload]
+    return len(items) == 1 and items[0][0] in (sre.ANY, sre.IN, sre.LITERAL, sre.NOT_LITERAL, sre.CATEGORY)
 
 
 # --- destinations ----------------------------------------------------------------------------

@@ -61,6 +61,7 @@ def test_rule_validation():
     (r".*a.*b", "more than one long repeat"),
     (r"\s*\s*x", "more than one long repeat"),
     (r"(?:rate|limit)+x", "alternatives inside a repeat"),
+    (r"(a+){3}", "more than one long repeat"),
     (r"(a)\1", "a back-reference"),
     (r"\d{1,9}" * 5, "too many repeats"),
 ])
@@ -75,7 +76,9 @@ def test_a_pattern_that_could_backtrack_for_seconds_is_refused(pattern, why):
 
 
 @pytest.mark.parametrize("pattern", [r"421 4\.7\.0 .*rate limited", r"^452 ", r"(rate|limit) exceeded",
-                                     r"\d{3}\.\d{1,3}\.\d{1,3}", r"(?:ab)*c", r"too many.*connections"])
+                                     r"\d{3}\.\d{1,3}\.\d{1,3}", r"(?:ab)*c", r"too many.*connections",
+                                     r".*rate limit.*", r"\s+4\.7\.0\s+", r"421[- ]4\.7\.[0-9]+ .*",
+                                     r"[0-9a-f]{8}-[0-9a-f]{4}", r"(\d{1,3}\.){3}\d{1,3}"])
 def test_common_patterns_pass(pattern):
     ok = shaping.AutoRule("r", pattern, 3, dt.timedelta(minutes=5), "suspend", dt.timedelta(minutes=10))
     assert shaping.validate_rule(ok).pattern == pattern

@@ -43,8 +43,10 @@ MAIL_HISTORY_GROUPS = table("mail_history_groups")
 
 #: The history tables' TTL when a write names none (MAILQUEUE_HISTORY_RETENTION_S, 7 days, names it per write).
 HISTORY_TTL_S = 7 * 24 * 3600
-#: Expired history cells are purged this long after they expire (no delete is ever issued on the
-#: history, so no repair has to outrun a tombstone: a short grace only bounds what compaction keeps).
+#: Expired history cells are purged this long after they expire. The only deletes are a change's
+#: rows taken back when the event stream refused its events (event_log.py ``_take_back``, rare): a
+#: replica down longer than this may bring such a row back at repair, a stale event at worst, so a
+#: short grace only bounds what compaction keeps.
 HISTORY_GC_GRACE_S = 3 * 3600
 #: History rows go into SSTables by day of writing; a whole day's SSTable is dropped, unread, once
 #: every row in it has expired (TWCS: no tombstone is ever read or compacted row by row).
