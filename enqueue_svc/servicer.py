@@ -72,7 +72,7 @@ class EnqueueServicer(enqueue_pb2_grpc.EnqueueServiceServicer):
         unanswered: set[int] = set()
         with trace.carrying(trace.from_metadata(context.invocation_metadata())):
             async for item, result in pipeline.unordered(_distinct(request_iterator, unanswered),
-                                                         lambda r: self._enqueue(r.request), MANY_IN_FLIGHT):
+                                                         self._enqueue_one, MANY_IN_FLIGHT):
                 unanswered.discard(item.sequence)
                 yield _answer(item, result)
 
@@ -91,9 +91,17 @@ class EnqueueServicer(enqueue_pb2_grpc.EnqueueServiceServicer):
         unanswered: set[int] = set()
         with trace.carrying(trace.from_metadata(context.invocation_metadata())):
             async for group in pipeline.unordered_groups(_distinct(mails(), unanswered),
-                                                         lambda r: self._enqueue(r.request), MANY_IN_FLIGHT):
+                                                         self._enqueue_one, MANY_IN_FLIGHT):
                 unanswered.difference_update(item.sequence for item, _ in group)
                 yield enqueue_pb2.EnqueueBatchesResponse(results=[_answer(item, result) for item, result in group])
+
+    async def _enqueue_one(self, item: enqueue_pb2.EnqueueManyRequest) -> model.EnqueueResult:
+        """One mail of a stream. Its answer needs its sequence only: the request (its content) is
+        let go once enqueued, so answers a client has not read yet hold no content."""
+        try:
+            return await self._enqueue(item.request)
+        finally:
+            item.ClearField("request")
 
     async def _enqueue(self, request: enqueue_pb2.EnqueueRequest) -> model.EnqueueResult:
         enqueuer = self._enqueuer()

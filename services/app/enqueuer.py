@@ -227,7 +227,8 @@ class Enqueuer:
 
     async def _check(self, item: Pending, charge: quotas.Charge) -> Pending:
         """Refuse what is invalid, what could not be published now, or what a quota refuses (last:
-        a mail refused for anything else takes nothing from a quota), before anything is written.
+        a mail refused for anything else takes nothing from a quota), before anything is written
+        (but blob refs' write times, refreshed as their size is read).
         Blob refs are measured once the rest passed (a refused mail reads no blob): the mail is
         returned with its size. A stream's size is 0 here: its bytes are taken as they arrive."""
         validation.blob_refs(item.blob_ids)

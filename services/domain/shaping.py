@@ -233,7 +233,7 @@ def validate_rule(r: AutoRule) -> AutoRule:
 #: A repeat of more than this many is "long": its cost grows with the text's length.
 SHORT_REPEAT = 16
 #: Short repeats multiply the tries at each position by at most this much, together.
-MAX_SHORT_TRIES = 4096
+MAX_SHORT_TRIES = 1024
 
 
 def backtracking(pattern: str) -> str | None:
@@ -241,18 +241,20 @@ def backtracking(pattern: str) -> str | None:
     backtracks), or None. Refused: a repeat inside a repeat ((a+)+, exponential), alternatives
     inside a repeat ((ab|a)*, exponential), back-references, and more than one long repeat
     (.*a.*b searched in 1000 characters without a match takes about 0.3 s: cubic), not counting
-    a trailing one-character repeat (.*rate limit.* : nothing can fail after it). One long repeat
-    costs at most the square of the text (about 1 ms). A fixed count ({8}) is no choice."""
+    a one-character repeat that ends the pattern (.*rate limit.* : nothing can fail after it). One
+    long repeat costs at most the square of the text (about 1 ms). A fixed count ({8}) chooses
+    nothing itself, but what its body may choose counts once per time."""
     long_repeats = 0
     short_tries = 1
 
-    def walk(items: object, repeated: bool) -> str | None:
+    def walk(items: object, repeated: bool, fixed: bool = False) -> str | None:
+        """``repeated``: inside a repeat of a varying count; ``fixed``: inside a fixed count ({8}),
+        which chooses nothing itself but multiplies what its body may choose."""
         nonlocal long_repeats, short_tries
         for op, av in items:  # type: ignore[attr-defined]
             if op in (sre.MAX_REPEAT, sre.MIN_REPEAT, sre.POSSESSIVE_REPEAT) and av[0] == av[1]:
-                # A fixed count ({8}) chooses nothing: its body counted that many times.
-                for _ in range(min(av[1], 3)):  # past one long repeat the answer is known
-                    why = walk(av[2], repeated)
+                for _ in range(av[1]):  # its body counted that many times (stops at the first refusal)
+                    why = walk(av[2], repeated, fixed or av[1] > 1)
                     if why is not None:
                         return why
                 continue
@@ -265,20 +267,20 @@ def backtracking(pattern: str) -> str | None:
                     if long_repeats > 1:
                         return "more than one long repeat"
                 else:
-                    short_tries *= high + 1
+                    short_tries *= high - low + 1
                     if short_tries > MAX_SHORT_TRIES:
                         return "too many repeats"
-                why = walk(body, repeated or high > 1)
+                why = walk(body, repeated or high > 1, fixed)
             elif op is sre.BRANCH:
-                if repeated:
+                if repeated or fixed:
                     return "alternatives inside a repeat"
-                why = next((w for w in (walk(alt, repeated) for alt in av[1]) if w), None)
+                why = next((w for w in (walk(alt, repeated, fixed) for alt in av[1]) if w), None)
             elif op is sre.SUBPATTERN:
-                why = walk(av[-1], repeated)
+                why = walk(av[-1], repeated, fixed)
             elif op in (sre.ASSERT, sre.ASSERT_NOT):
-                why = walk(av[1], repeated)
+                why = walk(av[1], repeated, fixed)
             elif op is sre.ATOMIC_GROUP:
-                why = walk(av, repeated)
+                why = walk(av, repeated, fixed)
             elif op in (sre.GROUPREF, sre.GROUPREF_EXISTS):
                 return "a back-reference"
             else:
@@ -288,12 +290,10 @@ def backtracking(pattern: str) -> str | None:
         return None
 
     items = list(sre_parse.parse(pattern))
-    end = len(items)
-    while end and items[end - 1][0] is sre.AT:  # $ after it: still nothing can fail after it
-        end -= 1
-    if end and items[end - 1][0] in (sre.MAX_REPEAT, sre.MIN_REPEAT, sre.POSSESSIVE_REPEAT) and _one_char(items[end - 1][1][2]):
-        # A trailing .* (\s+, [0-9]*) never fails once what comes before matched: it adds no tries.
-        del items[end - 1]
+    if items and items[-1][0] in (sre.MAX_REPEAT, sre.MIN_REPEAT, sre.POSSESSIVE_REPEAT) and _one_char(items[-1][1][2]):
+        # A trailing .* (\s+, [0-9]*), the very last item, never fails once what comes before
+        # matched: it adds no tries (followed by $ or \b it could fail, and counts).
+        del items[-1]
     return walk(items, False)
 
 

@@ -62,6 +62,10 @@ def test_rule_validation():
     (r"\s*\s*x", "more than one long repeat"),
     (r"(?:rate|limit)+x", "alternatives inside a repeat"),
     (r"(a+){3}", "more than one long repeat"),
+    (r".*a.*$", "more than one long repeat"),  # a repeat before $ can fail: not free
+    (r"(?:a|aa){18}b", "alternatives inside a repeat"),  # 9 s on 1000 a's before
+    (r"(?:a?){16}b", "too many repeats"),  # 2 s
+    (r"(?:\d{0,9}){1000}x", "too many repeats"),
     (r"(a)\1", "a back-reference"),
     (r"\d{1,9}" * 5, "too many repeats"),
 ])
