@@ -78,9 +78,8 @@ class QuotaKeeper:
         #: The stream of each quota that is never refused until it ends (``stream``).
         self._streams: dict[tuple[str, str], quotas.Charge] = {}
         self._asked_since = time.monotonic()
-        #: Refreshed at least once (until then no quota is known: nothing is refused; enqueue_svc
-        #: waits for it before it serves, ``wait_loaded``).
-        self.loaded = False
+        #: Set once refreshed (until then no quota is known: nothing is refused; enqueue_svc waits
+        #: for it before it serves, ``wait_loaded``).
         self._loaded = asyncio.Event()
 
     async def run_forever(self) -> None:
@@ -180,7 +179,6 @@ class QuotaKeeper:
                     LIMIT.labels(q.kind, q.subject, limit).set(value)
         self._limiters = limiters
         self._depth = depth
-        self.loaded = True
         self._loaded.set()
         self._export_use()
 
