@@ -2,7 +2,7 @@
 
     mailq browse Q [--sender S] [--recipient R] [--name N] [--id ID] [--ready | --delayed] [--limit N] [--json]
                    [--page-size N] [--page-token T]
-    mailq delete Q (--sender S | --recipient R | --name N | --id ID [ID ...]) | clear Q
+    mailq delete Q (--sender S | --recipient R | --name N | --id ID [ID ...]) | clear Q --force
     mailq flush Q [--sender S | --recipient R | --domain D | --name N]
     mailq republish Q --older-than 1h
     mailq move Q TO [--sender S] [--recipient R] [--name N] [--id ID [ID ...]] [--ready | --delayed] [--limit N]
@@ -80,6 +80,9 @@ def cmd_delete(c: Client, a: argparse.Namespace) -> None:
 
 
 def cmd_clear(c: Client, a: argparse.Namespace) -> None:
+    if not a.force:  # one word away from `mailq throttle clear` and `mailq quota clear`
+        raise UsageError(f"mailq clear deletes every live mail of queue {a.queue}: add --force to do it "
+                         "(mailq delete deletes by sender, recipient, name or id)")
     n = progress_stream(c.admin.ClearQueue(admin_pb2.ClearQueueRequest(queue=a.queue)), "clearing")
     print(f"{n} mail(s) deleted")
 
@@ -140,7 +143,8 @@ def register(sub: Any) -> None:
     s.add_argument("--page-token", help="the page after the one that printed this token (same queue and conditions)")
     _schedule_args(s, "only mails waiting for their deliver_at")
     _mail_command(sub, "delete", cmd_delete, "mark deleted every live mail matching a condition", by_id=True)
-    queue_command(sub, "clear", cmd_clear, "mark every live mail of the queue deleted")
+    s = queue_command(sub, "clear", cmd_clear, "mark every live mail of the queue deleted (--force)")
+    s.add_argument("--force", action="store_true", help="do it: without it, mailq clear deletes nothing")
     s = _mail_command(sub, "flush", cmd_flush, "make delayed mails deliverable now, in enqueue order (postqueue -s)")
     s.add_argument("--domain", type=selector, help="only mails with a recipient in this domain")
     s = queue_command(sub, "republish", cmd_republish, "publish again every live mail older than a duration (heals a broker that lost messages)")

@@ -170,7 +170,7 @@ async def drop_queue(
 async def _refuse_if_live(live_mails: Callable[[str], AsyncIterator[QueuedMail]], queue: str) -> None:
     async for _ in live_mails(queue):
         raise FailedPrecondition(
-            f"queue {queue!r} holds live mails: deliver, move or delete them first (mailq clear {queue}), "
+            f"queue {queue!r} holds live mails: deliver, move or delete them first (mailq clear {queue} --force), "
             f"or delete the queue with force (mailq drop {queue} --force) to delete them with it")
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import ipaddress
 import re
 import urllib.parse
 
@@ -56,9 +57,10 @@ def name_of(name: str) -> str:
 
 
 def url_of(text: str) -> str:
-    """``text`` if webhook_svc can POST to it: http or https, a host, a port in range, no user or
-    password (they would be in every listing and event), no fragment (never sent), no space or
-    control character, ASCII only, at most MAX_URL characters; InvalidArgument saying what is wrong."""
+    """``text`` if webhook_svc can POST to it: http or https, a host (not a link-local address), a
+    port in range, no user or password (they would be in every listing and event), no fragment
+    (never sent), no space or control character, ASCII only, at most MAX_URL characters;
+    InvalidArgument saying what is wrong."""
     wrong = f"webhook url {shown(re.sub(r'//[^/?#]*@', '//…@', text))}"  # never the password it may carry
     if len(text) > MAX_URL:
         raise InvalidArgument(f"{wrong} is {len(text)} characters long: at most {MAX_URL}")
@@ -79,7 +81,21 @@ def url_of(text: str) -> str:
                               "the endpoint authenticates the batches by their signature")
     if url.fragment or text.endswith("#"):
         raise InvalidArgument(f"{wrong} has a fragment (#...), which is never sent: leave it out")
+    if _link_local(url.hostname):
+        raise InvalidArgument(f"{wrong} names a link-local address (169.254.0.0/16, fe80::/10): a cloud's instance "
+                              "metadata service answers there with the node's credentials; give the endpoint's own address")
     return text
+
+
+def _link_local(host: str) -> bool:
+    """Whether ``host`` is a literal link-local address (a name is resolved only when POSTing: the
+    Kubernetes NetworkPolicy of webhook_svc refuses those addresses too, k8s/base/webhook.yaml)."""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    mapped = getattr(address, "ipv4_mapped", None)
+    return address.is_link_local or (mapped is not None and mapped.is_link_local)
 
 
 def validate(r: Registration) -> Registration:

@@ -51,7 +51,7 @@ def test_an_operator_session(suite, tmp_path):
     assert mailq(suite, "size", queue).stdout.strip() == "0"
     assert "0 mail(s) flushed" in mailq(suite, "flush", queue).stdout
     assert "republished" in mailq(suite, "republish", queue, "--older-than", "1h").stdout
-    assert "deleted" in mailq(suite, "clear", queue).stdout
+    assert "deleted" in mailq(suite, "clear", queue, "--force").stdout
     assert "bucket_count" in mailq(suite, "config", "get").stdout
 
 
@@ -192,13 +192,15 @@ def test_a_closed_pipe_ends_mailq_quietly_with_status_141(suite):
 
 
 def test_progress_is_shown_on_a_terminal_only(suite):
-    """Given stderr a terminal, a long operation shows its progress on one line rewritten in place
-    and ends it; given stderr a pipe (test_an_operator_session), none: only the result, on stdout."""
+    """``mailq clear`` without --force deletes nothing. Given stderr a terminal, a long operation
+    shows its progress on one line rewritten in place and ends it; given stderr a pipe (test_an_operator_session), none: only the result, on stdout."""
     queue = suite.new_queue()
     suite.enqueue_mail(queue, "m")
+    refused = run(suite, "clear", queue)  # one word from `throttle clear`: without --force, nothing deleted
+    assert refused.returncode == 2 and "add --force" in refused.stderr and refused.stdout == ""
     master, terminal = pty.openpty()
     try:
-        r = run(suite, "clear", queue, stderr=terminal)
+        r = run(suite, "clear", queue, "--force", stderr=terminal)
         os.close(terminal)
         shown = b""
         while True:

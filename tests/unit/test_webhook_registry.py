@@ -27,6 +27,8 @@ OK = Registration("billing", "https://billing.example/hooks", "/secrets/billing"
     ("url", "http://user:pw@h/x", "user or password"), ("url", "http://h/x#frag", "fragment"),
     ("url", "http://h/x\r\nX: y", "control character"), ("url", "http://a b/", "space"),
     ("url", "http://h/" + "x" * 2000, "at most 2000"),
+    ("url", "http://169.254.169.254/latest/meta-data/", "link-local"), ("url", "http://[fe80::1]/x", "link-local"),
+    ("url", "http://[::ffff:169.254.169.254]/", "link-local"),
     ("url", "https://x.example/hoöks", "not ASCII"), ("url", "https://bücher.example/", "xn--"),  # a restart loop at every POST
     ("secret_file", "/s\x00x", "printable"), ("secret_file", "/" + "s" * 4096, "at most 4096"),
     ("queues", ("!!bad",), "queue name"), ("queues", ("q" * 101,), "queue name"),

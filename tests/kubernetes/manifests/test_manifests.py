@@ -149,7 +149,7 @@ def test_enqueue_and_dequeue_reach_s3_themselves_and_connections_are_rebalanced(
 
 def test_webhook_svc_runs_alone_and_reaches_only_dns_the_backends_and_http(rendered):
     """One deliverer per endpoint checkpoint: one replica, Recreate (never two pods), no HPA; egress
-    only to DNS, Cassandra, RabbitMQ and HTTP(S); no ingress but the metrics scrape."""
+    only to DNS, Cassandra, RabbitMQ and HTTP(S) (never link-local addresses); no ingress but the metrics scrape."""
     _, _, docs = rendered
     [d] = [x for x in of_kind(docs, "Deployment") if x["metadata"]["name"] == "mailqueue-webhook"]
     assert d["spec"]["replicas"] == 1 and d["spec"]["strategy"] == {"type": "Recreate"}
@@ -166,5 +166,8 @@ def test_webhook_svc_runs_alone_and_reaches_only_dns_the_backends_and_http(rende
     assert len(egress) == 1
     ports = sorted((port["protocol"], port["port"]) for rule in egress[0]["spec"]["egress"] for port in rule["ports"])
     assert ports == [("TCP", 53), ("TCP", 80), ("TCP", 443), ("TCP", 5671), ("TCP", 5672), ("TCP", 9042), ("UDP", 53)]
+    # the endpoints' rule: any address but link-local ones (the instance metadata service)
+    blocks = [t["ipBlock"] for rule in egress[0]["spec"]["egress"] for t in rule.get("to", []) if "ipBlock" in t]
+    assert blocks and all("169.254.0.0/16" in b.get("except", []) for b in blocks)
     ingress = [rule for p in policies if "Ingress" in p["spec"]["policyTypes"] for rule in p["spec"].get("ingress", [])]
     assert [port["port"] for rule in ingress for port in rule["ports"]] == ["metrics"]
