@@ -19,7 +19,8 @@ WATCHERS = Gauge("mailqueue_event_watchers", "WatchEvents calls being served (ea
 async def watch(stream: EventStream, cursor: str, from_oldest: bool, wanted: EventFilter) -> AsyncIterator[Event]:
     """The events ``wanted`` from ``cursor`` (that event first, if wanted), else from the oldest
     kept (``from_oldest``), else from the next recorded; until the caller stops iterating, which
-    ends the stream's consumer. A malformed cursor: InvalidArgument, before anything is read."""
+    ends the stream's consumer. A malformed cursor: InvalidArgument, before anything is read; one
+    past the stream's last event (a stream declared again since): OutOfRange."""
     event_stream.start(cursor, from_oldest)
     WATCHERS.inc()
     try:

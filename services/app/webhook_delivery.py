@@ -10,7 +10,8 @@ the checkpoint past each batch once it is answered (services/domain/webhooks.py 
 - Events older than the endpoint's maximum age when they would be sent are dropped, counted and logged.
 - Events the stream's retention removed before the endpoint read them (it was down or failing
   longer than the stream keeps events) are found on resuming from its checkpoint: counted (in
-  stream messages) and logged as an error.
+  stream messages) and logged as an error. A checkpoint past the stream's end (the stream deleted
+  and declared again, a broker reset) starts the endpoint again at the stream's oldest event.
 - Each endpoint runs on its own (its own consumer, its own task): a slow or dead endpoint delays
   no other.
 """
@@ -26,6 +27,7 @@ from collections.abc import Awaitable, Callable
 from prometheus_client import Counter
 
 from services.domain import event_stream, webhooks
+from services.domain.errors import OutOfRange
 from services.domain.events import Event
 from services.domain.webhooks import Endpoint
 from services.ports.events import EventStream
@@ -37,6 +39,9 @@ EVENTS = Counter("mailqueue_webhook_events_total", "Events handled by webhook de
                  "(delivered; refused: the endpoint answered a 4xx other than 408/429; too_old: older than its maximum age)",
                  ["endpoint", "outcome"])
 RETRIES = Counter("mailqueue_webhook_retries_total", "Webhook requests sent again (no answer, 5xx, 408 or 429)", ["endpoint"])
+REPLACED = Counter("mailqueue_webhook_stream_replaced_total", "Times an endpoint's checkpoint was past the end of the "
+                   "event stream (the stream deleted and declared again, a broker reset): delivery started again at "
+                   "the stream's oldest event", ["endpoint"])
 LOST = Counter("mailqueue_webhook_stream_messages_lost_total", "Event stream messages (each up to 1,000 events) the "
                "stream's retention removed before an endpoint read them, found on resuming from its checkpoint", ["endpoint"])
 
@@ -81,22 +86,34 @@ class EndpointDelivery:
 
     async def _read(self, last: str | None, inbox: asyncio.Queue[Event | BaseException], placed: bool) -> None:
         try:
-            async with contextlib.aclosing(self._stream.watch(last, from_oldest=self._from_oldest)) as events:
-                async for e in events:
-                    if not placed:  # before anything of it is sent (run saves only after what it sends)
-                        before = int(e.cursor) - 1  # resuming there reads e first
-                        if before >= 0:  # (the stream's very first event has no place before it)
-                            await self._checkpoints.save(self.endpoint.name, str(before))
-                        placed = True
-                    if last is not None:  # the first event read: the stream kept everything after the checkpoint?
-                        self._check_kept(last, e.cursor)
-                        last, resumed = None, last
-                        if e.cursor == resumed:  # the checkpoint's event was taken
-                            continue
-                    if self.endpoint.wanted(e):
-                        await inbox.put(e)
+            try:
+                await self._read_from(last, self._from_oldest, inbox, placed)
+            except OutOfRange:  # the checkpoint is of a stream since deleted and declared again
+                REPLACED.labels(self.endpoint.name).inc()
+                log.error("this endpoint's checkpoint is past the end of the event stream: the stream was deleted and "
+                          "declared again (a broker reset) since it was saved; delivering from the oldest event the "
+                          "stream holds", extra={"endpoint": self.endpoint.name, "checkpoint": last})
+                await self._read_from(None, True, inbox, placed)
         except Exception as e:  # noqa: BLE001 - handed to run(), which raises it after the events before it
             await inbox.put(e)
+
+    async def _read_from(self, last: str | None, from_oldest: bool, inbox: asyncio.Queue[Event | BaseException],
+                         placed: bool) -> None:
+        """The events after ``last`` (else from the oldest, else from the next), wanted ones into ``inbox``."""
+        async with contextlib.aclosing(self._stream.watch(last, from_oldest=from_oldest)) as events:
+            async for e in events:
+                if not placed:  # before anything of it is sent (run saves only after what it sends)
+                    before = int(e.cursor) - 1  # resuming there reads e first
+                    if before >= 0:  # (the stream's very first event has no place before it)
+                        await self._checkpoints.save(self.endpoint.name, str(before))
+                    placed = True
+                if last is not None:  # the first event read: the stream kept everything after the checkpoint?
+                    self._check_kept(last, e.cursor)
+                    last, resumed = None, last
+                    if e.cursor == resumed:  # the checkpoint's event was taken
+                        continue
+                if self.endpoint.wanted(e):
+                    await inbox.put(e)
 
     def _check_kept(self, checkpoint: str, first: str) -> None:
         missed = event_stream.messages_missed(checkpoint, first)

@@ -39,6 +39,12 @@ class ResourceExhausted(MailQueueError):
     status = "RESOURCE_EXHAUSTED"
 
 
+class OutOfRange(MailQueueError):
+    """A position past the end of what exists (an event stream cursor beyond the stream's last event)."""
+
+    status = "OUT_OF_RANGE"
+
+
 class Aborted(MailQueueError):
     """A concurrent operation conflicts (e.g. the same idempotency key in flight): retry later."""
 

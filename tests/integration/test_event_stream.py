@@ -178,6 +178,30 @@ def stream_row(stream: str) -> dict:
     return row
 
 
+def test_a_cursor_past_the_end_of_the_stream_is_out_of_range(browse, stub):
+    """A cursor after the stream's last message (a stream deleted and declared again since the
+    cursor was given: its offsets start at 0 again) is OUT_OF_RANGE, within a few seconds; it
+    used to wait, silently skipping every event until the offsets reached the cursor's. The
+    stream's last event's own cursor is in range."""
+    import time
+
+    from services.domain import event_stream
+
+    queue = own_queue("ev")
+    publish(browse, events(queue, 1))
+    last = next(watch(stub, from_oldest=True, queues=[queue])).event.cursor
+    at = event_stream.start(last).offset
+    for past in (at + 1, at + 1000, 2**40):
+        began = time.monotonic()
+        with pytest.raises(grpc.RpcError) as e:
+            next(watch(stub, cursor=event_stream.cursor_of(past)))
+        assert e.value.code() == grpc.StatusCode.OUT_OF_RANGE and "from_oldest" in e.value.details(), e.value.details()
+        assert time.monotonic() - began < 10
+    call = watch(stub, cursor=last, queues=[queue])
+    assert next(call).event.cursor == last
+    call.cancel()
+
+
 def test_a_watcher_that_leaves_ends_its_consumer(browse, stub):
     """Every earlier test's watchers left too: none may be counted."""
     stream = names.event_stream(browse.app.settings.cassandra.keyspace)
@@ -211,7 +235,9 @@ def test_a_stream_deleted_under_a_watcher_is_unavailable_and_declared_again_by_t
     stream = names.event_stream(browse.app.settings.cassandra.keyspace)
     call = watch(stub, from_oldest=True, queues=[queue])
     publish(browse, events(queue, 1))
+    publish(browse, events(queue, 1, start=10))  # a message at offset 1 at least
     assert next(call).event.queue == queue
+    before = next(call).event.cursor
     with pika.BlockingConnection(broker_parameters()) as conn:
         conn.channel().queue_delete(stream)
     with pytest.raises(grpc.RpcError) as e:
@@ -223,6 +249,9 @@ def test_a_stream_deleted_under_a_watcher_is_unavailable_and_declared_again_by_t
     again = watch(stub, from_oldest=True, queues=[queue])
     assert next(again).event.details["i"] == "2"  # the new stream holds what was published since
     again.cancel()
+    with pytest.raises(grpc.RpcError) as e:  # a cursor of the stream deleted: past the new one's end
+        next(watch(stub, cursor=before))
+    assert e.value.code() == grpc.StatusCode.OUT_OF_RANGE, e.value.details()
 
 
 class Watcher:

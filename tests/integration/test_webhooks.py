@@ -328,3 +328,39 @@ def test_a_429_with_retry_after_is_tried_again_no_sooner_than_asked(aio_loop, ke
         webhooks.kill()
         webhooks.wait(10)
         busy.server.shutdown()
+
+
+def test_a_checkpoint_past_the_end_of_the_stream_starts_again_at_its_oldest_event(aio_loop, keyspace, sink, tmp_path):
+    """A broker reset deletes the event stream, declared again from offset 0: an endpoint's
+    checkpoint is then past its end. RabbitMQ attached such a consumer at the end, and every event
+    until the new stream's offsets reached the checkpoint's was skipped, without a count. Now the
+    endpoint starts again at the oldest event the stream holds: counted and logged."""
+    from services.adapters.cassandra import schema
+    from services.adapters.cassandra.session import connect
+    from services.domain import event_stream
+    from services.runtime.settings import cassandra_from_env
+
+    queue = f"wh-{uuid.uuid4().hex[:8]}"
+    (tmp_path / "secret").write_bytes(os.urandom(16).hex().encode())
+    receiver = Receiver()
+    endpoint = {"name": f"reset-{queue}", "url": receiver.url, "secret_file": str(tmp_path / "secret"), "queues": [queue],
+                "timeout_s": 1, "max_age_s": 3600}
+    sent = [of_queue(EventType.CONFIG_CHANGED, queue, f"kept-{i}", actor=Actor.component("test")) for i in range(3)]
+    for e in sent:  # three messages the stream holds
+        aio_loop.run(sink.publish([e]))
+    cluster, session = connect(cassandra_from_env(service_env(keyspace)))
+    try:  # the checkpoint an endpoint had on the stream before the reset: far past this one's end
+        session.execute(f"INSERT INTO {keyspace}.{schema.WEBHOOK_CHECKPOINTS} (endpoint, cursor) VALUES (%s, %s)",
+                        (endpoint["name"], event_stream.cursor_of(2**40)))
+    finally:
+        cluster.shutdown()
+    port = free_port()
+    webhooks = start_webhooks(keyspace, [endpoint], tmp_path, metrics_port=port)
+    try:
+        wait_until(lambda: len(receiver.events()) >= 3, 60, what="the events the stream holds, sent")
+        assert [e["id"] for e in receiver.events()] == [e.id for e in sent]
+        assert metric(port, "mailqueue_webhook_stream_replaced_total", endpoint=endpoint["name"]) == 1
+    finally:
+        webhooks.kill()
+        webhooks.wait(10)
+        receiver.server.shutdown()

@@ -63,7 +63,7 @@ def test_an_event_survives_the_stream_format_with_its_cursor():
 def test_events_recorded_together_leave_as_messages_of_bounded_count_and_size_in_order():
     import datetime as dt
 
-    from services.adapters.rabbitmq.event_stream import MESSAGE_BYTES, _messages
+    from services.adapters.rabbitmq.event_stream import MESSAGE_BYTES, _cut
     from services.contract.events_serde import batch_from_bytes, batch_to_bytes, encode_each, event_from_proto
     from services.domain.events import Event
 
@@ -72,13 +72,13 @@ def test_events_recorded_together_leave_as_messages_of_bounded_count_and_size_in
                      queue="q", enqueue_id=None, actor=ANONYMOUS, reason=reason)
 
     small = [event(i) for i in range(2500)]
-    parts = [small[first:end] for first, end in _messages(encode_each(small))]
+    parts = [small[first:end] for first, end in _cut(encode_each(small))]
     assert [len(p) for p in parts] == [MAX_PER_MESSAGE, MAX_PER_MESSAGE, 500]
     assert [e.id for p in parts for e in p] == [e.id for e in small]
     large = [event(i, "x" * 100_000) for i in range(7)]
-    assert _messages(encode_each(large)) == [(0, 5), (5, 7)]  # about MESSAGE_BYTES each
-    assert all(len(batch_to_bytes(large[first:end])) <= MESSAGE_BYTES for first, end in _messages(encode_each(large)))
-    assert _messages([]) == [] and _messages(encode_each(large[:1])) == [(0, 1)]
+    assert _cut(encode_each(large)) == [(0, 5), (5, 7)]  # about MESSAGE_BYTES each
+    assert all(len(batch_to_bytes(large[first:end])) <= MESSAGE_BYTES for first, end in _cut(encode_each(large)))
+    assert _cut([]) == [] and _cut(encode_each(large[:1])) == [(0, 1)]
     body = batch_to_bytes(small[:3])
     assert [event_from_proto(pb, str(i)) for i, pb in enumerate(batch_from_bytes(body))] == \
         [dataclasses.replace(e, cursor=str(i)) for i, e in enumerate(small[:3])]

@@ -16,6 +16,9 @@ whole segments (``x-stream-max-segment-size-bytes``, a tenth of the cap), oldest
   stream consumer needs), from ``x-stream-offset`` = the cursor's message, "first" or "next". Each
   event's cursor names its message's offset (the ``x-stream-offset`` header) and its place in it
   (services/domain/event_stream.py); the events before the cursor's, in its message, are skipped.
+  A cursor's message must exist: the stream's last chunk is read first (a consumer from "last"),
+  and a cursor past it is OutOfRange (RabbitMQ would attach at the end and the watch skip every
+  event until the offsets reached the cursor's: a stream declared again starts at 0).
   The channel closes when the caller stops iterating (a client that leaves), so no consumer
   outlives its watcher.
 """
@@ -38,7 +41,7 @@ from services.adapters.rabbitmq.channels import unavailable
 from services.adapters.rabbitmq.settings import RabbitMQSettings
 from services.contract import events_serde
 from services.domain import event_stream, names
-from services.domain.errors import BackendUnavailable, ResourceExhausted
+from services.domain.errors import BackendUnavailable, OutOfRange, ResourceExhausted
 from services.domain.events import Event
 
 log = logging.getLogger(__name__)
@@ -55,6 +58,9 @@ BATCH_TYPE = "mailqueue.v1.EventBatch"
 EVENT_TYPE = "mailqueue.v1.Event"
 #: A stream message's body, about, at most (events are a few hundred bytes each).
 MESSAGE_BYTES = 512 * 1024
+#: A watch from a cursor first reads the stream's last chunk: this long without a message means it
+#: was all read (or the stream is empty), and a cursor after it is past the end.
+PROBE_IDLE_S = 2.0
 
 
 class RabbitMQEventStream:
@@ -136,7 +142,7 @@ class RabbitMQEventStream:
         if encoded is None:
             encoded = events_serde.encode_each(events)
         messages = [message_format.Encoded(events_serde.batch_of_encoded(encoded[first:end]), {}, events[first].id, type=BATCH_TYPE)
-                    for first, end in _messages(encoded)]
+                    for first, end in _cut(encoded)]
         try:
             await self._broker.publish_batch(self.name, "", messages)
             PUBLISHED.labels("messages").inc(len(messages))
@@ -187,7 +193,8 @@ class RabbitMQEventStream:
 
     async def watch(self, cursor: str | None, from_oldest: bool = False) -> AsyncIterator[Event]:
         """Events from ``cursor`` (that event first), or from the oldest kept, or from the next one
-        recorded; InvalidArgument for a malformed cursor before anything is read."""
+        recorded; InvalidArgument for a malformed cursor before anything is read, OutOfRange for
+        one past the stream's last message (``_holds``)."""
         begin = event_stream.start(cursor or "", from_oldest)
         if self._watching >= self._settings.event_watchers_max:
             raise ResourceExhausted(f"this process serves {self._watching} event watchers, its most "
@@ -202,6 +209,32 @@ class RabbitMQEventStream:
 
     async def _watch(self, begin: event_stream.Start) -> AsyncIterator[Event]:
         await self.declare()
+        if isinstance(begin.offset, int) and not await self._holds(begin.offset):
+            # RabbitMQ would attach such a consumer at the end and this watch would skip, silently,
+            # every event until the stream's offsets reach the cursor's: a stream deleted and
+            # declared again (a broker reset) starts at offset 0 again.
+            raise OutOfRange(
+                f"the cursor is past the end of the event stream {self.name}: it was given by a stream since deleted "
+                "and declared again (a broker reset), or by another stream; watch again with from_oldest (the oldest "
+                "event kept) or with no cursor (from now on)")
+        async with contextlib.aclosing(self._messages(begin.offset)) as messages:
+            async for props, body in messages:
+                for event in self._events(props, body, begin):
+                    yield event
+
+    async def _holds(self, offset: int) -> bool:
+        """Whether the stream holds a message at ``offset`` or after it: its last chunk read (a
+        consumer from "last") until such a message, or PROBE_IDLE_S without any."""
+        async with contextlib.aclosing(self._messages("last", idle_s=PROBE_IDLE_S)) as messages:
+            async for props, _ in messages:
+                if _offset(props) >= offset:
+                    return True
+        return False
+
+    async def _messages(self, offset: int | str, idle_s: float | None = None) -> AsyncIterator[tuple[Any, bytes]]:
+        """The stream's messages from ``offset`` (a number, "first", "next" or "last"), properties
+        and body, on a consumer of a channel of its own, closed when the caller stops iterating;
+        with ``idle_s``, they end after that long without one."""
         channel, w = await self._broker.open_channel()
         inbox: asyncio.Queue[Any] = asyncio.Queue()
         channel.add_on_close_callback(lambda _ch, reason: inbox.put_nowait(unavailable(reason)))
@@ -210,11 +243,16 @@ class RabbitMQEventStream:
             await self._broker.answer(w, channel.basic_qos, prefetch_count=self._prefetch)
             fut = w.call(lambda callback: channel.basic_consume(
                 self.name, lambda _ch, method, props, body: inbox.put_nowait((method.delivery_tag, props, body)),
-                auto_ack=False, arguments={"x-stream-offset": begin.offset}, callback=callback))
+                auto_ack=False, arguments={"x-stream-offset": offset}, callback=callback))
             await asyncio.wait_for(fut, self._settings.connect_timeout_s)
             unacked = 0
             while True:
-                item = await inbox.get()
+                try:
+                    item = await (inbox.get() if idle_s is None else asyncio.wait_for(inbox.get(), idle_s))
+                except asyncio.TimeoutError:
+                    if idle_s is None:
+                        raise
+                    return
                 if isinstance(item, BackendUnavailable):
                     raise item
                 tag, props, body = item
@@ -222,8 +260,7 @@ class RabbitMQEventStream:
                 if unacked >= self._prefetch // 2:  # credit back in halves: the broker keeps sending
                     channel.basic_ack(tag, multiple=True)
                     unacked = 0
-                for event in self._events(props, body, begin):
-                    yield event
+                yield props, body
         except asyncio.TimeoutError:
             raise unavailable(f"no answer to basic.consume on {self.name} within {self._settings.connect_timeout_s}s") from None
         finally:
@@ -248,7 +285,15 @@ class RabbitMQEventStream:
             return []
 
 
-def _messages(encoded: Sequence[bytes]) -> list[tuple[int, int]]:
+def _offset(props: Any) -> int:
+    """A stream message's offset (-1: none, not a message of a stream)."""
+    try:
+        return int((props.headers or {}).get("x-stream-offset"))
+    except (TypeError, ValueError):
+        return -1
+
+
+def _cut(encoded: Sequence[bytes]) -> list[tuple[int, int]]:
     """Encoded events in order, cut into messages of at most MAX_PER_MESSAGE events and about
     MESSAGE_BYTES: each message's (first, end) indexes."""
     parts: list[tuple[int, int]] = []
