@@ -15,12 +15,13 @@ from typing import TypeVar
 
 from prometheus_client import Counter
 
-from services.app import counters, mail_events, settlement
+from services.app import counters, settlement
 from services.app.claims import Claim
 from services.app.delivery import Delivery, Stream
 from services.app.shaper import Wait
 from services.app.verdict import Action, Verdict, carried
 from services.domain import counts, model, rules
+from services.domain import events as mail_events
 from services.ports.broker import Message
 
 log = logging.getLogger(__name__)

@@ -20,14 +20,15 @@ import logging
 
 from prometheus_client import Counter
 
-from services.app import counters, mail_events
+from services.app import counters
 from services.app.retry import retrying
 from services.domain import dead_letters, model
+from services.domain import events as mail_events
 from services.domain.backoff import Backoff
 from services.domain.errors import BackendUnavailable
 from services.domain.events import Actor
 from services.ports.broker import Broker
-from services.ports.events import EventLog
+from services.ports.events import EventLog, Unrecorded
 from services.ports.view import View
 
 log = logging.getLogger(__name__)
@@ -51,7 +52,7 @@ def reason_for(death_reason: str | None, delivery_limit: int | None) -> str:
 
 async def mark_forever(view: View, broker: Broker, events: EventLog | None = None) -> None:
     """Consume the dead-letter copies and mark their mails, until cancelled; survives outages."""
-    log_ = events if events is not None else mail_events.Unrecorded()
+    log_ = events if events is not None else Unrecorded()
     await retrying(lambda: _mark(view, broker, log_), BACKOFF, (BackendUnavailable,), log)
 
 

@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 import logging
 
-from services.app import browse_start, counters, mail_events
+from services.app import browse_start, counters
 from services.app.claims import Claims
 from services.app.queue_state import QueueState
 from services.app.rule_book import RuleBook
@@ -20,7 +20,7 @@ from services.domain.errors import BackendUnavailable, InvalidArgument
 from services.domain.settings import LimitSettings
 from services.ports.blobstore import BlobStore
 from services.ports.broker import Broker
-from services.ports.events import EventLog
+from services.ports.events import EventLog, Unrecorded
 from services.ports.view import View
 
 log = logging.getLogger(__name__)
@@ -32,8 +32,8 @@ class Dequeuer:
         events: EventLog | None = None, handout_event_delay_s: float = 1.0,
     ) -> None:
         self.view = view
-        #: Where the hand-outs, answers and rule actions are recorded (services/app/mail_events.py).
-        self.events: EventLog = events if events is not None else mail_events.Unrecorded()
+        #: Where the hand-outs, answers and rule actions are recorded (services/domain/events.py builds the events).
+        self.events: EventLog = events if events is not None else Unrecorded()
         #: A hand-out event is written with its answer's, or on its own after this (services/app/handouts.py).
         self.handout_event_delay_s = handout_event_delay_s
         self.broker = broker

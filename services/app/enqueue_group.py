@@ -40,9 +40,10 @@ from collections.abc import Callable, Sequence
 
 from prometheus_client import Counter, Histogram
 
-from services.app import counters, mail_events
+from services.app import counters
 from services.app.compensation import Attempt, Compensation
 from services.app.queue_state import QueueState
+from services.domain import events as mail_events
 from services.domain import history_keys, model, trace, validation
 from services.domain.errors import PublishersBlocked
 from services.domain.events import Actor, current_actor

@@ -33,18 +33,18 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-from services.app import mail_events
 from services.app.compensation import Compensation
 from services.app.enqueue_group import ENQUEUE_FAILED, Grouper, GroupWrites, Pending, Schedule, refuse_if_blocked, to_millis
 from services.app.key_claims import KeyClaims
 from services.app.queue_state import QueueState
 from services.app.quota_keeper import QuotaKeeper
+from services.domain import events as mail_events
 from services.domain import model, quotas, validation
 from services.domain.errors import BackendUnavailable, InvalidArgument, MailQueueError, NotFound, ResourceExhausted
 from services.domain.settings import LimitSettings
 from services.ports.blobstore import BlobStore
 from services.ports.broker import Broker
-from services.ports.events import EventLog
+from services.ports.events import EventLog, Unrecorded
 from services.ports.view import View
 
 log = logging.getLogger(__name__)
@@ -61,8 +61,8 @@ class Enqueuer:
         self._view = view
         #: Enqueue quotas and depth limits, checked last before anything is written (None: none).
         self.quotas = quota_keeper
-        #: Each acknowledged enqueue's ENQUEUED event is recorded before the reply (services/app/mail_events.py).
-        self._events: EventLog = events if events is not None else mail_events.Unrecorded()
+        #: Each acknowledged enqueue's ENQUEUED event is recorded before the reply (services/domain/events.py builds it).
+        self._events: EventLog = events if events is not None else Unrecorded()
         self._broker = broker
         self._blobs = blobs
         self._limits = limits

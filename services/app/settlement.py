@@ -29,9 +29,10 @@ import logging
 
 from prometheus_client import Counter
 
-from services.app import counters, mail_events
+from services.app import counters
 from services.app.delivery import Delivery, DequeueSide, Outcome, Stream
 from services.domain import dead_letters, delays, model, schedule
+from services.domain import events as mail_events
 from services.domain.events import Event, EventType
 
 log = logging.getLogger(__name__)

@@ -27,7 +27,7 @@ import logging
 
 from prometheus_client import Counter
 
-from services.app import actions, closing, mail_events, settlement, verdict
+from services.app import actions, closing, settlement, verdict
 from services.app.claims import Claim
 from services.app.delivery import DEFAULT_PREFETCH, Delivery, DequeueSide, Outcome, Stream
 from services.app.handouts import HandOuts
@@ -35,6 +35,7 @@ from services.app.retry import retrying
 from services.app.shaper import Wait
 from services.app.verdict import Action
 from services.domain import delivery_tags, model
+from services.domain import events as mail_events
 from services.domain.backoff import Backoff
 from services.domain.errors import BackendUnavailable, InvalidArgument
 from services.domain.fairness import Scheduler

@@ -30,3 +30,17 @@ class EventLog(Protocol):
 
 class EventStream(Protocol):
     def watch(self, cursor: str | None, from_oldest: bool = False) -> AsyncIterator[Event]: ...
+
+
+class Unrecorded:
+    """An EventLog that keeps nothing: MAILQUEUE_EVENTS=off (to measure what events cost), and
+    the use-cases built without one (bench/)."""
+
+    async def record(self, events: Sequence[Event]) -> None:
+        return None
+
+    async def history(self, enqueue_id: uuid.UUID) -> list[Event]:
+        return []
+
+    async def history_by_name(self, name: str, limit: int = 100) -> list[Event]:
+        return []

@@ -15,7 +15,6 @@ from services.adapters.rabbitmq.broker import RabbitMQBroker
 from services.adapters.rabbitmq.event_stream import RabbitMQEventStream
 from services.adapters.s3.store import S3BlobStore
 from services.adapters.tiered import TieredBlobStore
-from services.app.mail_events import Unrecorded
 from services.app.queue_state import QueueState
 from services.contract import events_serde
 from services.domain.errors import BackendUnavailable, ConfigurationError, FailedPrecondition, InvalidArgument
@@ -23,7 +22,7 @@ from services.domain.events import Event
 from services.domain.view_config import merge
 from services.ports.blobstore import BlobStore
 from services.ports.broker import Broker
-from services.ports.events import EventLog
+from services.ports.events import EventLog, Unrecorded
 from services.runtime.settings import Settings
 from services.runtime.tls import channel_credentials
 

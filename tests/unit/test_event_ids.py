@@ -5,7 +5,7 @@ import random
 import string
 import uuid
 
-from services.app import mail_events
+from services.domain import events as mail_events
 from services.domain import model
 from services.domain.events import EVENT_IDS, EventType, event_id, uuid5_text
 

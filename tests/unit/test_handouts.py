@@ -6,8 +6,8 @@ import asyncio
 import datetime as dt
 import uuid
 
-from services.app import mail_events
 from services.app.handouts import HandOuts
+from services.domain import events as mail_events
 from services.domain import model
 from services.domain.errors import BackendUnavailable
 from tests.unit.aio import run
