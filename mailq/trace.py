@@ -157,6 +157,11 @@ def cmd_events(c: Client, a: argparse.Namespace) -> None:
             except grpc.RpcError as e:
                 if e.code() is grpc.StatusCode.DEADLINE_EXCEEDED and deadline is not None:  # --for ran out: the end asked for
                     return
+                if e.code() is grpc.StatusCode.OUT_OF_RANGE and last:  # a stream declared again: the cursor means nothing
+                    gone, last = last, a.cursor
+                    raise SystemExit(f"mailq events: cursor {gone} is past the end of the event stream: the stream was "
+                                     "deleted and declared again (a broker reset) since it was given; the events it "
+                                     "holds: mailq events --oldest") from None
                 # The server closes every connection after MAILQUEUE_MAX_CONNECTION_AGE_S, and a
                 # restarted browse_svc ends its streams: go on from the last event shown.
                 if e.code() is not grpc.StatusCode.UNAVAILABLE or cuts >= RESUMES:

@@ -93,7 +93,9 @@ class EndpointDelivery:
                 log.error("this endpoint's checkpoint is past the end of the event stream: the stream was deleted and "
                           "declared again (a broker reset) since it was saved; delivering from the oldest event the "
                           "stream holds", extra={"endpoint": self.endpoint.name, "checkpoint": last})
-                await self._read_from(None, True, inbox, placed)
+                # placed anew by its first event (unless that is the stream's very first: its
+                # first answer places it), so a restart does not find the old checkpoint again
+                await self._read_from(None, True, inbox, placed=False)
         except Exception as e:  # noqa: BLE001 - handed to run(), which raises it after the events before it
             await inbox.put(e)
 

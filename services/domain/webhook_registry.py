@@ -12,6 +12,7 @@ import dataclasses
 import datetime as dt
 import ipaddress
 import re
+import socket
 import urllib.parse
 
 from services.domain.errors import InvalidArgument
@@ -93,7 +94,10 @@ def _link_local(host: str) -> bool:
     try:
         address = ipaddress.ip_address(host)
     except ValueError:
-        return False
+        try:  # the forms the resolver also takes: 2852039166, 0xa9fea9fe, 169.254.43518, octal parts
+            address = ipaddress.IPv4Address(socket.inet_aton(host))
+        except OSError:
+            return False
     mapped = getattr(address, "ipv4_mapped", None)
     return address.is_link_local or (mapped is not None and mapped.is_link_local)
 

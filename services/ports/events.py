@@ -8,7 +8,8 @@ Contracts:
 - ``EventLog.history`` returns a mail's events oldest first, at the same cost whatever the
   history holds (one partition per mail); ``history_by_name`` reads a name's index first.
 - ``EventStream.watch`` yields events in stream order from a cursor (None: from now on, or from
-  the oldest kept), each with its cursor, until the caller stops iterating.
+  the oldest kept), each with its cursor, until the caller stops iterating; a malformed cursor is
+  InvalidArgument, one past the stream's last event (a stream declared again since) OutOfRange.
 """
 
 from __future__ import annotations

@@ -110,7 +110,15 @@ def endpoints_from_file(path: str, running: bool = False) -> list[tuple[Endpoint
 
 
 def endpoint_of(r: Registration) -> Endpoint | None:
-    """A registration as an endpoint, its secret read from its file; None (logged) when that file cannot be read."""
+    """A registration as an endpoint, its secret read from its file; None (logged) when that file
+    cannot be read, or when its URL is one this version refuses (registered by an older one: a
+    link-local address)."""
+    try:
+        webhook_registry.url_of(r.url)
+    except InvalidArgument as e:
+        log.error("webhook endpoint skipped: its URL is refused (register it again with another one)",
+                  extra={"endpoint": r.name, "error": str(e)})
+        return None
     try:
         secret = read_secret(r.secret_file)
     except (OSError, ValueError) as e:

@@ -202,6 +202,50 @@ def test_a_cursor_past_the_end_of_the_stream_is_out_of_range(browse, stub):
     call.cancel()
 
 
+def test_a_cursor_past_the_end_of_a_busy_stream_is_out_of_range_too(browse, stub):
+    """While events keep coming (a message every 50 ms: the stream's consumer never idles), a
+    cursor past the end is still OUT_OF_RANGE, once the messages read are newer than the watch;
+    the probe used to follow the new traffic until the offsets reached the cursor. mailq events
+    given such a cursor says why and what to run, and offers no cursor to go on from."""
+    import pathlib
+    import subprocess
+    import sys
+    import tempfile
+    import time
+
+    from services.domain import event_stream
+
+    queue = own_queue("ev")
+    publish(browse, events(queue, 1))
+    at = event_stream.start(next(watch(stub, from_oldest=True, queues=[queue])).event.cursor).offset
+    past = event_stream.cursor_of(at + 100_000)
+    stop = threading.Event()
+
+    def busy() -> None:
+        i = 1
+        while not stop.is_set():
+            publish(browse, events(queue, 1, start=i))
+            i += 1
+            stop.wait(0.05)
+
+    publisher = threading.Thread(target=busy, daemon=True)
+    publisher.start()
+    try:
+        began = time.monotonic()
+        with pytest.raises(grpc.RpcError) as e:
+            next(watch(stub, cursor=past))
+        assert e.value.code() == grpc.StatusCode.OUT_OF_RANGE, e.value.details()
+        assert time.monotonic() - began < 20
+        mailq = pathlib.Path(sys.executable).parent / "mailq"
+        r = subprocess.run([str(mailq), "--browse", browse.target, "events", "--cursor", past, "--count", "1"],
+                           cwd=tempfile.gettempdir(), capture_output=True, text=True, timeout=60)
+        assert r.returncode != 0 and "past the end of the event stream" in r.stderr and "mailq events --oldest" in r.stderr
+        assert "to go on" not in r.stderr and "Traceback" not in r.stderr, r.stderr
+    finally:
+        stop.set()
+        publisher.join(10)
+
+
 def test_a_watcher_that_leaves_ends_its_consumer(browse, stub):
     """Every earlier test's watchers left too: none may be counted."""
     stream = names.event_stream(browse.app.settings.cassandra.keyspace)

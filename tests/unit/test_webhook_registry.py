@@ -28,7 +28,9 @@ OK = Registration("billing", "https://billing.example/hooks", "/secrets/billing"
     ("url", "http://h/x\r\nX: y", "control character"), ("url", "http://a b/", "space"),
     ("url", "http://h/" + "x" * 2000, "at most 2000"),
     ("url", "http://169.254.169.254/latest/meta-data/", "link-local"), ("url", "http://[fe80::1]/x", "link-local"),
-    ("url", "http://[::ffff:169.254.169.254]/", "link-local"),
+    ("url", "http://[::ffff:169.254.169.254]/", "link-local"), ("url", "http://2852039166/", "link-local"),
+    ("url", "http://0xa9fea9fe/", "link-local"), ("url", "http://169.254.43518/", "link-local"),
+    ("url", "http://0251.0376.0251.0376/", "link-local"),
     ("url", "https://x.example/hoöks", "not ASCII"), ("url", "https://bücher.example/", "xn--"),  # a restart loop at every POST
     ("secret_file", "/s\x00x", "printable"), ("secret_file", "/" + "s" * 4096, "at most 4096"),
     ("queues", ("!!bad",), "queue name"), ("queues", ("q" * 101,), "queue name"),

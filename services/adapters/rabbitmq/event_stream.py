@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -58,9 +59,12 @@ BATCH_TYPE = "mailqueue.v1.EventBatch"
 EVENT_TYPE = "mailqueue.v1.Event"
 #: A stream message's body, about, at most (events are a few hundred bytes each).
 MESSAGE_BYTES = 512 * 1024
-#: A watch from a cursor first reads the stream's last chunk: this long without a message means it
-#: was all read (or the stream is empty), and a cursor after it is past the end.
+#: A watch from a cursor first reads the stream's last chunk: this long without a message, once the
+#: first came, means it was all read, and a cursor after it is past the end.
 PROBE_IDLE_S = 2.0
+#: A message of the stream whose events are all this much younger than the start of that read was
+#: published after it (new traffic, not the last chunk): clocks of other hosts may be this far ahead.
+PROBE_SKEW_S = 5.0
 
 
 class RabbitMQEventStream:
@@ -223,18 +227,26 @@ class RabbitMQEventStream:
                     yield event
 
     async def _holds(self, offset: int) -> bool:
-        """Whether the stream holds a message at ``offset`` or after it: its last chunk read (a
-        consumer from "last") until such a message, or PROBE_IDLE_S without any."""
-        async with contextlib.aclosing(self._messages("last", idle_s=PROBE_IDLE_S)) as messages:
-            async for props, _ in messages:
+        """Whether the stream held a message at ``offset`` or after it when asked: its last chunk
+        read (a consumer from "last": the first message within the connect timeout, none for an
+        empty stream) until such a message (True), a message published since (False: the chunk
+        is over, what follows is new traffic), or PROBE_IDLE_S without any (False)."""
+        began = time.time()
+        messages = self._messages("last", idle_s=PROBE_IDLE_S, first_s=self._settings.connect_timeout_s)
+        async with contextlib.aclosing(messages):
+            async for props, body in messages:
+                if _newest(props, body) >= began + PROBE_SKEW_S:
+                    return False
                 if _offset(props) >= offset:
                     return True
         return False
 
-    async def _messages(self, offset: int | str, idle_s: float | None = None) -> AsyncIterator[tuple[Any, bytes]]:
+    async def _messages(
+        self, offset: int | str, idle_s: float | None = None, first_s: float | None = None,
+    ) -> AsyncIterator[tuple[Any, bytes]]:
         """The stream's messages from ``offset`` (a number, "first", "next" or "last"), properties
         and body, on a consumer of a channel of its own, closed when the caller stops iterating;
-        with ``idle_s``, they end after that long without one."""
+        with ``idle_s``, they end after that long without one (``first_s`` for the first one)."""
         channel, w = await self._broker.open_channel()
         inbox: asyncio.Queue[Any] = asyncio.Queue()
         channel.add_on_close_callback(lambda _ch, reason: inbox.put_nowait(unavailable(reason)))
@@ -245,10 +257,10 @@ class RabbitMQEventStream:
                 self.name, lambda _ch, method, props, body: inbox.put_nowait((method.delivery_tag, props, body)),
                 auto_ack=False, arguments={"x-stream-offset": offset}, callback=callback))
             await asyncio.wait_for(fut, self._settings.connect_timeout_s)
-            unacked = 0
+            unacked, wait = 0, first_s if first_s is not None else idle_s
             while True:
                 try:
-                    item = await (inbox.get() if idle_s is None else asyncio.wait_for(inbox.get(), idle_s))
+                    item = await (inbox.get() if wait is None else asyncio.wait_for(inbox.get(), wait))
                 except asyncio.TimeoutError:
                     if idle_s is None:
                         raise
@@ -256,7 +268,7 @@ class RabbitMQEventStream:
                 if isinstance(item, BackendUnavailable):
                     raise item
                 tag, props, body = item
-                unacked += 1
+                unacked, wait = unacked + 1, idle_s
                 if unacked >= self._prefetch // 2:  # credit back in halves: the broker keeps sending
                     channel.basic_ack(tag, multiple=True)
                     unacked = 0
@@ -291,6 +303,16 @@ def _offset(props: Any) -> int:
         return int((props.headers or {}).get("x-stream-offset"))
     except (TypeError, ValueError):
         return -1
+
+
+def _newest(props: Any, body: bytes) -> float:
+    """The time of a stream message's newest event, in seconds (0: none read): the message was
+    published after it."""
+    try:
+        pbs = [events_pb2.Event.FromString(body)] if props.type == EVENT_TYPE else events_serde.batch_from_bytes(body)
+    except (DecodeError, ValueError, TypeError):
+        return 0.0
+    return max((pb.time.seconds + pb.time.nanos / 1e9 for pb in pbs), default=0.0)
 
 
 def _cut(encoded: Sequence[bytes]) -> list[tuple[int, int]]:
