@@ -40,16 +40,35 @@ def _fill(pb: dequeue_pb2.Delivery, d: Delivery, prefix: int) -> None:
         pb.handed_out_at.CopyFrom(serde.timestamp_to_proto(d.handed_out_at))
 
 
-def _response(batch: list[Delivery], max_batch: int, prefix: int) -> dequeue_pb2.DequeueResponse:
-    """One delivery alone, or (max_batch above 1) the deliveries ready together."""
+#: A Deliveries message is at most this long, unless one delivery alone is longer: every gRPC
+#: client receives 4 MiB by default, and a batch of inline content (max_batch 32 of 600 KB mails:
+#: 19 MiB) was refused by the client, or past 16 MiB by the server, every time it was sent again,
+#: until the broker's delivery limit dead-lettered mails no client ever saw.
+RESPONSE_BYTES = 4 * 1024 * 1024 - 64 * 1024
+
+
+def _responses(batch: list[Delivery], max_batch: int, prefix: int) -> list[dequeue_pb2.DequeueResponse]:
+    """One delivery alone, or (max_batch above 1) the deliveries ready together, in as many
+    Deliveries messages of at most RESPONSE_BYTES as they need, in order."""
     response = dequeue_pb2.DequeueResponse()
     if max_batch == 1:
         _fill(response.delivery, batch[0], prefix)
-        return response
+        return [response]
     deliveries = response.deliveries.deliveries
     for d in batch:
         _fill(deliveries.add(), d, prefix)
-    return response
+    if len(batch) == 1 or response.ByteSize() <= RESPONSE_BYTES:
+        return [response]
+    parts: list[dequeue_pb2.DequeueResponse] = []
+    size = 0
+    for pb in deliveries:
+        weight = pb.ByteSize() + 8  # and its tag and length in the message
+        if not parts or size + weight > RESPONSE_BYTES:
+            parts.append(dequeue_pb2.DequeueResponse())
+            size = 0
+        parts[-1].deliveries.deliveries.add().CopyFrom(pb)
+        size += weight
+    return parts
 
 
 def _outcomes(request: dequeue_pb2.DequeueRequest) -> list[dequeue_pb2.Outcome]:
@@ -95,4 +114,5 @@ class DequeueServicer(dequeue_pb2_grpc.DequeueServiceServicer):
                 subscribed=dequeue_pb2.Subscribed(queue=sub.queue, prefetch=sub.prefetch, max_batch=sub.max_batch)
             )
             async for batch in deliveries:
-                yield _response(batch, sub.max_batch, sub.tag_prefix)
+                for response in _responses(batch, sub.max_batch, sub.tag_prefix):
+                    yield response

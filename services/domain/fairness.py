@@ -2,7 +2,8 @@
 
 A consumer holds at most ``prefetch`` deliveries unanswered (its credit). Among the deliveries
 ready to hand out, the highest class goes first (high, normal, low), each class in arrival order;
-a lower class that waits gets one delivery in ``fairness`` at the least, so it is never starved.
+each lower class that waits gets one delivery in ``fairness`` at the least, so none is starved
+(with all three waiting: high, then normal and low in turn).
 Items are whatever the caller queues (a subscription queues its deliveries being prepared): the
 scheduler asks ``ready(item)`` of the head of each class and never looks inside.
 """
@@ -25,7 +26,8 @@ class Scheduler(Generic[T]):
         self._default = default
         self.prefetch = prefetch
         self._fairness = fairness
-        self._passed = 0  # picks in a row that went to a higher class while a lower one waited
+        #: Per class, the picks in a row that went to another class while it waited.
+        self._passed: dict[str, int] = dict.fromkeys(classes, 0)
         #: Handed out and not answered yet.
         self.unanswered = 0
 
@@ -45,8 +47,10 @@ class Scheduler(Generic[T]):
         waiting = [c for c, items in self._classes.items() if items and ready(items[0])]
         if not waiting:
             return None
-        chosen = waiting[-1] if len(waiting) > 1 and self._passed >= self._fairness - 1 else waiting[0]
-        self._passed = self._passed + 1 if len(waiting) > 1 and chosen == waiting[0] else 0
+        starved = [c for c in waiting[1:] if self._passed[c] >= self._fairness - 1]
+        chosen = max(starved, key=self._passed.__getitem__) if starved else waiting[0]  # the longest passed; a tie: the higher
+        for c in self._passed:
+            self._passed[c] = self._passed[c] + 1 if c in waiting and c != chosen else 0
         return self._classes[chosen].popleft()
 
     def handed(self) -> None:

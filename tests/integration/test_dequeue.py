@@ -399,3 +399,25 @@ def test_an_unknown_priority_is_invalid_argument(suite):
         suite.enqueue_stub.Enqueue(r)
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "priority 42" in e.value.details()
     assert message_count(queue) == 0
+
+
+def test_a_batch_of_large_inline_mails_comes_in_messages_a_default_client_receives(suite):
+    """max_batch 32 of 600 KB mails (each inline: under MAILQUEUE_DEQUEUE_INLINE_BYTES) is 6 MB
+    for 10 mails, 19 MiB for 32: one Deliveries message was refused by a client's default 4 MiB
+    receive limit (past 16 MiB, by the server) every time it was sent again, until the broker's
+    delivery limit dead-lettered mails no client had seen. Now they come in messages of at most
+    4 MiB, each mail once, its content whole; this stream's channel has gRPC's default limits."""
+    queue = suite.new_queue()
+    content = b"Subject: big\r\n\r\n" + os.urandom(300_000).hex().encode()
+    ids = [suite.enqueue_stub.Enqueue(inline(queue, simple_mail(f"big-{i}"), content)).receipt.enqueue_id for i in range(10)]
+    c = consumer(suite, queue, prefetch=32, max_batch=32)
+    got, messages = [], 0
+    while len(got) < 10:
+        r = c.response(timeout=30)
+        assert r.WhichOneof("kind") == "deliveries" and r.ByteSize() <= 4 * 1024 * 1024
+        got += list(r.deliveries.deliveries)
+        messages += 1
+    assert sorted(d.mail.enqueue_id for d in got) == sorted(ids) and messages >= 2
+    assert all(d.content_inline and d.content == content for d in got)
+    c.answer_all(got)
+    c.close()

@@ -28,6 +28,20 @@ def test_the_highest_class_first_each_in_arrival_order():
     assert picks(s, 10) == ["h1", "h2", "n1", "n2", "l1"]
 
 
+def test_with_every_class_waiting_each_lower_one_gets_one_in_fairness_picks():
+    """High, normal and low all waiting: the middle class was never picked (the fairness pick
+    always went to the lowest), so normal mail waited for as long as high and low had mail."""
+    s = Scheduler(CLASSES, prefetch=10, fairness=10)
+    for i in range(200):
+        for cls in CLASSES:
+            s.add(cls, (cls, i))
+    got = [cls for cls, _ in picks(s, 100)]
+    assert got.count("normal") >= 9 and got.count("low") >= 9, got
+    for cls in ("normal", "low"):  # never more than fairness picks before its first, or between two of its own
+        at = [i for i, c in enumerate(got) if c == cls]
+        assert at[0] <= 10 and all(b - a <= 10 for a, b in zip(at, at[1:], strict=False)), (cls, at)
+
+
 def test_a_waiting_lower_class_gets_one_in_fairness_picks():
     s = Scheduler(CLASSES, prefetch=10, fairness=4)
     for i in range(12):
