@@ -111,7 +111,21 @@ class Subscription:
                 self._scheduler.add(message.priority, task)
         except Exception as e:  # the channel died: the next call to next() raises it
             self._failure = e
+            self._let_go()
             self._changed.set()
+
+    def _let_go(self) -> None:
+        """The channel died, and the broker gave every message it held back to the queue: another
+        stream of this process may get them at once. The claims on their mails are released now,
+        not when this stream closes (its handler may be stuck sending to a client that stopped
+        reading), or that stream would ack each copy as a second one held here, and the mails
+        would be left without a message (until the healer, 15 minutes on). A delivery still
+        being prepared lets go of its claim when it is ready (``_prepare``)."""
+        held = [*self._unanswered.values(), *self._unhanded]
+        held += [t.result() for t in self._scheduler.queued() if t.done() and not t.cancelled() and t.exception() is None]
+        for d in held:
+            if d is not None and d.claim is not None:
+                d.claim.release()
 
     async def next(self) -> Delivery:
         """The next live mail (waits for one, and for the client's credit). Raises
@@ -214,8 +228,9 @@ class Subscription:
         except BaseException:
             claim.release()
             raise
-        if delivery is None:
+        if delivery is None or self._failure is not None:  # ended here, or its channel died meanwhile
             claim.release()
+        if delivery is None:
             self._stream.arrived.discard(message.delivery_tag)
         return delivery
 

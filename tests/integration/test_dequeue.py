@@ -421,3 +421,35 @@ def test_a_batch_of_large_inline_mails_comes_in_messages_a_default_client_receiv
     assert all(d.content_inline and d.content == content for d in got)
     c.answer_all(got)
     c.close()
+
+
+def test_a_stream_whose_channel_dies_lets_its_mails_go_at_once(suite):
+    """The broker closes dequeue_svc's connection while a stream's client has stopped reading (its
+    handler is stuck sending): the broker gives that stream's messages back, and another stream of
+    the same process gets them. It found them still claimed by the stuck stream and acked each as a
+    second copy, leaving the mails without a message until the healer's grace (15 minutes). Now a
+    stream whose channel dies lets go of its mails at once, and the other stream gets every one."""
+    import queue as pyqueue
+
+    from stack.harness import stack
+
+    queue = suite.new_queue()
+    content = b"Subject: big\r\n\r\n" + os.urandom(450_000).hex().encode()  # 900 KB, handed out inline
+    ids = {suite.enqueue_stub.Enqueue(inline(queue, simple_mail(f"m{i}"), content)).receipt.enqueue_id for i in range(24)}
+    requests: pyqueue.Queue = pyqueue.Queue()
+    requests.put(dequeue_pb2.DequeueRequest(subscribe=dequeue_pb2.Subscribe(queue=queue, prefetch=24)))
+    stuck = suite.dequeue_stub.Dequeue(iter(requests.get, None))  # never read: flow control stops its handler
+    try:
+        wait_until(lambda: message_count(queue) == 0, 30, what="every message taken by the stream that does not read")
+        stack("rabbitmqctl", "-q", "close_all_user_connections", "mailqueue-dequeue", "test: the broker closes the connection")
+        other = consumer(suite, queue, prefetch=24)
+        got = set()
+        while len(got) < len(ids):
+            d = other.next(timeout=30)
+            got.add(d.mail.enqueue_id)
+            other.answer(d)
+        assert got == ids
+        other.close()
+    finally:
+        stuck.cancel()
+        requests.put(None)
