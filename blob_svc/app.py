@@ -13,6 +13,9 @@ from services.runtime.server import App
 
 class BlobApp(App):
     name = "blob"
+    #: A Put or Get of a large blob from a slow client outlives the default 30 s after its
+    #: connection's maximum age (1 GiB at 4 MB/s: 270 s).
+    connection_age_grace_s = 300.0
 
     def __init__(self, settings: Any) -> None:
         super().__init__(settings)

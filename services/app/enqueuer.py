@@ -134,12 +134,14 @@ class Enqueuer:
         each blob's write time is refreshed with the same call, so a retention sweep under way
         keeps it (a mail then refused by a quota or its size refreshed it too: harmless)."""
         size = 0
-        for b in blob_ids:
+        for b in dict.fromkeys(blob_ids):  # each blob read once, however often the mail names it
             try:
-                size += (await self._blobs.keep(b)).size
+                size += (await self._blobs.keep(b)).size * blob_ids.count(b)
             except NotFound:
                 raise NotFound(f"blob {b} not found: put the content with BlobService.Put first") from None
-        self._check_mail_size(size)
+            self._check_mail_size(size)
+        if size == 0:  # as inline content or a stream with none: a producer whose read failed
+            raise InvalidArgument("blob_refs name only empty blobs: the mail has no content")
         return size
 
     # ------------------------------------------------------------------ the one path

@@ -32,6 +32,12 @@ class LimitSettings:
     abandoned_claim_s: float = 30.0
     claim_lease_s: int = 3
 
+    @property
+    def blob_limit(self) -> int:
+        """The largest blob a Put stores: no mail can be larger, so a larger blob could never be
+        enqueued (it was stored all the same, for the retention sweep)."""
+        return min(self.max_blob_bytes, self.max_mail_bytes)
+
     def carried(self, content: bytes | None, size: int) -> bytes | None:
         """The content a mail's RabbitMQ message carries (None: the delivery reads the blob
         store): a small mail's whole content, ``size`` bytes of it."""

@@ -37,7 +37,7 @@ async def blob_store(settings: Settings, view: View) -> BlobStore:
         large = RemoteBlobStore(settings.server.blob_target, settings.server.service_token,
                                 credentials=channel_credentials(settings.server.tls))
     else:
-        s3 = S3BlobStore(settings.s3, settings.limits.max_blob_bytes)
+        s3 = S3BlobStore(settings.s3, settings.limits.blob_limit)
         await _bucket_or_later(s3)
         large = s3
     return tiered(settings, view, large)
@@ -113,7 +113,7 @@ class BlobBackends:
 
     @classmethod
     async def open(cls, settings: Settings) -> BlobBackends:
-        s3 = S3BlobStore(settings.s3, settings.limits.max_blob_bytes)
+        s3 = S3BlobStore(settings.s3, settings.limits.blob_limit)
         await _bucket_or_later(s3)
         try:
             view = await View.open(settings.cassandra)

@@ -23,8 +23,8 @@ def _status_kib(pid: int, field: str) -> int:
 
 def test_200_mib_round_trip_keeps_peak_rss_growth_under_64_mib(keyspace, running_stack):
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "blob_svc"], cwd=ROOT, stderr=subprocess.DEVNULL,
-                            env=service_env(keyspace, MAILQUEUE_PORT=str(port)))
+    env = service_env(keyspace, MAILQUEUE_PORT=str(port), MAILQUEUE_MAX_MAIL_BYTES=str(256 * MiB))  # over the 100 MiB default
+    proc = subprocess.Popen([sys.executable, "-m", "blob_svc"], cwd=ROOT, stderr=subprocess.DEVNULL, env=env)
     target = f"127.0.0.1:{port}"
     try:
         wait_until(lambda: is_serving(target), 60, what="blob_svc SERVING")

@@ -277,6 +277,46 @@ def test_a_stream_over_the_mail_size_limit_is_refused_and_writes_nothing(suite, 
         small.stop()
 
 
+def test_a_blob_larger_than_any_mail_is_refused_by_blob_svc(aio_loop, keyspace):
+    """blob_svc stored a blob up to MAILQUEUE_MAX_BLOB_BYTES (1 GiB) though no Enqueue can name one
+    over MAILQUEUE_MAX_MAIL_BYTES (100 MiB): it stayed for the retention sweep. Its limit is now
+    the smaller of the two: RESOURCE_EXHAUSTED, nothing stored."""
+    from blob_svc.app import BlobApp
+    from mailqueue.v1 import blob_pb2_grpc
+    from stack.harness import service_env
+    from tests.inprocess import RunningApp
+
+    small = RunningApp(aio_loop, BlobApp, "blob", service_env(keyspace, MAILQUEUE_MAX_MAIL_BYTES="100000"))
+    try:
+        stub = blob_pb2_grpc.BlobServiceStub(small.channel())
+        content = os.urandom(150_000)
+        with pytest.raises(grpc.RpcError) as e:
+            stub.Put(iter([blob_pb2.PutRequest(chunk=content[i:i + 50_000]) for i in range(0, len(content), 50_000)]))
+        assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, e.value.details()
+        with pytest.raises(grpc.RpcError) as e:
+            stub.Stat(blob_pb2.StatRequest(blob_id=hashlib.sha256(content).hexdigest()))
+        assert e.value.code() == grpc.StatusCode.NOT_FOUND
+        assert stub.Put(iter([blob_pb2.PutRequest(chunk=content[:90_000])])).blob_id == hashlib.sha256(content[:90_000]).hexdigest()
+    finally:
+        small.stop()
+
+
+def test_blob_refs_to_empty_blobs_alone_are_refused_as_an_empty_mail(suite):
+    """Empty inline content and an empty stream are INVALID_ARGUMENT (a producer whose read
+    failed); blob refs naming only the empty blob (a Put of no chunk) queued a 0-byte mail."""
+    queue = suite.new_queue()
+    empty = suite.blob_stub.Put(iter([])).blob_id
+    request = enqueue_pb2.EnqueueRequest(queue=queue, mail=simple_mail(), blob_refs=enqueue_pb2.BlobRefs(blob_ids=[empty, empty]))
+    with pytest.raises(grpc.RpcError) as e:
+        suite.enqueue_stub.Enqueue(request)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "no content" in e.value.details()
+    assert view_rows(suite, queue) == [] and message_count(queue) == 0
+    body = suite.blob_stub.Put(iter([blob_pb2.PutRequest(chunk=b"Subject: s\r\n\r\nbody")])).blob_id
+    twice = enqueue_pb2.EnqueueRequest(queue=queue, mail=simple_mail(), blob_refs=enqueue_pb2.BlobRefs(blob_ids=[body, empty, body]))
+    assert suite.enqueue_stub.Enqueue(twice).receipt.enqueue_id  # a blob named twice counts twice, read once
+    assert [m.size for m in view_rows(suite, queue)] == [2 * len(b"Subject: s\r\n\r\nbody")]
+
+
 def test_blob_refs_are_read_only_once_the_queue_is_known_to_take_mail(suite):
     """Blob refs to a queue that does not exist are refused for the queue: no blob is read or
     refreshed for a mail refused for something else (its size is read just before the quotas)."""

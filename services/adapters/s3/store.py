@@ -34,8 +34,9 @@ log = logging.getLogger(__name__)
 
 #: Below this size a put is hashed and uploaded from memory instead of a spool file.
 IN_MEMORY_PUT = 4 * CHUNK
-#: The largest blob ``read`` returns whole (the gRPC message limit); larger ones are streamed with ``get``.
-READ_WHOLE_MAX = 16 * CHUNK
+#: The largest blob ``read`` returns whole (the gRPC message limit, less the answer's own framing:
+#: a blob of 16 MiB less 4 bytes made an answer over it); larger ones are streamed with ``get``.
+READ_WHOLE_MAX = 16 * CHUNK - 64
 
 _TOUCHED_MAX = 10_000
 T = TypeVar("T")
@@ -111,15 +112,16 @@ class S3BlobStore(BlobStore):
                 raise InvalidArgument(f"content hash {blob_id} differs from the expected blob id {expected_id}")
             key = names.blob_key(blob_id)
             if spool is None:
-                if await self._call(self._bucket.put_if_absent, key, bytes(buffer)):
+                data = bytes(buffer)
+                if await self._call(self._bucket.put_if_absent, key, data):
                     return BlobInfo(blob_id, size)
-                await self._touch(key)
-                return BlobInfo(blob_id, size, deduplicated=True)
+                if await self._kept(key):
+                    return BlobInfo(blob_id, size, deduplicated=True)
+                await self._call(self._bucket.put_if_absent, key, data)  # the sweep removed it meanwhile
+                return BlobInfo(blob_id, size)
             await self._call(spool.flush)
             existing = await self._head(blob_id)
-            if existing is not None:
-                if _age_s(existing) >= self._settings.touch_interval_s:
-                    await self._touch(key)
+            if existing is not None and (_age_s(existing) < self._settings.touch_interval_s or await self._kept(key)):
                 return BlobInfo(blob_id, existing.size, deduplicated=True)
             await self._call(self._bucket.upload, key, spool.name, size)
             return BlobInfo(blob_id, size)
@@ -142,8 +144,9 @@ class S3BlobStore(BlobStore):
         blob_id, created = await self._call(self._hash_and_put, data, expected_id)
         if created is None:
             raise InvalidArgument(f"content hash {blob_id} differs from the expected blob id {expected_id}")
-        if not created:
-            await self._touch(names.blob_key(blob_id))
+        if not created and not await self._kept(names.blob_key(blob_id)):
+            await self._call(self._bucket.put_if_absent, names.blob_key(blob_id), data)  # the sweep removed it meanwhile
+            created = True
         return BlobInfo(blob_id, len(data), deduplicated=not created)
 
     def _hash_and_put(self, data: bytes, expected_id: str | None) -> tuple[str, bool | None]:
@@ -158,6 +161,15 @@ class S3BlobStore(BlobStore):
         if _age_s(head) >= self._settings.touch_interval_s:
             await self._touch(names.blob_key(blob_id))
         return BlobInfo(blob_id, head.size)
+
+    async def _kept(self, key: str) -> bool:
+        """``_touch``; False when the object is gone (the retention sweep removed it between the
+        write that found it and the touch): the caller writes the content again."""
+        try:
+            await self._touch(key)
+        except NotFound:
+            return False
+        return True
 
     async def _touch(self, key: str) -> None:
         """Refresh the modification time of an existing blob that a new mail is about to reference.
