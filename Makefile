@@ -94,8 +94,8 @@ test: up lint docs kustomize contract spark-connector image kube-install
 
 # The same tests in lanes (tests/lanes.py): unit, contract and integration beside the cluster
 # tier, the Spark sweep and the image/Kubernetes start-up; then alone the outage tests and the
-# Kubernetes tier. Not yet the test command: on 2 cores the lanes are CPU-bound and one
-# timing-sensitive test failed under the contention (docs/pages/development/testing.md).
+# Kubernetes tier. Not yet the test command: on 2 cores the lanes are CPU-bound and three
+# timing-sensitive tests failed under the contention (docs/pages/development/testing.md).
 test-lanes: up lint docs kustomize contract spark-connector
 	$(PY) -m tests.lanes
 
@@ -129,7 +129,7 @@ test-kubernetes: kube-up contract
 image:
 	stack/image.sh build
 
-# Node faults under load on the clusters, and the sweep on Spark standalone (about 10 minutes).
+# Node faults under load on the clusters, and the sweep on Spark standalone (its time: the README's tests table).
 test-cluster: up-cluster
 	$(PY) -m pytest -m cluster
 

@@ -22,6 +22,7 @@ import ast
 import importlib
 import os
 import pkgutil
+import re
 import subprocess
 import sys
 import tempfile
@@ -343,6 +344,10 @@ def settings_read() -> dict[str, str]:
                     for n in names_read:
                         if isinstance(n, str) and n.startswith("MAILQUEUE_") and n.rstrip("_") == n:
                             found.setdefault(n, rel)
+            for fname in sorted(n for n in names if n.endswith(".sh")):  # a script's ${MAILQUEUE_X:-default}
+                path = os.path.join(folder, fname)
+                for n in re.findall(r"\$\{(MAILQUEUE_[A-Z0-9_]*[A-Z0-9])", open(path).read()):
+                    found.setdefault(n, os.path.relpath(path, ROOT))
     return dict(sorted(found.items()))
 
 
