@@ -8,6 +8,7 @@ import datetime as dt
 import ipaddress
 import math
 import os
+import re
 import sys
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -216,10 +217,23 @@ def duration(value: Any) -> duration_pb2.Duration:
     return d
 
 
+#: C0 controls, DEL and C1 controls: shown as escapes, never sent to the terminal.
+_CONTROLS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def shown(text: object) -> str:
+    """``text`` safe for a terminal: a control character (a consumer's error text with an escape
+    sequence, a multi-line SMTP reply) is written as its escape (``\\x1b``, ``\\n``), so it can
+    neither rewrite the screen nor break a table's lines. JSON output needs none of this."""
+    s = str(text)
+    return _CONTROLS.sub(lambda m: repr(m.group())[1:-1], s) if _CONTROLS.search(s) else s
+
+
 def print_table(rows: list[list[str]], header: list[str]) -> None:
-    widths = [max(len(str(c)) for c in col) for col in zip(header, *rows)]
+    rows = [[shown(c) for c in row] for row in rows]
+    widths = [max(len(c) for c in col) for col in zip(header, *rows)]
     for row in [header, *rows]:
-        print("  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip())
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
 
 
 class Progress:

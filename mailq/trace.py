@@ -32,7 +32,7 @@ from typing import Any
 import grpc
 
 from mailq import ids
-from mailq.common import Client, UsageError, print_table, queue_option, real, whole
+from mailq.common import Client, UsageError, print_table, queue_option, real, shown, whole
 from mailqueue.v1 import browse_pb2, events_pb2, mail_pb2
 
 
@@ -106,8 +106,8 @@ REFUSED_AT_ONCE_S = 2.0
 def _line(e: events_pb2.Event) -> str:
     row = _row(e)
     detail = " ".join(f"{k}={v}" for k, v in sorted(row["details"].items()))
-    return " ".join(x for x in (row["time"].replace("T", " "), f"{row['type']:<15}", row["queue"] or "-",
-                                row["enqueue_id"][:8] or "-", str(row["attempt"]), row["actor"], row["reason"], detail) if x)
+    return shown(" ".join(x for x in (row["time"].replace("T", " "), f"{row['type']:<15}", row["queue"] or "-",
+                                      row["enqueue_id"][:8] or "-", str(row["attempt"]), row["actor"], row["reason"], detail) if x))
 
 
 def _again(a: argparse.Namespace, cursor: str) -> str:

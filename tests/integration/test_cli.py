@@ -311,3 +311,26 @@ def test_ctrl_c_ends_a_waiting_dequeue_quietly_with_130(suite):
         p.kill()
     assert p.returncode == 130 and "Traceback" not in err and out == "", err
     wait_until(lambda: consumer_count(queue) == 0, 10, what="the stream gone")
+
+
+def test_a_consumers_error_text_never_reaches_the_terminal_raw(suite):
+    """A REJECT's error text is the consumer's (a remote server's reply): with an escape sequence
+    in it, `mailq dead list` and `mailq trace` wrote it to the operator's terminal as is (a title
+    rewritten, the screen cleared) and a multi-line reply broke the table. Shown now as escapes;
+    the JSON output keeps the text as it is."""
+    from stack.harness import wait_until
+    from tests.integration.helpers import StreamConsumer
+
+    queue = suite.new_queue()
+    enqueue_id = suite.enqueue_mail(queue, "rejected").enqueue_id
+    hostile = "550 5.1.1 no such user\r\n\x1b]0;pwned\x07\x1b[2J"
+    consumer = StreamConsumer(suite.dequeue_stub, queue, prefetch=1)
+    consumer.answer(consumer.next(), "REJECT", error_message=hostile)
+    consumer.close()
+    wait_until(lambda: "rejected" in mailq(suite, "dead", "list", queue).stdout, 30, what="the dead letter listed")
+    for args in (("dead", "list", queue), ("trace", enqueue_id)):
+        out = mailq(suite, *args).stdout
+        assert "\x1b" not in out and "\x07" not in out and "\\x1b]0;pwned\\x07" in out, (args, out)
+        assert len([line for line in out.splitlines() if "pwned" in line]) >= 1 and "\r" not in out
+    listed = [json.loads(line) for line in mailq(suite, "dead", "list", queue, "--json").stdout.splitlines()]
+    assert hostile in listed[0]["reason_text"]
