@@ -110,9 +110,16 @@ class TieredBlobStore(BlobStore):
             return await self.large.keep(blob_id)
 
     async def delete(self, blob_id: str) -> bool:
-        in_small = await self.small.delete(blob_id)
-        in_large = await self.large.delete(blob_id)
-        return in_small or in_large
+        """Deleted from both tiers. A blob found in Cassandra's is deleted whatever S3 answers (a
+        blob lives in one tier: its row gone, the call did what it asked; it answered UNAVAILABLE,
+        "not applied", and the retry found nothing, existed=false)."""
+        if await self.small.delete(blob_id):
+            try:
+                await self.large.delete(blob_id)
+            except BackendUnavailable as e:
+                log.warning("a small blob deleted; its S3 check failed: %s", e, extra={"blob_id": blob_id})
+            return True
+        return await self.large.delete(blob_id)
 
     async def ping(self) -> None:
         """Readiness: Cassandra's tier. The large store is checked too, its state kept, never raised."""

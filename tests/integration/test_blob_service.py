@@ -192,3 +192,22 @@ def test_a_put_that_deduplicates_refreshes_the_objects_age_once_per_interval(grp
     assert touched > written
     assert put(grpc_stub, data).deduplicated
     assert s3.head(key).last_modified == touched  # within the interval: not touched again
+
+
+def test_deleting_a_small_blob_while_s3_is_down_says_it_existed(aio_loop, keyspace):
+    """A small blob lives in Cassandra: with S3 unreachable, Delete removed its row, then failed
+    on S3's step with UNAVAILABLE ("not applied, retry it"), and the retry answered existed=false.
+    Now its row gone is the answer: existed=true."""
+    from stack.harness import free_port
+    from tests.inprocess import RunningApp
+
+    app = RunningApp(aio_loop, BlobApp, "blob", service_env(keyspace, MAILQUEUE_S3_ENDPOINT=f"127.0.0.1:{free_port()}"))
+    try:
+        stub = blob_pb2_grpc.BlobServiceStub(app.channel())
+        blob_id = put(stub, os.urandom(1000)).blob_id  # small: Cassandra's tier, S3 not asked
+        assert stub.Delete(blob_pb2.DeleteRequest(blob_id=blob_id), timeout=60).existed
+        with pytest.raises(grpc.RpcError) as e:
+            stub.Stat(blob_pb2.StatRequest(blob_id=blob_id), timeout=60)
+        assert e.value.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNAVAILABLE)
+    finally:
+        app.stop()
