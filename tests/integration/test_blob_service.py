@@ -211,3 +211,27 @@ def test_deleting_a_small_blob_while_s3_is_down_says_it_existed(aio_loop, keyspa
         assert e.value.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNAVAILABLE)
     finally:
         app.stop()
+
+
+def test_a_put_killed_mid_way_leaves_no_spool_file_past_the_next_start(aio_loop, keyspace, tmp_path):
+    """A large Put spools to a file kept until its upload (``delete=False``): a process killed
+    mid-Put left it (up to the blob limit) in the spool folder, a 2 GiB emptyDir on Kubernetes,
+    for good. A blob_svc that starts removes those an hour old; a fresh one (another worker's Put
+    under way) stays."""
+    import time
+
+    from tests.inprocess import RunningApp
+
+    old, fresh = tmp_path / "blob-killedmidput", tmp_path / "blob-underway"
+    old.write_bytes(os.urandom(1000))
+    fresh.write_bytes(os.urandom(1000))
+    os.utime(old, (time.time() - 7200, time.time() - 7200))
+    app = RunningApp(aio_loop, BlobApp, "blob", service_env(keyspace, MAILQUEUE_SPOOL_DIR=str(tmp_path)))
+    try:
+        assert not old.exists() and fresh.exists()
+        stub = blob_pb2_grpc.BlobServiceStub(app.channel())
+        content = os.urandom(5 * 1024 * 1024)  # over the in-memory part: spooled, then uploaded
+        assert put(stub, content).blob_id == hashlib.sha256(content).hexdigest()
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["blob-underway"]  # its own spool file gone
+    finally:
+        app.stop()

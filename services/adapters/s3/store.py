@@ -13,6 +13,7 @@ import asyncio
 import concurrent.futures
 import datetime as dt
 import functools
+import glob
 import hashlib
 import logging
 import os
@@ -40,6 +41,28 @@ READ_WHOLE_MAX = 16 * CHUNK - 64
 
 _TOUCHED_MAX = 10_000
 T = TypeVar("T")
+#: A spool file this much older than its last write is a Put's that never ended (its process
+#: killed mid-Put: ``delete=False``'s file outlives it); removed at start-up.
+SPOOL_LEFTOVER_S = 3600.0
+
+
+def clear_spool(folder: str | None, now: float | None = None) -> int:
+    """Remove the spool files of Puts that never ended (another worker's Put under way writes its
+    own every few milliseconds: kept); how many were removed."""
+    folder = folder or tempfile.gettempdir()
+    now = time.time() if now is None else now
+    removed = 0
+    for path in glob.glob(os.path.join(folder, "blob-*")):
+        try:
+            if now - os.stat(path).st_mtime > SPOOL_LEFTOVER_S:
+                os.unlink(path)
+                removed += 1
+        except OSError:  # gone meanwhile, or not ours to remove
+            continue
+    if removed:
+        log.warning("removed the spool files of Puts that never ended (a process killed mid-Put)",
+                    extra={"folder": folder, "files": removed})
+    return removed
 
 
 class S3BlobStore(BlobStore):
@@ -49,6 +72,7 @@ class S3BlobStore(BlobStore):
         self._bucket = s3client.Bucket(settings)
         self._pool = concurrent.futures.ThreadPoolExecutor(settings.pool_size, thread_name_prefix="s3")
         self._touched: dict[str, float] = {}
+        clear_spool(settings.spool_dir)
         #: Whether ``ensure_bucket`` has run to its end (else the next ``ping`` runs it).
         self._bucket_checked = False
 
@@ -58,6 +82,15 @@ class S3BlobStore(BlobStore):
             return await asyncio.get_running_loop().run_in_executor(self._pool, functools.partial(fn, *args))
         except s3errors.ERRORS as e:
             raise s3errors.to_domain(e) from e
+
+    async def _spool(self, fn: Callable[..., T], *args: Any) -> T:
+        """A write to a Put's spool file, on the S3 threads: a full disk is the spool folder's, not S3's."""
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._pool, functools.partial(fn, *args))
+        except OSError as e:
+            raise BackendUnavailable("blob spool", f"{e.strerror or e}: the spool folder ({self._settings.spool_dir or tempfile.gettempdir()}, "
+                                     "MAILQUEUE_SPOOL_DIR) cannot hold this Put: give it more room (Kubernetes: the "
+                                     "emptyDir's sizeLimit), or fewer large Puts at once") from e
 
     async def ensure_bucket(self) -> None:
         """Create the bucket when S3 says it does not exist (a first start)."""
@@ -104,9 +137,9 @@ class S3BlobStore(BlobStore):
                     continue
                 if spool is None:
                     spool = tempfile.NamedTemporaryFile(prefix="blob-", dir=self._settings.spool_dir, delete=False)
-                    await self._call(spool.write, bytes(buffer))
+                    await self._spool(spool.write, bytes(buffer))
                     buffer = bytearray()
-                await self._call(spool.write, chunk)
+                await self._spool(spool.write, chunk)
             blob_id = digest.hexdigest()
             if expected_id and expected_id != blob_id:
                 raise InvalidArgument(f"content hash {blob_id} differs from the expected blob id {expected_id}")
@@ -119,7 +152,7 @@ class S3BlobStore(BlobStore):
                     return BlobInfo(blob_id, size, deduplicated=True)
                 await self._call(self._bucket.put_if_absent, key, data)  # the sweep removed it meanwhile
                 return BlobInfo(blob_id, size)
-            await self._call(spool.flush)
+            await self._spool(spool.flush)
             existing = await self._head(blob_id)
             if existing is not None and (_age_s(existing) < self._settings.touch_interval_s or await self._kept(key)):
                 return BlobInfo(blob_id, existing.size, deduplicated=True)
