@@ -17,7 +17,7 @@ from services.app.dequeue_stream import Answer
 from services.app.dequeuer import Dequeuer
 from services.app.subscription import Delivery, Outcome
 from services.contract import serde
-from services.domain import delivery_tags
+from services.domain import delivery_tags, validation
 from services.domain.errors import InvalidArgument
 
 _OUTCOMES = {
@@ -47,6 +47,14 @@ def _fill(pb: dequeue_pb2.Delivery, d: Delivery, prefix: int) -> None:
 RESPONSE_BYTES = 4 * 1024 * 1024 - 64 * 1024
 
 
+def _bound(batch: list[Delivery]) -> int:
+    """An upper bound of a Deliveries message's length, without encoding it: the contents, each
+    mail's addresses (and their framing), its metadata, and 4 KiB for the rest (its ids, times,
+    queue, last error of at most 1,000 characters, traceparent)."""
+    return sum(len(d.content or b"") + 4096 + validation.metadata_bytes(d.mail.mail) + len(d.mail.mail.sender.encode())
+               + sum(len(r.encode()) + 4 for r in d.mail.mail.recipients) for d in batch)
+
+
 def _responses(batch: list[Delivery], max_batch: int, prefix: int) -> list[dequeue_pb2.DequeueResponse]:
     """One delivery alone, or (max_batch above 1) the deliveries ready together, in as many
     Deliveries messages of at most RESPONSE_BYTES as they need, in order."""
@@ -57,8 +65,8 @@ def _responses(batch: list[Delivery], max_batch: int, prefix: int) -> list[deque
     deliveries = response.deliveries.deliveries
     for d in batch:
         _fill(deliveries.add(), d, prefix)
-    if len(batch) == 1 or response.ByteSize() <= RESPONSE_BYTES:
-        return [response]
+    if len(batch) == 1 or _bound(batch) <= RESPONSE_BYTES or response.ByteSize() <= RESPONSE_BYTES:
+        return [response]  # (ByteSize encodes the whole message: only when the cheap bound is over)
     parts: list[dequeue_pb2.DequeueResponse] = []
     size = 0
     for pb in deliveries:

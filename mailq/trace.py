@@ -122,7 +122,7 @@ def cmd_events(c: Client, a: argparse.Namespace) -> None:
         raise UsageError(f"mailq events: unknown event type {', '.join(unknown)}; one of: {' '.join(sorted(TYPES))}")
     deadline = time.monotonic() + a.seconds if a.seconds is not None else None
     # A cursor's own event comes first again: already shown (by the run that printed the cursor).
-    last, shown, cuts = a.cursor or "", 0, 0
+    last, count_shown, cuts = a.cursor or "", 0, 0
     try:
         while True:
             request = events_pb2.WatchEventsRequest(cursor=last, from_oldest=a.oldest and not last, queues=a.queue,
@@ -150,8 +150,8 @@ def cmd_events(c: Client, a: argparse.Namespace) -> None:
                     if e.cursor == last:
                         continue
                     print(json.dumps({**_row(e), "cursor": e.cursor}) if a.json else _line(e), flush=True)
-                    last, shown, cuts = e.cursor, shown + 1, 0
-                    if a.count and shown >= a.count:
+                    last, count_shown, cuts = e.cursor, count_shown + 1, 0
+                    if a.count and count_shown >= a.count:
                         return
                 return  # the server ended the stream (it is stopping): a rerun goes on from the last cursor
             except grpc.RpcError as e:
@@ -166,7 +166,7 @@ def cmd_events(c: Client, a: argparse.Namespace) -> None:
                 # restarted browse_svc ends its streams: go on from the last event shown.
                 if e.code() is not grpc.StatusCode.UNAVAILABLE or cuts >= RESUMES:
                     raise
-                if not cuts and not shown and time.monotonic() - started < REFUSED_AT_ONCE_S:
+                if not cuts and not count_shown and time.monotonic() - started < REFUSED_AT_ONCE_S:
                     raise  # never reached browse_svc (down, a wrong address, TLS): the usual error and hint
                 where = (f"after cursor {last}" if last else "from the oldest event kept" if a.oldest
                          else "from now on (no event shown yet: one recorded during the cut is not shown)")
@@ -177,7 +177,7 @@ def cmd_events(c: Client, a: argparse.Namespace) -> None:
                 stream.cancel()
     finally:
         if last and last != a.cursor:
-            print(f"{shown} events; to go on after the last one: {_again(a, last)}", file=sys.stderr)
+            print(f"{count_shown} events; to go on after the last one: {_again(a, last)}", file=sys.stderr)
 
 
 def register(sub: Any) -> None:

@@ -27,6 +27,7 @@ nothing half-enqueued is ever delivered or browsed.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 import time
@@ -134,9 +135,9 @@ class Enqueuer:
         each blob's write time is refreshed with the same call, so a retention sweep under way
         keeps it (a mail then refused by a quota or its size refreshed it too: harmless)."""
         size = 0
-        for b in dict.fromkeys(blob_ids):  # each blob read once, however often the mail names it
+        for b, times in collections.Counter(blob_ids).items():  # each blob read once, however often the mail names it
             try:
-                size += (await self._blobs.keep(b)).size * blob_ids.count(b)
+                size += (await self._blobs.keep(b)).size * times
             except NotFound:
                 raise NotFound(f"blob {b} not found: put the content with BlobService.Put first") from None
             self._check_mail_size(size)

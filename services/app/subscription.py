@@ -269,6 +269,13 @@ class Subscription:
         self._scheduler.answered()
         self._changed.set()  # credit for one more delivery
         self._stream.arrived.discard(broker_tag)
+        if self._failure is not None and outcome is not Outcome.SUCCESS:
+            # Its channel died: the message is the broker's again, and maybe another stream's by
+            # now (``_let_go``); a RETRY would publish a second copy beside it. A SUCCESS goes on:
+            # its mark makes any copy skipped.
+            delivery.end(self._side.shaper)
+            raise BackendUnavailable("rabbitmq", "this stream's channel closed and its deliveries went back to the queue: "
+                                     "subscribe again")
         # To the end once the tag is taken, whatever happens to the stream: a RETRY cut between
         # its publish and its ack would leave two copies (the new one, and the old one given back
         # by the closing channel), a SUCCESS cut after its mark would lose its counter update.

@@ -121,15 +121,20 @@ def mail(m: Mail, limits: LimitSettings) -> Mail:
                 raise InvalidArgument(f"header {shown(h.name)} has a control character in its value (NUL, ESC, ...)")
     if _controls(m.name):  # it is printed by mailq, matched by rules and shown in logs
         raise InvalidArgument(f"mail name {shown(m.name)} has a control character")
-    metadata = sum(len(s.encode()) for s in (m.name, m.state, m.error_message, m.remote_host, m.remote_addr))
-    # In bytes, as stored: a per-recipient header's row holds its recipient too (each header of a
-    # long address, counted by its name and value alone, made a row many times this limit).
-    metadata += sum(len(k.encode()) + len(v.encode()) for k, v in m.attributes.items())
-    metadata += sum(len(p.recipient.encode()) + len(h.name.encode()) + len(h.value.encode())
-                    for p in m.per_recipient_headers for h in p.headers)
+    metadata = metadata_bytes(m)
     if metadata > limits.max_metadata_bytes:
         raise ResourceExhausted(f"mail metadata is {metadata} bytes, over the limit of {limits.max_metadata_bytes}")
     return m
+
+
+def metadata_bytes(m: Mail) -> int:
+    """A mail's metadata, in bytes as stored (its envelope's addresses aside): what
+    ``max_metadata_bytes`` bounds. A per-recipient header's row holds its recipient too (each
+    header of a long address, counted by its name and value alone, made a row many times the limit)."""
+    metadata = sum(len(s.encode()) for s in (m.name, m.state, m.error_message, m.remote_host, m.remote_addr))
+    metadata += sum(len(k.encode()) + len(v.encode()) for k, v in m.attributes.items())
+    return metadata + sum(len(p.recipient.encode()) + len(h.name.encode()) + len(h.value.encode())
+                          for p in m.per_recipient_headers for h in p.headers)
 
 
 def _controls(text: str, tab: bool = False) -> bool:

@@ -222,7 +222,7 @@ def test_a_put_killed_mid_way_leaves_no_spool_file_past_the_next_start(aio_loop,
 
     from tests.inprocess import RunningApp
 
-    old, fresh = tmp_path / "blob-killedmidput", tmp_path / "blob-underway"
+    old, fresh = tmp_path / "mailqueue-blob-killedmidput", tmp_path / "mailqueue-blob-underway"
     old.write_bytes(os.urandom(1000))
     fresh.write_bytes(os.urandom(1000))
     os.utime(old, (time.time() - 7200, time.time() - 7200))
@@ -232,6 +232,6 @@ def test_a_put_killed_mid_way_leaves_no_spool_file_past_the_next_start(aio_loop,
         stub = blob_pb2_grpc.BlobServiceStub(app.channel())
         content = os.urandom(5 * 1024 * 1024)  # over the in-memory part: spooled, then uploaded
         assert put(stub, content).blob_id == hashlib.sha256(content).hexdigest()
-        assert sorted(p.name for p in tmp_path.iterdir()) == ["blob-underway"]  # its own spool file gone
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["mailqueue-blob-underway"]  # its own spool file gone
     finally:
         app.stop()

@@ -423,6 +423,7 @@ def test_a_batch_of_large_inline_mails_comes_in_messages_a_default_client_receiv
     c.close()
 
 
+@pytest.mark.outage  # it cuts every connection of the broker's dequeue user: run with the tests that stop a backend
 def test_a_stream_whose_channel_dies_lets_its_mails_go_at_once(suite):
     """The broker closes dequeue_svc's connection while a stream's client has stopped reading (its
     handler is stuck sending): the broker gives that stream's messages back, and another stream of

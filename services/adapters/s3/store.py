@@ -44,6 +44,8 @@ T = TypeVar("T")
 #: A spool file this much older than its last write is a Put's that never ended (its process
 #: killed mid-Put: ``delete=False``'s file outlives it); removed at start-up.
 SPOOL_LEFTOVER_S = 3600.0
+#: A spool file's name starts so (in a folder it may share: the system's temporary one).
+SPOOL_PREFIX = "mailqueue-blob-"
 
 
 def clear_spool(folder: str | None, now: float | None = None) -> int:
@@ -52,7 +54,7 @@ def clear_spool(folder: str | None, now: float | None = None) -> int:
     folder = folder or tempfile.gettempdir()
     now = time.time() if now is None else now
     removed = 0
-    for path in glob.glob(os.path.join(folder, "blob-*")):
+    for path in glob.glob(os.path.join(glob.escape(folder), f"{SPOOL_PREFIX}*")):
         try:
             if now - os.stat(path).st_mtime > SPOOL_LEFTOVER_S:
                 os.unlink(path)
@@ -136,7 +138,7 @@ class S3BlobStore(BlobStore):
                     buffer += chunk
                     continue
                 if spool is None:
-                    spool = tempfile.NamedTemporaryFile(prefix="blob-", dir=self._settings.spool_dir, delete=False)
+                    spool = tempfile.NamedTemporaryFile(prefix=SPOOL_PREFIX, dir=self._settings.spool_dir, delete=False)
                     await self._spool(spool.write, bytes(buffer))
                     buffer = bytearray()
                 await self._spool(spool.write, chunk)
