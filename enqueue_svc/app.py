@@ -68,8 +68,9 @@ class EnqueueApp(QueueApp[Enqueuer]):
         not after its heartbeat expires (a rolling update's replicas refused mail under its rate)."""
         if self._service is not None and self._service.quotas is not None:
             try:
-                await asyncio.wait_for(self._service.quotas.leave(), LEAVE_S)
-            except (BackendUnavailable, asyncio.TimeoutError):
+                async with asyncio.timeout(LEAVE_S):
+                    await self._service.quotas.leave()
+            except (BackendUnavailable, TimeoutError):
                 pass  # its heartbeat expires (MEMBER_TTL_S) as a killed replica's does
         await super().close()
 

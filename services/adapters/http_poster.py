@@ -48,8 +48,9 @@ class UrllibPoster:
             lane = self._lanes[url] = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="webhook")
         call = asyncio.get_running_loop().run_in_executor(lane, self._post, url, body, dict(headers), timeout_s)
         try:
-            return await asyncio.wait_for(call, 2 * timeout_s)
-        except asyncio.TimeoutError:
+            async with asyncio.timeout(2 * timeout_s):
+                return await call
+        except TimeoutError:
             log.info("webhook endpoint did not answer in time", extra={"url": url, "timeout_s": 2 * timeout_s})
             return Answer(None)
 

@@ -125,10 +125,11 @@ class TieredBlobStore(BlobStore):
         """Readiness: Cassandra's tier. The large store is checked too, its state kept, never raised."""
         await self.small.ping()
         try:  # bounded below the whole check's bound (services/runtime/server.py): S3's client retries
-            await asyncio.wait_for(self.large.ping(), LARGE_CHECK_S)
+            async with asyncio.timeout(LARGE_CHECK_S):
+                await self.large.ping()
         except CredentialsRefused:  # a setting to fix, not an outage: readiness says so
             raise
-        except (BackendUnavailable, asyncio.TimeoutError) as e:
+        except (BackendUnavailable, TimeoutError) as e:
             e = e if isinstance(e, BackendUnavailable) else BackendUnavailable("blobs", f"no answer within {LARGE_CHECK_S:g} s")
             if self.large_down is None:
                 log.warning("the large blob store does not answer: large content is UNAVAILABLE, small content is still "

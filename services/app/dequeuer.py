@@ -98,8 +98,9 @@ class Dequeuer:
             left = deadline - asyncio.get_running_loop().time()
             if left <= 0:
                 break
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._all_closed.wait(), left)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(left):
+                    await self._all_closed.wait()
         return len(self._open)
 
     def carry(self, mail: model.QueuedMail, content: bytes | None) -> bytes | None:

@@ -134,8 +134,9 @@ class KeyClaims:
         if self._leased.is_set():
             return
         try:
-            await asyncio.wait_for(self._leased.wait(), self._limits.claim_lease_s)
-        except asyncio.TimeoutError:
+            async with asyncio.timeout(self._limits.claim_lease_s):
+                await self._leased.wait()
+        except TimeoutError:
             raise BackendUnavailable("cassandra", "this enqueuer's lease is not written yet") from None
 
     def failed(self, queue: str, key: str, enqueue_id: uuid.UUID) -> None:

@@ -124,8 +124,9 @@ class QuotaKeeper:
     async def wait_loaded(self, timeout_s: float) -> bool:
         """Whether the quotas were read within ``timeout_s`` (run_forever reads them)."""
         try:
-            await asyncio.wait_for(self._loaded.wait(), timeout_s)
-        except asyncio.TimeoutError:
+            async with asyncio.timeout(timeout_s):
+                await self._loaded.wait()
+        except TimeoutError:
             return False
         return True
 

@@ -218,8 +218,9 @@ async def report_conditions(app: App, served: Served) -> None:
 async def checked(app: App) -> None:
     """``app.check()`` within CHECK_TIMEOUT_S; BackendUnavailable when it fails or takes longer."""
     try:
-        await asyncio.wait_for(app.check(), CHECK_TIMEOUT_S)
-    except asyncio.TimeoutError:
+        async with asyncio.timeout(CHECK_TIMEOUT_S):
+            await app.check()
+    except TimeoutError:
         raise BackendUnavailable(app.name, f"the backend check did not answer within {CHECK_TIMEOUT_S:g} s") from None
 
 
@@ -278,14 +279,16 @@ async def serve(app: App) -> None:
         # each API's own health name stays SERVING meanwhile, so a client that watches it
         # (healthCheckConfig) keeps calling here until it can learn the new pods.
         stop.clear()
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(stop.wait(), s.lameduck_s)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(s.lameduck_s):
+                await stop.wait()
     await served.set_health(NOT_SERVING)
     if s.lameduck_s:
         # A moment for those clients to leave before the connections close: a call that arrives
         # as the server stops, before a handler takes it, ends CANCELLED (grpc/grpc#41785).
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(stop.wait(), HEALTH_NOTICE_S)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(HEALTH_NOTICE_S):
+                await stop.wait()
     finishing = asyncio.ensure_future(app.finish(s.shutdown_grace_s))
     await server.stop(s.shutdown_grace_s)
     with contextlib.suppress(Exception):

@@ -138,8 +138,9 @@ class AlarmWatch:
 
     async def _wait(self, fut: asyncio.Future[Any], what: str) -> Any:
         try:
-            return await asyncio.wait_for(fut, PROBE_SETUP_TIMEOUT_S)
-        except asyncio.TimeoutError:
+            async with asyncio.timeout(PROBE_SETUP_TIMEOUT_S):
+                return await fut
+        except TimeoutError:
             raise unavailable(f"alarm watch: no answer for {what} within {PROBE_SETUP_TIMEOUT_S}s") from None
 
     def _drop(self) -> None:

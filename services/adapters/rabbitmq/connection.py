@@ -157,8 +157,9 @@ class NodeConnection:
             custom_ioloop=loop,
         )
         try:
-            await asyncio.wait_for(fut, self._settings.connect_timeout_s)
-        except asyncio.TimeoutError:
+            async with asyncio.timeout(self._settings.connect_timeout_s):
+                await fut
+        except TimeoutError:
             self.abandon(conn)
             raise unavailable(f"no answer within {self._settings.connect_timeout_s}s") from None
         return conn
@@ -202,11 +203,12 @@ class NodeConnection:
         except Exception as e:  # pika raises its own connection-state errors here
             raise unavailable(e) from e
         try:
-            channel = await asyncio.wait_for(asyncio.shield(fut), self._settings.connect_timeout_s)
+            async with asyncio.timeout(self._settings.connect_timeout_s):
+                channel = await asyncio.shield(fut)
         except asyncio.CancelledError:
             fut.add_done_callback(_close_opened)  # if it opens after all, nobody owns it
             raise
-        except asyncio.TimeoutError:
+        except TimeoutError:
             fut.add_done_callback(_close_opened)
             # A node that cannot open a channel in seconds is gone (its connection may not know yet).
             self.leave(conn)
@@ -217,8 +219,9 @@ class NodeConnection:
     async def answer(self, fut: asyncio.Future[Any], what: str) -> Any:
         """The broker's answer to a channel call; BackendUnavailable when none comes in time."""
         try:
-            return await asyncio.wait_for(fut, self._settings.connect_timeout_s)
-        except asyncio.TimeoutError:
+            async with asyncio.timeout(self._settings.connect_timeout_s):
+                return await fut
+        except TimeoutError:
             raise unavailable(f"no answer to {what} within {self._settings.connect_timeout_s}s") from None
 
     async def call(self, waiters: Waiters, method: Callable[..., Any], **kwargs: Any) -> Any:

@@ -256,12 +256,14 @@ class RabbitMQEventStream:
             fut = w.call(lambda callback: channel.basic_consume(
                 self.name, lambda _ch, method, props, body: inbox.put_nowait((method.delivery_tag, props, body)),
                 auto_ack=False, arguments={"x-stream-offset": offset}, callback=callback))
-            await asyncio.wait_for(fut, self._settings.connect_timeout_s)
+            async with asyncio.timeout(self._settings.connect_timeout_s):
+                await fut
             unacked, wait = 0, first_s if first_s is not None else idle_s
             while True:
                 try:
-                    item = await (inbox.get() if wait is None else asyncio.wait_for(inbox.get(), wait))
-                except asyncio.TimeoutError:
+                    async with asyncio.timeout(wait):
+                        item = await inbox.get()
+                except TimeoutError:
                     if idle_s is None:
                         raise
                     return
@@ -273,7 +275,7 @@ class RabbitMQEventStream:
                     channel.basic_ack(tag, multiple=True)
                     unacked = 0
                 yield props, body
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise unavailable(f"no answer to basic.consume on {self.name} within {self._settings.connect_timeout_s}s") from None
         finally:
             if channel.is_open:

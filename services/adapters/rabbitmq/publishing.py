@@ -176,8 +176,9 @@ class Publishing:
         """Wait for ``confirmed`` (a publish's confirm, or a batch's); past ``confirm_timeout_s``,
         leave the node (hung, or cut off from its quorum) and raise BackendUnavailable."""
         try:
-            await asyncio.wait_for(confirmed, self._settings.confirm_timeout_s)
-        except asyncio.TimeoutError:
+            async with asyncio.timeout(self._settings.confirm_timeout_s):
+                await confirmed
+        except TimeoutError:
             conn = self._conn.current
             if conn is not None and publisher is self._publisher:
                 log.warning("publish not confirmed; leaving this rabbitmq node", extra={"timeout_s": self._settings.confirm_timeout_s})

@@ -1,0 +1,47 @@
+"""A cancelled call stays cancelled. On Python 3.11, asyncio.wait_for returns the awaited result
+when the cancellation arrives in the loop turn that result does (cpython gh-86296, fixed in 3.12
+only): the cancelled handler goes on, and a WatchEvents whose client left as its consumer was
+confirmed held its channel and its place among the process's watchers for ever. Shipped code
+bounds a wait with ``asyncio.timeout``, which delivers the cancellation."""
+
+import ast
+import asyncio
+import pathlib
+
+import pytest
+
+from services.adapters.rabbitmq.connection import NodeConnection
+from services.adapters.rabbitmq.settings import RabbitMQSettings
+from tests.unit.aio import run
+
+SHIPPED = ("services", "enqueue_svc", "dequeue_svc", "browse_svc", "blob_svc", "webhook_svc", "mailq", "spark")
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def _wait_for_calls() -> list[str]:
+    found = []
+    for package in SHIPPED:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.Attribute) and node.attr == "wait_for" and getattr(node.value, "id", "") == "asyncio":
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    return found
+
+
+def test_no_shipped_module_bounds_a_wait_with_asyncio_wait_for():
+    assert _wait_for_calls() == []
+
+
+def test_a_broker_answer_that_arrives_with_the_cancellation_does_not_swallow_it():
+    conn = NodeConnection(RabbitMQSettings())
+
+    async def answered_as_cancelled():
+        fut = asyncio.get_running_loop().create_future()
+        waiting = asyncio.ensure_future(conn.answer(fut, "basic.consume"))
+        await asyncio.sleep(0)  # it waits on the answer
+        fut.set_result("consume-ok")  # the answer and the cancellation in one loop turn
+        waiting.cancel()
+        return await waiting
+
+    with pytest.raises(asyncio.CancelledError):
+        run(answered_as_cancelled())
