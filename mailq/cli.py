@@ -85,7 +85,7 @@ HINTS = {
 #: NOT_FOUND from a command whose subject is not a queue: where its names are listed.
 NOT_FOUND_HINTS = {
     "webhook": "check the name (`mailq webhook list` lists the endpoints)",
-    "quota": "check the kind and subject (`mailq quota list` lists the quotas)",
+    "quota": "a quota of a queue needs the queue (`mailq queues` lists queues)",
     "release": "check the rule id (`mailq rules` lists the rules in force)",
 }
 

@@ -171,9 +171,9 @@ def register(sub: Any) -> None:
                             ("retry-policy", cmd_retry_policy, "change a queue's retry policy (unset options keep their value)")):
         s = queue_command(sub, name, fn, help_)
         s.add_argument("--initial-backoff", type=duration_arg)
-        s.add_argument("--multiplier", type=real(maximum=1e6))
+        s.add_argument("--multiplier", type=real(minimum=1.0, maximum=1e6))  # 0 would go out as "unset"
         s.add_argument("--max-backoff", type=duration_arg)
-        s.add_argument("--max-attempts", type=whole())
+        s.add_argument("--max-attempts", type=whole(minimum=1))
         s.add_argument("--max-age", type=duration_arg)
     s = queue_command(sub, "shape", cmd_shape, "Postfix qshape: recipient domain x age, then each shaped destination")
     s.add_argument("--top", type=whole(), default=20, help="domains shown (default 20)")

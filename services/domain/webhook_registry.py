@@ -53,7 +53,7 @@ def name_of(name: str) -> str:
     if not name:
         raise InvalidArgument("webhook name is empty: give 1 to 64 letters, digits, '-', '_' or '.'")
     if not NAME.fullmatch(name):
-        raise InvalidArgument(f"webhook name {name!r} is invalid: 1 to 64 letters, digits, '-', '_' or '.', starting with a letter or digit")
+        raise InvalidArgument(f"webhook name {shown(name)} is invalid: 1 to 64 letters, digits, '-', '_' or '.', starting with a letter or digit")
     return name
 
 

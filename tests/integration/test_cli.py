@@ -228,6 +228,10 @@ def test_usage_errors_exit_2(suite):
     assert r.returncode == 2 and "give a condition" in r.stderr
     r = run(suite, "--browse", "127.0.0.1:99999", "queues")  # it dialled port 34463 (99999 mod 65536)
     assert r.returncode == 2 and "port 1 to 65535" in r.stderr
+    for option in ("--max-attempts", "--multiplier"):  # 0 went out as "unset": the policy unchanged, exit 0
+        for command in ("create", "retry-policy"):
+            r = run(suite, command, "x", option, "0")
+            assert r.returncode == 2 and "out of range" in r.stderr and r.stdout == "", (command, option, r.stderr)
 
 
 def test_an_empty_condition_is_a_usage_error_and_changes_nothing(suite, tmp_path):

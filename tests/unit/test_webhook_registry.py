@@ -79,3 +79,11 @@ def test_the_fleet_starts_stops_and_restarts_endpoints_as_the_registrations_chan
         return log
 
     assert asyncio.run(scenario()) == ["start a", "start b", "stop a", "stop b", "start b", "stop b"]
+
+
+def test_an_invalid_name_is_echoed_cut_to_its_first_characters():
+    from services.domain.webhook_registry import name_of
+
+    with pytest.raises(InvalidArgument) as e:
+        name_of("!" * 2000)
+    assert len(str(e.value)) < 300 and "(2002 characters)" in str(e.value)

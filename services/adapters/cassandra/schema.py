@@ -155,13 +155,13 @@ TABLES = [
         PRIMARY KEY ((enqueue_id), event_id)
     ) WITH default_time_to_live = {HISTORY_TTL_S} AND gc_grace_seconds = {HISTORY_GC_GRACE_S}
       AND compaction = {_HISTORY_COMPACTION}
-      AND comment = 'Every event of a mail (services/domain/events.py), one partition per enqueue id: a history costs one partition read at any depth. A change written twice has one event id, so one row. Each row with a TTL of the history retention; never deleted (TWCS drops expired days whole).'""",
+      AND comment = 'Every event of a mail (services/domain/events.py), one partition per enqueue id: a history costs one partition read at any depth. A change written twice has one event id, so one row. Each row with a TTL of the history retention; deleted only when the change is taken back (the event stream refused its events: services/adapters/cassandra/event_log.py), else left to TWCS, which drops expired days whole.'""",
     f"""CREATE TABLE IF NOT EXISTS {{ks}}.{MAIL_HISTORY_GROUPS} (
         history_key uuid, written timeuuid, events blob,
         PRIMARY KEY ((history_key), written)
     ) WITH default_time_to_live = {HISTORY_TTL_S} AND gc_grace_seconds = {HISTORY_GC_GRACE_S}
       AND compaction = {_HISTORY_COMPACTION}
-      AND comment = 'The events the services record, one partition per history key (the 96 bits the enqueue ids of a group share, services/domain/history_keys.py): a row per write, holding the events of that write for the mails of the key (a mailqueue.v1.EventBatch). A mail history is one partition read; each row with a TTL of the history retention; never deleted.'""",
+      AND comment = 'The events the services record, one partition per history key (the 96 bits the enqueue ids of a group share, services/domain/history_keys.py): a row per write, holding the events of that write for the mails of the key (a mailqueue.v1.EventBatch). A mail history is one partition read; each row with a TTL of the history retention; deleted only when the change is taken back (the event stream refused its events).'""",
     f"""CREATE TABLE IF NOT EXISTS {{ks}}.{MAIL_HISTORY_NAMES} (
         name text, day int, at timestamp, history_key uuid,
         PRIMARY KEY ((name, day), at, history_key)
