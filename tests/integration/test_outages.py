@@ -180,3 +180,50 @@ def test_minio_down_for_longer_than_the_delivery_limit_allows_requeues_dead_lett
     c.close()
     wait_until(lambda: deleted_reason(suite, queue, uuid.UUID(eid)) == "dequeued", 30, what="the mail marked dequeued")
     assert dead_letter_count(queue) == 0
+
+
+def test_a_get_left_while_s3_is_slow_stalls_no_other_call(suite):
+    """A client leaves a blob Get while S3 is slow to send (frozen here): blob_svc closed the S3
+    response on its event loop, which waited for the read still running on an S3 thread, so every
+    call of the process stalled until S3 answered or the read timed out (30 s)."""
+    import threading
+    import time
+
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from mailqueue.v1 import blob_pb2
+
+    size, chunk = 48 * 1024 * 1024, 256 * 1024  # far more than the socket buffers hold
+    data = os.urandom(size)
+    blob_id = suite.blob_stub.Put(blob_pb2.PutRequest(chunk=data[i:i + chunk]) for i in range(0, size, chunk)).blob_id
+    call = suite.blob_stub.Get(blob_pb2.GetRequest(blob_id=blob_id), timeout=120)
+    got = [len(next(call).chunk)]
+    pid = stack_pid("minio")
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        def drain():
+            try:
+                for r in call:
+                    got.append(len(r.chunk))
+            except grpc.RpcError:
+                pass
+
+        reader = threading.Thread(target=drain, daemon=True)
+        reader.start()
+        seen = {"count": -1, "since": time.monotonic()}
+
+        def stalled() -> bool:  # no chunk for a second: blob_svc waits on S3's socket
+            if len(got) != seen["count"]:
+                seen.update(count=len(got), since=time.monotonic())
+            return time.monotonic() - seen["since"] > 1.0
+
+        wait_until(stalled, 60, interval=0.1, what="the Get waiting on frozen S3")
+        assert sum(got) < size
+        call.cancel()
+        reader.join(10)
+        began = time.monotonic()
+        status = health_pb2_grpc.HealthStub(suite.blob.channel()).Check(health_pb2.HealthCheckRequest(), timeout=5).status
+        assert status == health_pb2.HealthCheckResponse.SERVING and time.monotonic() - began < 5
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert b"".join(r.chunk for r in suite.blob_stub.Get(blob_pb2.GetRequest(blob_id=blob_id), timeout=60)) == data

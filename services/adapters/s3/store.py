@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import datetime as dt
 import functools
 import glob
@@ -230,15 +231,21 @@ class S3BlobStore(BlobStore):
     async def get(self, blob_id: str) -> AsyncIterator[bytes]:
         check_blob_id(blob_id)
         response = await self._call(self._bucket.open, names.blob_key(blob_id))
+        reading = False
         try:
             while True:
+                reading = True
                 chunk = await self._call(response.read, CHUNK)
+                reading = False
                 if not chunk:
                     return
                 yield chunk
         finally:
-            response.close()
-            response.release_conn()
+            if reading:  # the caller left while an S3 thread reads: see _let_go
+                _let_go(response, self._pool)
+            else:
+                response.close()
+                response.release_conn()
 
     async def read(self, blob_ids: tuple[str, ...] | list[str]) -> bytes:
         parts = []
@@ -280,3 +287,21 @@ class S3BlobStore(BlobStore):
 
 def _age_s(head: s3client.Object) -> float:
     return (dt.datetime.now(dt.timezone.utc) - head.last_modified).total_seconds()
+
+
+def _let_go(response: Any, pool: concurrent.futures.Executor) -> None:
+    """End a Get's S3 response whose read is still running on an S3 thread (the caller left:
+    cancelled, its deadline passed). ``close`` would wait, on the event loop, for the lock that
+    read holds, until S3 sends more or the read times out (READ_TIMEOUT_S): every call of the
+    process stalled while S3 is slow. The socket is shut for reading, which ends the read at
+    once, and the close runs on the S3 threads; the connection is not reused."""
+    with contextlib.suppress(ValueError, RuntimeError, OSError):  # no socket, or released already
+        response.shutdown()
+    with contextlib.suppress(RuntimeError):  # the pool shut down (the process stops): the socket goes with it
+        pool.submit(_closed, response)
+
+
+def _closed(response: Any) -> None:
+    with contextlib.suppress(Exception):
+        response.close()
+        response.release_conn()
