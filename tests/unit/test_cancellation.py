@@ -45,3 +45,46 @@ def test_a_broker_answer_that_arrives_with_the_cancellation_does_not_swallow_it(
 
     with pytest.raises(asyncio.CancelledError):
         run(answered_as_cancelled())
+
+
+def test_a_connection_whose_caller_left_while_it_opened_is_closed():
+    """A node that takes the TCP connection and never answers the AMQP handshake: the caller
+    leaves (a check's bound, a client gone). The connection it was opening had no owner and
+    stayed open (its heartbeats would keep it); it is closed now."""
+    import socket
+    import threading
+    import time
+
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    ended = threading.Event()
+
+    def node():
+        peer, _ = server.accept()
+        peer.settimeout(10)
+        with peer:
+            try:
+                while peer.recv(4096):  # the protocol header, then nothing until it closes
+                    pass
+                ended.set()
+            except OSError:
+                pass
+
+    threading.Thread(target=node, daemon=True).start()
+    conn = NodeConnection(RabbitMQSettings(urls=(f"amqp://guest:guest@127.0.0.1:{port}/%2F",), connect_timeout_s=30))
+
+    async def leave_while_opening():
+        opening = asyncio.ensure_future(conn.connection())
+        await asyncio.sleep(0.3)  # connected, waiting for the broker's Connection.Start
+        opening.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await opening
+        began = time.monotonic()
+        while not ended.is_set() and time.monotonic() - began < 3:
+            await asyncio.sleep(0.05)  # the loop runs pika's close
+
+    try:
+        run(leave_while_opening())
+        assert ended.is_set()
+    finally:
+        server.close()

@@ -162,6 +162,9 @@ class NodeConnection:
         except TimeoutError:
             self.abandon(conn)
             raise unavailable(f"no answer within {self._settings.connect_timeout_s}s") from None
+        except asyncio.CancelledError:  # the caller left (a check's bound, a client gone): nobody would own it
+            self.abandon(conn)
+            raise
         return conn
 
     async def open_current_node(self) -> AsyncioConnection:

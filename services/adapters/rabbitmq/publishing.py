@@ -139,7 +139,12 @@ class Publishing:
             channel, waiters = await self._conn.channel()
             publisher = Publisher(channel, waiters)
             fut = waiters.call(lambda callback: channel.confirm_delivery(publisher.on_confirm, callback=callback))
-            await self._conn.answer(fut, "confirm.select")
+            try:
+                await self._conn.answer(fut, "confirm.select")
+            except BaseException:  # no answer in time, or the caller left: the channel is nobody's
+                if channel.is_open:
+                    channel.close()
+                raise
             self._publisher = publisher
             return publisher
 
