@@ -1,11 +1,15 @@
-"""Poster on the standard library (urllib in a worker thread): one request per call, no pooling
-(a batch per request, so a connection per batch costs little next to the batch).
+"""Poster on the standard library (urllib in a thread): one request per call, no pooling (a batch
+per request, so a connection per batch costs little next to the batch).
 
-- Each endpoint (by URL) has a thread of its own: an endpoint that hangs, or answers a byte at a
-  time, holds only its own lane, never the event loop's shared pool (which the others and the
-  registry reads use).
+- Each request runs in a thread of its own, never on the event loop's shared pool (which the
+  registry reads use): an endpoint that hangs, or answers a byte at a time, holds only its own.
 - A call ends by ``2 × timeout_s`` whatever the endpoint does (urllib's timeout is per socket
   operation); the late answer is dropped and the batch is retried.
+- One request at a time per lane (an endpoint): while a lane's request outlives its bound, a
+  call on that lane sends nothing and is answered "no answer" (retried after its backoff).
+  Requests never queue behind a hung one, to leave late with the timestamp signed when queued
+  (past the receiver's replay window: refused, dropped), or all at once when it ends.
+- The threads are daemons: a request still trickling does not hold up the process's exit.
 - Redirects are not followed: a POST redirected would be re-sent as a GET without its body, to
   any host, with the signature headers; the 3xx is the answer (services/domain/webhooks.py).
 - At most ``MAX_READ`` bytes of an answer are read.
@@ -14,9 +18,10 @@
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
+import contextlib
 import http.client
 import logging
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -40,18 +45,28 @@ _OPENER = urllib.request.build_opener(_NoRedirects())
 
 class UrllibPoster:
     def __init__(self) -> None:
-        self._lanes: dict[str, concurrent.futures.ThreadPoolExecutor] = {}
+        #: Each lane's last request, done once its thread ended.
+        self._sending: dict[str, asyncio.Future[Answer]] = {}
 
-    async def post(self, url: str, body: bytes, headers: Mapping[str, str], timeout_s: float) -> Answer:
-        lane = self._lanes.get(url)
-        if lane is None:
-            lane = self._lanes[url] = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="webhook")
-        call = asyncio.get_running_loop().run_in_executor(lane, self._post, url, body, dict(headers), timeout_s)
+    async def post(self, lane: str, url: str, body: bytes, headers: Mapping[str, str], timeout_s: float) -> Answer:
+        previous = self._sending.get(lane)
+        if previous is not None and not previous.done():
+            log.info("webhook endpoint still holds an earlier request: nothing sent", extra={"endpoint": lane, "url": url})
+            return Answer(None)
+        loop = asyncio.get_running_loop()
+        answer = self._sending[lane] = loop.create_future()
+
+        def send() -> None:
+            result = self._post(url, body, dict(headers), timeout_s)
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile (the process stops)
+                loop.call_soon_threadsafe(_settle, answer, result)
+
+        threading.Thread(target=send, name=f"webhook-{lane}"[:60], daemon=True).start()
         try:
             async with asyncio.timeout(2 * timeout_s):
-                return await call
+                return await asyncio.shield(answer)  # the lane stays busy until the thread ends
         except TimeoutError:
-            log.info("webhook endpoint did not answer in time", extra={"url": url, "timeout_s": 2 * timeout_s})
+            log.info("webhook endpoint did not answer in time", extra={"endpoint": lane, "url": url, "timeout_s": 2 * timeout_s})
             return Answer(None)
 
     @staticmethod
@@ -68,3 +83,8 @@ class UrllibPoster:
         except (urllib.error.URLError, OSError, http.client.HTTPException, ValueError) as e:  # ValueError: a URL it cannot send
             log.info("webhook endpoint did not answer", extra={"url": url, "error": str(e)[:200]})
             return Answer(None)
+
+
+def _settle(answer: asyncio.Future[Answer], result: Answer) -> None:
+    if not answer.done():
+        answer.set_result(result)

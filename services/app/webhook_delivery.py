@@ -59,14 +59,16 @@ class EndpointDelivery:
     async def run(self) -> None:
         """Deliver until cancelled; raises BackendUnavailable when the stream or the checkpoint
         store fails (the caller starts it again: it resumes from the checkpoint)."""
-        last = await self._checkpoints.load(self.endpoint.name)
+        last, from_oldest = await self._checkpoints.load(self.endpoint.name), self._from_oldest
+        if last == webhooks.OLDEST:
+            last, from_oldest = None, True
         # An endpoint with no checkpoint starts at the next event recorded: its place is saved with
         # the first event read, of any type, before anything is sent, or a restart before its first
         # answer (or, with a filter, before its first wanted event) would start at "next" again and
         # skip what it had not delivered (and what came while it was down).
-        placed = last is not None or self._from_oldest
+        placed = last is not None or from_oldest
         inbox: asyncio.Queue[Event | BaseException] = asyncio.Queue(maxsize=2 * self.endpoint.batch_size)
-        reader = asyncio.create_task(self._read(last, inbox, placed))
+        reader = asyncio.create_task(self._read(last, from_oldest, inbox, placed))
         try:
             while True:
                 batch = [await inbox.get()]
@@ -84,18 +86,20 @@ class EndpointDelivery:
             with contextlib.suppress(asyncio.CancelledError):
                 await reader
 
-    async def _read(self, last: str | None, inbox: asyncio.Queue[Event | BaseException], placed: bool) -> None:
+    async def _read(self, last: str | None, from_oldest: bool, inbox: asyncio.Queue[Event | BaseException], placed: bool) -> None:
         try:
             try:
-                await self._read_from(last, self._from_oldest, inbox, placed)
+                await self._read_from(last, from_oldest, inbox, placed)
             except OutOfRange:  # the checkpoint is of a stream since deleted and declared again
                 REPLACED.labels(self.endpoint.name).inc()
                 log.error("this endpoint's checkpoint is past the end of the event stream: the stream was deleted and "
                           "declared again (a broker reset) since it was saved; delivering from the oldest event the "
                           "stream holds", extra={"endpoint": self.endpoint.name, "checkpoint": last})
-                # placed anew by its first event (unless that is the stream's very first: its
-                # first answer places it), so a restart does not find the old checkpoint again
-                await self._read_from(None, True, inbox, placed=False)
+                # Placed at the oldest before anything is read: the old checkpoint stayed until the
+                # first answer, and a restart before it (the endpoint failing) found it again, on a
+                # stream grown past it by then: every event before it skipped, without a count.
+                await self._checkpoints.save(self.endpoint.name, webhooks.OLDEST)
+                await self._read_from(None, True, inbox, placed=True)
         except Exception as e:  # noqa: BLE001 - handed to run(), which raises it after the events before it
             await inbox.put(e)
 
@@ -106,8 +110,8 @@ class EndpointDelivery:
             async for e in events:
                 if not placed:  # before anything of it is sent (run saves only after what it sends)
                     before = int(e.cursor) - 1  # resuming there reads e first
-                    if before >= 0:  # (the stream's very first event has no place before it)
-                        await self._checkpoints.save(self.endpoint.name, str(before))
+                    # (the stream's very first event has no place before it: the stream's oldest)
+                    await self._checkpoints.save(self.endpoint.name, str(before) if before >= 0 else webhooks.OLDEST)
                     placed = True
                 if last is not None:  # the first event read: the stream kept everything after the checkpoint?
                     self._check_kept(last, e.cursor)
@@ -133,7 +137,7 @@ class EndpointDelivery:
                 return
             body = webhooks.batch_body(events)
             sent_at = int(self._clock())
-            answer = await self._poster.post(self.endpoint.url, body, webhooks.headers(self.endpoint.secret, sent_at, body),
+            answer = await self._poster.post(name, self.endpoint.url, body, webhooks.headers(self.endpoint.secret, sent_at, body),
                                              self.endpoint.timeout_s)
             status = answer.status
             outcome = webhooks.verdict(status)

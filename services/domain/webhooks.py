@@ -21,6 +21,10 @@ from services.domain.events import Event
 CONTENT_TYPE = "application/cloudevents-batch+json"
 SIGNATURE_HEADER = "Mailqueue-Signature"
 TIMESTAMP_HEADER = "Mailqueue-Timestamp"
+#: The checkpoint of an endpoint placed at the event stream's oldest event with none taken yet
+#: (its first event read was the stream's very first, or the stream was declared again since its
+#: last checkpoint): not a cursor, so never one of a stream's events.
+OLDEST = "oldest"
 #: A CloudEvent's type: this prefix and the event type ("io.mailqueue.event.delivered").
 TYPE_PREFIX = "io.mailqueue.event."
 
@@ -81,7 +85,7 @@ def verdict(status: int | None) -> str:
 def backoff_s(failures: int, base_s: float = 0.5, cap_s: float = 300.0, asked_s: float | None = None) -> float:
     """The wait before the next try after ``failures`` failed tries in a row: doubling, capped;
     at least what the endpoint asked for (``asked_s``: its Retry-After), up to MAX_RETRY_AFTER_S."""
-    wait = min(cap_s, base_s * 2 ** max(0, failures - 1))
+    wait = min(cap_s, base_s * 2.0 ** min(max(0, failures - 1), 64))  # 2 ** 1024 does not fit a float: a day of failures
     return max(wait, min(asked_s, MAX_RETRY_AFTER_S)) if asked_s is not None else wait
 
 

@@ -26,8 +26,9 @@ class Checkpoints(Protocol):
 
 
 class Poster(Protocol):
-    async def post(self, url: str, body: bytes, headers: Mapping[str, str], timeout_s: float) -> Answer:
-        """POST ``body``; the endpoint's answer (status None: no answer in time, or no connection)."""
+    async def post(self, lane: str, url: str, body: bytes, headers: Mapping[str, str], timeout_s: float) -> Answer:
+        """POST ``body``; the endpoint's answer (status None: no answer in time, or no connection,
+        or the lane, one per endpoint, still holds an earlier request)."""
 
 
 class Registry(Protocol):

@@ -43,8 +43,9 @@ from services.app.webhook_delivery import EndpointDelivery
 from services.app.webhook_fleet import EndpointFleet
 from services.domain import webhook_registry
 from services.domain.errors import ConfigurationError, InvalidArgument
-from services.domain.event_stream import EventFilter
+from services.domain.event_stream import EventFilter, streamed
 from services.domain.events import EventType
+from services.domain.validation import queue_name
 from services.domain.webhook_registry import DEFAULT_MAX_AGE_S, MIN_MAX_AGE_S, Registration
 from services.domain.webhooks import Endpoint
 from services.ports.events import EventLog
@@ -90,10 +91,12 @@ def endpoints_from_file(path: str, running: bool = False) -> list[tuple[Endpoint
             try:  # what a registration is held to (no user or password in it: it would be logged)
                 webhook_registry.name_of(str(entry["name"]))
                 webhook_registry.url_of(str(entry["url"]))
+                # a history-only type would be waited for forever, a queue no queue can have matches nothing
+                wanted = EventFilter.of([queue_name(str(q)) for q in entry.get("queues", ())],
+                                        streamed([EventType(t) for t in entry.get("types", ())]))
             except InvalidArgument as e:
                 raise ValueError(f"endpoint {str(entry['name'])[:64]!r}: {e}") from None
             names.add(entry["name"])
-            wanted = EventFilter.of(entry.get("queues", ()), [EventType(t) for t in entry.get("types", ())])
             max_age = float(entry.get("max_age_s", 0)) or DEFAULT_MAX_AGE_S  # 0: the default, as a registration's
             if max_age < MIN_MAX_AGE_S:
                 raise ValueError(f"endpoint {entry['name']!r}: max_age_s {max_age:g} is under {MIN_MAX_AGE_S:g} s: every "

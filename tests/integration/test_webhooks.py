@@ -364,3 +364,55 @@ def test_a_checkpoint_past_the_end_of_the_stream_starts_again_at_its_oldest_even
         webhooks.kill()
         webhooks.wait(10)
         receiver.server.shutdown()
+
+
+def test_after_a_stream_reset_a_restart_before_the_first_answer_misses_nothing(aio_loop, keyspace, sink, tmp_path):
+    """After a broker reset the endpoint starts again at the stream's oldest event; its old
+    checkpoint stayed until the endpoint's first answer. Restarted while the endpoint still failed,
+    on a stream grown past that checkpoint by then, webhook_svc resumed at it: every event before
+    it skipped, without a count. The checkpoint is placed at the oldest as soon as the reset is seen."""
+    import asyncio
+    import contextlib
+
+    from services.adapters.cassandra import schema
+    from services.adapters.cassandra.session import connect
+    from services.domain import event_stream
+    from services.runtime.settings import cassandra_from_env
+
+    queue = f"wh-{uuid.uuid4().hex[:8]}"
+    (tmp_path / "secret").write_bytes(os.urandom(16).hex().encode())
+    receiver = Receiver(failures=10_000)
+    endpoint = {"name": f"regrown-{queue}", "url": receiver.url, "secret_file": str(tmp_path / "secret"), "queues": [queue],
+                "timeout_s": 1, "max_age_s": 3600}
+    sent = [of_queue(EventType.CONFIG_CHANGED, queue, f"kept-{i}", actor=Actor.component("test")) for i in range(3)]
+    for e in sent:
+        aio_loop.run(sink.publish([e]))
+
+    async def cursor_of(event_id: str) -> str:
+        async with asyncio.timeout(30), contextlib.aclosing(sink.watch(None, from_oldest=True)) as events:
+            async for e in events:
+                if e.id == event_id:
+                    return e.cursor
+        raise AssertionError(f"event {event_id} not in the stream")
+
+    end = event_stream.start(aio_loop.run(cursor_of(sent[-1].id))).offset
+    cluster, session = connect(cassandra_from_env(service_env(keyspace)))
+    try:  # a checkpoint of the stream before the reset: 3 messages past this one's end
+        session.execute(f"INSERT INTO {keyspace}.{schema.WEBHOOK_CHECKPOINTS} (endpoint, cursor) VALUES (%s, %s)",
+                        (endpoint["name"], event_stream.cursor_of(end + 3)))
+    finally:
+        cluster.shutdown()
+    webhooks = start_webhooks(keyspace, [endpoint], tmp_path)
+    killed_once(webhooks, lambda: receiver.refused >= 2, "the endpoint started from the oldest, and failing")
+    more = [of_queue(EventType.CONFIG_CHANGED, queue, f"more-{i}", actor=Actor.component("test")) for i in range(6)]
+    for e in more:  # the stream grows past the old checkpoint
+        aio_loop.run(sink.publish([e]))
+    receiver.failures = 0
+    webhooks = start_webhooks(keyspace, [endpoint], tmp_path)
+    try:
+        wait_until(lambda: len(receiver.events()) >= 9, 60, what="every event of the queue")
+        assert [e["id"] for e in receiver.events()] == [e.id for e in sent + more]
+    finally:
+        webhooks.kill()
+        webhooks.wait(10)
+        receiver.server.shutdown()

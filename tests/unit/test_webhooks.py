@@ -22,6 +22,8 @@ def test_what_an_answer_means(status, outcome):
 
 def test_the_backoff_doubles_up_to_its_cap():
     assert [webhooks.backoff_s(n, 0.5, 5) for n in range(1, 7)] == [0.5, 1, 2, 4, 5, 5]
+    # a dead endpoint's 1,025th failure in a row (about 17 h at a 60 s cap): 2 ** 1024 raised OverflowError
+    assert webhooks.backoff_s(1025, 0.5, 60) == webhooks.backoff_s(10**9, 0.5, 60) == 60
 
 
 def test_a_retry_after_is_honoured_up_to_an_hour():
@@ -52,3 +54,58 @@ def test_a_secret_of_two_keys_signs_under_both_for_a_rotation():
     both = webhooks.signature(b"new\nold\n", stamp, body)
     assert both.split(", ") == [webhooks.signature(b"new", stamp, body), one]  # the newest first
     assert one.startswith("sha256=") and ", " not in one  # one key: one signature, as before
+
+
+def test_an_endpoint_that_hangs_holds_up_no_other_on_the_same_url_and_gets_no_queued_request():
+    """Two endpoints on one URL: the first request trickles its answer. The other endpoint's request is answered
+    at once (one lane per endpoint, not per URL), and a second request on the hung lane is not
+    queued behind it (it would leave late, with a stale signed timestamp): no answer, at once."""
+    import http.server
+    import threading
+    import time
+
+    from services.adapters.http_poster import UrllibPoster
+    from tests.unit.aio import run
+
+    release, hung = threading.Event(), []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            self.rfile.read(int(self.headers["Content-Length"]))
+            if not hung:  # a byte at a time: each socket read is within urllib's timeout
+                hung.append(self.headers["X-Lane"])
+                self.send_response(200)
+                self.send_header("Content-Length", "1000")
+                self.end_headers()
+                while not release.wait(0.05):
+                    self.wfile.write(b"x")
+                    self.wfile.flush()
+                return
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/hook"
+    poster = UrllibPoster()
+
+    async def calls():
+        first = await poster.post("a", url, b"[]", {"X-Lane": "a"}, 0.2)  # trickles: no answer by 0.4 s
+        began = time.monotonic()
+        again = await poster.post("a", url, b"[]", {"X-Lane": "a"}, 0.2)
+        again_s = time.monotonic() - began
+        other = await poster.post("b", url, b"[]", {"X-Lane": "b"}, 2)
+        return first, again, again_s, other
+
+    try:
+        first, again, again_s, other = run(calls())
+        assert hung == ["a"] and first.status is None
+        assert again.status is None and again_s < 0.1  # not queued behind the hung one
+        assert other.status == 200
+    finally:
+        release.set()
+        server.shutdown()

@@ -54,3 +54,11 @@ def test_a_file_endpoint_is_held_to_what_a_registration_is(tmp_path, url, says):
     with pytest.raises(ConfigurationError, match=says) as refused:
         endpoints_from_file(write(tmp_path, url=url))
     assert "pw" not in str(refused.value).replace("password", "")
+
+
+@pytest.mark.parametrize(("entry", "says"), [({"types": ["swept"]}, "mail history only"),
+                                             ({"queues": ["out bound"]}, "queue name")])
+def test_a_file_endpoint_of_a_type_never_streamed_or_a_queue_no_queue_can_have_refuses_the_start(tmp_path, entry, says):
+    # It was taken, and waited for ever (swept is written to the history only) or matched nothing.
+    with pytest.raises(ConfigurationError, match=says):
+        endpoints_from_file(write(tmp_path, **entry))
