@@ -19,9 +19,10 @@ from services.ports.events import EventStream
 
 
 class EventServicer(events_pb2_grpc.EventServiceServicer):
-    def __init__(self, history: Callable[[], History], stream: Callable[[], EventStream]) -> None:
+    def __init__(self, history: Callable[[], History], stream: Callable[[], EventStream], watch_s: float | None = None) -> None:
         self._history = history  # each raises UNAVAILABLE while the service connects
         self._stream = stream
+        self._watch_s = watch_s  # a watch ends UNAVAILABLE after it: clients reach new replicas
 
     async def GetMailHistory(
         self, request: events_pb2.GetMailHistoryRequest, context: grpc.aio.ServicerContext,
@@ -37,7 +38,7 @@ class EventServicer(events_pb2_grpc.EventServiceServicer):
         # ("" selects the install's own events, which name no queue).
         wanted = EventFilter.of([q and queue_name(q) for q in request.queues],
                                 streamed([events_serde.event_type_from_proto(t) for t in request.types]))
-        events = event_watch.watch(self._stream(), request.cursor, request.from_oldest, wanted)
+        events = event_watch.watch(self._stream(), request.cursor, request.from_oldest, wanted, self._watch_s)
         async with contextlib.aclosing(events):
             async for e in events:
                 yield events_pb2.WatchEventsResponse(event=events_serde.event_to_proto(e))

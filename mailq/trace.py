@@ -34,6 +34,7 @@ import grpc
 from mailq import ids
 from mailq.common import Client, UsageError, print_table, queue_option, real, shown, whole
 from mailqueue.v1 import browse_pb2, events_pb2, mail_pb2
+from services.domain import event_stream
 
 
 def _live_mails(c: Client, queue: str | None) -> Iterator[mail_pb2.QueuedMail]:
@@ -101,6 +102,11 @@ RESUME_PAUSE_S = (0.2, 0.5, 1.0, 2.0, 4.0)
 RESUME_WAIT_S = 30.0
 #: A first call refused sooner than this never reached browse_svc: the usual error, not a cut.
 REFUSED_AT_ONCE_S = 2.0
+#: A watch that lasted this long before its cut was served (browse_svc ends each watch after
+#: MAILQUEUE_MAX_CONNECTION_AGE_S, so that watchers spread over the replicas): the cuts in a row
+#: start again from 0, or a quiet stream would end the command after RESUMES of those.
+SERVED_S = 60.0
+
 
 
 def _line(e: events_pb2.Event) -> str:
@@ -162,11 +168,14 @@ def cmd_events(c: Client, a: argparse.Namespace) -> None:
                     raise SystemExit(f"mailq events: cursor {gone} is past the end of the event stream: the stream was "
                                      "deleted and declared again (a broker reset) since it was given; the events it "
                                      "holds: mailq events --oldest") from None
-                # The server closes every connection after MAILQUEUE_MAX_CONNECTION_AGE_S, and a
-                # restarted browse_svc ends its streams: go on from the last event shown.
+                # The server ends each watch after MAILQUEUE_MAX_CONNECTION_AGE_S, and a restarted
+                # browse_svc ends its streams: go on from the last event shown.
+                planned = event_stream.REBALANCED in (e.details() or "")
+                if planned or time.monotonic() - started >= SERVED_S:
+                    cuts = 0  # a watch ended as planned (or by an older server's connection age): not a failure
                 if e.code() is not grpc.StatusCode.UNAVAILABLE or cuts >= RESUMES:
                     raise
-                if not cuts and not count_shown and time.monotonic() - started < REFUSED_AT_ONCE_S:
+                if not (planned or cuts or count_shown) and time.monotonic() - started < REFUSED_AT_ONCE_S:
                     raise  # never reached browse_svc (down, a wrong address, TLS): the usual error and hint
                 where = (f"after cursor {last}" if last else "from the oldest event kept" if a.oldest
                          else "from now on (no event shown yet: one recorded during the cut is not shown)")

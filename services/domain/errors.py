@@ -51,6 +51,13 @@ class Aborted(MailQueueError):
     status = "ABORTED"
 
 
+class Rebalanced(MailQueueError):
+    """A long-lived call ended by the server so that its client may reach another replica (a
+    WatchEvents past the connection age): resume it (from the last cursor), nothing was lost."""
+
+    status = "UNAVAILABLE"
+
+
 class BackendUnavailable(MailQueueError):
     """Cassandra, RabbitMQ or MinIO did not answer: retryable, nothing acknowledged."""
 

@@ -41,6 +41,11 @@ class Start:
         return (offset, index) >= (self.offset, self.index)
 
 
+#: What a watch ended for rebalancing says (services/app/event_watch.py): mailq events reads it as
+#: a planned end, not a failure.
+REBALANCED = "watch again from the last cursor received"
+
+
 def start(cursor: str, from_oldest: bool = False) -> Start:
     """Where a watch starts: a cursor's event, or FIRST (from_oldest), or NEXT. A cursor that is not
     a decimal number below 2**63 is INVALID_ARGUMENT: nothing is read."""

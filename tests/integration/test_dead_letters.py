@@ -472,3 +472,31 @@ def test_a_retry_of_a_mail_deleted_while_a_consumer_holds_it_sends_it_nowhere_an
     assert (info.size, info.delayed) == (1, 0)
     assert [m.mail.name for m in suite.browsed_mails(queue)] == ["other"]
     assert deleted_reason(suite, queue, uuid.UUID(d.mail.enqueue_id)) == "deleted by admin"
+
+
+def test_a_redrive_longer_than_the_connection_age_runs_to_its_end_and_a_watch_ends_for_rebalancing(suite, keyspace):
+    """browse_svc closed every connection 30 s after its maximum age, cutting its operators' long
+    calls UNAVAILABLE: a redrive at 100/s could never move more than about 33,000 dead letters.
+    Its calls now go on to their end; WatchEvents, which would never end, ends itself at the age."""
+    from mailqueue.v1 import events_pb2, events_pb2_grpc
+
+    queue = suite.new_queue()
+    names = [f"slow{i}" for i in range(34)]
+    reject_all(suite, queue, names)
+    browse_proc = ServiceProcess("browse", service_env(keyspace, MAILQUEUE_BLOB_TARGET=suite.blob.target,
+                                                       MAILQUEUE_MAX_CONNECTION_AGE_S="1"))
+    try:
+        channel = browse_proc.channel()
+        began = time.monotonic()
+        with pytest.raises(grpc.RpcError) as ended:
+            for _ in events_pb2_grpc.EventServiceStub(channel).WatchEvents(events_pb2.WatchEventsRequest(), timeout=30):
+                pass
+        assert ended.value.code() == grpc.StatusCode.UNAVAILABLE and "watch again from the last cursor" in ended.value.details()
+        assert time.monotonic() - began < 10
+        began = time.monotonic()
+        final = list(admin_pb2_grpc.AdminServiceStub(channel).RedriveDeadLetters(
+            admin_pb2.RedriveDeadLettersRequest(queue=queue, per_second=1), timeout=120))[-1]
+        took = time.monotonic() - began
+    finally:
+        browse_proc.stop()
+    assert final.done and final.redriven == len(names) and took > 32, (final, took)  # past the age and the old 30 s

@@ -445,3 +445,25 @@ def test_watchers_past_the_processs_most_are_resource_exhausted_and_a_place_free
         again.call.cancel()
     finally:
         browse.stop()
+
+
+def test_mailq_events_on_a_quiet_stream_goes_on_past_the_watches_browse_svc_ends(keyspace):
+    """browse_svc ends each watch after MAILQUEUE_MAX_CONNECTION_AGE_S so that watchers spread over
+    the replicas. mailq events counted each end as a cut, and five in a row with no event between
+    them ended the command: a quiet stream stopped being followed after five connection ages."""
+    import pathlib
+    import subprocess
+    import sys
+    import tempfile
+
+    from stack.harness import ServiceProcess, service_env
+
+    browse = ServiceProcess("browse", service_env(keyspace, MAILQUEUE_MAX_CONNECTION_AGE_S="1"))
+    mailq = pathlib.Path(sys.executable).parent / "mailq"
+    try:
+        r = subprocess.run([str(mailq), "--browse", browse.target, "events", "--queue", "quiet-stream-q", "--for", "9"],
+                           cwd=tempfile.gettempdir(), capture_output=True, text=True, timeout=60)
+    finally:
+        browse.stop()
+    assert r.returncode == 0 and r.stdout == "", r.stderr
+    assert r.stderr.count("the stream was cut") >= 6, r.stderr  # more than RESUMES ends, each resumed
