@@ -3,7 +3,8 @@ the events it wants in signed CloudEvents batches, in stream order, one batch at
 the checkpoint past each batch once it is answered (services/domain/webhooks.py says what is sent).
 
 - At least once: the checkpoint moves only after the endpoint answered 2xx (or refused the batch);
-  a crash in between sends the batch again (receivers drop duplicates by the CloudEvent id).
+  a crash in between sends the batch again (receivers drop duplicates by the CloudEvent id). Past
+  PASSED_MARK events in a row it does not want, it moves past them too, behind what was sent.
 - In order per mail (and overall): one batch in flight per endpoint.
 - Retries: no answer (timeout, connection error), 5xx, 408 and 429 are tried again after a
   doubling backoff, capped; any other status refuses the batch: counted, logged, not sent again.
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -46,6 +48,20 @@ LOST = Counter("mailqueue_webhook_stream_messages_lost_total", "Event stream mes
                "stream's retention removed before an endpoint read them, found on resuming from its checkpoint", ["endpoint"])
 
 
+#: Events read and not wanted in a row after which an endpoint's checkpoint moves past them: a
+#: narrow filter (one queue's dead letters) otherwise kept its place where its last wanted event
+#: was, and a restart read again, on the loop every endpoint shares, all the stream since, and
+#: counted what retention removed of it as lost.
+PASSED_MARK = 1000
+
+
+@dataclasses.dataclass(frozen=True)
+class Passed:
+    """In the inbox: the reader passed this cursor with nothing wanted since the last event put."""
+
+    cursor: str
+
+
 class EndpointDelivery:
     def __init__(self, endpoint: Endpoint, stream: EventStream, checkpoints: Checkpoints, poster: Poster, *,
                  from_oldest: bool = False, backoff_base_s: float = 0.5, backoff_cap_s: float = 60.0,
@@ -67,7 +83,7 @@ class EndpointDelivery:
         # answer (or, with a filter, before its first wanted event) would start at "next" again and
         # skip what it had not delivered (and what came while it was down).
         placed = last is not None or from_oldest
-        inbox: asyncio.Queue[Event | BaseException] = asyncio.Queue(maxsize=2 * self.endpoint.batch_size)
+        inbox: asyncio.Queue[Event | Passed | BaseException] = asyncio.Queue(maxsize=2 * self.endpoint.batch_size)
         reader = asyncio.create_task(self._read(last, from_oldest, inbox, placed))
         try:
             while True:
@@ -75,10 +91,12 @@ class EndpointDelivery:
                 while len(batch) < self.endpoint.batch_size and not inbox.empty():
                     batch.append(inbox.get_nowait())
                 failed = next((x for x in batch if isinstance(x, BaseException)), None)
-                events = [x for x in batch if isinstance(x, Event)]
+                read = [x for x in batch if not isinstance(x, BaseException)]  # events, and places passed
+                events = [x for x in read if isinstance(x, Event)]
                 if events:
                     await self._deliver(events)
-                    await self._checkpoints.save(self.endpoint.name, events[-1].cursor)
+                if read:
+                    await self._checkpoints.save(self.endpoint.name, read[-1].cursor)
                 if failed is not None:
                     raise failed
         finally:
@@ -86,7 +104,7 @@ class EndpointDelivery:
             with contextlib.suppress(asyncio.CancelledError):
                 await reader
 
-    async def _read(self, last: str | None, from_oldest: bool, inbox: asyncio.Queue[Event | BaseException], placed: bool) -> None:
+    async def _read(self, last: str | None, from_oldest: bool, inbox: asyncio.Queue[Event | Passed | BaseException], placed: bool) -> None:
         try:
             try:
                 await self._read_from(last, from_oldest, inbox, placed)
@@ -106,6 +124,7 @@ class EndpointDelivery:
     async def _read_from(self, last: str | None, from_oldest: bool, inbox: asyncio.Queue[Event | BaseException],
                          placed: bool) -> None:
         """The events after ``last`` (else from the oldest, else from the next), wanted ones into ``inbox``."""
+        passed = 0  # events read and not wanted since the last one put in the inbox
         async with contextlib.aclosing(self._stream.watch(last, from_oldest=from_oldest)) as events:
             async for e in events:
                 if not placed:  # before anything of it is sent (run saves only after what it sends)
@@ -120,6 +139,12 @@ class EndpointDelivery:
                         continue
                 if self.endpoint.wanted(e):
                     await inbox.put(e)
+                    passed = 0
+                else:
+                    passed += 1
+                    if passed >= PASSED_MARK:  # its place moves on behind what it was sent
+                        await inbox.put(Passed(e.cursor))
+                        passed = 0
 
     def _check_kept(self, checkpoint: str, first: str) -> None:
         missed = event_stream.messages_missed(checkpoint, first)

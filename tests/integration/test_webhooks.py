@@ -416,3 +416,40 @@ def test_after_a_stream_reset_a_restart_before_the_first_answer_misses_nothing(a
         webhooks.kill()
         webhooks.wait(10)
         receiver.server.shutdown()
+
+
+def test_a_filtered_endpoint_moves_its_checkpoint_past_the_events_it_does_not_want(aio_loop, keyspace, sink, tmp_path):
+    """An endpoint of one queue's events kept its checkpoint at its last wanted event: a restart
+    read again all the stream since, and what retention had removed of it was counted lost and
+    logged as an error. Past 1,000 unwanted events in a row, its place moves past them."""
+    from services.adapters.cassandra import schema
+    from services.adapters.cassandra.session import connect
+    from services.app.webhook_delivery import PASSED_MARK
+    from services.runtime.settings import cassandra_from_env
+
+    queue, other = f"wh-{uuid.uuid4().hex[:8]}", f"wh-{uuid.uuid4().hex[:8]}"
+    (tmp_path / "secret").write_bytes(os.urandom(16).hex().encode())
+    receiver = Receiver()
+    endpoint = {"name": f"narrow-{queue}", "url": receiver.url, "secret_file": str(tmp_path / "secret"), "queues": [queue],
+                "timeout_s": 1, "max_age_s": 3600, "from_oldest": True}
+    wanted = of_queue(EventType.CONFIG_CHANGED, queue, "wanted", actor=Actor.component("test"))
+    aio_loop.run(sink.publish([wanted]))
+    unwanted = [of_queue(EventType.CONFIG_CHANGED, other, f"n{i}", actor=Actor.component("test")) for i in range(PASSED_MARK + 50)]
+    aio_loop.run(sink.publish(unwanted))
+    cluster, session = connect(cassandra_from_env(service_env(keyspace)))
+
+    def checkpoint() -> int:
+        row = session.execute(f"SELECT cursor FROM {keyspace}.{schema.WEBHOOK_CHECKPOINTS} WHERE endpoint = %s",
+                              (endpoint["name"],)).one()
+        return int(row.cursor) if row is not None else -1
+
+    webhooks = start_webhooks(keyspace, [endpoint], tmp_path)
+    try:
+        wait_until(lambda: [e["id"] for e in receiver.events()] == [wanted.id], 60, what="the wanted event delivered")
+        sent_at = int(receiver.events()[0]["data"]["cursor"])
+        wait_until(lambda: checkpoint() > sent_at, 60, what="the checkpoint past the unwanted events")
+    finally:
+        webhooks.kill()
+        webhooks.wait(10)
+        receiver.server.shutdown()
+        cluster.shutdown()
