@@ -137,6 +137,13 @@ def counters_reconciled(queue: str, deltas: Sequence[tuple[dt.datetime, str, int
     return of_queue(EventType.COUNTERS_RECONCILED, queue, hashlib.sha1(change.encode()).hexdigest(), details=details)
 
 
+def dead_letter_counters_reconciled(queue: str, corrections: dict[str, int]) -> Event:
+    """ReconcileCounters' corrections of the queue's dead-letter counters (kind -> delta)."""
+    change = ";".join(f"dead_letters/{k}/{d}" for k, d in sorted(corrections.items()))
+    return of_queue(EventType.COUNTERS_RECONCILED, queue, hashlib.sha1(change.encode()).hexdigest(),
+                    details={f"dead_letters.{k}": f"{d:+d}" for k, d in sorted(corrections.items())})
+
+
 def browse_start_moved(queue: str, before: dt.datetime, after: dt.datetime) -> Event:
     return of_queue(EventType.BROWSE_START_MOVED, queue, f"{before.isoformat()}>{after.isoformat()}",
                     details={"from": before.isoformat(), "to": after.isoformat()})

@@ -35,7 +35,7 @@ from services.app.browser import Browser
 from services.app.moves import Mover, land, only_landed, publish_landed
 from services.domain import dead_letters, model, paging
 from services.domain.dead_letters import DeadLetter, DeadLetterFilter
-from services.domain.errors import InvalidArgument
+from services.domain.errors import Aborted, InvalidArgument
 from services.domain.events import Event
 from services.ports.broker import Broker
 from services.ports.events import EventLog
@@ -80,6 +80,10 @@ async def purge_one(view: View, mail: model.QueuedMail) -> bool:
     return await view.dead_letters.remove(mail)
 
 
+#: Exact passes ReconcileCounters takes over dead letters whose counters move meanwhile.
+RECONCILE_PASSES = 3
+
+
 class DeadLetterAdmin:
     def __init__(self, view: View, broker: Broker, browser: Browser, mover: Mover, events: EventLog | None = None) -> None:
         self._view = view
@@ -118,11 +122,22 @@ class DeadLetterAdmin:
         return await self._view.dead_letters.counts(queue)
 
     async def reconcile(self, queue: str) -> dict[str, int]:
-        """Rewrite the queue's dead-letter counters from the repository (ReconcileCounters)."""
-        exact, counted = await self._view.dead_letters.exact_counts(queue), await self._view.dead_letters.counts(queue)
-        for kind, n in exact.items():
-            if n != counted.get(kind, 0):
-                await self._view.dead_letters.correct(queue, kind, n - counted.get(kind, 0))
+        """Rewrite the queue's dead-letter counters from the repository (ReconcileCounters),
+        recorded first (COUNTERS_RECONCILED) as every operator change. The counters are read
+        before and after the exact pass, and the pass taken again while they moved (a dead letter
+        recorded meanwhile: its row read or not, its count added or not): Aborted after three."""
+        for _ in range(RECONCILE_PASSES):
+            counted = await self._view.dead_letters.counts(queue)
+            exact = await self._view.dead_letters.exact_counts(queue)
+            if await self._view.dead_letters.counts(queue) == counted:
+                break
+        else:
+            raise Aborted(f"dead letters of queue {queue!r} are being recorded or removed: reconcile again once they settle")
+        corrections = {k: n - counted.get(k, 0) for k, n in exact.items() if n != counted.get(k, 0)}
+        if corrections:
+            await admin_events.record(self._events, [admin_events.dead_letter_counters_reconciled(queue, corrections)])
+        for kind, delta in corrections.items():
+            await self._view.dead_letters.correct(queue, kind, delta)
         return exact
 
     async def redrive(

@@ -113,3 +113,24 @@ def test_shape_prints_recipient_domains_by_age(suite, tmp_path):
     assert lines[0].split() == ["T", "5", "10", "20", "40", "80", "160", "320", "640", "1280", "1280+"]
     assert lines[1].split()[:3] == ["TOTAL", "6", "6"]
     assert lines[2].split()[:3] == ["a.example", "5", "5"] and lines[3].split()[:3] == ["b.example", "1", "1"]
+
+
+def test_reconcile_of_drifted_dead_letter_counters_is_in_the_audit_trail(suite):
+    """ReconcileCounters rewrote the dead-letter counters without an event: the one counter
+    rewrite an audit of the queue could not see."""
+    from mailqueue.v1 import events_pb2
+    from tests.integration.helpers import first_queue_event
+
+    queue = suite.new_queue()
+    enqueue_names(suite, queue, ["dead"])
+    c = StreamConsumer(suite.dequeue_stub, queue, prefetch=1)
+    c.answer(c.next(), "REJECT", "550 no such user")
+    c.close()
+    counted = lambda: suite.browse_stub.CountDeadLetters(browse_pb2.CountDeadLettersRequest(queue=queue)).total  # noqa: E731
+    wait_until(lambda: counted() == 1, what="the dead letter counted")
+    suite.run(suite.view.dead_letters.correct(queue, "rejected", 2))  # drift: two more counted than kept
+    assert counted() == 3
+    suite.admin_stub.ReconcileCounters(admin_pb2.ReconcileCountersRequest(queue=queue))
+    assert counted() == 1
+    e = first_queue_event(suite, queue, events_pb2.EVENT_TYPE_COUNTERS_RECONCILED)
+    assert dict(e.details) == {"dead_letters.rejected": "-2"} and e.actor.kind == events_pb2.ACTOR_KIND_CALLER
