@@ -74,13 +74,18 @@ class Client:
         self.blob = blob_pb2_grpc.BlobServiceStub(deadline.on(blocking_channel(target("blob"), token, tls)))
 
 
-#: A unary call with no answer after this long fails (DEADLINE_EXCEEDED) rather than wait for ever.
+#: A call with no end after this long fails (DEADLINE_EXCEEDED) rather than wait for ever.
 DEFAULT_TIMEOUT_S = 600.0
 
+#: The calls --timeout does not bound: the streams that show their progress (they may run long,
+#: and show that they do) and the event stream (followed until Ctrl-C, --count or --for).
+UNBOUNDED = frozenset({"DeleteQueue", "MoveMails", "RedriveDeadLetters", "PurgeDeadLetters", "DeleteMails", "ClearQueue",
+                       "WatchEvents"})
 
-class _Deadline(grpc.UnaryUnaryClientInterceptor):
-    """Every unary call without a timeout of its own gets ``timeout_s`` (streams keep theirs: a
-    progress stream may run long, and shows that it does)."""
+
+class _Deadline(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor, grpc.StreamUnaryClientInterceptor):
+    """Every call without a timeout of its own gets ``timeout_s``, but the UNBOUNDED ones (a
+    browse, a dead-letter listing or an enqueue stream waited for ever on a stuck service)."""
 
     def __init__(self, timeout_s: float) -> None:
         self._timeout_s = timeout_s
@@ -88,10 +93,20 @@ class _Deadline(grpc.UnaryUnaryClientInterceptor):
     def on(self, channel: grpc.Channel) -> grpc.Channel:
         return grpc.intercept_channel(channel, self)
 
+    def _bounded(self, details: grpc.ClientCallDetails) -> grpc.ClientCallDetails:
+        method = details.method.decode() if isinstance(details.method, bytes) else details.method
+        if details.timeout is not None or method.rpartition("/")[2] in UNBOUNDED:
+            return details
+        return _WithTimeout(details, self._timeout_s)
+
     def intercept_unary_unary(self, continuation, details, request):  # type: ignore[no-untyped-def]  # noqa: ANN001
-        if details.timeout is None:
-            details = _WithTimeout(details, self._timeout_s)
-        return continuation(details, request)
+        return continuation(self._bounded(details), request)
+
+    def intercept_unary_stream(self, continuation, details, request):  # type: ignore[no-untyped-def]  # noqa: ANN001
+        return continuation(self._bounded(details), request)
+
+    def intercept_stream_unary(self, continuation, details, requests):  # type: ignore[no-untyped-def]  # noqa: ANN001
+        return continuation(self._bounded(details), requests)
 
 
 class _WithTimeout(grpc.ClientCallDetails):
