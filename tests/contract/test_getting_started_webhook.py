@@ -97,6 +97,16 @@ def test_the_pages_receiver_gets_each_delivered_mails_event_signed(services, tmp
         mailq("dequeue", queue, "-n", "1", "--ack", "reject", cwd=tmp_path)
         wait_until(lambda: re.search(rf"io\.mailqueue\.event\.rejected {queue} {rejected}$", out.read_text(), re.M), 30, 0.2,
                    what="the rejected mail's event at the receiver")
+        # A forged request is refused 401, whatever its headers: a signature that is not ASCII and a
+        # timestamp that is no number crashed the handler (no answer: webhook_svc would retry it).
+        import http.client
+
+        for headers in ({"Mailqueue-Timestamp": str(int(time.time())), "Mailqueue-Signature": "sha256=é"},
+                        {"Mailqueue-Timestamp": "soon", "Mailqueue-Signature": "sha256=00"}):
+            conn = http.client.HTTPConnection("127.0.0.1", 8099, timeout=10)
+            conn.request("POST", "/hooks", body=b"[]", headers={**headers, "Content-Length": "2"})
+            assert conn.getresponse().status == 401, headers
+            conn.close()
     finally:
         subprocess.run([os.path.join(ROOT, ".venv", "bin", "mailq"), "webhook", "remove", hook],
                        env={**os.environ, "MAILQ_TLS_CA": CA}, capture_output=True, timeout=60)
