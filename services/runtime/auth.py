@@ -15,6 +15,7 @@ every task it starts see it.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import ipaddress
@@ -230,8 +231,9 @@ def _acting(handler: grpc.RpcMethodHandler, admit: Admit) -> grpc.RpcMethodHandl
     def streaming(inner: Callable[..., AsyncIterator[Any]]) -> Callable[..., AsyncIterator[Any]]:
         async def call(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
             _enter(await admit(context))
-            async for response in inner(request, context):
-                yield response
+            async with contextlib.aclosing(inner(request, context)) as responses:  # closed with this one (grpc never closes it)
+                async for response in responses:
+                    yield response
         return call
 
     decode, encode = handler.request_deserializer, handler.response_serializer

@@ -7,6 +7,7 @@ stack trace and answered INTERNAL without one. A client never sees UNKNOWN.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -129,8 +130,10 @@ def _streaming(method: str, fn: Callable[..., AsyncIterator[Any]]) -> Callable[.
         try:
             result = fn(_checked(request), context)
             if hasattr(result, "__aiter__"):
-                async for response in result:
-                    yield response
+                async with contextlib.aclosing(result) if hasattr(result, "aclose") else contextlib.nullcontext():
+                    # closed with this one: grpc never closes a handler's generator, the collector would, later
+                    async for response in result:
+                        yield response
             else:  # a handler that writes with context.write() and returns
                 await result
         except GeneratorExit:
