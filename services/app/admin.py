@@ -162,8 +162,11 @@ class Admin:
 
         batch = admin_events.RecordedFirst(self._events, publish)
         count = 0
-        async for q in self.live_mails(queue, "republish", until=cutoff):
-            count += await batch.add(q, admin_events.republished_by_caller(q))
+        # Every slice: a mail moved or redriven keeping its attempts keeps its enqueue time in a
+        # recent slice, which a scan ending at the cutoff's slice never reached.
+        async for q in self.live_mails(queue, "republish"):
+            if q.enqueued_at < cutoff:
+                count += await batch.add(q, admin_events.republished_by_caller(q))
         return count + await batch.flush()
 
     async def update_browse_start(self, queue: str) -> dt.datetime | None:

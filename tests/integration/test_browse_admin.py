@@ -296,6 +296,29 @@ def test_republish_heals_a_broker_that_lost_its_messages(suite):
     wait_until(lambda: suite.size(queue) == 0, what="the twenty answers settled")
 
 
+def test_republish_reaches_a_mail_that_kept_an_old_enqueue_time_in_a_recent_slice(suite):
+    """A mail moved, or redriven keeping its attempts, keeps its enqueue time but lands in the
+    slice of its landing. RepublishNotProcessed stopped at the slice of its cutoff and never
+    reached it: its message lost, it stayed undelivered."""
+    import dataclasses
+    import uuid
+
+    queue = suite.new_queue()
+    enqueue_names(suite, queue, ["new"])
+    [new] = view_rows(suite, queue)
+    # As land() stores a mail moved here, enqueued two hours ago elsewhere: in today's slice.
+    old = dataclasses.replace(new, enqueue_id=uuid.uuid1(), enqueued_at=new.enqueued_at - dt.timedelta(hours=2))
+    suite.run(suite.view.mails.store(old))
+    stack("rabbitmqctl", "purge_queue", names.work_queue(queue))  # the broker lost both messages
+    r = suite.admin_stub.RepublishNotProcessed(admin_pb2.RepublishNotProcessedRequest(
+        queue=queue, older_than=duration_pb2.Duration(seconds=3600)))
+    assert r.republished == 1  # the old one, not the new one
+    wait_until(lambda: message_count(queue) == 1, what="the old mail's message")
+    c = StreamConsumer(suite.dequeue_stub, queue, prefetch=4)
+    assert c.next().mail.enqueue_id == str(old.enqueue_id)
+    c.close()
+
+
 def test_configuration_changes_at_once_record_one_event_per_change_made(aio_loop, running_stack):
     """Six UpdateConfiguration calls at once, each growing the bucket count to its own number: the
     ones checked against a configuration another then replaced are refused (it may only grow), and
