@@ -3,7 +3,7 @@
 # once, before `make install` creates the venv, so a machine without one is told at once what to
 # install (not several minutes later, by the first build that needs it).
 #   Python >= 3.11 with venv, Go >= 1.24, a JDK 17 with Maven, Node.js with npm.
-# RabbitMQ and openssl come from apt, installed by stack/stack.sh itself (as root).
+# RabbitMQ, openssl and curl come from apt, installed by stack/stack.sh itself (as root).
 set -uo pipefail
 
 missing=()

@@ -111,11 +111,14 @@ stop_pid() {
 
 # The local CA, the certificates and one credential per role (each made once, kept in .stack/).
 secure_files() {
-  if ! command -v openssl >/dev/null; then
-    say "openssl: installing from Debian (apt-get), for the local CA"
-    { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q openssl; } >"$LOG_DIR/openssl-install.log" 2>&1 \
-      || die "openssl: apt-get install openssl failed; see $LOG_DIR/openssl-install.log (needs root)"
-  fi
+  # openssl for the local CA; curl for the health checks of MinIO (and of the clusters' Spark)
+  local tool
+  for tool in openssl curl; do
+    command -v "$tool" >/dev/null && continue
+    say "$tool: installing from Debian (apt-get)"
+    { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$tool"; } >"$LOG_DIR/$tool-install.log" 2>&1 \
+      || die "$tool: apt-get install $tool failed; see $LOG_DIR/$tool-install.log (needs root)"
+  done
   "$ROOT/stack/pki.sh" "$PKI_DIR"
   "$PY" "$ROOT/stack/provision.py" credentials "$CREDENTIALS_DIR"
 }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build the cluster's Go parts once per machine into $MAILQUEUE_CACHE_DIR (default
 # ~/.cache/mailqueue-stack): hyperkube (kube-apiserver, -controller-manager, -scheduler, kubelet,
-# kube-proxy as symlinks to one binary, version stamped), CoreDNS, metrics-server, crictl and
+# kube-proxy and kubectl as symlinks to one binary, version stamped), CoreDNS, metrics-server, crictl and
 # kube-router (the NetworkPolicy controller), and nettest (./nettest, the probe `kube.sh check` runs in
 # pods). Everything comes from the Go module proxy.
 # Cold: about 7 minutes on 2 cores (hyperkube is most of it); cached: nothing is rebuilt.
@@ -13,7 +13,8 @@ source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/lib.sh"
 export CGO_ENABLED=0 GOFLAGS=-trimpath
 mkdir -p "$BIN"
 
-if [[ ! -x "$BIN/hyperkube" ]]; then
+# Rebuilt when its source changes (a component added: kubectl).
+if [[ ! -x "$BIN/hyperkube" || "$HERE/hyperkube/main.go" -nt "$BIN/hyperkube" || "$HERE/hyperkube/go.mod" -nt "$BIN/hyperkube" ]]; then
   say "building hyperkube $KUBE_VERSION from the Go module proxy (once per machine; about 7 minutes on 2 cores)"
   stamp=""
   for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
@@ -23,7 +24,7 @@ if [[ ! -x "$BIN/hyperkube" ]]; then
   (cd "$HERE/hyperkube" && nice go build -ldflags "-s -w $stamp" -o "$BIN/hyperkube.tmp" .)
   mv "$BIN/hyperkube.tmp" "$BIN/hyperkube"
 fi
-for c in kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy; do
+for c in kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl; do
   ln -sfn hyperkube "$BIN/$c"
 done
 

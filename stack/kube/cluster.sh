@@ -5,9 +5,9 @@
 # prepare: what `up` needs that is built or downloaded once per machine, nothing started.
 prepare() {
   [[ $(id -u) == 0 ]] || die "the cluster needs root (containerd, iptables, the bridge): run as root"
-  [[ -x $KUBECTL ]] || die "no kubectl at $KUBECTL (set MAILQUEUE_KUBECTL)"
   mkdir -p "$KDIR" "$RUN" "$LOGS"
   "$HERE/build.sh" >&2 || die "stack/kube/build.sh failed (see above)"
+  [[ -x $KUBECTL ]] || die "no kubectl at $KUBECTL (MAILQUEUE_KUBECTL names another)"
   timing "build (cached: $BIN)"
   packages
   timing "packages (apt, once per machine)"

@@ -43,7 +43,7 @@ case "${1:-}" in
   secrets) secrets "${2:?usage: kube.sh secrets NAMESPACE}" ;;
   down) down ;;
   status) status ;;
-  env) echo "export KUBECONFIG=$ADMIN_KUBECONFIG" ;;
+  env) printf 'export KUBECONFIG=%q MAILQUEUE_KUBECTL=%q PATH=%q:"$PATH"\n' "$ADMIN_KUBECONFIG" "$KUBECTL" "$(dirname "$KUBECTL")" ;;
   import-images) import_images ;;
   check) check ;;
   *) echo "usage: $0 install|up|down|status|env|import-images|secrets NAMESPACE|check" >&2; exit 2 ;;

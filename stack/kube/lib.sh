@@ -34,7 +34,8 @@ MANIFESTS="$KDIR/manifests"
 CNI_CONF_DIR="$KDIR/cni/net.d"
 CNI_IPAM_DIR="$KDIR/cni/ipam"
 ADMIN_KUBECONFIG="$KDIR/admin.kubeconfig"
-KUBECTL="${MAILQUEUE_KUBECTL:-/usr/bin/kubectl}"
+# kubectl: the one build.sh builds into hyperkube (same version as the cluster), unless set.
+KUBECTL="${MAILQUEUE_KUBECTL:-$BIN/kubectl}"
 
 NODE="${MAILQUEUE_KUBE_NODE:-$(hostname -s | tr '[:upper:]' '[:lower:]')}"
 NODE_IP=10.244.0.1

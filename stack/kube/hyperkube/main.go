@@ -17,6 +17,7 @@ import (
 	_ "k8s.io/component-base/logs/json/register"
 	_ "k8s.io/component-base/metrics/prometheus/clientgo"
 	_ "k8s.io/component-base/metrics/prometheus/version"
+	kubectl "k8s.io/kubectl/pkg/cmd"
 	apiserver "k8s.io/kubernetes/cmd/kube-apiserver/app"
 	controllermanager "k8s.io/kubernetes/cmd/kube-controller-manager/app"
 	proxy "k8s.io/kubernetes/cmd/kube-proxy/app"
@@ -31,6 +32,7 @@ func main() {
 		"kube-scheduler":          func() *cobra.Command { return scheduler.NewSchedulerCommand() },
 		"kube-proxy":              proxy.NewProxyCommand,
 		"kubelet":                 func() *cobra.Command { return kubelet.NewKubeletCommand(context.Background()) },
+		"kubectl":                 kubectl.NewDefaultKubectlCommand,
 	}
 	name := filepath.Base(os.Args[0])
 	make, ok := commands[name]
