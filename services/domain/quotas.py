@@ -207,13 +207,18 @@ class Gcra:
         # share of it), and such a chunk was refused "retry after 0.05 s".
         return max(0.0, (max(self.tat, now) - now) + (cost - self.burst) / self.rate)
 
-    def take(self, now: float, cost: float) -> None:
-        """Take ``cost`` (allowed or not: a stream's bytes are charged once streamed)."""
-        self.tat = max(self.tat, now) + cost / self.rate
+    def take(self, now: float, cost: float) -> float:
+        """Take ``cost`` (allowed or not: a stream's bytes are charged once streamed); the seconds
+        it moved ``tat`` on, at the rate of now."""
+        step = cost / self.rate
+        self.tat = max(self.tat, now) + step
+        return step
 
-    def give_back(self, now: float, cost: float) -> None:
-        """Undo a ``take`` of ``cost`` (never to more than an idle limiter's credit)."""
-        self.tat = max(self.tat - cost / self.rate, now)
+    def give_back(self, now: float, step: float) -> None:
+        """Undo a ``take`` that moved ``tat`` on by ``step`` seconds (never to more than an idle
+        limiter's credit). In seconds, not in cost: the rate of a member's share may have moved
+        since (each refresh), and the same cost at another rate is another step."""
+        self.tat = max(self.tat - step, now)
 
     def use(self, now: float, cost: float = 0.0) -> float:
         """The part of the burst in use now, 0 idle to 1 when the next ``cost`` (a mail: 1) would
@@ -296,19 +301,19 @@ class Charge:
     from a quota), whatever quotas were set or cleared meanwhile. A streamed mail's charge grows
     with its chunks, and names the stream to the quotas."""
 
+    #: Each limiter taken from, and the seconds its take moved it on.
     taken: list[tuple[Gcra, float]] = dataclasses.field(default_factory=list)
     #: Its mail joined a group, which goes on whatever its caller does: kept even if the caller
     #: leaves (leaving must not be a way around a rate).
     committed: bool = False
 
     def take(self, limiter: Gcra, now: float, cost: float) -> None:
-        limiter.take(now, cost)
-        self.taken.append((limiter, cost))
+        self.taken.append((limiter, limiter.take(now, cost)))
 
     def give_back(self, now: float) -> None:
         """Undo every take of this charge (once)."""
-        for limiter, cost in self.taken:
-            limiter.give_back(now, cost)
+        for limiter, step in self.taken:
+            limiter.give_back(now, step)
         self.taken.clear()
 
 

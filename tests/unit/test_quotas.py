@@ -112,7 +112,7 @@ def test_a_charge_gives_back_exactly_what_its_mail_took_once():
     facts = q.Facts("acme", "a@x.org", "outbound", size=600)
     charge = q.Charge()
     assert q.decide([tenant, sender], limiters, {}, facts, 0.0, charge) is None
-    assert sorted(cost for _, cost in charge.taken) == [1.0, 600.0]
+    assert sorted(step for _, step in charge.taken) == [0.6, 1.0]  # seconds of each limiter: 600 B at 1000 B/s, 1 mail at 1/s
     assert q.decide([tenant, sender], limiters, {}, facts, 0.0) is not None  # the next one waits
     # When it is given back (twice: the second time gives nothing)
     charge.give_back(0.0)
@@ -120,6 +120,18 @@ def test_a_charge_gives_back_exactly_what_its_mail_took_once():
     # Then the next mail passes at once, and a third one waits as after one mail
     assert q.decide([tenant, sender], limiters, {}, facts, 0.0) is None
     assert q.decide([tenant, sender], limiters, {}, facts, 0.0) is not None
+
+
+def test_a_charge_given_back_after_the_rate_moved_gives_back_what_it_took():
+    # A member's share of a rate moves with each refresh: 1 mail/s when taken, 0.1 when given back.
+    # Given back by cost at the new rate, it forgave ten mails of others' debt (a way around the quota).
+    g = q.Gcra(rate=1.0, burst=1.0)
+    g.take(0.0, 1)  # another mail's, still owed
+    charge = q.Charge()
+    charge.take(g, 0.0, 1)
+    g.rate = 0.1
+    charge.give_back(0.0)
+    assert g.tat == 1.0  # the other mail's second is still owed
 
 
 def test_a_refused_mail_charges_nothing():
