@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Iterator
 
 import grpc
 import pytest
@@ -15,15 +16,22 @@ from tests.conftest import drop_keyspace
 
 
 @pytest.fixture(scope="session")
-def cluster_env() -> dict[str, str]:
-    """The clusters up (started when they are down); the environment that points services at them."""
-    if stack("status", "--cluster", check=False).returncode != 0:
-        stack("up", "--cluster", timeout=840)
-    env = {}
-    for line in stack("cluster-env").stdout.splitlines():
-        key, _, value = line.partition("=")
-        env[key] = value
-    return env
+def cluster_env() -> Iterator[dict[str, str]]:
+    """The clusters up (started when they are down); the environment that points services at them.
+    Clusters the tier started are stopped after it, as the Kubernetes tier's (left running after
+    ``make test``, their nine nodes held about 4 GB of memory); clusters found running are left."""
+    started = stack("status", "--cluster", check=False).returncode != 0
+    try:
+        if started:
+            stack("up", "--cluster", timeout=840)
+        env = {}
+        for line in stack("cluster-env").stdout.splitlines():
+            key, _, value = line.partition("=")
+            env[key] = value
+        yield env
+    finally:
+        if started:  # also after a start that failed half-way: down stops what up left
+            stack("down", "--cluster", check=False, timeout=300)
 
 
 def create_schema(env: dict[str, str]) -> None:
