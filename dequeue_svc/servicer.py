@@ -80,28 +80,38 @@ def _responses(batch: list[Delivery], max_batch: int, prefix: int) -> list[deque
 
 
 def _outcomes(request: dequeue_pb2.DequeueRequest) -> list[dequeue_pb2.Outcome]:
-    """The outcomes a request carries, each with a kind; raises InvalidArgument before settling any."""
+    """The outcomes a request carries; InvalidArgument for a message that carries none."""
     kind = request.WhichOneof("kind")
     if kind == "outcome":
-        outcomes = [request.outcome]
-    elif kind == "outcomes" and request.outcomes.outcomes:
-        outcomes = list(request.outcomes.outcomes)
-    elif kind == "outcomes":
+        return [request.outcome]
+    if kind == "outcomes" and request.outcomes.outcomes:
+        return list(request.outcomes.outcomes)
+    if kind == "outcomes":
         raise InvalidArgument("an Outcomes message must carry at least one outcome")
-    else:
-        raise InvalidArgument("only the first message of a Dequeue stream may be a subscribe")
-    for o in outcomes:
-        if o.kind not in _OUTCOMES:
-            raise InvalidArgument(f"outcome for delivery {o.delivery_tag} has no kind: use SUCCESS, RETRY or REJECT")
-    return outcomes
+    raise InvalidArgument("only the first message of a Dequeue stream may be a subscribe")
+
+
+def _answer(o: dequeue_pb2.Outcome) -> Answer:
+    """One outcome as an answer; InvalidArgument for one without a kind or with a retry_after out of range."""
+    if o.kind not in _OUTCOMES:
+        raise InvalidArgument(f"outcome for delivery {o.delivery_tag} has no kind: use SUCCESS, RETRY or REJECT")
+    return Answer(o.delivery_tag, _OUTCOMES[o.kind], o.error_message, serde.retry_after_from_proto(o))
 
 
 async def _answers(requests: AsyncIterator[dequeue_pb2.DequeueRequest]) -> AsyncIterator[list[Answer]]:
-    """Each request's outcomes as answers; an invalid request raises before any of it is settled."""
+    """Each request's outcomes as answers. An invalid outcome ends the stream with its error once
+    the answers before it in its message are carried out: each outcome of an Outcomes message is
+    settled as if sent alone (a SUCCESS before an invalid answer is never delivered again)."""
     async for request in requests:
-        outcomes = _outcomes(request)
-        retry_afters = [serde.retry_after_from_proto(o) for o in outcomes]
-        yield [Answer(o.delivery_tag, _OUTCOMES[o.kind], o.error_message, r) for o, r in zip(outcomes, retry_afters)]
+        answers: list[Answer] = []
+        try:
+            for o in _outcomes(request):
+                answers.append(_answer(o))
+        except InvalidArgument:
+            if answers:
+                yield answers
+            raise
+        yield answers
 
 
 class DequeueServicer(dequeue_pb2_grpc.DequeueServiceServicer):

@@ -255,22 +255,26 @@ def _held_blobs(ctx: Context, spark: Any) -> Any:
     Dead letters keep their content until they are redriven or purged (their rows may be gone);
     a move or a redrive under way holds its mail's content in its journal entry, whose source row
     may be marked and swept, or whose dead letter may be removed, before the landed row is written.
-    Read first, they leave no gap: a redrive removes its dead letter, and a move or a redrive its
-    journal entry, only after what replaces it was written, so a mail's content is referenced in
-    this snapshot or in the rows read after it."""
+    Read first, dead letters before the journal, they leave no gap: a redrive journals its dead
+    letter before it removes it, and a move or a redrive removes its journal entry only after
+    what replaces it was written, so a mail's content is referenced in this snapshot or in the
+    rows read after it. (The journal read first, a redrive journaled and removed its dead letter
+    between the two reads: killed before it landed, its content was in neither, and swept.)"""
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
     from services.contract.serde import queued_mail_from_bytes
 
+    dead = (_table(spark, ctx, schema.DEAD_LETTERS).select(F.explode("blob_ids").alias("blob_id"))
+            .persist(StorageLevel.MEMORY_AND_DISK))
+    dead.count()  # read now (Spark is lazy): before the journal
     journal = _table(spark, ctx, schema.MOVES).select("body", "source_body").collect()  # moves under way: a few rows
     journaled = sorted({b for r in journal for body in (r.body, r.source_body) if body
                         for b in queued_mail_from_bytes(bytes(body)).blob_ids})
-    held = (_table(spark, ctx, schema.DEAD_LETTERS).select(F.explode("blob_ids").alias("blob_id"))
-            .union(spark.createDataFrame([(b,) for b in journaled], "blob_id string"))
+    held = (dead.union(spark.createDataFrame([(b,) for b in journaled], "blob_id string"))
             .distinct().persist(StorageLevel.MEMORY_AND_DISK))
     log.info("dead letters and moves under way read", extra={"held_blobs": held.count(), "journaled_blobs": len(journaled)})
-    return held
+    return held  # (``dead`` stays persisted: recomputed later, it would miss what was removed since)
 
 
 def _collect_blobs(ctx: Context, spark: Any, rows: Any, held: Any, starts_df: Any, summary: retention.Summary) -> None:

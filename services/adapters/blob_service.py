@@ -6,7 +6,9 @@ gRPC statuses are converted back into the domain errors they came from.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+from collections.abc import AsyncIterator, Awaitable
+from typing import TypeVar
 
 import grpc
 
@@ -15,6 +17,8 @@ from services.adapters.grpc_channels import bearer, client_channel
 from services.domain.errors import BackendUnavailable, CredentialsRefused, InvalidArgument, MailQueueError, NotFound, ResourceExhausted
 from services.domain.model import BlobInfo
 from services.ports.blobstore import BlobStore
+
+T = TypeVar("T")
 
 _BY_CODE: dict[grpc.StatusCode, type[MailQueueError]] = {
     grpc.StatusCode.NOT_FOUND: NotFound,
@@ -51,23 +55,32 @@ class RemoteBlobStore(BlobStore):
 
     async def put(self, chunks: AsyncIterator[bytes], expected_id: str | None = None) -> BlobInfo:
         # Written call by call (not from a request generator) so that an error raised by the
-        # source, e.g. a size limit, cancels the upload and reaches the caller as it is.
-        call = self._stub.Put(timeout=self._timeout, metadata=self._metadata)
+        # source, e.g. a size limit, cancels the upload and reaches the caller as it is. The call
+        # has no deadline: the upload goes at its client's pace (100 MiB at 1 MB/s is 100 s, past
+        # any fixed one); each step of it (a chunk taken, the answer) is bounded by ``timeout_s``.
+        call = self._stub.Put(metadata=self._metadata)
         try:
             first = True
             async for chunk in chunks:
-                await call.write(blob_pb2.PutRequest(chunk=chunk, expected_blob_id=(expected_id or "") if first else ""))
+                await self._step(call.write(blob_pb2.PutRequest(chunk=chunk, expected_blob_id=(expected_id or "") if first else "")))
                 first = False
             if first:
-                await call.write(blob_pb2.PutRequest(expected_blob_id=expected_id or ""))
-            await call.done_writing()
-            r = await call
+                await self._step(call.write(blob_pb2.PutRequest(expected_blob_id=expected_id or "")))
+            await self._step(call.done_writing())
+            r = await self._step(call)
         except grpc.aio.AioRpcError as e:
             raise _convert(e) from e
         except BaseException:
             call.cancel()
             raise
         return BlobInfo(r.blob_id, r.size, r.deduplicated)
+
+    async def _step(self, step: Awaitable[T]) -> T:
+        try:
+            async with asyncio.timeout(self._timeout):
+                return await step
+        except TimeoutError:
+            raise BackendUnavailable("blob_svc", f"a Put made no progress within {self._timeout:g} s") from None
 
     async def put_bytes(self, data: bytes, expected_id: str | None = None) -> BlobInfo:
         try:

@@ -57,9 +57,12 @@ class UrllibPoster:
         answer = self._sending[lane] = loop.create_future()
 
         def send() -> None:
-            result = self._post(url, body, dict(headers), timeout_s)
-            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile (the process stops)
-                loop.call_soon_threadsafe(_settle, answer, result)
+            result = Answer(None)  # whatever _post raises, the lane is free again
+            try:
+                result = self._post(url, body, dict(headers), timeout_s)
+            finally:
+                with contextlib.suppress(RuntimeError):  # the loop closed meanwhile (the process stops)
+                    loop.call_soon_threadsafe(_settle, answer, result)
 
         threading.Thread(target=send, name=f"webhook-{lane}"[:60], daemon=True).start()
         try:

@@ -1,7 +1,8 @@
 """Closing a subscription (stream ended, client gone): nothing it held is lost or left claimed.
 
-- Deliveries it received but never handed to the client are published again, then acked: a
-  client that subscribes and leaves spends no delivery attempt.
+- The broker is first told to deliver no more (basic.cancel): then deliveries it received but
+  never handed to the client are published again, then acked: a client that subscribes and
+  leaves spends no delivery attempt.
 - Handed-out, unanswered deliveries go back to the queue (one attempt each), except those on the
   last delivery the broker allows: returned, the broker would dead-letter them with their view
   rows still live, so they are marked and dead-lettered here.
@@ -34,6 +35,14 @@ async def close(s: Stream, prepared: list[Delivery], unanswered: list[Delivery])
     for d in prepared:
         d.end(s.side.shaper)
     s.side.shaper.consuming(-1)
+    try:
+        # First: each ack below frees room the broker would fill with a new delivery, sent back by
+        # the channel's close with an attempt spent (and, for a delayed arrival, its count kept).
+        await s.consumer.stop()
+        channel_open = True
+    except BackendUnavailable as e:  # the channel is gone: the broker returns everything by itself
+        log.info("could not stop the consumer before giving back: %s", e, extra={"queue": s.queue})
+        channel_open = False
     for message in s.consumer.drain():
         s.unsent[message.delivery_tag] = message
     for d in unanswered:
@@ -43,6 +52,9 @@ async def close(s: Stream, prepared: list[Delivery], unanswered: list[Delivery])
                 await dead_letter_at_limit(s, d, ", last delivery unanswered")
             except BackendUnavailable as e:
                 log.warning("could not dead-letter a delivery on its last attempt: %s", e, extra={"queue": s.queue})
+    if not channel_open:  # published again, a copy would sit beside the one the broker gave back
+        log.info("unsent deliveries left to the broker (their channel is gone)", extra={"queue": s.queue, "unsent": len(s.unsent)})
+        return
     try:
         await return_unsent(s)
     except BackendUnavailable as e:  # the channel is gone: the broker returns them by itself

@@ -49,6 +49,10 @@ class Attempt:
 
     written: model.QueuedMail | None = None  # its view row may exist
     counted: bool = False  # and its counters were bumped
+    #: Its claim was taken over from an attempt that may have written the row and published the
+    #: message of this enqueue id: undone, the id is marked, whatever this attempt wrote (released
+    #: unmarked, the next retry claimed a new id beside a live one: two mails for one key).
+    taken_over: bool = False
 
 
 class Compensation:
@@ -69,9 +73,9 @@ class Compensation:
             nonlocal written
             if written is not None and attempt.counted:
                 await counters.mark(self._view, written, "enqueue failed", written_at=undo_time(started))
-            elif written is not None:
+            elif written is not None or attempt.taken_over:  # (the earlier attempt's counts: the healer's)
                 await self._view.mails.mark(queue, enqueue_id, "enqueue failed", undo_time(started))
-            written = None
+            written, attempt.taken_over = None, False
             if key:
                 await self._claims.release(queue, key, enqueue_id, started)
 
@@ -80,6 +84,7 @@ class Compensation:
 
     async def abandon(
         self, queue: str, key: str, enqueue_id: uuid.UUID, started: dt.datetime, error: BaseException, storing: bool,
+        taken_over: bool = False,
     ) -> None:
         """Undo an attempt that failed before its group (nothing of its mail is in the view):
         ``error`` while claiming its key (``key`` claimed at ``started``), or while storing its
@@ -89,13 +94,14 @@ class Compensation:
         if not key:
             return
         if isinstance(error, asyncio.CancelledError) and not storing:  # its caller left: not waited for
-            self.undo_later(queue, key, enqueue_id, started)
+            self.undo_later(queue, key, enqueue_id, started, taken_over)
         elif storing or isinstance(error, BackendUnavailable):
-            await self.undo(queue, key, enqueue_id, started, Attempt())
+            await self.undo(queue, key, enqueue_id, started, Attempt(taken_over=taken_over))
 
-    def undo_later(self, queue: str, key: str, enqueue_id: uuid.UUID, started: dt.datetime) -> None:
+    def undo_later(self, queue: str, key: str, enqueue_id: uuid.UUID, started: dt.datetime, taken_over: bool = False) -> None:
         """``undo`` of an attempt that wrote nothing, from code that cannot wait (a caller that left)."""
-        self._track(asyncio.ensure_future(self.undo(queue, key, enqueue_id, started, Attempt())), "undo a withdrawn enqueue")
+        self._track(asyncio.ensure_future(self.undo(queue, key, enqueue_id, started, Attempt(taken_over=taken_over))),
+                    "undo a withdrawn enqueue")
 
     async def eventually(self, op: Callable[[], Awaitable[None]], what: str) -> None:
         """Run a compensating (or bookkeeping) write; if the backend does not answer, keep retrying

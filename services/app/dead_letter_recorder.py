@@ -25,7 +25,7 @@ from services.app.retry import retrying
 from services.domain import dead_letters, model
 from services.domain import events as mail_events
 from services.domain.backoff import Backoff
-from services.domain.errors import BackendUnavailable
+from services.domain.errors import BackendUnavailable, FailedPrecondition
 from services.domain.events import Actor
 from services.ports.broker import Broker
 from services.ports.events import EventLog, Unrecorded
@@ -53,7 +53,9 @@ def reason_for(death_reason: str | None, delivery_limit: int | None) -> str:
 async def mark_forever(view: View, broker: Broker, events: EventLog | None = None) -> None:
     """Consume the dead-letter copies and mark their mails, until cancelled; survives outages."""
     log_ = events if events is not None else Unrecorded()
-    await retrying(lambda: _mark(view, broker, log_), BACKOFF, (BackendUnavailable,), log)
+    # FailedPrecondition: its channel closed by the broker's consumer timeout (a record held past
+    # it by a Cassandra that does not answer): a new consumer, as after an outage.
+    await retrying(lambda: _mark(view, broker, log_), BACKOFF, (BackendUnavailable, FailedPrecondition), log)
 
 
 async def _mark(view: View, broker: Broker, events: EventLog) -> None:

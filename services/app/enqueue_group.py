@@ -187,7 +187,7 @@ class GroupWrites:
                     failed(i, e)
             raise
         finally:
-            undo = [self._compensation.undo(it.queue, it.key, ids[i], started[i], attempts.get(i, Attempt()))
+            undo = [self._compensation.undo(it.queue, it.key, ids[i], started[i], attempts.get(i, Attempt(taken_over=taken_over(it))))
                     for i, it in enumerate(items) if out[i] is not None and (i in attempts or it.key)]
             if undo:
                 await asyncio.shield(asyncio.gather(*undo, return_exceptions=True))
@@ -259,7 +259,7 @@ class Grouper:
             if entry in self._waiting:  # not started: nothing of it is written; its claim is released
                 self._waiting.remove(entry)
                 if item.key:
-                    self._compensation.undo_later(item.queue, item.key, item.enqueue_id, item.started)
+                    self._compensation.undo_later(item.queue, item.key, item.enqueue_id, item.started, taken_over(item))
             raise
 
     def _next(self) -> None:
@@ -300,3 +300,9 @@ def _retrieved(f: asyncio.Future) -> None:
     """A caller that left does not read its answer: its error is not 'never retrieved'."""
     if not f.cancelled():
         f.exception()
+
+
+def taken_over(item: Pending) -> bool:
+    """Whether the mail's claim was taken over from an earlier attempt (its row's instant is that
+    attempt's): undone, its enqueue id is marked though this attempt wrote nothing."""
+    return item.at is not None and item.at != item.started

@@ -190,6 +190,7 @@ class Enqueuer:
         # millisecond, as Cassandra keeps it: the write time of its undo marks (services/app/key_claims.py).
         enqueue_id, started = uuid.uuid4(), to_millis(model.utcnow())
         storing = False  # step 3 began: whatever fails in it (nothing is written yet) releases the claim
+        taken_over = False  # the claim of an attempt gone, which may have written this enqueue id
         try:
             if item.key and earlier is None:
                 held = await self.claims.claim(item.queue, item.key, enqueue_id, started)
@@ -197,6 +198,7 @@ class Enqueuer:
                     earlier = held
                 else:
                     enqueue_id, at = held
+                    taken_over = at != started
                     item = dataclasses.replace(item, enqueue_id=enqueue_id, started=started, at=at)
             if earlier is None and content is not None:
                 storing = True
@@ -205,7 +207,7 @@ class Enqueuer:
         except BaseException as e:
             if storing and isinstance(e, BackendUnavailable):
                 ENQUEUE_FAILED.labels(item.queue).inc()
-            await self._compensation.abandon(item.queue, item.key, enqueue_id, started, e, storing)
+            await self._compensation.abandon(item.queue, item.key, enqueue_id, started, e, storing, taken_over)
             raise
         if earlier is not None:  # its ENQUEUED event recorded again, with the same id, marked resent
             await self._record_resent(item.queue, earlier)

@@ -33,6 +33,9 @@ async def watch(
     try:
         async with contextlib.aclosing(stream.watch(cursor or None, from_oldest)) as events:
             while True:
+                if ends is not None and loop.time() >= ends:  # a watch with events always queued never waits
+                    raise Rebalanced(f"this watch reached its {lasts_s:g} s (MAILQUEUE_MAX_CONNECTION_AGE_S) and ends, so "
+                                     f"that watchers spread over the replicas: {event_stream.REBALANCED}")
                 bound = asyncio.timeout_at(ends)  # around the read only: never around a yield
                 try:
                     async with bound:

@@ -92,6 +92,8 @@ class Subscription:
         self._preparing: set[Preparing] = set()
         #: Steps that change something (verdicts carried out, answers settled): never cancelled.
         self._committing: set[asyncio.Future[object]] = set()
+        #: The deliveries whose answers are being settled, by broker tag (their claims: ``_let_go``).
+        self._settling: dict[int, Delivery] = {}
         #: False once the client half-closed: nothing more is handed out.
         self._handing_out = True
         #: The server is stopping (``finish``): the stream ends once every delivery handed out is answered.
@@ -119,13 +121,21 @@ class Subscription:
         stream of this process may get them at once. The claims on their mails are released now,
         not when this stream closes (its handler may be stuck sending to a client that stopped
         reading), or that stream would ack each copy as a second one held here, and the mails
-        would be left without a message (until the healer, 15 minutes on). A delivery still
-        being prepared lets go of its claim when it is ready (``_prepare``)."""
-        held = [*self._unanswered.values(), *self._unhanded]
+        would be left without a message (until the healer, 15 minutes on). So are those of the
+        REJECTs being settled: one whose nack fails on the dead channel has its mail marked dead,
+        and the copy that comes back must reach the dead-letter queue through the other stream,
+        not be acked there as a second one. (A SUCCESS or a RETRY keeps its claim until its mark
+        or record is written: a copy judged before it would be handed out beside it.) The
+        preparations under way are cancelled:
+        they let go of their claims as they unwind (one in a blob read or a retry held it for
+        seconds)."""
+        held = [*self._unanswered.values(), *self._unhanded, *self._settling.values()]
         held += [t.result() for t in self._scheduler.queued() if t.done() and not t.cancelled() and t.exception() is None]
         for d in held:
             if d is not None and d.claim is not None:
                 d.claim.release()
+        for task in list(self._preparing):
+            task.cancel()
 
     async def next(self) -> Delivery:
         """The next live mail (waits for one, and for the client's credit). Raises
@@ -153,8 +163,8 @@ class Subscription:
             picked = self._scheduler.pick(_prepared)
             if picked is None:
                 break
-            delivery = picked.result()
-            if delivery is None:  # ended while being prepared: costs no credit
+            delivery = None if picked.cancelled() or picked.exception() is not None else picked.result()
+            if delivery is None:  # ended while being prepared (or cancelled: its channel died): costs no credit
                 continue
             self._scheduler.handed()
             delivery = dataclasses.replace(delivery, handed_out_at=now)
@@ -279,15 +289,20 @@ class Subscription:
         # To the end once the tag is taken, whatever happens to the stream: a RETRY cut between
         # its publish and its ack would leave two copies (the new one, and the old one given back
         # by the closing channel), a SUCCESS cut after its mark would lose its counter update.
+        if outcome is Outcome.REJECT:  # its claim let go if the channel dies meanwhile (``_let_go``)
+            self._settling[delivery.tag] = delivery
         return actions.begun(self._committing, self._settled(delivery, outcome, error_message, retry_after))
 
     async def _settled(self, delivery: Delivery, outcome: Outcome, error_message: str, retry_after: dt.timedelta | None) -> None:
-        handed = await self._handouts.answered(delivery.tag)
         try:
-            await settlement.settle(self._stream, delivery, outcome, error_message, retry_after, handed=handed)
-        except BaseException:
-            self._handouts.unanswered(delivery.tag, handed)
-            raise
+            handed = await self._handouts.answered(delivery.tag)
+            try:
+                await settlement.settle(self._stream, delivery, outcome, error_message, retry_after, handed=handed)
+            except BaseException:
+                self._handouts.unanswered(delivery.tag, handed)
+                raise
+        finally:
+            self._settling.pop(delivery.tag, None)
 
     async def close(self) -> None:
         """Stop consuming and give back what the stream holds (services/app/closing.py), once

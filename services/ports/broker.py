@@ -67,6 +67,12 @@ class Consumer(abc.ABC):
     def drain(self) -> list[Message]:
         """The deliveries received but not yet taken with ``get`` (no wait)."""
 
+    async def stop(self) -> None:
+        """Ask the broker to deliver nothing more (what it delivered before stays to be answered),
+        so that acks given while closing free no room it would fill with new deliveries.
+        BackendUnavailable when the channel is gone. (None: a consumer that is never sent more.)"""
+        return None
+
     @abc.abstractmethod
     async def close(self) -> None:
         """Stop consuming; unacknowledged deliveries go back to the queue."""

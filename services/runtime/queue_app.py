@@ -8,14 +8,18 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import logging
 from collections.abc import Coroutine
 from typing import Any, Generic, TypeVar
 
+from services.domain.errors import BackendUnavailable
 from services.runtime.backends import Backends
 from services.runtime.server import App
 from services.runtime.settings import Settings
 
 S = TypeVar("S")
+
+log = logging.getLogger(__name__)
 
 
 class QueueApp(App, Generic[S]):
@@ -24,6 +28,8 @@ class QueueApp(App, Generic[S]):
         self._backends: Backends | None = None
         self._service: S | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        #: The background task that ended by an error, and its error (readiness fails from then on).
+        self._died: str | None = None
 
     @abc.abstractmethod
     def build(self, backends: Backends) -> S:
@@ -38,9 +44,23 @@ class QueueApp(App, Generic[S]):
         self._backends = b
         self._service = self.build(b)
         self._tasks = [asyncio.create_task(c) for c in self.background(b)]
+        for task in self._tasks:
+            task.add_done_callback(self._ended)
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        """A background task that ends by an error (they retry what an outage raises: this is a
+        bug, or a state they cannot leave) is logged, and fails readiness from then on: left
+        silent, the dead-letter recorder or the healer stopped for the life of the process."""
+        if task.cancelled() or task.exception() is None:
+            return
+        error = task.exception()
+        self._died = f"{task.get_coro().__qualname__ if task.get_coro() else task.get_name()}: {type(error).__name__}: {error}"[:500]
+        log.error("a background task of the service died: restart the process", extra={"task": self._died}, exc_info=error)
 
     async def check(self) -> None:
         assert self._backends is not None
+        if self._died is not None:
+            raise BackendUnavailable(self.name, f"a background task died ({self._died}): restart the process")
         await self._backends.check()
 
     async def close(self) -> None:

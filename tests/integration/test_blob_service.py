@@ -235,3 +235,30 @@ def test_a_put_killed_mid_way_leaves_no_spool_file_past_the_next_start(aio_loop,
         assert sorted(p.name for p in tmp_path.iterdir()) == ["mailqueue-blob-underway"]  # its own spool file gone
     finally:
         app.stop()
+
+
+def test_a_put_through_blob_svc_goes_at_its_clients_pace_past_the_call_timeout(grpc_addr, grpc_stub, aio_loop):
+    """enqueue_svc puts a stream's content through blob_svc (MAILQUEUE_BLOB_TARGET) as its client
+    sends it. The whole Put had a 60 s deadline: an upload longer than that (100 MiB at 1 MB/s)
+    failed UNAVAILABLE every time. Each step is bounded now, not the whole (here 1 s, 4 chunks
+    half a second apart)."""
+    import asyncio
+
+    from services.adapters.blob_service import RemoteBlobStore
+
+    parts = [os.urandom(1000) for _ in range(4)]
+
+    async def slow():
+        for part in parts:
+            await asyncio.sleep(0.5)  # the client's pace, not a wait for state
+            yield part
+
+    async def put():
+        store = RemoteBlobStore(grpc_addr, timeout_s=1)
+        try:
+            return await store.put(slow())
+        finally:
+            await store.close()
+
+    info = aio_loop.run(put())
+    assert info.size == 4000 and get(grpc_stub, info.blob_id) == b"".join(parts)

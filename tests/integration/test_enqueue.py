@@ -2,6 +2,7 @@
 
 import hashlib
 import os
+import queue as q
 
 import grpc
 import pytest
@@ -153,6 +154,59 @@ def test_an_abandoned_idempotency_claim_is_taken_over_and_a_late_undo_cannot_del
     wait_until(lambda: suite.run(suite.view.mails.reason(queue, abandoned)) == "dequeued", 10, what="the SUCCESS mark")
     suite.run(suite.view.mails.unmark(queue, abandoned, undo_at + dt.timedelta(microseconds=1)))
     assert suite.run(suite.view.mails.reason(queue, abandoned)) == "dequeued"
+
+
+def test_a_retry_that_took_a_claim_over_and_failed_before_writing_leaves_one_mail(suite):
+    """An attempt wrote its row and published, then died before its commit. A retry took its claim
+    over (keeping its enqueue id) and failed before writing its own row (its client left mid-stream):
+    its undo only released the claim, so the next retry claimed a new id, and both mails were
+    delivered. The taken-over id is marked by that undo: one mail for the key."""
+    import datetime as dt
+    import threading
+    import uuid
+
+    from mailqueue.v1 import enqueue_pb2
+
+    queue = suite.new_queue()
+    # What the dead attempt left: its mail written and published, and its claim, 40 s old.
+    first = suite.enqueue_stub.Enqueue(inline(queue, simple_mail("first"))).receipt
+    started = dt.datetime.now(dt.timezone.utc).replace(microsecond=0) - dt.timedelta(seconds=40)
+    assert suite.run(suite.view.idempotency.claim(queue, "order-9", uuid.UUID(first.enqueue_id), started)) is None
+    # The retry: a stream that takes the claim over, then its client leaves before the content ends.
+    sent = threading.Event()
+
+    def requests():
+        yield enqueue_pb2.EnqueueStreamRequest(header=enqueue_pb2.EnqueueHeader(queue=queue, mail=simple_mail("retry"),
+                                                                                idempotency_key="order-9"))
+        yield enqueue_pb2.EnqueueStreamRequest(chunk=b"x" * 100_000)
+        sent.set()
+        threading.Event().wait(30)  # never ends: the call is cancelled first
+
+    taken = suite.metric("enqueue", "mailqueue_enqueue_claims_taken_over_total", reason="abandoned")
+    call = suite.enqueue_stub.EnqueueStream.future(requests())
+    assert sent.wait(10)
+    wait_until(lambda: suite.metric("enqueue", "mailqueue_enqueue_claims_taken_over_total", reason="abandoned") > taken, 30,
+               what="the claim taken over")
+    call.cancel()
+    wait_until(lambda: suite.run(suite.view.mails.reason(queue, uuid.UUID(first.enqueue_id))) is not None, 30,
+               what="the taken-over enqueue id marked by the retry's undo")
+    third = wait_until(lambda: _keyed(suite, queue, "order-9"), 30, what="the claim released")
+    assert third.enqueue_id != first.enqueue_id and not third.duplicate
+    consumer = StreamConsumer(suite.dequeue_stub, queue, prefetch=4)
+    assert consumer.next().mail.enqueue_id == third.enqueue_id
+    with pytest.raises(q.Empty):
+        consumer.next(timeout=2)  # the first one is skipped as deleted, never delivered
+    consumer.close()
+
+
+def _keyed(suite, queue: str, key: str):
+    """The receipt of an Enqueue with ``key``, None while the claim is held (ABORTED)."""
+    try:
+        return suite.enqueue_stub.Enqueue(inline(queue, simple_mail("third"), key=key)).receipt
+    except grpc.RpcError as e:
+        if e.code() == grpc.StatusCode.ABORTED:
+            return None
+        raise
 
 
 def test_equal_content_of_two_mails_is_stored_once(suite):

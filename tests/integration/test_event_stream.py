@@ -461,7 +461,7 @@ def test_mailq_events_on_a_quiet_stream_goes_on_past_the_watches_browse_svc_ends
     browse = ServiceProcess("browse", service_env(keyspace, MAILQUEUE_MAX_CONNECTION_AGE_S="1"))
     mailq = pathlib.Path(sys.executable).parent / "mailq"
     try:
-        r = subprocess.run([str(mailq), "--browse", browse.target, "events", "--queue", "quiet-stream-q", "--for", "9"],
+        r = subprocess.run([str(mailq), "--browse", browse.target, "events", "--queue", "quiet-stream-q", "--for", "14"],
                            cwd=tempfile.gettempdir(), capture_output=True, text=True, timeout=60)
     finally:
         browse.stop()

@@ -7,6 +7,7 @@ Prometheus on the node would; every client call goes from a pod to a Service nam
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shlex
@@ -26,18 +27,17 @@ DEPLOYMENTS = (*COMPONENTS, "webhook")
 PORTS = {"enqueue": 50051, "dequeue": 50052, "browse": 50053, "blob": 50054, "webhook": 50055}
 
 
-def _kubectl_path() -> str:
+@functools.cache
+def kubectl_path() -> str:
     """The kubectl the cluster's scripts use (stack/kube/build.sh builds it; MAILQUEUE_KUBECTL
-    names another), as `kube.sh env` says: no kubectl on the PATH is needed."""
+    names another), as `kube.sh env` says: no kubectl on the PATH is needed. Asked when first
+    used, not at import (the other tiers collect this module too)."""
     out = subprocess.run(["bash", KUBE, "env"], capture_output=True, text=True, timeout=30, check=True).stdout
     return shlex.split(out.split("MAILQUEUE_KUBECTL=", 1)[1])[0]
 
 
-KUBECTL = _kubectl_path()
-
-
 def kubectl(*args: str, check: bool = True, timeout: float = 120, stdin: str | None = None) -> subprocess.CompletedProcess:
-    r = subprocess.run([KUBECTL, "--kubeconfig", KUBECONFIG, *args], capture_output=True, text=True,
+    r = subprocess.run([kubectl_path(), "--kubeconfig", KUBECONFIG, *args], capture_output=True, text=True,
                        timeout=timeout, input=stdin)
     if check and r.returncode != 0:
         raise RuntimeError(f"kubectl {' '.join(args)}: exit {r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")

@@ -315,7 +315,7 @@ def test_a_rolling_update_under_load_loses_nothing_and_keeps_serving(applied):
 def _follow(pod: str, out: list[dict]) -> threading.Thread:
     """Follow a pod's log until it exits: did it say draining (NOT_SERVING first) and stopped, and how long after."""
     def run() -> None:
-        p = subprocess.Popen([kube.KUBECTL, "--kubeconfig", kube.KUBECONFIG, "-n", kube.NAMESPACE, "logs", "-f", pod],
+        p = subprocess.Popen([kube.kubectl_path(), "--kubeconfig", kube.KUBECONFIG, "-n", kube.NAMESPACE, "logs", "-f", pod],
                              stdout=subprocess.PIPE, text=True)
         draining_at = None
         entry = {"pod": pod, "not_serving_first": False, "stopped": False, "seconds": None}

@@ -20,7 +20,7 @@ class Compensation:
     def __init__(self) -> None:
         self.released: list[str] = []
 
-    def undo_later(self, queue, key, enqueue_id, started) -> None:
+    def undo_later(self, queue, key, enqueue_id, started, taken_over=False) -> None:
         self.released.append(key)
 
 
@@ -33,6 +33,7 @@ class Mail:
     queue: str = "q"
     enqueue_id: None = None
     started: None = None
+    at: None = None
 
 
 def test_a_lone_call_runs_at_once_and_calls_that_arrive_meanwhile_run_as_the_next_group():

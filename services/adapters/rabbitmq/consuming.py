@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 from typing import Any
 
 from pika.channel import Channel
@@ -27,6 +28,8 @@ from services.adapters.rabbitmq import message_format
 from services.adapters.rabbitmq.channels import Waiters, consumer_closed, unavailable
 from services.adapters.rabbitmq.connection import NodeConnection
 from services.ports.broker import Consumer, Message
+
+log = logging.getLogger(__name__)
 
 _CLOSED = object()
 
@@ -45,6 +48,10 @@ def ack_frames(outstanding: list[int], acked: set[int]) -> tuple[int | None, lis
         return None, sorted(acked)
     covered = set(outstanding[:run])
     return outstanding[run - 1], sorted(acked - covered)
+
+
+#: How long a closing stream waits for the broker to confirm it sends no more.
+STOP_TIMEOUT_S = 5.0
 
 
 class RabbitMQConsumer(Consumer):
@@ -121,6 +128,19 @@ class RabbitMQConsumer(Consumer):
         self._channel.basic_nack(delivery_tag, requeue=False)
         self._outstanding.pop(delivery_tag, None)
         self._acks.discard(delivery_tag)  # answered once: a pending ack of it would close the channel
+
+    async def stop(self) -> None:
+        """basic.cancel of each consumer of the channel, and their cancel-ok awaited (bounded)."""
+        self._ensure_open()
+        for tag in list(self._channel.consumer_tags):
+            fut = self._waiters.call(lambda callback, t=tag: self._channel.basic_cancel(t, callback=callback))
+            try:
+                async with asyncio.timeout(STOP_TIMEOUT_S):
+                    await fut
+            except TimeoutError:  # a slow broker, the channel still open: the give-back goes on
+                log.warning("no answer to basic.cancel in time; giving back the unsent deliveries anyway",
+                            extra={"timeout_s": STOP_TIMEOUT_S})
+                return
 
     async def close(self) -> None:
         try:
