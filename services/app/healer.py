@@ -17,7 +17,8 @@ Each round, for every queue:
    slice's drift is corrected when the same drift is seen in two passes in a row (a drift seen
    once may be updates in flight between the pass and the counters' read; a real one stays). The
    dead-letter counters likewise, against the repository (a dequeue_svc killed between keeping a
-   dead letter and counting it).
+   dead letter and counting it), every DEAD_LETTER_ROUNDS rounds: that check reads every dead
+   letter's kind, the one part of a round that grows with what the queue keeps.
 4. **Rows without a message** (an Enqueue killed between its row and its publish): when the
    queue's work queues hold no ready message, a live mail that became deliverable more than the
    grace ago may have no message waiting. It may also be in a consumer's hands, handed out and
@@ -71,6 +72,10 @@ ROUND_SECONDS = Histogram("mailqueue_healer_round_seconds", "How long a healer r
                           buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300))
 
 LEASE = "healer"
+#: The dead-letter counters are checked against the repository every this many rounds of a queue
+#: (the first included): the check reads the kind of every dead letter the queue keeps (a week
+#: of them by default), which every round (5 minutes) would be most of a round's reads.
+DEAD_LETTER_ROUNDS = 12
 
 
 @dataclasses.dataclass
@@ -110,6 +115,7 @@ class Healer:
         self.member = uuid.uuid4().hex
         self._drift: dict[str, dict[dt.datetime, int]] = {}  # per queue, each slice's drift when last checked
         self._dead_drift: dict[str, list[tuple[str, int]]] = {}
+        self._dead_rounds: dict[str, int] = {}  # per queue, its rounds since the first (``DEAD_LETTER_ROUNDS``)
         #: Per queue, the rows suspected of having no message, and since when (see ``_stranded``).
         self._suspected: dict[str, dict[tuple[uuid.UUID, int], dt.datetime]] = {}
 
@@ -157,7 +163,9 @@ class Healer:
                 h.moves += 1
         await self._mover.finish(pending)
         h.redrives = await self._dead_letter_admin.complete_interrupted(queue, self.grace)
-        h.dead_letter_counters = await self._dead_letter_counters(queue)
+        rounds = self._dead_rounds[queue] = self._dead_rounds.get(queue, -1) + 1
+        if rounds % DEAD_LETTER_ROUNDS == 0:  # it reads every dead letter's kind: not every round
+            h.dead_letter_counters = await self._dead_letter_counters(queue)
         start = await self._view.starts.browse_start(queue)
         if start is None:
             self._passes.pop(queue, None)
