@@ -34,8 +34,7 @@ async def watch(
         async with contextlib.aclosing(stream.watch(cursor or None, from_oldest)) as events:
             while True:
                 if ends is not None and loop.time() >= ends:  # a watch with events always queued never waits
-                    raise Rebalanced(f"this watch reached its {lasts_s:g} s (MAILQUEUE_MAX_CONNECTION_AGE_S) and ends, so "
-                                     f"that watchers spread over the replicas: {event_stream.REBALANCED}")
+                    raise _rebalanced(lasts_s)
                 bound = asyncio.timeout_at(ends)  # around the read only: never around a yield
                 try:
                     async with bound:
@@ -45,9 +44,13 @@ async def watch(
                 except TimeoutError:
                     if not bound.expired():
                         raise
-                    raise Rebalanced(f"this watch reached its {lasts_s:g} s (MAILQUEUE_MAX_CONNECTION_AGE_S) and ends, so "
-                                     f"that watchers spread over the replicas: {event_stream.REBALANCED}") from None
+                    raise _rebalanced(lasts_s) from None
                 if wanted(e):
                     yield e
     finally:
         WATCHERS.dec()
+
+
+def _rebalanced(lasts_s: float | None) -> Rebalanced:
+    return Rebalanced(f"this watch reached its {lasts_s:g} s (MAILQUEUE_MAX_CONNECTION_AGE_S) and ends, so that "
+                      f"watchers spread over the replicas: {event_stream.REBALANCED}")

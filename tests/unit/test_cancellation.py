@@ -57,7 +57,7 @@ def test_a_connection_whose_caller_left_while_it_opened_is_closed():
 
     server = socket.create_server(("127.0.0.1", 0))
     port = server.getsockname()[1]
-    ended = threading.Event()
+    greeted, ended = threading.Event(), threading.Event()
 
     def node():
         peer, _ = server.accept()
@@ -65,7 +65,7 @@ def test_a_connection_whose_caller_left_while_it_opened_is_closed():
         with peer:
             try:
                 while peer.recv(4096):  # the protocol header, then nothing until it closes
-                    pass
+                    greeted.set()
                 ended.set()
             except OSError:
                 pass
@@ -75,7 +75,10 @@ def test_a_connection_whose_caller_left_while_it_opened_is_closed():
 
     async def leave_while_opening():
         opening = asyncio.ensure_future(conn.connection())
-        await asyncio.sleep(0.3)  # connected, waiting for the broker's Connection.Start
+        began = time.monotonic()
+        while not greeted.is_set() and time.monotonic() - began < 5:  # connected, waiting for Connection.Start
+            await asyncio.sleep(0.01)
+        assert greeted.is_set()
         opening.cancel()
         with pytest.raises(asyncio.CancelledError):
             await opening
