@@ -126,9 +126,8 @@ class Subscription:
         and the copy that comes back must reach the dead-letter queue through the other stream,
         not be acked there as a second one. (A SUCCESS or a RETRY keeps its claim until its mark
         or record is written: a copy judged before it would be handed out beside it.) The
-        preparations under way are cancelled:
-        they let go of their claims as they unwind (one in a blob read or a retry held it for
-        seconds)."""
+        preparations under way are cancelled: they let go of their claims as they unwind (one in
+        a blob read or a retry held it for seconds)."""
         held = [*self._unanswered.values(), *self._unhanded, *self._settling.values()]
         held += [t.result() for t in self._scheduler.queued() if t.done() and not t.cancelled() and t.exception() is None]
         for d in held:
