@@ -92,15 +92,16 @@ def peer_identity(context: grpc.aio.ServicerContext) -> str | None:
 
 
 def peer_match(context: grpc.aio.ServicerContext, identities: Mapping[str, str]) -> tuple[str, str] | None:
-    """The client certificate's identity that ``identities`` maps, with its role: its URI SANs
-    first, then its CN; None when none is mapped."""
+    """The client certificate's identity that ``identities`` maps, with its role: one of its URI
+    SANs, or its CN when it has none (as RFC 6125 has it: a certificate whose URI SAN names an
+    identity without a role does not get the role of a CN it also carries, which its requester
+    may have chosen); None when none is mapped."""
     auth = context.auth_context() or {}
-    for key in ("peer_uri", "x509_common_name"):
-        for value in auth.get(key, ()):
-            identity = value.decode(errors="replace")
-            role = identities.get(identity)
-            if role is not None:
-                return identity, role
+    for value in auth.get("peer_uri", ()) or auth.get("x509_common_name", ()):
+        identity = value.decode(errors="replace")
+        role = identities.get(identity)
+        if role is not None:
+            return identity, role
     return None
 
 

@@ -29,6 +29,7 @@ def pki(tmp_path_factory) -> PKI:
     p.issue("reporting", "reporting-client", "URI:spiffe://mailqueue/reporting")
     p.issue("ops", "ops", "DNS:ops.example.org")
     p.issue("stranger", "stranger", "URI:spiffe://mailqueue/nobody")
+    p.issue("posing", "ops", "URI:spiffe://mailqueue/nobody")  # a mapped CN beside an unmapped URI SAN
     p._ca("other-ca")
     p.issue("foreign", "ops", "URI:spiffe://mailqueue/reporting", ca="other-ca")
     p.issue("foreign-server", "mailqueue-browse", "IP:127.0.0.1,DNS:localhost", ca="other-ca")
@@ -81,6 +82,7 @@ def test_mutual_tls_gives_the_role_of_the_client_certificate_beside_tokens(keysp
         assert calls("foreign") == (NA, NA)  # a certificate from another CA
         assert calls("expired") == (NA, NA)  # from the CA, expired (2020), with an identity that has a role
         assert calls("stranger") == (P, P)  # from the CA, authenticated, but no role for its identity
+        assert calls("posing") == (P, P)  # its URI SAN is its identity: the CN "ops" beside it gives no role
         assert calls("reporting") == (OK, P)  # URI SAN spiffe://mailqueue/reporting: reader
         assert calls("ops") == (OK, OK)  # CN ops: admin
         assert calls("stranger", ADMIN_TOKEN) == (OK, OK)  # a token decides when presented
