@@ -13,6 +13,7 @@ services/domain/settings.py, ServerSettings and TLSSettings in services/runtime/
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
 import ssl
 from collections.abc import Iterator, Mapping
@@ -435,12 +436,31 @@ def server_from_env(service: str, env: Mapping[str, str] = os.environ) -> Server
         #: false: CPython's defaults, as a library would have them.
         gc_tuned=_bool(env, "GC_TUNED", True),
     )
+    if server.blob_target and not server.tls.ca_file and not _loopback_target(server.blob_target):
+        # In the clear, MAILQUEUE_SERVICE_TOKEN would go to whatever answers on that name.
+        raise ConfigurationError(f"MAILQUEUE_BLOB_TARGET={server.blob_target} is not on this machine: set MAILQUEUE_TLS_CA_FILE "
+                                 "(the CA that signed blob_svc's certificate), the calls to it are made over TLS only")
     ports = [("MAILQUEUE_PORT", server.port), ("MAILQUEUE_METRICS_PORT", server.metrics_port),
              ("MAILQUEUE_HEALTH_PORT", server.health_port)]
     taken = [(a, b) for n, (a, pa) in enumerate(ports) for b, pb in ports[n + 1:] if pa and pa == pb]
     if taken:  # two listeners on one port: refused here rather than a traceback when the second binds
         raise ConfigurationError(f"{taken[0][0]} and {taken[0][1]} are both {dict(ports)[taken[0][0]]}: give each its own port")
     return server
+
+
+def _loopback_target(target: str) -> bool:
+    """Whether a gRPC target ("host:port", "dns:///host:port", "ipv4:addr:port") is this machine."""
+    rest = target.rsplit("/", 1)[-1]
+    for scheme in ("ipv4:", "ipv6:", "unix:"):
+        if rest.startswith(scheme):
+            if scheme == "unix:":
+                return True
+            rest = rest[len(scheme):]
+    host = rest.rpartition(":")[0].strip("[]") if rest.count(":") == 1 or rest.startswith("[") else rest
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _workers(env: Mapping[str, str], port: int, service: str) -> int:
