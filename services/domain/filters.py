@@ -105,10 +105,9 @@ def flush_condition(sender: str | None = None, recipient: str | None = None, rec
     if len(given) > 1:
         raise InvalidArgument("a flush takes at most one condition: sender, recipient, recipient_domain or name")
     _not_empty(sender=sender, recipient=recipient, name=name)
-    if recipient_domain is not None and (not recipient_domain or "@" in recipient_domain or len(recipient_domain) > 255):
-        raise InvalidArgument("recipient_domain must be a domain name (the part after @)")
-    return BrowseFilter(sender=sender, recipient=recipient, name=name, schedule="delayed",
-                        recipient_domain=recipient_domain.lower() if recipient_domain else None)
+    if recipient_domain is not None:  # held to what a rule's or a throttle's is: "example.org." flushed nothing
+        recipient_domain = validation.domain(recipient_domain, "recipient_domain")
+    return BrowseFilter(sender=sender, recipient=recipient, name=name, schedule="delayed", recipient_domain=recipient_domain)
 
 
 def _not_empty(**conditions: str | None) -> None:

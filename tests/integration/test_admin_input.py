@@ -33,6 +33,15 @@ def test_a_delete_or_flush_with_an_empty_condition_is_refused_and_deletes_nothin
     assert suite.size(queue, exact=True) == 3
 
 
+@pytest.mark.parametrize("domain", ["example.org.", " example.org", "a@example.org", ""])
+def test_a_flush_by_a_domain_no_recipient_can_have_is_refused(suite, domain):
+    """It was taken, and flushed nothing (0, OK), where a rule or a throttle refuses it."""
+    queue = suite.new_queue()
+    with pytest.raises(grpc.RpcError) as e:
+        suite.admin_stub.Flush(admin_pb2.FlushRequest(queue=queue, recipient_domain=domain))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "recipient_domain" in e.value.details()
+
+
 def test_a_purge_older_than_zero_and_a_republish_without_older_than_are_refused(suite):
     queue = suite.new_queue()
     suite.enqueue_stub.Enqueue(unnamed(queue))
