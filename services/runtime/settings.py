@@ -449,14 +449,22 @@ def server_from_env(service: str, env: Mapping[str, str] = os.environ) -> Server
 
 
 def _loopback_target(target: str) -> bool:
-    """Whether a gRPC target ("host:port", "dns:///host:port", "ipv4:addr:port") is this machine."""
-    rest = target.rsplit("/", 1)[-1]
-    for scheme in ("ipv4:", "ipv6:", "unix:"):
-        if rest.startswith(scheme):
-            if scheme == "unix:":
-                return True
-            rest = rest[len(scheme):]
-    host = rest.rpartition(":")[0].strip("[]") if rest.count(":") == 1 or rest.startswith("[") else rest
+    """Whether a gRPC target is this machine: "host:port", "dns:///host:port", "unix:path", or
+    "ipv4:a:port,b:port" (every address)."""
+    if target.startswith("unix:"):
+        return True
+    for scheme in ("ipv4:", "ipv6:"):
+        if target.startswith(scheme):
+            return all(_loopback_address(a) for a in target[len(scheme):].split(","))
+    return _loopback_address(target.rsplit("/", 1)[-1])
+
+
+def _loopback_address(address: str) -> bool:
+    """"host:port", "[v6]:port" or a bare host."""
+    if address.startswith("["):
+        host = address[1:].partition("]")[0]
+    else:
+        host = address.rpartition(":")[0] if address.count(":") == 1 else address
     try:
         return host == "localhost" or ipaddress.ip_address(host).is_loopback
     except ValueError:

@@ -192,13 +192,15 @@ def test_server_settings_a_listener_cannot_take_are_refused_with_one_line(env, s
         server_from_env("enqueue", env)
 
 
-@pytest.mark.parametrize("target", ["dns:///mailqueue-blob:50054", "blob.example.org:50054", "10.0.0.7:50054"])
+@pytest.mark.parametrize("target", ["dns:///mailqueue-blob:50054", "blob.example.org:50054", "10.0.0.7:50054",
+                                    "ipv4:127.0.0.1:50054,10.0.0.7:50054"])
 def test_a_blob_target_off_this_machine_needs_a_ca_the_token_never_goes_in_the_clear(target):
     # Without a CA the calls to blob_svc were made in plaintext, MAILQUEUE_SERVICE_TOKEN in each.
     with pytest.raises(ConfigurationError, match="MAILQUEUE_TLS_CA_FILE"):
         Settings.from_env("enqueue", env={"MAILQUEUE_BLOB_TARGET": target, "MAILQUEUE_SERVICE_TOKEN": "t"})
 
 
-@pytest.mark.parametrize("target", ["127.0.0.1:50054", "localhost:50054", "[::1]:50054", "ipv4:127.0.0.1:50054"])
+@pytest.mark.parametrize("target", ["127.0.0.1:50054", "localhost:50054", "[::1]:50054", "ipv4:127.0.0.1:50054",
+                                    "ipv4:127.0.0.1:46271,127.0.0.1:55907", "dns:///localhost:50054"])
 def test_a_blob_target_on_loopback_may_be_plaintext(target):
     assert Settings.from_env("enqueue", env={"MAILQUEUE_BLOB_TARGET": target}).server.blob_target == target
