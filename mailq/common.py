@@ -236,6 +236,15 @@ def duration(value: Any) -> duration_pb2.Duration:
 _CONTROLS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
+def enum_text(enum: Any, value: int, prefix: str) -> str:
+    """An enum value as mailq names it (its name without ``prefix``, lower case); one this mailq
+    does not know (a newer server's) as its number, never a traceback."""
+    try:
+        return str(enum.Name(value)).removeprefix(prefix).lower()
+    except ValueError:
+        return f"unknown({value})"
+
+
 def shown(text: object) -> str:
     """``text`` safe for a terminal: a control character (a consumer's error text with an escape
     sequence, a multi-line SMTP reply) is written as its escape (``\\x1b``, ``\\n``), so it can

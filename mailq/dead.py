@@ -17,7 +17,7 @@ from typing import Any
 
 from google.protobuf import json_format
 
-from mailq.common import UsageError, duration, duration_arg, follow, print_table, queue_option, selector, whole
+from mailq.common import UsageError, duration, duration_arg, enum_text, follow, print_table, queue_option, selector, whole
 from mailqueue.v1 import admin_pb2, browse_pb2
 
 REASONS = ("expired", "rejected", "bounced", "delivery_limit", "content_missing", "other")
@@ -28,7 +28,7 @@ def _reason_pb(name: str) -> int:
 
 
 def _reason_name(value: int) -> str:
-    return browse_pb2.DeadLetterReason.Name(value).removeprefix("DEAD_LETTER_REASON_").lower()
+    return enum_text(browse_pb2.DeadLetterReason, value, "DEAD_LETTER_REASON_")
 
 
 def _filter(a: argparse.Namespace) -> browse_pb2.DeadLetterFilter:

@@ -12,7 +12,7 @@ from typing import Any
 
 from google.protobuf import timestamp_pb2
 
-from mailq.common import Client, duration_arg, print_table, queue_option, selector
+from mailq.common import Client, duration_arg, enum_text, print_table, queue_option, selector
 from mailqueue.v1 import admin_pb2
 from services.domain.durations import parse_duration
 
@@ -35,7 +35,7 @@ def cmd_rules(c: Client, a: argparse.Namespace) -> None:
     for r in c.admin.ListRules(admin_pb2.ListRulesRequest()).rules:
         condition = " ".join(f"{k}={v}" for k, v in (("queue", r.queue), ("domain", r.recipient_domain),
                                                       ("sender", r.sender), ("name", r.name)) if v)
-        rows.append([r.rule_id, admin_pb2.RuleKind.Name(r.kind).removeprefix("RULE_KIND_").lower(), condition,
+        rows.append([r.rule_id, enum_text(admin_pb2.RuleKind, r.kind, "RULE_KIND_"), condition,
                      r.expires_at.ToDatetime().strftime("%Y-%m-%d %H:%M:%S"), r.reason])
     print_table(rows, ["ID", "KIND", "CONDITION", "EXPIRES (UTC)", "REASON"])
 

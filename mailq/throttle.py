@@ -6,7 +6,7 @@ import argparse
 import datetime as dt
 from typing import Any
 
-from mailq.common import UsageError, duration, duration_arg, print_table, queue_option, whole
+from mailq.common import UsageError, duration, duration_arg, enum_text, print_table, queue_option, whole
 from mailqueue.v1 import admin_pb2, shaping_pb2
 from services.domain import shaping
 from services.domain.errors import InvalidArgument
@@ -53,13 +53,13 @@ def cmd_list(c: Any, a: argparse.Namespace) -> None:
                 ["DESTINATION", "QUEUE", "RATE", "CONCURRENCY"])
     if r.effects:
         print()
-        print_table([[e.destination, shaping_pb2.ShapingAction.Name(e.action).removeprefix("SHAPING_ACTION_").lower(), e.rule_id,
+        print_table([[e.destination, enum_text(shaping_pb2.ShapingAction, e.action, "SHAPING_ACTION_"), e.rule_id,
                       _when(e.started_at), _when(e.ends_at), rate_text(e.current_rate)] for e in r.effects],
                     ["DESTINATION", "EFFECT", "RULE", "SINCE (UTC)", "ENDS (UTC)", "RATE NOW"])
     if r.rules:
         print()
         print_table([[x.rule_id, x.pattern, f"{x.threshold} in {x.window.ToTimedelta()}",
-                      shaping_pb2.ShapingAction.Name(x.action).removeprefix("SHAPING_ACTION_").lower()
+                      enum_text(shaping_pb2.ShapingAction, x.action, "SHAPING_ACTION_")
                       + (f" to {rate_text(x.floor)}" if x.HasField("floor") else ""), str(x.duration.ToTimedelta())]
                      for x in r.rules], ["RULE", "PATTERN", "THRESHOLD", "ACTION", "FOR"])
     if r.sites:
@@ -74,7 +74,7 @@ def print_status(r: admin_pb2.ListThrottlesResponse) -> None:
     for t in r.throttles:
         limits.setdefault(t.destination, []).append(
             f"{t.queue or '*'}: " + ", ".join(x for x in (rate_text(t.rate) if t.rate.count else "", f"{t.concurrency} at once" if t.concurrency else "") if x))
-    effects = {e.destination: f"{shaping_pb2.ShapingAction.Name(e.action).removeprefix('SHAPING_ACTION_').lower()} until {_when(e.ends_at)}"
+    effects = {e.destination: f"{enum_text(shaping_pb2.ShapingAction, e.action, 'SHAPING_ACTION_')} until {_when(e.ends_at)}"
                for e in r.effects}
     status = {d.destination: d for d in r.destinations}
     rows = []

@@ -32,9 +32,10 @@ from typing import Any
 import grpc
 
 from mailq import ids
-from mailq.common import Client, UsageError, print_table, queue_option, real, shown, whole
+from mailq.common import Client, UsageError, enum_text, print_table, queue_option, real, shown, whole
 from mailqueue.v1 import browse_pb2, events_pb2, mail_pb2
 from services.domain import event_stream
+from services.domain.events import HISTORY_ONLY
 
 
 def _live_mails(c: Client, queue: str | None) -> Iterator[mail_pb2.QueuedMail]:
@@ -52,7 +53,7 @@ def _actor(a: events_pb2.Actor) -> str:
 
 
 def _type(t: int) -> str:
-    return events_pb2.EventType.Name(t).removeprefix("EVENT_TYPE_").lower()  # type: ignore[arg-type]
+    return enum_text(events_pb2.EventType, t, "EVENT_TYPE_")
 
 
 def _row(e: events_pb2.Event) -> dict[str, Any]:
@@ -90,6 +91,8 @@ def cmd_trace(c: Client, a: argparse.Namespace) -> None:
 
 #: The event types as mailq names them: the proto's names without EVENT_TYPE_, lower case.
 TYPES = {_type(v): v for v in events_pb2.EventType.values() if v != events_pb2.EVENT_TYPE_UNSPECIFIED}
+#: Those the event stream carries (the others are in the mail history only: mailq trace).
+STREAMED = {name: v for name, v in TYPES.items() if name not in {t.value for t in HISTORY_ONLY}}
 
 
 #: A stream cut (the server's connection age, a browse_svc restarted) is resumed from the last
@@ -125,7 +128,11 @@ def _again(a: argparse.Namespace, cursor: str) -> str:
 def cmd_events(c: Client, a: argparse.Namespace) -> None:
     unknown = [t for t in a.type if t not in TYPES]
     if unknown:
-        raise UsageError(f"mailq events: unknown event type {', '.join(unknown)}; one of: {' '.join(sorted(TYPES))}")
+        raise UsageError(f"mailq events: unknown event type {', '.join(unknown)}; one of: {' '.join(sorted(STREAMED))}")
+    unstreamed = [t for t in a.type if t not in STREAMED]
+    if unstreamed:
+        raise UsageError(f"mailq events: {', '.join(unstreamed)} events are in the mail history only, never on the "
+                         "event stream: see them with mailq trace")
     deadline = time.monotonic() + a.seconds if a.seconds is not None else None
     # A cursor's own event comes first again: already shown (by the run that printed the cursor).
     last, count_shown, cuts = a.cursor or "", 0, 0
@@ -202,7 +209,7 @@ def register(sub: Any) -> None:
     start.add_argument("--oldest", action="store_true", help="start at the oldest event kept (default: from now on)")
     w.add_argument("--queue", action="append", default=[], metavar="Q", help="only this queue's events (repeatable)")
     w.add_argument("--type", action="append", default=[], metavar="TYPE", help="only events of this type (repeatable): "
-                   + " ".join(sorted(TYPES)))
+                   + " ".join(sorted(STREAMED)))
     w.add_argument("--count", type=whole(), default=0, metavar="N", help="stop after N events")
     w.add_argument("--for", dest="seconds", type=real(maximum=1e9, above=True), metavar="S", help="stop after S seconds")
     w.add_argument("--json", action="store_true", help="one JSON object per event, with its cursor")

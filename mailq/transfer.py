@@ -14,7 +14,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from mailq.common import EXIT_NOTHING, EXIT_OK, Client, duration, duration_arg, queue_command, real, whole
+from mailq.common import EXIT_NOTHING, EXIT_OK, Client, UsageError, duration, duration_arg, queue_command, real, whole
 from mailqueue.v1 import blob_pb2, dequeue_pb2, enqueue_pb2, mail_pb2
 
 CHUNK = 1024 * 1024
@@ -43,6 +43,9 @@ def cmd_dequeue(c: Client, a: argparse.Namespace) -> int:
     """Take up to ``-n`` mails and answer each. When --wait passes first, the stream is half-closed
     (not cancelled): the server settles the answers sent and ends it, and a delivery that arrives
     after that is left unanswered, so it goes back to the queue. No mail at all: EXIT_NOTHING."""
+    if a.retry_after is not None and a.ack != "retry":  # it went out with a SUCCESS, read by nobody: the mail gone
+        raise UsageError(f"mailq dequeue: --retry-after goes with --ack retry (with --ack {a.ack} the mail would not "
+                         "be delivered again)")
     kind = {"success": dequeue_pb2.OUTCOME_KIND_SUCCESS, "retry": dequeue_pb2.OUTCOME_KIND_RETRY,
             "reject": dequeue_pb2.OUTCOME_KIND_REJECT}[a.ack]
     requests: q.Queue = q.Queue()

@@ -7,7 +7,7 @@ import datetime as dt
 import os
 from typing import Any
 
-from mailq.common import UsageError, print_table, real
+from mailq.common import UsageError, enum_text, print_table, real
 from mailqueue.v1 import events_pb2, webhooks_pb2
 from services.domain.events import EventType
 
@@ -20,7 +20,7 @@ def _event_type(text: str) -> int:
 
 
 def _type_name(value: int) -> str:
-    return events_pb2.EventType.Name(value).removeprefix("EVENT_TYPE_").lower()  # type: ignore[arg-type]
+    return enum_text(events_pb2.EventType, value, "EVENT_TYPE_")
 
 
 def cmd_add(c: Any, a: argparse.Namespace) -> None:

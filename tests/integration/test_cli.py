@@ -231,6 +231,10 @@ def test_usage_errors_exit_2(suite):
     assert r.returncode == 2 and "give a condition" in r.stderr
     r = run(suite, "--browse", "127.0.0.1:99999", "queues")  # it dialled port 34463 (99999 mod 65536)
     assert r.returncode == 2 and "port 1 to 65535" in r.stderr
+    r = run(suite, "dequeue", "x", "--retry-after", "5m")  # went out with a SUCCESS: the mail gone, not retried
+    assert r.returncode == 2 and "--retry-after goes with --ack retry" in r.stderr
+    r = run(suite, "events", "--type", "swept")  # offered by --help, then refused by the server (exit 1)
+    assert r.returncode == 2 and "mail history only" in r.stderr
     for option in ("--max-attempts", "--multiplier"):  # 0 went out as "unset": the policy unchanged, exit 0
         for command in ("create", "retry-policy"):
             r = run(suite, command, "x", option, "0")

@@ -59,3 +59,12 @@ def test_a_text_that_is_no_prefix_is_a_usage_error(given, message):
     """Exit status 2, as for any wrong command line (mailq --help)."""
     with pytest.raises(UsageError, match=message):
         resolve(given, lambda: pytest.fail("a malformed id reads nothing"), "queue q")
+
+
+def test_an_enum_value_this_mailq_does_not_know_is_shown_as_its_number_not_a_traceback():
+    # A newer server's event type reached mailq events as EventType.Name(99): ValueError, a traceback mid-stream.
+    from mailq.common import enum_text
+    from mailqueue.v1 import events_pb2
+
+    assert enum_text(events_pb2.EventType, events_pb2.EVENT_TYPE_DELIVERED, "EVENT_TYPE_") == "delivered"
+    assert enum_text(events_pb2.EventType, 99, "EVENT_TYPE_") == "unknown(99)"
