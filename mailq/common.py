@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import grpc
-from google.protobuf import duration_pb2
+from google.protobuf import duration_pb2, json_format
 
 from mailqueue.v1 import admin_pb2_grpc, blob_pb2_grpc, browse_pb2_grpc, dequeue_pb2_grpc, enqueue_pb2_grpc, events_pb2_grpc, webhooks_pb2_grpc
 from services.adapters.grpc_channels import blocking_channel
@@ -234,6 +234,14 @@ def duration(value: Any) -> duration_pb2.Duration:
 
 #: C0 controls, DEL and C1 controls: shown as escapes, never sent to the terminal.
 _CONTROLS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def as_json(message: Any) -> dict[str, Any]:
+    """A message as --json prints it: the proto's field names, every field (a zero, an empty sender
+    too: a script reads the same keys whatever the values), 64-bit numbers as numbers (the
+    canonical mapping's strings sorted above every number in jq)."""
+    return json_format.MessageToDict(message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True,
+                                     unquote_int64_if_possible=True)
 
 
 def enum_text(enum: Any, value: int, prefix: str) -> str:

@@ -15,9 +15,7 @@ import json
 import sys
 from typing import Any
 
-from google.protobuf import json_format
-
-from mailq.common import UsageError, duration, duration_arg, enum_text, follow, print_table, queue_option, selector, whole
+from mailq.common import UsageError, as_json, duration, duration_arg, enum_text, follow, print_table, queue_option, selector, whole
 from mailqueue.v1 import admin_pb2, browse_pb2
 
 REASONS = ("expired", "rejected", "bounced", "delivery_limit", "content_missing", "other")
@@ -46,7 +44,7 @@ def cmd_list(c: Any, a: argparse.Namespace) -> None:
         if a.json:
             # One JSON object per dead letter, field names as in the proto (as mailq browse --json);
             # the last one carries "next_page_token" when a next page exists.
-            print(json.dumps(json_format.MessageToDict(r, preserving_proto_field_name=True), sort_keys=True))
+            print(json.dumps(as_json(r), sort_keys=True))
             continue
         m = r.mail
         rows.append([m.enqueue_id, r.dead_lettered_at.ToDatetime().strftime("%Y-%m-%d %H:%M:%S"), _reason_name(r.reason),

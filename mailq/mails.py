@@ -18,15 +18,13 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-from google.protobuf import json_format
-
 from mailq import ids
-from mailq.common import Client, UsageError, duration, duration_arg, follow, print_table, queue_command, selector, whole
+from mailq.common import Client, UsageError, as_json, duration, duration_arg, follow, print_table, queue_command, selector, whole
 from mailqueue.v1 import admin_pb2, browse_pb2, mail_pb2
 
 
 def mail_row(m: mail_pb2.QueuedMail) -> dict[str, Any]:
-    return json_format.MessageToDict(m, preserving_proto_field_name=True)
+    return as_json(m)
 
 
 def progress_stream(stream: Iterator[Any], what: str) -> int:

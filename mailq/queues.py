@@ -16,10 +16,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from google.protobuf import json_format
-
 from mailq import throttle
-from mailq.common import Client, UsageError, duration, duration_arg, follow, queue_command, real, whole
+from mailq.common import Client, UsageError, as_json, duration, duration_arg, follow, queue_command, real, whole
 from mailqueue.v1 import admin_pb2, browse_pb2
 from services.domain.durations import human
 
@@ -46,7 +44,7 @@ def print_policy(p: browse_pb2.RetryPolicy) -> None:
 def cmd_show(c: Client, a: argparse.Namespace) -> None:
     info = c.browse.GetQueue(browse_pb2.GetQueueRequest(queue=a.queue, exact=a.exact)).queue_info
     if a.json:
-        print(json.dumps(json_format.MessageToDict(info, preserving_proto_field_name=True)))  # one line, as every --json
+        print(json.dumps(as_json(info)))  # one line, as every --json
         return
     print(f"queue            {info.queue}")
     print(f"size             {info.size} ({info.ready} ready, {info.delayed} delayed, {info.held} held)"

@@ -68,3 +68,13 @@ def test_an_enum_value_this_mailq_does_not_know_is_shown_as_its_number_not_a_tra
 
     assert enum_text(events_pb2.EventType, events_pb2.EVENT_TYPE_DELIVERED, "EVENT_TYPE_") == "delivered"
     assert enum_text(events_pb2.EventType, 99, "EVENT_TYPE_") == "unknown(99)"
+
+
+def test_json_output_has_every_field_and_numbers_as_numbers():
+    # --json left out a zero (attempts 0, the null sender, an empty queue's size) and wrote int64 as
+    # strings ("size": "12", which jq sorts above every number).
+    from mailq.common import as_json
+    from mailqueue.v1 import browse_pb2
+
+    info = as_json(browse_pb2.QueueInfo(queue="q", size=12))
+    assert info["size"] == 12 and info["delayed"] == 0 and info["ready"] == 0
