@@ -36,7 +36,10 @@ class Expired:
 
 def backoff(policy: RetryPolicy, attempt: int) -> dt.timedelta:
     """The pause before delivery ``attempt + 1`` (``attempt`` counts from 1)."""
-    seconds = policy.initial_backoff.total_seconds() * policy.multiplier ** min(attempt - 1, 1000)
+    try:
+        seconds = policy.initial_backoff.total_seconds() * policy.multiplier ** min(attempt - 1, 1000)
+    except OverflowError:  # x10 past attempt 310, x100 past 156: far above any cap
+        seconds = MAX_DELAY.total_seconds()
     return min(dt.timedelta(seconds=min(seconds, MAX_DELAY.total_seconds())), policy.max_backoff)
 
 

@@ -18,6 +18,14 @@ def test_backoff_grows_by_the_multiplier_up_to_the_maximum():
     assert [schedule.backoff(POLICY, n).total_seconds() for n in range(1, 9)] == [60, 120, 240, 480, 960, 1920, 3600, 3600]
 
 
+@pytest.mark.parametrize(("multiplier", "attempt"), [(10.0, 311), (100.0, 157), (4.0, 600)])
+def test_a_backoff_past_what_a_float_holds_is_the_maximum_not_an_overflow(multiplier, attempt):
+    # A policy the API accepts (multiplier up to 100, max_attempts up to 1000): the RETRY raised
+    # OverflowError, which failed the consumer's whole stream, again at each redelivery.
+    policy = dataclasses.replace(POLICY, multiplier=multiplier, max_attempts=1000)
+    assert schedule.backoff(policy, attempt) == policy.max_backoff
+
+
 def test_a_retry_is_scheduled_after_its_backoff_or_the_consumer_retry_after():
     assert schedule.next_attempt(POLICY, 2, T0, T0 + S) == schedule.Retry(T0 + S + 120 * S)
     assert schedule.next_attempt(POLICY, 2, T0, T0 + S, retry_after=5 * S) == schedule.Retry(T0 + 6 * S)
