@@ -262,6 +262,8 @@ def backtracking(pattern: str) -> str | None:
                 low, high, body = av
                 if high > 1 and repeated:
                     return "a repeat inside a repeat"
+                if repeated and low != high:  # (?:a?a?)*: each optional part a choice per turn, as alternatives
+                    return "an optional part inside a repeat"
                 if high > SHORT_REPEAT:
                     long_repeats += 1
                     if long_repeats > 1:
