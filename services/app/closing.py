@@ -35,11 +35,14 @@ async def close(s: Stream, prepared: list[Delivery], unanswered: list[Delivery])
     for d in prepared:
         d.end(s.side.shaper)
     s.side.shaper.consuming(-1)
+    channel_open = True
     try:
         # First: each ack below frees room the broker would fill with a new delivery, sent back by
         # the channel's close with an attempt spent (and, for a delayed arrival, its count kept).
-        await s.consumer.stop()
-        channel_open = True
+        # Not while the broker blocks the connection (an alarm): it reads no frame of it, and the
+        # stream's end would wait the cancel's whole bound (the give-back is refused then anyway).
+        if s.side.broker.blocked() is None:
+            await s.consumer.stop()
     except BackendUnavailable as e:  # the channel is gone: the broker returns everything by itself
         log.info("could not stop the consumer before giving back: %s", e, extra={"queue": s.queue})
         channel_open = False
