@@ -47,7 +47,6 @@ from services.domain import events as mail_events
 from services.domain import history_keys, model, trace, validation
 from services.domain.errors import PublishersBlocked
 from services.domain.events import Actor, current_actor
-from services.domain.settings import LimitSettings
 from services.domain.slices import bucket_of, slice_start
 from services.ports.blobstore import BlobStore
 from services.ports.broker import Broker
@@ -91,6 +90,9 @@ class Pending:
     priority: str
     #: Inline content, stored by the group; else the content stored or checked before it.
     content: bytes | None = None
+    #: Small inline content (up to ``MAILQUEUE_SMALL_BLOB_BYTES``), also carried by its RabbitMQ
+    #: message so its delivery reads no blob (services/domain/settings.py ``carried``).
+    carried: bytes | None = None
     blob_ids: tuple[str, ...] = ()
     size: int = 0
     #: With an idempotency key: the claimed enqueue id, this attempt's claim instant, and the
@@ -100,6 +102,9 @@ class Pending:
     enqueue_id: uuid.UUID | None = None
     started: dt.datetime | None = None
     at: dt.datetime | None = None
+    #: Its claim was taken over from an earlier attempt (``at`` is that attempt's instant): undone,
+    #: its enqueue id is marked though this attempt wrote nothing (services/app/compensation.py).
+    taken_over: bool = False
     #: The call's trace context and its caller (the actor of its ENQUEUED event), taken when it is
     #: made: the group runs in another call's task, with that call's context.
     traceparent: str = dataclasses.field(default_factory=trace.current_traceparent.get)
@@ -107,9 +112,9 @@ class Pending:
 
 
 class GroupWrites:
-    def __init__(self, view: View, broker: Broker, blobs: BlobStore, limits: LimitSettings, state: QueueState,
-                 events: EventLog, compensation: Compensation) -> None:
-        self._view, self._broker, self._blobs, self._limits, self._state = view, broker, blobs, limits, state
+    def __init__(self, view: View, broker: Broker, blobs: BlobStore, state: QueueState, events: EventLog,
+                 compensation: Compensation) -> None:
+        self._view, self._broker, self._blobs, self._state = view, broker, blobs, state
         self._events, self._compensation = events, compensation
 
     async def run_group(self, items: Sequence[Pending]) -> list[model.EnqueueResult | BaseException]:
@@ -168,7 +173,7 @@ class GroupWrites:
             sent = await asyncio.gather(*(self._broker.publish(
                 queued[i],
                 queued[i].deliver_at - queued[i].enqueued_at if queued[i].deliver_at is not None else dt.timedelta(0),
-                content=self._limits.carried(items[i].content, len(items[i].content or b"")),  # small inline content
+                content=items[i].carried,
             ) for i in live), return_exceptions=True)
             live = _survivors(live, sent, failed)
             if live:  # the group's ENQUEUED events in one record; unrecorded, the mails are undone
@@ -187,7 +192,7 @@ class GroupWrites:
                     failed(i, e)
             raise
         finally:
-            undo = [self._compensation.undo(it.queue, it.key, ids[i], started[i], attempts.get(i, Attempt(taken_over=taken_over(it))))
+            undo = [self._compensation.undo(it.queue, it.key, ids[i], started[i], attempts.get(i, Attempt(taken_over=it.taken_over)))
                     for i, it in enumerate(items) if out[i] is not None and (i in attempts or it.key)]
             if undo:
                 await asyncio.shield(asyncio.gather(*undo, return_exceptions=True))
@@ -259,7 +264,7 @@ class Grouper:
             if entry in self._waiting:  # not started: nothing of it is written; its claim is released
                 self._waiting.remove(entry)
                 if item.key:
-                    self._compensation.undo_later(item.queue, item.key, item.enqueue_id, item.started, taken_over(item))
+                    self._compensation.undo_later(item.queue, item.key, item.enqueue_id, item.started, item.taken_over)
             raise
 
     def _next(self) -> None:
@@ -301,8 +306,3 @@ def _retrieved(f: asyncio.Future) -> None:
     if not f.cancelled():
         f.exception()
 
-
-def taken_over(item: Pending) -> bool:
-    """Whether the mail's claim was taken over from an earlier attempt (its row's instant is that
-    attempt's): undone, its enqueue id is marked though this attempt wrote nothing."""
-    return item.at is not None and item.at != item.started

@@ -73,7 +73,7 @@ class Enqueuer:
         compensation = Compensation(view, self.claims)
         self._compensation = compensation
         #: A lone call is a group of one (services/app/enqueue_group.py).
-        self._grouper = Grouper(GroupWrites(view, broker, blobs, limits, state, self._events, compensation), compensation)
+        self._grouper = Grouper(GroupWrites(view, broker, blobs, state, self._events, compensation), compensation)
 
     # ------------------------------------------------------------------ the one entry
     async def enqueue(
@@ -92,8 +92,10 @@ class Enqueuer:
                     f"inline content is {len(content.data)} bytes, over the limit of {self._limits.max_inline_bytes}: "
                     "use EnqueueStream or put the content with BlobService.Put first"
                 )
-            return await self._enqueue(
-                Pending(queue, mail, when, priority, content=content.data, size=len(content.data), key=key))
+            return await self._enqueue(Pending(
+                queue, mail, when, priority, content=content.data, size=len(content.data), key=key,
+                carried=self._limits.carried(content.data, len(content.data)),
+            ))
         if not content.blob_ids:
             raise InvalidArgument("blob_refs must name at least one blob")
         return await self._enqueue(Pending(queue, mail, when, priority, blob_ids=tuple(content.blob_ids), key=key))
@@ -199,7 +201,7 @@ class Enqueuer:
                 else:
                     enqueue_id, at = held
                     taken_over = at != started
-                    item = dataclasses.replace(item, enqueue_id=enqueue_id, started=started, at=at)
+                    item = dataclasses.replace(item, enqueue_id=enqueue_id, started=started, at=at, taken_over=taken_over)
             if earlier is None and content is not None:
                 storing = True
                 blob_ids, size = await content()

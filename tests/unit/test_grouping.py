@@ -34,6 +34,7 @@ class Mail:
     enqueue_id: None = None
     started: None = None
     at: None = None
+    taken_over: bool = False
 
 
 def test_a_lone_call_runs_at_once_and_calls_that_arrive_meanwhile_run_as_the_next_group():
