@@ -87,8 +87,8 @@ async def drop_queue(
     Order: the queue stops being listed and accepting mail, then this waits ``state.ttl_s``
     (every replica's cache of the queue has expired: no Enqueue still in flight can publish to
     it afterwards), then checks again for live mails (an Enqueue that raced the check), and only
-    then removes the topology. Interrupted, a retry completes it; a queue already dropped is
-    dropped again (idempotent).
+    then removes the topology. Interrupted, a retry completes it; once complete (recorded), the
+    name is NOT_FOUND to DeleteQueue, as a name never used.
 
     Recorded: QUEUE_DELETED once the deletion can no longer be refused (after the second check),
     its id naming the queue's incarnation as the call found it (as QUEUE_CREATED's: a retry of an
@@ -96,8 +96,12 @@ async def drop_queue(
     letter PURGED (reason "queue deleted"), in batches, before each change.
     """
     validation.queue_name(queue)
-    if not await view.queues.exists(queue) and not await view.queues.dropped(queue):
-        raise NotFound(f"queue {queue!r} does not exist")
+    if not await view.queues.exists(queue):
+        if not await view.queues.dropped(queue):
+            raise NotFound(f"queue {queue!r} does not exist")
+        deleted_at = await view.queues.deleted_at(queue)
+        if deleted_at is not None:  # not an interrupted deletion: nothing left to do, nothing recorded again
+            raise NotFound(f"queue {queue!r} does not exist: it was deleted at {deleted_at.isoformat(timespec='seconds')}")
     if not force:
         try:
             await _refuse_if_live(live_mails, queue)
@@ -162,6 +166,7 @@ async def drop_queue(
     # Every mail of it is gone: its browse start moves on, so the retention sweep can drop its
     # slices (the healer keeps moving it for the slices still too recent now).
     await browse_start.update(view, queue)
+    await view.queues.drop_done(queue)  # a DeleteQueue of the name from now on: NOT_FOUND
     log.warning("queue deleted", extra={"queue": queue, "force": force, "mails_deleted": p.deleted,
                                         "dead_letters_purged": p.dead_letters_purged})
     yield DropProgress("done", p.deleted, True, p.dead_letters_purged)

@@ -125,6 +125,28 @@ def test_a_forced_delete_takes_its_mails_topology_and_consumers_and_the_name_can
     assert len({e.id for e in seen}) == 8 and all(e.reason for e in seen[2:7]) and seen[1].details["force"] == "true"
 
 
+def test_a_completed_delete_run_again_is_not_found_and_the_name_made_again_deletes_normally(suite):
+    """A deletion completed is recorded: DeleteQueue of the name again answers NOT_FOUND (as a name
+    never used), lists nothing again and removes nothing; a queue made again under the name is
+    deleted as any other, and then NOT_FOUND too."""
+    queue = suite.new_queue()
+    assert drop(suite, queue)[-1].done
+    for _ in range(2):
+        with pytest.raises(grpc.RpcError) as e:
+            drop(suite, queue, force=True)
+        assert e.value.code() == grpc.StatusCode.NOT_FOUND and "was deleted at" in e.value.details(), e.value.details()
+        assert queue not in listed(suite)
+    refused = mailq(suite, "drop", queue, "--force", ok=False)
+    assert refused.returncode != 0 and "was deleted at" in refused.stderr, refused
+    # The name again: a new queue, deleted like any other (its deletion is not the old one's).
+    assert suite.admin_stub.CreateQueue(admin_pb2.CreateQueueRequest(queue=queue)).created
+    suite.enqueue_stub.Enqueue(inline(queue, simple_mail("m")))
+    assert drop(suite, queue, force=True)[-1].mails_deleted == 1
+    with pytest.raises(grpc.RpcError) as e:
+        drop(suite, queue)
+    assert e.value.code() == grpc.StatusCode.NOT_FOUND
+
+
 def test_mailq_drop_from_another_directory(suite):
     queue = suite.new_queue()
     suite.enqueue_stub.Enqueue(inline(queue, simple_mail("m")))

@@ -24,9 +24,10 @@ class QueuesDAO:
         self._all = f"SELECT queue_name FROM {t}"
         self._delete = session.prepare(f"DELETE FROM {t} WHERE queue_name = ? IF EXISTS")
         dropped = f"{keyspace}.{schema.DROPPED_QUEUES}"
-        self._drop = session.prepare(f"INSERT INTO {dropped} (queue_name, dropped_at) VALUES (?, ?)")
+        self._drop = session.prepare(f"INSERT INTO {dropped} (queue_name, dropped_at, done_at) VALUES (?, ?, null)")
+        self._done = session.prepare(f"UPDATE {dropped} SET done_at = ? WHERE queue_name = ?")
         self._undrop = session.prepare(f"DELETE FROM {dropped} WHERE queue_name = ?")
-        self._is_dropped = session.prepare(f"SELECT queue_name, dropped_at FROM {dropped} WHERE queue_name = ?")
+        self._is_dropped = session.prepare(f"SELECT queue_name, dropped_at, done_at FROM {dropped} WHERE queue_name = ?")
         self._all_dropped = f"SELECT queue_name FROM {dropped}"
 
     async def create(self, queue: str) -> bool:
@@ -49,6 +50,16 @@ class QueuesDAO:
         """Undo ``drop`` (a delete refused after it)."""
         await execute(self._session, self._create, (queue, model.utcnow()))
         await execute(self._session, self._undrop, (queue,))
+
+    async def drop_done(self, queue: str) -> None:
+        """The deletion of the dropped ``queue`` completed: a DeleteQueue of the name finds nothing to do."""
+        await execute(self._session, self._done, (model.utcnow(), queue))
+
+    async def deleted_at(self, queue: str) -> dt.datetime | None:
+        """When the deletion of the dropped queue of that name completed (None: it did not, or the
+        name was never dropped, or it was dropped before deletions were recorded complete)."""
+        rows = await execute(self._session, self._is_dropped, (queue,))
+        return rows[0].done_at.replace(tzinfo=dt.timezone.utc) if rows and rows[0].done_at else None
 
     async def dropped(self, queue: str) -> bool:
         return bool(await execute(self._session, self._is_dropped, (queue,)))

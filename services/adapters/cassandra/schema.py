@@ -103,8 +103,8 @@ TABLES = [
         PRIMARY KEY ((queue_name), hour)
     ) WITH comment = 'The hours of dead_letters_v1 that have held a dead letter, per queue (what a browse, count, redrive or purge reads).'""",
     f"""CREATE TABLE IF NOT EXISTS {{ks}}.{DROPPED_QUEUES} (
-        queue_name text PRIMARY KEY, dropped_at timestamp
-    ) WITH comment = 'Queues deleted (DeleteQueue): no longer listed or accepting mail; the retention sweep still sweeps their content.'""",
+        queue_name text PRIMARY KEY, dropped_at timestamp, done_at timestamp
+    ) WITH comment = 'Queues deleted (DeleteQueue): no longer listed or accepting mail; the retention sweep still sweeps their content. done_at: when the deletion completed (null: under way or interrupted, a DeleteQueue completes it).'""",
     f"""CREATE TABLE IF NOT EXISTS {{ks}}.{CONFIG_EVENTS} (
         aggregate_id text, event_id int,
         slice_window_ms bigint, bucket_count int, update_browse_start_pace int, recorded_at timestamp,
@@ -198,6 +198,7 @@ MIGRATIONS = [
     f"ALTER TABLE {{ks}}.{ENQUEUED_MAILS} ADD IF NOT EXISTS priority text",
     f"ALTER TABLE {{ks}}.{ENQUEUED_MAILS} ADD IF NOT EXISTS traceparent text",
     f"ALTER TABLE {{ks}}.{IDEMPOTENCY} ADD IF NOT EXISTS owner uuid",
+    f"ALTER TABLE {{ks}}.{DROPPED_QUEUES} ADD IF NOT EXISTS done_at timestamp",
     *(f"ALTER TABLE {{ks}}.{DELETED_MAILS} ADD IF NOT EXISTS {column}"
       for column in ("generation int", "deliver_at timestamp", "attempts int", "last_error text", "held_by uuid")),
 ]
