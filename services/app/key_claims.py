@@ -15,7 +15,9 @@ finds the claim and
 
 A take-over is safe whenever it happens, even of an attempt that still runs (a lease lost to a
 long pause): both attempts write and publish the same enqueue id, one mail, processed once (a
-consumer's SUCCESS marks the enqueue id, and the other copy is skipped). The abandoned attempt's
+consumer's SUCCESS marks the enqueue id, and the other copy is skipped), and only the attempt
+holding the claim commits it (the commit is conditional on the claim: the one taken over answers
+ABORTED and is undone, whether the newer attempt succeeds or fails). The abandoned attempt's
 undo marks are written at its start time plus 1 µs; the take-over removes marks written up to
 that start plus 2 µs (last write wins in Cassandra), so an undo landing late cannot delete the
 mail this attempt acknowledges, while a consumer's later SUCCESS mark stays.

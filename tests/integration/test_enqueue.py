@@ -209,6 +209,82 @@ def _keyed(suite, queue: str, key: str):
         raise
 
 
+@pytest.fixture(scope="module")
+def quick_claims(aio_loop, running_stack):
+    """Services that take a claim for abandoned after 1 s (MAILQUEUE_ABANDONED_CLAIM_S)."""
+    from stack.harness import new_keyspace
+    from tests.conftest import Suite
+
+    s = Suite(aio_loop, new_keyspace(), MAILQUEUE_ABANDONED_CLAIM_S="1")
+    yield s
+    s.stop(drop=True)
+
+
+def test_an_attempt_whose_claim_a_retry_took_over_does_not_answer_for_the_key(quick_claims):
+    """A slow attempt (its stream paused past MAILQUEUE_ABANDONED_CLAIM_S) had its claim taken over
+    by a retry, which failed (its client left mid-stream) and undid the enqueue id. The slow attempt
+    then resumed, wrote, published and committed the key unconditionally: acknowledged, yet never
+    delivered (its id marked by the retry's undo), and the key answered "duplicate" of it. Its commit
+    is now refused: ABORTED, and the key enqueues anew, delivered."""
+    import threading
+
+    from services.adapters.cassandra import schema
+
+    suite, queue, key = quick_claims, quick_claims.new_queue(), "order-slow"
+
+    def header(name: str) -> enqueue_pb2.EnqueueStreamRequest:
+        return enqueue_pb2.EnqueueStreamRequest(header=enqueue_pb2.EnqueueHeader(
+            queue=queue, mail=simple_mail(name), idempotency_key=key))
+
+    resume, paused = threading.Event(), threading.Event()
+
+    def slow():
+        yield header("slow")
+        yield enqueue_pb2.EnqueueStreamRequest(chunk=b"a" * 1000)
+        paused.set()
+        resume.wait(60)
+        yield enqueue_pb2.EnqueueStreamRequest(chunk=b"b" * 1000)
+
+    first = suite.enqueue_stub.EnqueueStream.future(slow(), timeout=120)
+    assert paused.wait(10)
+    claimed = f"SELECT enqueue_id FROM {suite.keyspace}.{schema.IDEMPOTENCY} WHERE queue_name = %s AND idempotency_key = %s"
+    wait_until(lambda: suite.view.session.execute(claimed, (queue, key)).one(), 10, what="the slow attempt's claim")
+
+    def taken_over_then_left() -> bool:
+        """A retry: ABORTED while the slow attempt's claim is fresh; once it is abandoned, the retry
+        takes it over and its client leaves before its content ends."""
+        before = suite.metric("enqueue", "mailqueue_enqueue_claims_taken_over_total", reason="abandoned")
+
+        def retry():
+            yield header("retry")
+            yield enqueue_pb2.EnqueueStreamRequest(chunk=b"c" * 1000)
+            threading.Event().wait(60)
+
+        call = suite.enqueue_stub.EnqueueStream.future(retry(), timeout=60)
+        over = lambda: suite.metric("enqueue", "mailqueue_enqueue_claims_taken_over_total", reason="abandoned") > before  # noqa: E731
+        wait_until(lambda: call.done() or over(), 10, what="the retry refused or taken over")
+        if over():
+            call.cancel()
+            return True
+        assert call.exception().code() == grpc.StatusCode.ABORTED, call.exception()
+        return False
+
+    wait_until(taken_over_then_left, 20, interval=0.3, what="a retry that took the claim over")
+    wait_until(lambda: suite.view.session.execute(claimed, (queue, key)).one() is None, 30,
+               what="the retry's undo: the enqueue id marked, the claim released")
+    resume.set()
+    with pytest.raises(grpc.RpcError) as e:
+        first.result()
+    assert e.value.code() == grpc.StatusCode.ABORTED and "taken over" in e.value.details(), e.value.details()
+    again = wait_until(lambda: _keyed(suite, queue, key), 30, what="the key enqueued anew")
+    assert not again.duplicate
+    consumer = StreamConsumer(suite.dequeue_stub, queue, prefetch=4)
+    assert consumer.next().mail.enqueue_id == again.enqueue_id
+    with pytest.raises(q.Empty):
+        consumer.next(timeout=2)  # one mail for the key
+    consumer.close()
+
+
 def test_equal_content_of_two_mails_is_stored_once(suite):
     queue = suite.new_queue()
     a = suite.enqueue_stub.Enqueue(inline(queue, simple_mail("a"), b"same content")).receipt

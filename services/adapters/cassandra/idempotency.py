@@ -35,9 +35,12 @@ class IdempotencyDAO:
             f"UPDATE {t} SET claimed_at = ?, owner = ?, enqueue_id = ?, enqueued_at = ? WHERE queue_name = ? "
             "AND idempotency_key = ? IF committed = false AND claimed_at = ?"
         )
+        # Only by the attempt that holds the claim: one whose claim was taken over since (its
+        # attempt taken for gone: a lease lost, a pause past MAILQUEUE_ABANDONED_CLAIM_S) must not
+        # answer for the key, whose mail the newer attempt may undo.
         self._commit = session.prepare(
             f"UPDATE {t} SET committed = true, enqueue_id = ?, enqueued_at = ?, blob_ids = ?, size = ? "
-            "WHERE queue_name = ? AND idempotency_key = ?"
+            "WHERE queue_name = ? AND idempotency_key = ? IF enqueue_id = ? AND claimed_at = ?"
         )
         self._remnant = session.prepare(f"DELETE FROM {t} WHERE queue_name = ? AND idempotency_key = ? IF enqueue_id = null")
         self._committed = session.prepare(
@@ -84,8 +87,14 @@ class IdempotencyDAO:
         # Not applied, but to our time: a retry by the driver of a take-over that had applied.
         return bool(r.applied) or utc(getattr(r, "claimed_at", None)) == now
 
-    async def commit(self, queue: str, key: str, q: model.QueuedMail) -> None:
-        await execute(self._session, self._commit, (q.enqueue_id, q.enqueued_at, unset_if_empty(list(q.blob_ids)), q.size, queue, key))
+    async def commit(self, queue: str, key: str, q: model.QueuedMail, claimed_at: dt.datetime) -> bool:
+        """Commit the claim made (or taken over) at ``claimed_at`` for ``q``: False when another
+        attempt holds the key now (took the claim over), or it is released."""
+        r = (await execute(self._session, self._commit, (q.enqueue_id, q.enqueued_at, unset_if_empty(list(q.blob_ids)),
+                                                         q.size, queue, key, q.enqueue_id, claimed_at)))[0]
+        # A retry by the driver of a commit that had applied applies again: nothing else changes a
+        # committed claim (a take-over needs it uncommitted), but this attempt's own release.
+        return bool(r.applied)
 
     async def release(self, queue: str, key: str, enqueue_id: uuid.UUID, claimed_at: dt.datetime) -> None:
         """Release the claim this attempt made (a claim taken over since then is left alone)."""
