@@ -27,6 +27,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Mapping
 
+from services.domain.webhook_registry import shown_url
 from services.domain.webhooks import Answer, retry_after_s
 
 log = logging.getLogger(__name__)
@@ -51,7 +52,7 @@ class UrllibPoster:
     async def post(self, lane: str, url: str, body: bytes, headers: Mapping[str, str], timeout_s: float) -> Answer:
         previous = self._sending.get(lane)
         if previous is not None and not previous.done():
-            log.info("webhook endpoint still holds an earlier request: nothing sent", extra={"endpoint": lane, "url": url})
+            log.info("webhook endpoint still holds an earlier request: nothing sent", extra={"endpoint": lane, "url": shown_url(url)})
             return Answer(None)
         loop = asyncio.get_running_loop()
         answer = self._sending[lane] = loop.create_future()
@@ -69,7 +70,7 @@ class UrllibPoster:
             async with asyncio.timeout(2 * timeout_s):
                 return await asyncio.shield(answer)  # the lane stays busy until the thread ends
         except TimeoutError:
-            log.info("webhook endpoint did not answer in time", extra={"endpoint": lane, "url": url, "timeout_s": 2 * timeout_s})
+            log.info("webhook endpoint did not answer in time", extra={"endpoint": lane, "url": shown_url(url), "timeout_s": 2 * timeout_s})
             return Answer(None)
 
     @staticmethod
@@ -84,7 +85,7 @@ class UrllibPoster:
             e.close()
             return Answer(int(e.code), asked)
         except (urllib.error.URLError, OSError, http.client.HTTPException, ValueError) as e:  # ValueError: a URL it cannot send
-            log.info("webhook endpoint did not answer", extra={"url": url, "error": str(e)[:200]})
+            log.info("webhook endpoint did not answer", extra={"url": shown_url(url), "error": str(e)[:200]})
             return Answer(None)
 
 

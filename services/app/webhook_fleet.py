@@ -19,6 +19,7 @@ from typing import Any
 
 from prometheus_client import Gauge
 
+from services.domain.webhook_registry import shown_url
 from services.domain.webhooks import Endpoint
 
 log = logging.getLogger(__name__)
@@ -48,7 +49,7 @@ class EndpointFleet:
         for name, spec in wanted.items():
             if name not in self._tasks:
                 self._tasks[name] = (spec, asyncio.create_task(self._run(*spec), name=f"webhook:{name}"))
-                log.info("webhook endpoint started", extra={"endpoint": name, "url": spec[0].url})
+                log.info("webhook endpoint started", extra={"endpoint": name, "url": shown_url(spec[0].url)})
         ENDPOINTS.set(len(self._tasks))
 
     async def reload_forever(self, interval_s: float) -> None:

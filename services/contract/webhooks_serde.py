@@ -7,6 +7,7 @@ import datetime as dt
 from mailqueue.v1 import webhooks_pb2
 from services.contract.events_serde import event_type_from_proto, event_type_to_proto
 from services.contract.serde import duration_from_proto, duration_to_proto, timestamp_to_proto
+from services.domain import webhook_registry
 from services.domain.event_stream import streamed
 from services.domain.webhook_registry import Registration
 
@@ -22,8 +23,9 @@ def webhook_from_proto(pb: webhooks_pb2.Webhook) -> Registration:
 
 
 def webhook_to_proto(r: Registration) -> webhooks_pb2.Webhook:
-    pb = webhooks_pb2.Webhook(name=r.name, url=r.url, secret_file=r.secret_file, event_types=[event_type_to_proto(t) for t in r.types],
-                              queues=list(r.queues), from_oldest=r.from_oldest)
+    pb = webhooks_pb2.Webhook(name=r.name, url=webhook_registry.shown_url(r.url), secret_file=r.secret_file,
+                              event_types=[event_type_to_proto(t) for t in r.types], queues=list(r.queues),
+                              from_oldest=r.from_oldest)
     pb.max_age.CopyFrom(duration_to_proto(dt.timedelta(seconds=r.max_age_s)))
     if r.created_at is not None:
         pb.created_at.CopyFrom(timestamp_to_proto(r.created_at))

@@ -43,8 +43,9 @@ class Registration:
     created_at: dt.datetime | None = None
 
     def settings(self) -> dict[str, str]:
-        """What the admin event records of it (no secret: only its file's path)."""
-        return {"url": self.url, "secret_file": self.secret_file, "types": ",".join(t.value for t in self.types),
+        """What the admin event records of it (no secret: only its file's path, and its URL with
+        the query's values masked)."""
+        return {"url": shown_url(self.url), "secret_file": self.secret_file, "types": ",".join(t.value for t in self.types),
                 "queues": ",".join(self.queues), "max_age_s": f"{self.max_age_s:g}", "from_oldest": str(self.from_oldest).lower()}
 
 
@@ -57,12 +58,26 @@ def name_of(name: str) -> str:
     return name
 
 
+def shown_url(url: str) -> str:
+    """``url`` as events, logs and listings show it: each query value masked (``?token=…``: a
+    receiver's token is often put there), and a user or password an older version took. Only the
+    POST itself uses the URL as registered."""
+    masked = re.sub(r"//[^/?#]*@", "//…@", url)
+    head, mark, query = masked.partition("?")
+    if not mark:
+        return masked
+    query, hash_, fragment = query.partition("#")
+    parts = [(k + "=…" if sep else k) for k, sep, _ in (q.partition("=") for q in query.split("&"))]
+    return head + "?" + "&".join(parts) + hash_ + fragment
+
+
 def url_of(text: str) -> str:
     """``text`` if webhook_svc can POST to it: http or https, a host (not a link-local address), a
-    port in range, no user or password (they would be in every listing and event), no fragment
+    port in range, no user or password (the endpoint authenticates batches by their signature; a
+    token in the query is masked wherever the URL is shown: ``shown_url``), no fragment
     (never sent), no space or control character, ASCII only, at most MAX_URL characters;
     InvalidArgument saying what is wrong."""
-    wrong = f"webhook url {shown(re.sub(r'//[^/?#]*@', '//…@', text))}"  # never the password it may carry
+    wrong = f"webhook url {shown(shown_url(text))}"  # never the password or token it may carry
     if len(text) > MAX_URL:
         raise InvalidArgument(f"{wrong} is {len(text)} characters long: at most {MAX_URL}")
     if not text.isprintable() or " " in text:

@@ -12,7 +12,8 @@ services/app/webhook_fleet.py starts and stops their tasks):
       "queues": ["outbound"], "types": ["delivered", "rejected"], "max_age_s": 86400, "from_oldest": false}]
 
 ``name`` keys the checkpoint (renaming an endpoint starts it over); ``secret_file`` holds the HMAC
-secret, read here and nowhere else (a registration keeps the path only); ``queues``/``types``
+secret, read here and nowhere else (a registration keeps the path only; a regular file of at most
+64 KiB, and a registration's inside MAILQUEUE_WEBHOOK_SECRETS_DIR when that is set: ``read_secret``); ``queues``/``types``
 empty or absent: every one; ``from_oldest``: an endpoint without a checkpoint starts at the
 oldest event kept instead of the next one. A registered endpoint whose secret file cannot be
 read is skipped (logged) until it can.
@@ -28,6 +29,7 @@ import asyncio
 import json
 import logging
 import os
+import stat
 import sys
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -61,9 +63,29 @@ WEBHOOK_PREFETCH = 8
 RESTART_S = 2.0
 
 
-def read_secret(path: str) -> bytes:
-    with open(path, "rb") as f:
-        secret = f.read().strip()
+#: The largest secret file read (an HMAC key needs 32 bytes; a larger file is a wrong path).
+MAX_SECRET_BYTES = 64 * 1024
+
+
+def read_secret(path: str, folder: str = "") -> bytes:
+    """The HMAC secret in the file at ``path``: a regular file of at most MAX_SECRET_BYTES, inside
+    ``folder`` when one is set (MAILQUEUE_WEBHOOK_SECRETS_DIR; the file as opened, after its links:
+    Kubernetes' own links inside a mounted Secret pass, a link out of it does not). A registration
+    names the path, so without these a device (/dev/zero, read for ever on the event loop) or a
+    service's own credential file could be named. ValueError or OSError saying what is wrong."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ValueError(f"the secret file {path} is not a regular file")
+    with os.fdopen(fd, "rb") as f:
+        if folder:
+            opened, inside = os.path.realpath(f"/proc/self/fd/{fd}"), os.path.realpath(folder)
+            if os.path.commonpath([opened, inside]) != inside:
+                raise ValueError(f"the secret file {path} is outside MAILQUEUE_WEBHOOK_SECRETS_DIR={folder}")
+        secret = f.read(MAX_SECRET_BYTES + 1)
+    if len(secret) > MAX_SECRET_BYTES:
+        raise ValueError(f"the secret file {path} is larger than {MAX_SECRET_BYTES} bytes: not a secret")
+    secret = secret.strip()
     if not secret:
         raise ValueError(f"the secret file {path} is empty")
     return secret
@@ -112,7 +134,7 @@ def endpoints_from_file(path: str, running: bool = False) -> list[tuple[Endpoint
         raise ConfigurationError(f"MAILQUEUE_WEBHOOKS_FILE={path}: {e}") from e
 
 
-def endpoint_of(r: Registration) -> Endpoint | None:
+def endpoint_of(r: Registration, secrets_dir: str = "") -> Endpoint | None:
     """A registration as an endpoint, its secret read from its file; None (logged) when that file
     cannot be read, or when its URL is one this version refuses (registered by an older one: a
     link-local address)."""
@@ -123,7 +145,7 @@ def endpoint_of(r: Registration) -> Endpoint | None:
                   extra={"endpoint": r.name, "error": str(e)})
         return None
     try:
-        secret = read_secret(r.secret_file)
+        secret = read_secret(r.secret_file, secrets_dir)
     except (OSError, ValueError) as e:
         log.error("webhook endpoint skipped: its secret file cannot be read (fix the file or the mounted Secret; "
                   "it is tried again at each reload)", extra={"endpoint": r.name, "secret_file": r.secret_file, "error": str(e)})
@@ -153,6 +175,11 @@ class WebhookApp(server.App):
     def __init__(self, settings: Settings, env: Mapping[str, str] = os.environ) -> None:
         super().__init__(settings)
         self._file = _get(env, "WEBHOOKS_FILE", "")
+        #: Where a registration's secret file must be (empty: anywhere webhook_svc may read).
+        self._secrets_dir = _get(env, "WEBHOOK_SECRETS_DIR", "")
+        if self._secrets_dir and not os.path.isdir(self._secrets_dir):
+            raise ConfigurationError(f"MAILQUEUE_WEBHOOK_SECRETS_DIR={self._secrets_dir} is not a folder: give the folder "
+                                     "the endpoints' secret files are mounted in (in Kubernetes, /var/run/secrets/webhooks)")
         #: The longest wait between two tries of a failing endpoint.
         self._cap_s = _float(env, "WEBHOOK_BACKOFF_CAP_S", 60.0, 0.01)
         #: Seconds between two readings of the registrations (and of MAILQUEUE_WEBHOOKS_FILE).
@@ -182,7 +209,7 @@ class WebhookApp(server.App):
 
             async def load() -> dict[str, tuple[Endpoint, bool]]:
                 nonlocal loaded
-                wanted = {r.name: (e, r.from_oldest) for r in await registry.all() if (e := endpoint_of(r)) is not None}
+                wanted = {r.name: (e, r.from_oldest) for r in await registry.all() if (e := endpoint_of(r, self._secrets_dir)) is not None}
                 from_file = endpoints_from_file(self._file, running=loaded) if self._file else []
                 wanted.update({e.name: (e, oldest) for e, oldest in from_file})
                 loaded = True

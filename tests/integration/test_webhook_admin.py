@@ -180,6 +180,64 @@ def test_webhook_svc_follows_the_registrations_and_serves_health(aio_loop, suite
     assert "Traceback" not in err, err[-2000:]
 
 
+def test_secret_files_are_confined_and_a_url_token_is_shown_nowhere(aio_loop, suite, sink, tmp_path):  # noqa: F811
+    """A registration names the path webhook_svc reads its secret from: /dev/zero was read for ever
+    on its event loop (every endpoint stopped, the pod's memory filled), and any file it may read
+    (a service credential) could be named. With MAILQUEUE_WEBHOOK_SECRETS_DIR only regular files
+    inside it are read; such registrations are skipped (logged), the others delivered. A token in
+    the URL's query reached the CONFIG_CHANGED event (readers and other webhooks see it), the
+    listing and the logs: masked there, sent as registered."""
+    queue, token = f"whs-{uuid.uuid4().hex[:8]}", f"s3cret{uuid.uuid4().hex}"
+    secrets, outside = tmp_path / "secrets", tmp_path / "credential"
+    secrets.mkdir()
+    secret = os.urandom(32).hex().encode()
+    (secrets / "..data").mkdir()  # a mounted Secret's own links: NAME -> ..data/NAME
+    (secrets / "..data" / "good").write_bytes(secret)
+    (secrets / "good").symlink_to("..data/good")
+    outside.write_bytes(b"cassandra-password")
+    (secrets / "out").symlink_to(outside)
+    receiver = Receiver()
+    port, metrics_port = free_port(), free_port()
+    env = as_service("webhook", service_env(suite.keyspace, MAILQUEUE_PORT=str(port), MAILQUEUE_METRICS_PORT=str(metrics_port),
+                                           MAILQUEUE_WEBHOOK_RELOAD_S="0.5", MAILQUEUE_WEBHOOK_SECRETS_DIR=str(secrets)))
+    webhooks = subprocess.Popen([sys.executable, "-m", "webhook_svc"], env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    target, names = f"127.0.0.1:{port}", [f"{n}-{uuid.uuid4().hex[:6]}" for n in ("good", "zero", "out", "far")]
+    try:
+        wait_until(lambda: is_serving(target), 60, 0.2, what="webhook_svc SERVING")
+        for name, path in zip(names, [secrets / "good", "/dev/zero", secrets / "out", outside], strict=True):
+            mailq(suite.browse.target, "add", name, f"{receiver.url}?token={token}&v=1", "--secret-file", str(path),
+                  "--queues", queue, "--events", "config_changed")
+        listing = mailq(suite.browse.target, "list").stdout
+        assert names[0] in listing and token not in listing and "?token=…&v=…" in listing, listing
+        wait_until(lambda: scrape(metrics_port, "mailqueue_webhook_endpoints") == 1, 20, 0.1, what="the good endpoint started")
+        first = [of_queue(EventType.CONFIG_CHANGED, queue, f"c{i}", actor=Actor.component("test")) for i in range(3)]
+        aio_loop.run(sink.publish(first))
+        wait_until(lambda: len(receiver.events()) >= 3, 30, what="the events delivered to the good endpoint")
+        assert all(verified(secret, headers, body) for _, headers, body in receiver.requests)
+        assert all(p == f"/hook?token={token}&v=1" for p in receiver.paths), receiver.paths  # sent as registered
+        assert is_serving(target) and scrape(metrics_port, "mailqueue_webhook_endpoints") == 1
+        # The registrations' CONFIG_CHANGED events (install-level: every reader may watch them) hold no token.
+        watch = events_pb2_grpc.EventServiceStub(suite.browse.channel()).WatchEvents(events_pb2.WatchEventsRequest(
+            from_oldest=True, types=[events_pb2.EVENT_TYPE_CONFIG_CHANGED]), timeout=30)
+        recorded = []
+        for r in watch:
+            if r.event.details.get("webhook") in names and r.event.details.get("change") == "added":
+                recorded.append(r.event)
+            if len(recorded) == len(names):
+                break
+        watch.cancel()
+        assert all(token not in str(e) and "token=…" in e.details["url"] for e in recorded), recorded
+        for name in names:
+            mailq(suite.browse.target, "remove", name)
+    finally:
+        webhooks.send_signal(signal.SIGTERM)
+        err = webhooks.communicate(timeout=30)[1].decode()
+        receiver.server.shutdown()
+    assert webhooks.returncode == 0, err[-2000:]
+    assert token not in err and "cassandra-password" not in err, err[-2000:]
+    assert "is not a regular file" in err and err.count("is outside MAILQUEUE_WEBHOOK_SECRETS_DIR") >= 2, err[-3000:]
+
+
 def test_webhook_svc_is_alive_but_not_ready_while_cassandra_does_not_answer(keyspace, tmp_path):
     """Readiness NOT_SERVING (out of a Service, not restarted), liveness SERVING, while its backend is unreachable."""
     from grpc_health.v1 import health_pb2

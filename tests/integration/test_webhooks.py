@@ -35,6 +35,7 @@ class Receiver:
     def __init__(self, failures: int = 0, hang_then_down: bool = False, down_s: float = 2.0) -> None:
         self.failures, self.hang_then_down, self.down_s = failures, hang_then_down, down_s
         self.requests, self.refused, self.hung, self.went_down = [], 0, 0, 0
+        self.paths: list[str] = []  # each answered request's path, with its query
         self.release = threading.Event()
         receiver = self
 
@@ -51,6 +52,7 @@ class Receiver:
                     return
                 else:
                     receiver.requests.append((time.monotonic(), dict(self.headers), body))
+                    receiver.paths.append(self.path)
                     self.send_response(200)
                 self.send_header("Content-Length", "0")
                 self.end_headers()

@@ -9,6 +9,7 @@ import pytest
 
 from services.app.webhook_fleet import EndpointFleet
 from services.contract.webhooks_serde import webhook_from_proto, webhook_to_proto
+from services.domain import webhook_registry
 from services.domain.errors import InvalidArgument
 from services.domain.events import EventType
 from services.domain.webhook_registry import Registration, validate
@@ -87,3 +88,21 @@ def test_an_invalid_name_is_echoed_cut_to_its_first_characters():
     with pytest.raises(InvalidArgument) as e:
         name_of("!" * 2000)
     assert len(str(e.value)) < 300 and "(2002 characters)" in str(e.value)
+
+
+@pytest.mark.parametrize("url,shown", [
+    ("https://h.example/in?token=s3cret&v=1#x", "https://h.example/in?token=…&v=…#x"),
+    ("https://h.example/in?flag", "https://h.example/in?flag"),
+    ("https://user:pw@h.example/in", "https://…@h.example/in"),
+    ("http://h.example:8080/a/b", "http://h.example:8080/a/b"),
+])
+def test_a_url_is_shown_with_its_query_values_and_user_masked(url, shown):
+    assert webhook_registry.shown_url(url) == shown
+
+
+def test_the_event_of_a_registration_and_a_refusal_hold_no_query_value():
+    r = Registration("b", "https://h.example/in?token=s3cret", "/s/b")
+    assert "s3cret" not in str(r.settings())
+    with pytest.raises(InvalidArgument) as e:
+        webhook_registry.url_of("https://h.example/in?token=s3cret#frag")
+    assert "s3cret" not in str(e.value)

@@ -62,3 +62,27 @@ def test_a_file_endpoint_of_a_type_never_streamed_or_a_queue_no_queue_can_have_r
     # It was taken, and waited for ever (swept is written to the history only) or matched nothing.
     with pytest.raises(ConfigurationError, match=says):
         endpoints_from_file(write(tmp_path, **entry))
+
+
+def test_a_secret_file_must_be_a_small_regular_file_inside_the_secrets_folder(tmp_path):
+    from services.runtime.webhooks import MAX_SECRET_BYTES, read_secret
+
+    folder = tmp_path / "secrets"
+    (folder / "..data").mkdir(parents=True)
+    (folder / "..data" / "billing").write_text("s3cret\n")
+    (folder / "billing").symlink_to("..data/billing")  # how a mounted Secret links its keys
+    (tmp_path / "credential").write_text("password")
+    (folder / "out").symlink_to(tmp_path / "credential")
+    (folder / "big").write_bytes(b"x" * (MAX_SECRET_BYTES + 1))
+    assert read_secret(str(folder / "billing"), str(folder)) == b"s3cret"
+    assert read_secret(str(tmp_path / "credential")) == b"password"  # no folder set: any regular file
+    with pytest.raises(ValueError, match="outside MAILQUEUE_WEBHOOK_SECRETS_DIR"):
+        read_secret(str(folder / "out"), str(folder))
+    with pytest.raises(ValueError, match="outside"):
+        read_secret(str(folder / ".." / "credential"), str(folder))
+    with pytest.raises(ValueError, match="not a regular file"):
+        read_secret("/dev/zero")  # read for ever, before
+    with pytest.raises(ValueError, match="not a regular file"):
+        read_secret(str(folder))
+    with pytest.raises(ValueError, match="larger than"):
+        read_secret(str(folder / "big"))
