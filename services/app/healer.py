@@ -85,6 +85,7 @@ class _Pass:
     start: dt.datetime  # the browse start it began at
     rows: AsyncIterator[model.QueuedMail]  # where the last round stopped
     live: dict[dt.datetime, int] = dataclasses.field(default_factory=dict)  # live mails per slice so far
+    bytes: dict[dt.datetime, int] = dataclasses.field(default_factory=dict)  # their sizes per slice so far
     checked: dt.datetime = dt.datetime.min.replace(tzinfo=dt.timezone.utc)  # slices before it are checked
     suspects: set[tuple[uuid.UUID, int]] = dataclasses.field(default_factory=set)  # suspects read so far
 
@@ -113,7 +114,7 @@ class Healer:
         self.rows_per_round = rows_per_round
         self._passes: dict[str, _Pass] = {}
         self.member = uuid.uuid4().hex
-        self._drift: dict[str, dict[dt.datetime, int]] = {}  # per queue, each slice's drift when last checked
+        self._drift: dict[str, dict[tuple[dt.datetime, str], int]] = {}  # per queue, each (slice, counter)'s drift when last checked
         self._dead_drift: dict[str, list[tuple[str, int]]] = {}
         self._dead_rounds: dict[str, int] = {}  # per queue, its rounds since the first (``DEAD_LETTER_ROUNDS``)
         #: Per queue, the rows suspected of having no message, and since when (see ``_stranded``).
@@ -261,24 +262,26 @@ class Healer:
     def _counted(p: _Pass, read: list[model.QueuedMail]) -> list[model.QueuedMail]:
         for q in read:
             p.live[q.slice_start] = p.live.get(q.slice_start, 0) + 1
+            p.bytes[q.slice_start] = p.bytes.get(q.slice_start, 0) + q.size
         return read
 
     async def _counters(self, queue: str, p: _Pass, upto: dt.datetime | None) -> int:
         """Check the slices the pass has read to their end since the last check (those before
         ``upto``; None: all) and correct the drift a slice showed in this pass and the last; the
-        corrections made. The size only: a delayed count stays "delayed" until a consumer takes
-        the mail after its time (ReconcileCounters rewrites those)."""
+        corrections made. The size and the queued bytes only: a delayed count stays "delayed"
+        until a consumer takes the mail after its time (ReconcileCounters rewrites those)."""
         if upto is not None and upto <= p.checked:
             return 0
         raw = await self._view.counters.read(queue, counts.KINDS, p.start)
-        drift = counts.gone_deltas(raw, p.live, p.checked, upto)
+        drift = {(s, "gone"): d for s, d in counts.gone_deltas(raw, p.live, p.checked, upto).items()}
+        drift.update({(s, "bytes"): d for s, d in counts.bytes_deltas(raw, p.bytes, p.checked, upto).items()})
         seen = self._drift.setdefault(queue, {})
-        confirmed = {s: d for s, d in drift.items() if seen.get(s) == d}
-        for s in [s for s in seen if s >= p.checked and (upto is None or s < upto)]:
-            del seen[s]  # checked again now: only this pass's drift counts next time
-        seen.update({s: d for s, d in drift.items() if s not in confirmed})
-        for s, delta in confirmed.items():
-            await self._view.counters.add(queue, "gone", s, delta)
+        confirmed = {k: d for k, d in drift.items() if seen.get(k) == d}
+        for k in [k for k in seen if k[0] >= p.checked and (upto is None or k[0] < upto)]:
+            del seen[k]  # checked again now: only this pass's drift counts next time
+        seen.update({k: d for k, d in drift.items() if k not in confirmed})
+        for (s, kind), delta in confirmed.items():
+            await self._view.counters.add(queue, kind, s, delta)
         if upto is not None:
             p.checked = upto
         return len(confirmed)

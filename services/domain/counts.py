@@ -91,6 +91,19 @@ def gone_deltas(
     return out
 
 
+def bytes_deltas(
+    raw: dict[str, dict[dt.datetime, int]], live_bytes: dict[dt.datetime, int], since: dt.datetime, before: dt.datetime | None,
+) -> dict[dt.datetime, int]:
+    """For each slice in [since, before) (before None: no end), what to add to its ``bytes``
+    counter so that it is the size of the live mails a pass counted there (pure; unit-tested). A
+    mail counted gone twice (an operator's delete and a consumer's SUCCESS of it) took its size
+    off twice. Slices that agree are left out."""
+    counted = raw.get("bytes", {})
+    inside = lambda s: s >= since and (before is None or s < before)  # noqa: E731
+    slices = {s for s in counted if inside(s)} | {s for s in live_bytes if inside(s)}
+    return {s: d for s in sorted(slices) if (d := live_bytes.get(s, 0) - counted.get(s, 0))}
+
+
 def exact_deltas(
     raw: dict[str, dict[dt.datetime, int]], live: list[model.QueuedMail], browse_start: dt.datetime, now: dt.datetime,
 ) -> list[tuple[dt.datetime, str, int]]:

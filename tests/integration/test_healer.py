@@ -369,3 +369,32 @@ def test_mails_waiting_for_room_at_a_throttled_destination_are_not_published_aga
     print(f"\n{len(names)} mails at 1/s, the last 10 in {time.monotonic() - began:.1f} s, {waits():.0f} waits; "
           f"republished {republished()}, superseded {superseded}")
     assert (republished(), superseded, max(delivered.values())) == (0, 0, 1), dict(delivered)
+
+
+def test_a_mail_deleted_while_a_consumer_held_it_then_answered_heals_its_queued_bytes(healed):
+    """An operator deletes a mail a consumer holds, and the consumer then answers SUCCESS: both
+    count it gone, so its size came off the queue's bytes twice. The healer put the size count
+    right, but not the bytes, which stayed low for ever: a depth limit in bytes let more in. Now
+    the bytes heal too: the queue's max_queued_bytes use reads full again."""
+    from mailqueue.v1 import admin_pb2, quotas_pb2
+
+    s = healed
+    queue, size = s.new_queue(), 1000
+    for name in ("held", "kept"):
+        s.enqueue_stub.Enqueue(inline(queue, simple_mail(name), b"x" * size))
+    s.admin_stub.SetQuota(admin_pb2.SetQuotaRequest(quota=quotas_pb2.Quota(
+        kind=quotas_pb2.QUOTA_KIND_QUEUE, subject=queue, max_queued_bytes=size)))
+    consumer = StreamConsumer(s.dequeue_stub, queue, prefetch=1)
+    held = consumer.next()
+    assert held.mail.mail.name == "held"
+    list(s.admin_stub.DeleteMails(admin_pb2.DeleteMailsRequest(queue=queue, enqueue_ids=admin_pb2.EnqueueIds(
+        ids=[held.mail.enqueue_id]))))
+    consumer.answer(held)  # SUCCESS: marked again, counted gone again
+    consumer.close()
+
+    def use() -> float:
+        return s.metric("enqueue", "mailqueue_quota_use_ratio", kind="queue", subject=queue, limit="max_queued_bytes")
+
+    wait_until(lambda: use() == 1.0, 60, interval=0.5, what="the queue's bytes healed: 'kept' fills its limit")
+    exact = s.browse_stub.GetSize(browse_pb2.GetSizeRequest(queue=queue, exact=True)).size
+    assert exact == 1 and s.browse_stub.GetSize(browse_pb2.GetSizeRequest(queue=queue)).size == 1

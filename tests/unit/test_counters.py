@@ -104,3 +104,12 @@ def test_gone_deltas_check_only_the_slices_a_pass_has_finished():
     assert counts.gone_deltas(raw, live, T0 + 2 * H, None) == {T0 + 2 * H: 2}
     # A slice with live mails and no counter at all (its counts lost) gets a negative delta.
     assert counts.gone_deltas({}, {T0: 2}, T0, None) == {T0: -2}
+
+
+def test_bytes_deltas_make_each_checked_slice_the_size_of_its_live_mails():
+    # A mail of 100 bytes counted gone twice (a delete and a SUCCESS of it) in the first slice.
+    raw = {"bytes": {T0: 0, T0 + H: 300, T0 + 2 * H: 50}}
+    live_bytes = {T0: 100, T0 + H: 300}
+    assert counts.bytes_deltas(raw, live_bytes, T0, T0 + 2 * H) == {T0: 100}  # the agreeing slice left out
+    assert counts.bytes_deltas(raw, live_bytes, T0 + 2 * H, None) == {T0 + 2 * H: -50}  # no live mail left there
+    assert counts.bytes_deltas({}, {}, T0, None) == {}
