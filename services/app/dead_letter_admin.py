@@ -32,7 +32,7 @@ from collections.abc import AsyncIterator
 
 from services.app import admin_events
 from services.app.browser import Browser
-from services.app.moves import Mover, land, only_landed, publish_landed
+from services.app.moves import Mover, land, publish_landed
 from services.domain import dead_letters, model, paging
 from services.domain.dead_letters import DeadLetter, DeadLetterFilter
 from services.domain.errors import Aborted, InvalidArgument
@@ -232,11 +232,11 @@ class DeadLetterAdmin:
             await self._view.moves.done(dead)
             return False
         if current == reason and (target := await self._view.mails.state(landed.queue, landed.enqueue_id)) is not None:
-            # Completed again, and the landed copy has a schedule or a mark of its own (a RETRY, a
-            # delivery): not landed again over what happened to it; only a landing cut between
-            # its schedule and its publish is published (again).
-            if only_landed(target, landed):
-                await publish_landed(self._broker, await self._mover.placed(landed))
+            # Completed again: the landed copy has its landing's schedule, or a mark of its own (a
+            # delivery): not landed again; published only if its landing was cut before its
+            # publish was recorded (services/app/moves.py ``land``).
+            if target.unpublished and not target.deleted:
+                await publish_landed(self._view, self._broker, await self._mover.placed(landed))
             pending.append((dead, admin_events.redriven(mail, landed)))
             return True
         # Marked first: a late broker copy of the dead mail then finds it redriven, not dead.

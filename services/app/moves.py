@@ -15,7 +15,8 @@ backend outage) leaves the mail in exactly one queue, or in the journal:
 
 The next MoveMails from the same queue first completes what the journal holds, and so does the
 healer (services/app/healer.py) for moves begun longer than its grace ago. Completing again a
-move whose step 3 had happened publishes the target copy twice: one enqueue id, delivered once. A
+move whose step 3 had happened lands nothing: the target copy's schedule record, written with a
+lightweight transaction, says it landed (``land``), so it is counted and published once. A
 source mail gone meanwhile (delivered, deleted) is not moved. What it cannot prevent: a mail a
 consumer of the source was handed just before its move is delivered from both queues (stop the
 source's consumers to move mail they could be holding).
@@ -154,11 +155,11 @@ class Mover:
                         extra={"queue": mail.queue, "target": moved.queue, "enqueue_id": str(mail.enqueue_id)})
             return False
         elif (target := await self._view.mails.state(moved.queue, moved.enqueue_id)) is not None:
-            # Completed again: the target copy has a schedule or a mark of its own already (a
-            # RETRY, a delivery): landed before, it is not landed again over what happened to it;
-            # only a landing cut between its schedule and its publish is published (again).
-            if only_landed(target, moved):
-                await publish_landed(self._broker, await self.placed(moved))
+            # Completed again: the target copy has its landing's schedule, or a mark of its own
+            # (a delivery): landed before, it is not landed again; published only if its landing
+            # was cut before its publish was recorded.
+            if target.unpublished and not target.deleted:
+                await publish_landed(self._view, self._broker, await self.placed(moved))
             pending.append((mail, admin_events.moved(mail, moved)))
             return True
         await land(self._view, self._broker, await self.placed(moved))
@@ -208,29 +209,26 @@ def landed(q: model.QueuedMail) -> model.QueuedMail:
     return dataclasses.replace(q, generation=max(q.generation, 1)) if q.attempts or q.last_error else q
 
 
-def only_landed(state: model.MailState, q: model.QueuedMail) -> bool:
-    """Whether ``state`` is the schedule record ``land`` wrote for ``q`` and nothing since (no
-    RETRY, no delivery, no mark): a landing cut after it may have published nothing."""
-    return not state.deleted and state.generation == landed(q).generation >= 1 and state.attempts == q.attempts
+async def land(view: View, broker: Broker, q: model.QueuedMail) -> bool:
+    """Store, count and publish a mail that arrives in its queue whole (a move's target copy, a
+    redriven dead letter); False when another call landed it (two movers of one mail, a move
+    completed again): that one counts and publishes it. The landing's schedule record (a
+    lightweight transaction, ``View.land``) decides, so one enqueue id is counted once and
+    published once: a landing cut between that record and the record of its publish is published
+    when the move is completed (``MailState.unpublished``)."""
+    q = landed(q)
+    await view.mails.store(q)
+    if not await view.mails.land(q):
+        return False
+    await counters.bump(view, q, enqueued=1, delayed=1 if q.due() > model.utcnow() else 0)
+    await publish_landed(view, broker, q)
+    return True
 
 
-async def publish_landed(broker: Broker, q: model.QueuedMail) -> None:
-    """The landed copy's message (again): delivered once, as ``land`` twice."""
+async def publish_landed(view: View, broker: Broker, q: model.QueuedMail) -> None:
+    """The landed copy's message, then the record that it is published (a completion cut before
+    that record publishes it again: one enqueue id twice, in that instant only)."""
     q, now = landed(q), model.utcnow()
     waiting = q.due() > now
     await broker.publish(q, q.due() - now if waiting else dt.timedelta(0))
-
-
-async def land(view: View, broker: Broker, q: model.QueuedMail) -> None:
-    """Store, count and publish a mail that arrives in its queue whole (a move's target copy, a
-    redriven dead letter). Doing it twice stores the same row and publishes one enqueue id twice:
-    delivered once. A mail with attempts keeps them in its schedule record (generation 1): a
-    landing cut between that record and its publish is published when completed (``only_landed``)."""
-    now = model.utcnow()
-    q = landed(q)
-    await view.mails.store(q)
-    if q.generation:
-        await view.mails.reschedule(q)
-    waiting = q.due() > now
-    await counters.bump(view, q, enqueued=1, delayed=1 if waiting else 0)
-    await publish_landed(broker, q)
+    await view.mails.published(q)

@@ -92,6 +92,9 @@ class MailState:
     attempts: int = 0
     last_error: str = ""
     held_by: uuid.UUID | None = None
+    #: Landed whole (a move's copy, a redrive) and its message not known published: a landing cut
+    #: between its schedule record and its publish (services/app/moves.py ``land``).
+    unpublished: bool = False
 
     @property
     def deleted(self) -> bool:

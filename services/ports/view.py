@@ -52,6 +52,15 @@ class MailQueueView(abc.ABC):
         """Record the mail's new schedule (generation, deliver_at, attempts, last error, hold)."""
 
     @abc.abstractmethod
+    async def land(self, mail: model.QueuedMail) -> bool:
+        """Record the schedule of a mail landing whole in its queue (a move's copy, a redrive)
+        unless the view has its mark or schedule already: True when recorded now, by this call."""
+
+    @abc.abstractmethod
+    async def published(self, mail: model.QueuedMail) -> None:
+        """A landed mail's message is published: ``MailState.unpublished`` no longer."""
+
+    @abc.abstractmethod
     def live_pages(
         self, queue: str, slice_start: dt.datetime, buckets: int, op: str, first_page: int = 100, max_page: int = 5000,
         after: tuple[dt.datetime, uuid.UUID] | None = None,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import collections
 import datetime as dt
 import queue as q
+import queue as q_mod
 
 import grpc
 import pytest
@@ -176,7 +177,8 @@ def test_a_move_completed_long_after_it_was_journaled_lands_where_its_target_is_
 def test_a_move_cut_between_its_landing_schedule_and_its_publish_is_delivered_once_completed(suite):
     """A retried mail lands with its attempts in a schedule record; a MoveMails killed after that
     record and before the publish left the target copy with no message, and its completion took
-    the record for "landed before, something happened to it": the mail was never delivered."""
+    the record for "landed before, something happened to it": the mail was never delivered. The
+    record says whether its publish happened: the completion publishes it, once."""
     import dataclasses
 
     from services.app import counters
@@ -197,13 +199,47 @@ def test_a_move_cut_between_its_landing_schedule_and_its_publish_is_delivered_on
     suite.run(suite.view.moves.begin(q, landing))
     suite.run(counters.mark(suite.view, q, model.truncated(MOVED + target)))
     suite.run(suite.view.mails.store(landed(landing)))
-    suite.run(suite.view.mails.reschedule(landed(landing)))
-    # When a MoveMails completes it, then the target copy (due now) is delivered
+    assert suite.run(suite.view.mails.land(landed(landing)))
     assert move(suite.admin_stub, source, target)[-1].resumed == 1
-    c = StreamConsumer(suite.dequeue_stub, target)
+    assert move(suite.admin_stub, source, target)[-1].resumed == 0  # done: its publish recorded
+    c = StreamConsumer(suite.dequeue_stub, target, prefetch=4)
     try:
         d = c.next(timeout=30)
         assert (d.mail.mail.name, d.mail.attempts) == ("retried", 1)
         c.answer(d)
+        with pytest.raises(q_mod.Empty):
+            c.next(timeout=2)  # once
+    finally:
+        c.close()
+
+
+def test_moves_completed_again_after_they_landed_are_counted_and_published_once(suite):
+    """A MoveMails killed after its moves landed, before their journal entries were removed (a
+    batch's events are recorded, then its entries removed), leaves them journaled; the next
+    MoveMails completes them. It landed each mail without attempts again: counted twice in the
+    target and published twice (two copies of one enqueue id: two dequeue_svc replicas could each
+    deliver one). The landing's schedule record now says it landed."""
+    from tests.integration.helpers import enqueue_names, message_count, view_rows
+
+    source, target = suite.new_queue(), suite.new_queue()
+    names = [f"m{i}" for i in range(5)]
+    enqueue_names(suite, source, names)
+    rows = view_rows(suite, source)
+    assert move(suite.admin_stub, source, target)[-1].moved == 5
+    mover = suite.browse.app.service().admin.mover
+    for row in rows:  # the journal entries as the killed call left them
+        suite.run(suite.view.moves.begin(row, suite.run(mover.landing(row, target))))
+    final = move(suite.admin_stub, source, target)[-1]
+    assert (final.resumed, final.moved) == (5, 0)
+    wait_until(lambda: message_count(target) == 5, 10, what="the target's 5 messages")
+    counted = suite.browse_stub.GetSize(browse_pb2.GetSizeRequest(queue=target)).size
+    exact = suite.browse_stub.GetSize(browse_pb2.GetSizeRequest(queue=target, exact=True)).size
+    assert (counted, exact, message_count(target)) == (5, 5, 5)
+    c = StreamConsumer(suite.dequeue_stub, target, prefetch=16)
+    try:
+        got = sorted(c.next().mail.mail.name for _ in names)
+        assert got == names
+        with pytest.raises(q_mod.Empty):
+            c.next(timeout=2)
     finally:
         c.close()

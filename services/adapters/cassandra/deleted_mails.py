@@ -48,8 +48,15 @@ class DeletedMailsDAO:
             f"UPDATE {t} SET generation = ?, deliver_at = ?, attempts = ?, last_error = ?, held_by = ? "
             "WHERE queue_name = ? AND enqueue_id = ?"
         )
+        # A mail landing whole (a move's copy, a redriven dead letter) writes its schedule only if it
+        # has no row yet: of two movers of one mail (or one completed again), one lands it.
+        self._land = session.prepare(
+            f"INSERT INTO {t} (queue_name, enqueue_id, generation, deliver_at, attempts, last_error, published) "
+            "VALUES (?, ?, ?, ?, ?, ?, false) IF NOT EXISTS"
+        )
+        self._published = session.prepare(f"UPDATE {t} SET published = true WHERE queue_name = ? AND enqueue_id = ?")
         self._get_many = session.prepare(
-            f"SELECT enqueue_id, reason, deleted_at, generation, deliver_at, attempts, last_error, held_by FROM {t} "
+            f"SELECT enqueue_id, reason, deleted_at, generation, deliver_at, attempts, last_error, held_by, published FROM {t} "
             "WHERE queue_name = ? AND enqueue_id IN ?"
         )
         self._reads = GroupRead(self._fetch)
@@ -85,6 +92,17 @@ class DeletedMailsDAO:
             q.held_by if q.held_by is not None else UNSET_VALUE, q.queue, q.enqueue_id,
         ))
 
+    async def land(self, q: model.QueuedMail) -> bool:
+        """Record the schedule of a mail that lands in its queue whole, unless it has a row (a mark
+        or a schedule) already: True when recorded now (one lightweight transaction)."""
+        r = (await execute(self._session, self._land, (
+            q.queue, q.enqueue_id, q.generation, q.due(), q.attempts, unset_if_empty(q.last_error))))[0]
+        return bool(r.applied)
+
+    async def published(self, q: model.QueuedMail) -> None:
+        """The landed mail's message is published (``land``): a completion does not publish it again."""
+        await execute(self._session, self._published, (q.queue, q.enqueue_id))
+
     async def _fetch(self, queue: str, enqueue_ids: list[uuid.UUID]) -> dict[uuid.UUID, Any]:
         rows = await execute(self._session, self._get_many, (queue, enqueue_ids))
         return {r.enqueue_id: r for r in rows}
@@ -99,4 +117,5 @@ class DeletedMailsDAO:
         return model.MailState(
             reason=(r.reason or "deleted") if gone else None, generation=r.generation or 0,
             deliver_at=utc(r.deliver_at), attempts=r.attempts or 0, last_error=r.last_error or "", held_by=r.held_by,
+            unpublished=r.published is False,
         )

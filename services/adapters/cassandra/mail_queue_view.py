@@ -89,6 +89,12 @@ class CassandraMailQueueView(MailQueueView):
     async def reschedule(self, mail: model.QueuedMail) -> None:
         await self._deleted.schedule(mail)
 
+    async def land(self, mail: model.QueuedMail) -> bool:
+        return await self._deleted.land(mail)
+
+    async def published(self, mail: model.QueuedMail) -> None:
+        await self._deleted.published(mail)
+
     async def live_pages(
         self, queue: str, slice_start: dt.datetime, buckets: int, op: str, first_page: int = 100, max_page: int = MAX_PAGE,
         after: tuple[dt.datetime, uuid.UUID] | None = None,

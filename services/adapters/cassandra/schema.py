@@ -200,7 +200,8 @@ MIGRATIONS = [
     f"ALTER TABLE {{ks}}.{IDEMPOTENCY} ADD IF NOT EXISTS owner uuid",
     f"ALTER TABLE {{ks}}.{DROPPED_QUEUES} ADD IF NOT EXISTS done_at timestamp",
     *(f"ALTER TABLE {{ks}}.{DELETED_MAILS} ADD IF NOT EXISTS {column}"
-      for column in ("generation int", "deliver_at timestamp", "attempts int", "last_error text", "held_by uuid")),
+      for column in ("generation int", "deliver_at timestamp", "attempts int", "last_error text", "held_by uuid",
+                     "published boolean")),
 ]
 
 
