@@ -98,16 +98,27 @@ async def bounce(s: Stream, step: Step) -> None:
 
 
 async def hold(s: Stream, step: Step) -> None:
-    """Re-schedule to the rule's end, record, ack (services/domain/rules.py)."""
+    """Re-schedule to the rule's end, record, ack (services/domain/rules.py). The held copy is
+    published once per message: a failure after it (its schedule record, its count) retries the
+    preparation, whose hold finishes the one begun (``finish_hold``) rather than publish a second
+    copy of the same generation."""
     assert step.verdict.rule is not None
-    now, mail = model.utcnow(), step.mail
-    held = dataclasses.replace(mail, deliver_at=rules.hold_until(step.verdict.rule, now), generation=mail.generation + 1,
-                               held_by=step.verdict.rule.rule_id)
-    await s.side.events.record([mail_events.held(mail, step.verdict.rule)])
-    await s.side.broker.publish(held, held.due() - now, content=carried(step.message, mail))
+    tag, now, mail = step.message.delivery_tag, model.utcnow(), step.mail
+    held = s.held.get(tag)
+    if held is None:
+        held = dataclasses.replace(mail, deliver_at=rules.hold_until(step.verdict.rule, now), generation=mail.generation + 1,
+                                   held_by=step.verdict.rule.rule_id)
+        await s.side.events.record([mail_events.held(mail, step.verdict.rule)])
+        await s.side.broker.publish(held, held.due() - now, content=carried(step.message, mail))
+        s.held[tag] = held
+    await finish_hold(s, tag, held)
+
+
+async def finish_hold(s: Stream, tag: int, held: model.QueuedMail) -> None:
+    """A hold whose copy is published: its schedule recorded, counted, the message acked."""
     await s.side.view.mails.reschedule(held)
     await counters.bump(s.side.view, held, delayed=1, held=1)
-    await s.ack(step.message.delivery_tag, "held")
+    await s.ack(tag, "held")
 
 
 ACTIONS: dict[Action, Callable[[Stream, Step], Awaitable[Delivery | None]]] = {

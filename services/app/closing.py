@@ -68,6 +68,9 @@ async def return_unsent(s: Stream) -> None:
     """Publish again, then ack, every delivery the client never saw (in broker order)."""
     for tag in sorted(s.unsent):
         message = s.unsent[tag]
+        if tag in s.held:  # its held copy is out (a newer generation): that copy is the mail now
+            await s.ack(tag, "held")
+            continue
         try:
             mail = message.mail()
         except Exception:  # noqa: BLE001 - poison: as the preparation would

@@ -104,16 +104,21 @@ class Stream:
     unsent: dict[int, Message] = dataclasses.field(default_factory=dict)
     #: Tags whose arrival already ended their counted delay (a retried preparation must not again).
     arrived: set[int] = dataclasses.field(default_factory=set)
+    #: Tags whose mail was held and its held copy published, not yet acked: a preparation retried
+    #: (a write after the publish failed) or a closing stream finishes it, never publishes again.
+    held: dict[int, model.QueuedMail] = dataclasses.field(default_factory=dict)
 
     async def ack(self, tag: int, reason: str | None = None) -> None:
         """Ack a message; ``reason``: it was not handed out (counted as skipped, by reason)."""
         self.unsent.pop(tag, None)
+        self.held.pop(tag, None)
         await self.consumer.ack(tag)
         if reason is not None:
             SKIPPED.labels(self.queue, reason).inc()
 
     async def dead_letter(self, tag: int, reason: str | None = None) -> None:
         self.unsent.pop(tag, None)
+        self.held.pop(tag, None)
         await self.consumer.dead_letter(tag)
         if reason is not None:
             SKIPPED.labels(self.queue, reason).inc()

@@ -82,6 +82,42 @@ def test_held_mails_go_out_when_their_rule_expires(suite):
     c.close()
 
 
+def test_a_hold_whose_schedule_write_failed_publishes_one_held_copy(suite, monkeypatch):
+    """A hold publishes the held copy, then records its schedule. That write failing (Cassandra not
+    answering) retried the whole preparation, which held the mail again and published a second
+    copy: two copies of one generation came out when the rule ended (two dequeue_svc replicas could
+    each deliver one). The retry now finishes the hold it began."""
+    from services.adapters.cassandra.deleted_mails import DeletedMailsDAO
+    from services.domain.errors import BackendUnavailable
+
+    queue = suite.new_queue()
+    rule = add_rule(suite, "hold", seconds=4, queue=queue).rule
+    wait_until(lambda: dequeue_sees(suite, rule.rule_id), timeout=5, what="the rule applied")
+    schedule, failed = DeletedMailsDAO.schedule, []
+
+    async def failing_once(self, q_) -> None:  # noqa: ANN001
+        if q_.queue == queue and q_.held_by is not None and not failed:
+            failed.append(q_.enqueue_id)
+            raise BackendUnavailable("cassandra", "the hold's schedule write timed out (injected)")
+        await schedule(self, q_)
+
+    monkeypatch.setattr(DeletedMailsDAO, "schedule", failing_once)
+    eid = suite.enqueue_mail(queue, "held-once", recipients=("rcpt@example.org",)).enqueue_id
+    c = StreamConsumer(suite.dequeue_stub, queue, prefetch=4)
+    try:
+        d = c.next(timeout=30)
+        assert d.mail.enqueue_id == eid and [str(x) for x in failed] == [eid]
+        c.answer(d)
+        with pytest.raises(q.Empty):
+            c.next(timeout=3)
+    finally:
+        c.close()
+    # Acked without handing out: the original message once ("held"), and no copy besides (a twin
+    # came out as "deleted" after the SUCCESS, or "in-flight" beside the first).
+    assert suite.metric("dequeue", "mailqueue_skipped_total", queue=queue, reason="held") == 1
+    assert suite.metric("dequeue", "mailqueue_skipped_total", queue=queue) == 1
+
+
 def test_bounce_dead_letters_queued_and_new_matching_mails_with_the_rule_reason(suite):
     queue = suite.new_queue()
     queued = suite.enqueue_mail(queue, "spam-1", recipients=("rcpt@spam.example",)).enqueue_id

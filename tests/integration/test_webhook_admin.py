@@ -41,6 +41,15 @@ def code(call) -> grpc.StatusCode:  # noqa: ANN001
     return e.value.code()
 
 
+def stopped(webhooks: subprocess.Popen, receiver: Receiver) -> str:
+    """Stop webhook_svc (SIGTERM: it ends cleanly) and the receiver; what webhook_svc logged."""
+    webhooks.send_signal(signal.SIGTERM)
+    err = webhooks.communicate(timeout=30)[1].decode()
+    receiver.server.shutdown()
+    assert webhooks.returncode == 0, err[-2000:]
+    return err
+
+
 def test_bad_registrations_get_a_precise_status_and_write_nothing(suite, tmp_path):
     stub = webhooks_pb2_grpc.WebhookAdminServiceStub(suite.browse.channel())
     prefix = f"bad-{uuid.uuid4().hex[:6]}"
@@ -173,10 +182,7 @@ def test_webhook_svc_follows_the_registrations_and_serves_health(aio_loop, suite
         assert "INVALID_ARGUMENT" in mailq(suite.browse.target, "add", "x", "ftp://h/", "--secret-file", "/x", ok=False).stderr
         mailq(suite.browse.target, "remove", name)
     finally:
-        webhooks.send_signal(signal.SIGTERM)
-        err = webhooks.communicate(timeout=30)[1].decode()
-        receiver.server.shutdown()
-    assert webhooks.returncode == 0, err[-2000:]
+        err = stopped(webhooks, receiver)
     assert "Traceback" not in err, err[-2000:]
 
 
@@ -230,10 +236,7 @@ def test_secret_files_are_confined_and_a_url_token_is_shown_nowhere(aio_loop, su
         for name in names:
             mailq(suite.browse.target, "remove", name)
     finally:
-        webhooks.send_signal(signal.SIGTERM)
-        err = webhooks.communicate(timeout=30)[1].decode()
-        receiver.server.shutdown()
-    assert webhooks.returncode == 0, err[-2000:]
+        err = stopped(webhooks, receiver)
     assert token not in err and "cassandra-password" not in err, err[-2000:]
     assert "is not a regular file" in err and err.count("is outside MAILQUEUE_WEBHOOK_SECRETS_DIR") >= 2, err[-3000:]
 
