@@ -694,3 +694,19 @@ def test_a_tenant_under_its_rate_keeps_its_latency_beside_one_over_it(quota_suit
     assert p99(beside) <= 2 * p99(alone) + 0.5
     for subject in ("acme", other):
         assert clear_quota(s, "tenant", subject)
+
+
+def test_clearing_a_quota_never_set_writes_nothing(suite):
+    """ClearQuota of a subject with no quota answered cleared = false but still wrote a tombstone and a
+    14-day marker into the partition every enqueue replica reads at each refresh: a script clearing
+    many names filled it. It writes nothing now."""
+    from services.adapters.cassandra import schema
+
+    names = f"SELECT kind, name FROM {suite.keyspace}.{schema.SHAPING} WHERE part = 1"
+    before = sorted(suite.view.session.execute(names))
+    for i in range(3):
+        assert not clear_quota(suite, "sender", f"never-set-{i}@example.org")
+    assert sorted(suite.view.session.execute(names)) == before
+    set_quota(suite, kind=kind("sender"), subject="set-once@example.org", mails_per_s=5, burst_mails=5)
+    assert clear_quota(suite, "sender", "set-once@example.org")  # one that exists: removed, its marker left
+    assert ("gone:quota", "sender|set-once@example.org") in {(r.kind, r.name) for r in suite.view.session.execute(names)}

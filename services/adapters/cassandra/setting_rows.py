@@ -34,13 +34,16 @@ class SettingRows:
         self._written = session.prepare(f"SELECT WRITETIME(body) AS written FROM {t} WHERE part = ? AND kind IN ? AND name = ?")
 
     async def remove(self, kind: str, name: str) -> bool:
-        """Remove the setting, leaving its marker; whether it existed."""
-        existed = bool(await execute(self._session, self._get, (self._part, kind, name)))
+        """Remove the setting, leaving its marker; whether it existed. Removing one that does not
+        exist writes nothing: every member reads the partition, so a script clearing names that
+        were never set would fill it with tombstones and markers."""
+        if not await execute(self._session, self._get, (self._part, kind, name)):
+            return False
         batch = BatchStatement(batch_type=BatchType.UNLOGGED)
         batch.add(self._delete, (self._part, kind, name))
         batch.add(self._marker, (self._part, f"gone:{kind}", name, MARKER_TTL_S))
         await execute(self._session, batch, kind=batch_kind(self._delete))
-        return existed
+        return True
 
     async def version(self, kind: str, name: str) -> int:
         """The write time (microseconds) of the setting or of its removal, the later; 0 for a
