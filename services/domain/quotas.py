@@ -29,7 +29,7 @@ import re
 from collections.abc import Mapping
 
 from services.domain.errors import InvalidArgument, ResourceExhausted
-from services.domain.validation import address, queue_name, shown
+from services.domain.validation import DOMAIN, address, queue_name, shown
 
 KINDS = ("tenant", "sender", "sender_domain", "queue")
 #: A mail waits at least this long when refused (a client's retry sooner would be refused again).
@@ -41,7 +41,6 @@ DEPTH_RETRY_S = 5.0
 #: The longest subject name (a tenant, address, domain or queue).
 MAX_SUBJECT = 320
 _TENANT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@/=-]{0,254}$")
-_DOMAIN = re.compile(r"^[a-z0-9]([a-z0-9-]{0,62})(\.[a-z0-9]([a-z0-9-]{0,62}))*$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,13 +115,13 @@ def subject_name(kind: str, subject: str) -> str:
         return queue_name(subject)
     if kind == "sender_domain":
         d = subject.strip().lower()
-        if not _DOMAIN.fullmatch(d) or len(d) > 253:
+        if not DOMAIN.fullmatch(d) or len(d) > 253:  # a name, or an address literal ([192.0.2.1]) as a sender's may be
             raise InvalidArgument(f"sender domain {shown(subject)} is not a domain name (e.g. example.com)")
         return d
     if kind == "sender":
         s = subject.strip().lower()
         local, at, domain = s.rpartition("@")
-        if not at or not local or not _DOMAIN.fullmatch(domain) or len(s) > MAX_SUBJECT:
+        if not at or not local or not DOMAIN.fullmatch(domain) or len(s) > MAX_SUBJECT:
             raise InvalidArgument(f"sender {shown(subject)} is not an address (local@domain)")
         return address(s, "sender")  # as a mail's sender must be, or it could never match one
     if kind == "tenant":

@@ -315,3 +315,13 @@ def test_a_rate_too_small_for_the_limiters_arithmetic_is_refused(rate):
     with pytest.raises(InvalidArgument, match="mails_per_s must be from"):
         q.validate(q.Quota("tenant", "acme", mails_per_s=rate))
     assert q.validate(q.Quota("tenant", "acme", mails_per_s=1e-6)).mails_per_s == 1e-6
+
+
+def test_a_sender_at_an_address_literal_can_be_given_a_quota_and_it_applies():
+    """Enqueue takes a sender such as a@[192.0.2.1]; its sender and sender-domain quotas were refused."""
+    assert q.subject_name("sender", "A@[192.0.2.1]") == "a@[192.0.2.1]"
+    assert q.subject_name("sender_domain", "[192.0.2.1]") == "[192.0.2.1]"
+    quotas = {("sender_domain", "[192.0.2.1]"): q.Quota("sender_domain", "[192.0.2.1]", mails_per_s=1)}
+    assert [x.kind for x in q.applying(quotas, q.Facts("", "a@[192.0.2.1]", "outbound"))] == ["sender_domain"]
+    with pytest.raises(InvalidArgument):
+        q.subject_name("sender_domain", "a..b")
