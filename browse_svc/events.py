@@ -13,6 +13,7 @@ from mailqueue.v1 import events_pb2, events_pb2_grpc
 from services.app import event_watch
 from services.app.history import History
 from services.contract import events_serde
+from services.domain import event_stream
 from services.domain.event_stream import EventFilter, streamed
 from services.domain.validation import queue_name
 from services.ports.events import EventStream
@@ -38,6 +39,7 @@ class EventServicer(events_pb2_grpc.EventServiceServicer):
         # ("" selects the install's own events, which name no queue).
         wanted = EventFilter.of([q and queue_name(q) for q in request.queues],
                                 streamed([events_serde.event_type_from_proto(t) for t in request.types]))
+        event_stream.start(request.cursor, request.from_oldest)  # a malformed cursor: refused before the stream is asked
         events = event_watch.watch(self._stream(), request.cursor, request.from_oldest, wanted, self._watch_s)
         async with contextlib.aclosing(events):
             async for e in events:

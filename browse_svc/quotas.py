@@ -19,11 +19,13 @@ class QuotaServicer:
     async def SetQuota(self, request: admin_pb2.SetQuotaRequest, context: grpc.aio.ServicerContext) -> admin_pb2.SetQuotaResponse:
         if not request.HasField("quota"):
             raise InvalidArgument("quota is missing")
-        q = await self._quotas().set_quota(s.quota_from_proto(request.quota))
+        wanted = s.quota_from_proto(request.quota)  # refused before the backends are asked (down: UNAVAILABLE)
+        q = await self._quotas().set_quota(wanted)
         return admin_pb2.SetQuotaResponse(quota=s.quota_to_proto(q))
 
     async def ClearQuota(self, request: admin_pb2.ClearQuotaRequest, context: grpc.aio.ServicerContext) -> admin_pb2.ClearQuotaResponse:
-        cleared = await self._quotas().clear_quota(s.kind_from_proto(request.kind), request.subject)
+        kind = s.kind_from_proto(request.kind)
+        cleared = await self._quotas().clear_quota(kind, request.subject)
         return admin_pb2.ClearQuotaResponse(cleared=cleared)
 
     async def ListQuotas(self, request: admin_pb2.ListQuotasRequest, context: grpc.aio.ServicerContext) -> admin_pb2.ListQuotasResponse:

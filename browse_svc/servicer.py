@@ -105,7 +105,8 @@ class AdminServicer(ShapingServicer, QuotaServicer, DeadLetterAdminServicer, adm
         if not request.HasField("older_than"):  # unset would read as 0: every live mail published again
             raise InvalidArgument("older_than is required: only live mails enqueued longer ago than it are published "
                                   "again (0s: every live mail)")
-        count = await self._admin().republish(request.queue, serde.duration_from_proto(request.older_than, "older_than"))
+        older_than = serde.duration_from_proto(request.older_than, "older_than")  # read before the backends are asked
+        count = await self._admin().republish(request.queue, older_than)
         return admin_pb2.RepublishNotProcessedResponse(republished=count)
 
     async def UpdateBrowseStart(
@@ -127,11 +128,13 @@ class AdminServicer(ShapingServicer, QuotaServicer, DeadLetterAdminServicer, adm
     ) -> admin_pb2.UpdateConfigurationResponse:
         if not request.HasField("configuration"):
             raise InvalidArgument("configuration is missing")
-        config = await self._admin().update_configuration(serde.view_config_from_proto(request.configuration))
+        wanted = serde.view_config_from_proto(request.configuration)  # read before the backends are asked
+        config = await self._admin().update_configuration(wanted)
         return admin_pb2.UpdateConfigurationResponse(configuration=serde.view_config_to_proto(config))
 
     async def AddRule(self, request: admin_pb2.AddRuleRequest, context: grpc.aio.ServicerContext) -> admin_pb2.AddRuleResponse:
-        rule, applied = await self._admin().add_rule(serde.rule_from_proto(request.rule, model.utcnow()))
+        wanted = serde.rule_from_proto(request.rule, model.utcnow())  # read before the backends are asked
+        rule, applied = await self._admin().add_rule(wanted)
         return admin_pb2.AddRuleResponse(rule=serde.rule_to_proto(rule), applied=applied)
 
     async def ListRules(self, request: admin_pb2.ListRulesRequest, context: grpc.aio.ServicerContext) -> admin_pb2.ListRulesResponse:

@@ -23,7 +23,8 @@ class ShapingServicer:
 
     async def SetThrottle(self, request: admin_pb2.SetThrottleRequest, context: grpc.aio.ServicerContext) -> admin_pb2.SetThrottleResponse:
         _required(request, "throttle")
-        t = await self._shaping().set_throttle(s.throttle_from_proto(request.throttle))
+        wanted = s.throttle_from_proto(request.throttle)  # read before the backends are asked
+        t = await self._shaping().set_throttle(wanted)
         return admin_pb2.SetThrottleResponse(throttle=s.throttle_to_proto(t))
 
     async def ClearThrottle(
@@ -43,7 +44,8 @@ class ShapingServicer:
 
     async def SetSite(self, request: admin_pb2.SetSiteRequest, context: grpc.aio.ServicerContext) -> admin_pb2.SetSiteResponse:
         _required(request, "site")
-        return admin_pb2.SetSiteResponse(site=s.site_to_proto(await self._shaping().set_site(s.site_from_proto(request.site))))
+        wanted = s.site_from_proto(request.site)  # read before the backends are asked
+        return admin_pb2.SetSiteResponse(site=s.site_to_proto(await self._shaping().set_site(wanted)))
 
     async def DeleteSite(self, request: admin_pb2.DeleteSiteRequest, context: grpc.aio.ServicerContext) -> admin_pb2.DeleteSiteResponse:
         return admin_pb2.DeleteSiteResponse(deleted=await self._shaping().delete_site(request.name))
@@ -52,7 +54,8 @@ class ShapingServicer:
         self, request: admin_pb2.SetShapingRuleRequest, context: grpc.aio.ServicerContext,
     ) -> admin_pb2.SetShapingRuleResponse:
         _required(request, "rule")
-        rule = await self._shaping().set_rule(s.rule_from_proto(request.rule))
+        wanted = s.rule_from_proto(request.rule)  # read before the backends are asked
+        rule = await self._shaping().set_rule(wanted)
         return admin_pb2.SetShapingRuleResponse(rule=s.rule_to_proto(rule))
 
     async def DeleteShapingRule(

@@ -19,7 +19,8 @@ class WebhookAdminServicer(webhooks_pb2_grpc.WebhookAdminServiceServicer):
     async def AddWebhook(self, request: webhooks_pb2.AddWebhookRequest, context: grpc.aio.ServicerContext) -> webhooks_pb2.AddWebhookResponse:
         if not request.HasField("webhook"):
             raise InvalidArgument("webhook is missing")
-        added = await self._admin().add(s.webhook_from_proto(request.webhook))
+        wanted = s.webhook_from_proto(request.webhook)  # read before the backends are asked
+        added = await self._admin().add(wanted)
         return webhooks_pb2.AddWebhookResponse(webhook=s.webhook_to_proto(added))
 
     async def ListWebhooks(

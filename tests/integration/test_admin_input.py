@@ -130,3 +130,43 @@ def test_mailq_refuses_an_empty_queue_option(suite, args):
     """--queue "" would mean every queue (and --to "" the queue itself): an unset variable."""
     r = mailq(suite, *args, ok=False)
     assert r.returncode == 2 and "empty queue name" in r.stderr
+
+
+def test_a_malformed_request_is_invalid_argument_even_while_the_backends_do_not_answer(keyspace, tmp_path):
+    """browse_svc asked the (unconnected) backends before it read the request: a malformed SetQuota,
+    ClearQuota or WatchEvents cursor answered UNAVAILABLE, and a client that retries those retried
+    an invalid request for ever. The request is read first; a valid one is UNAVAILABLE."""
+    import signal
+    import subprocess
+    import sys
+
+    from mailqueue.v1 import admin_pb2_grpc, events_pb2, events_pb2_grpc
+    from stack.harness import ROOT, as_service, free_port, service_env, wait_until
+
+    port, log = free_port(), tmp_path / "browse.log"
+    env = {**as_service("browse", service_env(keyspace, MAILQUEUE_PORT=str(port), MAILQUEUE_METRICS_PORT=str(free_port()))),
+           "MAILQUEUE_CASSANDRA_PORT": str(free_port())}
+    with open(log, "wb") as err:
+        browse = subprocess.Popen([sys.executable, "-m", "browse_svc"], env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err)
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    admin, events = admin_pb2_grpc.AdminServiceStub(channel), events_pb2_grpc.EventServiceStub(channel)
+
+    def code(call) -> grpc.StatusCode:  # noqa: ANN001
+        try:
+            call()
+        except grpc.RpcError as e:
+            return e.code()
+        raise AssertionError("answered OK")
+
+    try:
+        wait_until(lambda: "cassandra unavailable" in log.read_text(), 30, 0.1, what="a failed connection logged")
+        valid = quotas_pb2.Quota(kind=quotas_pb2.QUOTA_KIND_SENDER, subject="a@example.org", mails_per_s=1, burst_mails=1)
+        assert code(lambda: admin.SetQuota(admin_pb2.SetQuotaRequest(quota=valid), timeout=10)) == grpc.StatusCode.UNAVAILABLE
+        for call in (lambda: admin.SetQuota(admin_pb2.SetQuotaRequest(quota=quotas_pb2.Quota(subject="a")), timeout=10),
+                     lambda: admin.ClearQuota(admin_pb2.ClearQuotaRequest(subject="a"), timeout=10),
+                     lambda: next(events.WatchEvents(events_pb2.WatchEventsRequest(cursor="not-a-cursor"), timeout=10))):
+            assert code(call) == grpc.StatusCode.INVALID_ARGUMENT
+    finally:
+        channel.close()
+        browse.send_signal(signal.SIGTERM)
+        browse.wait(30)
