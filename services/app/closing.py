@@ -17,6 +17,7 @@ import logging
 
 from prometheus_client import Counter
 
+from services.app.actions import finish_hold
 from services.app.delivery import Delivery, Stream
 from services.app.settlement import dead_letter_at_limit, retries_exhausted
 from services.app.verdict import carried
@@ -69,7 +70,10 @@ async def return_unsent(s: Stream) -> None:
     for tag in sorted(s.unsent):
         message = s.unsent[tag]
         if tag in s.held:  # its held copy is out (a newer generation): that copy is the mail now
-            await s.ack(tag, "held")
+            try:
+                await finish_hold(s, tag, s.held[tag])  # its schedule and counts, as its preparation would
+            except BackendUnavailable:
+                await s.ack(tag, "held")  # the copy is out: never a second one (its count left to a reconcile)
             continue
         try:
             mail = message.mail()

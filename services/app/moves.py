@@ -212,17 +212,22 @@ def landed(q: model.QueuedMail) -> model.QueuedMail:
 async def land(view: View, broker: Broker, q: model.QueuedMail) -> bool:
     """Store, count and publish a mail that arrives in its queue whole (a move's target copy, a
     redriven dead letter); False when another call landed it (two movers of one mail, a move
-    completed again): that one counts and publishes it. The landing's schedule record (a
+    completed again): that one counted and published it. The landing's schedule record (a
     lightweight transaction, ``View.land``) decides, so one enqueue id is counted once and
-    published once: a landing cut between that record and the record of its publish is published
-    when the move is completed (``MailState.unpublished``)."""
+    published once; a landing whose publish is not recorded (cut between the two, or under way in
+    another call) is published by whoever finds it so (``MailState.unpublished``)."""
     q = landed(q)
     await view.mails.store(q)
-    if not await view.mails.land(q):
-        return False
-    await counters.bump(view, q, enqueued=1, delayed=1 if q.due() > model.utcnow() else 0)
-    await publish_landed(view, broker, q)
-    return True
+    found = await view.mails.land(q)
+    if found is None:
+        await counters.bump(view, q, enqueued=1, delayed=1 if q.due() > model.utcnow() else 0)
+        await publish_landed(view, broker, q)
+        return True
+    if found.unpublished and not found.deleted:
+        # Landed by another call whose publish is not recorded: it may have died before it (its
+        # journal entry is removed with this one's), so published here too (then, at worst, twice).
+        await publish_landed(view, broker, q)
+    return False
 
 
 async def publish_landed(view: View, broker: Broker, q: model.QueuedMail) -> None:

@@ -67,7 +67,7 @@ def shown_url(url: str) -> str:
     if not mark:
         return masked
     query, hash_, fragment = query.partition("#")
-    parts = [(k + "=…" if sep else k) for k, sep, _ in (q.partition("=") for q in query.split("&"))]
+    parts = [(k + "=…" if sep else "…") for k, sep, _ in (q.partition("=") for q in query.split("&"))]
     return head + "?" + "&".join(parts) + hash_ + fragment
 
 

@@ -52,9 +52,10 @@ class MailQueueView(abc.ABC):
         """Record the mail's new schedule (generation, deliver_at, attempts, last error, hold)."""
 
     @abc.abstractmethod
-    async def land(self, mail: model.QueuedMail) -> bool:
+    async def land(self, mail: model.QueuedMail) -> model.MailState | None:
         """Record the schedule of a mail landing whole in its queue (a move's copy, a redrive)
-        unless the view has its mark or schedule already: True when recorded now, by this call."""
+        unless the view has its mark or schedule already: None when recorded now, by this call;
+        else the state the view has."""
 
     @abc.abstractmethod
     async def published(self, mail: model.QueuedMail) -> None:

@@ -79,7 +79,7 @@ def read_secret(path: str, folder: str = "") -> bytes:
         raise ValueError(f"the secret file {path} is not a regular file")
     with os.fdopen(fd, "rb") as f:
         if folder:
-            opened, inside = os.path.realpath(f"/proc/self/fd/{fd}"), os.path.realpath(folder)
+            opened, inside = _opened(fd, path), os.path.realpath(folder)
             if os.path.commonpath([opened, inside]) != inside:
                 raise ValueError(f"the secret file {path} is outside MAILQUEUE_WEBHOOK_SECRETS_DIR={folder}")
         secret = f.read(MAX_SECRET_BYTES + 1)
@@ -89,6 +89,20 @@ def read_secret(path: str, folder: str = "") -> bytes:
     if not secret:
         raise ValueError(f"the secret file {path} is empty")
     return secret
+
+
+def _opened(fd: int, path: str) -> str:
+    """The real path of the file open as ``fd``: Linux names it in /proc; elsewhere ``path`` with
+    its links followed, if that is still the file open (else "/", inside no secrets folder)."""
+    proc = f"/proc/self/fd/{fd}"
+    if os.path.exists(proc):
+        return os.path.realpath(proc)
+    real, st = os.path.realpath(path), os.fstat(fd)
+    try:
+        now = os.stat(real)
+    except OSError:
+        return "/"
+    return real if (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino) else "/"
 
 
 def endpoints_from_file(path: str, running: bool = False) -> list[tuple[Endpoint, bool]]:

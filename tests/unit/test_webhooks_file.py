@@ -86,3 +86,26 @@ def test_a_secret_file_must_be_a_small_regular_file_inside_the_secrets_folder(tm
         read_secret(str(folder))
     with pytest.raises(ValueError, match="larger than"):
         read_secret(str(folder / "big"))
+
+
+def test_without_proc_the_file_open_is_found_by_its_path_and_checked_to_be_the_same(tmp_path, monkeypatch):
+    import os
+
+    from services.runtime import webhooks
+
+    folder = tmp_path / "secrets"
+    folder.mkdir()
+    (folder / "billing").write_text("s3cret\n")
+    (tmp_path / "credential").write_text("password")
+    (folder / "out").symlink_to(tmp_path / "credential")
+    real_exists = os.path.exists
+    monkeypatch.setattr(os.path, "exists", lambda p: False if str(p).startswith("/proc/") else real_exists(p))  # no /proc
+    assert webhooks.read_secret(str(folder / "billing"), str(folder)) == b"s3cret"
+    with pytest.raises(ValueError, match="outside"):
+        webhooks.read_secret(str(folder / "out"), str(folder))
+    fd = os.open(folder / "billing", os.O_RDONLY)
+    try:
+        os.replace(tmp_path / "credential", folder / "billing")  # another file under the path since it was opened
+        assert webhooks._opened(fd, str(folder / "billing")) == "/"
+    finally:
+        os.close(fd)

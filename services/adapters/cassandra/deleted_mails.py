@@ -92,12 +92,13 @@ class DeletedMailsDAO:
             q.held_by if q.held_by is not None else UNSET_VALUE, q.queue, q.enqueue_id,
         ))
 
-    async def land(self, q: model.QueuedMail) -> bool:
+    async def land(self, q: model.QueuedMail) -> model.MailState | None:
         """Record the schedule of a mail that lands in its queue whole, unless it has a row (a mark
-        or a schedule) already: True when recorded now (one lightweight transaction)."""
+        or a schedule) already: None when recorded now, else the state found (one lightweight
+        transaction, whose refusal carries the row)."""
         r = (await execute(self._session, self._land, (
             q.queue, q.enqueue_id, q.generation, q.due(), q.attempts, unset_if_empty(q.last_error))))[0]
-        return bool(r.applied)
+        return None if r.applied else _state(r)
 
     async def published(self, q: model.QueuedMail) -> None:
         """The landed mail's message is published (``land``): a completion does not publish it again."""
@@ -111,11 +112,14 @@ class DeletedMailsDAO:
         """The mail's mark or schedule; None when the view has neither (live, as enqueued).
         Reads that meet in time share one request (services/adapters/cassandra/group_read.py)."""
         r = await self._reads.get(queue, enqueue_id)
-        if r is None:
-            return None
-        gone = r.deleted_at is not None or r.reason is not None
-        return model.MailState(
-            reason=(r.reason or "deleted") if gone else None, generation=r.generation or 0,
-            deliver_at=utc(r.deliver_at), attempts=r.attempts or 0, last_error=r.last_error or "", held_by=r.held_by,
-            unpublished=r.published is False,
-        )
+        return _state(r) if r is not None else None
+
+
+def _state(r: Any) -> model.MailState:
+    """A row of the table as the mail's state."""
+    gone = getattr(r, "deleted_at", None) is not None or getattr(r, "reason", None) is not None
+    return model.MailState(
+        reason=(r.reason or "deleted") if gone else None, generation=r.generation or 0,
+        deliver_at=utc(r.deliver_at), attempts=r.attempts or 0, last_error=r.last_error or "", held_by=r.held_by,
+        unpublished=getattr(r, "published", None) is False,
+    )

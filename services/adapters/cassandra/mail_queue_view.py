@@ -89,7 +89,7 @@ class CassandraMailQueueView(MailQueueView):
     async def reschedule(self, mail: model.QueuedMail) -> None:
         await self._deleted.schedule(mail)
 
-    async def land(self, mail: model.QueuedMail) -> bool:
+    async def land(self, mail: model.QueuedMail) -> model.MailState | None:
         return await self._deleted.land(mail)
 
     async def published(self, mail: model.QueuedMail) -> None:
