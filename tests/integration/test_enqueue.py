@@ -8,6 +8,7 @@ import grpc
 import pytest
 
 from mailqueue.v1 import blob_pb2, enqueue_pb2, mail_pb2
+from services.adapters.cassandra import schema
 from services.contract import serde
 from stack.harness import wait_until
 from tests.integration.helpers import StreamConsumer, inline, message_count, peek_messages, simple_mail, view_rows
@@ -109,7 +110,6 @@ def test_a_key_whose_claim_expired_cell_by_cell_enqueues_a_new_mail(suite):
     was answered duplicate with enqueue id "None". Such a row is what is left of no claim."""
     import datetime as dt
 
-    from services.adapters.cassandra import schema
 
     queue, key = suite.new_queue(), "expired-cell-by-cell"
     suite.view.session.execute(  # the row as that expiry leaves it: committed, no enqueue id
@@ -190,7 +190,12 @@ def test_a_retry_that_took_a_claim_over_and_failed_before_writing_leaves_one_mai
     call.cancel()
     wait_until(lambda: suite.run(suite.view.mails.reason(queue, uuid.UUID(first.enqueue_id))) is not None, 30,
                what="the taken-over enqueue id marked by the retry's undo")
-    third = wait_until(lambda: _keyed(suite, queue, "order-9"), 30, what="the claim released")
+    # The undo releases the claim after that mark. Until then a retry on this replica takes the
+    # claim over at once, keeping the id (the "failed here" path, one mail all the same): this
+    # test is about the release, so it waits for the claim's row to be gone.
+    claim_row = f"SELECT enqueue_id FROM {suite.keyspace}.{schema.IDEMPOTENCY} WHERE queue_name = %s AND idempotency_key = %s"
+    wait_until(lambda: suite.view.session.execute(claim_row, (queue, "order-9")).one() is None, 30, what="the claim released")
+    third = wait_until(lambda: _keyed(suite, queue, "order-9"), 30, what="the key enqueued again")
     assert third.enqueue_id != first.enqueue_id and not third.duplicate
     consumer = StreamConsumer(suite.dequeue_stub, queue, prefetch=4)
     assert consumer.next().mail.enqueue_id == third.enqueue_id
@@ -228,7 +233,6 @@ def test_an_attempt_whose_claim_a_retry_took_over_does_not_answer_for_the_key(qu
     is now refused: ABORTED, and the key enqueues anew, delivered."""
     import threading
 
-    from services.adapters.cassandra import schema
 
     suite, queue, key = quick_claims, quick_claims.new_queue(), "order-slow"
 
