@@ -133,7 +133,8 @@ class AdminServicer(ShapingServicer, QuotaServicer, DeadLetterAdminServicer, adm
         return admin_pb2.UpdateConfigurationResponse(configuration=serde.view_config_to_proto(config))
 
     async def AddRule(self, request: admin_pb2.AddRuleRequest, context: grpc.aio.ServicerContext) -> admin_pb2.AddRuleResponse:
-        wanted = serde.rule_from_proto(request.rule, model.utcnow())  # read before the backends are asked
+        now = model.utcnow()
+        wanted = rules.validate(serde.rule_from_proto(request.rule, now), now)  # checked before the backends are asked
         rule, applied = await self._admin().add_rule(wanted)
         return admin_pb2.AddRuleResponse(rule=serde.rule_to_proto(rule), applied=applied)
 

@@ -40,7 +40,10 @@ MIN_RATE = 1e-6
 DEPTH_RETRY_S = 5.0
 #: The longest subject name (a tenant, address, domain or queue).
 MAX_SUBJECT = 320
-_TENANT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@/=-]{0,254}$")
+#: A tenant name: what a token names (``role@tenant``) or a client certificate's identity, a CN
+#: ("Relay Ops 1") or a URI SAN as it is: a letter or digit first, then anything printable but a
+#: comma (settings are comma-separated lists), no trailing space; up to 255 characters.
+_TENANT = re.compile(r"[^\W_](?:[^\x00-\x1f\x7f-\x9f\u2028\u2029,]{0,253}[^\s,])?")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,7 +129,8 @@ def subject_name(kind: str, subject: str) -> str:
         return address(s, "sender")  # as a mail's sender must be, or it could never match one
     if kind == "tenant":
         if not _TENANT.fullmatch(subject):
-            raise InvalidArgument(f"tenant {shown(subject)} is not a tenant name (letters, digits, . _ : @ / = -)")
+            raise InvalidArgument(f"tenant {shown(subject)} is not a tenant name (a letter or digit first, then no line break, "
+                                  "control character or comma, and no trailing space)")
         return subject
     raise InvalidArgument(f"quota kind {shown(kind)} is unknown: use one of {', '.join(KINDS)}")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import grpc
 import pytest
-from google.protobuf import duration_pb2
+from google.protobuf import duration_pb2, timestamp_pb2
 
 from mailqueue.v1 import admin_pb2, blob_pb2, browse_pb2, quotas_pb2, shaping_pb2
 from tests.integration.helpers import code_of, inline, simple_mail
@@ -134,7 +134,7 @@ def test_mailq_refuses_an_empty_queue_option(suite, args):
 
 def test_a_malformed_request_is_invalid_argument_even_while_the_backends_do_not_answer(keyspace, tmp_path):
     """browse_svc asked the (unconnected) backends before it read the request: a malformed SetQuota,
-    ClearQuota or WatchEvents cursor answered UNAVAILABLE, and a client that retries those retried
+    ClearQuota, AddRule or WatchEvents cursor answered UNAVAILABLE, and a client that retries those retried
     an invalid request for ever. The request is read first; a valid one is UNAVAILABLE."""
     import signal
     import subprocess
@@ -164,7 +164,11 @@ def test_a_malformed_request_is_invalid_argument_even_while_the_backends_do_not_
         assert code(lambda: admin.SetQuota(admin_pb2.SetQuotaRequest(quota=valid), timeout=10)) == grpc.StatusCode.UNAVAILABLE
         for call in (lambda: admin.SetQuota(admin_pb2.SetQuotaRequest(quota=quotas_pb2.Quota(subject="a")), timeout=10),
                      lambda: admin.ClearQuota(admin_pb2.ClearQuotaRequest(subject="a"), timeout=10),
-                     lambda: next(events.WatchEvents(events_pb2.WatchEventsRequest(cursor="not-a-cursor"), timeout=10))):
+                     lambda: next(events.WatchEvents(events_pb2.WatchEventsRequest(cursor="not-a-cursor"), timeout=10)),
+                     # A rule without a condition, and one already expired: the rule's checks come first too.
+                     lambda: admin.AddRule(admin_pb2.AddRuleRequest(rule=admin_pb2.Rule(kind=admin_pb2.RULE_KIND_HOLD)), timeout=10),
+                     lambda: admin.AddRule(admin_pb2.AddRuleRequest(rule=admin_pb2.Rule(
+                         kind=admin_pb2.RULE_KIND_HOLD, queue="q", expires_at=timestamp_pb2.Timestamp(seconds=1))), timeout=10)):
             assert code(call) == grpc.StatusCode.INVALID_ARGUMENT
     finally:
         channel.close()

@@ -401,6 +401,55 @@ def test_a_client_certificate_is_the_actor(secured, tmp_path):
         browse.stop()
 
 
+def test_a_certificate_identity_with_spaces_is_a_tenant_a_quota_limits(secured, tmp_path):
+    """A certificate named only by its identity (no ``role@tenant``) counts towards the quotas of
+    that identity as its tenant. A CN with spaces ("Relay Ops 1") was accepted as an identity but
+    refused as a quota's tenant (INVALID_ARGUMENT): such a caller could never be limited."""
+    import os
+
+    from grpc_status import rpc_status
+
+    from enqueue_svc.app import EnqueueApp
+    from google.rpc import error_details_pb2
+    from mailqueue.v1 import quotas_pb2
+    from stack.harness import service_env
+    from tests.inprocess import RunningApp
+    from tests.pki import PKI
+
+    pki = PKI(tmp_path)
+    pki.issue("server", "mailqueue", "IP:127.0.0.1,DNS:localhost")
+    pki.issue("relay", "Relay Ops 1", "DNS:relay.example.org")
+    env = service_env(secured.keyspace, MAILQUEUE_TLS_CERT_FILE=os.path.join(pki.path, "server.crt"),
+                      MAILQUEUE_TLS_KEY_FILE=os.path.join(pki.path, "server.key"), MAILQUEUE_TLS_CLIENT_CA_FILE=pki.ca,
+                      MAILQUEUE_TLS_IDENTITIES="Relay Ops 1=producer", MAILQUEUE_BLOB_TARGET=secured.blob.target,
+                      MAILQUEUE_SERVICE_TOKEN=TOKENS["admin"])
+    env.pop("MAILQUEUE_PLAINTEXT", None)
+    enqueue = RunningApp(secured.loop, EnqueueApp, "enqueue", env)
+    admin = stub(secured, "admin", "admin")
+    tenant = quotas_pb2.Quota(kind=quotas_pb2.QUOTA_KIND_TENANT, subject="Relay Ops 1", mails_per_s=1e-6, burst_mails=1)
+    try:
+        queue = new_queue(secured)
+        admin.SetQuota(admin_pb2.SetQuotaRequest(quota=tenant), timeout=30)
+        relay = enqueue_pb2_grpc.EnqueueServiceStub(grpc.secure_channel(enqueue.target, pki.credentials("relay")))
+
+        def refusal():  # enqueues until the quota (burst 1) is in force on this replica and refuses
+            try:
+                relay.Enqueue(inline(queue, simple_mail("relay")), timeout=30)
+                return None
+            except grpc.RpcError as e:
+                assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, e
+                return e
+
+        refused = wait_until(refusal, 30, what="the tenant's quota refusing its second mail")
+        (detail,) = [d for d in rpc_status.from_call(refused).details if d.Is(error_details_pb2.QuotaFailure.DESCRIPTOR)]
+        failure = error_details_pb2.QuotaFailure()
+        detail.Unpack(failure)
+        assert failure.violations[0].subject == "tenant:Relay Ops 1"
+    finally:
+        admin.ClearQuota(admin_pb2.ClearQuotaRequest(kind=quotas_pb2.QUOTA_KIND_TENANT, subject="Relay Ops 1"), timeout=30)
+        enqueue.stop()
+
+
 # ---------------------------------------------------------------- the audit trail: operators' changes
 def types(events) -> list[str]:
     return [T.EventType.Name(e.type).removeprefix("EVENT_TYPE_") for e in events]

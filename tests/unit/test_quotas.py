@@ -247,7 +247,10 @@ def test_tokens_and_identities_may_name_a_tenant():
     with pytest.raises(ConfigurationError, match="role@tenant"):
         parse_tokens("producer@:0123456789abcdef")
     with pytest.raises(ConfigurationError, match="role@tenant"):
-        parse_identities("x=producer@bad tenant")
+        parse_identities("x=producer@ bad tenant")  # a tenant starts with a letter or digit
+    # A CN with spaces names a tenant as it is (a quota can then limit it)
+    assert parse_identities("Relay Ops 1=producer@Relay Ops") == {"Relay Ops 1": "producer@Relay Ops"}
+    assert q.is_tenant("Relay Ops 1") and q.is_tenant("Müller GmbH") and not q.is_tenant("a,b") and not q.is_tenant("acme ")
 
 
 def test_serde_round_trips_and_unset_limits_stay_unset():
