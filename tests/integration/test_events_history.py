@@ -407,10 +407,10 @@ def test_a_certificate_identity_with_spaces_is_a_tenant_a_quota_limits(secured, 
     refused as a quota's tenant (INVALID_ARGUMENT): such a caller could never be limited."""
     import os
 
+    from google.rpc import error_details_pb2
     from grpc_status import rpc_status
 
     from enqueue_svc.app import EnqueueApp
-    from google.rpc import error_details_pb2
     from mailqueue.v1 import quotas_pb2
     from stack.harness import service_env
     from tests.inprocess import RunningApp
