@@ -70,10 +70,22 @@ class RemoteBlobStore(BlobStore):
             r = await self._step(call)
         except grpc.aio.AioRpcError as e:
             raise _convert(e) from e
+        except asyncio.InvalidStateError:
+            # blob_svc ended the Put while chunks were still to go (its limit, a full spool, a
+            # restart): a write to an ended call raises this, its status says why.
+            raise await self._ended(call) from None
         except BaseException:
             call.cancel()
             raise
         return BlobInfo(r.blob_id, r.size, r.deduplicated)
+
+    @staticmethod
+    async def _ended(call: grpc.aio.StreamUnaryCall) -> MailQueueError:
+        try:
+            await call
+        except grpc.aio.AioRpcError as e:
+            return _convert(e)
+        return BackendUnavailable("blob_svc", "blob_svc answered a Put before its content was sent")
 
     async def _step(self, step: Awaitable[T]) -> T:
         try:

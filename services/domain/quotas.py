@@ -311,7 +311,14 @@ class Charge:
     committed: bool = False
 
     def take(self, limiter: Gcra, now: float, cost: float) -> None:
-        self.taken.append((limiter, limiter.take(now, cost)))
+        """One entry per limiter, its steps added up: a stream of a million tiny (or empty) chunks
+        held a million entries until it ended, memory a client chose without bound."""
+        step = limiter.take(now, cost)
+        for i, (taken, before) in enumerate(self.taken):
+            if taken is limiter:
+                self.taken[i] = (limiter, before + step)
+                return
+        self.taken.append((limiter, step))
 
     def give_back(self, now: float) -> None:
         """Undo every take of this charge (once)."""

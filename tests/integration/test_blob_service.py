@@ -237,6 +237,59 @@ def test_a_put_killed_mid_way_leaves_no_spool_file_past_the_next_start(aio_loop,
         app.stop()
 
 
+def test_a_spool_folder_that_cannot_take_a_file_is_unavailable_not_internal(aio_loop, keyspace, tmp_path):
+    """A large Put opens its spool file outside the mapping of the spool's errors: a folder gone
+    (an unmounted volume), read-only or full answered INTERNAL, which clients do not retry."""
+    from tests.inprocess import RunningApp
+
+    folder = tmp_path / "spool"
+    folder.mkdir()
+    app = RunningApp(aio_loop, BlobApp, "blob", service_env(keyspace, MAILQUEUE_SPOOL_DIR=str(folder)))
+    try:
+        stub = blob_pb2_grpc.BlobServiceStub(app.channel())
+        folder.rmdir()
+        content = os.urandom(5 * 1024 * 1024)  # over the in-memory part: spooled
+        with pytest.raises(grpc.RpcError) as e:
+            put(stub, content)
+        assert e.value.code() == grpc.StatusCode.UNAVAILABLE and "MAILQUEUE_SPOOL_DIR" in e.value.details(), e.value
+        folder.mkdir()
+        assert put(stub, content).blob_id == hashlib.sha256(content).hexdigest()  # back once it can
+    finally:
+        app.stop()
+
+
+def test_a_put_through_blob_svc_that_blob_svc_ends_mid_way_says_why(aio_loop, keyspace):
+    """enqueue_svc forwards a stream's chunks to blob_svc as they come. When blob_svc ended the
+    Put first (here its blob limit, below enqueue_svc's mail limit; or a restart, a full spool),
+    the next chunk's write raised asyncio's InvalidStateError, which reached the producer as
+    INTERNAL; it is blob_svc's own status now."""
+    import asyncio
+
+    from services.adapters.blob_service import RemoteBlobStore
+    from services.domain.errors import ResourceExhausted
+    from tests.inprocess import RunningApp
+
+    app = RunningApp(aio_loop, BlobApp, "blob", service_env(keyspace, MAILQUEUE_MAX_BLOB_BYTES="150000"))
+
+    async def paced():
+        for _ in range(6):
+            yield os.urandom(64 * 1024)  # past the small-blob part (Cassandra): the S3 part checks the limit as it comes
+            await asyncio.sleep(0.3)  # the client's pace: blob_svc's answer arrives between two writes
+
+    async def put():
+        store = RemoteBlobStore(app.target, timeout_s=10)
+        try:
+            return await store.put(paced())
+        finally:
+            await store.close()
+
+    try:
+        with pytest.raises(ResourceExhausted, match="exceeds"):
+            aio_loop.run(put())
+    finally:
+        app.stop()
+
+
 def test_a_put_through_blob_svc_goes_at_its_clients_pace_past_the_call_timeout(grpc_addr, grpc_stub, aio_loop):
     """enqueue_svc puts a stream's content through blob_svc (MAILQUEUE_BLOB_TARGET) as its client
     sends it. The whole Put had a 60 s deadline: an upload longer than that (100 MiB at 1 MB/s)

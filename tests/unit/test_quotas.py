@@ -134,6 +134,19 @@ def test_a_charge_given_back_after_the_rate_moved_gives_back_what_it_took():
     assert g.tat == 1.0  # the other mail's second is still owed
 
 
+def test_a_streams_charge_holds_one_entry_per_limiter_however_many_chunks():
+    # Given a stream's charge taking 100,000 one-byte chunks (and empty ones) from one byte limiter
+    g = q.Gcra(rate=1000.0, burst=1000.0)
+    charge = q.Charge()
+    for _ in range(100_000):
+        charge.take(g, 0.0, 1)
+        charge.take(g, 0.0, 0)
+    # Then it holds one entry, the sum of the steps, and gives all of it back
+    assert len(charge.taken) == 1 and charge.taken[0][1] == pytest.approx(100.0)
+    charge.give_back(0.0)
+    assert g.tat == pytest.approx(0.0)
+
+
 def test_a_refused_mail_charges_nothing():
     quota = q.Quota("tenant", "acme", mails_per_s=1)
     limiters = _limiters(quota)

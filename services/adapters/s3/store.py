@@ -139,7 +139,8 @@ class S3BlobStore(BlobStore):
                     buffer += chunk
                     continue
                 if spool is None:
-                    spool = tempfile.NamedTemporaryFile(prefix=SPOOL_PREFIX, dir=self._settings.spool_dir, delete=False)
+                    spool = await self._spool(functools.partial(tempfile.NamedTemporaryFile, prefix=SPOOL_PREFIX,
+                                                                dir=self._settings.spool_dir, delete=False))
                     await self._spool(spool.write, bytes(buffer))
                     buffer = bytearray()
                 await self._spool(spool.write, chunk)
@@ -163,9 +164,11 @@ class S3BlobStore(BlobStore):
             return BlobInfo(blob_id, size)
         finally:
             if spool is not None:
-                try:
-                    spool.close()  # may raise (a full disk flushing its last bytes): the file goes anyway
-                finally:
+                # A full disk may fail the close's flush of bytes a failed write left buffered:
+                # that error must not replace the UNAVAILABLE said already. The file goes anyway.
+                with contextlib.suppress(OSError):
+                    spool.close()
+                with contextlib.suppress(FileNotFoundError):
                     os.unlink(spool.name)
 
     async def put_bytes(self, data: bytes, expected_id: str | None = None) -> BlobInfo:
