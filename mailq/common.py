@@ -289,14 +289,28 @@ class Progress:
             self.shown = False
 
 
+#: A stream that ended with one of these before its first message may have begun its work (it
+#: was cut, not refused): the operator is told how to complete it.
+_CUT = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED,
+                  grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN, grpc.StatusCode.ABORTED})
+
+
 def follow(stream: Iterable[Any], progress: Callable[[Any], str], interrupted: str) -> Any:
-    """Show a streamed operation's progress (``Progress``); its last message, which must be done."""
+    """Show a streamed operation's progress (``Progress``); its last message, which must be done.
+    Cut short (Ctrl-C, a service restarted, a lost connection) once it may have begun, it says on
+    stderr how to complete it (``interrupted``) before the error's own line and exit status: a
+    DeleteQueue cut there left its queue unlisted and refusing mail, and only "UNAVAILABLE" said so."""
     last = None
     line = Progress()
     try:
         for r in stream:
             last = r
             line.show(progress(r))
+    except (KeyboardInterrupt, grpc.RpcError) as e:
+        line.end()
+        if last is not None or isinstance(e, KeyboardInterrupt) or e.code() in _CUT:
+            print(interrupted, file=sys.stderr, flush=True)
+        raise
     finally:
         line.end()
     if last is None or not last.done:

@@ -24,7 +24,8 @@ def cmd_enqueue(c: Client, a: argparse.Namespace) -> None:
     """The file is opened before the call: one that cannot be read (missing, a folder, no
     permission) is an OSError naming it, exit 1, and nothing is sent (opened inside the request
     stream, gRPC reported only "Exception iterating requests")."""
-    mail = mail_pb2.Mail(name=a.name, sender=a.sender, recipients=a.to)
+    # "<>" is the null sender as mailq prints it (the default, a bounce): the API's empty sender.
+    mail = mail_pb2.Mail(name=a.name, sender="" if a.sender == "<>" else a.sender, recipients=a.to)
     header = enqueue_pb2.EnqueueHeader(queue=a.queue, mail=mail, priority=getattr(mail_pb2, f"PRIORITY_{a.priority.upper()}"))
     if a.delay is not None:
         header.delay.CopyFrom(duration(a.delay))
