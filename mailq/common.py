@@ -289,17 +289,18 @@ class Progress:
             self.shown = False
 
 
-#: A stream that ended with one of these before its first message may have begun its work (it
-#: was cut, not refused): the operator is told how to complete it.
-_CUT = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED,
-                  grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN, grpc.StatusCode.ABORTED})
+#: A stream that ended with one of these after it began was cut, not refused (a refusal such as
+#: DeleteQueue's "mail arrived meanwhile" comes after its first message too, and running it again
+#: would not help): the operator is told how to complete it.
+_CUT = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED})
 
 
 def follow(stream: Iterable[Any], progress: Callable[[Any], str], interrupted: str) -> Any:
     """Show a streamed operation's progress (``Progress``); its last message, which must be done.
-    Cut short (Ctrl-C, a service restarted, a lost connection) once it may have begun, it says on
-    stderr how to complete it (``interrupted``) before the error's own line and exit status: a
-    DeleteQueue cut there left its queue unlisted and refusing mail, and only "UNAVAILABLE" said so."""
+    Cut short once it began and before it was done (Ctrl-C, a service restarted, a lost
+    connection), it says on stderr how to complete it (``interrupted``) before the error's own line
+    and exit status: a DeleteQueue cut there left its queue unlisted and refusing mail, and only
+    "UNAVAILABLE" said so."""
     last = None
     line = Progress()
     try:
@@ -308,7 +309,8 @@ def follow(stream: Iterable[Any], progress: Callable[[Any], str], interrupted: s
             line.show(progress(r))
     except (KeyboardInterrupt, grpc.RpcError) as e:
         line.end()
-        if last is not None or isinstance(e, KeyboardInterrupt) or e.code() in _CUT:
+        cut = isinstance(e, KeyboardInterrupt) or (last is not None and e.code() in _CUT)
+        if cut and not (last is not None and last.done):
             print(interrupted, file=sys.stderr, flush=True)
         raise
     finally:

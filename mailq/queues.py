@@ -12,12 +12,25 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import sys
 import time
 from collections.abc import Iterator
 from typing import Any
 
 from mailq import throttle
-from mailq.common import Client, UsageError, as_json, duration, duration_arg, follow, queue_command, real, whole
+from mailq.common import (
+    EXIT_ERROR,
+    EXIT_OK,
+    Client,
+    UsageError,
+    as_json,
+    duration,
+    duration_arg,
+    follow,
+    queue_command,
+    real,
+    whole,
+)
 from mailqueue.v1 import admin_pb2, browse_pb2
 from services.domain.durations import human
 
@@ -107,9 +120,23 @@ def cmd_reconcile(c: Client, a: argparse.Namespace) -> None:
           f"held {r.held_before} -> {r.held_after}")
 
 
-def cmd_create(c: Client, a: argparse.Namespace) -> None:
-    created = c.admin.CreateQueue(admin_pb2.CreateQueueRequest(queue=a.queue, retry_policy=retry_policy(a))).created
-    print(f"{a.queue}: {'created' if created else 'already exists'}")
+def cmd_create(c: Client, a: argparse.Namespace) -> int:
+    """Idempotent. A queue that exists keeps its retry policy (CreateQueue never changes it): when
+    the one asked for differs, that is said, with the command that sets it, and the exit is 1 (a
+    provisioning script must not believe its policy applied)."""
+    wanted = retry_policy(a)
+    created = c.admin.CreateQueue(admin_pb2.CreateQueueRequest(queue=a.queue, retry_policy=wanted)).created
+    if created or wanted is None:
+        print(f"{a.queue}: {'created' if created else 'already exists'}")
+        return EXIT_OK
+    current = c.browse.GetQueue(browse_pb2.GetQueueRequest(queue=a.queue)).queue_info.retry_policy
+    differs = [f.name for f, value in wanted.ListFields() if getattr(current, f.name) != value]
+    if not differs:
+        print(f"{a.queue}: already exists, with that retry policy")
+        return EXIT_OK
+    print(f"mailq create: {a.queue} already exists with another retry policy ({', '.join(differs)} differ), left "
+          f"unchanged: set it with `mailq retry-policy {a.queue}` and the same options", file=sys.stderr)
+    return EXIT_ERROR
 
 
 def cmd_retry_policy(c: Client, a: argparse.Namespace) -> None:

@@ -71,18 +71,20 @@ class RemoteBlobStore(BlobStore):
         except grpc.aio.AioRpcError as e:
             raise _convert(e) from e
         except asyncio.InvalidStateError:
+            if not call.done():  # not a write to an ended call: the content's source raised it
+                call.cancel()
+                raise
             # blob_svc ended the Put while chunks were still to go (its limit, a full spool, a
-            # restart): a write to an ended call raises this, its status says why.
+            # restart): a write to an ended call raises this; its status says why.
             raise await self._ended(call) from None
         except BaseException:
             call.cancel()
             raise
         return BlobInfo(r.blob_id, r.size, r.deduplicated)
 
-    @staticmethod
-    async def _ended(call: grpc.aio.StreamUnaryCall) -> MailQueueError:
+    async def _ended(self, call: grpc.aio.StreamUnaryCall) -> MailQueueError:
         try:
-            await call
+            await self._step(call)
         except grpc.aio.AioRpcError as e:
             return _convert(e)
         return BackendUnavailable("blob_svc", "blob_svc answered a Put before its content was sent")

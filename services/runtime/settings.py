@@ -292,7 +292,7 @@ def parse_tokens(spec: str) -> dict[str, str]:
         role, sep, token = item.partition(":")
         if not sep or not _role_ok(role) or len(token) < 16:
             # Never the entry's text: a mistyped separator would put the token in the log.
-            shown = f" (role {role!r})" if sep and _role_ok(role) else ""
+            shown = f" (role {role.partition('@')[0]!r})" if sep and _role_ok(role) else ""  # not its tenant: text after a typo
             raise ConfigurationError(
                 f"MAILQUEUE_TOKENS entry {n}{shown}: use role:token (or role@tenant:token) with a role of "
                 f"{', '.join(ROLES)} and a token of at least 16 characters"

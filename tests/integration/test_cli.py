@@ -63,6 +63,12 @@ def test_delays_flush_and_retry_policy_from_the_command_line(suite, tmp_path):
     eml.write_bytes(b"Subject: later\r\n\r\nhello\r\n")
     assert "created" in mailq(suite, "create", queue, "--initial-backoff", "30s", "--max-attempts", "3").stdout
     assert "backoff 30s x2 up to 1h; expires after 3 attempts or 5d" in mailq(suite, "show", queue).stdout
+    # Created again: the same policy is fine; another one is said, left as it is, and exits 1 (it was
+    # "already exists", exit 0, the policy silently not applied)
+    assert "with that retry policy" in mailq(suite, "create", queue, "--max-attempts", "3").stdout
+    other = mailq(suite, "create", queue, "--max-attempts", "10", "--initial-backoff", "30s", ok=False)
+    assert other.returncode == 1 and "max_attempts differ" in other.stderr and f"mailq retry-policy {queue}" in other.stderr
+    assert "expires after 3 attempts" in mailq(suite, "show", queue).stdout
     eid = mailq(suite, "enqueue", queue, str(eml), "--from", "a@example.com", "--to", "b@Example.ORG", "--delay", "10m").stdout.split()[0]
     mailq(suite, "enqueue", queue, str(eml), "--to", "c@example.net", "--delay", "10m")
     assert "(0 ready, 2 delayed, 0 held)" in mailq(suite, "show", queue).stdout

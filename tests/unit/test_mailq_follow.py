@@ -17,24 +17,27 @@ class Cut(grpc.RpcError):
         return self._code
 
 
-def stream(then: BaseException, messages: int = 1):
+def stream(then: BaseException, messages: int = 1, done: bool = False):
     for _ in range(messages):
-        yield admin_pb2.DeleteQueueResponse(phase="waiting")
+        yield admin_pb2.DeleteQueueResponse(phase="done" if done else "waiting", done=done)
     raise then
 
 
-@pytest.mark.parametrize("then", [KeyboardInterrupt(), Cut(grpc.StatusCode.UNAVAILABLE), Cut(grpc.StatusCode.INTERNAL)])
+@pytest.mark.parametrize("then", [KeyboardInterrupt(), Cut(grpc.StatusCode.UNAVAILABLE), Cut(grpc.StatusCode.DEADLINE_EXCEEDED)])
 def test_a_stream_cut_after_it_began_says_to_run_it_again_and_keeps_its_error(then, capsys):
     with pytest.raises(type(then)):
         follow(stream(then), lambda r: r.phase, AGAIN)
     assert AGAIN in capsys.readouterr().err
 
 
-def test_a_refusal_before_any_progress_does_not_say_to_run_it_again(capsys):
+@pytest.mark.parametrize("then,messages,done", [
+    (Cut(grpc.StatusCode.NOT_FOUND), 0, False),  # refused before it began
+    (Cut(grpc.StatusCode.UNAVAILABLE), 0, False),  # the service is down: the hint says so, nothing began
+    (Cut(grpc.StatusCode.FAILED_PRECONDITION), 1, False),  # refused after its first message (mail came meanwhile)
+    (Cut(grpc.StatusCode.ABORTED), 1, False),  # the queue was made again meanwhile: running it again would delete that one
+    (Cut(grpc.StatusCode.UNAVAILABLE), 1, True),  # done, then the connection went
+])
+def test_a_refusal_or_a_finished_operation_does_not_say_to_run_it_again(then, messages, done, capsys):
     with pytest.raises(Cut):
-        follow(stream(Cut(grpc.StatusCode.NOT_FOUND), messages=0), lambda r: r.phase, AGAIN)
+        follow(stream(then, messages, done), lambda r: r.phase, AGAIN)
     assert AGAIN not in capsys.readouterr().err
-    # A cut before any progress may have begun all the same (the queue is unlisted first)
-    with pytest.raises(Cut):
-        follow(stream(Cut(grpc.StatusCode.UNAVAILABLE), messages=0), lambda r: r.phase, AGAIN)
-    assert AGAIN in capsys.readouterr().err

@@ -264,6 +264,10 @@ def test_tokens_and_identities_may_name_a_tenant():
     # A CN with spaces names a tenant as it is (a quota can then limit it)
     assert parse_identities("Relay Ops 1=producer@Relay Ops") == {"Relay Ops 1": "producer@Relay Ops"}
     assert q.is_tenant("Relay Ops 1") and q.is_tenant("Müller GmbH") and not q.is_tenant("a,b") and not q.is_tenant("acme ")
+    # Nothing invisible or look-alike: format characters, a no-break space, a lone surrogate
+    for name in ("Relay\u200b", "Re\u202elay", "\ufeffRelay", "Relay\u00a0Ops", "Relay\udcff", "a" * 256):
+        assert not q.is_tenant(name), repr(name)
+    assert q.is_tenant("a" * 255)
 
 
 def test_serde_round_trips_and_unset_limits_stay_unset():

@@ -91,9 +91,12 @@ class S3BlobStore(BlobStore):
         try:
             return await asyncio.get_running_loop().run_in_executor(self._pool, functools.partial(fn, *args))
         except OSError as e:
-            raise BackendUnavailable("blob spool", f"{e.strerror or e}: the spool folder ({self._settings.spool_dir or tempfile.gettempdir()}, "
-                                     "MAILQUEUE_SPOOL_DIR) cannot hold this Put: give it more room (Kubernetes: the "
-                                     "emptyDir's sizeLimit), or fewer large Puts at once") from e
+            raise self._spool_unavailable(e) from e
+
+    def _spool_unavailable(self, e: OSError) -> BackendUnavailable:
+        return BackendUnavailable("blob spool", f"{e.strerror or e}: the spool folder ({self._settings.spool_dir or tempfile.gettempdir()}, "
+                                  "MAILQUEUE_SPOOL_DIR) cannot hold this Put: check it exists and is writable, give it more "
+                                  "room (Kubernetes: the emptyDir's sizeLimit), or make fewer large Puts at once")
 
     async def ensure_bucket(self) -> None:
         """Create the bucket when S3 says it does not exist (a first start)."""
@@ -139,8 +142,10 @@ class S3BlobStore(BlobStore):
                     buffer += chunk
                     continue
                 if spool is None:
-                    spool = await self._spool(functools.partial(tempfile.NamedTemporaryFile, prefix=SPOOL_PREFIX,
-                                                                dir=self._settings.spool_dir, delete=False))
+                    try:  # here, not on the S3 threads: a Put cancelled meanwhile would leave the file
+                        spool = tempfile.NamedTemporaryFile(prefix=SPOOL_PREFIX, dir=self._settings.spool_dir, delete=False)
+                    except OSError as e:
+                        raise self._spool_unavailable(e) from e
                     await self._spool(spool.write, bytes(buffer))
                     buffer = bytearray()
                 await self._spool(spool.write, chunk)
@@ -166,10 +171,15 @@ class S3BlobStore(BlobStore):
             if spool is not None:
                 # A full disk may fail the close's flush of bytes a failed write left buffered:
                 # that error must not replace the UNAVAILABLE said already. The file goes anyway.
-                with contextlib.suppress(OSError):
+                try:
                     spool.close()
-                with contextlib.suppress(FileNotFoundError):
                     os.unlink(spool.name)
+                except OSError as e:  # logged, never in place of what the Put said
+                    if not isinstance(e, FileNotFoundError):
+                        log.warning("could not remove a Put's spool file (the next start removes it): %s", e,
+                                    extra={"spool_file": spool.name})
+                    with contextlib.suppress(OSError):
+                        os.unlink(spool.name)
 
     async def put_bytes(self, data: bytes, expected_id: str | None = None) -> BlobInfo:
         """Content already in memory (an inline enqueue): hashed and put in one trip to the S3
