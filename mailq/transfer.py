@@ -14,7 +14,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from mailq.common import EXIT_NOTHING, EXIT_OK, Client, UsageError, duration, duration_arg, queue_command, real, whole
+from mailq.common import DEFAULT_TIMEOUT_S, EXIT_NOTHING, EXIT_OK, Client, UsageError, duration, duration_arg, queue_command, real, whole
 from mailqueue.v1 import blob_pb2, dequeue_pb2, enqueue_pb2, mail_pb2
 
 CHUNK = 1024 * 1024
@@ -51,7 +51,9 @@ def cmd_dequeue(c: Client, a: argparse.Namespace) -> int:
             "reject": dequeue_pb2.OUTCOME_KIND_REJECT}[a.ack]
     requests: q.Queue = q.Queue()
     requests.put(dequeue_pb2.DequeueRequest(subscribe=dequeue_pb2.Subscribe(queue=a.queue, prefetch=min(a.n, 64))))
-    stream = c.dequeue.Dequeue(iter(requests.get, None))
+    # Half-closed after --wait at the latest, the stream then ends once the server settled the
+    # answers: bounded by --wait plus --timeout, like every call (a stuck dequeue_svc held it for ever).
+    stream = c.dequeue.Dequeue(iter(requests.get, None), timeout=a.wait + getattr(a, "timeout", DEFAULT_TIMEOUT_S))
     answering = threading.Lock()  # a delivery is answered whole, or not at all, before the half-close
     closed = threading.Event()
 

@@ -353,3 +353,25 @@ def test_a_consumers_error_text_never_reaches_the_terminal_raw(suite):
         assert len([line for line in out.splitlines() if "pwned" in line]) >= 1 and "\r" not in out
     listed = [json.loads(line) for line in mailq(suite, "dead", "list", queue, "--json").stdout.splitlines()]
     assert hostile in listed[0]["reason_text"]
+
+
+def test_mailq_dequeue_from_a_stuck_dequeue_svc_ends_after_its_wait_and_timeout(suite, tmp_path):
+    """Dequeue is a bidirectional stream, which --timeout's interceptor did not bound: against a
+    dequeue_svc that accepted the connection and then stopped (SIGSTOP: a blocked event loop),
+    `mailq dequeue --wait 1` waited for ever. It ends after --wait plus --timeout, exit 1."""
+    from stack.harness import ServiceProcess
+
+    queue = own_queue("cli")
+    mailq(suite, "create", queue)
+    stuck = ServiceProcess("dequeue", suite.env)
+    try:
+        os.kill(stuck.pid, signal.SIGSTOP)
+        begun = time.monotonic()
+        r = subprocess.run([str(MAILQ), "--dequeue", stuck.target, "--timeout", "2", "dequeue", queue, "--wait", "1"],
+                           cwd=tempfile.gettempdir(), capture_output=True, text=True, timeout=60)
+        took = time.monotonic() - begun
+        assert r.returncode == 1 and "DEADLINE_EXCEEDED" in r.stderr, r.stderr
+        assert took < 30, took  # --wait 1 + --timeout 2, and mailq's own start
+    finally:
+        os.kill(stuck.pid, signal.SIGCONT)
+        stuck.stop()
