@@ -100,6 +100,31 @@ def test_bad_registrations_get_a_precise_status_and_write_nothing(suite, tmp_pat
     assert code(lambda: stub.RemoveWebhook(webhooks_pb2.RemoveWebhookRequest(name=f"{prefix}-ok"))) == grpc.StatusCode.NOT_FOUND
 
 
+def test_a_registration_naming_event_types_of_a_newer_version_is_served_with_those_this_one_knows(suite):
+    """During a rolling update a newer browse_svc may register event types this version does not
+    know: one such row failed every read of the registrations (ListWebhooks INTERNAL, webhook_svc
+    delivering to no endpoint at all). The types it knows are served; a row of unknown types only
+    is left out (its filter would be empty: every event), and can still be removed."""
+    from services.adapters.cassandra import schema
+
+    stub = webhooks_pb2_grpc.WebhookAdminServiceStub(suite.browse.channel())
+    mixed, only = (f"newer-{uuid.uuid4().hex[:6]}-{k}" for k in ("mixed", "only"))
+    table = f"{suite.keyspace}.{schema.WEBHOOKS}"
+    insert = (f"INSERT INTO {table} (part, name, url, secret_file, types, queues, max_age_s, from_oldest) "
+              "VALUES (0, %s, 'https://hooks.example/in', '/secrets/x', %s, [], 3600, false)")
+    suite.view.session.execute(insert, (mixed, ["delivered", "teleported"]))
+    suite.view.session.execute(insert, (only, ["teleported"]))
+    try:
+        listed = {w.name: w for w in stub.ListWebhooks(webhooks_pb2.ListWebhooksRequest(), timeout=30).webhooks}
+        assert mixed in listed and only not in listed
+        assert list(listed[mixed].event_types) == [events_pb2.EVENT_TYPE_DELIVERED]
+        assert stub.RemoveWebhook(webhooks_pb2.RemoveWebhookRequest(name=only), timeout=30).webhook.name == only
+        assert stub.RemoveWebhook(webhooks_pb2.RemoveWebhookRequest(name=mixed), timeout=30).webhook.name == mixed
+    finally:
+        for name in (mixed, only):
+            suite.view.session.execute(f"DELETE FROM {table} WHERE part = 0 AND name = %s", (name,))
+
+
 def test_adds_of_one_name_at_once_register_one_and_record_one(suite):
     """Eight AddWebhook calls of one name at once: one registers it, seven are ALREADY_EXISTS, and
     the audit trail has one "added" (the winner's). The refused calls recorded theirs too, when

@@ -7,6 +7,7 @@ remove are lightweight transactions, so two operators adding one name get one AL
 from __future__ import annotations
 
 import datetime as dt
+import logging
 from typing import Any
 
 from cassandra.cluster import Session
@@ -17,14 +18,36 @@ from services.adapters.cassandra.session import execute, execute_all
 from services.domain.events import EventType
 from services.domain.webhook_registry import Registration
 
+log = logging.getLogger(__name__)
+
 PART = 0
 _COLUMNS = "name, url, secret_file, types, queues, max_age_s, from_oldest, created_at"
 
 
+_KNOWN = {t.value for t in EventType}
+
+
 def _registration(r: Any) -> Registration:
+    """The row as a registration. Event types this version does not know (a newer replica
+    registered them, during a rolling update or after a downgrade) are left out of its filter:
+    this version records none of them. One unknown type failed the whole read: ListWebhooks
+    INTERNAL, and webhook_svc delivering to no endpoint."""
     created = r.created_at.replace(tzinfo=dt.timezone.utc) if r.created_at else None
-    return Registration(r.name, r.url, r.secret_file, tuple(EventType(t) for t in r.types or ()), tuple(r.queues or ()),
-                        r.max_age_s, bool(r.from_oldest), created)
+    types = tuple(EventType(t) for t in r.types or () if t in _KNOWN)
+    return Registration(r.name, r.url, r.secret_file, types, tuple(r.queues or ()), r.max_age_s, bool(r.from_oldest), created)
+
+
+def _served(r: Any) -> bool:
+    """Whether this version serves the row: not when it names event types only this version does
+    not know (with them left out its filter would be empty: every event). Logged."""
+    unknown = [t for t in r.types or () if t not in _KNOWN]
+    if unknown:
+        served = len(unknown) < len(r.types)
+        log.warning("webhook endpoint %s names event types this version does not know: %s%s", r.name, ", ".join(unknown),
+                    "" if served else " (and no other: left out until a version that knows them serves it)",
+                    extra={"endpoint": r.name})
+        return served
+    return True
 
 
 class CassandraWebhooks:
@@ -54,4 +77,5 @@ class CassandraWebhooks:
         return before if rows[0].applied else None
 
     async def all(self) -> list[Registration]:
-        return sorted((_registration(r) for r in await execute_all(self._session, self._all, (PART,))), key=lambda r: r.name)
+        rows = await execute_all(self._session, self._all, (PART,))
+        return sorted((_registration(r) for r in rows if _served(r)), key=lambda r: r.name)
