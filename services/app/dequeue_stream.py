@@ -47,7 +47,7 @@ async def serving(sub: Subscription, answers: AsyncIterator[list[Answer]]) -> As
             delivery = asyncio.create_task(sub.next())
             next_one[:] = [delivery]
             done, _ = await asyncio.wait({delivery, settling}, return_when=asyncio.FIRST_COMPLETED)
-            if delivery in done:
+            if delivery in done and not settling.done():  # answers ended: nothing more (a delivery taken goes back)
                 first = delivery.result()
                 next_one.clear()  # its delivery is in the batch: given back from there if never sent
                 batch = [first, *sub.ready(sub.max_batch - 1)] if sub.max_batch > 1 else [first]
@@ -90,18 +90,26 @@ async def _settle(sub: Subscription, answers: AsyncIterator[list[Answer]]) -> No
     def check(task: asyncio.Future[None]) -> None:
         running.pop(task, None)
         if not task.cancelled() and task.exception() is not None and not failed.done():
+            sub.stop_handing_out()  # the stream fails with it: nothing more handed out
             failed.set_exception(task.exception())  # type: ignore[arg-type]
 
     async def read() -> None:
-        async for group in answers:
-            # In order, at once: each answer takes its tag and starts settling before the next one
-            # of the stream is looked at (a tag answered twice is refused here); a settlement
-            # begun is never cancelled (only the wait for it, shielded, is).
-            for a in group:
-                settling = sub.settle(a.tag, a.outcome, a.error_message, a.retry_after)
-                waiting = asyncio.shield(settling)
-                running[waiting] = settling
-                waiting.add_done_callback(check)
+        try:
+            async for group in answers:
+                # In order, at once: each answer takes its tag and starts settling before the next one
+                # of the stream is looked at (a tag answered twice is refused here); a settlement
+                # begun is never cancelled (only the wait for it, shielded, is).
+                for a in group:
+                    settling = sub.settle(a.tag, a.outcome, a.error_message, a.retry_after)
+                    waiting = asyncio.shield(settling)
+                    running[waiting] = settling
+                    waiting.add_done_callback(check)
+        except BaseException:
+            # An invalid answer (or the client gone): the stream fails with it. The answers before it
+            # freed their credit at once; the deliveries that credit would let through are not
+            # handed out now (no client could answer them: an attempt spent each).
+            sub.stop_handing_out()
+            raise
         sub.stop_handing_out()  # half-closed
         if running:
             await asyncio.wait(set(running))

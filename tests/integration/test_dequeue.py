@@ -15,6 +15,7 @@ from services.runtime.settings import rabbitmq_from_env
 from stack.harness import broker_parameters, wait_until
 from tests.integration.helpers import (
     StreamConsumer,
+    _ready,
     consumer_count,
     dead_letter_count,
     deleted_reason,
@@ -266,6 +267,42 @@ def test_a_bad_outcomes_message_ends_the_stream_after_settling_the_answers_befor
     assert c.error.code() == grpc.StatusCode.INVALID_ARGUMENT
     wait_until(lambda: message_count(queue) == 2 - len(settled), what="the unsettled deliveries back in the queue")
     assert {i: deleted_reason(suite, queue, uuid.UUID(i)) for i in ids} == {i: "dequeued" if i in settled else None for i in ids}
+
+
+def test_nothing_is_handed_out_after_an_invalid_answer(suite):
+    """The answers before an invalid one free their credit at once: the deliveries that credit let
+    through were handed out, and sent, before the stream failed, so no client could answer them
+    (an attempt spent each; on a last attempt, dead-lettered as unanswered). Nothing is handed out
+    once an answer was refused."""
+    queue = suite.new_queue()
+    # Three mails of each of two priorities: a consumer per class, each prefetching three, so with
+    # a credit of three, three deliveries are prepared and wait for credit.
+    for i in range(6):
+        request = inline(queue, simple_mail(f"m{i}"))
+        request.priority = mail_pb2.PRIORITY_HIGH if i % 2 else mail_pb2.PRIORITY_NORMAL
+        suite.enqueue_stub.Enqueue(request)
+    c = consumer(suite, queue, prefetch=3, max_batch=1)
+    got = [c.response().delivery for _ in range(3)]
+    assert all(d.mail.enqueue_id for d in got)
+    wait_until(lambda: all(_ready(names.work_queue(queue, p)) == 0 for p in ("high", "normal")),
+               what="every message pushed to the stream's consumers")
+    c.send(dequeue_pb2.DequeueRequest(outcomes=dequeue_pb2.Outcomes(
+        outcomes=[*(c.outcome(d) for d in got), dequeue_pb2.Outcome(delivery_tag=got[0].delivery_tag + 10_000,
+                                                                   kind=dequeue_pb2.OUTCOME_KIND_SUCCESS)])))
+    after = []
+    with pytest.raises(EOFError):
+        while True:
+            r = c.response(timeout=10)
+            after += [r.delivery] if r.HasField("delivery") else list(r.deliveries.deliveries)
+    assert c.error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert [d.mail.mail.name for d in after] == []
+    # The other three go back unsent, no attempt spent: the next stream gets them as first deliveries
+    again = consumer(suite, queue, prefetch=5)
+    rest = again.take(3)
+    assert sorted(d.mail.mail.name for d in rest) == sorted({f"m{i}" for i in range(6)} - {d.mail.mail.name for d in got})
+    assert all(not d.redelivered for d in rest), [(d.mail.mail.name, d.redelivered) for d in rest]
+    again.answer_all(rest)
+    again.close()
 
 
 @pytest.mark.parametrize(
