@@ -15,6 +15,10 @@ from services.domain.event_stream import EventFilter
 from services.domain.events import Event
 from services.ports.events import EventStream
 
+#: A watch still running this long after its ``lasts_s`` is stuck writing to a client that does not
+#: read: it is cancelled (browse_svc/events.py).
+STALLED_GRACE_S = 30.0
+
 WATCHERS = Gauge("mailqueue_event_watchers", "WatchEvents calls being served (each holds one stream consumer on RabbitMQ)")
 
 

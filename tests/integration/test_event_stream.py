@@ -467,3 +467,35 @@ def test_mailq_events_on_a_quiet_stream_goes_on_past_the_watches_browse_svc_ends
         browse.stop()
     assert r.returncode == 0 and r.stdout == "", r.stderr
     assert r.stderr.count("the stream was cut") >= 6, r.stderr  # more than RESUMES ends, each resumed
+
+
+def test_a_watch_whose_client_stopped_reading_ends_after_its_time(aio_loop, keyspace, monkeypatch):
+    """A watch ends itself after its time (MAILQUEUE_MAX_CONNECTION_AGE_S), but only between two
+    events: a client that stopped reading (a paused pager) blocked the write of the next one for
+    ever, holding its watcher slot and its stream consumer. Past its time and a grace, it ends."""
+    from browse_svc.app import BrowseApp
+    from services.app import event_watch
+
+    monkeypatch.setattr(event_watch, "STALLED_GRACE_S", 1.0)
+    app = RunningApp(aio_loop, BrowseApp, "browse", service_env(keyspace, MAILQUEUE_MAX_CONNECTION_AGE_S="2"))
+    channel = grpc.insecure_channel(app.target, options=[("grpc.http2.bdp_probe", 0)])  # the default window, not grown
+    try:
+        queue = own_queue("ev")
+        for k in range(10):  # 2,000 events of 4 KB: far more than the connection's window and buffers
+            publish(app, [dataclasses.replace(e, details={**e.details, "pad": "x" * 4000}) for e in events(queue, 200, start=k * 200)])
+        stream = names.event_stream(keyspace)
+        others = stream_row(stream)["consumers"]  # watches of the tests before, still ending
+        call = events_pb2_grpc.EventServiceStub(channel).WatchEvents(
+            events_pb2.WatchEventsRequest(from_oldest=True, queues=[queue]), timeout=120)
+        next(call)  # one read, then none
+        assert _watching(app) == 1
+        wait_until(lambda: _watching(app) == 0, 30, what="the stalled watch ended, its consumer closed")
+        wait_until(lambda: stream_row(stream)["consumers"] <= others, 30, what="its stream consumer gone from RabbitMQ")
+    finally:
+        channel.close()
+        app.stop()
+
+
+def _watching(app) -> int:
+    """The watches this browse_svc serves (each holds a stream consumer; read, not driven)."""
+    return app.app.backends().stream._watching

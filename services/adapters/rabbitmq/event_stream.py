@@ -52,8 +52,10 @@ log = logging.getLogger(__name__)
 PUBLISHED = Counter("mailqueue_event_stream_published_total", "Messages and events published to the event stream, confirmed",
                     ["unit"])
 
-#: Messages (event batches) a watcher's consumer may hold unacknowledged (a stream consumer needs a prefetch).
-PREFETCH = 100
+#: Messages (event batches) a watcher's consumer may hold unacknowledged (a stream consumer needs a
+#: prefetch). Each is up to MESSAGE_BYTES (about 512 KiB): a watcher catching up, or one whose client
+#: stopped reading, holds that many in memory; 100 was 50 MiB each (webhook_svc's endpoints: 8).
+PREFETCH = 16
 #: A message's type: an EventBatch; a message of the older type holds one Event.
 BATCH_TYPE = "mailqueue.v1.EventBatch"
 EVENT_TYPE = "mailqueue.v1.Event"
