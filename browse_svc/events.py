@@ -4,7 +4,6 @@ filtered on the server (services/app/event_watch.py)."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
 
@@ -42,17 +41,7 @@ class EventServicer(events_pb2_grpc.EventServiceServicer):
                                 streamed([events_serde.event_type_from_proto(t) for t in request.types]))
         event_stream.start(request.cursor, request.from_oldest)  # a malformed cursor: refused before the stream is asked
         events = event_watch.watch(self._stream(), request.cursor, request.from_oldest, wanted, self._watch_s)
-        # The watch ends itself after watch_s, but only between two events: a client that stopped
-        # reading (a paused pager) blocks the write of the next one for ever, holding its watcher
-        # slot and its consumer. Past watch_s and a grace, the call is cancelled.
-        stalled = None
-        if self._watch_s is not None:
-            stalled = asyncio.get_running_loop().call_later(self._watch_s + event_watch.STALLED_GRACE_S,
-                                                            asyncio.current_task().cancel)  # type: ignore[union-attr]
-        try:
+        with event_watch.ended_if_stalled(events, self._watch_s):
             async with contextlib.aclosing(events):
                 async for e in events:
                     yield events_pb2.WatchEventsResponse(event=events_serde.event_to_proto(e))
-        finally:
-            if stalled is not None:
-                stalled.cancel()

@@ -180,7 +180,10 @@ def cmd_events(c: Client, a: argparse.Namespace) -> None:
                 planned = event_stream.REBALANCED in (e.details() or "")
                 if planned or time.monotonic() - started >= SERVED_S:
                     cuts = 0  # a watch ended as planned (or by an older server's connection age): not a failure
-                if e.code() is not grpc.StatusCode.UNAVAILABLE or cuts >= RESUMES:
+                # A watch whose reader stopped (a paused pager) past its time is cancelled by the
+                # server (it cannot be told UNAVAILABLE while its writes are blocked): resumed too.
+                cancelled_late = e.code() is grpc.StatusCode.CANCELLED and time.monotonic() - started >= SERVED_S
+                if (e.code() is not grpc.StatusCode.UNAVAILABLE and not cancelled_late) or cuts >= RESUMES:
                     raise
                 if not (planned or cuts or count_shown) and time.monotonic() - started < REFUSED_AT_ONCE_S:
                     raise  # never reached browse_svc (down, a wrong address, TLS): the usual error and hint

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 
 from prometheus_client import Gauge
 
@@ -53,6 +53,40 @@ async def watch(
                     yield e
     finally:
         WATCHERS.dec()
+
+
+@contextlib.contextmanager
+def ended_if_stalled(events: AsyncGenerator[Event, None], lasts_s: float | None) -> Iterator[None]:
+    """Around a call that sends ``events`` (a ``watch``): ``watch`` ends itself after ``lasts_s``,
+    but only between two events, and a client that stopped reading (a paused pager) blocks the
+    write of the next one for ever, holding its watcher slot and its stream consumer. Past
+    ``lasts_s`` and STALLED_GRACE_S, ``events`` is closed (its consumer, its slot: at once, not when
+    the collector finds it) and the call's task cancelled (the client sees CANCELLED)."""
+    task = asyncio.current_task()
+    if lasts_s is None or task is None:
+        yield
+        return
+
+    def give_up() -> None:
+        closing = asyncio.ensure_future(_close(events))
+        _CLOSING.add(closing)
+        closing.add_done_callback(_CLOSING.discard)
+        task.cancel()
+
+    stalled = asyncio.get_running_loop().call_later(lasts_s + STALLED_GRACE_S, give_up)
+    try:
+        yield
+    finally:
+        stalled.cancel()
+
+
+#: The closings under way (a task nobody else holds could be collected before it ran).
+_CLOSING: set[asyncio.Future[None]] = set()
+
+
+async def _close(events: AsyncGenerator[Event, None]) -> None:
+    with contextlib.suppress(RuntimeError):  # running, not stalled: it ends by itself
+        await events.aclose()
 
 
 def _rebalanced(lasts_s: float | None) -> Rebalanced:

@@ -476,8 +476,8 @@ def test_a_watch_whose_client_stopped_reading_ends_after_its_time(aio_loop, keys
     from browse_svc.app import BrowseApp
     from services.app import event_watch
 
-    monkeypatch.setattr(event_watch, "STALLED_GRACE_S", 1.0)
-    app = RunningApp(aio_loop, BrowseApp, "browse", service_env(keyspace, MAILQUEUE_MAX_CONNECTION_AGE_S="2"))
+    monkeypatch.setattr(event_watch, "STALLED_GRACE_S", 5.0)  # ended 10 s after it began, at the latest
+    app = RunningApp(aio_loop, BrowseApp, "browse", service_env(keyspace, MAILQUEUE_MAX_CONNECTION_AGE_S="5"))
     channel = grpc.insecure_channel(app.target, options=[("grpc.http2.bdp_probe", 0)])  # the default window, not grown
     try:
         queue = own_queue("ev")

@@ -25,6 +25,8 @@ _COLUMNS = "name, url, secret_file, types, queues, max_age_s, from_oldest, creat
 
 
 _KNOWN = {t.value for t in EventType}
+#: The endpoints whose unknown types were logged.
+_WARNED: set[str] = set()
 
 
 def _registration(r: Any) -> Registration:
@@ -43,6 +45,9 @@ def _served(r: Any) -> bool:
     unknown = [t for t in r.types or () if t not in _KNOWN]
     if unknown:
         served = len(unknown) < len(r.types)
+        if r.name in _WARNED:  # once per endpoint and process, not at every reload
+            return served
+        _WARNED.add(r.name)
         log.warning("webhook endpoint %s names event types this version does not know: %s%s", r.name, ", ".join(unknown),
                     "" if served else " (and no other: left out until a version that knows them serves it)",
                     extra={"endpoint": r.name})
