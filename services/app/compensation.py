@@ -1,4 +1,5 @@
-"""Undoing a failed enqueue (DESIGN §4), eventually.
+"""Finishing an enqueue's idempotency claim, eventually: undoing a failed enqueue (DESIGN §4), or
+committing the key of one that succeeded.
 
 An enqueue that fails after its view row may have been written (a timeout can land the write)
 is undone: the mail is marked deleted (with its counters, if they were bumped), so a message it
@@ -11,6 +12,9 @@ An undo that fails too (the outage that failed the enqueue, a quorum lost with a
 one replica) is retried in the background until it lands, so the half-written row never
 surfaces once the backend is back; the caller's answer is not delayed by that outage. Blobs are
 content-addressed and shared, so a failed enqueue leaves its blob for the retention sweep.
+
+A commit the backend does not answer is retried the same way, and the mail acknowledged: written
+and published, it is enqueued whatever the key's row says.
 """
 
 from __future__ import annotations
@@ -81,6 +85,19 @@ class Compensation:
 
         if written is not None or key:
             await self.eventually(undo, "undo a failed enqueue")
+
+    async def commit(self, queue: str, key: str, mail: model.QueuedMail, started: dt.datetime) -> bool:
+        """Commit the mail's idempotency key (``KeyClaims.commit``), retried in the background if
+        the backend does not answer (True then); False: a retry took the claim over, this attempt
+        is to be undone."""
+        held = True
+
+        async def commit() -> None:
+            nonlocal held
+            held = await self._claims.commit(queue, key, mail, started)
+
+        await self.eventually(commit, "commit idempotency key")
+        return held
 
     async def abandon(
         self, queue: str, key: str, enqueue_id: uuid.UUID, started: dt.datetime, error: BaseException, storing: bool,

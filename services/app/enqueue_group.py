@@ -44,7 +44,7 @@ from services.app import counters
 from services.app.compensation import Attempt, Compensation
 from services.app.queue_state import QueueState
 from services.domain import events as mail_events
-from services.domain import history_keys, model, trace, validation
+from services.domain import model, trace, validation
 from services.domain.errors import Aborted, PublishersBlocked
 from services.domain.events import Actor, current_actor
 from services.domain.slices import bucket_of, slice_start
@@ -128,7 +128,7 @@ class GroupWrites:
         out: list[model.EnqueueResult | BaseException | None] = [None] * len(items)
         now = to_millis(model.utcnow())
         started = [it.started or now for it in items]
-        fresh = iter(history_keys.new_ids(sum(1 for it in items if it.enqueue_id is None)))
+        fresh = iter(mail_events.new_ids(sum(1 for it in items if it.enqueue_id is None)))
         ids = [it.enqueue_id or next(fresh) for it in items]  # a fresh group shares history partitions
         attempts: dict[int, Attempt] = {}
         queued: dict[int, model.QueuedMail] = {}
@@ -184,7 +184,8 @@ class GroupWrites:
                         failed(i, e)
                     live = []
             keyed = [i for i in live if items[i].key]
-            held = await asyncio.gather(*(self._commit(items[i], queued[i], started[i]) for i in keyed))
+            held = await asyncio.gather(*(self._compensation.commit(items[i].queue, items[i].key, queued[i], started[i])
+                                          for i in keyed))
             for i, ours in zip(keyed, held, strict=True):
                 if not ours:  # a retry took the claim over: it answers for the key, this attempt is undone
                     failed(i, Aborted(f"the enqueue with idempotency key {validation.shown(items[i].key)} was taken "
@@ -204,22 +205,6 @@ class GroupWrites:
             ENQUEUED.labels(items[i].queue).inc()
             out[i] = model.EnqueueResult.of(queued[i])
         return [r if r is not None else RuntimeError("no outcome") for r in out]
-
-    async def _commit(self, it: Pending, q: model.QueuedMail, started: dt.datetime) -> bool:
-        """Commit the mail's idempotency key, if this attempt still holds its claim (False: a retry
-        took it over). A commit the backend does not answer is retried in the background and the
-        mail acknowledged: written and published, it is enqueued whatever the key's row says."""
-        held = True
-
-        async def commit() -> None:
-            nonlocal held
-            held = await self._view.idempotency.commit(it.queue, it.key, q, started)
-            if not held:
-                log.warning("an idempotency key's claim was taken over before its commit: the attempt is undone",
-                            extra={"queue": it.queue, "key": validation.shown(it.key), "enqueue_id": str(q.enqueue_id)})
-
-        await self._compensation.eventually(commit, "commit idempotency key")
-        return held
 
     async def _queued(self, it: Pending, enqueue_id: uuid.UUID, blob_ids: tuple[str, ...], size: int) -> model.QueuedMail:
         """The mail's view row, in the slice of now (or browse start, if this clock lags); it

@@ -141,6 +141,15 @@ class KeyClaims:
         except TimeoutError:
             raise BackendUnavailable("cassandra", "this enqueuer's lease is not written yet") from None
 
+    async def commit(self, queue: str, key: str, mail: model.QueuedMail, started: dt.datetime) -> bool:
+        """Commit the key to the enqueued ``mail``, if this attempt (claimed at ``started``) still
+        holds its claim; False: a retry took it over, and this attempt is to be undone."""
+        held = await self._view.idempotency.commit(queue, key, mail, started)
+        if not held:
+            log.warning("an idempotency key's claim was taken over before its commit: the attempt is undone",
+                        extra={"queue": queue, "key": validation.shown(key), "enqueue_id": str(mail.enqueue_id)})
+        return held
+
     def failed(self, queue: str, key: str, enqueue_id: uuid.UUID) -> None:
         """This attempt failed; its release may be pending: a retry here takes the claim over."""
         self._failed.add((queue, key, enqueue_id))

@@ -18,8 +18,8 @@ import uuid
 import pytest
 
 from services.adapters.cassandra.schema import HISTORY_TTL_S, MAIL_HISTORY, MAIL_HISTORY_GROUPS
-from services.domain import history_keys, model
-from services.domain.events import Actor, Event, EventType, event_id
+from services.domain import model
+from services.domain.events import Actor, Event, EventType, event_id, history_key, new_ids
 from stack.harness import new_keyspace, service_env, stack_dir
 from tests.inprocess import RunningApp
 
@@ -61,7 +61,7 @@ def capped_stream(aio_loop, running_stack):
 
 def mail_events(queue: str, n: int, start: int = 0, pad: str = "") -> list[Event]:
     actor = Actor.component("test")
-    ids = history_keys.new_ids(n)
+    ids = new_ids(n)
     return [Event(id=event_id(EventType.DELIVERED, queue, ids[i - start], i), time=model.utcnow(), type=EventType.DELIVERED,
                   queue=queue, enqueue_id=ids[i - start], actor=actor, attempt=1, details={"pad": pad} if pad else {})
             for i in range(start, start + n)]
@@ -73,7 +73,7 @@ def test_history_rows_expire_within_the_retention(browse):
     backends = browse.app.backends()
     browse.loop.run(backends.events.record(sent))
     session, ks = backends.view.session, browse.app.settings.cassandra.keyspace
-    (key,) = {history_keys.history_key(e.enqueue_id) for e in sent if e.enqueue_id}
+    (key,) = {history_key(e.enqueue_id) for e in sent if e.enqueue_id}
     ttls = [r[0] for r in session.execute(f"SELECT TTL(events) FROM {ks}.{MAIL_HISTORY_GROUPS} WHERE history_key = %s", (key,))]
     # The 40 events of one group's write: one row, gone within the retention. Rows = writes of the last 60 s.
     assert len(ttls) == 1 and all(0 < t <= RETENTION_S for t in ttls), ttls

@@ -680,7 +680,7 @@ def test_a_group_of_mails_is_a_history_row_per_write_and_a_name_row_per_group(se
     # Given 60 mails of one name (a campaign's) enqueued in one EnqueueBatches call
     from mailqueue.v1 import enqueue_pb2
     from services.adapters.cassandra.schema import MAIL_HISTORY_GROUPS, MAIL_HISTORY_NAMES
-    from services.domain.history_keys import history_key
+    from services.domain.events import history_key
 
     queue, name = new_queue(secured), f"campaign-{uuid.uuid4().hex[:6]}"
     many = [enqueue_pb2.EnqueueManyRequest(sequence=i, request=inline(queue, simple_mail(name))) for i in range(60)]

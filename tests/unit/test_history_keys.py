@@ -1,8 +1,8 @@
-"""Enqueue ids of a group share a history key (services/domain/history_keys.py)."""
+"""Enqueue ids of a group share a history key (services/domain/events.py)."""
 
 import uuid
 
-from services.domain.history_keys import PER_KEY, history_key, new_ids
+from services.domain.events import PER_KEY, history_key, new_ids
 
 
 def test_a_group_of_ids_is_unique_and_shares_one_key_per_PER_KEY_mails():

@@ -3,7 +3,7 @@
 Storage (services/adapters/cassandra/schema.py):
 
 - ``mail_history_groups_v1``: one partition per history key, the 96 bits the enqueue ids of one
-  group share (services/domain/history_keys.py); a row per write, holding that write's events of
+  group share (services/domain/events.py); a row per write, holding that write's events of
   the key's mails as one ``mailqueue.v1.EventBatch``. The events of a change to many mails (a
   group enqueued, a batch handed out or answered) are one row per key, not one per event: the
   cost of the history is per write, not per mail. Reading a mail's history is one partition read
@@ -64,8 +64,7 @@ from services.adapters.cassandra.session import execute, execute_all
 from services.adapters.cassandra.statement_kinds import batch_kind
 from services.contract import events_serde
 from services.domain import model
-from services.domain.events import LANDINGS, Actor, Event, EventType, landed_id, ordered
-from services.domain.history_keys import history_key, history_key_int
+from services.domain.events import LANDINGS, Actor, Event, EventType, history_key, history_key_int, landed_id, ordered
 
 log = logging.getLogger(__name__)
 

@@ -161,7 +161,7 @@ TABLES = [
         PRIMARY KEY ((history_key), written)
     ) WITH default_time_to_live = {HISTORY_TTL_S} AND gc_grace_seconds = {HISTORY_GC_GRACE_S}
       AND compaction = {_HISTORY_COMPACTION}
-      AND comment = 'The events the services record, one partition per history key (the 96 bits the enqueue ids of a group share, services/domain/history_keys.py): a row per write, holding the events of that write for the mails of the key (a mailqueue.v1.EventBatch). A mail history is one partition read; each row with a TTL of the history retention; deleted only when the change is taken back (the event stream refused its events).'""",
+      AND comment = 'The events the services record, one partition per history key (the 96 bits the enqueue ids of a group share, services/domain/events.py): a row per write, holding the events of that write for the mails of the key (a mailqueue.v1.EventBatch). A mail history is one partition read; each row with a TTL of the history retention; deleted only when the change is taken back (the event stream refused its events).'""",
     f"""CREATE TABLE IF NOT EXISTS {{ks}}.{MAIL_HISTORY_NAMES} (
         name text, day int, at timestamp, history_key uuid,
         PRIMARY KEY ((name, day), at, history_key)
