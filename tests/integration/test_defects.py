@@ -11,7 +11,7 @@ import pika
 import pytest
 from google.protobuf import duration_pb2, timestamp_pb2
 
-from mailqueue.v1 import admin_pb2, browse_pb2, enqueue_pb2
+from mailqueue.v1 import admin_pb2, blob_pb2, browse_pb2, enqueue_pb2
 from services.domain import names
 from stack.harness import ROOT, broker_parameters, wait_until
 from tests.integration.helpers import (
@@ -245,3 +245,20 @@ def test_services_script_sees_a_killed_unreaped_service_as_gone():
     finally:
         proc.kill()
         proc.wait()
+
+
+# ---------------------------------------------------------------- content enqueued again after a Delete
+def test_content_enqueued_again_after_blob_svc_deleted_it_is_stored_again(process_suite):
+    """enqueue_svc stores small inline content itself; a Delete through blob_svc (another process)
+    removes it; the same content enqueued a moment later is stored again, so the acknowledged mail
+    has its content (before: enqueue_svc skipped the write for 60 s after its own, and the receipt
+    named a blob that did not exist)."""
+    s = process_suite
+    queue = s.new_queue()
+    content = f"Subject: again\r\n\r\n{uuid.uuid4()}\r\n".encode()
+    first = s.enqueue_receipt(inline(queue, simple_mail("first"), content))
+    (blob_id,) = first.blob_ids
+    assert s.blob_stub.Delete(blob_pb2.DeleteRequest(blob_id=blob_id)).existed
+    second = s.enqueue_receipt(inline(queue, simple_mail("second"), content))
+    assert list(second.blob_ids) == [blob_id]
+    assert s.blob_stub.Stat(blob_pb2.StatRequest(blob_id=blob_id)).size == len(content)

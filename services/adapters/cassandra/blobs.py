@@ -68,11 +68,12 @@ class CassandraBlobStore(BlobStore):
         return BlobInfo(blob_id, len(data), deduplicated=bool(found))
 
     async def store(self, data: bytes) -> BlobInfo:
-        """One write, no read: rewriting equal content is harmless and refreshes ``written_at``."""
+        """One write, no read: rewriting equal content is harmless and refreshes ``written_at``.
+        Always written, even when this process wrote it a moment ago: another process (blob_svc's
+        ``Delete``) may have removed the row since, and a mail acknowledged with it would have no
+        content. (``put_bytes`` and ``keep`` skip the write only after a read found the row.)"""
         self._check_size(len(data))
         blob_id = hashlib.sha256(data).hexdigest()
-        if self._touched_recently(blob_id):
-            return BlobInfo(blob_id, len(data), deduplicated=True)
         await self._write(blob_id, data)
         return BlobInfo(blob_id, len(data))
 
