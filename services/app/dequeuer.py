@@ -121,7 +121,15 @@ class Dequeuer:
         return True
 
     async def _marked(self, mail: model.QueuedMail) -> None:
-        config = await self.state.config()
+        """After a mark: now and then, browse start moved on in the background. Best effort: the
+        mark is written, so a configuration read that fails (Cassandra answering the mark, then
+        not) skips this once instead of failing the answer (its stream would end, and every
+        delivery the client holds would come back)."""
+        try:
+            config = await self.state.config()
+        except BackendUnavailable as e:
+            log.debug("browse start update skipped: %s", e, extra={"queue": mail.queue})
+            return
         if mail.queue not in self._updating and browse_start.should_update(config.update_browse_start_pace):
             self._updating.add(mail.queue)
             task = asyncio.create_task(self._update_browse_start(mail.queue))
