@@ -115,7 +115,9 @@ async def retry(s: Stream, d: Delivery, error: str, retry_after: dt.timedelta | 
     worst); after it, the redelivered original is older than the record and is skipped.
     """
     mail, now, side = d.mail, model.utcnow(), s.side
-    if await _deleted_meanwhile(s, d, handed):  # not published again nor counted delayed (a count no arrival would end)
+    # Not published again nor counted delayed (a count no arrival would end) when deleted
+    # meanwhile, or when a newer copy carries the mail on.
+    if await _deleted_meanwhile(s, d, handed, superseded_too=True):
         return
     attempts = mail.attempts + 1
     next_attempt = schedule.next_attempt(await side.state.retry_policy(s.queue), attempts, mail.enqueued_at, now, retry_after)
@@ -144,19 +146,34 @@ async def retry(s: Stream, d: Delivery, error: str, retry_after: dt.timedelta | 
     await s.ack(d.tag)
 
 
-async def _deleted_meanwhile(s: Stream, d: Delivery, handed: list[Event]) -> bool:
+async def _deleted_meanwhile(s: Stream, d: Delivery, handed: list[Event], superseded_too: bool = False) -> bool:
     """True, and the delivery acked, when an operator deleted its mail while the consumer held it:
     a RETRY or REJECT of it changes nothing and records nothing of its own (no false "dead-lettered"
     in its history), its hand-out is recorded all the same. One read, grouped with the other
-    answers' (RETRY and REJECT only); the mark's lightweight transaction covers a delete after it."""
+    answers' (RETRY and REJECT only); the mark's lightweight transaction covers a delete after it.
+
+    ``superseded_too`` (RETRY): also when a newer copy of the mail was published while this one
+    was held (the healer republishes a mail held past its grace, and that copy may have been
+    answered RETRY already): the newer copy carries the mail on. Rescheduled from this copy, the
+    mail's generation would go back down, and the newer copy and this one's would both be
+    delivered, and go on being delivered side by side."""
     state = await s.side.view.mails.state(d.mail.queue, d.mail.enqueue_id)
-    if state is None or not state.deleted or dead_letters.kind_of(state.reason) is not None:
+    if state is None:
         return False
-    log.info("answer for a mail deleted meanwhile: acked", extra={"queue": s.queue, "enqueue_id": str(d.mail.enqueue_id)})
+    if superseded_too and not state.deleted and state.generation > d.mail.generation:
+        log.info("RETRY of a copy a newer one superseded: acked", extra={
+            "queue": s.queue, "enqueue_id": str(d.mail.enqueue_id), "generation": d.mail.generation,
+            "newer": state.generation})
+        reason = "superseded"
+    elif not state.deleted or dead_letters.kind_of(state.reason) is not None:
+        return False
+    else:
+        log.info("answer for a mail deleted meanwhile: acked", extra={"queue": s.queue, "enqueue_id": str(d.mail.enqueue_id)})
+        reason = "deleted"
     if handed:
         await s.side.events.record(handed)
         handed.clear()
-    await s.ack(d.tag, "deleted")
+    await s.ack(d.tag, reason)
     return True
 
 

@@ -398,3 +398,46 @@ def test_a_mail_deleted_while_a_consumer_held_it_then_answered_heals_its_queued_
     wait_until(lambda: use() == 1.0, 60, interval=0.5, what="the queue's bytes healed: 'kept' fills its limit")
     exact = s.browse_stub.GetSize(browse_pb2.GetSizeRequest(queue=queue, exact=True)).size
     assert exact == 1 and s.browse_stub.GetSize(browse_pb2.GetSizeRequest(queue=queue)).size == 1
+
+
+def test_a_retry_of_a_copy_the_healer_superseded_changes_nothing(healed):
+    """A consumer holds a mail past the healer's grace while its queue has no ready message: the
+    healer publishes it again, one generation up; a second consumer gets that copy and answers
+    RETRY. The first consumer's RETRY, coming after, is for an outdated copy: acked, nothing
+    published, nothing rescheduled, and the mail comes back once, with the newer copy's answer.
+    (Before, it rescheduled the mail from its own copy, one generation below the newer one's, and
+    published a copy of its own: the view held the outdated answer, and two copies were out, each
+    deliverable against the generation the view went back to.)"""
+    s = healed
+    queue = s.new_queue(initial_backoff=1, max_backoff=1)
+    s.enqueue_mail(queue, "held-long")
+
+    def republished() -> float:
+        return sum(h.metric("mailqueue_healer_repairs_total", queue=queue, kind="republish") for h in s.healers)
+
+    first = StreamConsumer(s.dequeue_stub, queue, prefetch=1)
+    second = None
+    try:
+        old = first.next(timeout=30)
+        wait_until(lambda: republished() >= 1, 60, interval=0.2, what="the held mail published again by the healer")
+        for h in s.healers:  # no further round: the copies that come next are the answers' own
+            h.stop()
+        second = StreamConsumer(s.dequeue_stub, queue, prefetch=4)
+        newer = second.next(timeout=30)
+        assert newer.mail.enqueue_id == old.mail.enqueue_id
+        second.answer(newer, "RETRY", "newer copy: try later", retry_after=4)
+        wait_until(lambda: [m.last_error for m in s.browsed_mails(queue)] == ["newer copy: try later"], 30, interval=0.1,
+                   what="the newer copy's RETRY recorded")
+        first.answer(old, "RETRY", "outdated copy: try later", retry_after=1)
+        came = [second.next(timeout=30)]
+        with pytest.raises(q.Empty):
+            came.append(second.next(timeout=3))
+        assert [d.mail.enqueue_id for d in came] == [old.mail.enqueue_id]
+        (mail,) = s.browsed_mails(queue)
+        assert mail.last_error == "newer copy: try later"
+    finally:
+        for c in (first, second):
+            if c is not None:
+                c.close()
+        for h in s.healers:
+            h.start()
