@@ -234,8 +234,11 @@ class Subscription:
                 lambda: self._judged(message, mail, claim), PREPARE_BACKOFF, (BackendUnavailable,), log,
                 extra={"queue": self.queue}, on_retry=lambda _e: RETRIED_ON_ERROR.labels(self.queue).inc(),
             )
-        except BaseException:
+        except BaseException as e:
             claim.release()
+            if isinstance(e, Exception) and not isinstance(e, BackendUnavailable):  # a defect: said, never silent
+                log.exception("a delivery could not be prepared: its message stays unacked with this stream, and "
+                              "comes back when the stream ends", extra={"queue": self.queue, "enqueue_id": str(mail.enqueue_id)})
             raise
         if delivery is None or self._failure is not None:  # ended here, or its channel died meanwhile
             claim.release()
