@@ -143,7 +143,7 @@ class KeyClaims:
 
     async def commit(self, queue: str, key: str, mail: model.QueuedMail, started: dt.datetime) -> bool:
         """Commit the key to the enqueued ``mail``, if this attempt (claimed at ``started``) still
-        holds its claim; False: a retry took it over, and this attempt is to be undone."""
+        holds its claim; False: a retry took it over (and answers for the key)."""
         held = await self._view.idempotency.commit(queue, key, mail, started)
         if not held:
             log.warning("an idempotency key's claim was taken over before its commit: the attempt is undone",

@@ -9,6 +9,9 @@ The actor of a change is who asked for it: the caller of the RPC (its role and i
 per call by the access-control interceptor in ``current_actor``), or a component acting on its own
 (the healer, the retry policy's expiry, the retention sweep, an operator rule), which sets its
 own actor around its work (``acting_as``).
+
+The enqueue ids themselves are drawn at random, in groups whose shared tail names the history
+partition of their events (the last section: ``new_ids``, ``history_key``).
 """
 
 from __future__ import annotations

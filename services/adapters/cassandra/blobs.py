@@ -69,11 +69,14 @@ class CassandraBlobStore(BlobStore):
 
     async def store(self, data: bytes) -> BlobInfo:
         """One write, no read: rewriting equal content is harmless and refreshes ``written_at``.
-        Always written, even when this process wrote it a moment ago: another process (blob_svc's
-        ``Delete``) may have removed the row since, and a mail acknowledged with it would have no
-        content. (``put_bytes`` and ``keep`` skip the write only after a read found the row.)"""
+        Content this process wrote within ``touch_interval_s`` (a campaign's one body, enqueued
+        again and again) is read instead, and written again only if the row is gone: another
+        process (blob_svc's ``Delete``) may have removed it, and a mail acknowledged with it would
+        have no content. Unique content, most mail, is one write as before."""
         self._check_size(len(data))
         blob_id = hashlib.sha256(data).hexdigest()
+        if self._touched_recently(blob_id) and await execute(self._session, self._size, (blob_id,)):
+            return BlobInfo(blob_id, len(data), deduplicated=True)
         await self._write(blob_id, data)
         return BlobInfo(blob_id, len(data))
 
