@@ -70,7 +70,7 @@ class Compensation:
         its idempotency claim (``key``, claimed at ``started``) released. Until the release lands,
         this process knows the claim failed and a retry here takes it over at once."""
         if key:
-            self._claims.failed(queue, key, enqueue_id)
+            self._claims.failed(queue, key)
         written = attempt.written
 
         async def undo() -> None:  # retried until it lands; the mark (and its counters) once

@@ -9,9 +9,13 @@ finds the claim and
 - gets the earlier enqueue's result if it was committed;
 - takes the claim over, keeping its enqueue id, if its attempt is gone: its owner's lease has
   expired (the process died: SIGKILL, OOM, a lost node, so within the lease of the death), or it
-  failed here with its undo still pending, or it is older than ``MAILQUEUE_ABANDONED_CLAIM_S``
+  failed in this process (remembered for ``MAILQUEUE_ABANDONED_CLAIM_S``, its release pending
+  or landed a moment ago), or it is older than ``MAILQUEUE_ABANDONED_CLAIM_S``
   (an owner alive but stuck, or a claim of a version without leases);
 - otherwise answers ABORTED: the attempt is in progress.
+
+A take-over that does not apply (the claim changed since it was read: released, committed or
+taken over meanwhile) reads the claim again, up to ``CLAIM_READS`` times.
 
 A take-over is safe whenever it happens, even of an attempt that still runs (a lease lost to a
 long pause): both attempts write and publish the same enqueue id, one mail, processed once (a
@@ -32,6 +36,7 @@ import os
 import socket
 import time
 import uuid
+from collections.abc import Callable
 
 from prometheus_client import Counter
 
@@ -46,6 +51,8 @@ TAKEN_OVER = Counter("mailqueue_enqueue_claims_taken_over_total",
                      "Idempotency claims taken over by a retry, by why their attempt was deemed gone", ["reason"])
 
 MICROSECOND = dt.timedelta(microseconds=1)
+#: Reads of a claim per attempt: a take-over not applied (the claim changed since it was read) reads again.
+CLAIM_READS = 3
 
 
 def undo_time(started: dt.datetime) -> dt.datetime:
@@ -64,9 +71,9 @@ class KeyClaims:
         self._host = f"{socket.gethostname()}/{os.getpid()}"
         #: Set once the lease was written: no claim names it before.
         self._leased = asyncio.Event()
-        #: (queue, key, enqueue id) of claims whose attempt failed here, release still pending:
-        #: a retry that meets one takes it over at once instead of waiting for it to be abandoned.
-        self._failed: set[tuple[str, str, uuid.UUID]] = set()
+        #: Keys whose attempt failed here: a retry that meets their claim takes it over at once
+        #: instead of waiting for it to be abandoned.
+        self._failed = FailedHere(limits.abandoned_claim_s)
 
     async def keep_lease(self) -> None:
         """Renew the lease every third of ``claim_lease_s``, forever (a background task)."""
@@ -94,36 +101,46 @@ class KeyClaims:
         one beside it), or the earlier enqueue's result. Raises Aborted while another attempt holds
         it, BackendUnavailable."""
         await self._lease_written()
-        held = await self._view.idempotency.claim(queue, key, enqueue_id, started, self.owner)
-        if held is None or held.enqueue_id == enqueue_id:
-            # Ours: the driver may retry the claim on another node after a node died with it in
-            # flight, and the retry finds the row the first try wrote.
-            return enqueue_id, started
-        if held.result is not None:
-            return held.result
-        reason = await self._gone(queue, key, held, started)
-        at = held.enqueued_at or held.claimed_at  # where every attempt writes the mail's row
-        if reason is not None and await self._view.idempotency.take_over(queue, key, started, held.claimed_at, self.owner,
-                                                                            held.enqueue_id, at):
-            try:
-                await self._view.mails.unmark(queue, held.enqueue_id, undo_time(held.claimed_at) + MICROSECOND)
-            except BaseException:  # failed, or its caller left (cancelled)
-                # Not released: the abandoned attempt may have written and published this
-                # enqueue id. The claim stays (now ours), and a retry here takes it over again
-                # at once (not ABORTED until it is abandoned).
-                self._failed.add((queue, key, held.enqueue_id))
-                raise
-            self._failed.discard((queue, key, held.enqueue_id))
-            TAKEN_OVER.labels(reason).inc()
-            log.warning("took over an idempotency claim whose attempt is gone", extra={
-                "queue": queue, "key": validation.shown(key), "enqueue_id": str(held.enqueue_id), "reason": reason,
-                "owner": str(held.owner), "claimed_s_ago": round((started - held.claimed_at).total_seconds(), 1)})
-            return held.enqueue_id, at
+        for _ in range(CLAIM_READS):
+            held = await self._view.idempotency.claim(queue, key, enqueue_id, started, self.owner)
+            if held is None or held.enqueue_id == enqueue_id:
+                # Ours: the driver may retry the claim on another node after a node died with it
+                # in flight, and the retry finds the row the first try wrote.
+                self._failed.forget(queue, key)
+                return enqueue_id, started
+            if held.result is not None:
+                return held.result
+            reason = await self._gone(queue, key, held, started)
+            if reason is None:
+                break
+            at = held.enqueued_at or held.claimed_at  # where every attempt writes the mail's row
+            if await self._view.idempotency.take_over(queue, key, started, held.claimed_at, self.owner,
+                                                      held.enqueue_id, at):
+                await self._undo_marks_of(queue, key, held)
+                TAKEN_OVER.labels(reason).inc()
+                log.warning("took over an idempotency claim whose attempt is gone", extra={
+                    "queue": queue, "key": validation.shown(key), "enqueue_id": str(held.enqueue_id), "reason": reason,
+                    "owner": str(held.owner), "claimed_s_ago": round((started - held.claimed_at).total_seconds(), 1)})
+                return held.enqueue_id, at
+            # Not applied: the claim changed since it was read (released, committed, or taken
+            # over meanwhile by another retry): read it again.
         raise Aborted(f"an enqueue with idempotency key {validation.shown(key)} is in progress; retry in a few seconds")
+
+    async def _undo_marks_of(self, queue: str, key: str, held: model.IdempotencyClaim) -> None:
+        """Remove the undo marks a taken-over attempt may have written (its own start plus 1 µs)."""
+        try:
+            await self._view.mails.unmark(queue, held.enqueue_id, undo_time(held.claimed_at) + MICROSECOND)
+        except BaseException:  # failed, or its caller left (cancelled)
+            # Not released: the abandoned attempt may have written and published this enqueue
+            # id. The claim stays (now ours), and a retry here takes it over again at once (not
+            # ABORTED until it is abandoned).
+            self._failed.add(queue, key)
+            raise
+        self._failed.forget(queue, key)
 
     async def _gone(self, queue: str, key: str, held: model.IdempotencyClaim, now: dt.datetime) -> str | None:
         """Why the attempt holding ``held`` is gone, or None while it may be in progress."""
-        if (queue, key, held.enqueue_id) in self._failed:
+        if held.owner == self.owner and self._failed.holds(queue, key):
             return "failed here"
         if (now - held.claimed_at).total_seconds() > self._limits.abandoned_claim_s:
             return "abandoned"
@@ -150,11 +167,46 @@ class KeyClaims:
                         extra={"queue": queue, "key": validation.shown(key), "enqueue_id": str(mail.enqueue_id)})
         return held
 
-    def failed(self, queue: str, key: str, enqueue_id: uuid.UUID) -> None:
+    def failed(self, queue: str, key: str) -> None:
         """This attempt failed; its release may be pending: a retry here takes the claim over."""
-        self._failed.add((queue, key, enqueue_id))
+        self._failed.add(queue, key)
 
     async def release(self, queue: str, key: str, enqueue_id: uuid.UUID, started: dt.datetime) -> None:
         """Release a failed attempt's claim (a claim taken over since is left alone)."""
         await self._view.idempotency.release(queue, key, enqueue_id, started)
-        self._failed.discard((queue, key, enqueue_id))
+
+
+class FailedHere:
+    """The keys whose attempt failed in this process, each for ``keep_s`` after its failure (the
+    age at which any claim is abandoned anyway).
+
+    Kept by key, not by enqueue id: an attempt whose take-over timed out (and may have landed)
+    holds the claim under the taken-over id, not its own. Kept past the claim's release: a retry
+    whose claim read the row just before the release landed still finds it failed (it was
+    answered ABORTED). Forgotten when this process claims the key again: a concurrent duplicate
+    of that attempt is then in progress.
+    """
+
+    def __init__(self, keep_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self._keep_s = keep_s
+        self._clock = clock
+        self._at: dict[tuple[str, str], float] = {}  # in the order of failure: the oldest first
+
+    def add(self, queue: str, key: str) -> None:
+        now = self._clock()
+        self._at.pop((queue, key), None)
+        self._at[(queue, key)] = now
+        oldest = next(iter(self._at))
+        while now - self._at[oldest] > self._keep_s:  # the one just added stops it
+            del self._at[oldest]
+            oldest = next(iter(self._at))
+
+    def holds(self, queue: str, key: str) -> bool:
+        at = self._at.get((queue, key))
+        return at is not None and self._clock() - at <= self._keep_s
+
+    def forget(self, queue: str, key: str) -> None:
+        self._at.pop((queue, key), None)
+
+    def __len__(self) -> int:
+        return len(self._at)
