@@ -400,7 +400,6 @@ async def write_backlog(settings: Any, queue: str, n: int, content: bytes, delay
 
     from services.adapters.cassandra.view import View
     from services.adapters.rabbitmq.broker import RabbitMQBroker
-    from services.app import counters
     from services.domain import model
     from services.domain.slices import bucket_of, slice_start
 
@@ -419,7 +418,7 @@ async def write_backlog(settings: Any, queue: str, n: int, content: bytes, delay
             q = model.QueuedMail(queue, eid, now, mail, (info.blob_id,), info.size, slice_start(now, window),
                                  bucket_of(mail.name, str(eid), 1), deliver_at=now + delay if delay else None)
             await view.mails.store(q)
-            await counters.bump(view, q, enqueued=1, delayed=1 if delay else 0)
+            await view.mails.count(q, enqueued=1, delayed=1 if delay else 0)
             await broker.publish(q, delay or dt.timedelta(0))
             if i % 10000 == 0:
                 print(f"  [{label}] {i}/{n} after {time.monotonic() - began:.0f} s", file=sys.stderr)

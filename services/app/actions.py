@@ -15,7 +15,7 @@ from typing import TypeVar
 
 from prometheus_client import Counter
 
-from services.app import counters, settlement
+from services.app import settlement
 from services.app.claims import Claim
 from services.app.delivery import Delivery, Stream
 from services.app.shaper import Wait
@@ -85,7 +85,7 @@ async def dead_letter(s: Stream, step: Step) -> None:
     if step.verdict.mark is not None:
         log.error("mail content missing: dead-lettered", extra={"queue": s.queue, "enqueue_id": str(step.mail.enqueue_id)})
         await s.side.events.record([mail_events.dead_lettered(step.mail, step.verdict.mark)])
-        await counters.mark(s.side.view, step.mail, step.verdict.mark)
+        await s.side.view.mails.mark_gone(step.mail, step.verdict.mark)
     await s.dead_letter(step.message.delivery_tag, step.verdict.reason)
 
 
@@ -117,7 +117,7 @@ async def hold(s: Stream, step: Step) -> None:
 async def finish_hold(s: Stream, tag: int, held: model.QueuedMail) -> None:
     """A hold whose copy is published: its schedule recorded, counted, the message acked."""
     await s.side.view.mails.reschedule(held)
-    await counters.bump(s.side.view, held, delayed=1, held=1)
+    await s.side.view.mails.count(held, delayed=1, held=1)
     await s.ack(tag, "held")
 
 
@@ -136,7 +136,7 @@ async def end_delay(s: Stream, step: Step) -> None:
         return
     s.arrived.add(m.delivery_tag)
     was_held = state is not None and counts.is_held(state)
-    await counters.bump(s.side.view, step.mail, delayed=-1, held=-1 if was_held else 0)
+    await s.side.view.mails.count(step.mail, delayed=-1, held=-1 if was_held else 0)
     if was_held:  # no longer held, whether or not a rule holds it again
         await s.side.view.mails.reschedule(dataclasses.replace(step.mail, held_by=counts.NOT_HELD))
 

@@ -13,7 +13,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-from services.app import admin_events, browse_start, counters, queues
+from services.app import admin_events, browse_start, queues
 from services.app.browser import Browser
 from services.app.moves import MoveProgress, Mover
 from services.app.queue_state import QueueState
@@ -91,7 +91,7 @@ class Admin:
             q, flushed = pair
             await self._broker.publish(flushed)
             await self._view.mails.reschedule(flushed)
-            await counters.bump(self._view, q, delayed=-1, held=-1 if counts.is_held(q) else 0)
+            await self._view.mails.count(q, delayed=-1, held=-1 if counts.is_held(q) else 0)
             return True
 
         batch = admin_events.RecordedFirst(self._events, make_due)
@@ -116,7 +116,7 @@ class Admin:
         p = Progress()
 
         async def mark(q: model.QueuedMail) -> bool:
-            await counters.mark(self._view, q, "deleted by admin")
+            await self._view.mails.mark_gone(q, "deleted by admin")
             return True
 
         batch = admin_events.RecordedFirst(self._events, mark)
@@ -239,7 +239,7 @@ class Admin:
             reason = truncated(rules.bounce_reason(rule))
 
             async def bounce(q: model.QueuedMail) -> bool:
-                await counters.mark(self._view, q, reason)
+                await self._view.mails.mark_gone(q, reason)
                 return True
 
             batch = admin_events.RecordedFirst(self._events, bounce)

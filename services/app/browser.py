@@ -249,7 +249,7 @@ class Browser:
         return (await self._view.mails.size(queue)).size
 
     async def approximate_summary(self, queue: str) -> Summary:
-        """The sizes from the queue's counters (one partition read, services/app/counters.py),
+        """The sizes from the queue's counters (one partition read, services/domain/counts.py),
         the ages from a head scan (services/app/ages.py: about a first Browse page)."""
         c = await self._view.mails.size(queue)
         config = await self._view.config.current()

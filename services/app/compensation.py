@@ -28,7 +28,6 @@ from collections.abc import Awaitable, Callable
 
 from prometheus_client import Gauge
 
-from services.app import counters
 from services.app.key_claims import KeyClaims, undo_time
 from services.app.retry import retrying
 from services.domain import model
@@ -76,7 +75,7 @@ class Compensation:
         async def undo() -> None:  # retried until it lands; the mark (and its counters) once
             nonlocal written
             if written is not None and attempt.counted:
-                await counters.mark(self._view, written, "enqueue failed", written_at=undo_time(started))
+                await self._view.mails.mark_gone(written, "enqueue failed", written_at=undo_time(started))
             elif written is not None or attempt.taken_over:  # (the earlier attempt's counts: the healer's)
                 await self._view.mails.mark(queue, enqueue_id, "enqueue failed", undo_time(started))
             written, attempt.taken_over = None, False

@@ -20,7 +20,6 @@ import logging
 
 from prometheus_client import Counter
 
-from services.app import counters
 from services.app.retry import retrying
 from services.domain import dead_letters, model
 from services.domain import events as mail_events
@@ -84,7 +83,7 @@ async def _record(view: View, broker: Broker, mail: model.QueuedMail, death_reas
     if state is None or not state.deleted:
         reason = reason_for(death_reason, broker.delivery_limit)
         await events.record([mail_events.dead_lettered(mail, reason, actor=BROKER)])
-        await counters.mark(view, mail, reason)
+        await view.mails.mark_gone(mail, reason)
         MARKED.labels(mail.queue, death_reason or "unknown").inc()
         log.warning("marked a mail the broker dead-lettered",
                     extra={"queue": mail.queue, "enqueue_id": str(mail.enqueue_id), "reason": reason})

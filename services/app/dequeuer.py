@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 import logging
 
-from services.app import browse_start, counters
+from services.app import browse_start
 from services.app.claims import Claims
 from services.app.queue_state import QueueState
 from services.app.rule_book import RuleBook
@@ -108,11 +108,11 @@ class Dequeuer:
         return self.limits.carried(content, mail.size)
 
     async def mark_deleted(self, mail: model.QueuedMail, reason: str) -> None:
-        await counters.mark(self.view, mail, reason)
+        await self.view.mails.mark_gone(mail, reason)
         await self._marked(mail)
 
     async def mark_dead(self, mail: model.QueuedMail, reason: str) -> bool:
-        earlier = await counters.mark_if_live(self.view, mail, reason)
+        earlier = await self.view.mails.mark_gone_if_live(mail, reason)
         if earlier is not None:
             # Marked as a dead letter already (an answer retried after its nack was lost): the
             # nack goes on; marked otherwise (deleted by an operator, delivered): only acked.

@@ -40,7 +40,6 @@ from collections.abc import Callable, Sequence
 
 from prometheus_client import Counter, Histogram
 
-from services.app import counters
 from services.app.compensation import Attempt, Compensation
 from services.app.queue_state import QueueState
 from services.domain import events as mail_events
@@ -168,7 +167,7 @@ class GroupWrites:
             rows = await asyncio.gather(*(self._view.mails.store(queued[i]) for i in live), return_exceptions=True)
             live = _survivors(live, rows, failed)
             for i in live:
-                await counters.bump(self._view, queued[i], enqueued=1, delayed=1 if queued[i].deliver_at is not None else 0)
+                await self._view.mails.count(queued[i], enqueued=1, delayed=1 if queued[i].deliver_at is not None else 0)
                 attempts[i].counted = True
             sent = await asyncio.gather(*(self._broker.publish(
                 queued[i],

@@ -30,7 +30,7 @@ import logging
 import uuid
 from collections.abc import AsyncIterator
 
-from services.app import admin_events, counters
+from services.app import admin_events
 from services.app.queue_state import QueueState
 from services.domain import model, validation
 from services.domain.counts import is_held
@@ -145,7 +145,7 @@ class Mover:
             if not await self.takes_mail(moved.queue):
                 await self._view.moves.done(mail)  # the mail stays where it is
                 return False
-            await counters.mark(self._view, mail, mark)
+            await self._view.mails.mark_gone(mail, mark)
         elif not await self.takes_mail(moved.queue):
             # Marked moved (a MoveMails cut between its steps 2 and 3), to a queue deleted since:
             # landed there, it would be in no queue anyone consumes. It goes back to its source.
@@ -199,7 +199,7 @@ async def restore(view: View, broker: Broker, q: model.QueuedMail) -> None:
     again = dataclasses.replace(q, generation=q.generation + 1)
     await view.mails.reschedule(again)
     waiting = again.due() > now
-    await counters.bump(view, again, gone=-1, delayed=1 if waiting else 0, held=1 if waiting and is_held(again) else 0)
+    await view.mails.count(again, gone=-1, delayed=1 if waiting else 0, held=1 if waiting and is_held(again) else 0)
     await broker.publish(again, again.due() - now if waiting else dt.timedelta(0))
 
 
@@ -220,7 +220,7 @@ async def land(view: View, broker: Broker, q: model.QueuedMail) -> bool:
     await view.mails.store(q)
     found = await view.mails.land(q)
     if found is None:
-        await counters.bump(view, q, enqueued=1, delayed=1 if q.due() > model.utcnow() else 0)
+        await view.mails.count(q, enqueued=1, delayed=1 if q.due() > model.utcnow() else 0)
         await publish_landed(view, broker, q)
         return True
     if found.unpublished and not found.deleted:

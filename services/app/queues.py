@@ -8,7 +8,7 @@ import dataclasses
 import logging
 from collections.abc import AsyncIterator, Callable
 
-from services.app import admin_events, browse_start, counters
+from services.app import admin_events, browse_start
 from services.app.dead_letter_admin import journal, purge_one
 from services.app.queue_state import QueueState
 from services.app.quota_admin import QuotaAdmin
@@ -132,7 +132,7 @@ async def drop_queue(
     p = DropProgress("deleting")
 
     async def mark(q: QueuedMail) -> bool:
-        await counters.mark(view, q, DROPPED)
+        await view.mails.mark_gone(q, DROPPED)
         return True
 
     deletes, seen = admin_events.RecordedFirst(events, mark), 0

@@ -29,7 +29,6 @@ import logging
 
 from prometheus_client import Counter
 
-from services.app import counters
 from services.app.delivery import Delivery, DequeueSide, Outcome, Stream
 from services.domain import dead_letters, delays, model, schedule
 from services.domain import events as mail_events
@@ -142,7 +141,7 @@ async def retry(s: Stream, d: Delivery, error: str, retry_after: dt.timedelta | 
     await _record(side, handed, mail_events.retry_scheduled(mail, error, next_attempt.deliver_at))
     await side.broker.publish(again, next_attempt.deliver_at - now, content=side.carry(mail, d.content))
     await side.view.mails.reschedule(again)
-    await counters.bump(side.view, again, delayed=1 if delays.units(next_attempt.deliver_at - now) else 0)
+    await side.view.mails.count(again, delayed=1 if delays.units(next_attempt.deliver_at - now) else 0)
     await s.ack(d.tag)
 
 

@@ -35,6 +35,24 @@ class MailQueueView(abc.ABC):
         reason of the mark it has (an answer that must not undo an operator's delete)."""
 
     @abc.abstractmethod
+    async def mark_gone(
+        self, q: model.QueuedMail, reason: str, now: dt.datetime | None = None, written_at: dt.datetime | None = None,
+    ) -> None:
+        """``mark`` a live mail, with its slice counters as of ``now``: ``gone``, and a mail still
+        waiting for its delay also leaves the delayed (and held) counts."""
+
+    @abc.abstractmethod
+    async def mark_gone_if_live(self, q: model.QueuedMail, reason: str) -> str | None:
+        """``mark_if_live``, with its slice counters when marked now; nothing counted when it was
+        marked meanwhile (the earlier mark counted it)."""
+
+    @abc.abstractmethod
+    async def count(self, q: model.QueuedMail, **deltas: int) -> None:
+        """Add ``deltas`` (kind=delta, services/domain/counts.py) to the mail's slice counters,
+        with its ``bytes`` (its size with ``enqueued``, minus it with ``gone``). Best effort: gathered in the process for a
+        moment, never failing the caller (the mail is durable already)."""
+
+    @abc.abstractmethod
     async def unmark(self, queue: str, enqueue_id: uuid.UUID, at: dt.datetime) -> None:
         """Remove a mark written before ``at``; one written after it stays."""
 

@@ -181,7 +181,6 @@ def test_a_move_cut_between_its_landing_schedule_and_its_publish_is_delivered_on
     record says whether its publish happened: the completion publishes it, once."""
     import dataclasses
 
-    from services.app import counters
     from services.app.moves import MOVED, landed
     from services.domain import model
     from tests.integration.helpers import enqueue_names, view_rows
@@ -197,7 +196,7 @@ def test_a_move_cut_between_its_landing_schedule_and_its_publish_is_delivered_on
     landing = suite.run(mover.landing(q, target))
     # The move, killed between the landing's schedule record and its publish
     suite.run(suite.view.moves.begin(q, landing))
-    suite.run(counters.mark(suite.view, q, model.truncated(MOVED + target)))
+    suite.run(suite.view.mails.mark_gone(q, model.truncated(MOVED + target)))
     suite.run(suite.view.mails.store(landed(landing)))
     assert suite.run(suite.view.mails.land(landed(landing))) is None  # landed by the killed call
     assert move(suite.admin_stub, source, target)[-1].resumed == 1

@@ -3,7 +3,7 @@
 A Cassandra counter update costs a read on the replica; one per mail doubled Cassandra's CPU per
 enqueue. Gathered, a busy queue costs a few updates a second per process. A process killed with
 updates gathered loses them (at most ``flush_s`` of them): the counters drift, which they may
-anyway (services/app/counters.py), and ReconcileCounters heals it. ``flush_s = 0`` writes each
+anyway (services/domain/counts.py), and ReconcileCounters heals it. ``flush_s = 0`` writes each
 update at once.
 
 Each flush is one task that writes its own updates and waits for nothing else, and a caller that

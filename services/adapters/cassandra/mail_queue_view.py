@@ -1,6 +1,9 @@
 """The mail queue view (services/ports/view.py: MailQueueView) on Cassandra's tables: the mail
 rows, their deleted marks and schedules, browse start and the slice counters, through their DAOs
-(one module per table: services/adapters/cassandra/enqueued_mails.py, deleted_mails.py, starts.py, counters.py)."""
+(one module per table: services/adapters/cassandra/enqueued_mails.py, deleted_mails.py, starts.py, counters.py).
+
+A mark and its counter updates go together here (``mark_gone``, ``count``): the use-cases cannot
+write one without the other. The updates are gathered in the process (counter_buffer.py)."""
 
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ from typing import Any
 
 from prometheus_client import Counter
 
+from services.adapters.cassandra.counter_buffer import CounterBuffer
 from services.adapters.cassandra.counters import CountersDAO
 from services.adapters.cassandra.deleted_mails import DeletedMailsDAO
 from services.adapters.cassandra.enqueued_mails import EnqueuedMailsDAO
@@ -29,6 +33,14 @@ MARK_CONCURRENCY = 64
 MAX_PAGE = 5000
 #: A heap entry that stands for a partition's next page, not yet read.
 REFILL = -1
+
+
+def _gone(q: model.QueuedMail, now: dt.datetime) -> dict[str, int]:
+    """What a live mail marked gone at ``now`` takes off its slice's counters (the counter model:
+    services/domain/counts.py): a mail still waiting for its delay (per its view row) also leaves
+    the delayed (and held) counts, since its message will be skipped, not counted, when it arrives."""
+    waiting = q.due() > now
+    return {"gone": 1, "delayed": -1 if waiting else 0, "held": -1 if waiting and counts.is_held(q) else 0}
 
 
 def _order(r: model.QueuedMail) -> tuple[dt.datetime, tuple[int, bytes]]:
@@ -65,11 +77,15 @@ class _Cursor:
 
 
 class CassandraMailQueueView(MailQueueView):
-    def __init__(self, enqueued: EnqueuedMailsDAO, deleted: DeletedMailsDAO, starts: StartsDAO, slice_counters: CountersDAO) -> None:
+    def __init__(
+        self, enqueued: EnqueuedMailsDAO, deleted: DeletedMailsDAO, starts: StartsDAO, slice_counters: CountersDAO,
+        counter_buffer: CounterBuffer,
+    ) -> None:
         self._enqueued = enqueued
         self._deleted = deleted
         self._starts = starts
         self._counters = slice_counters
+        self._buffer = counter_buffer
 
     async def store(self, mail: model.QueuedMail) -> None:
         await self._enqueued.insert(mail)
@@ -79,6 +95,25 @@ class CassandraMailQueueView(MailQueueView):
 
     async def mark_if_live(self, queue: str, enqueue_id: uuid.UUID, reason: str) -> str | None:
         return await self._deleted.mark_if_live(queue, enqueue_id, reason)
+
+    async def mark_gone(
+        self, q: model.QueuedMail, reason: str, now: dt.datetime | None = None, written_at: dt.datetime | None = None,
+    ) -> None:
+        await self._deleted.mark(q.queue, q.enqueue_id, reason, written_at)
+        await self.count(q, **_gone(q, now or model.utcnow()))
+
+    async def mark_gone_if_live(self, q: model.QueuedMail, reason: str) -> str | None:
+        earlier = await self._deleted.mark_if_live(q.queue, q.enqueue_id, reason)
+        if earlier is None:
+            await self.count(q, **_gone(q, model.utcnow()))
+        return earlier
+
+    async def count(self, q: model.QueuedMail, **deltas: int) -> None:
+        # A mail counted ``enqueued`` adds its size to ``bytes``, one counted ``gone`` takes it off.
+        deltas["bytes"] = (deltas.get("enqueued", 0) - deltas.get("gone", 0)) * q.size
+        for kind, delta in deltas.items():
+            if delta:
+                await self._buffer.add(q.queue, kind, q.slice_start, delta)
 
     async def unmark(self, queue: str, enqueue_id: uuid.UUID, at: dt.datetime) -> None:
         await self._deleted.unmark(queue, enqueue_id, at)

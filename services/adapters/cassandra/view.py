@@ -55,7 +55,8 @@ class View:
         self.leases = LeasesStore(session, keyspace)
         self.dead_letters = DeadLettersStore(session, keyspace)
         #: What the domain uses: the mail rows, their marks and schedules, and the size.
-        self.mails: MailQueueView = CassandraMailQueueView(self.enqueued, self.deleted, self.starts, self.counters)
+        self.mails: MailQueueView = CassandraMailQueueView(self.enqueued, self.deleted, self.starts, self.counters,
+                                                             self.counter_buffer)
 
     @classmethod
     async def open(cls, settings: CassandraSettings) -> View:
