@@ -59,9 +59,11 @@ async def _bucket_or_later(s3: S3BlobStore) -> None:
 def tiered(settings: Settings, view: View, large: BlobStore) -> BlobStore:
     """``large`` behind the small-blob table. MAILQUEUE_SMALL_BLOB_BYTES routes writes only: with 0
     (or a lower value than before) new content goes to ``large``, and what the table holds from
-    before stays readable."""
+    before stays readable. A blob limit below it routes what is over the limit to ``large``, which
+    refuses it (the small table checks no limit)."""
     small = CassandraBlobStore(
-        view.session, settings.cassandra.keyspace, settings.limits.small_blob_bytes, settings.s3.touch_interval_s
+        view.session, settings.cassandra.keyspace, min(settings.limits.small_blob_bytes, settings.limits.blob_limit),
+        settings.s3.touch_interval_s,
     )
     return TieredBlobStore(small, large)
 

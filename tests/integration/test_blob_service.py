@@ -258,6 +258,31 @@ def test_a_spool_folder_that_cannot_take_a_file_is_unavailable_not_internal(aio_
         app.stop()
 
 
+def test_a_small_blob_over_a_blob_limit_below_the_small_blob_size_is_refused_and_not_stored(aio_loop, keyspace):
+    """Blobs up to MAILQUEUE_SMALL_BLOB_BYTES (64 KiB) go to Cassandra's table, which checked no
+    limit: with MAILQUEUE_MAX_BLOB_BYTES=1000, a 2,000-byte blob was stored. Refused now, both
+    ways of putting it, and nothing stored; one within the limit is."""
+    from tests.inprocess import RunningApp
+
+    app = RunningApp(aio_loop, BlobApp, "blob", service_env(keyspace, MAILQUEUE_MAX_BLOB_BYTES="1000"))
+    try:
+        stub = blob_pb2_grpc.BlobServiceStub(app.channel())
+        data = os.urandom(2000)
+        with pytest.raises(grpc.RpcError) as e:
+            stub.PutBytes(blob_pb2.PutBytesRequest(content=data))
+        assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "1000" in e.value.details(), e.value
+        with pytest.raises(grpc.RpcError) as e:
+            put(stub, data)
+        assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, e.value
+        with pytest.raises(grpc.RpcError) as e:
+            stub.Stat(blob_pb2.StatRequest(blob_id=hashlib.sha256(data).hexdigest()))
+        assert e.value.code() == grpc.StatusCode.NOT_FOUND
+        small = os.urandom(1000)
+        assert put(stub, small).blob_id == hashlib.sha256(small).hexdigest()
+    finally:
+        app.stop()
+
+
 def test_a_put_through_blob_svc_that_blob_svc_ends_mid_way_says_why(aio_loop, keyspace):
     """enqueue_svc forwards a stream's chunks to blob_svc as they come. When blob_svc ended the
     Put first (here its blob limit, below enqueue_svc's mail limit; or a restart, a full spool),
