@@ -17,7 +17,8 @@ def test_where_a_watch_starts():
     assert start("", from_oldest=True) == Start(FIRST)
     assert start("0") == Start(0, 0)
     assert start(cursor_of(42, 7), from_oldest=True) == Start(42, 7)  # a cursor wins over from_oldest
-    assert start(str(2**63 - 1)) == Start(2**(63 - INDEX_BITS) - 1, 2**INDEX_BITS - 1)
+    last = 2**(63 - INDEX_BITS) - 1  # the largest offset a cursor holds
+    assert start(cursor_of(last, MAX_PER_MESSAGE - 1)) == Start(last, MAX_PER_MESSAGE - 1)
 
 
 def test_a_cursor_names_a_message_and_a_place_in_it_and_grows_with_both():
@@ -30,7 +31,8 @@ def test_a_cursor_names_a_message_and_a_place_in_it_and_grows_with_both():
     assert Start(FIRST).wants(0, 0) and Start(NEXT).wants(7, 1)
 
 
-@pytest.mark.parametrize("cursor", ["abc", "-1", "+1", "1.5", " 7", "7 ", "١٢", str(2**63), "9" * 40, "first", "next"])
+@pytest.mark.parametrize("cursor", ["abc", "-1", "+1", "1.5", " 7", "7 ", "١٢", str(2**63), "9" * 40, "first", "next",
+                                    str(5 << INDEX_BITS | MAX_PER_MESSAGE), str(2**INDEX_BITS - 1)])
 def test_a_malformed_cursor_is_invalid(cursor):
     with pytest.raises(InvalidArgument, match="is not a cursor of this stream"):
         start(cursor)
