@@ -66,10 +66,11 @@ class Compensation:
 
     async def undo(self, queue: str, key: str, enqueue_id: uuid.UUID, started: dt.datetime, attempt: Attempt) -> None:
         """Undo a failed attempt (eventually): its mail marked deleted if its row may exist, then
-        its idempotency claim (``key``, claimed at ``started``) released. Until the release lands,
-        this process knows the claim failed and a retry here takes it over at once."""
+        its idempotency claim (``key``, claimed at ``started``) released. Until the release lands
+        (and a moment after: MAILQUEUE_ABANDONED_CLAIM_S), this process knows the claim failed and
+        a retry here takes it over at once."""
         if key:
-            self._claims.failed(queue, key)
+            self._claims.failed(queue, key, started)
         written = attempt.written
 
         async def undo() -> None:  # retried until it lands; the mark (and its counters) once

@@ -9,8 +9,8 @@ finds the claim and
 - gets the earlier enqueue's result if it was committed;
 - takes the claim over, keeping its enqueue id, if its attempt is gone: its owner's lease has
   expired (the process died: SIGKILL, OOM, a lost node, so within the lease of the death), or it
-  failed in this process (remembered for ``MAILQUEUE_ABANDONED_CLAIM_S``, its release pending
-  or landed a moment ago), or it is older than ``MAILQUEUE_ABANDONED_CLAIM_S``
+  failed in this process (that claim, by its ``claimed_at``, remembered for
+  ``MAILQUEUE_ABANDONED_CLAIM_S``: its release pending or landed a moment ago), or it is older than ``MAILQUEUE_ABANDONED_CLAIM_S``
   (an owner alive but stuck, or a claim of a version without leases);
 - otherwise answers ABORTED: the attempt is in progress.
 
@@ -71,8 +71,8 @@ class KeyClaims:
         self._host = f"{socket.gethostname()}/{os.getpid()}"
         #: Set once the lease was written: no claim names it before.
         self._leased = asyncio.Event()
-        #: Keys whose attempt failed here: a retry that meets their claim takes it over at once
-        #: instead of waiting for it to be abandoned.
+        #: Claims whose attempt failed here: a retry that meets one takes it over at once instead
+        #: of waiting for it to be abandoned.
         self._failed = FailedHere(limits.abandoned_claim_s)
 
     async def keep_lease(self) -> None:
@@ -106,7 +106,6 @@ class KeyClaims:
             if held is None or held.enqueue_id == enqueue_id:
                 # Ours: the driver may retry the claim on another node after a node died with it
                 # in flight, and the retry finds the row the first try wrote.
-                self._failed.forget(queue, key)
                 return enqueue_id, started
             if held.result is not None:
                 return held.result
@@ -116,7 +115,7 @@ class KeyClaims:
             at = held.enqueued_at or held.claimed_at  # where every attempt writes the mail's row
             if await self._view.idempotency.take_over(queue, key, started, held.claimed_at, self.owner,
                                                       held.enqueue_id, at):
-                await self._undo_marks_of(queue, key, held)
+                await self._undo_marks_of(queue, key, held, started)
                 TAKEN_OVER.labels(reason).inc()
                 log.warning("took over an idempotency claim whose attempt is gone", extra={
                     "queue": queue, "key": validation.shown(key), "enqueue_id": str(held.enqueue_id), "reason": reason,
@@ -126,21 +125,21 @@ class KeyClaims:
             # over meanwhile by another retry): read it again.
         raise Aborted(f"an enqueue with idempotency key {validation.shown(key)} is in progress; retry in a few seconds")
 
-    async def _undo_marks_of(self, queue: str, key: str, held: model.IdempotencyClaim) -> None:
-        """Remove the undo marks a taken-over attempt may have written (its own start plus 1 µs)."""
+    async def _undo_marks_of(self, queue: str, key: str, held: model.IdempotencyClaim, started: dt.datetime) -> None:
+        """Remove the undo marks a taken-over attempt may have written (its own start plus 1 µs);
+        the claim is this attempt's now, claimed at ``started``."""
         try:
             await self._view.mails.unmark(queue, held.enqueue_id, undo_time(held.claimed_at) + MICROSECOND)
         except BaseException:  # failed, or its caller left (cancelled)
             # Not released: the abandoned attempt may have written and published this enqueue
             # id. The claim stays (now ours), and a retry here takes it over again at once (not
             # ABORTED until it is abandoned).
-            self._failed.add(queue, key)
+            self._failed.add(queue, key, started)
             raise
-        self._failed.forget(queue, key)
 
     async def _gone(self, queue: str, key: str, held: model.IdempotencyClaim, now: dt.datetime) -> str | None:
         """Why the attempt holding ``held`` is gone, or None while it may be in progress."""
-        if held.owner == self.owner and self._failed.holds(queue, key):
+        if held.owner == self.owner and self._failed.holds(queue, key, held.claimed_at):
             return "failed here"
         if (now - held.claimed_at).total_seconds() > self._limits.abandoned_claim_s:
             return "abandoned"
@@ -167,9 +166,10 @@ class KeyClaims:
                         extra={"queue": queue, "key": validation.shown(key), "enqueue_id": str(mail.enqueue_id)})
         return held
 
-    def failed(self, queue: str, key: str) -> None:
-        """This attempt failed; its release may be pending: a retry here takes the claim over."""
-        self._failed.add(queue, key)
+    def failed(self, queue: str, key: str, started: dt.datetime) -> None:
+        """The attempt started at ``started`` failed; its release may be pending: a retry here
+        takes its claim over."""
+        self._failed.add(queue, key, started)
 
     async def release(self, queue: str, key: str, enqueue_id: uuid.UUID, started: dt.datetime) -> None:
         """Release a failed attempt's claim (a claim taken over since is left alone)."""
@@ -177,36 +177,36 @@ class KeyClaims:
 
 
 class FailedHere:
-    """The keys whose attempt failed in this process, each for ``keep_s`` after its failure (the
-    age at which any claim is abandoned anyway).
+    """The claims whose attempt failed in this process, each for ``keep_s`` after its failure (the
+    age at which any claim is abandoned anyway), at most ``most`` (the oldest dropped first).
 
-    Kept by key, not by enqueue id: an attempt whose take-over timed out (and may have landed)
-    holds the claim under the taken-over id, not its own. Kept past the claim's release: a retry
-    whose claim read the row just before the release landed still finds it failed (it was
-    answered ABORTED). Forgotten when this process claims the key again: a concurrent duplicate
-    of that attempt is then in progress.
+    A claim is named by its key and its ``claimed_at``: the start of the attempt that claimed it,
+    or took it over. Not by enqueue id: an attempt whose take-over timed out (and may have landed)
+    holds the claim under the taken-over id, not its own; and not by key alone: a duplicate that
+    failed while the claim was another attempt's (its own claim timed out) must not make that live
+    attempt's claim look failed. Kept past the claim's release: a retry whose claim read the row
+    just before the release landed still finds it failed (it was answered ABORTED).
     """
 
-    def __init__(self, keep_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, keep_s: float, clock: Callable[[], float] = time.monotonic, most: int = 100_000) -> None:
         self._keep_s = keep_s
         self._clock = clock
-        self._at: dict[tuple[str, str], float] = {}  # in the order of failure: the oldest first
+        self._most = most
+        #: (queue, key, claimed_at) -> when its attempt failed, in that order: the oldest first.
+        self._at: dict[tuple[str, str, dt.datetime], float] = {}
 
-    def add(self, queue: str, key: str) -> None:
+    def add(self, queue: str, key: str, claimed_at: dt.datetime) -> None:
         now = self._clock()
-        self._at.pop((queue, key), None)
-        self._at[(queue, key)] = now
+        self._at.pop((queue, key, claimed_at), None)
+        self._at[(queue, key, claimed_at)] = now
         oldest = next(iter(self._at))
-        while now - self._at[oldest] > self._keep_s:  # the one just added stops it
+        while now - self._at[oldest] > self._keep_s or len(self._at) > self._most:  # the one just added stops it
             del self._at[oldest]
             oldest = next(iter(self._at))
 
-    def holds(self, queue: str, key: str) -> bool:
-        at = self._at.get((queue, key))
+    def holds(self, queue: str, key: str, claimed_at: dt.datetime) -> bool:
+        at = self._at.get((queue, key, claimed_at))
         return at is not None and self._clock() - at <= self._keep_s
-
-    def forget(self, queue: str, key: str) -> None:
-        self._at.pop((queue, key), None)
 
     def __len__(self) -> int:
         return len(self._at)

@@ -114,12 +114,18 @@ def test_cassandra_frozen_means_unavailable_and_nothing_delivered(suite):
     # Given Cassandra frozen (SIGSTOP: it accepts nothing and answers nothing), the view write times out.
     queue = suite.new_queue()
     pid = stack_pid("cassandra")
+    keyed = inline(queue, simple_mail("keyed"))
+    keyed.idempotency_key = "order-frozen"
     os.kill(pid, signal.SIGSTOP)
     try:
+        # With an idempotency key too: its claim (a lightweight transaction) times out, and may land
+        # once Cassandra resumes, its release retried in the background after it.
+        second = suite.enqueue_stub.Enqueue.future(keyed, timeout=60)
         with pytest.raises(grpc.RpcError) as e:
             suite.enqueue_stub.Enqueue(inline(queue, simple_mail("lost")), timeout=60)
         assert e.value.code() == grpc.StatusCode.UNAVAILABLE
         assert "cassandra" in e.value.details()
+        assert second.exception() is not None and second.exception().code() == grpc.StatusCode.UNAVAILABLE
     finally:
         os.kill(pid, signal.SIGCONT)
     wait_until(lambda: enqueue_ok(suite, queue), 60, interval=0.5, what="enqueue to work again after Cassandra resumed")
@@ -127,6 +133,22 @@ def test_cassandra_frozen_means_unavailable_and_nothing_delivered(suite):
     lost = [r for r in view_rows(suite, queue) if r.mail.name == "lost"]
     assert all(deleted_reason(suite, queue, r.enqueue_id) for r in lost)
     assert message_count(queue) == 1
+    # The client retries its key at once: the claim its failed attempt may have left (release
+    # pending, or landing as the retry reads it) is this replica's own failure, taken over or
+    # claimed afresh: never "in progress" (ABORTED), which would hold the key up to 30 s.
+    codes = []
+
+    def retried() -> bool:
+        try:
+            suite.enqueue_stub.Enqueue(keyed, timeout=10)
+        except grpc.RpcError as e:
+            codes.append(e.code())
+            return False
+        return True
+
+    wait_until(retried, 30, interval=0.1, what="the keyed mail enqueued by its client's retry")
+    assert grpc.StatusCode.ABORTED not in codes, codes
+    assert message_count(queue) == 2
 
 
 def test_a_transient_cassandra_error_requeues_the_delivery_instead_of_losing_it(suite):
