@@ -48,12 +48,13 @@ REBALANCED = "watch again from the last cursor received"
 
 def start(cursor: str, from_oldest: bool = False) -> Start:
     """Where a watch starts: a cursor's event, or FIRST (from_oldest), or NEXT. A cursor that is not
-    a decimal number below 2**63, or whose place in its message is past ``MAX_PER_MESSAGE`` (no
-    event has it), is INVALID_ARGUMENT: nothing is read."""
+    a decimal number below 2**63 is INVALID_ARGUMENT: nothing is read. A place past any event's
+    (an index of ``MAX_PER_MESSAGE`` or more) is a place all the same: after every event of its
+    message. A webhook endpoint saves the place just before its first event read (that cursor
+    minus one: the previous message, index 2**16 - 1), so a restart reads that event again."""
     if not cursor:
         return Start(FIRST if from_oldest else NEXT)
-    if (not (cursor.isascii() and cursor.isdigit()) or len(cursor) > 19 or int(cursor) > MAX_CURSOR
-            or int(cursor) & (2**INDEX_BITS - 1) >= MAX_PER_MESSAGE):
+    if not (cursor.isascii() and cursor.isdigit()) or len(cursor) > 19 or int(cursor) > MAX_CURSOR:
         raise InvalidArgument(
             f"cursor {cursor[:40]!r} is not a cursor of this stream: give the cursor of an event WatchEvents sent "
             "(a decimal number), or none to watch from now on (from_oldest: from the oldest event kept)"
