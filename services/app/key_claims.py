@@ -10,8 +10,9 @@ finds the claim and
 - takes the claim over, keeping its enqueue id, if its attempt is gone: its owner's lease has
   expired (the process died: SIGKILL, OOM, a lost node, so within the lease of the death), or it
   failed in this process (that claim, by its ``claimed_at``, remembered for
-  ``MAILQUEUE_ABANDONED_CLAIM_S``: its release pending or landed a moment ago), or it is older than ``MAILQUEUE_ABANDONED_CLAIM_S``
-  (an owner alive but stuck, or a claim of a version without leases);
+  ``MAILQUEUE_ABANDONED_CLAIM_S``: its release pending or landed a moment ago), or it is older
+  than ``MAILQUEUE_ABANDONED_CLAIM_S`` (an owner alive but stuck, or a claim of a version without
+  leases);
 - otherwise answers ABORTED: the attempt is in progress.
 
 A take-over that does not apply (the claim changed since it was read: released, committed or

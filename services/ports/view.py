@@ -49,8 +49,8 @@ class MailQueueView(abc.ABC):
     @abc.abstractmethod
     async def count(self, q: model.QueuedMail, **deltas: int) -> None:
         """Add ``deltas`` (kind=delta, services/domain/counts.py) to the mail's slice counters,
-        with its ``bytes`` (its size with ``enqueued``, minus it with ``gone``). Best effort: gathered in the process for a
-        moment, never failing the caller (the mail is durable already)."""
+        with its ``bytes`` (its size with ``enqueued``, minus it with ``gone``). Best effort:
+        gathered in the process for a moment, never failing the caller (the mail is durable already)."""
 
     @abc.abstractmethod
     async def unmark(self, queue: str, enqueue_id: uuid.UUID, at: dt.datetime) -> None:

@@ -2,8 +2,10 @@
 rows, their deleted marks and schedules, browse start and the slice counters, through their DAOs
 (one module per table: services/adapters/cassandra/enqueued_mails.py, deleted_mails.py, starts.py, counters.py).
 
-A mark and its counter updates go together here (``mark_gone``, ``count``): the use-cases cannot
-write one without the other. The updates are gathered in the process (counter_buffer.py)."""
+A mark and the counter updates it makes go together here (``mark_gone``): the use-cases do not pair
+them themselves. ``mark`` alone is for a mail whose counts changed already or never did (a dead
+letter purged, an enqueue undone before it was counted). The updates are gathered in the process
+(counter_buffer.py)."""
 
 from __future__ import annotations
 
