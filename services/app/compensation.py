@@ -30,9 +30,9 @@ from prometheus_client import Gauge
 
 from services.app.key_claims import KeyClaims, undo_time
 from services.app.retry import retrying
-from services.domain import model
+from services.domain import model, validation
 from services.domain.backoff import Backoff
-from services.domain.errors import BackendUnavailable
+from services.domain.errors import Aborted, BackendUnavailable
 from services.ports.view import View
 
 log = logging.getLogger(__name__)
@@ -107,16 +107,25 @@ class Compensation:
         ``error`` while claiming its key (``key`` claimed at ``started``), or while storing its
         content (``storing``). A claim that timed out, or whose caller left while it was in
         flight, may have landed: it is released (if it is ours), or the client's retry would find
-        it in progress until it is abandoned (MAILQUEUE_ABANDONED_CLAIM_S)."""
+        it in progress until it is abandoned (MAILQUEUE_ABANDONED_CLAIM_S). So is a claim that failed
+        with an error nobody expected (in the background: the caller gets its own error). Only
+        ``Aborted`` claimed nothing: another attempt holds the key."""
         if not key:
             return
         if isinstance(error, asyncio.CancelledError) and not storing:  # its caller left: not waited for
             self.undo_later(queue, key, enqueue_id, started, taken_over)
         elif storing or isinstance(error, BackendUnavailable):
             await self.undo(queue, key, enqueue_id, started, Attempt(taken_over=taken_over))
+        elif not isinstance(error, Aborted):
+            log.error("claiming idempotency key %s failed: %r; releasing it", validation.shown(key), error,
+                      extra={"queue": queue})
+            self.undo_later(queue, key, enqueue_id, started, taken_over)
 
     def undo_later(self, queue: str, key: str, enqueue_id: uuid.UUID, started: dt.datetime, taken_over: bool = False) -> None:
-        """``undo`` of an attempt that wrote nothing, from code that cannot wait (a caller that left)."""
+        """``undo`` of an attempt that wrote nothing, from code that cannot wait (a caller that left).
+        Its claim is known failed at once: a retry here takes it over without waiting for the task."""
+        if key:
+            self._claims.failed(queue, key, started)
         self._track(asyncio.ensure_future(self.undo(queue, key, enqueue_id, started, Attempt(taken_over=taken_over))),
                     "undo a withdrawn enqueue")
 
