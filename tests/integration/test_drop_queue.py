@@ -11,7 +11,7 @@ import pika
 import pytest
 
 from mailqueue.v1 import admin_pb2, browse_pb2, events_pb2, events_pb2_grpc
-from services.domain import names
+from services.domain import model, names
 from stack.harness import broker_parameters, new_keyspace, wait_until
 from tests.conftest import Suite
 from tests.integration.helpers import StreamConsumer, inline, simple_mail
@@ -283,6 +283,31 @@ def test_a_move_cut_before_landing_into_a_queue_deleted_since_puts_the_mail_back
     with pytest.raises(queue_mod.Empty):  # once: the old message, still queued, is superseded
         c.next(timeout=3)
     c.close()
+
+
+def test_a_mail_put_back_in_its_source_by_a_completion_cut_before_its_publish_is_delivered(suite):
+    """The completion that puts the mail back (previous test) killed after it made the mail live
+    one generation up and before it published it: the old message, superseded, is dropped, and
+    the next completion found the mail live and left it so, with no message until the healer's
+    round. It now publishes it, and the mail is delivered once."""
+    import dataclasses
+
+    from tests.integration.test_move_mails import move
+
+    source, target, other = suite.new_queue(), suite.new_queue(), suite.new_queue()
+    q = cut_move(suite, source, target)
+    assert drop(suite, target)[-1].done
+    suite.run(suite.view.mails.reschedule(dataclasses.replace(q, generation=q.generation + 1)))  # the cut completion
+    suite.run(suite.view.mails.unmark(source, q.enqueue_id, model.utcnow()))
+    assert move(suite.admin_stub, source, other, name="nothing-matches")[-1].resumed == 1
+    c = StreamConsumer(suite.dequeue_stub, source, prefetch=4)
+    d = c.next(timeout=30)
+    assert (d.mail.enqueue_id, d.mail.mail.name) == (str(q.enqueue_id), "m")
+    c.answer(d)
+    with pytest.raises(queue_mod.Empty):  # once: the old message is superseded
+        c.next(timeout=3)
+    c.close()
+    assert list(suite.run(suite.view.moves.pending(source))) == []
 
 
 def test_a_redrive_cut_before_landing_into_a_queue_deleted_since_is_a_dead_letter_again(suite):
