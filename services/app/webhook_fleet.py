@@ -12,7 +12,6 @@ an endpoint added again (same name) resumes after it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any
@@ -67,8 +66,12 @@ class EndpointFleet:
             await self._stop(name, "shutting down")
 
     async def _stop(self, name: str, why: str) -> None:
+        """Cancel the endpoint's task and wait for its end, whatever it raises; a caller cancelled
+        meanwhile (the reloader, when the service stops) is cancelled, not swallowed, so it starts
+        nothing after."""
         _, task = self._tasks.pop(name)
         task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await task
+        await asyncio.wait([task])
+        if not task.cancelled() and task.exception() is not None:  # retrieved: it ended with an error
+            log.warning("webhook endpoint ended with an error", extra={"endpoint": name, "error": str(task.exception())[:300]})
         log.info("webhook endpoint stopped (its checkpoint is kept)", extra={"endpoint": name, "why": why})

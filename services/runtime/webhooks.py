@@ -250,8 +250,9 @@ class WebhookApp(server.App):
         await self._broker.ping()
 
     async def close(self) -> None:
-        if self._reloader is not None:
+        if self._reloader is not None:  # ended first: a reload under way starts no endpoint after the fleet closed
             self._reloader.cancel()
+            await asyncio.wait([self._reloader])
         if self.fleet is not None:
             await self.fleet.close()
         if self._broker is not None:

@@ -82,6 +82,43 @@ def test_the_fleet_starts_stops_and_restarts_endpoints_as_the_registrations_chan
     assert asyncio.run(scenario()) == ["start a", "start b", "stop a", "stop b", "start b", "stop b"]
 
 
+def test_a_reload_cancelled_while_it_stops_an_endpoint_starts_none_after():
+    """The service stops while a reload waits for a removed endpoint's task to end (its last
+    batch going out): the reload is cancelled there, and starts no endpoint after the fleet closed."""
+    async def scenario() -> tuple[list[str], list[str]]:
+        wanted: dict[str, tuple[Endpoint, bool]] = {"a": (Endpoint("a", "http://a", b"s"), False)}
+        log: list[str] = []
+
+        async def run(e: Endpoint, oldest: bool) -> None:
+            log.append(f"start {e.name}")
+            try:
+                await asyncio.Event().wait()
+            finally:
+                for _ in range(3):  # its end takes a few turns (a shielded last write)
+                    await asyncio.shield(asyncio.sleep(0))
+                log.append(f"stop {e.name}")
+
+        async def load() -> dict[str, tuple[Endpoint, bool]]:
+            return dict(wanted)
+
+        fleet = EndpointFleet(load, run)
+        await fleet.reload()
+        await asyncio.sleep(0)
+        wanted.clear()
+        wanted["b"] = (Endpoint("b", "http://b", b"s"), False)  # a removed, b added
+        reload = asyncio.ensure_future(fleet.reload())
+        await asyncio.sleep(0)  # the reload waits for a's end
+        reload.cancel()
+        await asyncio.wait([reload])
+        await fleet.close()
+        for _ in range(10):
+            await asyncio.sleep(0)
+        return log, fleet.names
+
+    log, names = asyncio.run(scenario())
+    assert (log, names) == (["start a", "stop a"], [])
+
+
 def test_an_invalid_name_is_echoed_cut_to_its_first_characters():
     from services.domain.webhook_registry import name_of
 
