@@ -143,10 +143,10 @@ class Mover:
             return False
         if state is None or not state.deleted:
             if not await self.takes_mail(moved.queue):
-                if state is not None and state.generation > mail.generation:
-                    # Rescheduled since it was journaled: maybe by a ``restore`` (below) cut before
-                    # its publish, which left the mail with no message of its generation.
-                    await publish_again(self._broker, state.applied_to(mail))
+                if state is not None and state.unpublished:
+                    # Put back by a ``restore`` (below) cut before its publish was recorded: the
+                    # mail may have no message of its generation.
+                    await publish_again(self._view, self._broker, state.applied_to(mail))
                 await self._view.moves.done(mail)  # the mail stays where it is
                 return False
             await self._view.mails.mark_gone(mail, mark)
@@ -198,24 +198,26 @@ def landing_id(q: model.QueuedMail, target: str) -> uuid.UUID:
 async def restore(view: View, broker: Broker, q: model.QueuedMail) -> None:
     """A mail marked gone to a queue it never reached: live again in its own queue, counted again,
     and published anew one generation up (a copy of its message still queued is superseded).
-    Rescheduled before it is unmarked: cut after that, the completion run again finds it marked
-    and restores it again; cut after the unmark, it finds it live one generation up and
-    publishes it (``Mover.complete``)."""
+    Rescheduled (marked not published) before it is unmarked: cut after that, the completion run
+    again finds it marked and restores it again; cut after the unmark and before its publish is
+    recorded, it finds it live and not published, and publishes it (``Mover.complete``)."""
     now = model.utcnow()
     again = dataclasses.replace(q, generation=q.generation + 1)
-    await view.mails.reschedule(again)
+    await view.mails.reschedule(again, unpublished=True)
     await view.mails.unmark(q.queue, q.enqueue_id, now)
     waiting = again.due() > now
     await view.mails.count(again, gone=-1, delayed=1 if waiting else 0, held=1 if waiting and is_held(again) else 0)
     await broker.publish(again, again.due() - now if waiting else dt.timedelta(0))
+    await view.mails.published(again)
 
 
-async def publish_again(broker: Broker, q: model.QueuedMail) -> None:
-    """``q``'s message at its generation, due when its schedule says: a duplicate of a message
-    still queued is at worst one more delivery, which its claim (by generation) turns away while
-    the first is in flight."""
+async def publish_again(view: View, broker: Broker, q: model.QueuedMail) -> None:
+    """``q``'s message at its generation, due when its schedule says, then recorded published.
+    If the cut call had published it after all, the mail has two messages of one generation: one
+    more delivery at worst."""
     now = model.utcnow()
     await broker.publish(q, max(q.due() - now, dt.timedelta(0)))
+    await view.mails.published(q)
 
 
 def landed(q: model.QueuedMail) -> model.QueuedMail:

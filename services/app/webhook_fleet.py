@@ -35,6 +35,8 @@ class EndpointFleet:
     def __init__(self, load: Callable[[], Awaitable[Wanted]], run: Callable[[Endpoint, bool], Coroutine[Any, Any, None]]) -> None:
         self._load, self._run = load, run
         self._tasks: dict[str, tuple[tuple[Endpoint, bool], asyncio.Task[None]]] = {}
+        #: Tasks cancelled and not ended yet.
+        self._ending: set[asyncio.Task[None]] = set()
 
     @property
     def names(self) -> list[str]:
@@ -64,14 +66,21 @@ class EndpointFleet:
     async def close(self) -> None:
         for name in list(self._tasks):
             await self._stop(name, "shutting down")
+        if self._ending:  # stopped by a reload that was cancelled before their end
+            await asyncio.wait(list(self._ending))
 
     async def _stop(self, name: str, why: str) -> None:
-        """Cancel the endpoint's task and wait for its end, whatever it raises; a caller cancelled
-        meanwhile (the reloader, when the service stops) is cancelled, not swallowed, so it starts
-        nothing after."""
+        """Cancel the endpoint's task and wait for its end; a caller cancelled meanwhile (the
+        reloader, when the service stops) is cancelled, not swallowed, so it starts nothing after,
+        and ``close`` waits for the task instead."""
         _, task = self._tasks.pop(name)
         task.cancel()
+        self._ending.add(task)
+        task.add_done_callback(self._ended)
         await asyncio.wait([task])
-        if not task.cancelled() and task.exception() is not None:  # retrieved: it ended with an error
-            log.warning("webhook endpoint ended with an error", extra={"endpoint": name, "error": str(task.exception())[:300]})
         log.info("webhook endpoint stopped (its checkpoint is kept)", extra={"endpoint": name, "why": why})
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        self._ending.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("webhook endpoint ended with an error", extra={"endpoint": task.get_name(), "error": str(task.exception())[:300]})

@@ -66,8 +66,10 @@ class MailQueueView(abc.ABC):
         return s.reason if s is not None else None
 
     @abc.abstractmethod
-    async def reschedule(self, mail: model.QueuedMail) -> None:
-        """Record the mail's new schedule (generation, deliver_at, attempts, last error, hold)."""
+    async def reschedule(self, mail: model.QueuedMail, unpublished: bool = False) -> None:
+        """Record the mail's new schedule (generation, deliver_at, attempts, last error, hold);
+        ``unpublished``: its message is not published yet (``MailState.unpublished`` until
+        ``published``), for a writer that may be cut between the two."""
 
     @abc.abstractmethod
     async def land(self, mail: model.QueuedMail) -> model.MailState | None:
@@ -77,7 +79,8 @@ class MailQueueView(abc.ABC):
 
     @abc.abstractmethod
     async def published(self, mail: model.QueuedMail) -> None:
-        """A landed mail's message is published: ``MailState.unpublished`` no longer."""
+        """The message of a landed mail (or of one put back, ``reschedule(unpublished=True)``) is
+        published: ``MailState.unpublished`` no longer."""
 
     @abc.abstractmethod
     def live_pages(

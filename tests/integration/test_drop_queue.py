@@ -285,11 +285,13 @@ def test_a_move_cut_before_landing_into_a_queue_deleted_since_puts_the_mail_back
     c.close()
 
 
-def test_a_mail_put_back_in_its_source_by_a_completion_cut_before_its_publish_is_delivered(suite):
-    """The completion that puts the mail back (previous test) killed after it made the mail live
-    one generation up and before it published it: the old message, superseded, is dropped, and
-    the next completion found the mail live and left it so, with no message until the healer's
-    round. It now publishes it, and the mail is delivered once."""
+@pytest.mark.parametrize("cut", ["after its schedule", "after its unmark"])
+def test_a_mail_put_back_in_its_source_by_a_completion_cut_before_its_publish_is_delivered(suite, cut):
+    """The completion that puts the mail back (previous test) killed before its publish: after
+    it wrote the mail's new schedule (the mail still marked moved), or after it unmarked it too
+    (live one generation up: the old message is superseded). The next completion used to find the
+    latter live and leave it so, with no message until the healer's round. It now puts the mail
+    back again, or publishes it, and the mail is delivered once."""
     import dataclasses
 
     from tests.integration.test_move_mails import move
@@ -297,8 +299,10 @@ def test_a_mail_put_back_in_its_source_by_a_completion_cut_before_its_publish_is
     source, target, other = suite.new_queue(), suite.new_queue(), suite.new_queue()
     q = cut_move(suite, source, target)
     assert drop(suite, target)[-1].done
-    suite.run(suite.view.mails.reschedule(dataclasses.replace(q, generation=q.generation + 1)))  # the cut completion
-    suite.run(suite.view.mails.unmark(source, q.enqueue_id, model.utcnow()))
+    again = dataclasses.replace(q, generation=q.generation + 1)
+    suite.run(suite.view.mails.reschedule(again, unpublished=True))  # the cut completion's steps
+    if cut == "after its unmark":
+        suite.run(suite.view.mails.unmark(source, q.enqueue_id, model.utcnow()))
     assert move(suite.admin_stub, source, other, name="nothing-matches")[-1].resumed == 1
     c = StreamConsumer(suite.dequeue_stub, source, prefetch=4)
     d = c.next(timeout=30)
@@ -308,6 +312,8 @@ def test_a_mail_put_back_in_its_source_by_a_completion_cut_before_its_publish_is
         c.next(timeout=3)
     c.close()
     assert list(suite.run(suite.view.moves.pending(source))) == []
+    state = suite.run(suite.view.mails.state(source, q.enqueue_id))
+    assert state is not None and not state.unpublished  # its publish recorded
 
 
 def test_a_redrive_cut_before_landing_into_a_queue_deleted_since_is_a_dead_letter_again(suite):

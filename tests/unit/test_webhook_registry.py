@@ -84,7 +84,8 @@ def test_the_fleet_starts_stops_and_restarts_endpoints_as_the_registrations_chan
 
 def test_a_reload_cancelled_while_it_stops_an_endpoint_starts_none_after():
     """The service stops while a reload waits for a removed endpoint's task to end (its last
-    batch going out): the reload is cancelled there, and starts no endpoint after the fleet closed."""
+    batch going out): the reload is cancelled there, starts no endpoint after, and the fleet's
+    close waits for that task's end."""
     async def scenario() -> tuple[list[str], list[str]]:
         wanted: dict[str, tuple[Endpoint, bool]] = {"a": (Endpoint("a", "http://a", b"s"), False)}
         log: list[str] = []
@@ -110,9 +111,7 @@ def test_a_reload_cancelled_while_it_stops_an_endpoint_starts_none_after():
         await asyncio.sleep(0)  # the reload waits for a's end
         reload.cancel()
         await asyncio.wait([reload])
-        await fleet.close()
-        for _ in range(10):
-            await asyncio.sleep(0)
+        await fleet.close()  # waits for a's end too
         return log, fleet.names
 
     log, names = asyncio.run(scenario())

@@ -48,6 +48,10 @@ class DeletedMailsDAO:
             f"UPDATE {t} SET generation = ?, deliver_at = ?, attempts = ?, last_error = ?, held_by = ? "
             "WHERE queue_name = ? AND enqueue_id = ?"
         )
+        self._schedule_unpublished = session.prepare(
+            f"UPDATE {t} SET generation = ?, deliver_at = ?, attempts = ?, last_error = ?, held_by = ?, published = false "
+            "WHERE queue_name = ? AND enqueue_id = ?"
+        )
         # A mail landing whole (a move's copy, a redriven dead letter) writes its schedule only if it
         # has no row yet: of two movers of one mail (or one completed again), one lands it.
         self._land = session.prepare(
@@ -83,11 +87,12 @@ class DeletedMailsDAO:
         """Remove a mark written before ``at`` (one written after it stays)."""
         await execute(self._session, self._unmark, (micros(at), queue, enqueue_id))
 
-    async def schedule(self, q: model.QueuedMail) -> None:
-        """Record the mail's new schedule (generation, deliver_at, attempts, last error)."""
+    async def schedule(self, q: model.QueuedMail, unpublished: bool = False) -> None:
+        """Record the mail's new schedule (generation, deliver_at, attempts, last error); with
+        ``unpublished``, marked not published until ``published``."""
         # Empty values stay unset (no null cells): a held_by left from an earlier hold only counts
         # while its rule is in force and the mail is not yet due (services/domain/rules.py).
-        await execute(self._session, self._schedule, (
+        await execute(self._session, self._schedule_unpublished if unpublished else self._schedule, (
             q.generation, q.due(), q.attempts, unset_if_empty(q.last_error),
             q.held_by if q.held_by is not None else UNSET_VALUE, q.queue, q.enqueue_id,
         ))

@@ -123,8 +123,8 @@ class CassandraMailQueueView(MailQueueView):
     async def state(self, queue: str, enqueue_id: uuid.UUID) -> model.MailState | None:
         return await self._deleted.state(queue, enqueue_id)
 
-    async def reschedule(self, mail: model.QueuedMail) -> None:
-        await self._deleted.schedule(mail)
+    async def reschedule(self, mail: model.QueuedMail, unpublished: bool = False) -> None:
+        await self._deleted.schedule(mail, unpublished)
 
     async def land(self, mail: model.QueuedMail) -> model.MailState | None:
         return await self._deleted.land(mail)
