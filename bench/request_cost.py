@@ -41,6 +41,8 @@ def main() -> None:
     p.add_argument("--history-bytes", type=int, default=6000, help="the history row's events, bytes")
     p.add_argument("--rounds", type=int, default=2)
     a = p.parse_args()
+    if a.answers < LOOPS:
+        p.error(f"--answers must be at least {LOOPS} (one per concurrent loop)")
     from cassandra.query import BatchStatement, BatchType
 
     from services.runtime.settings import Settings
