@@ -246,23 +246,28 @@ def test_a_cursor_past_the_end_of_a_busy_stream_is_out_of_range_too(browse, stub
         publisher.join(10)
 
 
-def stream_consumers(stream: str) -> set[str]:
-    """The consumer tags on the stream, as the broker lists them."""
-    out = stack("rabbitmqctl", "-q", "list_consumers", "queue_name", "consumer_tag", "--formatter", "json").stdout
-    return {r["consumer_tag"] for r in json.loads(out) if r["queue_name"] == stream}
+def consuming_channels() -> set[tuple[str, int]]:
+    """The broker's channels that hold a consumer, as (connection, channel number). Not by
+    consumer tag: rabbitmqctl list_consumers leaves out the consumers of stream queues."""
+    out = stack("rabbitmqctl", "-q", "list_channels", "connection", "number", "consumer_count", "--formatter", "json").stdout
+    return {(r["connection"], r["number"]) for r in json.loads(out) if r["consumer_count"]}
 
 
 def test_a_watcher_that_leaves_ends_its_consumer(browse, stub):
-    """The watchers' own consumers, told apart by their tags from those the stream had before
-    (the session's keyspace is shared: another module's webhook_svc may still be ending its own)."""
+    """Each watcher consumes on a channel of its own: the three watchers' channels appear, and
+    are gone once they leave. Told apart from the channels that held consumers before (the
+    session's keyspace is shared: another module's webhook_svc may still be ending its own), and
+    the stream's own count of consumers goes back to what it was."""
     stream = names.event_stream(browse.app.settings.cassandra.keyspace)
-    before = stream_consumers(stream)
+    before, counted = consuming_channels(), stream_row(stream)["consumers"]
     calls = [watch(stub) for _ in range(3)]
-    wait_until(lambda: len(stream_consumers(stream) - before) == 3, 30, what="three stream consumers of the watchers")
-    theirs = stream_consumers(stream) - before
+    wait_until(lambda: len(consuming_channels() - before) >= 3, 30, what="the three watchers' channels")
+    theirs = consuming_channels() - before
+    assert stream_row(stream)["consumers"] >= counted + 3 - len(before - consuming_channels())
     for c in calls:
         c.cancel()
-    wait_until(lambda: not stream_consumers(stream) & theirs, 30, what="the consumers of the watchers that left gone")
+    wait_until(lambda: not consuming_channels() & theirs, 30, what="the channels of the watchers that left closed")
+    wait_until(lambda: stream_row(stream)["consumers"] <= counted, 30, what="the stream's consumers back to what they were")
 
 
 def test_the_stream_is_declared_with_its_retention(browse):
