@@ -50,22 +50,29 @@ def test_defaults_apply_and_the_proto_round_trips():
     assert "secret" not in "".join(r.settings().values()).replace("secret_file", "")  # only the path is recorded
 
 
+def fleet_of(wanted: dict[str, tuple[Endpoint, bool]], log: list[str], ending_turns: int = 0) -> EndpointFleet:
+    """A fleet whose endpoints run until cancelled, noting their starts and stops in ``log``;
+    each stop takes ``ending_turns`` event-loop turns (a shielded last write)."""
+    async def run(e: Endpoint, oldest: bool) -> None:
+        log.append(f"start {e.name}")
+        try:
+            await asyncio.Event().wait()
+        finally:
+            for _ in range(ending_turns):
+                await asyncio.shield(asyncio.sleep(0))
+            log.append(f"stop {e.name}")
+
+    async def load() -> dict[str, tuple[Endpoint, bool]]:
+        return dict(wanted)
+
+    return EndpointFleet(load, run)
+
+
 def test_the_fleet_starts_stops_and_restarts_endpoints_as_the_registrations_change():
     async def scenario() -> list[str]:
         wanted: dict[str, tuple[Endpoint, bool]] = {}
         log: list[str] = []
-
-        async def run(e: Endpoint, oldest: bool) -> None:
-            log.append(f"start {e.name}")
-            try:
-                await asyncio.Event().wait()
-            finally:
-                log.append(f"stop {e.name}")
-
-        async def load() -> dict[str, tuple[Endpoint, bool]]:
-            return dict(wanted)
-
-        fleet = EndpointFleet(load, run)
+        fleet = fleet_of(wanted, log)
         wanted["a"] = (Endpoint("a", "http://a", b"s"), False)
         wanted["b"] = (Endpoint("b", "http://b", b"s"), False)
         await fleet.reload()
@@ -89,20 +96,7 @@ def test_a_reload_cancelled_while_it_stops_an_endpoint_starts_none_after():
     async def scenario() -> tuple[list[str], list[str]]:
         wanted: dict[str, tuple[Endpoint, bool]] = {"a": (Endpoint("a", "http://a", b"s"), False)}
         log: list[str] = []
-
-        async def run(e: Endpoint, oldest: bool) -> None:
-            log.append(f"start {e.name}")
-            try:
-                await asyncio.Event().wait()
-            finally:
-                for _ in range(3):  # its end takes a few turns (a shielded last write)
-                    await asyncio.shield(asyncio.sleep(0))
-                log.append(f"stop {e.name}")
-
-        async def load() -> dict[str, tuple[Endpoint, bool]]:
-            return dict(wanted)
-
-        fleet = EndpointFleet(load, run)
+        fleet = fleet_of(wanted, log, ending_turns=3)
         await fleet.reload()
         await asyncio.sleep(0)
         wanted.clear()
