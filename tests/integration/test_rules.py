@@ -95,11 +95,11 @@ def test_a_hold_whose_schedule_write_failed_publishes_one_held_copy(suite, monke
     wait_until(lambda: dequeue_sees(suite, rule.rule_id), timeout=5, what="the rule applied")
     schedule, failed = DeletedMailsDAO.schedule, []
 
-    async def failing_once(self, q_) -> None:  # noqa: ANN001
+    async def failing_once(self, q_, *more) -> None:  # noqa: ANN001
         if q_.queue == queue and q_.held_by is not None and not failed:
             failed.append(q_.enqueue_id)
             raise BackendUnavailable("cassandra", "the hold's schedule write timed out (injected)")
-        await schedule(self, q_)
+        await schedule(self, q_, *more)
 
     monkeypatch.setattr(DeletedMailsDAO, "schedule", failing_once)
     eid = suite.enqueue_mail(queue, "held-once", recipients=("rcpt@example.org",)).enqueue_id
