@@ -16,7 +16,6 @@ every task it starts see it.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import hmac
 import ipaddress
 import logging
@@ -28,6 +27,7 @@ import grpc
 from services.domain import events, quotas
 from services.domain.errors import ConfigurationError
 from services.runtime.interceptors import RPCS
+from services.runtime.settings import token_digest
 from services.runtime.tls import peer_identity, peer_match, peer_role
 
 log = logging.getLogger(__name__)
@@ -65,18 +65,24 @@ def _presented(metadata: Any) -> str:
     return presented if scheme.lower() == "bearer" else ""
 
 
-def token_actor(token: str, role: str) -> events.Actor:
+def token_actor(digest: str, role: str) -> events.Actor:
     """A caller known by its token: never the token itself, the first 12 hex digits of its SHA-256."""
-    return events.Actor("caller", role, "token:" + hashlib.sha256(token.encode()).hexdigest()[:12])
+    return events.Actor("caller", role, "token:" + digest[:12])
 
 
 def role_of(tokens: Mapping[str, str], metadata: Any) -> str | None:
+    """The role of the call's bearer token; ``tokens`` maps each token's hex SHA-256 to its role
+    (services/runtime/settings.py ``parse_tokens``)."""
     presented = _presented(metadata)
     if not presented:
         return None
+    return _role_of_digest(tokens, token_digest(presented))
+
+
+def _role_of_digest(tokens: Mapping[str, str], digest: str) -> str | None:
     role = None
-    for token, r in tokens.items():  # compare with every token, in constant time each
-        if hmac.compare_digest(token.encode(), presented.encode()):
+    for known, r in tokens.items():  # compare with every digest, in constant time each
+        if hmac.compare_digest(known, digest):
             role = r
     return role
 
@@ -162,8 +168,10 @@ class TokenAuth(grpc.aio.ServerInterceptor):
         handler = await continuation(details)
         if handler is None or not (self._tokens or self._identities) or details.method.startswith(PUBLIC):
             return handler
-        role, tenant = _tenant_of(role_of(self._tokens, details.invocation_metadata))
-        if role is None and self._identities and not _presented(details.invocation_metadata):
+        presented = _presented(details.invocation_metadata)
+        digest = token_digest(presented) if presented else ""
+        role, tenant = _tenant_of(_role_of_digest(self._tokens, digest) if presented else None)
+        if role is None and self._identities and not presented:
             # No token: the client certificate decides, seen only from the call's context. A
             # token presented decides instead, and an unknown one is refused (never the
             # certificate's role in place of a revoked or mistyped token).
@@ -172,7 +180,7 @@ class TokenAuth(grpc.aio.ServerInterceptor):
         if denied is not None:
             return _denying(handler, *denied, details.method)
         assert role is not None
-        actor = token_actor(_presented(details.invocation_metadata), role)
+        actor = token_actor(digest, role)
 
         async def admit(_context: grpc.aio.ServicerContext) -> tuple[events.Actor, str]:
             return actor, tenant or actor.identity

@@ -13,8 +13,10 @@ services/domain/settings.py, ServerSettings and TLSSettings in services/runtime/
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import ipaddress
 import os
+import re
 import ssl
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -285,19 +287,32 @@ def _role_ok(role: str) -> bool:
     return name in ROLES and (not at or quotas.is_tenant(tenant))
 
 
+#: A token given by its digest: ``sha256:`` and the 64 hex digits of the SHA-256 of the token.
+TOKEN_DIGEST = re.compile(r"sha256:([0-9a-fA-F]{64})")
+
+
+def token_digest(token: str) -> str:
+    """What a service keeps of a token: the hex SHA-256 of its text (``printf %s "$TOKEN" | sha256sum``)."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
 def parse_tokens(spec: str) -> dict[str, str]:
-    """``"admin:s3cret,producer@acme:abc"`` -> {token: role or role@tenant}. Raises ConfigurationError."""
+    """``"admin:sha256:<hex>,producer@acme:abc..."`` -> {the token's SHA-256 in hex: role or
+    role@tenant}. A token is given as itself or as ``sha256:`` and its digest: a service needs only
+    the digests (a pod that holds them holds no token a caller could present). Raises
+    ConfigurationError."""
     tokens: dict[str, str] = {}
     for n, item in enumerate(filter(None, (part.strip() for part in spec.replace("\n", ",").split(","))), 1):
         role, sep, token = item.partition(":")
-        if not sep or not _role_ok(role) or len(token) < 16:
+        digest = TOKEN_DIGEST.fullmatch(token)
+        if not sep or not _role_ok(role) or (len(token) < 16 or token.startswith("sha256:")) and digest is None:
             # Never the entry's text: a mistyped separator would put the token in the log.
             shown = f" (role {role.partition('@')[0]!r})" if sep and _role_ok(role) else ""  # not its tenant: text after a typo
             raise ConfigurationError(
-                f"MAILQUEUE_TOKENS entry {n}{shown}: use role:token (or role@tenant:token) with a role of "
-                f"{', '.join(ROLES)} and a token of at least 16 characters"
+                f"MAILQUEUE_TOKENS entry {n}{shown}: use role:token or role:sha256:<the token's SHA-256 in 64 hex digits> "
+                f"(or role@tenant:...) with a role of {', '.join(ROLES)} and a token of at least 16 characters"
             )
-        tokens[token] = role
+        tokens[digest.group(1).lower() if digest else token_digest(token)] = role
     return tokens
 
 

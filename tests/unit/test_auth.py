@@ -1,3 +1,5 @@
+import hashlib
+
 import pytest
 
 from services.domain.errors import ConfigurationError
@@ -31,6 +33,28 @@ TOKENS = parse_tokens("admin:aaaaaaaaaaaaaaaa, producer:pppppppppppppppp,consume
 )
 def test_permissions(method, role, expected):
     assert allowed(method, role) is expected
+
+
+def test_a_token_given_by_its_digest_is_the_token():
+    """A service may hold only the digests (``role:sha256:<hex>``): the token itself is the caller's."""
+    digest = hashlib.sha256(b"pppppppppppppppp").hexdigest()
+    tokens = parse_tokens(f"producer:sha256:{digest.upper()},reader:rrrrrrrrrrrrrrrr")
+    assert tokens == digests(producer="pppppppppppppppp", reader="rrrrrrrrrrrrrrrr")
+    assert role_of(tokens, [("authorization", "Bearer pppppppppppppppp")]) == "producer"
+    assert role_of(tokens, [("authorization", f"Bearer {digest}")]) is None  # the digest is no token
+    assert role_of(tokens, [("authorization", f"Bearer sha256:{digest}")]) is None
+
+
+@pytest.mark.parametrize("spec", ["admin:sha256:" + "a" * 63, "admin:sha256:" + "g" * 64, "admin:sha256:" + "a" * 65,
+                                  "admin:sha256:"])
+def test_a_malformed_digest_is_refused_without_its_text(spec):
+    with pytest.raises(ConfigurationError, match="64 hex digits") as e:
+        parse_tokens(spec)
+    assert "aaaaaaaa" not in str(e.value) and "gggggggg" not in str(e.value)
+
+
+def digests(**roles: str) -> dict[str, str]:
+    return {hashlib.sha256(t.encode()).hexdigest(): r for r, t in roles.items()}
 
 
 def test_tokens_map_to_roles_and_need_the_bearer_scheme():

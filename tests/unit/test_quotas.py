@@ -252,10 +252,10 @@ def test_mail_use_reaches_1_when_the_next_mail_is_refused_and_not_before(burst):
 
 def test_tokens_and_identities_may_name_a_tenant():
     from services.domain.errors import ConfigurationError
-    from services.runtime.settings import parse_identities, parse_tokens
+    from services.runtime.settings import parse_identities, parse_tokens, token_digest
 
     assert parse_tokens("producer@acme:0123456789abcdef,admin:fedcba9876543210") == {
-        "0123456789abcdef": "producer@acme", "fedcba9876543210": "admin"}
+        token_digest("0123456789abcdef"): "producer@acme", token_digest("fedcba9876543210"): "admin"}
     assert parse_identities("spiffe://acme/mta=producer@acme") == {"spiffe://acme/mta": "producer@acme"}
     with pytest.raises(ConfigurationError, match="role@tenant"):
         parse_tokens("producer@:0123456789abcdef")
