@@ -44,11 +44,14 @@ class Endpoint:
 
 
 def cloud_event(e: Event) -> dict[str, object]:
-    """The event as a CloudEvent 1.0 (structured JSON); ``id`` is the event id (receivers drop duplicates by it)."""
+    """The event as a CloudEvent 1.0 (structured JSON); ``id`` is the event id (receivers drop duplicates by it).
+    ``subject`` is the mail's enqueue id, absent for a queue's or the install's event (CloudEvents
+    allows no empty ``subject``: a strict receiver refuses the whole batch)."""
+    subject = {"subject": str(e.enqueue_id)} if e.enqueue_id else {}
     return {
         "specversion": "1.0", "id": e.id, "source": f"mailqueue/{e.queue}" if e.queue else "mailqueue",
         "type": TYPE_PREFIX + e.type.value, "time": e.time.isoformat().replace("+00:00", "Z"),
-        "subject": str(e.enqueue_id or ""), "datacontenttype": "application/json",
+        **subject, "datacontenttype": "application/json",
         "data": {"queue": e.queue, "enqueue_id": str(e.enqueue_id or ""), "name": e.name, "sender": e.sender,
                  "attempt": e.attempt, "reason": e.reason, "replica": e.replica, "traceparent": e.traceparent,
                  "details": dict(e.details), "cursor": e.cursor,

@@ -5,10 +5,11 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import uuid
 
 import pytest
 
-from services.domain import webhooks
+from services.domain import events, model, webhooks
 from services.domain.events import Actor, EventType, of_queue
 
 
@@ -46,6 +47,17 @@ def test_a_batch_is_signed_over_the_timestamp_and_the_body():
     assert webhooks.signature(b"secret", 1700000001, body) != h["Mailqueue-Signature"]  # a replayed body with a new time fails
     (ce,) = json.loads(body)
     assert (ce["specversion"], ce["id"], ce["type"], ce["source"]) == ("1.0", e.id, "io.mailqueue.event.queue_created", "mailqueue/q")
+
+
+def test_a_cloud_event_has_a_subject_only_when_it_is_a_mails():
+    """CloudEvents 1.0: ``subject``, when present, is a non-empty string (a strict receiver refuses
+    the batch otherwise, and a refused batch is not sent again)."""
+    queue_event = webhooks.cloud_event(of_queue(EventType.QUEUE_CREATED, "q", "v1", actor=Actor.component("test")))
+    assert "subject" not in queue_event
+    t = model.utcnow()
+    mail = model.QueuedMail("q", uuid.uuid4(), t, model.Mail("m.eml", "a@b.c", ("d@e.f",)), (), 0, t, 0)
+    mail_event = webhooks.cloud_event(events.delivered(mail))
+    assert mail_event["subject"] == str(mail.enqueue_id) == mail_event["data"]["enqueue_id"]
 
 
 def test_a_secret_of_two_keys_signs_under_both_for_a_rotation():
