@@ -12,7 +12,7 @@ from services.app import admin_events, browse_start
 from services.app.dead_letter_admin import journal, purge_one
 from services.app.queue_state import QueueState
 from services.app.quota_admin import QuotaAdmin
-from services.domain import schedule, validation
+from services.domain import names, schedule, validation
 from services.domain.errors import Aborted, FailedPrecondition, NotFound
 from services.domain.model import QueuedMail, RetryPolicy, utcnow
 from services.domain.slices import slice_start
@@ -40,8 +40,14 @@ async def create_queue(view: View, broker: Broker, queue: str, policy: RetryPoli
     validation.queue_name(queue)
     if policy is not None:
         schedule.validate(policy)
-    await broker.declare_queue(queue)
     exists = await view.queues.exists(queue)
+    if not exists:  # a queue made before names were reserved is still created again (idempotent)
+        validation.new_queue_name(queue)
+        if await view.queues.exists(names.dead_letter_queue_name(queue)):
+            raise FailedPrecondition(
+                f"a queue named {names.dead_letter_queue_name(queue)!r} exists: its exchange is the one {queue!r} would "
+                "dead-letter to; delete it first or pick another name")
+    await broker.declare_queue(queue)
     if policy is not None and not exists:
         await view.retry_policies.set(queue, policy)
     config = await view.config.current()

@@ -37,6 +37,11 @@ def dead_letter_queue(queue: str) -> str:
     return f"{AMQP_PREFIX}.{queue}.dead-letter"
 
 
+def dead_letter_queue_name(queue: str) -> str:
+    """The mail queue whose exchange would be ``queue``'s dead-letter exchange."""
+    return f"{queue}.dead-letter"
+
+
 def delay_exchange(level: int) -> str:
     """Level ``level`` of the delay ladder (a topic exchange shared by every queue)."""
     return f"{AMQP_PREFIX}.delay.{level}"

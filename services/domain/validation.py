@@ -48,6 +48,23 @@ def queue_name(name: str) -> str:
     return name
 
 
+#: Names a new queue may not take: its exchange (``mailqueue.<name>``, services/domain/names.py)
+#: would be one the suite declares already, with another type: another queue's dead-letter
+#: exchange, a level of the delay ladder, or the alarm probe.
+RESERVED_QUEUE_NAME = re.compile(r".*\.dead-letter|delay\.(?:[0-9]+|deliver|unroutable)|alarm-probe")
+
+
+def new_queue_name(name: str) -> str:
+    """A name a queue may be created under: a queue name (``queue_name``), not reserved."""
+    queue_name(name)
+    if RESERVED_QUEUE_NAME.fullmatch(name):
+        raise InvalidArgument(
+            f"queue name {shown(name)} is reserved: a name ending in .dead-letter, delay.<level>, delay.deliver, "
+            "delay.unroutable and alarm-probe name the broker's own exchanges; pick another name"
+        )
+    return name
+
+
 def address(value: str, field: str) -> str:
     if len(value) > 320 or not ADDRESS.fullmatch(value) or len(value.rsplit("@", 1)[0]) > 64:
         raise InvalidArgument(f"{field} {shown(value)} is not a valid mail address (local@domain, at most 320 characters)")

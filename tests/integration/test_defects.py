@@ -182,6 +182,30 @@ def test_a_huge_queue_name_is_invalid_argument_with_a_short_message(suite):
     assert len(e.value.details()) < 400 and "10242 characters" in e.value.details()
 
 
+@pytest.mark.parametrize("reserved", ["{queue}.dead-letter", "delay.3", "delay.deliver", "delay.unroutable", "alarm-probe"])
+def test_a_queue_name_that_is_one_of_the_brokers_own_exchanges_is_refused_and_declares_nothing(suite, reserved):
+    """``mailqueue.<name>`` would be another queue's dead-letter exchange, a delay level or the alarm
+    probe, declared with another type: the broker refused it (UNAVAILABLE, for ever) after part of
+    the new queue's topology was declared."""
+    queue = suite.new_queue()
+    name = reserved.format(queue=queue)
+    with pytest.raises(grpc.RpcError) as e:
+        suite.admin_stub.CreateQueue(admin_pb2.CreateQueueRequest(queue=name), timeout=10)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "reserved" in e.value.details(), e.value.details()
+    assert name not in suite.browse_stub.ListQueues(browse_pb2.ListQueuesRequest()).queues
+    conn = pika.BlockingConnection(broker_parameters())
+    try:
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as absent:
+            conn.channel().queue_declare(names.dead_letter_queue(name), passive=True)
+        assert absent.value.reply_code == 404  # nothing of its topology was declared
+    finally:
+        conn.close()
+    [eid] = enqueue_names(suite, queue, ["still-delivered"])  # the queue whose exchange it named works
+    c = StreamConsumer(suite.dequeue_stub, queue, prefetch=1)
+    assert [d.mail.enqueue_id for d in c.take(1, timeout=10)] == [eid]
+    c.close()
+
+
 # ---------------------------------------------------------------- 6. a republished mail in flight once
 def test_republish_while_the_first_copies_are_queued_delivers_each_mail_once(suite):
     queue = suite.new_queue()

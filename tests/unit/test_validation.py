@@ -23,6 +23,18 @@ def test_invalid_queue_names(name):
         validation.queue_name(name)
 
 
+@pytest.mark.parametrize("name", ["orders.dead-letter", "delay.0", "delay.27", "delay.deliver", "delay.unroutable", "alarm-probe"])
+def test_names_of_the_brokers_own_exchanges_are_no_new_queues(name):
+    assert validation.queue_name(name) == name  # an existing queue of that name is still served
+    with pytest.raises(InvalidArgument, match="reserved"):
+        validation.new_queue_name(name)
+
+
+@pytest.mark.parametrize("name", ["dead-letter", "orders.dead-letters", "delay", "delay.x", "delay.1a", "alarm-probes", "my.delay.1"])
+def test_names_beside_the_reserved_ones_are_new_queues(name):
+    assert validation.new_queue_name(name) == name
+
+
 @pytest.mark.parametrize(
     "address",
     ["a@b.c", "first.last+tag@sub.example.com", '"quoted local"@example.com', "x@[127.0.0.1]", "postmaster@localhost"],
