@@ -18,7 +18,9 @@ from services.domain.settings import LimitSettings
 
 QUEUE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 _ATOM = r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+"
-_LOCAL = rf"(?:{_ATOM}(?:\.{_ATOM})*|\"(?:[^\"\\\r\n]|\\.)+\")"
+#: A quoted local part holds printable ASCII only (RFC 5321 qtextSMTP and quoted-pairSMTP): no
+#: control character (a terminal escape in ``mailq``'s output, a NUL in a relay's), no DEL.
+_LOCAL = rf"(?:{_ATOM}(?:\.{_ATOM})*|\"(?:[ !#-\[\]-~]|\\[ -~])+\")"
 _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
 _DOMAIN = rf"(?:{_LABEL}(?:\.{_LABEL})*|\[[0-9A-Fa-f:.]+\]|\[IPv6:[0-9A-Fa-f:.]+\])"
 ADDRESS = re.compile(rf"{_LOCAL}@{_DOMAIN}")

@@ -332,6 +332,9 @@ REFUSED = {
     "unknown queue": (lambda q: inline("never-created-queue", simple_mail()), grpc.StatusCode.NOT_FOUND),
     "empty inline content": (lambda q: inline(q, simple_mail(), b""), grpc.StatusCode.INVALID_ARGUMENT),
     "control character in the name": (lambda q: inline(q, simple_mail("bad\x1bname")), grpc.StatusCode.INVALID_ARGUMENT),
+    "terminal escape in a quoted sender": (lambda q: inline(q, simple_mail(sender='"\x1b]0;x\x07"@example.com')),
+                                           grpc.StatusCode.INVALID_ARGUMENT),
+    "NUL in a quoted recipient": (lambda q: inline(q, simple_mail(recipients=('"a\x00b"@example.com',))), grpc.StatusCode.INVALID_ARGUMENT),
     "NUL in a header value": (lambda q: inline(q, mail_pb2.Mail(recipients=["a@b.c"], per_recipient_headers=[
         mail_pb2.PerRecipientHeaders(recipient="a@b.c", headers=[mail_pb2.Header(name="X-Id", value="a\x00b")])])),
         grpc.StatusCode.INVALID_ARGUMENT),

@@ -44,7 +44,9 @@ def test_valid_addresses(address):
 
 
 @pytest.mark.parametrize(
-    "address", ["", "plain", "@example.com", "a@", "a@@b", "a b@c.d", "a@b..c", "a@-b.c", "a.@b.c", ("x" * 65) + "@b.c"]
+    "address", ["", "plain", "@example.com", "a@", "a@@b", "a b@c.d", "a@b..c", "a@-b.c", "a.@b.c", ("x" * 65) + "@b.c",
+                '"\x1b]0;x\x07"@example.com', '"a\x00b"@example.com', '"a\x7fb"@example.com', '"a\\\x01"@example.com',
+                '"\u00e9"@example.com', '"a\nb"@example.com']
 )
 def test_invalid_addresses(address):
     with pytest.raises(InvalidArgument, match="not a valid mail address"):
