@@ -19,8 +19,9 @@ MAX_ENQUEUE_IDS = 1000
 
 
 def sender_is(wanted: str, sender: str) -> bool:
-    """The mail's sender is ``wanted`` (``"<>"``: the null sender)."""
-    return sender == (model.NULL_SENDER if wanted == NULL_SENDER_PATTERN else wanted)
+    """The mail's sender is ``wanted`` (``"<>"``: the null sender), in any case: producers and
+    operators spell one address differently (quotas lower-case senders too)."""
+    return sender.lower() == (model.NULL_SENDER if wanted == NULL_SENDER_PATTERN else wanted.lower())
 
 
 def in_domain(recipients: Iterable[str], domain: str) -> bool:

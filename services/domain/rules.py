@@ -54,6 +54,8 @@ def validate(rule: model.Rule, now: dt.datetime) -> model.Rule:
     if rule.queue:
         queue_name(rule.queue)
     domain = validation.domain(rule.recipient_domain, "rule.recipient_domain") if rule.recipient_domain else ""
+    if rule.sender and rule.sender != filters.NULL_SENDER_PATTERN:  # else a rule that matches nothing, silently
+        validation.address(rule.sender, 'rule.sender (an address, or "<>" for the null sender)')
     for field in ("sender", "name", "reason"):
         if len(getattr(rule, field)) > 1000:
             raise InvalidArgument(f"rule.{field} is longer than 1000 characters")

@@ -10,7 +10,7 @@ import pytest
 from mailqueue.v1 import admin_pb2, browse_pb2
 from services.domain import model
 from stack.harness import wait_until
-from tests.integration.helpers import StreamConsumer, dead_letter_count, deleted_reason
+from tests.integration.helpers import StreamConsumer, dead_letter_count, deleted_reason, inline, simple_mail
 
 
 def add_rule(suite, kind, seconds=3600, **condition) -> admin_pb2.AddRuleResponse:
@@ -140,6 +140,22 @@ def test_bounce_dead_letters_queued_and_new_matching_mails_with_the_rule_reason(
     suite.admin_stub.LiftRule(admin_pb2.LiftRuleRequest(rule_id=r.rule.rule_id))
 
 
+def test_a_rule_on_a_sender_matches_it_in_any_case_and_the_null_sender_by_its_brackets(suite):
+    """Producers and operators spell one address differently: Spammer@Example.COM is the sender
+    spammer@example.com."""
+    queue = suite.new_queue()
+    spam, bounce, _ = (suite.enqueue_receipt(inline(queue, simple_mail(name, sender=sender))).enqueue_id
+                       for name, sender in (("spam", "spammer@example.com"), ("a-bounce", ""), ("ham", "friend@example.com")))
+    by_sender = add_rule(suite, "bounce", queue=queue, sender="Spammer@Example.COM")
+    by_null = add_rule(suite, "bounce", queue=queue, sender="<>")
+    assert (by_sender.applied, by_null.applied) == (1, 1)
+    assert deleted_reason(suite, queue, uuid.UUID(spam)) == f"bounced: test rule (rule {by_sender.rule.rule_id})"
+    assert deleted_reason(suite, queue, uuid.UUID(bounce)) == f"bounced: test rule (rule {by_null.rule.rule_id})"
+    assert suite.size(queue) == 1
+    for r in (by_sender, by_null):
+        suite.admin_stub.LiftRule(admin_pb2.LiftRuleRequest(rule_id=r.rule.rule_id))
+
+
 @pytest.mark.parametrize("rule,message", [
     (admin_pb2.Rule(kind=admin_pb2.RULE_KIND_HOLD), "needs a condition"),
     (admin_pb2.Rule(queue="q"), "kind"),
@@ -148,6 +164,9 @@ def test_bounce_dead_letters_queued_and_new_matching_mails_with_the_rule_reason(
     (admin_pb2.Rule(kind=admin_pb2.RULE_KIND_HOLD, recipient_domain="not a domain <x>"), "not a domain"),
     (admin_pb2.Rule(kind=admin_pb2.RULE_KIND_HOLD, queue="bad name"), "queue name"),
     (admin_pb2.Rule(kind=admin_pb2.RULE_KIND_HOLD, recipient_domain="[192.0.2.1"), "not a domain"),
+    # a sender that is no address would match nothing, silently
+    (admin_pb2.Rule(kind=admin_pb2.RULE_KIND_BOUNCE, sender="not an address"), "rule.sender"),
+    (admin_pb2.Rule(kind=admin_pb2.RULE_KIND_BOUNCE, sender=" "), "rule.sender"),
 ])
 def test_invalid_rules_are_refused(suite, rule, message):
     if rule.kind:

@@ -26,6 +26,10 @@ def test_each_filter():
     assert BrowseFilter(name="n").matches(m) and not BrowseFilter(name="other").matches(m)
 
 
+def test_a_sender_matches_in_any_case():
+    assert BrowseFilter(sender="S@X.Org").matches(queued()) and BrowseFilter(sender="s@x.org").matches(queued(sender="S@x.ORG"))
+
+
 def test_null_sender_is_spelled_angle_brackets():
     assert BrowseFilter(sender="<>").matches(queued(sender=""))
     assert not BrowseFilter(sender="<>").matches(queued())
