@@ -201,8 +201,9 @@ def enqueued(mail: model.QueuedMail, actor: Actor | None = None) -> Event:
 def resent(queued: model.QueuedMail, result: model.EnqueueResult) -> Event:
     """An idempotency key answered with an earlier enqueue: the same event as that enqueue's (same
     id, same time, its mail as queued), marked resent; it overwrites the first record, never adds
-    a second."""
-    return of_mail(EventType.ENQUEUED, queued, step=0, at=result.enqueued_at, details={"resent": "true"})
+    a second. Its attempt is 0, as the first's, whatever the mail has lived since; its actor is the
+    caller that sent it again."""
+    return of_mail(EventType.ENQUEUED, queued, step=0, attempt=0, at=result.enqueued_at, details={"resent": "true"})
 
 
 def _attempt(mail: model.QueuedMail) -> int:

@@ -210,11 +210,17 @@ def test_a_resend_with_the_same_idempotency_key_is_one_enqueued_event(secured):
     first = producer.Enqueue(inline(queue, simple_mail("once"), key=key)).receipt
     before = history(secured, enqueue_id=first.enqueue_id)
     assert [T.EventType.Name(e.type) for e in before] == ["EVENT_TYPE_ENQUEUED"] and "resent" not in before[0].details
+    consumer = StreamConsumer(stub(secured, "dequeue", "consumer"), queue)  # the mail lives an attempt meanwhile
+    try:
+        consumer.answer(consumer.next(), "RETRY", "451 4.7.1 try later", retry_after=60)
+        wait_until(lambda: len(history(secured, enqueue_id=first.enqueue_id)) == 3, 30, what="the RETRY recorded")
+    finally:
+        consumer.close()
     again = producer.Enqueue(inline(queue, simple_mail("once"), key=key)).receipt
     assert again.enqueue_id == first.enqueue_id
-    after = history(secured, enqueue_id=first.enqueue_id)
-    # One event, its id and time unchanged, marked resent
-    assert [(e.id, e.time) for e in after] == [(before[0].id, before[0].time)]
+    after = [e for e in history(secured, enqueue_id=first.enqueue_id) if e.type == T.EVENT_TYPE_ENQUEUED]
+    # One event, its id, time and attempt (0: the enqueue's, not the mail's since) unchanged, marked resent
+    assert [(e.id, e.time, e.attempt) for e in after] == [(before[0].id, before[0].time, 0)]
     assert after[0].details["resent"] == "true"
 
 
