@@ -90,10 +90,21 @@ NOT_FOUND_HINTS = {
 }
 
 
-def hint(code: grpc.StatusCode, command: str) -> str:
-    """What to do about a failed call of ``command``."""
+#: UNAVAILABLE sent by a service that was reached: one of its backends (Cassandra, RabbitMQ, S3) is
+#: down or alarmed, or it is stopping. Its message says which; nothing was done.
+SERVED_UNAVAILABLE_HINT = ("the service was reached but could not do it now (the message says why: a backend down, a broker "
+                           "alarm, a replica stopping) and did nothing: retry (the troubleshooting page has each case)")
+#: What gRPC's own UNAVAILABLE says when no connection was made (refused, no such host, TLS refused).
+_NOT_CONNECTED = ("failed to connect", "dns resolution failed", "connection refused", "handshake", "socket closed",
+                  "connection reset", "name resolution")
+
+
+def hint(code: grpc.StatusCode, command: str, details: str = "") -> str:
+    """What to do about a failed call of ``command`` (``details``: the status's message)."""
     if code is grpc.StatusCode.NOT_FOUND and command in NOT_FOUND_HINTS:
         return NOT_FOUND_HINTS[command]
+    if code is grpc.StatusCode.UNAVAILABLE and details and not any(s in details.lower() for s in _NOT_CONNECTED):
+        return SERVED_UNAVAILABLE_HINT
     return HINTS.get(code, "")
 
 #: The modules that hold the commands, each adding its own with ``register(sub)``, in this order:
@@ -146,7 +157,7 @@ def run(argv: list[str] | None) -> int:
         print(e, file=sys.stderr)
         return EXIT_USAGE
     except grpc.RpcError as e:
-        what = hint(e.code(), a.command)
+        what = hint(e.code(), a.command, e.details() or "")
         print(f"mailq {a.command}: {e.code().name}: {e.details()}" + (f"\n  hint: {what}" if what else ""), file=sys.stderr)
         return EXIT_ERROR
     except BrokenPipeError:

@@ -18,6 +18,7 @@ from google.protobuf import duration_pb2, json_format
 
 from mailqueue.v1 import admin_pb2_grpc, blob_pb2_grpc, browse_pb2_grpc, dequeue_pb2_grpc, enqueue_pb2_grpc, events_pb2_grpc, webhooks_pb2_grpc
 from services.adapters.grpc_channels import blocking_channel
+from services.domain.delays import MAX_DELAY
 from services.domain.durations import parse_duration
 from services.domain.errors import InvalidArgument
 from services.runtime.server_settings import DEFAULT_PORTS
@@ -224,6 +225,23 @@ def duration_arg(text: str) -> dt.timedelta:
         return parse_duration(text)
     except InvalidArgument as e:
         raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def positive_duration_arg(text: str) -> dt.timedelta:
+    """duration_arg above 0s (0s was taken as "not given": a usage error, or nothing changed)."""
+    d = duration_arg(text)
+    if not d:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a duration above 0s")
+    return d
+
+
+def delay_arg(text: str) -> dt.timedelta:
+    """duration_arg bounded as the API bounds a delay (a delivery's or a RETRY's): refused here,
+    before a mail is taken and its attempt spent on an answer the server refuses."""
+    d = duration_arg(text)
+    if d > MAX_DELAY:
+        raise argparse.ArgumentTypeError(f"{text!r} is longer than {MAX_DELAY.days}d, the longest delay")
+    return d
 
 
 def duration(value: Any) -> duration_pb2.Duration:

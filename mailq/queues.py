@@ -27,6 +27,7 @@ from mailq.common import (
     duration,
     duration_arg,
     follow,
+    positive_duration_arg,
     queue_command,
     real,
     whole,
@@ -162,7 +163,7 @@ def cmd_config(c: Client, a: argparse.Namespace) -> None:
     their value) and prints each change. It applies to every queue of the install, and only one
     way (slice window to a divisor of itself, bucket count up): it reads no input, so nothing is
     changed by what is piped into it."""
-    if a.action == "set" and not (a.slice_window or a.buckets or a.pace):
+    if a.action == "set" and a.slice_window is None and not (a.buckets or a.pace):
         raise UsageError("mailq config set: give --slice-window, --buckets or --pace (it changes every queue of the install)")
     current = c.admin.GetConfiguration(admin_pb2.GetConfigurationRequest()).configuration
     if a.action == "get":
@@ -172,7 +173,7 @@ def cmd_config(c: Client, a: argparse.Namespace) -> None:
         return
     wanted = browse_pb2.ViewConfiguration()
     wanted.CopyFrom(current)
-    if a.slice_window:
+    if a.slice_window is not None:
         wanted.slice_window.FromTimedelta(a.slice_window)
     if a.buckets:
         wanted.bucket_count = a.buckets
@@ -207,7 +208,7 @@ def register(sub: Any) -> None:
     s.add_argument("--force", action="store_true", help="delete its live mails with it")
     s = sub.add_parser("config", help="get or set the view configuration (slice window, buckets, browse-start pace) of every queue")
     s.add_argument("action", choices=("get", "set"))
-    s.add_argument("--slice-window", type=duration_arg)
+    s.add_argument("--slice-window", type=positive_duration_arg)
     s.add_argument("--buckets", type=whole(1))
     s.add_argument("--pace", type=whole(1))
     s.set_defaults(fn=cmd_config)

@@ -14,7 +14,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from mailq.common import DEFAULT_TIMEOUT_S, EXIT_NOTHING, EXIT_OK, Client, UsageError, duration, duration_arg, queue_command, real, whole
+from mailq.common import DEFAULT_TIMEOUT_S, EXIT_NOTHING, EXIT_OK, Client, UsageError, delay_arg, duration, queue_command, real, whole
 from mailqueue.v1 import blob_pb2, dequeue_pb2, enqueue_pb2, mail_pb2
 
 CHUNK = 1024 * 1024
@@ -117,12 +117,12 @@ def register(sub: Any) -> None:
     s.add_argument("--to", action="append", required=True, help="recipient (repeat for several)")
     s.add_argument("--name", default="", help="the mail's name, for browse, delete and rules by name (default: none; "
                    "the printed enqueue id identifies the mail)")
-    s.add_argument("--delay", type=duration_arg, help="deliver no earlier than this from now (e.g. 10m)")
+    s.add_argument("--delay", type=delay_arg, help="deliver no earlier than this from now (e.g. 10m)")
     s.add_argument("--priority", choices=("high", "normal", "low"), default="normal")
     s = queue_command(sub, "dequeue", cmd_dequeue, "receive mails and answer them (success, retry or reject)")
     s.add_argument("-n", type=whole(1), default=1, help="how many mails (default 1)")
     s.add_argument("--ack", choices=("success", "retry", "reject"), default="success", help="the answer to each mail (default success)")
-    s.add_argument("--retry-after", type=duration_arg, help="with --ack retry: deliver again after this")
+    s.add_argument("--retry-after", type=delay_arg, help="with --ack retry: deliver again after this")
     s.add_argument("--out", help="write each mail's content to DIR/<id>.eml")
     s.add_argument("--wait", type=real(maximum=86400, above=True), default=10,
                    help="give up after this many seconds (default 10); no mail by then: exit status 3")

@@ -12,6 +12,7 @@ import tempfile
 import time
 
 from tests.conftest import own_queue
+from tests.integration.helpers import delivered, message_count
 
 #: The console script `pip install` made, as an operator calls it.
 MAILQ = pathlib.Path(sys.executable).parent / "mailq"
@@ -241,12 +242,30 @@ def test_usage_errors_exit_2(suite):
     assert r.returncode == 2 and "port 1 to 65535" in r.stderr
     r = run(suite, "dequeue", "x", "--retry-after", "5m")  # went out with a SUCCESS: the mail gone, not retried
     assert r.returncode == 2 and "--retry-after goes with --ack retry" in r.stderr
+    r = run(suite, "config", "set", "--slice-window", "0s", "--buckets", "4")  # 0s was "not given": the window unchanged
+    assert r.returncode == 2 and "above 0s" in r.stderr and r.stdout == ""
     r = run(suite, "events", "--type", "swept")  # offered by --help, then refused by the server (exit 1)
     assert r.returncode == 2 and "mail history only" in r.stderr
     for option in ("--max-attempts", "--multiplier"):  # 0 went out as "unset": the policy unchanged, exit 0
         for command in ("create", "retry-policy"):
             r = run(suite, command, "x", option, "0")
             assert r.returncode == 2 and "out of range" in r.stderr and r.stdout == "", (command, option, r.stderr)
+
+
+def test_a_retry_after_the_api_refuses_is_a_usage_error_before_a_mail_is_taken(suite, tmp_path):
+    """Past the longest delay (366 days) the server refuses the RETRY: the mail went back with an
+    attempt spent, and mailq had printed it retried."""
+    queue = own_queue("cli")
+    eml = tmp_path / "m.eml"
+    eml.write_bytes(b"Subject: hi\r\n\r\nhello\r\n")
+    mailq(suite, "create", queue)
+    mailq(suite, "enqueue", queue, str(eml), "--to", "b@example.org")
+    for args in (("dequeue", queue, "--ack", "retry", "--retry-after", "400d"), ("enqueue", queue, str(eml), "--to", "b@example.org",
+                                                                                "--delay", "367d")):
+        r = run(suite, *args)
+        assert r.returncode == 2 and "longer than 366d" in r.stderr and r.stdout == "", (args, r.stderr)
+    assert delivered(suite, queue) == 0 and message_count(queue) == 1  # nothing taken, nothing added
+    assert "[success] attempt 1" in mailq(suite, "dequeue", queue).stdout  # the mail, on its first attempt
 
 
 def test_an_empty_condition_is_a_usage_error_and_changes_nothing(suite, tmp_path):
