@@ -157,16 +157,17 @@ class Browser:
         # An enqueue id or a name: the few rows its index finds (None: no index yet, scan).
         key = ("enqueue_id", f.enqueue_id) if f.enqueue_id is not None else ("name", f.name) if f.name is not None else None
         if key is not None:
-            found = await self._view.mails.indexed(queue, *key, "browse")
+            found = await self._view.mails.index_rows(queue, *key, "browse")
             if found is not None:
-                rows = sorted(found, key=position)
-                async for q in self._from_browse_start(queue, [q for q in rows if after is None or position(q) > after], f, limit):
+                async for q in self._from_browse_start(queue, sorted(found, key=position), f, limit, after):
                     yield q
                 return
         count = 0
         # A limit: the first pages as small as it (a filter that skips rows makes them grow).
         first_page = min(max(limit, FIRST_PAGE), MAX_PAGE) if limit else FIRST_PAGE
-        async for q in self.live_mails(queue, "browse", first_page=first_page, after=after):
+        # Enqueue times narrow the slices read: a mail lies in the slice of its enqueue time.
+        async for q in self.live_mails(queue, "browse", first_page=first_page, after=after, since=f.enqueued_after,
+                                       until=f.enqueued_before):
             if f.matches(q):
                 yield q
                 count += 1
@@ -174,19 +175,26 @@ class Browser:
                     return
 
     async def _from_browse_start(
-        self, queue: str, rows: list[model.QueuedMail], f: BrowseFilter, limit: int,
+        self, queue: str, rows: list[model.QueuedMail], f: BrowseFilter, limit: int, after: paging.Position | None,
     ) -> AsyncIterator[model.QueuedMail]:
-        """Browse by name or id: the live rows the view's index found, from browse start on."""
+        """Browse by name or id: the live rows the view's index found (``rows``, in Browse order),
+        from browse start and after ``after`` on. Their deleted marks are read a chunk at a time,
+        as the caller reads on: a page of a name that a million delivered mails had reads about a
+        page of marks, not a million."""
         start = await self._view.starts.browse_start(queue)
         if start is None:
             return
-        count = 0
-        for q in rows:
-            if q.slice_start >= start and f.matches(q):
-                yield q
-                count += 1
-                if limit and count >= limit:
-                    return
+        rows = [q for q in rows if q.slice_start >= start and (after is None or position(q) > after)]
+        count, chunk, i = 0, max(min(limit, MAX_PAGE), 1) if limit else FIRST_PAGE, 0
+        while i < len(rows):
+            for q in await self._view.mails.live(queue, rows[i:i + chunk], "browse"):
+                if f.matches(q):
+                    yield q
+                    count += 1
+                    if limit and count >= limit:
+                        return
+            i += chunk
+            chunk = min(chunk * 2, MAX_PAGE)
 
     async def browse_with_content(
         self, queue: str, f: BrowseFilter, limit: int = 0, include_content: bool = False, page_size: int = 0,

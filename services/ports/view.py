@@ -101,6 +101,16 @@ class MailQueueView(abc.ABC):
         cannot answer (missing, building): the caller scans instead."""
 
     @abc.abstractmethod
+    async def index_rows(self, queue: str, column: str, value: Any, op: str) -> list[model.QueuedMail] | None:
+        """``indexed`` without the liveness check: the rows the index finds, in enqueue order, no
+        deleted mark read (``live`` reads them for the rows a caller keeps). None as ``indexed``."""
+
+    @abc.abstractmethod
+    async def live(self, queue: str, rows: list[model.QueuedMail], op: str) -> list[model.QueuedMail]:
+        """Those of ``rows`` not deleted, in their order, each with its current schedule: one
+        deleted-mark read per row."""
+
+    @abc.abstractmethod
     async def size(self, queue: str) -> counts.Counts:
         """Live, delayed and held mails from browse start, from the slice counters."""
 

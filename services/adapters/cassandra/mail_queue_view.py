@@ -164,20 +164,24 @@ class CassandraMailQueueView(MailQueueView):
                     heapq.heappush(heap, (_order(c.rows[at + 1]), i, at + 1))
                 elif not c.exhausted:
                     heapq.heappush(heap, (key, i, REFILL))
-            live = await self._live(queue, out, op)
+            live = await self.live(queue, out, op)
             if live:
                 yield live
             fetch = min(fetch * 2, max_page)
 
     async def indexed(self, queue: str, column: str, value: Any, op: str) -> list[model.QueuedMail] | None:
+        rows = await self.index_rows(queue, column, value, op)
+        return None if rows is None else await self.live(queue, rows, op)
+
+    async def index_rows(self, queue: str, column: str, value: Any, op: str) -> list[model.QueuedMail] | None:
         found = await self._enqueued.indexed(queue, column, value)
         if found is None:
             return None
         rows = sorted(found, key=_order)
         ROWS_READ.labels(op).inc(len(rows))
-        return await self._live(queue, rows, op)
+        return rows
 
-    async def _live(self, queue: str, rows: list[model.QueuedMail], op: str) -> list[model.QueuedMail]:
+    async def live(self, queue: str, rows: list[model.QueuedMail], op: str) -> list[model.QueuedMail]:
         if not rows:
             return []
         sem = asyncio.Semaphore(MARK_CONCURRENCY)
