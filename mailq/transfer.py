@@ -11,6 +11,7 @@ import os
 import queue as q
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -40,51 +41,31 @@ def cmd_enqueue(c: Client, a: argparse.Namespace) -> None:
     print(f"{r.enqueue_id} queued ({r.size} bytes)")
 
 
+#: Most deliveries one round of ``mailq dequeue`` asks for (its stream's prefetch).
+ROUND = 64
+
+
 def cmd_dequeue(c: Client, a: argparse.Namespace) -> int:
-    """Take up to ``-n`` mails and answer each. When --wait passes first, the stream is half-closed
-    (not cancelled): the server settles the answers sent and ends it, and a delivery that arrives
-    after that is left unanswered, so it goes back to the queue. No mail at all: EXIT_NOTHING."""
+    """Take up to ``-n`` mails and answer each. In rounds of at most ROUND mails, each a stream
+    whose credit (prefetch) is the mails it still wants: the round's mails are answered together,
+    in one Outcomes message followed by the half-close, once all have come or --wait passed. An
+    answer frees credit, so answered one by one the server handed out more mails before it read the
+    half-close; left unanswered, each came back with an attempt of the broker's delivery limit
+    spent. A delivery that arrives after --wait passed is left unanswered: it goes back to the
+    queue when the stream ends. No mail at all: EXIT_NOTHING."""
     if a.retry_after is not None and a.ack != "retry":  # it went out with a SUCCESS, read by nobody: the mail gone
         raise UsageError(f"mailq dequeue: --retry-after goes with --ack retry (with --ack {a.ack} the mail would not "
                          "be delivered again)")
     kind = {"success": dequeue_pb2.OUTCOME_KIND_SUCCESS, "retry": dequeue_pb2.OUTCOME_KIND_RETRY,
             "reject": dequeue_pb2.OUTCOME_KIND_REJECT}[a.ack]
-    requests: q.Queue = q.Queue()
-    requests.put(dequeue_pb2.DequeueRequest(subscribe=dequeue_pb2.Subscribe(queue=a.queue, prefetch=min(a.n, 64))))
-    # Half-closed after --wait at the latest, the stream then ends once the server settled the
-    # answers: bounded by --wait plus --timeout, like every call (a stuck dequeue_svc held it for ever).
-    stream = c.dequeue.Dequeue(iter(requests.get, None), timeout=a.wait + getattr(a, "timeout", DEFAULT_TIMEOUT_S))
-    answering = threading.Lock()  # a delivery is answered whole, or not at all, before the half-close
-    closed = threading.Event()
-
-    def half_close() -> None:
-        with answering:
-            if not closed.is_set():
-                closed.set()
-                requests.put(None)  # half-close: the server settles the outcomes sent, then ends the stream
-
-    timer = threading.Timer(a.wait, half_close)
-    timer.start()
+    deadline = time.monotonic() + a.wait
     done = 0
-    try:
-        for r in stream:
-            if r.WhichOneof("kind") != "delivery":
-                continue
-            with answering:
-                if closed.is_set():
-                    continue  # --wait passed: left unanswered, back to the queue when the stream ends
-                answer(c, a, r.delivery, kind, requests)
-                done += 1
-            if done >= a.n:
-                break
-    except BaseException:  # Ctrl-C or a failed call: leave at once; a mail whose answer was not sent comes back
-        timer.cancel()
-        stream.cancel()
-        raise
-    timer.cancel()
-    half_close()
-    for _ in stream:
-        pass
+    while done < a.n:
+        want = min(a.n - done, ROUND)
+        got = dequeue_round(c, a, kind, want, deadline)
+        done += got
+        if got < want:  # --wait passed
+            break
     if done == 0:
         print(f"mailq dequeue: no mail from {a.queue} within {a.wait:g} s (empty, or its mails are delayed, held or "
               "throttled: mailq show lists them)", file=sys.stderr)
@@ -94,20 +75,70 @@ def cmd_dequeue(c: Client, a: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def answer(c: Client, a: argparse.Namespace, d: dequeue_pb2.Delivery, kind: int, requests: q.Queue) -> None:
-    """Write the delivery's content (--out), print it, and queue its outcome."""
+def dequeue_round(c: Client, a: argparse.Namespace, kind: int, want: int, deadline: float) -> int:
+    """One stream of credit ``want``: the mails answered (``want``, or fewer when the deadline came first)."""
+    requests: q.Queue = q.Queue()
+    requests.put(dequeue_pb2.DequeueRequest(subscribe=dequeue_pb2.Subscribe(queue=a.queue, prefetch=want)))
+    # Half-closed at the deadline at the latest, the stream then ends once the server settled the
+    # answers: bounded by --wait plus --timeout, like every call (a stuck dequeue_svc held it for ever).
+    wait = max(deadline - time.monotonic(), 0.0)
+    stream = c.dequeue.Dequeue(iter(requests.get, None), timeout=wait + getattr(a, "timeout", DEFAULT_TIMEOUT_S))
+    answering = threading.Lock()  # the round's mails are answered together, before the half-close, or not at all
+    closed = threading.Event()
+    held: list[dequeue_pb2.Delivery] = []
+
+    def answer_and_close() -> None:
+        with answering:
+            if closed.is_set():
+                return
+            closed.set()
+            if held:
+                requests.put(dequeue_pb2.DequeueRequest(outcomes=dequeue_pb2.Outcomes(outcomes=[outcome(a, d, kind) for d in held])))
+            requests.put(None)  # half-close: the server settles the outcomes sent, then ends the stream
+
+    timer = threading.Timer(wait, answer_and_close)
+    timer.start()
+    try:
+        for r in stream:
+            if r.WhichOneof("kind") != "delivery":
+                continue
+            with answering:
+                if closed.is_set():
+                    continue  # --wait passed: left unanswered, back to the queue when the stream ends
+                keep(c, a, r.delivery)
+                held.append(r.delivery)
+                full = len(held) >= want
+            if full:
+                break
+    except BaseException:  # Ctrl-C or a failed call: leave at once; a mail whose answer was not sent comes back
+        timer.cancel()
+        stream.cancel()
+        raise
+    timer.cancel()
+    answer_and_close()
+    for _ in stream:  # settled, then ended by the server; a delivery after the half-close is left unanswered
+        pass
+    return len(held)
+
+
+def keep(c: Client, a: argparse.Namespace, d: dequeue_pb2.Delivery) -> None:
+    """Write the delivery's content (--out) before it is answered."""
     if a.out:
         os.makedirs(a.out, exist_ok=True)
         content = d.content if d.content_inline else b"".join(
             p.chunk for b in d.mail.blob_ids for p in c.blob.Get(blob_pb2.GetRequest(blob_id=b)))
         with open(os.path.join(a.out, f"{d.mail.enqueue_id}.eml"), "wb") as f:
             f.write(content)
+
+
+def outcome(a: argparse.Namespace, d: dequeue_pb2.Delivery, kind: int) -> dequeue_pb2.Outcome:
+    """The answer to ``d``, printed as it is sent."""
     print(f"{d.mail.enqueue_id} {d.mail.mail.sender or '<>'} -> {','.join(d.mail.mail.recipients)} "
           f"[{a.ack}] attempt {d.mail.attempts + 1}")  # as mailq trace numbers it (ATTEMPT)
-    outcome = dequeue_pb2.Outcome(delivery_tag=d.delivery_tag, kind=kind)
+    o = dequeue_pb2.Outcome(delivery_tag=d.delivery_tag, kind=kind)
     if a.retry_after is not None:
-        outcome.retry_after.CopyFrom(duration(a.retry_after))
-    requests.put(dequeue_pb2.DequeueRequest(outcome=outcome))
+        o.retry_after.CopyFrom(duration(a.retry_after))
+    return o
 
 
 def register(sub: Any) -> None:

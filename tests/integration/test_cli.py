@@ -11,8 +11,11 @@ import sys
 import tempfile
 import time
 
+import pytest
+
+from stack.harness import wait_until
 from tests.conftest import own_queue
-from tests.integration.helpers import delivered, message_count
+from tests.integration.helpers import delivered, enqueue_names, message_count
 
 #: The console script `pip install` made, as an operator calls it.
 MAILQ = pathlib.Path(sys.executable).parent / "mailq"
@@ -172,6 +175,22 @@ def run(suite, *args: str, **options) -> subprocess.CompletedProcess:
                "--browse", suite.browse.target, "--blob", suite.blob.target]
     options = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, **options}
     return subprocess.run([str(MAILQ), *targets, *args], cwd=tempfile.gettempdir(), text=True, timeout=60, **options)
+
+
+@pytest.mark.parametrize("n, ack", [(3, "success"), (5, "retry"), (70, "success")])
+def test_dequeue_of_n_mails_from_a_deeper_queue_hands_out_n_and_no_more(suite, tmp_path, n, ack):
+    """Each answer frees a delivery's credit: answered one by one, the server handed out more mails
+    before it read the half-close, and mailq left them unanswered (each an attempt of the broker's
+    delivery limit spent, and a hand-out recorded that nobody saw)."""
+    queue = suite.new_queue()
+    enqueue_names(suite, queue, [f"m{i}" for i in range(n + 20)])
+    handed = suite.metric("dequeue", "mailqueue_delivered_total", queue=queue)
+    extra = ("--retry-after", "1h") if ack == "retry" else ()
+    r = run(suite, "dequeue", queue, "-n", str(n), "--ack", ack, *extra)
+    assert r.returncode == 0 and len(r.stdout.splitlines()) == n, r.stderr
+    wait_until(lambda: message_count(queue) == 20, 10, what="the other 20 back in the queue, ready")
+    assert suite.metric("dequeue", "mailqueue_delivered_total", queue=queue) - handed == n
+    assert suite.size(queue) == (n + 20 if ack == "retry" else 20)
 
 
 def test_dequeue_ends_with_status_3_when_no_mail_comes(suite):
