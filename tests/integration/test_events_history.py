@@ -18,7 +18,18 @@ import grpc
 import pytest
 from google.protobuf import duration_pb2
 
-from mailqueue.v1 import admin_pb2, admin_pb2_grpc, browse_pb2, browse_pb2_grpc, dequeue_pb2_grpc, enqueue_pb2_grpc, events_pb2, events_pb2_grpc, shaping_pb2
+from mailqueue.v1 import (
+    admin_pb2,
+    admin_pb2_grpc,
+    browse_pb2,
+    browse_pb2_grpc,
+    dequeue_pb2_grpc,
+    enqueue_pb2,
+    enqueue_pb2_grpc,
+    events_pb2,
+    events_pb2_grpc,
+    shaping_pb2,
+)
 from services.adapters.grpc_channels import blocking_channel
 from stack.harness import wait_until
 from tests.conftest import own_queue
@@ -148,6 +159,39 @@ def test_an_enqueue_the_event_stream_refuses_is_undone_and_leaves_no_history(sec
     receipt = wait_until(lambda: _enqueued_or_none(secured, queue, name), 30, what="an enqueue once the stream is back")
     assert [T.EventType.Name(e.type) for e in history(secured, enqueue_id=receipt.enqueue_id)] == ["EVENT_TYPE_ENQUEUED"]
     assert [T.EventType.Name(e.type) for e in history(secured, name=name)] == ["EVENT_TYPE_ENQUEUED"]
+
+
+def test_an_enqueue_whose_history_was_written_in_part_is_undone_and_leaves_no_history(secured, monkeypatch):
+    """A group's history is several requests (its row, its names' rows in batches): one of them
+    failing undoes the enqueue, and the rows the others wrote are taken back (they stayed: a mail
+    never enqueued had an ENQUEUED event, found by the other mails' names)."""
+    from services.adapters.cassandra.event_log import CassandraEventLog
+    from services.domain.errors import BackendUnavailable
+
+    queue, tag = new_queue(secured), uuid.uuid4().hex[:6]
+    names = [f"part-{tag}-{i:02d}" for i in range(32)]
+    poison = names[-1]
+    write = CassandraEventLog._write
+
+    async def failing(self, rows):
+        if any(values[0] == poison for _, values, _ in rows):
+            raise BackendUnavailable("cassandra", "injected on the request of one name row")
+        await write(self, rows)
+
+    monkeypatch.setattr(CassandraEventLog, "_write", failing)
+    many = [enqueue_pb2.EnqueueManyRequest(sequence=i, request=inline(queue, simple_mail(n))) for i, n in enumerate(names)]
+    results = [r for b in stub(secured, "enqueue", "producer").EnqueueBatches(iter([enqueue_pb2.EnqueueBatchesRequest(mails=many)]),
+                                                                             timeout=60) for r in b.results]
+    monkeypatch.undo()
+    # The group with the poisoned name row was refused whole (a mail that came first may have run alone)
+    by_name = {names[r.sequence]: r for r in results}
+    refused = [n for n in names if by_name[n].HasField("error")]
+    assert poison in refused and len(refused) >= 16, [by_name[n].WhichOneof("result") for n in names]
+    assert {by_name[n].error.code for n in refused} == {grpc.StatusCode.UNAVAILABLE.value[0]}
+    browsed = [r.mail.mail.name for r in stub(secured, "browse", "admin").Browse(browse_pb2.BrowseRequest(queue=queue))]
+    assert sorted(browsed) == [n for n in names if n not in refused]
+    for name in refused:  # not one ENQUEUED event, under any of the group's names
+        assert history(secured, name=name) == [], name
 
 
 def _enqueued_or_none(s, queue: str, name: str):

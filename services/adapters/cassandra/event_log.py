@@ -186,7 +186,7 @@ class CassandraEventLog:
             written = uuid_from_time(time.time())
             rows.append(((self._insert_group, (uuid.UUID(int=key), written, body, self._ttl), 40 + len(body)), callers))
         requests: list[list[_Row]] = []
-        holders: list[list[int]] = []
+        holders: list[list[list[int]]] = []  # per request, each row's callers
         size = BATCH_BYTES
         for row, callers in rows:
             if len(requests[-1] if requests else ()) >= BATCH_STATEMENTS or size + row[2] > BATCH_BYTES:
@@ -194,7 +194,7 @@ class CassandraEventLog:
                 holders.append([])
                 size = 0
             requests[-1].append(row)
-            holders[-1].extend(callers)
+            holders[-1].append(callers)
             size += row[2]
         self._keep(asyncio.get_running_loop().create_task(self._commit(waiting, requests, holders)))
 
@@ -203,7 +203,7 @@ class CassandraEventLog:
         task.add_done_callback(self._tasks.discard)
         return task
 
-    async def _commit(self, waiting: list[_Waiting], requests: list[list[_Row]], holders: list[list[int]]) -> None:
+    async def _commit(self, waiting: list[_Waiting], requests: list[list[_Row]], holders: list[list[list[int]]]) -> None:
         """A loop turn's writes, then its sinks; each caller answered with its own outcome (a
         cancelled commit, when the service stops, cancels every caller still waiting)."""
         try:
@@ -213,9 +213,12 @@ class CassandraEventLog:
                 if not w.done.done():
                     w.done.cancel()
 
-    async def _write_then_sink(self, waiting: list[_Waiting], requests: list[list[_Row]], holders: list[list[int]]) -> None:
+    async def _write_then_sink(self, waiting: list[_Waiting], requests: list[list[_Row]], holders: list[list[list[int]]]) -> None:
         """The turn's requests, all at once; then the events of the callers whose rows were all
-        written go to each sink in one call; each caller gets its row's failure, the sinks', or None."""
+        written go to each sink in one call; each caller gets its row's failure, the sinks', or None.
+        A caller whose rows were written in part (one request of its turn failed) is answered with
+        the failure and carries its change out no further: its rows that were written are taken
+        back, as when a sink fails."""
         failed: dict[int, BaseException] = {}
         results: list[BaseException | None] = []
         if len(requests) == 1:  # most turns: awaited here, no gather and no task of its own
@@ -228,8 +231,11 @@ class CassandraEventLog:
             results = await asyncio.gather(*(self._write(r) for r in requests), return_exceptions=True)
         for result, held in zip(results, holders, strict=True):
             if isinstance(result, BaseException):
-                for c in held:
-                    failed.setdefault(c, result)
+                for callers in held:
+                    for c in callers:
+                        failed.setdefault(c, result)
+        if failed and self._taking_back:
+            await self._take_back(requests, results, holders, set(failed))
         written = [w for c, w in enumerate(waiting) if c not in failed]
         sunk: BaseException | None = None
         if written and self._sinks:
@@ -241,7 +247,7 @@ class CassandraEventLog:
             except BaseException as e:  # noqa: BLE001 - every caller of the turn gets it (cancelled: the service stops)
                 sunk = e
                 if self._taking_back and not isinstance(e, asyncio.CancelledError):
-                    await self._take_back(requests, results)
+                    await self._take_back(requests, results, holders, set(range(len(waiting))))  # every caller fails
         for c, w in enumerate(waiting):
             error = failed.get(c, sunk)
             if w.done.done():
@@ -255,16 +261,19 @@ class CassandraEventLog:
         if isinstance(sunk, asyncio.CancelledError):
             raise sunk
 
-    async def _take_back(self, requests: list[list[_Row]], results: list[BaseException | None]) -> None:
-        """A sink failed (the stream unreachable): every caller of the turn is answered with the
-        error and carries its change out no further (an enqueue undone, an admin change not
-        applied), so the history rows the turn wrote are deleted: the history says nothing of a
-        change that did not happen. Not in dequeue_svc (``take_back`` False): a SUCCESS's mark is
+    async def _take_back(self, requests: list[list[_Row]], results: list[BaseException | None],
+                         holders: list[list[list[int]]], undone: set[int]) -> None:
+        """The callers ``undone`` are answered with an error (a sink failed: the stream unreachable;
+        or a request of theirs failed) and carry their changes out no further (an enqueue undone,
+        an admin change not applied), so the history rows written for them alone are deleted: the
+        history says nothing of a change that did not happen (a row shared with a caller whose
+        change goes on stays). Not in dequeue_svc (``take_back`` False): a SUCCESS's mark is
         written with its event, so the change is done; its event is written again when the mail
         comes back and is skipped. Best effort, on this rare path only (a delete is a tombstone): if it fails too,
         logged, and the rows expire with the retention."""
-        groups = [values for request, result in zip(requests, results, strict=True) if result is None
-                  for statement, values, _ in request if statement is self._insert_group]
+        groups = [values for request, result, held in zip(requests, results, holders, strict=True) if result is None
+                  for (statement, values, _), callers in zip(request, held, strict=True)
+                  if statement is self._insert_group and undone.issuperset(callers)]
         if not groups:
             return
         batch = BatchStatement(batch_type=BatchType.UNLOGGED)
