@@ -12,7 +12,8 @@ mail queues' RabbitMQ queues and its event stream behind. They cost the backends
 Throwaway, by name: keyspaces ``mq_bench_*`` and ``mq_test_*``; RabbitMQ queues of a mail queue
 named ``<anything>-<8 to 12 hex digits>`` (the benches', the tests' and the contract clients'
 queues); the event stream and dead-letter-marks queue of a throwaway keyspace. A RabbitMQ queue
-with a consumer is in use, so never listed.
+with a consumer is in use, so never listed; nor is a queue of a keyspace that is not throwaway
+(``make run``'s ``mailqueue``, an operator's), whatever its name.
 """
 
 from __future__ import annotations
@@ -51,8 +52,10 @@ def throwaway_keyspace(name: str) -> bool:
     return name.startswith(KEYSPACE_PREFIXES)
 
 
-def throwaway_broker_queue(name: str) -> bool:
-    """Whether a RabbitMQ queue belongs to a run's throwaway mail queue or keyspace (by its name)."""
+def throwaway_broker_queue(name: str, kept: frozenset[str] = frozenset()) -> bool:
+    """Whether a RabbitMQ queue belongs to a run's throwaway mail queue or keyspace (by its name).
+    ``kept``: the mail queues of the keyspaces that are not throwaway (an operator's queue named
+    like a run's, ``daily-2026120701``, is one of them): never theirs."""
     from services.domain import names
 
     prefix = names.AMQP_PREFIX + "."
@@ -64,7 +67,8 @@ def throwaway_broker_queue(name: str) -> bool:
             return throwaway_keyspace(rest.removeprefix(kind))
     for suffix in _SUFFIXES:
         if rest.endswith(suffix):
-            return bool(_THROWAWAY_QUEUE.search(rest.removesuffix(suffix)))
+            queue = rest.removesuffix(suffix)
+            return bool(_THROWAWAY_QUEUE.search(queue)) and queue not in kept
     return False
 
 
@@ -84,13 +88,20 @@ def exchanges_of(queue: str) -> list[str]:
     return []
 
 
-def _keyspaces() -> list[str]:
+def _keyspaces() -> tuple[list[str], frozenset[str]]:
+    """Every keyspace, and the mail queues of those that are not throwaway (an operator's)."""
+    from services.adapters.cassandra import schema
     from services.adapters.cassandra.session import connect
     from services.runtime.settings import cassandra_from_env
 
     cluster, session = connect(cassandra_from_env(os.environ))
     try:
-        return sorted(r.keyspace_name for r in session.execute("SELECT keyspace_name FROM system_schema.keyspaces"))
+        keyspaces = sorted(r.keyspace_name for r in session.execute("SELECT keyspace_name FROM system_schema.keyspaces"))
+        kept = set()
+        for k in keyspaces:
+            if not throwaway_keyspace(k) and schema.QUEUES in cluster.metadata.keyspaces[k].tables:
+                kept.update(r.queue_name for r in session.execute(f"SELECT queue_name FROM {k}.{schema.QUEUES}"))
+        return keyspaces, frozenset(kept)
     finally:
         cluster.shutdown()
 
@@ -104,8 +115,9 @@ def _idle_broker_queues() -> list[str]:
 
 def find() -> Leftovers:
     """The throwaway keyspaces and idle throwaway RabbitMQ queues on the local stack."""
-    keyspaces = [k for k in _keyspaces() if throwaway_keyspace(k)]
-    queues = [q for q in _idle_broker_queues() if throwaway_broker_queue(q)]
+    every, kept = _keyspaces()
+    keyspaces = [k for k in every if throwaway_keyspace(k)]
+    queues = [q for q in _idle_broker_queues() if throwaway_broker_queue(q, kept)]
     exchanges = sorted({e for q in queues for e in exchanges_of(q)})
     return Leftovers(keyspaces, queues, exchanges)
 

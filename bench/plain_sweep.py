@@ -1,5 +1,5 @@
 """The baseline of the sweep benchmark: the same sweep as spark/sweep.py, written the plain way,
-one Python process with the Cassandra driver (concurrent requests) and obstore.
+one Python process with the Cassandra driver (concurrent requests) and the S3 client.
 
 It walks each queue's slices × buckets from content start instead of scanning the table, and
 uses the same rules (services/domain/retention.py). Not used in production.
@@ -11,8 +11,6 @@ import asyncio
 import concurrent.futures
 import datetime as dt
 from collections.abc import Iterable
-
-import obstore
 
 from services.adapters.cassandra import bulk
 from services.adapters.cassandra.session import connect
@@ -78,15 +76,15 @@ def sweep(cassandra: CassandraSettings, s3: S3Settings, grace: dt.timedelta, blo
     view.close()
     loop.close()
 
-    c = s3client.store(s3)
+    bucket = s3client.Bucket(s3)
     garbage = [
-        o for o in s3client.objects(c, names.blob_key(""))
-        if retention.blob_collectable(o["last_modified"], started, blob_grace) and o["path"].rsplit("/", 1)[-1] not in referenced
+        o for o in bucket.objects(names.blob_key(""))
+        if retention.blob_collectable(o.last_modified, started, blob_grace) and o.key.rsplit("/", 1)[-1] not in referenced
     ]
 
-    def collect(o) -> None:
-        if retention.blob_collectable(obstore.head(c, o["path"])["last_modified"], started, blob_grace):
-            obstore.delete(c, o["path"])
+    def collect(o: s3client.Object) -> None:
+        if retention.blob_collectable(bucket.head(o.key).last_modified, started, blob_grace):
+            bucket.remove(o.key)
 
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
         list(pool.map(collect, garbage))

@@ -22,7 +22,6 @@ import sys
 import time
 import uuid
 
-import obstore
 from cassandra.concurrent import execute_concurrent
 from cassandra.query import BatchStatement, BatchType
 
@@ -93,12 +92,12 @@ def populate(cassandra: CassandraSettings, s3: S3Settings, dead: int, live: int,
     t = time.monotonic()
     _write_all(session, batches)
     cluster.shutdown()
-    c = s3client.store(s3)
-    if not s3client.bucket_exists(c):
-        s3client.create_bucket(c, s3)
+    bucket = s3client.Bucket(s3)
+    if not bucket.exists():
+        bucket.create()
     for kind in ("dead", "live"):
         for i in range(BLOBS):
-            obstore.put(c, f"blobs/{blob_id(kind, i)}", b"x" * 100)
+            bucket.put(f"blobs/{blob_id(kind, i)}", b"x" * 100)
     print(f"  {ks}: {n} dead rows + marks, {live} live rows, {2 * BLOBS} blobs written in {time.monotonic() - t:.0f} s", flush=True)
     return browse_start
 
@@ -125,9 +124,9 @@ def drop(cassandra: CassandraSettings, s3: S3Settings) -> None:
     cluster, session = connect(cassandra)
     session.execute(f"DROP KEYSPACE IF EXISTS {cassandra.keyspace}", timeout=120)
     cluster.shutdown()
-    c = s3client.store(s3)
-    if s3client.bucket_exists(c):
-        s3client.delete_bucket(c)
+    bucket = s3client.Bucket(s3)
+    if bucket.exists():
+        bucket.drop()
 
 
 def main() -> None:

@@ -38,7 +38,7 @@ from services.domain.errors import BackendUnavailable, ConfigurationError
 from services.runtime import heap, logs, workers
 from services.runtime.auth import TokenAuth, check_exposure, check_transport
 from services.runtime.interceptors import ErrorsAndMetrics
-from services.runtime.settings import Settings
+from services.runtime.settings import Settings, backends_in_the_clear
 from services.runtime.tls import server_credentials
 from services.runtime.watchdog import LoopWatchdog
 
@@ -230,6 +230,9 @@ async def serve(app: App) -> None:
     heap.count_pauses()
     for name, meant in app.settings.misspelled if s.worker <= 1 else ():  # said once for all workers
         log.warning("%s is set but not read: did you mean %s?", name, meant, extra={"variable": name, "meant": meant})
+    settings = app.settings
+    for clear in backends_in_the_clear(settings.cassandra, settings.rabbitmq, settings.s3) if s.worker <= 1 else ():
+        log.warning("reaching %s: mail content and credentials cross the network in the clear", clear, extra={"backend": clear})
     watchdog = LoopWatchdog(asyncio.get_running_loop())
     watchdog.start()
     if s.metrics_port:

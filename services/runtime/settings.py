@@ -18,6 +18,7 @@ import ipaddress
 import os
 import re
 import ssl
+import urllib.parse
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -493,6 +494,20 @@ def _workers(env: Mapping[str, str], port: int, service: str) -> int:
     if workers > 1 and not port:
         raise ConfigurationError("MAILQUEUE_WORKERS > 1 needs a fixed MAILQUEUE_PORT: the workers share it (0 gives each its own)")
     return workers
+
+
+def backends_in_the_clear(cassandra: CassandraSettings, rabbitmq: RabbitMQSettings, s3: S3Settings) -> list[str]:
+    """Each backend this process would reach unencrypted on another host, with what to set: the
+    defaults are a bare local stack's (amqp://guest, minioadmin over HTTP), never a remote one's."""
+    said = []
+    if not cassandra.ca_file and not all(_loopback_address(h) for h in cassandra.hosts):
+        said.append("Cassandra without TLS (set MAILQUEUE_CASSANDRA_CA_FILE)")
+    clear = [u for u in rabbitmq.urls if u.startswith("amqp://") and not _loopback_address(urllib.parse.urlsplit(u).hostname or "")]
+    if clear:
+        said.append("RabbitMQ over amqp:// (use amqps:// and MAILQUEUE_RABBITMQ_CA_FILE)")
+    if not s3.secure and not _loopback_address(s3.endpoint):
+        said.append("S3 over HTTP (set MAILQUEUE_S3_SECURE=true)")
+    return said
 
 
 @dataclasses.dataclass(frozen=True)

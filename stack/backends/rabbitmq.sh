@@ -52,8 +52,14 @@ rabbit_install() {
       >"$LOG_DIR/rabbitmq-install.log" 2>&1; then
     die "rabbitmq: apt-get install rabbitmq-server failed; see $LOG_DIR/rabbitmq-install.log (needs root)"
   fi
-  # The package starts its own system service where it can; ours runs on its own data folder.
+  # The package starts its own system service where it can, and enables it at boot, where it
+  # would listen on every interface with Debian's defaults: stopped and disabled. Ours runs on its
+  # own data folder, on loopback only.
   service rabbitmq-server stop >/dev/null 2>&1 || true
+  if command -v systemctl >/dev/null 2>&1 && [[ -d /run/systemd/system ]]; then
+    systemctl disable rabbitmq-server >/dev/null 2>&1 || true
+  fi
+  update-rc.d rabbitmq-server disable >/dev/null 2>&1 || true
 }
 
 # rabbit_tls PORT [PLAIN_PORT]: the node's listener, TLS only, with the backends' certificate

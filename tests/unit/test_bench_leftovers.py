@@ -31,6 +31,11 @@ def test_an_operators_queues_the_delay_ladder_and_foreign_queues_are_kept(name):
     assert not throwaway_broker_queue(name)
 
 
+def test_a_queue_of_a_kept_keyspace_named_like_a_runs_is_kept():
+    assert not throwaway_broker_queue("mailqueue.daily-2026120701.work", frozenset({"daily-2026120701"}))
+    assert throwaway_broker_queue("mailqueue.daily-2026120701.work", frozenset({"other"}))
+
+
 def test_each_queue_goes_with_its_exchanges():
     assert exchanges_of("mailqueue.q-0123456789.work.high") == ["mailqueue.q-0123456789", "mailqueue.q-0123456789.dead-letter"]
     assert exchanges_of("mailqueue._events.mq_test_0123456789ab") == ["mailqueue._events.mq_test_0123456789ab"]

@@ -204,3 +204,22 @@ def test_a_blob_target_off_this_machine_needs_a_ca_the_token_never_goes_in_the_c
                                     "ipv4:127.0.0.1:46271,127.0.0.1:55907", "dns:///localhost:50054"])
 def test_a_blob_target_on_loopback_may_be_plaintext(target):
     assert Settings.from_env("enqueue", env={"MAILQUEUE_BLOB_TARGET": target}).server.blob_target == target
+
+
+def test_a_backend_reached_in_the_clear_on_another_host_is_named_with_what_to_set():
+    from services.adapters.cassandra.settings import CassandraSettings
+    from services.adapters.rabbitmq.settings import RabbitMQSettings
+    from services.adapters.s3.settings import S3Settings
+    from services.runtime.settings import backends_in_the_clear
+
+    assert backends_in_the_clear(CassandraSettings(), RabbitMQSettings(), S3Settings()) == []  # the local stack's defaults
+    remote = backends_in_the_clear(CassandraSettings(hosts=("cassandra.example",)),
+                                   RabbitMQSettings(urls=("amqp://u:p@rabbit.example:5672/%2F",)),
+                                   S3Settings(endpoint="minio.example:9000"))
+    assert [r.split()[0] for r in remote] == ["Cassandra", "RabbitMQ", "S3"]
+    assert "MAILQUEUE_S3_SECURE=true" in remote[2]
+    assert backends_in_the_clear(CassandraSettings(hosts=("cassandra.example",), ca_file="/ca.crt"),
+                                 RabbitMQSettings(urls=("amqps://u:p@rabbit.example:5671/%2F",)),
+                                 S3Settings(endpoint="minio.example:9000", secure=True)) == []
+    assert backends_in_the_clear(CassandraSettings(hosts=("::1",)), RabbitMQSettings(urls=("amqp://u:p@[::1]:5672/%2F",)),
+                                 S3Settings(endpoint="[::1]:9000")) == []
