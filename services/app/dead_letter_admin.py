@@ -222,23 +222,27 @@ class DeadLetterAdmin:
         if gone:
             await self._view.moves.done(dead)
             return False
+        if current == reason and (target := await self._view.mails.state(landed.queue, landed.enqueue_id)) is not None:
+            # Completed again: the landed copy has its landing's schedule, or a mark of its own (a
+            # delivery, or its queue's deletion): neither landed again nor a dead letter again,
+            # even if its target was deleted since; published if its landing was cut before its
+            # publish was recorded (services/app/moves.py ``land``); one to publish in a queue
+            # being deleted keeps its journal entry, as in ``Mover.complete``.
+            if target.unpublished and not target.deleted:
+                if not await self._mover.takes_mail(landed.queue):
+                    return False
+                await publish_landed(self._view, self._broker, await self._mover.placed(landed))
+            pending.append((dead, admin_events.redriven(mail, landed)))
+            return True
         if current == reason and not await self._mover.takes_mail(landed.queue):
-            # Its dead letter removed (a redrive cut before it landed), to a queue deleted since:
-            # a dead letter again, listed, to be redriven elsewhere.
+            # Its dead letter removed (a redrive cut before it landed), never landed, to a queue
+            # deleted since: a dead letter again, listed, to be redriven elsewhere.
             await self._view.dead_letters.record(dead_letters.DeadLetter(
                 mail, dead_letters.OTHER, f"its redrive to {landed.queue} was cut and that queue deleted since: redrive it again",
                 model.utcnow()))
             await self._view.mails.mark(mail.queue, mail.enqueue_id, dead_letters.RETURNED_REASON)
             await self._view.moves.done(dead)
             return False
-        if current == reason and (target := await self._view.mails.state(landed.queue, landed.enqueue_id)) is not None:
-            # Completed again: the landed copy has its landing's schedule, or a mark of its own (a
-            # delivery): not landed again; published only if its landing was cut before its
-            # publish was recorded (services/app/moves.py ``land``).
-            if target.unpublished and not target.deleted:
-                await publish_landed(self._view, self._broker, await self._mover.placed(landed))
-            pending.append((dead, admin_events.redriven(mail, landed)))
-            return True
         # Marked first: a late broker copy of the dead mail then finds it redriven, not dead.
         await self._view.mails.mark(mail.queue, mail.enqueue_id, reason)
         await self._view.dead_letters.remove(mail)

@@ -150,22 +150,28 @@ class Mover:
                 await self._view.moves.done(mail)  # the mail stays where it is
                 return False
             await self._view.mails.mark_gone(mail, mark)
+        elif (target := await self._view.mails.state(moved.queue, moved.enqueue_id)) is not None:
+            # Completed again: the target copy has its landing's schedule, or a mark of its own (a
+            # delivery, or its queue's deletion): landed before, it is neither landed again nor
+            # put back in its source, even if its target was deleted since (its copy may have been
+            # delivered there); published if its landing was cut before its publish was recorded.
+            # A copy to publish in a queue being deleted keeps its journal entry: the deletion,
+            # refused for that live copy or done with force, decides what the next completion does.
+            if target.unpublished and not target.deleted:
+                if not await self.takes_mail(moved.queue):
+                    return False
+                await publish_landed(self._view, self._broker, await self.placed(moved))
+            pending.append((mail, admin_events.moved(mail, moved)))
+            return True
         elif not await self.takes_mail(moved.queue):
-            # Marked moved (a MoveMails cut between its steps 2 and 3), to a queue deleted since:
-            # landed there, it would be in no queue anyone consumes. It goes back to its source.
+            # Marked moved (a MoveMails cut between its steps 2 and 3), never landed, to a queue
+            # deleted since: landed there, it would be in no queue anyone consumes. It goes back
+            # to its source.
             await restore(self._view, self._broker, mail)
             await self._view.moves.done(mail)
             log.warning("a mail whose move was cut went back to its source: its target was deleted",
                         extra={"queue": mail.queue, "target": moved.queue, "enqueue_id": str(mail.enqueue_id)})
             return False
-        elif (target := await self._view.mails.state(moved.queue, moved.enqueue_id)) is not None:
-            # Completed again: the target copy has its landing's schedule, or a mark of its own
-            # (a delivery): landed before, it is not landed again; published only if its landing
-            # was cut before its publish was recorded.
-            if target.unpublished and not target.deleted:
-                await publish_landed(self._view, self._broker, await self.placed(moved))
-            pending.append((mail, admin_events.moved(mail, moved)))
-            return True
         await land(self._view, self._broker, await self.placed(moved))
         pending.append((mail, admin_events.moved(mail, moved)))
         return True

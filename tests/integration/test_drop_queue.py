@@ -316,6 +316,36 @@ def test_a_mail_put_back_in_its_source_by_a_completion_cut_before_its_publish_is
     assert state is not None and not state.unpublished  # its publish recorded
 
 
+def test_a_move_cut_after_landing_whose_copy_was_delivered_is_not_put_back_when_its_target_is_deleted(suite):
+    """MoveMails killed after landing the mail and before removing its journal entry; the landed
+    copy is delivered (SUCCESS), and its target, empty, is deleted. Completing the journal took the
+    deleted target for a move never landed and put the mail back in its source: delivered again
+    under its first enqueue id, which its consumer never saw. It now finishes the entry only."""
+    from services.app.moves import land
+    from tests.integration.test_move_mails import move
+
+    source, target, other = suite.new_queue(), suite.new_queue(), suite.new_queue()
+    q = cut_move(suite, source, target)
+    mover = suite.browse.app.service().admin.mover
+    moved = suite.run(mover.landing(q, target))
+    suite.run(land(suite.view, mover._broker, suite.run(mover.placed(moved))))  # noqa: SLF001 - killed after this
+    c = StreamConsumer(suite.dequeue_stub, target, prefetch=4)
+    d = c.next(timeout=10)
+    assert d.mail.enqueue_id == str(moved.enqueue_id)
+    c.answer(d)  # SUCCESS: delivered from the target
+    c.close()
+    wait_until(lambda: suite.size(target) == 0, 10, what="the landed copy delivered")
+    assert drop(suite, target)[-1].done
+    assert move(suite.admin_stub, source, other, name="nothing-matches")[-1].resumed == 1  # completes the journal
+    assert list(suite.run(suite.view.moves.pending(source))) == []
+    assert suite.size(source, exact=True) == 0  # (cut_move's mark is not counted: the counters are not the point)
+    assert list(suite.browse_stub.Browse(browse_pb2.BrowseRequest(queue=source))) == []
+    c = StreamConsumer(suite.dequeue_stub, source, prefetch=4)
+    with pytest.raises(queue_mod.Empty):  # never delivered again
+        c.next(timeout=3)
+    c.close()
+
+
 def test_a_redrive_cut_before_landing_into_a_queue_deleted_since_is_a_dead_letter_again(suite):
     """A redrive killed after removing the dead letter and before landing it; its target is then
     deleted. Completing it landed the mail in the deleted queue: in no queue and in no dead-letter
@@ -343,3 +373,38 @@ def test_a_redrive_cut_before_landing_into_a_queue_deleted_since_is_a_dead_lette
     assert c.next().mail.mail.name == "r"
     c.close()
     assert dead(suite, queue) == []
+
+
+def test_a_redrive_cut_after_landing_whose_copy_was_delivered_is_no_dead_letter_again_when_its_target_is_deleted(suite):
+    """The redrive twin of the move above: its landed copy delivered, its target deleted, the
+    completion listed the mail as a dead letter again ("redrive it again"): redriven, delivered a
+    second time."""
+    import dataclasses as dc
+
+    from services.app.dead_letter_admin import journal
+    from services.app.moves import land
+    from services.domain import dead_letters
+    from tests.integration.test_dead_letters import dead, redrive, reject_all
+
+    queue, target, elsewhere = suite.new_queue(), suite.new_queue(), suite.new_queue()
+    reject_all(suite, queue, ["r"])
+
+    async def scanned() -> list:
+        return [d async for d in suite.view.dead_letters.scan(queue)]
+
+    [d] = suite.run(scanned())
+    service = suite.browse.app.service()
+    landed = suite.run(service.dead_letters._landing(d, target, False))  # noqa: SLF001
+    suite.run(suite.view.moves.begin(dc.replace(d.mail, queue=journal(queue)), landed))
+    suite.run(suite.view.mails.mark(queue, d.mail.enqueue_id, dead_letters.redriven_reason(target, str(landed.enqueue_id))))
+    suite.run(suite.view.dead_letters.remove(d.mail))
+    mover = service.admin.mover
+    suite.run(land(suite.view, mover._broker, suite.run(mover.placed(landed))))  # noqa: SLF001 - killed after this
+    c = StreamConsumer(suite.dequeue_stub, target, prefetch=4)
+    c.answer(c.next(timeout=10))  # SUCCESS: delivered from the target
+    c.close()
+    wait_until(lambda: suite.size(target) == 0, 10, what="the landed copy delivered")
+    assert drop(suite, target)[-1].done
+    assert redrive(suite.admin_stub, queue, to_queue=elsewhere)[-1].redriven == 0  # the journal finished, nothing to redrive
+    assert dead(suite, queue) == []
+    assert list(suite.run(suite.view.moves.pending(journal(queue)))) == []
