@@ -99,8 +99,12 @@ def _keyspaces() -> tuple[list[str], frozenset[str]]:
         keyspaces = sorted(r.keyspace_name for r in session.execute("SELECT keyspace_name FROM system_schema.keyspaces"))
         kept = set()
         for k in keyspaces:
-            if not throwaway_keyspace(k) and schema.QUEUES in cluster.metadata.keyspaces[k].tables:
+            tables = cluster.metadata.keyspaces[k].tables
+            if not throwaway_keyspace(k) and schema.QUEUES in tables:
                 kept.update(r.queue_name for r in session.execute(f"SELECT queue_name FROM {k}.{schema.QUEUES}"))
+            if not throwaway_keyspace(k) and schema.DROPPED_QUEUES in tables:  # a deletion under way may be refused yet
+                kept.update(r.queue_name for r in session.execute(f"SELECT queue_name, done_at FROM {k}.{schema.DROPPED_QUEUES}")
+                            if r.done_at is None)
         return keyspaces, frozenset(kept)
     finally:
         cluster.shutdown()

@@ -41,18 +41,22 @@ def cmd_enqueue(c: Client, a: argparse.Namespace) -> None:
     print(f"{r.enqueue_id} queued ({r.size} bytes)")
 
 
-#: Most deliveries one round of ``mailq dequeue`` asks for (its stream's prefetch).
+#: Most deliveries a stream of ``mailq dequeue`` holds at once (its prefetch).
 ROUND = 64
+#: Seconds without a delivery after which the last mails held are answered (a server that is
+#: stopping hands out nothing more, and waits for the answers to what it handed out).
+IDLE_S = 1.0
 
 
 def cmd_dequeue(c: Client, a: argparse.Namespace) -> int:
-    """Take up to ``-n`` mails and answer each. In rounds of at most ROUND mails, each a stream
-    whose credit (prefetch) is the mails it still wants: the round's mails are answered together,
-    in one Outcomes message followed by the half-close, once all have come or --wait passed. An
-    answer frees credit, so answered one by one the server handed out more mails before it read the
-    half-close; left unanswered, each came back with an attempt of the broker's delivery limit
-    spent. A delivery that arrives after --wait passed is left unanswered: it goes back to the
-    queue when the stream ends. No mail at all: EXIT_NOTHING."""
+    """Take up to ``-n`` mails and answer each, handing out no more than that: each answer frees
+    credit (the stream's prefetch), and a mail the server hands out for it after the last wanted
+    one came is left unanswered (back in the queue with an attempt of the broker's delivery limit
+    spent). So the stream's prefetch is at most what is still wanted, the mails are answered as
+    they come while more are wanted than the credit could bring, and the last ones together with
+    the half-close. When --wait passes first, the stream is half-closed (not cancelled): the
+    server settles the answers sent and ends it; a delivery that arrives after that is left
+    unanswered, so it goes back to the queue. No mail at all: EXIT_NOTHING."""
     if a.retry_after is not None and a.ack != "retry":  # it went out with a SUCCESS, read by nobody: the mail gone
         raise UsageError(f"mailq dequeue: --retry-after goes with --ack retry (with --ack {a.ack} the mail would not "
                          "be delivered again)")
@@ -60,12 +64,8 @@ def cmd_dequeue(c: Client, a: argparse.Namespace) -> int:
             "reject": dequeue_pb2.OUTCOME_KIND_REJECT}[a.ack]
     deadline = time.monotonic() + a.wait
     done = 0
-    while done < a.n:
-        want = min(a.n - done, ROUND)
-        got = dequeue_round(c, a, kind, want, deadline)
-        done += got
-        if got < want:  # --wait passed
-            break
+    while done < a.n and time.monotonic() < deadline:  # a stream ended early (idle) is followed by another
+        done += dequeue_stream(c, a, kind, a.n - done, deadline)
     if done == 0:
         print(f"mailq dequeue: no mail from {a.queue} within {a.wait:g} s (empty, or its mails are delayed, held or "
               "throttled: mailq show lists them)", file=sys.stderr)
@@ -75,50 +75,68 @@ def cmd_dequeue(c: Client, a: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def dequeue_round(c: Client, a: argparse.Namespace, kind: int, want: int, deadline: float) -> int:
-    """One stream of credit ``want``: the mails answered (``want``, or fewer when the deadline came first)."""
+def dequeue_stream(c: Client, a: argparse.Namespace, kind: int, n: int, deadline: float) -> int:
+    """One stream that takes up to ``n`` mails; the mails answered. It ends when they came, at the
+    deadline, or IDLE_S after a delivery while it holds unanswered mails (they are answered then)."""
+    prefetch = min(ROUND, n)
     requests: q.Queue = q.Queue()
-    requests.put(dequeue_pb2.DequeueRequest(subscribe=dequeue_pb2.Subscribe(queue=a.queue, prefetch=want)))
+    requests.put(dequeue_pb2.DequeueRequest(subscribe=dequeue_pb2.Subscribe(queue=a.queue, prefetch=prefetch)))
     # Half-closed at the deadline at the latest, the stream then ends once the server settled the
     # answers: bounded by --wait plus --timeout, like every call (a stuck dequeue_svc held it for ever).
     wait = max(deadline - time.monotonic(), 0.0)
     stream = c.dequeue.Dequeue(iter(requests.get, None), timeout=wait + getattr(a, "timeout", DEFAULT_TIMEOUT_S))
-    answering = threading.Lock()  # the round's mails are answered together, before the half-close, or not at all
+    answering = threading.Lock()  # a delivery is answered whole, or not at all, before the half-close
     closed = threading.Event()
-    held: list[dequeue_pb2.Delivery] = []
+    held: list[dequeue_pb2.Delivery] = []  # the last ``prefetch`` wanted: answered with the half-close
+    counts = {"received": 0, "answered": 0}
 
-    def answer_and_close() -> None:
+    def answer_held_and_close() -> None:
         with answering:
             if closed.is_set():
                 return
             closed.set()
             if held:
                 requests.put(dequeue_pb2.DequeueRequest(outcomes=dequeue_pb2.Outcomes(outcomes=[outcome(a, d, kind) for d in held])))
+                counts["answered"] += len(held)
             requests.put(None)  # half-close: the server settles the outcomes sent, then ends the stream
 
-    timer = threading.Timer(wait, answer_and_close)
+    timer = threading.Timer(wait, answer_held_and_close)
     timer.start()
+    idle: threading.Timer | None = None
     try:
         for r in stream:
             if r.WhichOneof("kind") != "delivery":
                 continue
             with answering:
                 if closed.is_set():
-                    continue  # --wait passed: left unanswered, back to the queue when the stream ends
+                    continue  # left unanswered, back to the queue when the stream ends
                 keep(c, a, r.delivery)
-                held.append(r.delivery)
-                full = len(held) >= want
+                counts["received"] += 1
+                if counts["received"] <= n - prefetch:  # the credit it frees brings no more than wanted
+                    requests.put(dequeue_pb2.DequeueRequest(outcome=outcome(a, r.delivery, kind)))
+                    counts["answered"] += 1
+                else:
+                    held.append(r.delivery)
+                    if idle is not None:
+                        idle.cancel()
+                    idle = threading.Timer(IDLE_S, answer_held_and_close)
+                    idle.start()
+                full = counts["received"] >= n
             if full:
                 break
     except BaseException:  # Ctrl-C or a failed call: leave at once; a mail whose answer was not sent comes back
         timer.cancel()
+        if idle is not None:
+            idle.cancel()
         stream.cancel()
         raise
     timer.cancel()
-    answer_and_close()
-    for _ in stream:  # settled, then ended by the server; a delivery after the half-close is left unanswered
+    if idle is not None:
+        idle.cancel()
+    answer_held_and_close()
+    for _ in stream:  # settled, then ended by the server
         pass
-    return len(held)
+    return counts["answered"]
 
 
 def keep(c: Client, a: argparse.Namespace, d: dequeue_pb2.Delivery) -> None:

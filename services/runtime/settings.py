@@ -424,7 +424,7 @@ def server_from_env(service: str, env: Mapping[str, str] = os.environ) -> Server
         #: default): they read and write S3 themselves, one hop less (docs/pages/benchmarks.md).
         blob_target=_get(env, "BLOB_TARGET", ""),
         log_level=_log_level(env),
-        #: Bearer tokens accepted by this server, token -> role (empty: no access control).
+        #: Bearer tokens accepted by this server, the hex SHA-256 of each -> its role (empty: no access control).
         tokens=_tokens(env),
         #: Token this service presents to other services (enqueue/dequeue -> blob_svc).
         service_token=_get(env, "SERVICE_TOKEN", ""),
